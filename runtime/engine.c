@@ -252,6 +252,8 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     e->hq_max_row_bytes = s.ffn_in;
     for (int i = 0; i < 4; i++)
         CARVE(e->hq[i], T * e->hq_max_row_bytes);
+    CARVE(e->hq_pairs_gate, pairs * e->hq_max_row_bytes);
+    CARVE(e->hq_pairs_up, pairs * e->hq_max_row_bytes);
 
     const int n_threads = kt_threadpool_n_threads(e->pool);
     CARVE(e->scratch, (size_t)n_threads);

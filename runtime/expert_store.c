@@ -5,9 +5,10 @@
  * Per MoE layer: one anonymous mapping of n_expert x stride bytes, aligned to
  * 2 MiB and advised MADV_HUGEPAGE, bound to the home node when libnuma works.
  * The layer's expert tensors are then read in file order, each expert slab
- * pread() straight into its place in the expert's buffer (chunks <= 32 MiB),
- * and every 64 MiB read is dropped from the page cache with
- * POSIX_FADV_DONTNEED.  It never touches the model's mapping of the file and
+ * pread() straight into its place in the expert's buffer (chunks <= 32 MiB)
+ * or, when the kernel level repacks that type, into one reused staging
+ * buffer that is then packed into place; every 64 MiB read is dropped from
+ * the page cache with POSIX_FADV_DONTNEED.  It never touches the model's mapping of the file and
  * never writes to the file.
  */
 #ifndef _GNU_SOURCE
@@ -26,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cpu/dispatch.h"
 #include "meminfo.h"
 #include "progress.h"
 
@@ -36,8 +38,28 @@
 #define READ_AHEAD (256ull << 20)    /* bytes asked for ahead of the copy (WILLNEED) */
 #define HOME_NODE 0                 /* every expert's home until placement assigns nodes */
 
+/* One expert matrix inside a tensor's expert slab: rows [first_row,
+ * first_row + n_rows) of the slab go to dst_offset, packed with `packed`
+ * (NULL: copied as they are). */
+struct slab_part {
+    int64_t first_row, n_rows;
+    uint64_t dst_offset;
+    const struct kt_packed_format *packed;
+};
+
+/* One expert tensor of a layer in file order and the matrices its slab holds. */
+struct slab {
+    const struct kt_gguf_tensor *t;
+    uint64_t slab_bytes;            /* one expert's bytes in the file */
+    size_t row_bytes;               /* GGUF bytes of one row */
+    int n_parts;                    /* 2 for a fused gate_up slab */
+    struct slab_part part[2];
+};
+
 struct store_layer {
     struct kt_expert_layout layout;
+    struct slab slabs[3];           /* file order */
+    int n_slabs;
     uint64_t stride;                /* expert_bytes rounded up to EXPERT_ALIGN */
     uint8_t *base;                  /* (n_expert, stride); NULL in dense layers */
     size_t map_bytes;
@@ -48,6 +70,8 @@ struct kt_expert_store {
     uint32_t n_layer, n_expert;
     struct store_layer *layers;     /* [n_layer] */
     uint64_t bytes, data_bytes;
+    uint64_t file_bytes;            /* expert bytes read from the file */
+    uint64_t staging_bytes;         /* the largest slab that is packed: the staging buffer */
     double load_s;
 };
 
@@ -63,49 +87,83 @@ static uint64_t round_up(uint64_t n, uint64_t a)
     return (n + a - 1) / a * a;
 }
 
-/* The routed-expert tensors of a layer in file order: 2 (fused gate_up,
- * down) or 3 (gate, up, down).  Returns how many. */
-static int layer_tensors(const struct kt_layer *L, const struct kt_gguf_tensor *t[3], uint64_t dst_offset[3],
-                         const struct kt_expert_layout *lay)
+/* The format the level in use repacks `type` into, or NULL. */
+static const struct kt_packed_format *packed_for(int type, bool keep_gguf_layout)
 {
-    int n = 0;
-    if (L->ffn_gate_up_exps) {
-        t[n] = L->ffn_gate_up_exps;
-        dst_offset[n++] = lay->gate_offset;
-    } else {
-        t[n] = L->ffn_gate_exps;
-        dst_offset[n++] = lay->gate_offset;
-        t[n] = L->ffn_up_exps;
-        dst_offset[n++] = lay->up_offset;
-    }
-    t[n] = L->ffn_down_exps;
-    dst_offset[n++] = lay->down_offset;
-    for (int i = 1; i < n; i++) /* insertion sort by file offset */
-        for (int j = i; j > 0 && t[j]->offset < t[j - 1]->offset; j--) {
-            const struct kt_gguf_tensor *tt = t[j];
-            uint64_t to = dst_offset[j];
-            t[j] = t[j - 1], dst_offset[j] = dst_offset[j - 1];
-            t[j - 1] = tt, dst_offset[j - 1] = to;
-        }
-    return n;
+    if (keep_gguf_layout || type < 0 || type >= KT_TYPE_COUNT)
+        return NULL;
+    return kt_cpu_kernels()->type[type].packed;
 }
 
-static void plan_layer(const struct kt_model *m, uint32_t il, struct store_layer *sl)
+/* Bytes of n_rows rows of tensor t's type in `packed` (NULL: GGUF rows). */
+static uint64_t matrix_bytes(const struct kt_gguf_tensor *t, const struct kt_packed_format *packed, int64_t n_rows)
+{
+    return packed ? kt_packed_bytes(packed, t->ne[0], n_rows) : (uint64_t)n_rows * kt_type_row_bytes(t->type, t->ne[0]);
+}
+
+static struct slab make_slab(const struct kt_gguf_tensor *t, uint64_t n_expert)
+{
+    return (struct slab){.t = t, .slab_bytes = t->nbytes / n_expert, .row_bytes = kt_type_row_bytes(t->type, t->ne[0])};
+}
+
+/* Lays out one expert's matrices (gate, up, down, 64-byte aligned) and lists
+ * the layer's expert tensors in file order with the matrices each slab fills. */
+static void plan_layer(const struct kt_model *m, uint32_t il, struct store_layer *sl, bool keep_gguf_layout)
 {
     const struct kt_layer *L = &m->layers[il];
     const uint64_t Ne = m->hp.n_expert;
+    const int64_t f = m->hp.n_ff_exp, E = m->hp.n_embd;
     struct kt_expert_layout *lay = &sl->layout;
-    if (L->ffn_gate_up_exps) {
-        const uint64_t gate_up = L->ffn_gate_up_exps->nbytes / Ne;
-        lay->up_offset = gate_up / 2;
-        lay->down_offset = gate_up;
-    } else {
-        lay->up_offset = L->ffn_gate_exps->nbytes / Ne;
-        lay->down_offset = lay->up_offset + L->ffn_up_exps->nbytes / Ne;
-    }
-    lay->expert_bytes = lay->down_offset + L->ffn_down_exps->nbytes / Ne;
+    const struct kt_gguf_tensor *gate_t = L->ffn_gate_up_exps ? L->ffn_gate_up_exps : L->ffn_gate_exps;
+    const struct kt_gguf_tensor *up_t = L->ffn_gate_up_exps ? L->ffn_gate_up_exps : L->ffn_up_exps;
+    const struct kt_gguf_tensor *down_t = L->ffn_down_exps;
+    lay->gate_packed = packed_for(gate_t->type, keep_gguf_layout);
+    lay->up_packed = packed_for(up_t->type, keep_gguf_layout);
+    lay->down_packed = packed_for(down_t->type, keep_gguf_layout);
+    lay->gate_offset = 0;
+    lay->up_offset = round_up(matrix_bytes(gate_t, lay->gate_packed, f), 64);
+    lay->down_offset = lay->up_offset + round_up(matrix_bytes(up_t, lay->up_packed, f), 64);
+    lay->expert_bytes = lay->down_offset + matrix_bytes(down_t, lay->down_packed, E);
     sl->stride = round_up(lay->expert_bytes, EXPERT_ALIGN);
     sl->map_bytes = (size_t)round_up(sl->stride * Ne, LAYER_ALIGN);
+
+    int n = 0;
+    if (L->ffn_gate_up_exps) {
+        struct slab *s = &sl->slabs[n++];
+        *s = make_slab(gate_t, Ne);
+        s->n_parts = 2;
+        s->part[0] = (struct slab_part){0, f, lay->gate_offset, lay->gate_packed};
+        s->part[1] = (struct slab_part){f, f, lay->up_offset, lay->up_packed};
+    } else {
+        struct slab *s = &sl->slabs[n++];
+        *s = make_slab(gate_t, Ne);
+        s->n_parts = 1;
+        s->part[0] = (struct slab_part){0, f, lay->gate_offset, lay->gate_packed};
+        s = &sl->slabs[n++];
+        *s = make_slab(up_t, Ne);
+        s->n_parts = 1;
+        s->part[0] = (struct slab_part){0, f, lay->up_offset, lay->up_packed};
+    }
+    struct slab *s = &sl->slabs[n++];
+    *s = make_slab(down_t, Ne);
+    s->n_parts = 1;
+    s->part[0] = (struct slab_part){0, E, lay->down_offset, lay->down_packed};
+    sl->n_slabs = n;
+    for (int i = 1; i < n; i++) /* insertion sort by file offset */
+        for (int j = i; j > 0 && sl->slabs[j].t->offset < sl->slabs[j - 1].t->offset; j--) {
+            struct slab tmp = sl->slabs[j];
+            sl->slabs[j] = sl->slabs[j - 1];
+            sl->slabs[j - 1] = tmp;
+        }
+}
+
+/* True if any matrix of the slab is repacked (so it is read into staging). */
+static bool slab_packs(const struct slab *s)
+{
+    for (int i = 0; i < s->n_parts; i++)
+        if (s->part[i].packed)
+            return true;
+    return false;
 }
 
 /* A 2 MiB-aligned anonymous mapping of `bytes`, huge pages advised, bound to
@@ -155,31 +213,40 @@ static kt_status read_full(int fd, const char *path, const struct kt_gguf_tensor
     return KT_OK;
 }
 
-/* Copies the expert slabs of one layer, tensor by tensor in file order. */
-static kt_status load_layer(const struct kt_model *m, uint32_t il, struct store_layer *sl, int fd,
+/* Copies (or reads into staging and packs) the expert slabs of one layer,
+ * tensor by tensor in file order. */
+static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, int fd, uint8_t *staging,
                             struct kt_progress *prog, kt_err *err)
 {
     const struct kt_gguf *g = m->gguf;
-    const struct kt_gguf_tensor *t[3];
-    uint64_t dst_offset[3];
-    const int n = layer_tensors(&m->layers[il], t, dst_offset, &sl->layout);
-    for (int i = 0; i < n; i++) {
-        const uint64_t slab = t[i]->nbytes / m->hp.n_expert;
-        const uint64_t start = g->data_offset + t[i]->offset;
-        const uint64_t end = start + t[i]->nbytes;
+    for (int i = 0; i < sl->n_slabs; i++) {
+        const struct slab *sb = &sl->slabs[i];
+        const bool packs = slab_packs(sb);
+        const uint64_t slab = sb->slab_bytes;
+        const uint64_t start = g->data_offset + sb->t->offset;
+        const uint64_t end = start + sb->t->nbytes;
         uint64_t drop_from = start, ahead_to = start;
         for (uint32_t x = 0; x < m->hp.n_expert; x++) {
             const uint64_t off = start + x * slab;
+            uint8_t *dst = sl->base + x * sl->stride;
             /* Keep READ_AHEAD bytes of the tensor in flight while we copy. */
             while (ahead_to < end && ahead_to < off + slab + READ_AHEAD / 2) {
                 const uint64_t ahead = end - ahead_to < READ_AHEAD ? end - ahead_to : READ_AHEAD;
                 posix_fadvise(fd, (off_t)ahead_to, (off_t)ahead, POSIX_FADV_WILLNEED);
                 ahead_to += ahead;
             }
-            kt_status st = read_full(fd, g->path, t[i], x, sl->base + x * sl->stride + dst_offset[i], slab, off, prog,
-                                     err);
+            kt_status st = read_full(fd, g->path, sb->t, x, packs ? staging : dst + sb->part[0].dst_offset, slab, off,
+                                     prog, err);
             if (st != KT_OK)
                 return st;
+            for (int p = 0; packs && p < sb->n_parts; p++) {
+                const struct slab_part *part = &sb->part[p];
+                const uint8_t *rows = staging + (size_t)part->first_row * sb->row_bytes;
+                if (part->packed)
+                    part->packed->pack(sb->t->ne[0], rows, sb->row_bytes, part->n_rows, dst + part->dst_offset);
+                else
+                    memcpy(dst + part->dst_offset, rows, (size_t)part->n_rows * sb->row_bytes);
+            }
             if (off + slab - drop_from >= DROP_EVERY || x + 1 == m->hp.n_expert) {
                 posix_fadvise(fd, (off_t)drop_from, (off_t)(off + slab - drop_from), POSIX_FADV_DONTNEED);
                 drop_from = off + slab;
@@ -198,6 +265,7 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
     kt_status st = KT_OK;
     struct kt_progress *prog = NULL;
     int fd = -1;
+    uint8_t *staging = NULL; /* (staging_bytes) one file slab of a type that gets repacked */
     struct kt_expert_store *s = calloc(1, sizeof *s);
     if (!s)
         return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
@@ -213,9 +281,15 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
     for (uint32_t il = 0; il < s->n_layer; il++) {
         if (!m->layers[il].is_moe || !s->n_expert)
             continue;
-        plan_layer(m, il, &s->layers[il]);
-        s->bytes += s->layers[il].map_bytes;
-        s->data_bytes += s->layers[il].layout.expert_bytes * s->n_expert;
+        struct store_layer *sl = &s->layers[il];
+        plan_layer(m, il, sl, d.keep_gguf_layout);
+        s->bytes += sl->map_bytes;
+        s->data_bytes += sl->layout.expert_bytes * s->n_expert;
+        for (int i = 0; i < sl->n_slabs; i++)
+            s->file_bytes += sl->slabs[i].t->nbytes;
+        for (int i = 0; i < sl->n_slabs; i++)
+            if (slab_packs(&sl->slabs[i]) && sl->slabs[i].slab_bytes > s->staging_bytes)
+                s->staging_bytes = sl->slabs[i].slab_bytes;
     }
     if (s->bytes == 0) {
         *out = s;
@@ -225,8 +299,14 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         st = kt_err_set(err, KT_ERR_INVALID, "expert store: the model was not opened from a file");
         goto fail;
     }
-    if ((st = kt_meminfo_check(d.meminfo_path, "loading the routed experts", s->bytes, err)) != KT_OK)
+    if ((st = kt_meminfo_check(d.meminfo_path, "loading the routed experts", s->bytes + s->staging_bytes, err)) !=
+        KT_OK)
         goto fail;
+    if (s->staging_bytes && !(staging = malloc((size_t)s->staging_bytes))) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "expert store: cannot allocate a %llu-byte staging buffer",
+                        (unsigned long long)s->staging_bytes);
+        goto fail;
+    }
 
     fd = open(g->path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -235,7 +315,7 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* larger readahead */
     const double t0 = now_s();
-    prog = kt_progress_create(d.progress, "loading experts", s->data_bytes, KT_PROGRESS_AUTO);
+    prog = kt_progress_create(d.progress, "loading experts", s->file_bytes, KT_PROGRESS_AUTO);
     for (uint32_t il = 0; il < s->n_layer; il++) {
         struct store_layer *sl = &s->layers[il];
         if (!sl->map_bytes)
@@ -251,13 +331,14 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
             sl->experts[x] = (struct kt_stored_expert){
                 .data = sl->base + x * sl->stride,
                 .home_node = d.round_robin_nodes > 1 ? (int)(x % (uint32_t)d.round_robin_nodes) : HOME_NODE};
-        if ((st = load_layer(m, il, sl, fd, prog, err)) != KT_OK)
+        if ((st = load_layer(m, sl, fd, staging, prog, err)) != KT_OK)
             goto fail;
     }
     s->load_s = now_s() - t0;
     kt_progress_finish(prog);
     kt_progress_destroy(prog);
     close(fd);
+    free(staging);
     *out = s;
     return KT_OK;
 
@@ -267,6 +348,7 @@ fail:
     kt_progress_destroy(prog);
     if (fd >= 0)
         close(fd);
+    free(staging);
     kt_expert_store_destroy(s);
     return st;
 }

@@ -2,13 +2,15 @@
  * expert_store.h - the routed experts of every MoE layer, copied out of the
  * GGUF file into anonymous memory at load (DESIGN §2 "Expert store").
  *
- * Each (layer, expert) gets one contiguous buffer holding its three slabs in
- * the file's GGUF block format, which is what the CPU kernels read:
+ * Each (layer, expert) gets one contiguous buffer holding its three matrices:
  *
  *     expert buffer = [gate rows (f) | up rows (f) | down rows (E)]
  *
- * (with ffn_gate_up_exps the first 2f rows are that tensor's expert slab,
- * gate then up, which is the same layout).  In the file an expert's three
+ * each repacked for the kernel level in use (kernels/cpu/packed.h: groups
+ * of 8 or 16 rows interleaved for SIMD lanes or AMX tiles) when that level
+ * has a packed format for the matrix's type, else in the file's GGUF rows
+ * (with ffn_gate_up_exps the gate and up halves of that tensor's expert slab
+ * become the first two matrices).  Each matrix starts on a 64-byte boundary.  In the file an expert's three
  * slabs lie in three tensors hundreds of MiB apart; here they are adjacent,
  * so one expert streams from one region and can later be moved, replicated
  * or bound to a NUMA node as a unit.  Buffers start on 4 KiB boundaries
@@ -29,8 +31,11 @@
 #ifndef KT_EXPERT_STORE_H
 #define KT_EXPERT_STORE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "cpu/packed.h"
 
 #include "model.h"
 #include "status.h"
@@ -43,6 +48,9 @@ struct kt_expert_store_params {
      * synthetic topologies; the memory binding stays the layer's (node 0)
      * until placement moves experts. */
     int round_robin_nodes;
+    /* Keep every expert in the GGUF layout even where the level has a
+     * packed format (for tests and for comparing the two). */
+    bool keep_gguf_layout;
 };
 
 /* One (layer, expert). */
@@ -54,9 +62,11 @@ struct kt_stored_expert {
 /* Where the slabs lie inside every expert buffer of one layer. */
 struct kt_expert_layout {
     uint64_t gate_offset;       /* 0 */
-    uint64_t up_offset;         /* gate slab bytes (half the fused gate_up slab) */
-    uint64_t down_offset;       /* gate + up slab bytes */
-    uint64_t expert_bytes;      /* gate + up + down slab bytes */
+    uint64_t up_offset;         /* gate bytes, rounded up to 64 */
+    uint64_t down_offset;       /* up_offset + up bytes, rounded up to 64 */
+    uint64_t expert_bytes;      /* down_offset + down bytes */
+    /* The format each matrix was repacked into; NULL: GGUF rows. */
+    const struct kt_packed_format *gate_packed, *up_packed, *down_packed;
 };
 
 struct kt_expert_store;

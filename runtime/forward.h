@@ -74,6 +74,7 @@ struct kt_ffn_unit {
     struct kt_ffn_weights w;
     uint32_t first_pair, n_pairs;
     const uint8_t *hq_gate, *hq_up; /* h quantized for gate and for up: (T, *_row_bytes) */
+    const uint8_t *pairs_up;        /* e->hq_pairs_up, or e->hq_pairs_gate when up reads gate's format */
     size_t hq_gate_row_bytes, hq_up_row_bytes;
     uint32_t first_task;            /* of the phase running now */
 };
@@ -158,6 +159,10 @@ struct kt_engine {
     size_t act_q_stride;
     float *pair_out;            /* (T*k + T, E) each pair's expert output */
     uint8_t *hq[4];             /* (T, that format's row bytes) h quantized per activation format */
+    /* (T*k + T, hq_max_row_bytes) h of each pair's token as its unit's gate
+     * (up) reads it, so a unit's activations are consecutive rows for its
+     * gemm; hq_pairs_up is only filled for units whose up has another format. */
+    uint8_t *hq_pairs_gate, *hq_pairs_up;
     size_t hq_max_row_bytes;    /* the largest such row: hq[i] holds T of them */
 
     struct kt_thread_scratch *scratch; /* [n_threads] */

@@ -48,9 +48,17 @@ struct kt_mat kt_mat_f32(const float *data, int64_t n_out, int64_t n_in)
     return m;
 }
 
+uint64_t kt_mat_bytes(const struct kt_mat *m)
+{
+    return m->packed ? kt_packed_bytes(m->packed, m->n_in, m->n_out) : (uint64_t)m->n_out * m->row_bytes;
+}
+
 struct kt_mat kt_mat_rows(struct kt_mat m, int64_t first, int64_t n)
 {
-    m.data += (size_t)first * m.row_bytes;
+    if (m.packed) /* whole groups only: callers slice at multiples of 16 */
+        m.data = kt_packed_rows(m.packed, m.data, m.n_in, first);
+    else
+        m.data += (size_t)first * m.row_bytes;
     m.n_out = n;
     return m;
 }
@@ -114,6 +122,11 @@ static void matmul_task(void *ctx, int64_t begin, int64_t end, int thread)
     (void)thread;
     const struct matmul_job *j = ctx;
     const struct kt_mat *m = j->m;
+    if (m->packed) {
+        const struct kt_mat slice = kt_mat_rows(*m, begin, end - begin);
+        kt_mat_gemm(&slice, j->xq, j->act_bytes, j->n_rows, j->y + begin, j->y_stride);
+        return;
+    }
     const uint8_t *w = m->data + (size_t)begin * m->row_bytes;
     if (j->n_rows >= KT_MATMUL_GEMM_MIN_ROWS) {
         j->gemm(m->n_in, w, m->row_bytes, end - begin, j->xq, j->act_bytes, j->n_rows, j->y + begin, j->y_stride);
@@ -134,6 +147,8 @@ void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void 
      * at least 4 rows, at most 64 (a slice should stay in L2 for a batch). */
     int64_t grain = m->n_out / (8 * n_threads);
     grain = grain < 4 ? 4 : grain > 64 ? 64 : grain;
+    if (m->packed) /* slices start on group boundaries */
+        grain = (grain + 15) / 16 * 16;
     if (n_threads == 1)
         matmul_task(&j, 0, m->n_out, 0);
     else
@@ -142,7 +157,27 @@ void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void 
 
 void kt_matvec_q(const struct kt_mat *m, const void *xq, float *y)
 {
-    kt_mat_kernels_for(m->type)->gemv(m->n_in, y, m->data, m->row_bytes, xq, m->n_out);
+    if (m->packed)
+        m->packed->gemm(m->n_in, m->data, m->n_out, xq, 0, 1, y, m->n_out);
+    else
+        kt_mat_kernels_for(m->type)->gemv(m->n_in, y, m->data, m->row_bytes, xq, m->n_out);
+}
+
+void kt_mat_gemm(const struct kt_mat *m, const void *xq, size_t act_bytes, int64_t n_tok, float *y,
+                 int64_t y_stride)
+{
+    if (m->packed) {
+        m->packed->gemm(m->n_in, m->data, m->n_out, xq, act_bytes, n_tok, y, y_stride);
+        return;
+    }
+    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m->type);
+    if (n_tok >= KT_MATMUL_GEMM_MIN_ROWS) {
+        k->gemm(m->n_in, m->data, m->row_bytes, m->n_out, xq, act_bytes, n_tok, y, y_stride);
+        return;
+    }
+    for (int64_t t = 0; t < n_tok; t++)
+        k->gemv(m->n_in, y + t * y_stride, m->data, m->row_bytes, (const uint8_t *)xq + (size_t)t * act_bytes,
+                m->n_out);
 }
 
 void kt_matvec_transposed(const struct kt_mat *m, const float *x, float *y, float *tmp)

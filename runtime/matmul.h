@@ -25,10 +25,15 @@
 #include "threadpool.h"
 
 struct kt_mat {
-    const uint8_t *data;    /* row o at data + o * row_bytes */
+    /* row o at data + o * row_bytes; packed: groups of packed->rows rows (kernels/cpu/packed.h) */
+    const uint8_t *data;
     int type;               /* enum kt_type of the weights */
     int64_t n_in, n_out;    /* elements per row, rows */
     size_t row_bytes;
+    /* NULL: GGUF rows.  Else the expert store repacked these rows for this
+     * format's kernel; row slices must then start at a multiple of
+     * packed->rows, and only the products below may read them. */
+    const struct kt_packed_format *packed;
 };
 
 /* The CPU kernels (kernels/cpu/dispatch.h) for a weight type; NULL if kt
@@ -41,6 +46,9 @@ struct kt_mat kt_mat_from_tensor(const struct kt_gguf_tensor *t);
 /* A plain float matrix (n_out, n_in), e.g. weights dequantized into scratch;
  * its products take F32 activations as they are. */
 struct kt_mat kt_mat_f32(const float *data, int64_t n_out, int64_t n_in);
+
+/* Bytes of m's rows as stored (packed groups or GGUF rows). */
+uint64_t kt_mat_bytes(const struct kt_mat *m);
 
 /* Rows [first, first + n) of m. */
 struct kt_mat kt_mat_rows(struct kt_mat m, int64_t first, int64_t n);
@@ -61,6 +69,13 @@ void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void 
 /* The single-thread product of one row (used inside parallel tasks):
  * y[o] = W[o] . xq for o < m.n_out. */
 void kt_matvec_q(const struct kt_mat *m, const void *xq, float *y);
+
+/* The single-thread product of several rows (used inside parallel tasks):
+ * y[t * y_stride + o] = W[o] . xq[t] for o < m.n_out, t < n_tok, activation
+ * t at xq + t * act_bytes.  Packed or GGUF rows, gemv or tiled gemm: every
+ * output is the same float as kt_matvec_q gives for that row alone. */
+void kt_mat_gemm(const struct kt_mat *m, const void *xq, size_t act_bytes, int64_t n_tok, float *y,
+                 int64_t y_stride);
 
 /* y[i] = sum_o W[o][i] x[o], i < m.n_in: the transposed product, from
  * dequantized rows (tmp: m.n_in floats).  For W_UK of a fused attn_kv_b,

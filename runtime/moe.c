@@ -8,8 +8,10 @@
  *
  * Tokens are grouped by expert before any weight is read, so an expert's
  * rows stream from memory once per step however many tokens chose it
- * (DESIGN §2).  Work is split into (expert, row-slice) tasks: gate and up
- * together, then down.  Routed experts run on the NUMA pool of their home
+ * (DESIGN §2).  Work is split into (expert, row-slice) tasks, each running
+ * its expert's whole token group through one tiled product (the packed
+ * kernel when the expert store repacked the expert): gate and up together,
+ * SiLU fused, then down.  Routed experts run on the NUMA pool of their home
  * node, all pools at once, the stepping thread helping the first (or on the
  * step's thread pool, experts_on_threadpool); the shared experts go with the
  * first pool, dense FFNs stay on the thread pool.  Every (token, expert) product is computed the same
@@ -145,26 +147,55 @@ static uint32_t plan_tasks(struct kt_ffn_unit *units, uint32_t n_units, uint32_t
     return n;
 }
 
-/* act[p][r] = silu(gate_r . h) * (up_r . h) for the rows of one task, every pair of its unit. */
+/* Tokens per gemm call of gate and up: the task's 16 rows of gate and of up
+ * stay in L1/L2 while blocks of this many tokens pass over them. */
+#define GATE_UP_TOKENS_PER_CALL 16
+
+/* act[p][r] = silu(gate_r . h) * (up_r . h) for the rows of one task, every
+ * pair of its unit: gate and up of a block of tokens, then SiLU and the
+ * product while both results are in L1 (the fused gate/up step). */
 static void gate_up_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
     struct kt_engine *e = j->e;
-    float g[GATE_UP_ROWS_PER_TASK], v[GATE_UP_ROWS_PER_TASK];
+    const size_t stride = e->hq_max_row_bytes;
+    float g[GATE_UP_TOKENS_PER_CALL * GATE_UP_ROWS_PER_TASK], v[GATE_UP_TOKENS_PER_CALL * GATE_UP_ROWS_PER_TASK];
     for (int64_t i = begin + j->offset; i < end + j->offset; i++) {
         const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, true)];
         const int64_t r0 = ((int64_t)i - u->first_task) * GATE_UP_ROWS_PER_TASK;
         const int64_t n = r0 + GATE_UP_ROWS_PER_TASK < u->w.n_ff ? GATE_UP_ROWS_PER_TASK : u->w.n_ff - r0;
         const struct kt_mat gate = kt_mat_rows(u->w.gate, r0, n), up = kt_mat_rows(u->w.up, r0, n);
-        for (uint32_t p = u->first_pair; p < u->first_pair + u->n_pairs; p++) {
-            const uint32_t t = e->pair_token[p];
-            kt_matvec_q(&gate, u->hq_gate + (size_t)t * u->hq_gate_row_bytes, g);
-            kt_matvec_q(&up, u->hq_up + (size_t)t * u->hq_up_row_bytes, v);
-            float *act = e->act + (size_t)p * e->act_stride + r0;
-            for (int64_t r = 0; r < n; r++)
-                act[r] = kt_silu(g[r]) * v[r];
+        const uint32_t p_end = u->first_pair + u->n_pairs;
+        for (uint32_t p0 = u->first_pair; p0 < p_end; p0 += GATE_UP_TOKENS_PER_CALL) {
+            const int64_t nt = p_end - p0 < GATE_UP_TOKENS_PER_CALL ? p_end - p0 : GATE_UP_TOKENS_PER_CALL;
+            kt_mat_gemm(&gate, e->hq_pairs_gate + (size_t)p0 * stride, stride, nt, g, n);
+            kt_mat_gemm(&up, u->pairs_up + (size_t)p0 * stride, stride, nt, v, n);
+            for (int64_t t = 0; t < nt; t++) {
+                float *act = e->act + (size_t)(p0 + t) * e->act_stride + r0;
+                for (int64_t r = 0; r < n; r++)
+                    act[r] = kt_silu(g[t * n + r]) * v[t * n + r];
+            }
         }
+    }
+}
+
+/* hq_pairs_gate[p] (and hq_pairs_up[p] where up has its own format) = h of
+ * pair p's token as quantized for its unit. */
+static void gather_task(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const struct kt_units_job *j = ctx;
+    struct kt_engine *e = j->e;
+    const size_t stride = e->hq_max_row_bytes;
+    for (int64_t p = begin + j->offset; p < end + j->offset; p++) {
+        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, false)];
+        const uint32_t t = e->pair_token[p];
+        memcpy(e->hq_pairs_gate + (size_t)p * stride, u->hq_gate + (size_t)t * u->hq_gate_row_bytes,
+               u->hq_gate_row_bytes);
+        if (u->pairs_up != e->hq_pairs_gate)
+            memcpy(e->hq_pairs_up + (size_t)p * stride, u->hq_up + (size_t)t * u->hq_up_row_bytes,
+                   u->hq_up_row_bytes);
     }
 }
 
@@ -181,7 +212,7 @@ static void quantize_act_task(void *ctx, int64_t begin, int64_t end, int thread)
     }
 }
 
-/* pair_out[p][r] = down_r . act_q[p] for the rows of one task. */
+/* pair_out[p][r] = down_r . act_q[p] for the rows of one task, every pair of its unit in one gemm. */
 static void down_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
@@ -193,8 +224,8 @@ static void down_task(void *ctx, int64_t begin, int64_t end, int thread)
         const int64_t r0 = ((int64_t)i - u->first_task) * DOWN_ROWS_PER_TASK;
         const int64_t n = r0 + DOWN_ROWS_PER_TASK < E ? DOWN_ROWS_PER_TASK : E - r0;
         const struct kt_mat down = kt_mat_rows(u->w.down, r0, n);
-        for (uint32_t p = u->first_pair; p < u->first_pair + u->n_pairs; p++)
-            kt_matvec_q(&down, e->act_q + (size_t)p * e->act_q_stride, e->pair_out + (size_t)p * E + r0);
+        kt_mat_gemm(&down, e->act_q + (size_t)u->first_pair * e->act_q_stride, e->act_q_stride, u->n_pairs,
+                    e->pair_out + (size_t)u->first_pair * E + r0, E);
     }
 }
 
@@ -260,11 +291,12 @@ static void run_units(struct kt_engine *e, const float *h, uint32_t n_units, boo
         u->hq_up = quantized_h(e, h, u->w.up.type, slot_types, &n_slots);
         u->hq_gate_row_bytes = kt_act_row_bytes(u->w.gate.type, e->hp.n_embd);
         u->hq_up_row_bytes = kt_act_row_bytes(u->w.up.type, e->hp.n_embd);
+        u->pairs_up = u->hq_up == u->hq_gate ? e->hq_pairs_gate : e->hq_pairs_up;
         n_pairs += u->n_pairs;
-        e->stats.weight_bytes += u->w.gate.n_out * u->w.gate.row_bytes + u->w.up.n_out * u->w.up.row_bytes +
-                                 u->w.down.n_out * u->w.down.row_bytes;
+        e->stats.weight_bytes += kt_mat_bytes(&u->w.gate) + kt_mat_bytes(&u->w.up) + kt_mat_bytes(&u->w.down);
     }
 
+    run_phase(e, on_pools, n_units, n_pairs, first_pair, gather_task);
     uint32_t n_tasks = plan_tasks(e->units, n_units, GATE_UP_ROWS_PER_TASK, 0);
     run_phase(e, on_pools, n_units, n_tasks, first_task, gate_up_task);
     run_phase(e, on_pools, n_units, n_pairs, first_pair, quantize_act_task);
@@ -275,7 +307,8 @@ static void run_units(struct kt_engine *e, const float *h, uint32_t n_units, boo
 /* ---- the layer ---------------------------------------------------------------------- */
 
 /* Expert x's slabs of the stacked tensors, or its buffer in the expert store
- * (the same bytes, [gate | up | down] adjacent: same types and row sizes). */
+ * ([gate | up | down] adjacent, each in the GGUF layout or repacked for the
+ * kernel level in use: same types and row counts either way). */
 static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L,
                                             uint32_t x)
 {
@@ -295,6 +328,9 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
         w.gate.data = data + lay->gate_offset;
         w.up.data = data + lay->up_offset;
         w.down.data = data + lay->down_offset;
+        w.gate.packed = lay->gate_packed;
+        w.up.packed = lay->up_packed;
+        w.down.packed = lay->down_packed;
     }
     return w;
 }

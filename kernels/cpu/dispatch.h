@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "quant.h"
+#include "cpu/packed.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +50,9 @@ struct kt_cpu_type_kernels {
     /* Converts an F32 activation row to vec_dot_type (Q8_0, Q8_1, Q8_K or F32). */
     kt_from_float_fn quantize_act;
     enum kt_type vec_dot_type;
+    /* The layout expert weights are repacked into at load for this level, and
+     * its kernel (kernels/cpu/packed.h); NULL: kept in the GGUF layout. */
+    const struct kt_packed_format *packed;
 };
 
 struct kt_cpu_kernels {
