@@ -390,7 +390,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         goto fail;
     /* Last: the long step, after everything cheap that could fail. */
     if (!d.experts_in_place) {
-        struct kt_expert_store_params sp = {.progress = d.progress, .meminfo_path = d.meminfo_path};
+        struct kt_expert_store_params sp = {.progress = d.progress,
+                                            .meminfo_path = d.meminfo_path,
+                                            .keep_gguf_layout = d.experts_keep_gguf_layout};
         if (d.experts_round_robin && e->topo)
             sp.round_robin_nodes = e->topo->n_nodes;
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))

@@ -72,6 +72,7 @@ struct kt_engine_params {
     bool experts_on_threadpool; /* run routed experts on the step's thread pool instead (no NUMA pools) */
     bool experts_round_robin;   /* home expert x of each layer on topology node x % n_nodes (tests and
                                    benchmarks; default: node 0); ignored when experts_in_place */
+    bool experts_keep_gguf_layout; /* store experts in GGUF rows, not the level's packed format */
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };
