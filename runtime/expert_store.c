@@ -6,8 +6,9 @@
  * 2 MiB and advised MADV_HUGEPAGE, bound to the home node when libnuma works.
  * The layer's expert tensors are then read in file order, each expert slab
  * pread() straight into its place in the expert's buffer (chunks <= 32 MiB)
- * or, when the kernel level repacks that type, into one reused staging
- * buffer that is then packed into place; every 64 MiB read is dropped from
+ * or, when the kernel level repacks that type, into a staging buffer that a
+ * packer thread packs into place while the next slab is read
+ * (pack_pipeline.h; packing on this thread if no packer can be had); every 64 MiB read is dropped from
  * the page cache with POSIX_FADV_DONTNEED.  It never touches the model's mapping of the file and
  * never writes to the file.
  */
@@ -29,6 +30,7 @@
 
 #include "cpu/dispatch.h"
 #include "meminfo.h"
+#include "pack_pipeline.h"
 #include "progress.h"
 
 #define EXPERT_ALIGN (4ull << 10)   /* each expert buffer starts on a page */
@@ -213,10 +215,32 @@ static kt_status read_full(int fd, const char *path, const struct kt_gguf_tensor
     return KT_OK;
 }
 
-/* Copies (or reads into staging and packs) the expert slabs of one layer,
- * tensor by tensor in file order. */
-static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, int fd, uint8_t *staging,
-                            struct kt_progress *prog, kt_err *err)
+/* A staged slab and the expert buffer its matrices go to. */
+struct pack_job {
+    const struct slab *sb;
+    uint8_t *dst;
+};
+
+/* Turns one staged file slab into its matrices (packed or copied). */
+static void pack_slab(const void *ctx, const uint8_t *staged)
+{
+    const struct pack_job *j = ctx;
+    const struct slab *sb = j->sb;
+    for (int p = 0; p < sb->n_parts; p++) {
+        const struct slab_part *part = &sb->part[p];
+        const uint8_t *rows = staged + (size_t)part->first_row * sb->row_bytes;
+        if (part->packed)
+            part->packed->pack(sb->t->ne[0], rows, sb->row_bytes, part->n_rows, j->dst + part->dst_offset);
+        else
+            memcpy(j->dst + part->dst_offset, rows, (size_t)part->n_rows * sb->row_bytes);
+    }
+}
+
+/* Copies (or stages and packs) the expert slabs of one layer, tensor by
+ * tensor in file order.  Packed slabs go through `packers` when there is
+ * one, else through `staging` on this thread. */
+static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, int fd,
+                            struct kt_pack_pipeline *packers, uint8_t *staging, struct kt_progress *prog, kt_err *err)
 {
     const struct kt_gguf *g = m->gguf;
     for (int i = 0; i < sl->n_slabs; i++) {
@@ -228,25 +252,23 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
         uint64_t drop_from = start, ahead_to = start;
         for (uint32_t x = 0; x < m->hp.n_expert; x++) {
             const uint64_t off = start + x * slab;
-            uint8_t *dst = sl->base + x * sl->stride;
+            const struct pack_job job = {sb, sl->base + x * sl->stride};
             /* Keep READ_AHEAD bytes of the tensor in flight while we copy. */
             while (ahead_to < end && ahead_to < off + slab + READ_AHEAD / 2) {
                 const uint64_t ahead = end - ahead_to < READ_AHEAD ? end - ahead_to : READ_AHEAD;
                 posix_fadvise(fd, (off_t)ahead_to, (off_t)ahead, POSIX_FADV_WILLNEED);
                 ahead_to += ahead;
             }
-            kt_status st = read_full(fd, g->path, sb->t, x, packs ? staging : dst + sb->part[0].dst_offset, slab, off,
-                                     prog, err);
+            uint8_t *into = !packs ? job.dst + sb->part[0].dst_offset
+                            : packers ? kt_pack_pipeline_acquire(packers)
+                                      : staging;
+            kt_status st = read_full(fd, g->path, sb->t, x, into, slab, off, prog, err);
             if (st != KT_OK)
-                return st;
-            for (int p = 0; packs && p < sb->n_parts; p++) {
-                const struct slab_part *part = &sb->part[p];
-                const uint8_t *rows = staging + (size_t)part->first_row * sb->row_bytes;
-                if (part->packed)
-                    part->packed->pack(sb->t->ne[0], rows, sb->row_bytes, part->n_rows, dst + part->dst_offset);
-                else
-                    memcpy(dst + part->dst_offset, rows, (size_t)part->n_rows * sb->row_bytes);
-            }
+                return st; /* the caller drains the packers */
+            if (packs && packers)
+                kt_pack_pipeline_submit(packers, into, pack_slab, &job, sizeof job);
+            else if (packs)
+                pack_slab(&job, staging);
             if (off + slab - drop_from >= DROP_EVERY || x + 1 == m->hp.n_expert) {
                 posix_fadvise(fd, (off_t)drop_from, (off_t)(off + slab - drop_from), POSIX_FADV_DONTNEED);
                 drop_from = off + slab;
@@ -254,6 +276,13 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
         }
     }
     return KT_OK;
+}
+
+/* Packer threads beside the reading one: every other online CPU, at most 8. */
+static int packer_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN) - 1;
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
 kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_expert_store_params *p,
@@ -265,7 +294,8 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
     kt_status st = KT_OK;
     struct kt_progress *prog = NULL;
     int fd = -1;
-    uint8_t *staging = NULL; /* (staging_bytes) one file slab of a type that gets repacked */
+    uint8_t *staging = NULL; /* (staging_bytes) one file slab of a type that gets repacked, without packers */
+    struct kt_pack_pipeline *packers = NULL;
     struct kt_expert_store *s = calloc(1, sizeof *s);
     if (!s)
         return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
@@ -299,10 +329,13 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         st = kt_err_set(err, KT_ERR_INVALID, "expert store: the model was not opened from a file");
         goto fail;
     }
-    if ((st = kt_meminfo_check(d.meminfo_path, "loading the routed experts", s->bytes + s->staging_bytes, err)) !=
-        KT_OK)
+    const int n_packers = s->staging_bytes ? packer_threads() : 0;
+    if ((st = kt_meminfo_check(d.meminfo_path, "loading the routed experts",
+                               s->bytes + (uint64_t)(n_packers + 1) * s->staging_bytes, err)) != KT_OK)
         goto fail;
-    if (s->staging_bytes && !(staging = malloc((size_t)s->staging_bytes))) {
+    if (n_packers)
+        packers = kt_pack_pipeline_create(n_packers, (size_t)s->staging_bytes);
+    if (s->staging_bytes && !packers && !(staging = malloc((size_t)s->staging_bytes))) {
         st = kt_err_set(err, KT_ERR_NOMEM, "expert store: cannot allocate a %llu-byte staging buffer",
                         (unsigned long long)s->staging_bytes);
         goto fail;
@@ -331,9 +364,11 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
             sl->experts[x] = (struct kt_stored_expert){
                 .data = sl->base + x * sl->stride,
                 .home_node = d.round_robin_nodes > 1 ? (int)(x % (uint32_t)d.round_robin_nodes) : HOME_NODE};
-        if ((st = load_layer(m, sl, fd, staging, prog, err)) != KT_OK)
+        if ((st = load_layer(m, sl, fd, packers, staging, prog, err)) != KT_OK)
             goto fail;
     }
+    kt_pack_pipeline_destroy(packers); /* drains: every expert is in place after this */
+    packers = NULL;
     s->load_s = now_s() - t0;
     kt_progress_finish(prog);
     kt_progress_destroy(prog);
@@ -345,6 +380,7 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
 fail:
     if (prog && d.progress && isatty(fileno(d.progress)))
         fputc('\n', d.progress); /* end a half-drawn progress line before the caller's message */
+    kt_pack_pipeline_destroy(packers); /* before the buffers it writes go away */
     kt_progress_destroy(prog);
     if (fd >= 0)
         close(fd);
