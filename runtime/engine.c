@@ -243,6 +243,8 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(e->pair_of, T * k);
     CARVE(e->expert_pairs, Ne);
     CARVE(e->expert_unit, Ne);
+    CARVE(e->active_experts, Ne);
+    CARVE(e->expert_pool_of, Ne);
     CARVE(e->units, Ne + 1);
     e->act_stride = (size_t)s.max_n_ff;
     CARVE(e->act, pairs * e->act_stride);
@@ -314,7 +316,8 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
     e->node_pool = calloc((size_t)e->topo->n_nodes, sizeof *e->node_pool);
     e->pool_units = calloc((size_t)n_pools + 1, sizeof *e->pool_units);
     e->pool_jobs = calloc((size_t)n_pools, sizeof *e->pool_jobs);
-    if (!e->node_pool || !e->pool_units || !e->pool_jobs)
+    e->pool_load = calloc((size_t)n_pools, sizeof *e->pool_load);
+    if (!e->node_pool || !e->pool_units || !e->pool_jobs || !e->pool_load)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     for (int i = 0; i < n_pools; i++)
         e->node_pool[kt_pool_node(kt_pools_get(e->pools, i))] = i;
@@ -392,7 +395,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     if (!d.experts_in_place) {
         struct kt_expert_store_params sp = {.progress = d.progress,
                                             .meminfo_path = d.meminfo_path,
-                                            .keep_gguf_layout = d.experts_keep_gguf_layout};
+                                            .keep_gguf_layout = d.experts_keep_gguf_layout,
+                                            .home_nodes = d.expert_home_nodes,
+                                            .replica_nodes = d.expert_replica_nodes};
         if (d.experts_round_robin && e->topo)
             sp.round_robin_nodes = e->topo->n_nodes;
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))
@@ -417,6 +422,7 @@ void kt_engine_destroy(struct kt_engine *e)
     kt_pools_destroy(e->pools);
     kt_topology_destroy(e->topo);
     free(e->node_pool);
+    free(e->pool_load);
     free(e->pool_units);
     free(e->pool_jobs);
     kt_kv_cache_destroy(e->kv);

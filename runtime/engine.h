@@ -73,6 +73,11 @@ struct kt_engine_params {
     bool experts_round_robin;   /* home expert x of each layer on topology node x % n_nodes (tests and
                                    benchmarks; default: node 0); ignored when experts_in_place */
     bool experts_keep_gguf_layout; /* store experts in GGUF rows, not the level's packed format */
+    /* [n_layer * n_expert] home node and replica nodes (bit i: node i) of each
+     * routed expert, as a placement plan gives them (expert_store.h); NULL:
+     * experts_round_robin or node 0, no replicas. */
+    const int *expert_home_nodes;
+    const uint16_t *expert_replica_nodes;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };
@@ -100,6 +105,7 @@ struct kt_engine_stats {
     uint64_t absorbed_tokens;   /* tokens whose attention ran in the absorbed form */
     uint64_t expanded_tokens;   /* ... in the expanded form */
     uint64_t embed_head_ns;     /* embedding lookup, final norm and output head (also in other_ns) */
+    uint64_t node_pairs[16];    /* routed (token, expert) pairs run by the pool of topology node i (with pools) */
 };
 
 /* One layer's share of the steps since creation or the last reset; the four

@@ -2,8 +2,9 @@
  * expert_store.c - loading routed experts into per-expert buffers (see
  * expert_store.h for the layout and the promises).
  *
- * Per MoE layer: one anonymous mapping of n_expert x stride bytes, aligned to
- * 2 MiB and advised MADV_HUGEPAGE, bound to the home node when libnuma works.
+ * Per MoE layer and node holding copies: one anonymous mapping of
+ * copies x stride bytes, aligned to 2 MiB and advised MADV_HUGEPAGE, bound to
+ * that node when libnuma works.
  * The layer's expert tensors are then read in file order, each expert slab
  * pread() straight into its place in the expert's buffer (chunks <= 32 MiB)
  * or, when the kernel level repacks that type, into a staging buffer that a
@@ -38,7 +39,6 @@
 #define READ_CHUNK (32ull << 20)    /* most bytes per pread */
 #define DROP_EVERY (64ull << 20)    /* page-cache bytes dropped at a time */
 #define READ_AHEAD (256ull << 20)    /* bytes asked for ahead of the copy (WILLNEED) */
-#define HOME_NODE 0                 /* every expert's home until placement assigns nodes */
 
 /* One expert matrix inside a tensor's expert slab: rows [first_row,
  * first_row + n_rows) of the slab go to dst_offset, packed with `packed`
@@ -63,8 +63,10 @@ struct store_layer {
     struct slab slabs[3];           /* file order */
     int n_slabs;
     uint64_t stride;                /* expert_bytes rounded up to EXPERT_ALIGN */
-    uint8_t *base;                  /* (n_expert, stride); NULL in dense layers */
-    size_t map_bytes;
+    bool moe;
+    uint32_t copies_on[KT_EXPERT_MAX_NODES]; /* expert copies (homes + replicas) on each node */
+    uint8_t *base[KT_EXPERT_MAX_NODES];      /* (copies_on[n], stride) bound to node n; NULL if none */
+    size_t map_bytes[KT_EXPERT_MAX_NODES];
     struct kt_stored_expert *experts; /* [n_expert] */
 };
 
@@ -127,7 +129,7 @@ static void plan_layer(const struct kt_model *m, uint32_t il, struct store_layer
     lay->down_offset = lay->up_offset + round_up(matrix_bytes(up_t, lay->up_packed, f), 64);
     lay->expert_bytes = lay->down_offset + matrix_bytes(down_t, lay->down_packed, E);
     sl->stride = round_up(lay->expert_bytes, EXPERT_ALIGN);
-    sl->map_bytes = (size_t)round_up(sl->stride * Ne, LAYER_ALIGN);
+    sl->moe = true;
 
     int n = 0;
     if (L->ffn_gate_up_exps) {
@@ -157,6 +159,29 @@ static void plan_layer(const struct kt_model *m, uint32_t il, struct store_layer
             sl->slabs[j] = sl->slabs[j - 1];
             sl->slabs[j - 1] = tmp;
         }
+}
+
+/* Each expert's home and replica nodes, and the copies each node holds. */
+static kt_status place_copies(struct store_layer *sl, uint32_t il, uint32_t n_expert,
+                              const struct kt_expert_store_params *d, kt_err *err)
+{
+    if (!(sl->experts = calloc(n_expert, sizeof *sl->experts)))
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
+    for (uint32_t x = 0; x < n_expert; x++) {
+        struct kt_stored_expert *se = &sl->experts[x];
+        const size_t at = (size_t)il * n_expert + x;
+        const int home = d->home_nodes               ? d->home_nodes[at]
+                         : d->round_robin_nodes > 1 ? (int)(x % (uint32_t)d->round_robin_nodes)
+                                                     : 0;
+        if (home < 0 || home >= KT_EXPERT_MAX_NODES)
+            return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u expert %u: home node %d is not 0..%d", il,
+                              x, home, KT_EXPERT_MAX_NODES - 1);
+        se->home_node = home;
+        se->nodes = (uint16_t)((d->replica_nodes ? d->replica_nodes[at] : 0) | 1u << home);
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+            sl->copies_on[n] += se->nodes >> n & 1;
+    }
+    return KT_OK;
 }
 
 /* True if any matrix of the slab is repacked (so it is read into staging). */
@@ -252,7 +277,7 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
         uint64_t drop_from = start, ahead_to = start;
         for (uint32_t x = 0; x < m->hp.n_expert; x++) {
             const uint64_t off = start + x * slab;
-            const struct pack_job job = {sb, sl->base + x * sl->stride};
+            const struct pack_job job = {sb, (uint8_t *)sl->experts[x].data};
             /* Keep READ_AHEAD bytes of the tensor in flight while we copy. */
             while (ahead_to < end && ahead_to < off + slab + READ_AHEAD / 2) {
                 const uint64_t ahead = end - ahead_to < READ_AHEAD ? end - ahead_to : READ_AHEAD;
@@ -313,8 +338,13 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
             continue;
         struct store_layer *sl = &s->layers[il];
         plan_layer(m, il, sl, d.keep_gguf_layout);
-        s->bytes += sl->map_bytes;
-        s->data_bytes += sl->layout.expert_bytes * s->n_expert;
+        if ((st = place_copies(sl, il, s->n_expert, &d, err)) != KT_OK)
+            goto fail;
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+            sl->map_bytes[n] = (size_t)round_up(sl->copies_on[n] * sl->stride, LAYER_ALIGN);
+            s->bytes += sl->map_bytes[n];
+            s->data_bytes += sl->layout.expert_bytes * sl->copies_on[n];
+        }
         for (int i = 0; i < sl->n_slabs; i++)
             s->file_bytes += sl->slabs[i].t->nbytes;
         for (int i = 0; i < sl->n_slabs; i++)
@@ -351,21 +381,35 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
     prog = kt_progress_create(d.progress, "loading experts", s->file_bytes, KT_PROGRESS_AUTO);
     for (uint32_t il = 0; il < s->n_layer; il++) {
         struct store_layer *sl = &s->layers[il];
-        if (!sl->map_bytes)
+        if (!sl->moe)
             continue;
-        sl->experts = calloc(s->n_expert, sizeof *sl->experts);
-        sl->base = map_layer(sl->map_bytes, HOME_NODE);
-        if (!sl->experts || !sl->base) {
-            st = kt_err_set(err, KT_ERR_NOMEM, "expert store: cannot allocate %zu bytes for layer %u", sl->map_bytes,
-                            il);
-            goto fail;
+        uint32_t used[KT_EXPERT_MAX_NODES] = {0};
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+            if (!sl->copies_on[n])
+                continue;
+            if (!(sl->base[n] = map_layer(sl->map_bytes[n], n))) {
+                st = kt_err_set(err, KT_ERR_NOMEM, "expert store: cannot allocate %zu bytes for layer %u on node %d",
+                                sl->map_bytes[n], il, n);
+                goto fail;
+            }
         }
-        for (uint32_t x = 0; x < s->n_expert; x++)
-            sl->experts[x] = (struct kt_stored_expert){
-                .data = sl->base + x * sl->stride,
-                .home_node = d.round_robin_nodes > 1 ? (int)(x % (uint32_t)d.round_robin_nodes) : HOME_NODE};
+        for (uint32_t x = 0; x < s->n_expert; x++) {
+            struct kt_stored_expert *se = &sl->experts[x];
+            for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+                if (se->nodes >> n & 1)
+                    se->copy[n] = sl->base[n] + (size_t)used[n]++ * sl->stride;
+            se->data = se->copy[se->home_node];
+        }
         if ((st = load_layer(m, sl, fd, packers, staging, prog, err)) != KT_OK)
             goto fail;
+        if (packers)
+            kt_pack_pipeline_drain(packers); /* home copies complete before replicas copy them */
+        for (uint32_t x = 0; x < s->n_expert; x++) {
+            struct kt_stored_expert *se = &sl->experts[x];
+            for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+                if (se->copy[n] && n != se->home_node)
+                    memcpy((uint8_t *)se->copy[n], se->data, sl->layout.expert_bytes);
+        }
     }
     kt_pack_pipeline_destroy(packers); /* drains: every expert is in place after this */
     packers = NULL;
@@ -395,8 +439,9 @@ void kt_expert_store_destroy(struct kt_expert_store *s)
         return;
     for (uint32_t il = 0; s->layers && il < s->n_layer; il++) {
         struct store_layer *sl = &s->layers[il];
-        if (sl->base)
-            munmap(sl->base, sl->map_bytes);
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+            if (sl->base[n])
+                munmap(sl->base[n], sl->map_bytes[n]);
         free(sl->experts);
     }
     free(s->layers);
@@ -405,7 +450,7 @@ void kt_expert_store_destroy(struct kt_expert_store *s)
 
 const struct kt_stored_expert *kt_expert_store_expert(const struct kt_expert_store *s, uint32_t il, uint32_t x)
 {
-    static const struct kt_stored_expert none = {NULL, -1};
+    static const struct kt_stored_expert none = {.data = NULL, .home_node = -1};
     if (il >= s->n_layer || x >= s->n_expert || !s->layers[il].experts)
         return &none;
     return &s->layers[il].experts[x];

@@ -16,9 +16,12 @@
  * or bound to a NUMA node as a unit.  Buffers start on 4 KiB boundaries
  * inside one 2 MiB-aligned, huge-page-advised mapping per layer.
  *
- * Every expert records its home NUMA node (0 unless round_robin_nodes); its
- * buffer is in node 0's memory for now.  Replicas on other nodes and moves to GPUs are later work
- * and will switch an expert's data pointer between steps.
+ * Every expert has a home NUMA node (params: home_nodes, else round_robin_nodes,
+ * else 0) and optional replicas on other nodes (replica_nodes); each copy
+ * lives in a per-(layer, node) mapping bound to that node, so a node's pool
+ * reads node-local memory.  Replicas are byte-identical copies of the home
+ * buffer, made once the layer is loaded.  Moves to GPUs are later work and
+ * will switch an expert's copies between steps.
  *
  * The load reads with pread() on its own descriptor (file pages are never
  * mapped into the process), in chunks of at most 32 MiB, and drops the
@@ -40,14 +43,21 @@
 #include "model.h"
 #include "status.h"
 
+/* Nodes a store can place copies on (topology node indices 0..15). */
+#define KT_EXPERT_MAX_NODES 16
+
 struct kt_expert_store_params {
     FILE *progress;             /* bytes, GB/s and ETA of the load; NULL: silent */
     const char *meminfo_path;   /* NULL: /proc/meminfo (tests pass a fake) */
+    /* [n_layer * n_expert] home node of expert x of layer il at il * n_expert
+     * + x (entries of dense layers ignored); NULL: round_robin_nodes. */
+    const int *home_nodes;
     /* 0 or 1: every expert homes on node 0.  n > 1: expert x of every layer
-     * homes on node x % n (a topology node index), for dispatch tests on
-     * synthetic topologies; the memory binding stays the layer's (node 0)
-     * until placement moves experts. */
+     * homes on node x % n, for dispatch tests on synthetic topologies. */
     int round_robin_nodes;
+    /* [n_layer * n_expert] bit i set: a replica on node i (the home's own bit
+     * is ignored); NULL: none. */
+    const uint16_t *replica_nodes;
     /* Keep every expert in the GGUF layout even where the level has a
      * packed format (for tests and for comparing the two). */
     bool keep_gguf_layout;
@@ -57,6 +67,8 @@ struct kt_expert_store_params {
 struct kt_stored_expert {
     const uint8_t *data;        /* (expert_bytes) [gate | up | down], in home_node's memory */
     int home_node;
+    uint16_t nodes;             /* bit i: a copy on node i (the home's bit included) */
+    const uint8_t *copy[KT_EXPERT_MAX_NODES]; /* the copy on node i, NULL if none; copy[home_node] == data */
 };
 
 /* Where the slabs lie inside every expert buffer of one layer. */
@@ -72,8 +84,9 @@ struct kt_expert_layout {
 struct kt_expert_store;
 
 /* Copies every routed expert of m out of m->gguf->path.  KT_ERR_NOMEM (with
- * needed and free GiB) if it cannot fit; KT_ERR_IO naming the tensor, expert
- * and byte offset if the file cannot be read in full. */
+ * needed and free GiB) if it cannot fit (replicas counted); KT_ERR_IO naming
+ * the tensor, expert and byte offset if the file cannot be read in full;
+ * KT_ERR_INVALID for a home or replica node >= KT_EXPERT_MAX_NODES. */
 kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_expert_store_params *p,
                                  struct kt_expert_store **out, kt_err *err);
 void kt_expert_store_destroy(struct kt_expert_store *s);

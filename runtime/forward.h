@@ -152,6 +152,9 @@ struct kt_engine {
     uint32_t *pair_of;          /* (T, k) pair index of token t's j-th expert */
     uint32_t *expert_pairs;     /* (Ne) pairs routed to each expert */
     uint32_t *expert_unit;      /* (Ne) unit of each expert this step */
+    uint32_t *active_experts;   /* (Ne) experts with pairs this step, largest group first (with pools) */
+    int *expert_pool_of;        /* (Ne) the pool running each active expert (with pools) */
+    uint64_t *pool_load;        /* [n_pools] pairs given to each pool so far this step */
     struct kt_ffn_unit *units;  /* (Ne + 1) the step's active experts, then the shared one */
     float *act;                 /* (T*k + T, act_stride) silu(gate) * up per pair */
     size_t act_stride;          /* max n_ff */

@@ -310,7 +310,7 @@ static void run_units(struct kt_engine *e, const float *h, uint32_t n_units, boo
  * ([gate | up | down] adjacent, each in the GGUF layout or repacked for the
  * kernel level in use: same types and row counts either way). */
 static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L,
-                                            uint32_t x)
+                                            uint32_t x, int node)
 {
     const int64_t f = e->hp.n_ff_exp, E = e->hp.n_embd;
     struct kt_ffn_weights w = {.n_ff = f};
@@ -323,7 +323,8 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
     }
     w.down = kt_mat_rows(L->down_exps, x * E, E);
     if (e->experts) {
-        const uint8_t *data = kt_expert_store_expert(e->experts, il, x)->data;
+        const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
+        const uint8_t *data = node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node] : se->data;
         const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);
         w.gate.data = data + lay->gate_offset;
         w.up.data = data + lay->up_offset;
@@ -335,12 +336,45 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
     return w;
 }
 
-/* The pool that runs expert x of layer il: its home node's (node 0 when
- * experts are read in place). */
-static int expert_pool(const struct kt_engine *e, uint32_t il, uint32_t x)
+/* Pools for the step's active experts (expert_pairs[x] > 0), largest token
+ * groups first: each to the least loaded pool holding a copy of it (its
+ * home's on ties, then the lowest pool), so replicas spread a hot expert's
+ * neighbours away from its node.  Deterministic for a given routing; which
+ * copy runs never changes a result (the copies are the same bytes). */
+static void choose_pools(struct kt_engine *e, uint32_t il)
 {
-    const int node = e->experts ? kt_expert_store_expert(e->experts, il, x)->home_node : 0;
-    return node >= 0 && node < e->topo->n_nodes ? e->node_pool[node] : 0;
+    const uint32_t Ne = e->hp.n_expert;
+    const int n_pools = kt_pools_count(e->pools);
+    uint32_t n_active = 0;
+    for (uint32_t x = 0; x < Ne; x++)
+        if (e->expert_pairs[x])
+            e->active_experts[n_active++] = x;
+    /* insertion sort by pairs, descending (few active experts in decode, at most Ne) */
+    for (uint32_t i = 1; i < n_active; i++)
+        for (uint32_t j = i; j > 0 && e->expert_pairs[e->active_experts[j]] > e->expert_pairs[e->active_experts[j - 1]];
+             j--) {
+            uint32_t t = e->active_experts[j];
+            e->active_experts[j] = e->active_experts[j - 1];
+            e->active_experts[j - 1] = t;
+        }
+    for (int g = 0; g < n_pools; g++)
+        e->pool_load[g] = 0;
+    for (uint32_t i = 0; i < n_active; i++) {
+        const uint32_t x = e->active_experts[i];
+        const struct kt_stored_expert *se = e->experts ? kt_expert_store_expert(e->experts, il, x) : NULL;
+        const int home = se && se->home_node >= 0 && se->home_node < e->topo->n_nodes ? se->home_node : 0;
+        int best = e->node_pool[home];
+        for (int g = 0; se && g < n_pools; g++) {
+            const int node = kt_pool_node(kt_pools_get(e->pools, g));
+            if (node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] && e->pool_load[g] < e->pool_load[best])
+                best = g;
+        }
+        e->expert_pool_of[x] = best;
+        e->pool_load[best] += e->expert_pairs[x];
+        const int node = kt_pool_node(kt_pools_get(e->pools, best));
+        if (node >= 0 && node < 16)
+            e->stats.node_pairs[node] += e->expert_pairs[x];
+    }
 }
 
 static void dense_ffn(struct kt_engine *e, const struct kt_layer_weights *L, const float *h, float *out)
@@ -376,16 +410,19 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
         e->expert_pairs[e->route_experts[i]]++;
     const bool on_pools = e->pools != NULL;
     const int n_groups = on_pools ? kt_pools_count(e->pools) : 1;
+    if (on_pools)
+        choose_pools(e, il);
     const bool shared = L->shared.n_ff > 0;
     uint32_t n_units = 0, n_pairs = 0, shared_pair = 0;
     for (int g = 0; g < n_groups; g++) {
         if (on_pools)
             e->pool_units[g] = n_units;
         for (uint32_t x = 0; x < Ne; x++) {
-            if (!e->expert_pairs[x] || (on_pools && expert_pool(e, il, x) != g))
+            if (!e->expert_pairs[x] || (on_pools && e->expert_pool_of[x] != g))
                 continue;
+            const int node = on_pools ? kt_pool_node(kt_pools_get(e->pools, g)) : -1;
             e->expert_unit[x] = n_units;
-            e->units[n_units++] = (struct kt_ffn_unit){.w = expert_weights(e, il, L, x), .first_pair = n_pairs};
+            e->units[n_units++] = (struct kt_ffn_unit){.w = expert_weights(e, il, L, x, node), .first_pair = n_pairs};
             n_pairs += e->expert_pairs[x];
         }
         if (g == 0 && shared) {

@@ -3,7 +3,9 @@
  * (engine.h `topology`, moe.c): the logits are bit-identical to the routed
  * experts run on the step's thread pool, on kt-synth's tiny and tiny-v3, for
  * prefill and decode, with experts homed round-robin over a synthetic
- * two-node topology; and decode speed on this machine, printed both ways.
+ * two-node topology, and with every expert homed on node 0 but replicated on
+ * node 1 (then node 1's pool must take a share of the pairs: replicas
+ * spread the work); and decode speed on this machine, printed both ways.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,6 +95,11 @@ static void check_identical(const char *preset)
     if (!m)
         return;
     const size_t n = (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab;
+    const size_t n_experts = (size_t)m->hp.n_layer * m->hp.n_expert;
+    int *homes = calloc(n_experts, sizeof *homes); /* all node 0 */
+    uint16_t *replicas = calloc(n_experts, sizeof *replicas);
+    for (size_t i = 0; replicas && i < n_experts; i++)
+        replicas[i] = 1u << 1;
     float *base = run(m, &(struct kt_engine_params){.n_threads = 2, .experts_on_threadpool = true});
     const struct {
         const char *what;
@@ -105,6 +112,8 @@ static void check_identical(const char *preset)
         {"3 nodes, round-robin homes, 1 thread",
          {.n_threads = 1, .topology = "package:3 numa:1 core:1 pu:1", .experts_round_robin = true}},
         {"2 nodes, experts in place", {.n_threads = 2, .topology = TWO_NODES, .experts_in_place = true}},
+        {"2 nodes, homes on node 0, replicas on node 1",
+         {.n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes, .expert_replica_nodes = replicas}},
         {"this machine", {.n_threads = 2}},
     };
     for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
@@ -121,6 +130,52 @@ static void check_identical(const char *preset)
         free(got);
     }
     free(base);
+    free(homes);
+    free(replicas);
+    remove_synth(m, path);
+}
+
+static void replicas_spread_pairs_over_both_nodes(void)
+{
+    char path[1024];
+    struct kt_model *m = open_synth("tiny", path, sizeof path);
+    if (!m)
+        return;
+    const size_t n_experts = (size_t)m->hp.n_layer * m->hp.n_expert;
+    int *homes = calloc(n_experts, sizeof *homes);
+    uint16_t *replicas = calloc(n_experts, sizeof *replicas);
+    for (size_t i = 0; i < n_experts; i++)
+        replicas[i] = 1u << 1;
+    const struct kt_engine_params with = {
+        .n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes, .expert_replica_nodes = replicas};
+    const struct kt_engine_params without = {.n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes};
+    uint64_t pairs[2][2] = {{0}};
+    for (int r = 0; r < 2; r++) {
+        struct kt_engine *e = engine(m, r ? &with : &without);
+        if (!e)
+            continue;
+        struct kt_batch_token bt[PROMPT_LEN];
+        for (uint32_t i = 0; i < PROMPT_LEN; i++)
+            bt[i] = (struct kt_batch_token){prompt[i], 0, i, false};
+        kt_err err = {0};
+        KT_CHECK(kt_engine_seq_add(e, 0, &err) == KT_OK && kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, NULL,
+                                                                          &err) == KT_OK,
+                 "prefill: %s", err.msg);
+        struct kt_engine_stats st;
+        kt_engine_stats(e, &st);
+        pairs[r][0] = st.node_pairs[0];
+        pairs[r][1] = st.node_pairs[1];
+        printf("  %s replicas: node 0 ran %llu pairs, node 1 %llu\n", r ? "with" : "without",
+               (unsigned long long)pairs[r][0], (unsigned long long)pairs[r][1]);
+        kt_engine_destroy(e);
+    }
+    KT_CHECK(pairs[0][0] > 0 && pairs[0][1] == 0, "without replicas every pair runs on node 0 (home)");
+    const uint64_t total = pairs[1][0] + pairs[1][1];
+    KT_CHECK(total == pairs[0][0] && pairs[1][1] * 4 >= total && pairs[1][0] * 4 >= total,
+             "with replicas on node 1 both nodes take at least a quarter of the pairs (%llu / %llu)",
+             (unsigned long long)pairs[1][0], (unsigned long long)pairs[1][1]);
+    free(homes);
+    free(replicas);
     remove_synth(m, path);
 }
 
@@ -224,6 +279,7 @@ int main(void)
 {
     KT_RUN(store_homes_experts_round_robin);
     KT_RUN(tiny_logits_identical_on_node_pools);
+    KT_RUN(replicas_spread_pairs_over_both_nodes);
     KT_RUN(tiny_v3_logits_identical_on_node_pools);
     KT_RUN(decode_speed_on_this_machine);
     return kt_test_finish();
