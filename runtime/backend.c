@@ -1,0 +1,244 @@
+/*
+ * backend.c - the sim backend, and the door to the cuda one (see backend.h).
+ *
+ * sim: a ring of queued operations consumed in order by one thread.  A copy
+ * is a memcpy followed by a busy wait until latency + bytes / bandwidth has
+ * passed since it began (so its cost is paid on the device's timeline, not
+ * the host's); a launch calls the function.  Memory is aligned host memory
+ * counted against the budget.  It must never run two operations of one
+ * queue at once, nor let sync return before the last submitted operation
+ * finished.
+ */
+#include "backend.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define QUEUE_SLOTS 256
+
+enum op_kind { OP_COPY_IN, OP_COPY_OUT, OP_LAUNCH };
+
+struct op {
+    enum op_kind kind;
+    void *dst;
+    const void *src;
+    size_t bytes;
+    kt_backend_fn fn;
+    void *ctx;
+};
+
+struct kt_backend {
+    struct kt_backend_params p;
+    char name[64];
+    uint64_t used_bytes;
+
+    pthread_mutex_t mu;
+    pthread_cond_t changed;
+    struct op ring[QUEUE_SLOTS];
+    uint64_t head, tail;            /* ops [head, tail) queued; head is running while running */
+    bool running, stop;
+    pthread_t thread;
+    struct kt_backend_stats stats;  /* under mu */
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* What a copy of `bytes` costs on the simulated link. */
+static uint64_t transfer_cost_ns(const struct kt_backend *b, size_t bytes)
+{
+    double ns = b->p.latency_us * 1e3;
+    if (b->p.transfer_gbps > 0)
+        ns += (double)bytes / b->p.transfer_gbps;
+    return (uint64_t)ns;
+}
+
+static void *queue_main(void *arg)
+{
+    struct kt_backend *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (b->head == b->tail && !b->stop)
+            pthread_cond_wait(&b->changed, &b->mu);
+        if (b->head == b->tail)
+            break;
+        const struct op o = b->ring[b->head % QUEUE_SLOTS];
+        b->running = true;
+        pthread_mutex_unlock(&b->mu);
+
+        const uint64_t t0 = now_ns();
+        if (o.kind == OP_LAUNCH) {
+            o.fn(o.ctx);
+        } else {
+            memcpy(o.dst, o.src, o.bytes);
+            const uint64_t until = t0 + transfer_cost_ns(b, o.bytes);
+            while (now_ns() < until)
+                ; /* the link is busy: the device waits, the host does not */
+        }
+        const uint64_t spent = now_ns() - t0;
+
+        pthread_mutex_lock(&b->mu);
+        b->stats.busy_ns += spent;
+        b->stats.ops++;
+        if (o.kind != OP_LAUNCH) {
+            b->stats.transfer_ns += spent;
+            *(o.kind == OP_COPY_IN ? &b->stats.bytes_in : &b->stats.bytes_out) += o.bytes;
+        }
+        b->head++;
+        b->running = false;
+        pthread_cond_broadcast(&b->changed);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err)
+{
+    *out = NULL;
+    if (p->kind == KT_BACKEND_CUDA) {
+#ifdef KT_HAVE_CUDA
+        return kt_err_set(err, KT_ERR_UNSUPPORTED,
+                          "device '%s': the cuda backend cannot run kt's layer pieces yet (only sim devices can)",
+                          p->name ? p->name : "cuda");
+#else
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': this kt was built without CUDA",
+                          p->name ? p->name : "cuda");
+#endif
+    }
+    if (p->kind != KT_BACKEND_SIM)
+        return kt_err_set(err, KT_ERR_INVALID, "unknown backend kind %d", (int)p->kind);
+    if (p->transfer_gbps < 0 || p->latency_us < 0)
+        return kt_err_set(err, KT_ERR_INVALID, "device '%s': negative transfer cost", p->name ? p->name : "sim");
+    struct kt_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return kt_err_set(err, KT_ERR_NOMEM, "backend: out of memory");
+    b->p = *p;
+    snprintf(b->name, sizeof b->name, "%s", p->name ? p->name : "sim");
+    b->p.name = b->name;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->changed, NULL);
+    if (pthread_create(&b->thread, NULL, queue_main, b) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        pthread_cond_destroy(&b->changed);
+        free(b);
+        return kt_err_set(err, KT_ERR_NOMEM, "device '%s': cannot start its queue thread", p->name);
+    }
+    *out = b;
+    return KT_OK;
+}
+
+void kt_backend_destroy(struct kt_backend *b)
+{
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->stop = true;
+    pthread_cond_broadcast(&b->changed);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL); /* the thread drains the queue before it stops */
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->changed);
+    free(b);
+}
+
+const char *kt_backend_name(const struct kt_backend *b)
+{
+    return b->name;
+}
+
+enum kt_backend_kind kt_backend_kind(const struct kt_backend *b)
+{
+    return b->p.kind;
+}
+
+kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_err *err)
+{
+    *ptr = NULL;
+    const uint64_t budget = b->p.memory_bytes;
+    if (budget && b->used_bytes + bytes > budget)
+        return kt_err_set(err, KT_ERR_NOMEM,
+                          "device '%s': %.3f GiB more does not fit (%.3f GiB of its %.3f GiB budget in use)", b->name,
+                          (double)bytes / (1u << 30), (double)b->used_bytes / (1u << 30), (double)budget / (1u << 30));
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p)
+        return kt_err_set(err, KT_ERR_NOMEM, "device '%s': cannot allocate %zu bytes", b->name, bytes);
+    b->used_bytes += bytes;
+    *ptr = p;
+    return KT_OK;
+}
+
+void kt_backend_free(struct kt_backend *b, void *ptr, size_t bytes)
+{
+    if (!ptr)
+        return;
+    free(ptr);
+    b->used_bytes -= bytes <= b->used_bytes ? bytes : b->used_bytes;
+}
+
+uint64_t kt_backend_used_bytes(const struct kt_backend *b)
+{
+    return b->used_bytes;
+}
+
+uint64_t kt_backend_budget_bytes(const struct kt_backend *b)
+{
+    return b->p.memory_bytes;
+}
+
+static void submit(struct kt_backend *b, struct op o)
+{
+    pthread_mutex_lock(&b->mu);
+    while (b->tail - b->head >= QUEUE_SLOTS) /* full: wait for the device */
+        pthread_cond_wait(&b->changed, &b->mu);
+    b->ring[b->tail % QUEUE_SLOTS] = o;
+    b->tail++;
+    pthread_cond_broadcast(&b->changed);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void kt_backend_copy_in(struct kt_backend *b, void *dst_device, const void *src_host, size_t bytes)
+{
+    submit(b, (struct op){.kind = OP_COPY_IN, .dst = dst_device, .src = src_host, .bytes = bytes});
+}
+
+void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_device, size_t bytes)
+{
+    submit(b, (struct op){.kind = OP_COPY_OUT, .dst = dst_host, .src = src_device, .bytes = bytes});
+}
+
+void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
+{
+    submit(b, (struct op){.kind = OP_LAUNCH, .fn = fn, .ctx = ctx});
+}
+
+void kt_backend_sync(struct kt_backend *b)
+{
+    pthread_mutex_lock(&b->mu);
+    const uint64_t until = b->tail;
+    while (b->head < until)
+        pthread_cond_wait(&b->changed, &b->mu);
+    pthread_mutex_unlock(&b->mu);
+}
+
+void kt_backend_stats(const struct kt_backend *b, struct kt_backend_stats *out)
+{
+    pthread_mutex_lock((pthread_mutex_t *)&b->mu);
+    *out = b->stats;
+    pthread_mutex_unlock((pthread_mutex_t *)&b->mu);
+}
+
+void kt_backend_stats_reset(struct kt_backend *b)
+{
+    pthread_mutex_lock(&b->mu);
+    memset(&b->stats, 0, sizeof b->stats);
+    pthread_mutex_unlock(&b->mu);
+}

@@ -1,0 +1,76 @@
+/*
+ * backend.h - a place other than the host's NUMA pools that holds weights
+ * and runs work in order on its own queue (DESIGN §2 "Backend").
+ *
+ * Two kinds sit behind this header: `sim`, which executes on a host thread
+ * of its own but behaves like a separate device - its own memory budget,
+ * its own in-order queue, explicit copies in and out that cost
+ * latency + bytes / bandwidth - so hybrid placement and CPU/device overlap
+ * are exercised on machines without a GPU; and `cuda` (one GPU), whose
+ * queue is a CUDA stream (backend_cuda.c; without a CUDA build creating one
+ * fails with a message saying so).  The step code hands a backend whole
+ * pieces of a layer (a group of experts with their tokens) and never asks
+ * which kind it is.
+ *
+ * Promises: work runs in submission order; kt_backend_sync returns when
+ * everything submitted before it has finished; memory beyond the budget is
+ * refused with a message naming need and budget, never silently taken.
+ * The queue may be fed from one thread at a time.
+ */
+#ifndef KT_BACKEND_H
+#define KT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+enum kt_backend_kind { KT_BACKEND_SIM, KT_BACKEND_CUDA };
+
+struct kt_backend_params {
+    enum kt_backend_kind kind;
+    const char *name;           /* for messages, e.g. "gpu" */
+    uint64_t memory_bytes;      /* the budget (0: none for sim; the free device memory for cuda) */
+    double transfer_gbps;       /* sim: bandwidth of copies in and out (0: free) */
+    double latency_us;          /* sim: fixed cost of each copy */
+    int device;                 /* cuda: device ordinal */
+};
+
+struct kt_backend;
+
+/* Work the backend runs on its queue: fn(ctx) on the device side. */
+typedef void (*kt_backend_fn)(void *ctx);
+
+struct kt_backend_stats {
+    uint64_t busy_ns;           /* time the queue spent running work (copies included) */
+    uint64_t transfer_ns;       /* ... of it in copies */
+    uint64_t bytes_in, bytes_out;
+    uint64_t ops;
+};
+
+kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err);
+void kt_backend_destroy(struct kt_backend *b); /* syncs first */
+
+const char *kt_backend_name(const struct kt_backend *b);
+enum kt_backend_kind kt_backend_kind(const struct kt_backend *b);
+
+/* Device memory, counted against the budget; 64-byte aligned.  The sim's
+ * memory is host memory the host must only touch through copies. */
+kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_err *err);
+void kt_backend_free(struct kt_backend *b, void *ptr, size_t bytes);
+uint64_t kt_backend_used_bytes(const struct kt_backend *b);
+uint64_t kt_backend_budget_bytes(const struct kt_backend *b);
+
+/* Queued, in order.  src (copy_in) and dst (copy_out) host buffers must stay
+ * valid until a later sync. */
+void kt_backend_copy_in(struct kt_backend *b, void *dst_device, const void *src_host, size_t bytes);
+void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_device, size_t bytes);
+/* sim: fn(ctx) runs on the backend's thread.  cuda: fn(ctx) runs on a host
+ * thread in stream order (a host callback that only does host work). */
+void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx);
+void kt_backend_sync(struct kt_backend *b);
+
+void kt_backend_stats(const struct kt_backend *b, struct kt_backend_stats *out);
+void kt_backend_stats_reset(struct kt_backend *b);
+
+#endif
