@@ -165,8 +165,8 @@ kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_er
     const uint64_t budget = b->p.memory_bytes;
     if (budget && b->used_bytes + bytes > budget)
         return kt_err_set(err, KT_ERR_NOMEM,
-                          "device '%s': %.3f GiB more does not fit (%.3f GiB of its %.3f GiB budget in use)", b->name,
-                          (double)bytes / (1u << 30), (double)b->used_bytes / (1u << 30), (double)budget / (1u << 30));
+                          "device '%s': %.1f MiB more does not fit (%.1f MiB of its %.1f MiB budget in use)", b->name,
+                          (double)bytes / (1u << 20), (double)b->used_bytes / (1u << 20), (double)budget / (1u << 20));
     const size_t rounded = (bytes + 63) / 64 * 64;
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p)

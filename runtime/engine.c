@@ -246,16 +246,17 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(e->active_experts, Ne);
     CARVE(e->expert_pool_of, Ne);
     CARVE(e->units, Ne + 1);
-    e->act_stride = (size_t)s.max_n_ff;
-    CARVE(e->act, pairs * e->act_stride);
-    e->act_q_stride = s.ffn_down_in;
-    CARVE(e->act_q, pairs * e->act_q_stride);
-    CARVE(e->pair_out, pairs * E);
-    e->hq_max_row_bytes = s.ffn_in;
+    struct kt_moe_bufs *b = &e->bufs;
+    b->act_stride = (size_t)s.max_n_ff;
+    CARVE(b->act, pairs * b->act_stride);
+    b->act_q_stride = s.ffn_down_in;
+    CARVE(b->act_q, pairs * b->act_q_stride);
+    CARVE(b->pair_out, pairs * E);
+    b->hq_row_bytes = s.ffn_in;
     for (int i = 0; i < 4; i++)
-        CARVE(e->hq[i], T * e->hq_max_row_bytes);
-    CARVE(e->hq_pairs_gate, pairs * e->hq_max_row_bytes);
-    CARVE(e->hq_pairs_up, pairs * e->hq_max_row_bytes);
+        CARVE(b->hq[i], T * b->hq_row_bytes);
+    CARVE(b->hq_pairs_gate, pairs * b->hq_row_bytes);
+    CARVE(b->hq_pairs_up, pairs * b->hq_row_bytes);
 
     const int n_threads = kt_threadpool_n_threads(e->pool);
     CARVE(e->scratch, (size_t)n_threads);
@@ -323,6 +324,8 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
         e->node_pool[kt_pool_node(kt_pools_get(e->pools, i))] = i;
     return KT_OK;
 }
+
+static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
 
 kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p, struct kt_engine **out, kt_err *err)
 {
@@ -403,6 +406,8 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))
             goto fail;
     }
+    if (d.device && (st = setup_device(e, &d, err)))
+        goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
         e->seq_chunk[s] = UINT32_MAX;
     e->params.n_threads = (uint32_t)kt_threadpool_n_threads(e->pool);
@@ -418,6 +423,16 @@ void kt_engine_destroy(struct kt_engine *e)
 {
     if (!e)
         return;
+    if (e->device) {
+        kt_backend_sync(e->device);
+        for (uint32_t i = 0; i < e->n_device_blocks; i++)
+            kt_backend_free(e->device, e->device_blocks[i], e->device_block_bytes[i]);
+        kt_backend_destroy(e->device);
+    }
+    free(e->device_blocks);
+    free(e->device_block_bytes);
+    free(e->device_experts);
+    free(e->device_shared);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
     kt_topology_destroy(e->topo);
@@ -433,6 +448,128 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->layers);
     free(e->layer_stats);
     free(e);
+}
+
+/* ---- the device ---------------------------------------------------------------------------- */
+
+/* `bytes` of device memory, remembered for destroy. */
+static kt_status device_alloc(struct kt_engine *e, size_t bytes, void **ptr, kt_err *err)
+{
+    if (e->n_device_blocks == e->max_device_blocks)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: device block table full");
+    kt_status st = kt_backend_alloc(e->device, bytes, ptr, err);
+    if (st == KT_OK) {
+        e->device_blocks[e->n_device_blocks] = *ptr;
+        e->device_block_bytes[e->n_device_blocks++] = bytes;
+    }
+    return st;
+}
+
+/* A copy of matrix m in device memory (rows as they are). */
+static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
+{
+    void *p = NULL;
+    const size_t bytes = (size_t)kt_mat_bytes(m);
+    kt_status st = device_alloc(e, bytes, &p, err);
+    if (st == KT_OK) {
+        kt_backend_copy_in(e->device, p, m->data, bytes);
+        m->data = p;
+    }
+    return st;
+}
+
+/* The FFN buffers again, in device memory. */
+static kt_status device_bufs(struct kt_engine *e, kt_err *err)
+{
+    const size_t T = e->params.max_batch_tokens, E = e->hp.n_embd, pairs = T * (e->hp.n_expert_used + 1);
+    const struct kt_moe_bufs *h = &e->bufs;
+    struct kt_moe_bufs *b = &e->dev_bufs;
+    *b = *h;
+    struct {
+        void **ptr;
+        size_t bytes;
+    } want[] = {
+        {(void **)&e->dev_h, T * E * sizeof(float)},
+        {(void **)&b->act, pairs * h->act_stride * sizeof(float)},
+        {(void **)&b->act_q, pairs * h->act_q_stride},
+        {(void **)&b->pair_out, pairs * E * sizeof(float)},
+        {(void **)&b->hq[0], T * h->hq_row_bytes},
+        {(void **)&b->hq[1], T * h->hq_row_bytes},
+        {(void **)&b->hq[2], T * h->hq_row_bytes},
+        {(void **)&b->hq[3], T * h->hq_row_bytes},
+        {(void **)&b->hq_pairs_gate, pairs * h->hq_row_bytes},
+        {(void **)&b->hq_pairs_up, pairs * h->hq_row_bytes},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
+        if (st)
+            return st;
+    }
+    return KT_OK;
+}
+
+/* Creates the device and copies in the experts (and shared experts) the
+ * params put on it, then its working buffers; fails naming the device when
+ * they do not fit its budget. */
+static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
+{
+    const struct kt_hparams *hp = &e->hp;
+    const size_t n_experts = (size_t)hp->n_layer * hp->n_expert;
+    if (d->expert_on_device && !e->experts)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: experts on a device need the expert store (not in place)");
+    kt_status st = kt_backend_create(d->device, &e->device, err);
+    if (st)
+        return st;
+    e->max_device_blocks = (uint32_t)(n_experts + 3 * hp->n_layer + 16);
+    e->device_blocks = calloc(e->max_device_blocks, sizeof *e->device_blocks);
+    e->device_block_bytes = calloc(e->max_device_blocks, sizeof *e->device_block_bytes);
+    e->device_experts = calloc(n_experts ? n_experts : 1, sizeof *e->device_experts);
+    e->device_shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->device_shared) : NULL;
+    if (!e->device_blocks || !e->device_block_bytes || !e->device_experts ||
+        (d->shared_on_device && !e->device_shared))
+        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const struct kt_layer_weights *L = &e->layers[il];
+        if (!L->is_moe)
+            continue;
+        const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);
+        for (uint32_t x = 0; d->expert_on_device && x < hp->n_expert; x++) {
+            if (!d->expert_on_device[(size_t)il * hp->n_expert + x])
+                continue;
+            void *p = NULL;
+            if ((st = device_alloc(e, (size_t)lay->expert_bytes, &p, err))) {
+                kt_err_prefix(err, "layer %u expert %u", il, x);
+                return st;
+            }
+            kt_backend_copy_in(e->device, p, kt_expert_store_expert(e->experts, il, x)->data,
+                               (size_t)lay->expert_bytes);
+            e->device_experts[(size_t)il * hp->n_expert + x] = p;
+        }
+        if (e->device_shared && L->shared.n_ff > 0) {
+            struct kt_ffn_weights w = L->shared;
+            if ((st = device_mat(e, &w.gate, err)) || (st = device_mat(e, &w.up, err)) ||
+                (st = device_mat(e, &w.down, err))) {
+                kt_err_prefix(err, "layer %u shared experts", il);
+                return st;
+            }
+            e->device_shared[il] = w;
+        }
+    }
+    if ((st = device_bufs(e, err))) {
+        kt_err_prefix(err, "its working buffers");
+        return st;
+    }
+    kt_backend_sync(e->device);
+    kt_backend_stats_reset(e->device); /* the stats count steps, not the load */
+    return KT_OK;
+}
+
+kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_stats *out)
+{
+    if (!e->device)
+        return KT_ERR_NOT_FOUND;
+    kt_backend_stats(e->device, out);
+    return KT_OK;
 }
 
 /* ---- sequences ---------------------------------------------------------------------------- */

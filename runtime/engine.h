@@ -37,6 +37,8 @@
 #include "cpu/ref/ops.h"
 #include "status.h"
 
+struct kt_backend_params;
+
 /* MLA attention has two exact forms (reference §4.2): "absorbed" attends
  * over the cached latent rows (cheap per context token: decode), "expanded"
  * rebuilds per-head keys and values for the context (cheap per query: long
@@ -78,6 +80,14 @@ struct kt_engine_params {
      * experts_round_robin or node 0, no replicas. */
     const int *expert_home_nodes;
     const uint16_t *expert_replica_nodes;
+    /* An accelerator (backend.h) holding the routed experts marked in
+     * expert_on_device ([n_layer * n_expert], 1: on it) and, with
+     * shared_on_device, every layer's shared experts; it runs them on its
+     * queue while the CPU runs the rest.  NULL: CPU only.  Needs the expert
+     * store (not experts_in_place). */
+    const struct kt_backend_params *device;
+    const uint8_t *expert_on_device;
+    bool shared_on_device;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };
@@ -106,6 +116,8 @@ struct kt_engine_stats {
     uint64_t expanded_tokens;   /* ... in the expanded form */
     uint64_t embed_head_ns;     /* embedding lookup, final norm and output head (also in other_ns) */
     uint64_t node_pairs[16];    /* routed (token, expert) pairs run by the pool of topology node i (with pools) */
+    uint64_t device_pairs;      /* (token, FFN) pairs run on the device, shared experts' included */
+    uint64_t device_wait_ns;    /* time the step waited for the device after its own expert work */
 };
 
 /* One layer's share of the steps since creation or the last reset; the four
@@ -147,6 +159,10 @@ uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0
 
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
 void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's stats */
+
+/* The device's queue statistics (busy, transfer time and bytes); KT_ERR_NOT_FOUND without one. */
+struct kt_backend_stats;
+kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_stats *out);
 
 /* Layer il's counters (il < n_layer); false if il is out of range. */
 bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_engine_layer_stats *out);

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "engine.h"
 #include "expert_store.h"
 #include "kv_cache.h"
@@ -73,18 +74,40 @@ struct kt_seq_chunk {
 struct kt_ffn_unit {
     struct kt_ffn_weights w;
     uint32_t first_pair, n_pairs;
+    uint32_t first_gate_up_task, first_down_task; /* numbered over the step's units */
     const uint8_t *hq_gate, *hq_up; /* h quantized for gate and for up: (T, *_row_bytes) */
-    const uint8_t *pairs_up;        /* e->hq_pairs_up, or e->hq_pairs_gate when up reads gate's format */
     size_t hq_gate_row_bytes, hq_up_row_bytes;
-    uint32_t first_task;            /* of the phase running now */
+    bool up_shares_gate_rows;       /* up reads gate's format: hq_pairs_up is not filled */
 };
 
-/* One phase of routed-expert work for one pool (moe.c): its items are
- * offset + [0, n) of the phase's tasks (or pairs). */
+/* The buffers FFN units compute in (moe.c): the host's, or the device's
+ * (the same shapes, in its memory).  T = max_batch_tokens, pairs = T*k + T. */
+struct kt_moe_bufs {
+    uint8_t *hq[4];             /* (T, hq_row_bytes) h quantized per activation format */
+    size_t hq_row_bytes;
+    /* (pairs, hq_row_bytes) h of each pair's token as its unit's gate (up)
+     * reads it, so a unit's activations are consecutive rows for its gemm */
+    uint8_t *hq_pairs_gate, *hq_pairs_up;
+    float *act;                 /* (pairs, act_stride) silu(gate) * up per pair */
+    size_t act_stride;          /* max n_ff */
+    uint8_t *act_q;             /* (pairs, act_q_stride) act in down's activation format */
+    size_t act_q_stride;
+    float *pair_out;            /* (pairs, E) each pair's FFN output */
+};
+
+/* One phase of FFN-unit work for one pool or the device (moe.c): its items
+ * are offset + [0, n) of the phase's tasks (or pairs). */
 struct kt_units_job {
     struct kt_engine *e;
+    const struct kt_moe_bufs *b;
     uint32_t n_units;
     int64_t offset;
+};
+
+/* What the device's queue runs in a step (kt_fwd_run_device_part). */
+struct device_part_args {
+    struct kt_engine *e;
+    uint32_t u0, u1, n_units;
 };
 
 /* Per-thread scratch; sizes in comments. */
@@ -156,17 +179,20 @@ struct kt_engine {
     int *expert_pool_of;        /* (Ne) the pool running each active expert (with pools) */
     uint64_t *pool_load;        /* [n_pools] pairs given to each pool so far this step */
     struct kt_ffn_unit *units;  /* (Ne + 1) the step's active experts, then the shared one */
-    float *act;                 /* (T*k + T, act_stride) silu(gate) * up per pair */
-    size_t act_stride;          /* max n_ff */
-    uint8_t *act_q;             /* (T*k + T, max act row bytes of n_ff) */
-    size_t act_q_stride;
-    float *pair_out;            /* (T*k + T, E) each pair's expert output */
-    uint8_t *hq[4];             /* (T, that format's row bytes) h quantized per activation format */
-    /* (T*k + T, hq_max_row_bytes) h of each pair's token as its unit's gate
-     * (up) reads it, so a unit's activations are consecutive rows for its
-     * gemm; hq_pairs_up is only filled for units whose up has another format. */
-    uint8_t *hq_pairs_gate, *hq_pairs_up;
-    size_t hq_max_row_bytes;    /* the largest such row: hq[i] holds T of them */
+    struct kt_moe_bufs bufs;    /* the host's FFN buffers */
+    uint32_t n_items[3];        /* the step's pairs, gate/up tasks, down tasks (moe.c) */
+
+    /* The accelerator (NULL: none) and what lives on it. */
+    struct kt_backend *device;
+    const uint8_t **device_experts; /* [n_layer * n_expert] expert buffer on the device, NULL: on the CPU */
+    struct kt_ffn_weights *device_shared; /* [n_layer] shared experts on the device; NULL: on the CPU */
+    void **device_blocks;       /* [n_device_blocks] its allocations, freed at destroy */
+    size_t *device_block_bytes; /* [n_device_blocks] */
+    uint32_t n_device_blocks, max_device_blocks;
+    float *dev_h;               /* (T, E) on the device: h sent each MoE layer */
+    struct kt_moe_bufs dev_bufs; /* on the device */
+    uint32_t device_unit0;      /* this step's first device unit (== n_units: none) */
+    struct device_part_args device_part;
 
     struct kt_thread_scratch *scratch; /* [n_threads] */
     void *buffers;              /* every buffer above, one allocation (engine.c) */
@@ -189,6 +215,9 @@ void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, 
 
 /* The same with x already in xq, quantized for m.type (or a type of the same format). */
 void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t *xq, int64_t n_rows, float *y);
+
+/* Runs the device's units of the step (a kt_backend_fn). */
+void kt_fwd_run_device_part(void *ctx);
 
 /* Picks each chunk's attention form for this step. */
 void kt_fwd_choose_attention_forms(struct kt_engine *e);

@@ -120,14 +120,21 @@ void kt_moe_route(const struct kt_router *r, const float *logits, const float *b
 #define GATE_UP_ROWS_PER_TASK 16
 #define DOWN_ROWS_PER_TASK 32
 
-/* The unit holding task i (by_task) or pair i: the last unit whose first
- * task (pair) is <= i; units are in order of both. */
-static uint32_t unit_holding(const struct kt_ffn_unit *u, uint32_t n_units, uint32_t i, bool by_task)
+/* The three kinds of work items of a step's units, numbered over all units. */
+enum item_kind { ITEMS_PAIRS, ITEMS_GATE_UP, ITEMS_DOWN };
+
+static uint32_t first_item(const struct kt_ffn_unit *u, enum item_kind kind)
+{
+    return kind == ITEMS_PAIRS ? u->first_pair : kind == ITEMS_GATE_UP ? u->first_gate_up_task : u->first_down_task;
+}
+
+/* The unit holding item i of `kind`: the last unit whose first item is <= i. */
+static uint32_t unit_holding(const struct kt_ffn_unit *u, uint32_t n_units, uint32_t i, enum item_kind kind)
 {
     uint32_t lo = 0, hi = n_units;
     while (hi - lo > 1) {
         uint32_t mid = (lo + hi) / 2;
-        if ((by_task ? u[mid].first_task : u[mid].first_pair) <= i)
+        if (first_item(&u[mid], kind) <= i)
             lo = mid;
         else
             hi = mid;
@@ -135,16 +142,32 @@ static uint32_t unit_holding(const struct kt_ffn_unit *u, uint32_t n_units, uint
     return lo;
 }
 
-/* Assigns each unit its tasks of rows_per_task rows (of n_ff, or of E for down). */
-static uint32_t plan_tasks(struct kt_ffn_unit *units, uint32_t n_units, uint32_t rows_per_task, int64_t down_rows)
+/* Numbers every unit's pairs, gate/up tasks and down tasks (once per step,
+ * before any runs, so CPU and device never race on them). */
+static void plan_items(struct kt_engine *e, uint32_t n_units)
 {
-    uint32_t n = 0;
+    uint32_t pairs = 0, gate_up = 0, down = 0;
+    const int64_t E = e->hp.n_embd;
     for (uint32_t i = 0; i < n_units; i++) {
-        int64_t rows = down_rows ? down_rows : units[i].w.n_ff;
-        units[i].first_task = n;
-        n += (uint32_t)((rows + rows_per_task - 1) / rows_per_task);
+        struct kt_ffn_unit *u = &e->units[i];
+        u->first_pair = pairs;
+        u->first_gate_up_task = gate_up;
+        u->first_down_task = down;
+        pairs += u->n_pairs;
+        gate_up += (uint32_t)((u->w.n_ff + GATE_UP_ROWS_PER_TASK - 1) / GATE_UP_ROWS_PER_TASK);
+        down += (uint32_t)((E + DOWN_ROWS_PER_TASK - 1) / DOWN_ROWS_PER_TASK);
     }
-    return n;
+    e->n_items[ITEMS_PAIRS] = pairs;
+    e->n_items[ITEMS_GATE_UP] = gate_up;
+    e->n_items[ITEMS_DOWN] = down;
+}
+
+/* Items [first of unit u0, first of unit u1) of `kind`. */
+static void unit_items(const struct kt_engine *e, uint32_t u0, uint32_t u1, uint32_t n_units, enum item_kind kind,
+                       uint32_t *begin, uint32_t *end)
+{
+    *begin = u0 < n_units ? first_item(&e->units[u0], kind) : e->n_items[kind];
+    *end = u1 < n_units ? first_item(&e->units[u1], kind) : e->n_items[kind];
 }
 
 /* Tokens per gemm call of gate and up: the task's 16 rows of gate and of up
@@ -158,21 +181,23 @@ static void gate_up_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    struct kt_engine *e = j->e;
-    const size_t stride = e->hq_max_row_bytes;
+    const struct kt_engine *e = j->e;
+    const struct kt_moe_bufs *b = j->b;
+    const size_t stride = b->hq_row_bytes;
     float g[GATE_UP_TOKENS_PER_CALL * GATE_UP_ROWS_PER_TASK], v[GATE_UP_TOKENS_PER_CALL * GATE_UP_ROWS_PER_TASK];
     for (int64_t i = begin + j->offset; i < end + j->offset; i++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, true)];
-        const int64_t r0 = ((int64_t)i - u->first_task) * GATE_UP_ROWS_PER_TASK;
+        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, ITEMS_GATE_UP)];
+        const int64_t r0 = ((int64_t)i - u->first_gate_up_task) * GATE_UP_ROWS_PER_TASK;
         const int64_t n = r0 + GATE_UP_ROWS_PER_TASK < u->w.n_ff ? GATE_UP_ROWS_PER_TASK : u->w.n_ff - r0;
         const struct kt_mat gate = kt_mat_rows(u->w.gate, r0, n), up = kt_mat_rows(u->w.up, r0, n);
+        const uint8_t *pairs_up = u->up_shares_gate_rows ? b->hq_pairs_gate : b->hq_pairs_up;
         const uint32_t p_end = u->first_pair + u->n_pairs;
         for (uint32_t p0 = u->first_pair; p0 < p_end; p0 += GATE_UP_TOKENS_PER_CALL) {
             const int64_t nt = p_end - p0 < GATE_UP_TOKENS_PER_CALL ? p_end - p0 : GATE_UP_TOKENS_PER_CALL;
-            kt_mat_gemm(&gate, e->hq_pairs_gate + (size_t)p0 * stride, stride, nt, g, n);
-            kt_mat_gemm(&up, u->pairs_up + (size_t)p0 * stride, stride, nt, v, n);
+            kt_mat_gemm(&gate, b->hq_pairs_gate + (size_t)p0 * stride, stride, nt, g, n);
+            kt_mat_gemm(&up, pairs_up + (size_t)p0 * stride, stride, nt, v, n);
             for (int64_t t = 0; t < nt; t++) {
-                float *act = e->act + (size_t)(p0 + t) * e->act_stride + r0;
+                float *act = b->act + (size_t)(p0 + t) * b->act_stride + r0;
                 for (int64_t r = 0; r < n; r++)
                     act[r] = kt_silu(g[t * n + r]) * v[t * n + r];
             }
@@ -186,15 +211,16 @@ static void gather_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    struct kt_engine *e = j->e;
-    const size_t stride = e->hq_max_row_bytes;
+    const struct kt_engine *e = j->e;
+    const struct kt_moe_bufs *b = j->b;
+    const size_t stride = b->hq_row_bytes;
     for (int64_t p = begin + j->offset; p < end + j->offset; p++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, false)];
+        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, ITEMS_PAIRS)];
         const uint32_t t = e->pair_token[p];
-        memcpy(e->hq_pairs_gate + (size_t)p * stride, u->hq_gate + (size_t)t * u->hq_gate_row_bytes,
+        memcpy(b->hq_pairs_gate + (size_t)p * stride, u->hq_gate + (size_t)t * u->hq_gate_row_bytes,
                u->hq_gate_row_bytes);
-        if (u->pairs_up != e->hq_pairs_gate)
-            memcpy(e->hq_pairs_up + (size_t)p * stride, u->hq_up + (size_t)t * u->hq_up_row_bytes,
+        if (!u->up_shares_gate_rows)
+            memcpy(b->hq_pairs_up + (size_t)p * stride, u->hq_up + (size_t)t * u->hq_up_row_bytes,
                    u->hq_up_row_bytes);
     }
 }
@@ -204,11 +230,12 @@ static void quantize_act_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    struct kt_engine *e = j->e;
+    const struct kt_engine *e = j->e;
+    const struct kt_moe_bufs *b = j->b;
     for (int64_t p = begin + j->offset; p < end + j->offset; p++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, false)];
-        kt_quantize_rows(NULL, u->w.down.type, e->act + (size_t)p * e->act_stride, 1, u->w.n_ff,
-                         e->act_q + (size_t)p * e->act_q_stride);
+        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, ITEMS_PAIRS)];
+        kt_quantize_rows(NULL, u->w.down.type, b->act + (size_t)p * b->act_stride, 1, u->w.n_ff,
+                         b->act_q + (size_t)p * b->act_q_stride);
     }
 }
 
@@ -217,98 +244,113 @@ static void down_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    struct kt_engine *e = j->e;
+    const struct kt_engine *e = j->e;
+    const struct kt_moe_bufs *b = j->b;
     const int64_t E = e->hp.n_embd;
     for (int64_t i = begin + j->offset; i < end + j->offset; i++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, true)];
-        const int64_t r0 = ((int64_t)i - u->first_task) * DOWN_ROWS_PER_TASK;
+        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, ITEMS_DOWN)];
+        const int64_t r0 = ((int64_t)i - u->first_down_task) * DOWN_ROWS_PER_TASK;
         const int64_t n = r0 + DOWN_ROWS_PER_TASK < E ? DOWN_ROWS_PER_TASK : E - r0;
         const struct kt_mat down = kt_mat_rows(u->w.down, r0, n);
-        kt_mat_gemm(&down, e->act_q + (size_t)u->first_pair * e->act_q_stride, e->act_q_stride, u->n_pairs,
-                    e->pair_out + (size_t)u->first_pair * E + r0, E);
+        kt_mat_gemm(&down, b->act_q + (size_t)u->first_pair * b->act_q_stride, b->act_q_stride, u->n_pairs,
+                    b->pair_out + (size_t)u->first_pair * E + r0, E);
     }
 }
 
 /* h (T, E) quantized for weight type `type` (rows packed at that format's
- * size) into one of e->hq, once per activation format per step (gate and up of routed and shared experts
- * take at most four formats). */
-static const uint8_t *quantized_h(struct kt_engine *e, const float *h, int type, int *slot_types, int *n_slots)
+ * size) into one of b->hq, once per activation format per step (gate and up
+ * of routed and shared experts take at most four formats). */
+static const uint8_t *quantized_h(struct kt_engine *e, struct kt_threadpool *pool, const struct kt_moe_bufs *b,
+                                  const float *h, int type, int *slot_types, int *n_slots)
 {
     const int act_type = kt_mat_kernels_for(type)->vec_dot_type;
     for (int i = 0; i < *n_slots; i++)
         if (slot_types[i] == act_type)
-            return e->hq[i];
+            return b->hq[i];
     int i = (*n_slots)++;
     slot_types[i] = act_type;
-    kt_quantize_rows(e->pool, type, h, e->n_tokens, e->hp.n_embd, e->hq[i]);
-    return e->hq[i];
+    kt_quantize_rows(pool, type, h, e->n_tokens, e->hp.n_embd, b->hq[i]);
+    return b->hq[i];
 }
 
-/* One phase over items [0, n_items) (tasks or pairs): on the step's thread
- * pool, or with pools, pool i taking the items of its units [pool_units[i],
- * pool_units[i+1]), which are contiguous (first(u) is the first item of unit
- * u), all pools at once, this thread helping pool 0. */
-static void run_phase(struct kt_engine *e, bool on_pools, uint32_t n_units, uint32_t n_items,
-                      uint32_t (*first)(const struct kt_ffn_unit *u), kt_pool_fn fn)
+/* Where a range of units runs. */
+enum units_on { ON_THREADPOOL, ON_POOLS, ON_THIS_THREAD };
+
+/* One phase over the items of units [u0, u1): on the step's thread pool; on
+ * this thread alone (a device's queue); or with pools, pool i taking the
+ * items of its units [pool_units[i], pool_units[i+1]), all pools at once,
+ * this thread helping pool 0. */
+static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, enum units_on on, uint32_t u0, uint32_t u1,
+                      uint32_t n_units, enum item_kind kind, kt_pool_fn fn)
 {
-    if (!on_pools) {
-        struct kt_units_job j = {e, n_units, 0};
-        kt_threadpool_parallel_for(e->pool, n_items, 1, fn, &j);
+    uint32_t begin, end;
+    if (on != ON_POOLS) {
+        unit_items(e, u0, u1, n_units, kind, &begin, &end);
+        struct kt_units_job j = {e, b, n_units, begin};
+        if (on == ON_THIS_THREAD)
+            fn(&j, 0, (int64_t)end - begin, 0);
+        else
+            kt_threadpool_parallel_for(e->pool, (int64_t)end - begin, 1, fn, &j);
         return;
     }
     const int n_pools = kt_pools_count(e->pools);
     for (int i = 0; i < n_pools; i++) {
-        const uint32_t ub = e->pool_units[i], ue = e->pool_units[i + 1];
-        const uint32_t b = ub < n_units ? first(&e->units[ub]) : n_items;
-        const uint32_t end = ue < n_units ? first(&e->units[ue]) : n_items;
-        e->pool_jobs[i] = (struct kt_units_job){e, n_units, b};
-        kt_pool_submit(kt_pools_get(e->pools, i), (int64_t)end - b, 1, fn, &e->pool_jobs[i]);
+        unit_items(e, e->pool_units[i], e->pool_units[i + 1], n_units, kind, &begin, &end);
+        e->pool_jobs[i] = (struct kt_units_job){e, b, n_units, begin};
+        kt_pool_submit(kt_pools_get(e->pools, i), (int64_t)end - begin, 1, fn, &e->pool_jobs[i]);
     }
     kt_pool_help(kt_pools_get(e->pools, 0));
     for (int i = 0; i < n_pools; i++)
         kt_pool_wait(kt_pools_get(e->pools, i));
 }
 
-static uint32_t first_task(const struct kt_ffn_unit *u)
+/* Runs units [u0, u1) of the step's n_units (planned by plan_items):
+ * b->pair_out[p] = FFN_unit(h[pair_token[p]]) for their pairs, with h and
+ * every buffer in b. */
+static void run_units(struct kt_engine *e, const struct kt_moe_bufs *b, const float *h, uint32_t u0, uint32_t u1,
+                      uint32_t n_units, enum units_on on)
 {
-    return u->first_task;
-}
-
-static uint32_t first_pair(const struct kt_ffn_unit *u)
-{
-    return u->first_pair;
-}
-
-/* Runs units [0, n_units): pair_out[p] = FFN_unit(h[pair_token[p]]), on the
- * NUMA pools (units grouped by pool in e->pool_units) or the thread pool. */
-static void run_units(struct kt_engine *e, const float *h, uint32_t n_units, bool on_pools)
-{
+    if (u0 >= u1)
+        return;
     int slot_types[4], n_slots = 0;
-    uint32_t n_pairs = 0;
-    for (uint32_t i = 0; i < n_units; i++) {
+    struct kt_threadpool *pool = on == ON_THIS_THREAD ? NULL : e->pool;
+    for (uint32_t i = u0; i < u1; i++) {
         struct kt_ffn_unit *u = &e->units[i];
-        u->hq_gate = quantized_h(e, h, u->w.gate.type, slot_types, &n_slots);
-        u->hq_up = quantized_h(e, h, u->w.up.type, slot_types, &n_slots);
+        u->hq_gate = quantized_h(e, pool, b, h, u->w.gate.type, slot_types, &n_slots);
+        u->hq_up = quantized_h(e, pool, b, h, u->w.up.type, slot_types, &n_slots);
         u->hq_gate_row_bytes = kt_act_row_bytes(u->w.gate.type, e->hp.n_embd);
         u->hq_up_row_bytes = kt_act_row_bytes(u->w.up.type, e->hp.n_embd);
-        u->pairs_up = u->hq_up == u->hq_gate ? e->hq_pairs_gate : e->hq_pairs_up;
-        n_pairs += u->n_pairs;
+        u->up_shares_gate_rows = u->hq_up == u->hq_gate;
+    }
+    run_phase(e, b, on, u0, u1, n_units, ITEMS_PAIRS, gather_task);
+    run_phase(e, b, on, u0, u1, n_units, ITEMS_GATE_UP, gate_up_task);
+    run_phase(e, b, on, u0, u1, n_units, ITEMS_PAIRS, quantize_act_task);
+    run_phase(e, b, on, u0, u1, n_units, ITEMS_DOWN, down_task);
+}
+
+/* Weight bytes the units [0, n_units) read this step. */
+static void count_weight_bytes(struct kt_engine *e, uint32_t n_units)
+{
+    for (uint32_t i = 0; i < n_units; i++) {
+        const struct kt_ffn_unit *u = &e->units[i];
         e->stats.weight_bytes += kt_mat_bytes(&u->w.gate) + kt_mat_bytes(&u->w.up) + kt_mat_bytes(&u->w.down);
     }
+}
 
-    run_phase(e, on_pools, n_units, n_pairs, first_pair, gather_task);
-    uint32_t n_tasks = plan_tasks(e->units, n_units, GATE_UP_ROWS_PER_TASK, 0);
-    run_phase(e, on_pools, n_units, n_tasks, first_task, gate_up_task);
-    run_phase(e, on_pools, n_units, n_pairs, first_pair, quantize_act_task);
-    n_tasks = plan_tasks(e->units, n_units, DOWN_ROWS_PER_TASK, e->hp.n_embd);
-    run_phase(e, on_pools, n_units, n_tasks, first_task, down_task);
+/* The device's part of a step, run on its queue: units [u0, u1) with the
+ * h it was sent, into its buffers. */
+void kt_fwd_run_device_part(void *ctx)
+{
+    const struct device_part_args *d = ctx;
+    run_units(d->e, &d->e->dev_bufs, d->e->dev_h, d->u0, d->u1, d->n_units, ON_THIS_THREAD);
 }
 
 /* ---- the layer ---------------------------------------------------------------------- */
 
 /* Expert x's slabs of the stacked tensors, or its buffer in the expert store
  * ([gate | up | down] adjacent, each in the GGUF layout or repacked for the
- * kernel level in use: same types and row counts either way). */
+ * kernel level in use: same types and row counts either way), or its copy
+ * of that buffer on the device; on the CPU, the copy on `node` if any. */
 static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L,
                                             uint32_t x, int node)
 {
@@ -322,9 +364,12 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
         w.up = kt_mat_rows(L->up_exps, x * f, f);
     }
     w.down = kt_mat_rows(L->down_exps, x * E, E);
-    if (e->experts) {
+    const uint8_t *on_device = e->device_experts ? e->device_experts[(size_t)il * e->hp.n_expert + x] : NULL;
+    if (on_device || e->experts) {
         const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
-        const uint8_t *data = node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node] : se->data;
+        const uint8_t *data = on_device                                                          ? on_device
+                              : node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node]
+                                                                                           : se->data;
         const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);
         w.gate.data = data + lay->gate_offset;
         w.up.data = data + lay->up_offset;
@@ -336,7 +381,12 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
     return w;
 }
 
-/* Pools for the step's active experts (expert_pairs[x] > 0), largest token
+static bool on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    return e->device_experts && e->device_experts[(size_t)il * e->hp.n_expert + x];
+}
+
+/* Pools for the step's active CPU experts (expert_pairs[x] > 0), largest token
  * groups first: each to the least loaded pool holding a copy of it (its
  * home's on ties, then the lowest pool), so replicas spread a hot expert's
  * neighbours away from its node.  Deterministic for a given routing; which
@@ -347,7 +397,7 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
     const int n_pools = kt_pools_count(e->pools);
     uint32_t n_active = 0;
     for (uint32_t x = 0; x < Ne; x++)
-        if (e->expert_pairs[x])
+        if (e->expert_pairs[x] && !on_device(e, il, x))
             e->active_experts[n_active++] = x;
     /* insertion sort by pairs, descending (few active experts in decode, at most Ne) */
     for (uint32_t i = 1; i < n_active; i++)
@@ -383,8 +433,10 @@ static void dense_ffn(struct kt_engine *e, const struct kt_layer_weights *L, con
     e->units[0] = (struct kt_ffn_unit){.w = L->dense, .first_pair = 0, .n_pairs = T};
     for (uint32_t t = 0; t < T; t++)
         e->pair_token[t] = t;
-    run_units(e, h, 1, false);
-    memcpy(out, e->pair_out, (size_t)T * E * sizeof(float));
+    plan_items(e, 1);
+    count_weight_bytes(e, 1);
+    run_units(e, &e->bufs, h, 0, 1, 1, ON_THREADPOOL);
+    memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
 static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
@@ -401,10 +453,11 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     e->stats.router_ns += t1 - t0;
 
     /* Group (token, expert) pairs by expert, tokens in batch order within
-     * each; experts by the pool of their home node (one group without
-     * pools), in id order within it; the shared experts serve every token
-     * after the first group's experts.  The order of units changes no sum:
-     * the combine below follows pair_of in selection order. */
+     * each; experts by the pool that runs them (one group without pools),
+     * in id order within it, the device's experts last; the shared experts
+     * serve every token after the first group's experts, or the device's.
+     * The order of units changes no sum: the combine below follows pair_of
+     * in selection order. */
     memset(e->expert_pairs, 0, Ne * sizeof *e->expert_pairs);
     for (uint32_t i = 0; i < T * k; i++)
         e->expert_pairs[e->route_experts[i]]++;
@@ -413,45 +466,71 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     if (on_pools)
         choose_pools(e, il);
     const bool shared = L->shared.n_ff > 0;
+    const bool shared_on_device = shared && e->device_shared;
     uint32_t n_units = 0, n_pairs = 0, shared_pair = 0;
-    for (int g = 0; g < n_groups; g++) {
-        if (on_pools)
+    for (int g = 0; g <= n_groups; g++) { /* g == n_groups: the device */
+        const bool device = g == n_groups;
+        if (on_pools && !device)
             e->pool_units[g] = n_units;
+        if (device)
+            e->device_unit0 = n_units;
         for (uint32_t x = 0; x < Ne; x++) {
-            if (!e->expert_pairs[x] || (on_pools && e->expert_pool_of[x] != g))
+            if (!e->expert_pairs[x] || on_device(e, il, x) != device ||
+                (on_pools && !device && e->expert_pool_of[x] != g))
                 continue;
-            const int node = on_pools ? kt_pool_node(kt_pools_get(e->pools, g)) : -1;
+            const int node = on_pools && !device ? kt_pool_node(kt_pools_get(e->pools, g)) : -1;
             e->expert_unit[x] = n_units;
             e->units[n_units++] = (struct kt_ffn_unit){.w = expert_weights(e, il, L, x, node), .first_pair = n_pairs};
             n_pairs += e->expert_pairs[x];
         }
-        if (g == 0 && shared) {
+        if (shared && (device ? shared_on_device : g == 0 && !shared_on_device)) {
             shared_pair = n_pairs;
-            e->units[n_units++] = (struct kt_ffn_unit){.w = L->shared, .first_pair = n_pairs, .n_pairs = T};
+            e->units[n_units++] = (struct kt_ffn_unit){
+                .w = device ? e->device_shared[il] : L->shared, .first_pair = n_pairs, .n_pairs = T};
             for (uint32_t t = 0; t < T; t++)
                 e->pair_token[n_pairs + t] = t;
             n_pairs += T;
         }
     }
     if (on_pools)
-        e->pool_units[n_groups] = n_units;
+        e->pool_units[n_groups] = e->device_unit0;
     for (uint32_t i = 0; i < T * k; i++) {
         struct kt_ffn_unit *u = &e->units[e->expert_unit[e->route_experts[i]]];
         uint32_t p = u->first_pair + u->n_pairs++;
         e->pair_token[p] = i / k;
         e->pair_of[i] = p;
     }
+    plan_items(e, n_units);
+    count_weight_bytes(e, n_units);
 
-    run_units(e, h, n_units, on_pools);
+    /* The device's units go on its queue first (h in, its units, their
+     * outputs back), then the CPU runs its own while the device works. */
+    const uint32_t dev0 = e->device_unit0;
+    const bool device_work = dev0 < n_units;
+    if (device_work) {
+        const uint32_t p0 = e->units[dev0].first_pair;
+        e->device_part = (struct device_part_args){e, dev0, n_units, n_units};
+        kt_backend_copy_in(e->device, e->dev_h, h, (size_t)T * E * sizeof(float));
+        kt_backend_launch(e->device, kt_fwd_run_device_part, &e->device_part);
+        kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
+                            (size_t)(n_pairs - p0) * E * sizeof(float));
+        e->stats.device_pairs += n_pairs - p0;
+    }
+    run_units(e, &e->bufs, h, 0, dev0, n_units, on_pools ? ON_POOLS : ON_THREADPOOL);
+    if (device_work) {
+        const uint64_t w0 = kt_fwd_now_ns();
+        kt_backend_sync(e->device);
+        e->stats.device_wait_ns += kt_fwd_now_ns() - w0;
+    }
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {
         float *o = out + (size_t)t * E;
         memset(o, 0, E * sizeof(float));
         for (uint32_t j = 0; j < k; j++)
-            kt_axpy_f32(o, e->route_weights[t * k + j], e->pair_out + (size_t)e->pair_of[t * k + j] * E, E);
+            kt_axpy_f32(o, e->route_weights[t * k + j], e->bufs.pair_out + (size_t)e->pair_of[t * k + j] * E, E);
         if (shared)
-            kt_axpy_f32(o, 1.0f, e->pair_out + (size_t)(shared_pair + t) * E, E);
+            kt_axpy_f32(o, 1.0f, e->bufs.pair_out + (size_t)(shared_pair + t) * E, E);
     }
     e->stats.experts_ns += kt_fwd_now_ns() - t1;
 }
