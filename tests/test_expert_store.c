@@ -186,17 +186,20 @@ static void packed_store_holds_each_matrix_as_its_format_packs_it(const char *na
         if (!L->is_moe)
             continue;
         const struct kt_expert_layout *lay = kt_expert_store_layout(s, il);
-        KT_CHECK(lay->gate_packed == f && lay->up_packed == f && lay->down_packed == f,
-                 "layer %u: each matrix in the level's format", il);
-        KT_CHECK(lay->up_offset % 64 == 0 && lay->down_offset % 64 == 0, "layer %u: 64-byte aligned matrices", il);
         const struct kt_gguf_tensor *tg = L->ffn_gate_exps, *tu = L->ffn_up_exps, *td = L->ffn_down_exps;
+        const struct kt_cpu_kernels *k = kt_cpu_kernels();
+        KT_CHECK(tg->type == type && lay->gate_packed == f && lay->up_packed == f &&
+                     lay->down_packed == k->type[td->type].packed,
+                 "layer %u: each matrix in its type's format at this level", il);
+        KT_CHECK(lay->up_offset % 64 == 0 && lay->down_offset % 64 == 0, "layer %u: 64-byte aligned matrices", il);
         for (uint32_t x = 0; x < m->hp.n_expert; x++) {
             const uint8_t *data = kt_expert_store_expert(s, il, x)->data;
             const uint64_t g = tg->nbytes / m->hp.n_expert, u = tu->nbytes / m->hp.n_expert,
                            d = td->nbytes / m->hp.n_expert;
             bool ok = matrix_matches_file(f, tg, (const uint8_t *)tg->data + x * g, f_rows, data + lay->gate_offset) &&
                       matrix_matches_file(f, tu, (const uint8_t *)tu->data + x * u, f_rows, data + lay->up_offset) &&
-                      matrix_matches_file(f, td, (const uint8_t *)td->data + x * d, E, data + lay->down_offset);
+                      matrix_matches_file(lay->down_packed, td, (const uint8_t *)td->data + x * d, E,
+                                          data + lay->down_offset);
             KT_CHECK(ok, "layer %u expert %u: a matrix differs from its format's packing of the file", il, x);
         }
     }

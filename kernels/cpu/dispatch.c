@@ -16,7 +16,8 @@
  *           vec_dot for the rest
  *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0 and Q4_K over the avx2
  *           rows (each level's features include AVX2's)
- *   amx     the avx512 rows until AMX kernels land
+ *   amx     the avx512 rows, with Q8_0, Q4_K and BF16 expert weights packed for
+ *           AMX tiles (kernels/cpu/amx/packed_amx.c; BF16 not bit-exact)
  */
 #include "cpu/dispatch.h"
 
@@ -29,6 +30,8 @@
 
 #ifdef KT_HAVE_AVX2_KERNELS
 #include "cpu/avx2/gemm_avx2.h"
+#include "cpu/avx2/gemm_float_avx2.h"
+#include "cpu/avx2/gemm_kquant_avx2.h"
 #include "cpu/avx2/gemv_q4k_avx2.h"
 #include "cpu/avx2/kernels_avx2.h"
 #endif
@@ -134,6 +137,11 @@ static const struct {
 } avx2_gemms[] = {
     {KT_TYPE_Q8_0, kt_gemm_q8_0_q8_0_avx2},
     {KT_TYPE_Q4_K, kt_gemm_q4_K_q8_K_avx2},
+    {KT_TYPE_Q5_K, kt_gemm_q5_K_q8_K_avx2},
+    {KT_TYPE_Q6_K, kt_gemm_q6_K_q8_K_avx2},
+    {KT_TYPE_F32, kt_gemm_f32_f32_avx2},
+    {KT_TYPE_F16, kt_gemm_f16_f32_avx2},
+    {KT_TYPE_BF16, kt_gemm_bf16_f32_avx2},
 };
 
 /* The scalar rows with the AVX2 kernels laid over them. */
@@ -172,6 +180,9 @@ KT_AVX512_DOTS(KT_DEFINE_GEMV)
 static const struct dot_row avx512_dots[] = {KT_AVX512_DOTS(KT_DOT_ROW)};
 
 #include "cpu/avx512/gemm_avx512.h"
+#include "cpu/avx512/gemm_float_avx512.h"
+#include "cpu/avx512/gemm_kquant_avx512.h"
+#include "cpu/avx512/packed_avx512.h"
 
 /* The avx2 rows with the AVX-512 dot products and the VNNI tiled gemms
  * (kernels/cpu/avx512/gemm_avx512.c) laid over them. */
@@ -184,11 +195,37 @@ static void fill_avx512(struct kt_cpu_kernels *t)
     }
     t->type[KT_TYPE_Q8_0].gemm = kt_gemm_q8_0_q8_0_avx512;
     t->type[KT_TYPE_Q4_K].gemm = kt_gemm_q4_K_q8_K_avx512;
+    t->type[KT_TYPE_Q5_K].gemm = kt_gemm_q5_K_q8_K_avx512;
+    t->type[KT_TYPE_Q6_K].gemm = kt_gemm_q6_K_q8_K_avx512;
+    t->type[KT_TYPE_F32].gemm = kt_gemm_f32_f32_avx512;
+    t->type[KT_TYPE_F16].gemm = kt_gemm_f16_f32_avx512;
+    t->type[KT_TYPE_BF16].gemm = kt_gemm_bf16_f32_avx512;
+    t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx512; /* 16 rows per group, vpdpbusd */
+    t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx512;
 }
 #else
 static void fill_avx512(struct kt_cpu_kernels *t)
 {
     fill_avx2(t);
+}
+#endif
+
+#ifdef KT_HAVE_AMX_KERNELS
+#include "cpu/amx/packed_amx.h"
+
+/* The avx512 rows, expert weights packed for AMX tiles. */
+static void fill_amx(struct kt_cpu_kernels *t)
+{
+    fill_avx512(t);
+    t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_amx;
+    t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_amx;
+    t->type[KT_TYPE_BF16].packed = &kt_packed_bf16_amx;
+}
+#else
+/* The compiler could not emit AMX: the avx512 rows stand in. */
+static void fill_amx(struct kt_cpu_kernels *t)
+{
+    fill_avx512(t);
 }
 #endif
 
@@ -216,8 +253,10 @@ static void cpu_init(void)
             fill_scalar(t);
         else if (isa == KT_ISA_AVX2)
             fill_avx2(t);
-        else /* avx512 and amx: amx runs the avx512 rows until its own kernels exist */
+        else if (isa == KT_ISA_AVX512)
             fill_avx512(t);
+        else
+            fill_amx(t);
         t->isa = (enum kt_isa)isa;
         t->isa_max = isa_max;
     }

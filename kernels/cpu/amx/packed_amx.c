@@ -1,0 +1,572 @@
+/*
+ * packed_amx.c - expert weights packed for AMX tiles, and the products
+ * y[t][r] = dot(W[r], A[t]) that read them: Q8_0 and Q4_K with AMX-INT8
+ * (bit for bit the reference), BF16 with AMX-BF16 (not exact: activations
+ * are rounded to bf16).  The amx level's packed rows (kernels/cpu/dispatch.c).
+ *
+ * A C tile is tokens x weight rows: the A tile holds up to 16 tokens (the
+ * integer products load it straight from the activation rows, row stride
+ * act_bytes; BF16 from a bf16 copy made per step of K), and the B
+ * tile 16 weight rows in the VNNI order (each dword: 4 consecutive int8 or 2
+ * bf16 of one row), which is why a group is 16 rows.  The integer products
+ * step K by 32 bytes, one Q8_0 block or Q4_K sub-block, so every C element
+ * is that block's exact int32 sum; it is stored and scaled per (token, row)
+ * by AVX-512 in the reference's float expression and block order.  Both
+ * weights and tokens are signed bytes under TDPBSSD: Q8_0 quants are int8,
+ * and Q4_K's nibbles 0..15 are valid non-negative int8 - TDPBUSD would need
+ * the unsigned operand in A, i.e. weights as A and the activations copied
+ * into the VNNI layout of B on every call, for the same throughput.  BF16
+ * keeps its C tiles across all of K (there is no per-block scale).
+ *
+ * Tiles are configured once per call and released before it returns.  A
+ * pass covers 32 rows (two groups, two B tiles, each A tile feeding both)
+ * and up to 64 tokens (32 for BF16), whose token tiles all reuse the B
+ * tiles, so a weight byte leaves memory once per 64 (32) tokens.
+ *
+ * This file must never: run except through the amx level (a tile
+ * instruction without the kernel's XTILEDATA permission kills the process);
+ * return with tiles configured; merge two blocks' integer sums before their
+ * scale, or reorder or fuse (FMA) the float steps (-ffp-contract=off); read
+ * an activation row past its n elements, or write y outside n_rows x n_tok.
+ * Compiled a second time by the tests with KT_AMX_EMULATE (amx_ops.h), where
+ * the formats are renamed through KT_AMX_NAME.
+ */
+#if !defined(KT_AMX_EMULATE) && (!defined(__AMX_TILE__) || !defined(__AMX_INT8__) || !defined(__AMX_BF16__))
+#error "packed_amx.c needs -mamx-tile -mamx-int8 -mamx-bf16 (kernels/CMakeLists.txt sets them for cpu/amx/*.c)"
+#endif
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__) || \
+    !defined(__AVX512BF16__) || !defined(__F16C__)
+#error "packed_amx.c needs the AVX-512 level's flags for the steps between tile instructions"
+#endif
+
+#include "cpu/amx/packed_amx.h"
+
+#include "cpu/amx/amx_ops.h"
+#include "quant.h"
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#ifndef KT_AMX_NAME
+#define KT_AMX_NAME(x) x
+#endif
+#ifdef KT_AMX_EMULATE
+#define KT_AMX_LABEL ".amx-emulated"
+#else
+#define KT_AMX_LABEL ".amx"
+#endif
+
+#define GROUP_ROWS 16   /* weight rows per group: the 16 dword columns of a C tile */
+#define PASS_ROWS 32    /* rows per pass: two groups, two B tiles */
+#define TILE_TOKENS 16  /* tokens per A tile: its rows */
+#define CHUNK_TOKENS 64 /* tokens whose float sums a pass of the integer products keeps */
+
+static inline int64_t min_i64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+static inline size_t round_up_64(size_t bytes)
+{
+    return (bytes + 63) & ~(size_t)63;
+}
+
+/* The first k lanes of 16 (k clamped to 0..16). */
+static inline __mmask16 first_lanes(int64_t k)
+{
+    return k <= 0 ? 0 : k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1);
+}
+
+static inline void set_tile(struct kt_amx_tilecfg *cfg, int t, int rows, int colsb)
+{
+    cfg->rows[t] = (uint8_t)rows;
+    cfg->colsb[t] = (uint16_t)colsb;
+}
+
+/* y[t * y_stride + r] = acc[t][r] for t < nt, r < min(rows, 32). */
+static void store_pass(const float (*acc)[PASS_ROWS], int64_t nt, int64_t rows, float *y, int64_t y_stride)
+{
+    for (int64_t t = 0; t < nt; t++)
+        for (int g = 0; g < 2; g++)
+            _mm512_mask_storeu_ps(y + t * y_stride + GROUP_ROWS * g, first_lanes(rows - GROUP_ROWS * g),
+                                  _mm512_load_ps(&acc[t][GROUP_ROWS * g]));
+}
+
+/* ---- integer products: one 32-byte step of K per tile product ------------------ */
+
+#define TILE_B0 0      /* weights of the pass's group 0: 8 rows (K/4) x 64 bytes (16 rows' dwords) */
+#define TILE_B1 1      /* weights of group 1 */
+#define TILE_A 2       /* 16 tokens x 32 bytes */
+#define TILE_A_TAIL 3  /* the last n_tok % 16 tokens x 32 bytes */
+#define TILE_C0 4      /* int32 sums: 16 tokens x group 0's 16 rows */
+#define TILE_C1 5      /* 16 tokens x group 1's rows */
+#define TILE_C0_TAIL 6 /* n_tok % 16 tokens x group 0's rows */
+#define TILE_C1_TAIL 7
+
+static void int8_tile_config(struct kt_amx_tilecfg *cfg, int tail_tokens)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->palette = 1;
+    set_tile(cfg, TILE_B0, 8, 64);
+    set_tile(cfg, TILE_B1, 8, 64);
+    set_tile(cfg, TILE_A, TILE_TOKENS, 32);
+    set_tile(cfg, TILE_C0, TILE_TOKENS, 64);
+    set_tile(cfg, TILE_C1, TILE_TOKENS, 64);
+    if (tail_tokens) {
+        set_tile(cfg, TILE_A_TAIL, tail_tokens, 32);
+        set_tile(cfg, TILE_C0_TAIL, tail_tokens, 64);
+        set_tile(cfg, TILE_C1_TAIL, tail_tokens, 64);
+    }
+}
+
+/*
+ * c[g][m][r] = sum over 32 bytes of token m's int8 (at a + m * stride) times
+ * group g's row r (the B tiles, already loaded), for the 16 tokens of a full
+ * tile or the n_tok % 16 of the tail; g < 2 if two_groups, else g = 0.
+ */
+static inline void int8_token_tile(struct kt_amx_tiles *s, bool tail, bool two_groups, const uint8_t *a,
+                                   size_t stride, int32_t c[2][TILE_TOKENS][GROUP_ROWS])
+{
+    if (!tail) {
+        kt_amx_load(s, TILE_A, a, stride);
+        kt_amx_zero(s, TILE_C0);
+        kt_amx_dpbssd(s, TILE_C0, TILE_A, TILE_B0);
+        if (two_groups) {
+            kt_amx_zero(s, TILE_C1);
+            kt_amx_dpbssd(s, TILE_C1, TILE_A, TILE_B1);
+        }
+        kt_amx_store(s, TILE_C0, c[0], GROUP_ROWS * sizeof(int32_t));
+        if (two_groups)
+            kt_amx_store(s, TILE_C1, c[1], GROUP_ROWS * sizeof(int32_t));
+    } else {
+        kt_amx_load(s, TILE_A_TAIL, a, stride);
+        kt_amx_zero(s, TILE_C0_TAIL);
+        kt_amx_dpbssd(s, TILE_C0_TAIL, TILE_A_TAIL, TILE_B0);
+        if (two_groups) {
+            kt_amx_zero(s, TILE_C1_TAIL);
+            kt_amx_dpbssd(s, TILE_C1_TAIL, TILE_A_TAIL, TILE_B1);
+        }
+        kt_amx_store(s, TILE_C0_TAIL, c[0], GROUP_ROWS * sizeof(int32_t));
+        if (two_groups)
+            kt_amx_store(s, TILE_C1_TAIL, c[1], GROUP_ROWS * sizeof(int32_t));
+    }
+}
+
+/* ---- Q8_0 x Q8_0 ------------------------------------------------------------------ */
+
+/*
+ * A group of 16 rows, nb = n/32 blocks:
+ *   quants[nb][8][16][4] int8: [i][kk][r][b] = row r's qs[4kk + b] of block i,
+ *       so block i is one 8 x 64-byte B tile;
+ *   d[nb][16] fp16: row r's scale of block i; zeros to a 64-byte end.
+ */
+#define Q8_0_TILE_BYTES 512
+
+static size_t q8_0_group_bytes(int64_t n)
+{
+    const size_t nb = (size_t)(n / KT_QK);
+    return nb * Q8_0_TILE_BYTES + round_up_64(nb * GROUP_ROWS * sizeof(kt_fp16));
+}
+
+static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
+{
+    const int64_t nb = n / KT_QK;
+    const size_t group_bytes = q8_0_group_bytes(n);
+    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
+        uint8_t *d = grp + (size_t)nb * Q8_0_TILE_BYTES;
+        memset(grp, 0, group_bytes);
+        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
+            const struct kt_block_q8_0 *x =
+                (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
+            for (int64_t i = 0; i < nb; i++) {
+                for (int kk = 0; kk < 8; kk++)
+                    memcpy(grp + i * Q8_0_TILE_BYTES + 64 * kk + 4 * r, x[i].qs + 4 * kk, 4);
+                memcpy(d + (i * GROUP_ROWS + r) * sizeof(kt_fp16), &x[i].d, sizeof(kt_fp16));
+            }
+        }
+    }
+}
+
+/* Per (token, row), block after block: sum += (dw * da) * (float)sumi, the
+ * expression of kt_vec_dot_q8_0_q8_0_ref, 16 rows per vector. */
+static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    const int64_t nb = n / KT_QK;
+    const size_t group_bytes = q8_0_group_bytes(n);
+    const uint8_t *act = a;
+    _Alignas(64) float acc[CHUNK_TOKENS][PASS_ROWS];
+    _Alignas(64) int32_t c[2][TILE_TOKENS][GROUP_ROWS];
+    struct kt_amx_tilecfg cfg;
+    struct kt_amx_tiles tiles;
+    int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
+    kt_amx_config(&tiles, &cfg);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
+        const int64_t nt = min_i64(CHUNK_TOKENS, n_tok - t0);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
+            const int ng = n_rows - r0 > GROUP_ROWS ? 2 : 1;
+            const uint8_t *grp[2];
+            grp[0] = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
+            grp[1] = ng == 2 ? grp[0] + group_bytes : grp[0];
+            memset(acc, 0, (size_t)nt * sizeof acc[0]);
+            for (int64_t i = 0; i < nb; i++) {
+                __m512 dw[2];
+                for (int g = 0; g < 2; g++)
+                    dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
+                        (const __m256i *)(grp[g] + nb * Q8_0_TILE_BYTES + i * GROUP_ROWS * sizeof(kt_fp16))));
+                kt_amx_load(&tiles, TILE_B0, grp[0] + i * Q8_0_TILE_BYTES, 64);
+                if (ng == 2)
+                    kt_amx_load(&tiles, TILE_B1, grp[1] + i * Q8_0_TILE_BYTES, 64);
+                for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
+                    const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
+                    const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
+                    int8_token_tile(&tiles, mt < TILE_TOKENS, ng == 2,
+                                    tok + i * sizeof(struct kt_block_q8_0) + offsetof(struct kt_block_q8_0, qs),
+                                    act_bytes, c);
+                    for (int64_t m = 0; m < mt; m++) {
+                        const struct kt_block_q8_0 *yb = (const void *)(tok + (size_t)m * act_bytes);
+                        const __m512 da = _mm512_set1_ps(_cvtsh_ss(yb[i].d));
+                        float *sum = acc[m0 + m];
+                        for (int g = 0; g < ng; g++) {
+                            const __m512 sumi = _mm512_cvtepi32_ps(_mm512_load_si512(c[g][m]));
+                            const __m512 term = _mm512_mul_ps(_mm512_mul_ps(dw[g], da), sumi);
+                            _mm512_store_ps(sum + GROUP_ROWS * g,
+                                            _mm512_add_ps(_mm512_load_ps(sum + GROUP_ROWS * g), term));
+                        }
+                    }
+                }
+            }
+            store_pass(acc, nt, n_rows - r0, y + t0 * y_stride + r0, y_stride);
+        }
+    }
+    kt_amx_release(&tiles);
+}
+
+/* ---- Q4_K x Q8_K ------------------------------------------------------------------ */
+
+/*
+ * A group of 16 rows, per super-block (Q4_K_SB_BYTES, n/256 of them):
+ *   qs[4][8][16][4]: [c][kk][r][b] = row r's qs[32c + 4kk + b], whose low
+ *       nibbles are sub-block 2c and high nibbles sub-block 2c+1, each split
+ *       out (AND 0x0f / shift 4) already in the B tile's order;
+ *   sc[8][16]: row r's 6-bit scale of sub-block j;
+ *   mins[4][16][2]: row r's 6-bit mins of sub-blocks 2p, 2p+1 (widened to
+ *       int16 pairs they meet Q8_K's pair sums in one VPDPWSSD);
+ *   d[16], dmin[16] fp16.
+ */
+#define Q4_K_QS 0
+#define Q4_K_SC 2048
+#define Q4_K_MINS 2176
+#define Q4_K_D 2304
+#define Q4_K_DMIN 2336
+#define Q4_K_SB_BYTES 2368 /* 37 * 64 */
+
+static size_t q4_K_group_bytes(int64_t n)
+{
+    return (size_t)(n / KT_QK_K) * Q4_K_SB_BYTES;
+}
+
+static void q4_K_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
+{
+    const int64_t nsb = n / KT_QK_K;
+    const size_t group_bytes = q4_K_group_bytes(n);
+    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
+        memset(grp, 0, group_bytes);
+        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
+            const struct kt_block_q4_K *x =
+                (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                uint8_t *p = grp + sb * Q4_K_SB_BYTES;
+                for (int c = 0; c < 4; c++)
+                    for (int kk = 0; kk < 8; kk++)
+                        memcpy(p + Q4_K_QS + 512 * c + 64 * kk + 4 * r, x[sb].qs + 32 * c + 4 * kk, 4);
+                for (int j = 0; j < 8; j++) {
+                    uint8_t sc, m;
+                    kt_k_scale_min(x[sb].scales, j, &sc, &m);
+                    p[Q4_K_SC + GROUP_ROWS * j + r] = sc;
+                    p[Q4_K_MINS + 32 * (j / 2) + 2 * r + j % 2] = m;
+                }
+                memcpy(p + Q4_K_D + 2 * r, &x[sb].d, sizeof(kt_fp16));
+                memcpy(p + Q4_K_DMIN + 2 * r, &x[sb].dmin, sizeof(kt_fp16));
+            }
+        }
+    }
+}
+
+/* lo / hi: the B tiles (512 bytes each) of sub-blocks 2c and 2c+1. */
+static inline void q4_K_split_nibbles(const uint8_t *qs, uint8_t lo[512], uint8_t hi[512])
+{
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    for (int v = 0; v < 8; v++) {
+        const __m512i x = _mm512_loadu_si512((const void *)(qs + 64 * v));
+        _mm512_store_si512((void *)(lo + 64 * v), _mm512_and_si512(x, mask));
+        _mm512_store_si512((void *)(hi + 64 * v), _mm512_and_si512(_mm512_srli_epi16(x, 4), mask));
+    }
+}
+
+/*
+ * Per (token, row) and super-block, as kt_vec_dot_q4_K_q8_K_ref:
+ *   sum_q = sum_j sc_j * (int32 sum of sub-block j)   (tiles, then VPMULLD)
+ *   sum_m = sum_j m_j * (bsums[2j] + bsums[2j+1])      (VPDPWSSD)
+ *   sum  += d*da*(float)sum_q - dmin*da*(float)sum_m
+ * The integer sums are exact in any order; the float steps are the
+ * reference's, super-block after super-block.
+ */
+static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    const int64_t nsb = n / KT_QK_K;
+    const size_t group_bytes = q4_K_group_bytes(n);
+    const uint8_t *act = a;
+    _Alignas(64) float acc[CHUNK_TOKENS][PASS_ROWS];
+    _Alignas(64) int32_t isum[CHUNK_TOKENS][PASS_ROWS]; /* sum_q of the current super-block */
+    _Alignas(64) int32_t c[2][TILE_TOKENS][GROUP_ROWS];
+    _Alignas(64) uint8_t bq[2][2][512]; /* [group][sub-block 2c, 2c+1]: unpacked B tiles */
+    struct kt_amx_tilecfg cfg;
+    struct kt_amx_tiles tiles;
+    int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
+    kt_amx_config(&tiles, &cfg);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
+        const int64_t nt = min_i64(CHUNK_TOKENS, n_tok - t0);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
+            const int ng = n_rows - r0 > GROUP_ROWS ? 2 : 1;
+            const uint8_t *grp[2];
+            grp[0] = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
+            grp[1] = ng == 2 ? grp[0] + group_bytes : grp[0];
+            memset(acc, 0, (size_t)nt * sizeof acc[0]);
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                const uint8_t *blk[2] = {grp[0] + sb * Q4_K_SB_BYTES, grp[1] + sb * Q4_K_SB_BYTES};
+                memset(isum, 0, (size_t)nt * sizeof isum[0]);
+                for (int cc = 0; cc < 4; cc++) {
+                    for (int g = 0; g < ng; g++)
+                        q4_K_split_nibbles(blk[g] + Q4_K_QS + 512 * cc, bq[g][0], bq[g][1]);
+                    for (int h = 0; h < 2; h++) {
+                        const int j = 2 * cc + h;
+                        __m512i sc[2];
+                        for (int g = 0; g < 2; g++)
+                            sc[g] = _mm512_cvtepu8_epi32(
+                                _mm_loadu_si128((const __m128i *)(blk[g] + Q4_K_SC + GROUP_ROWS * j)));
+                        kt_amx_load(&tiles, TILE_B0, bq[0][h], 64);
+                        if (ng == 2)
+                            kt_amx_load(&tiles, TILE_B1, bq[1][h], 64);
+                        for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
+                            const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
+                            const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
+                            int8_token_tile(&tiles, mt < TILE_TOKENS, ng == 2,
+                                            tok + sb * sizeof(struct kt_block_q8_K) +
+                                                offsetof(struct kt_block_q8_K, qs) + 32 * j,
+                                            act_bytes, c);
+                            for (int64_t m = 0; m < mt; m++)
+                                for (int g = 0; g < ng; g++) {
+                                    int32_t *s = &isum[m0 + m][GROUP_ROWS * g];
+                                    const __m512i p = _mm512_mullo_epi32(_mm512_load_si512(c[g][m]), sc[g]);
+                                    _mm512_store_si512(s, _mm512_add_epi32(_mm512_load_si512(s), p));
+                                }
+                        }
+                    }
+                }
+                __m512 d[2], dmin[2];
+                __m512i mins[2][4];
+                for (int g = 0; g < 2; g++) {
+                    d[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_D)));
+                    dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_DMIN)));
+                    for (int p = 0; p < 4; p++)
+                        mins[g][p] = _mm512_cvtepu8_epi16(
+                            _mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_MINS + 32 * p)));
+                }
+                for (int64_t m = 0; m < nt; m++) {
+                    const struct kt_block_q8_K *yb =
+                        (const struct kt_block_q8_K *)(const void *)(act + (size_t)(t0 + m) * act_bytes) + sb;
+                    const __m512 da = _mm512_set1_ps(yb->d);
+                    __m512i pair[4]; /* (bsum of sub-block 2p, of 2p+1) as int16, in every dword */
+                    for (int p = 0; p < 4; p++) {
+                        const int16_t lo = (int16_t)(yb->bsums[4 * p] + yb->bsums[4 * p + 1]);
+                        const int16_t hi = (int16_t)(yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3]);
+                        pair[p] = _mm512_set1_epi32((int)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16));
+                    }
+                    for (int g = 0; g < ng; g++) {
+                        __m512i sum_m = _mm512_setzero_si512();
+                        for (int p = 0; p < 4; p++)
+                            sum_m = _mm512_dpwssd_epi32(sum_m, mins[g][p], pair[p]);
+                        const __m512 sum_q = _mm512_cvtepi32_ps(_mm512_load_si512(&isum[m][GROUP_ROWS * g]));
+                        const __m512 term = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d[g], da), sum_q),
+                                                          _mm512_mul_ps(_mm512_mul_ps(dmin[g], da),
+                                                                        _mm512_cvtepi32_ps(sum_m)));
+                        float *sum = &acc[m][GROUP_ROWS * g];
+                        _mm512_store_ps(sum, _mm512_add_ps(_mm512_load_ps(sum), term));
+                    }
+                }
+            }
+            store_pass(acc, nt, n_rows - r0, y + t0 * y_stride + r0, y_stride);
+        }
+    }
+    kt_amx_release(&tiles);
+}
+
+/* ---- BF16 x F32 (activations rounded to bf16) ---------------------------------- */
+
+/*
+ * A group of 16 rows, per step k of 32 elements (ceil(n/32) steps, so any
+ * n): [kk][r][e] bf16 = row r's element 32k + 2kk + e (zero past n), one
+ * 16 x 64-byte B tile.
+ *
+ * The result is not the reference's: each activation is rounded to bf16
+ * (nearest even, denormals to zero: VCVTNE2PS2BF16) and the products, exact
+ * in fp32, are summed in fp32 by the tile (nearest even at every step)
+ * instead of in double.  |y - ref| <= (2^-8 + n * 2^-23) * sum|w_i * a_i|,
+ * checked by tests/test_kernels_amx.c.
+ */
+#define BF16_TILE_BYTES 1024
+
+#define TILE_W0 0   /* weights of group 0: 16 rows (K/2 pairs) x 64 bytes */
+#define TILE_W1 1   /* weights of group 1 */
+#define TILE_X0 2   /* tokens 0..15 of the block: 16 x 32 bf16 */
+#define TILE_X1 3   /* tokens 16..31 */
+#define TILE_Y00 4  /* fp32 sums: tokens 0..15 x group 0 */
+#define TILE_Y01 5  /* tokens 0..15 x group 1 */
+#define TILE_Y10 6  /* tokens 16..31 x group 0 */
+#define TILE_Y11 7  /* tokens 16..31 x group 1 */
+
+static size_t bf16_group_bytes(int64_t n)
+{
+    return (size_t)((n + 31) / 32) * BF16_TILE_BYTES;
+}
+
+static void bf16_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
+{
+    const size_t group_bytes = bf16_group_bytes(n);
+    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
+        memset(grp, 0, group_bytes);
+        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
+            const kt_bf16 *x = (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
+            for (int64_t i = 0; i < n; i += 2) /* one pair (or the last element) at a time */
+                memcpy(grp + (i / 32) * BF16_TILE_BYTES + 64 * ((i % 32) / 2) + 4 * r, x + i,
+                       (size_t)min_i64(2, n - i) * sizeof(kt_bf16));
+        }
+    }
+}
+
+/* x[m / 16][m % 16][e] = bf16(token m's element 32k + e), zero past n; m < nt. */
+static inline void bf16_activations(const uint8_t *act, size_t act_bytes, int64_t nt, int64_t n, int64_t k,
+                                    uint16_t x[2][TILE_TOKENS][32])
+{
+    const int64_t left = n - 32 * k;
+    const __mmask16 lo_lanes = first_lanes(left), hi_lanes = first_lanes(left - 16);
+    for (int64_t m = 0; m < nt; m++) {
+        const float *row = (const float *)(const void *)(act + (size_t)m * act_bytes) + 32 * k;
+        const __m512 lo = _mm512_maskz_loadu_ps(lo_lanes, row);
+        const __m512 hi = hi_lanes ? _mm512_maskz_loadu_ps(hi_lanes, row + 16) : _mm512_setzero_ps();
+        _mm512_store_si512((void *)x[m / TILE_TOKENS][m % TILE_TOKENS], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+/* y[t * y_stride + r] = c[t][r] for t < min(tokens, 16), r < min(rows, 16). */
+static void store_tile(const float c[TILE_TOKENS][GROUP_ROWS], int64_t tokens, int64_t rows, float *y,
+                       int64_t y_stride)
+{
+    for (int64_t t = 0; t < min_i64(tokens, TILE_TOKENS); t++)
+        _mm512_mask_storeu_ps(y + t * y_stride, first_lanes(rows), _mm512_load_ps(c[t]));
+}
+
+/*
+ * Blocks of 32 tokens x 32 rows: four C tiles stay in the tiles across all
+ * of K.  The activations are converted to bf16 per step into a 2 KiB buffer
+ * (again for every pair of groups: the price of not allocating).
+ */
+static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    const int64_t nk = (n + 31) / 32;
+    const size_t group_bytes = bf16_group_bytes(n);
+    const uint8_t *act = a;
+    _Alignas(64) uint16_t x[2][TILE_TOKENS][32];
+    _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
+    struct kt_amx_tilecfg cfg;
+    struct kt_amx_tiles tiles;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < KT_AMX_TILES; t++)
+        set_tile(&cfg, t, 16, 64);
+    kt_amx_config(&tiles, &cfg);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * TILE_TOKENS) {
+        const int64_t nt = min_i64(2 * TILE_TOKENS, n_tok - t0);
+        const bool two_tiles = nt > TILE_TOKENS;
+        const uint8_t *tok = act + (size_t)t0 * act_bytes;
+        memset(x, 0, sizeof x); /* the rows past nt stay zero */
+        for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
+            const bool two_groups = n_rows - r0 > GROUP_ROWS;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
+            const uint8_t *w1 = w0 + group_bytes;
+            kt_amx_zero(&tiles, TILE_Y00);
+            kt_amx_zero(&tiles, TILE_Y01);
+            kt_amx_zero(&tiles, TILE_Y10);
+            kt_amx_zero(&tiles, TILE_Y11);
+            for (int64_t k = 0; k < nk; k++) {
+                bf16_activations(tok, act_bytes, nt, n, k, x);
+                kt_amx_load(&tiles, TILE_X0, x[0], 64);
+                kt_amx_load(&tiles, TILE_W0, w0 + k * BF16_TILE_BYTES, 64);
+                kt_amx_dpbf16ps(&tiles, TILE_Y00, TILE_X0, TILE_W0);
+                if (two_groups) {
+                    kt_amx_load(&tiles, TILE_W1, w1 + k * BF16_TILE_BYTES, 64);
+                    kt_amx_dpbf16ps(&tiles, TILE_Y01, TILE_X0, TILE_W1);
+                }
+                if (two_tiles) {
+                    kt_amx_load(&tiles, TILE_X1, x[1], 64);
+                    kt_amx_dpbf16ps(&tiles, TILE_Y10, TILE_X1, TILE_W0);
+                    if (two_groups)
+                        kt_amx_dpbf16ps(&tiles, TILE_Y11, TILE_X1, TILE_W1);
+                }
+            }
+            float *y0 = y + t0 * y_stride + r0;
+            kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
+            store_tile(c, nt, n_rows - r0, y0, y_stride);
+            if (two_groups) {
+                kt_amx_store(&tiles, TILE_Y01, c, sizeof c[0]);
+                store_tile(c, nt, n_rows - r0 - GROUP_ROWS, y0 + GROUP_ROWS, y_stride);
+            }
+            if (two_tiles) {
+                kt_amx_store(&tiles, TILE_Y10, c, sizeof c[0]);
+                store_tile(c, nt - TILE_TOKENS, n_rows - r0, y0 + TILE_TOKENS * y_stride, y_stride);
+                if (two_groups) {
+                    kt_amx_store(&tiles, TILE_Y11, c, sizeof c[0]);
+                    store_tile(c, nt - TILE_TOKENS, n_rows - r0 - GROUP_ROWS, y0 + TILE_TOKENS * y_stride + GROUP_ROWS,
+                               y_stride);
+                }
+            }
+        }
+    }
+    kt_amx_release(&tiles);
+}
+
+/* ---- the formats ------------------------------------------------------------------- */
+
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q8_0_amx) = {
+    .name = "q8_0.r16" KT_AMX_LABEL,
+    .rows = GROUP_ROWS,
+    .exact = true,
+    .group_bytes = q8_0_group_bytes,
+    .pack = q8_0_pack,
+    .gemm = q8_0_gemm,
+};
+
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_K_amx) = {
+    .name = "q4_K.r16" KT_AMX_LABEL,
+    .rows = GROUP_ROWS,
+    .exact = true,
+    .group_bytes = q4_K_group_bytes,
+    .pack = q4_K_pack,
+    .gemm = q4_K_gemm,
+};
+
+const struct kt_packed_format KT_AMX_NAME(kt_packed_bf16_amx) = {
+    .name = "bf16.r16" KT_AMX_LABEL,
+    .rows = GROUP_ROWS,
+    .exact = false,
+    .group_bytes = bf16_group_bytes,
+    .pack = bf16_pack,
+    .gemm = bf16_gemm,
+};
