@@ -1,0 +1,36 @@
+/*
+ * config.h - placement config v1: a YAML file (configs/README.md has the
+ * schema) saying which device holds attention, shared experts, dense layers
+ * and embeddings, how many or which routed experts each accelerator holds per
+ * layer, and how the rest are spread over CPU NUMA nodes.
+ *
+ * Loading checks everything that can be checked without a model: syntax,
+ * unknown keys, types, ranges, duplicates and device names.  Each error is
+ * KT_ERR_FORMAT with a message "FILE:LINE:COL: KEY.PATH: problem".  What
+ * depends on the model (expert and layer numbers, memory budgets) is checked
+ * by kt_placement_resolve (plan.h), with the same kind of message.
+ */
+#ifndef KT_PLACEMENT_CONFIG_H
+#define KT_PLACEMENT_CONFIG_H
+
+#include <stddef.h>
+
+#include "status.h"
+
+struct kt_placement_config;
+
+/* Reads and validates the file at path (at most 16 MiB). */
+kt_status kt_placement_config_load(const char *path, struct kt_placement_config **out, kt_err *err);
+
+/* The same over text[0..len); name is used in messages and its directory
+ * anchors a relative profile path. */
+kt_status kt_placement_config_parse(const char *text, size_t len, const char *name,
+                                    struct kt_placement_config **out, kt_err *err);
+
+void kt_placement_config_destroy(struct kt_placement_config *c);
+
+/* The profile file the config names (relative paths already joined to the
+ * config's directory), or NULL when it names none. */
+const char *kt_placement_config_profile(const struct kt_placement_config *c);
+
+#endif

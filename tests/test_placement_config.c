@@ -1,0 +1,804 @@
+/*
+ * test_placement_config.c - placement config v1 (placement/config.h) and its
+ * resolution against a model (placement/plan.h), with routing profiles
+ * (placement/profile.h).
+ *
+ * Proves: every file in configs/ parses and resolves against the model it is
+ * written for - the Kimi-K2 and DeepSeek-V3 examples against models of the
+ * real dimensions built in memory, with types at least as large as a Q4_K_M
+ * file's, so their memory budgets really hold; each class of bad document is
+ * refused with the right line and key path; errors that need the model
+ * (unknown experts and layers, dense layers, over-claimed layers, double
+ * placements, missing NUMA nodes, budgets) name the config line too; tiny-sim
+ * puts attention, shared experts and half of the routed experts on the sim
+ * device; a profile picks the hottest experts (ties to the lower index) and
+ * balances CPU nodes by load while keeping their expert counts within one;
+ * replicas copy the hottest CPU experts to the other nodes.
+ */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "model.h"
+#include "plan.h"
+#include "profile.h"
+#include "quant.h"
+#include "testlib.h"
+
+/* ---- helpers --------------------------------------------------------------------- */
+
+static struct kt_placement_config *parse(const char *text)
+{
+    struct kt_placement_config *c = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_placement_config_parse(text, strlen(text), "t.yaml", &c, &err) == KT_OK, "%s\n%s", err.msg, text);
+    return c;
+}
+
+static struct kt_placement *resolve(const char *text, const struct kt_model *m, int n_nodes, const char *profile)
+{
+    struct kt_placement_config *c = parse(text);
+    struct kt_placement *p = NULL;
+    kt_err err = {0};
+    if (c && m)
+        KT_CHECK(kt_placement_resolve(c, m, n_nodes, profile, &p, &err) == KT_OK, "%s\n%s", err.msg, text);
+    kt_placement_config_destroy(c);
+    return p;
+}
+
+/* The message of a refused resolution ("" when it was accepted). */
+static const char *resolve_error(const char *text, const struct kt_model *m, int n_nodes, const char *profile)
+{
+    static kt_err err;
+    memset(&err, 0, sizeof err);
+    struct kt_placement_config *c = parse(text);
+    struct kt_placement *p = NULL;
+    if (c && m && kt_placement_resolve(c, m, n_nodes, profile, &p, &err) == KT_OK)
+        err.msg[0] = 0;
+    KT_CHECK((p == NULL) == (err.msg[0] != 0), "a plan exactly when there is no error");
+    kt_placement_destroy(p);
+    kt_placement_config_destroy(c);
+    return err.msg;
+}
+
+/* kt-synth's tiny and tiny-v3, written once and opened by every case that needs one. */
+static char g_tiny_path[2][1024];
+
+static struct kt_model *tiny_model(const char *preset)
+{
+    char *path = g_tiny_path[strcmp(preset, "tiny") != 0];
+    if (!path[0]) {
+        snprintf(path, sizeof g_tiny_path[0], "%s", kt_test_path(preset));
+        int rc = kt_test_system("'%s' --preset %s -q -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), preset,
+                                path);
+        KT_CHECK(rc == 0, "kt-synth --preset %s failed (%d)", preset, rc);
+    }
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_model_open(path, &m, &err) == KT_OK, "%s", err.msg);
+    return m;
+}
+
+static const char *write_text(const char *name, const char *text)
+{
+    const char *path = kt_test_path(name);
+    FILE *f = fopen(path, "w");
+    KT_CHECK(f != NULL, "cannot write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    return path;
+}
+
+static uint32_t experts_on(const struct kt_placement *p, uint32_t il, int device)
+{
+    uint32_t n = 0;
+    for (uint32_t x = 0; x < p->n_expert; x++)
+        n += kt_placement_expert(p, il, x)->device == device;
+    return n;
+}
+
+/* ---- models of real dimensions, in memory ------------------------------------------ */
+
+/* The deepseek2 tensor table of a model, without data: only shapes and bytes,
+ * which is all placement reads. */
+struct shape {
+    uint32_t n_layer, n_dense, E, F, H, qr, kvr, dn, dr, dv, n_expert, f, n_shared, n_vocab;
+    int matrix_type;             /* every 2-D weight not named below */
+    int k_b_type;                /* attn_k_b: rows of dn = 128 take no K-quant */
+    int down_type;               /* every ffn_down: dense, shared and routed */
+    int output_type;
+};
+
+/* Kimi-K2 and DeepSeek-V3 (DESIGN §1) as llama.cpp's Q4_K_M recipe stores them,
+ * rounded up: q4_K everywhere, attn_k_b q5_0 (its fallback), output q6_K, and
+ * every ffn_down q6_K where the recipe gives q6_K to only some layers' - so a
+ * Q4_K_M file is no larger than this in any part. */
+static const struct shape KIMI_K2 = {61, 1, 7168, 18432, 64, 1536, 512, 128, 64, 128, 384, 2048, 1, 163840,
+                                     KT_TYPE_Q4_K, KT_TYPE_Q5_0, KT_TYPE_Q6_K, KT_TYPE_Q6_K};
+static const struct shape DEEPSEEK_V3 = {61, 3, 7168, 18432, 128, 1536, 512, 128, 64, 128, 256, 2048, 1, 129280,
+                                         KT_TYPE_Q4_K, KT_TYPE_Q5_0, KT_TYPE_Q6_K, KT_TYPE_Q6_K};
+/* kt-synth --preset tiny, to check the builder against a real file. */
+static const struct shape TINY = {4, 1, 512, 1024, 8, 192, 128, 32, 16, 32, 32, 128, 1, 1043,
+                                  KT_TYPE_F32, KT_TYPE_F32, KT_TYPE_F32, KT_TYPE_F32};
+
+struct shaped_model {
+    struct kt_model m;
+    struct kt_gguf_tensor tensors[2048]; /* 61 layers of at most 19, and 3 more */
+    int n_tensors;
+};
+
+static const struct kt_gguf_tensor *add(struct shaped_model *s, enum kt_tensor_class c, int type, int64_t ne0,
+                                        int64_t ne1, int64_t ne2)
+{
+    const struct kt_type_traits *tr = kt_type_traits(type);
+    if (s->n_tensors == (int)(sizeof s->tensors / sizeof s->tensors[0])) {
+        fprintf(stderr, "shaped_model: too many tensors\n");
+        exit(2);
+    }
+    struct kt_gguf_tensor *t = &s->tensors[s->n_tensors++];
+    t->type = type;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->ne[3] = 1;
+    t->n_dims = ne2 > 1 ? 3 : ne1 > 1 ? 2 : 1;
+    t->nbytes = (uint64_t)(ne0 / tr->block_elems) * tr->block_bytes * (uint64_t)ne1 * (uint64_t)ne2;
+    s->m.class_bytes[c] += t->nbytes;
+    s->m.class_tensors[c]++;
+    return t;
+}
+
+static struct shaped_model *shaped_model(const struct shape *sh)
+{
+    struct shaped_model *s = kt_test_xmalloc(sizeof *s);
+    memset(s, 0, sizeof *s);
+    struct kt_model *m = &s->m;
+    struct kt_hparams *hp = &m->hp;
+    snprintf(m->arch, sizeof m->arch, "deepseek2");
+    *hp = (struct kt_hparams){.n_layer = sh->n_layer, .n_embd = sh->E, .n_ff = sh->F, .n_head = sh->H,
+                              .n_head_kv = 1, .q_lora_rank = sh->qr, .kv_lora_rank = sh->kvr,
+                              .qk_nope_dim = sh->dn, .qk_rope_dim = sh->dr, .v_head_dim = sh->dv, .mla_split = true,
+                              .n_dense_lead = sh->n_dense, .n_expert = sh->n_expert, .n_expert_used = 8,
+                              .n_expert_shared = sh->n_shared, .n_ff_exp = sh->f, .n_vocab = sh->n_vocab};
+    m->layers = kt_test_xmalloc(sh->n_layer * sizeof *m->layers);
+    memset(m->layers, 0, sh->n_layer * sizeof *m->layers);
+    const int F32 = KT_TYPE_F32, M = sh->matrix_type, D = sh->down_type;
+    const uint32_t E = sh->E, H = sh->H, fs = sh->f * sh->n_shared;
+    m->token_embd = add(s, KT_CLASS_EMBED_OUTPUT, M, E, sh->n_vocab, 1);
+    m->output_norm = add(s, KT_CLASS_EMBED_OUTPUT, F32, E, 1, 1);
+    m->output = add(s, KT_CLASS_EMBED_OUTPUT, sh->output_type, E, sh->n_vocab, 1);
+    for (uint32_t il = 0; il < sh->n_layer; il++) {
+        struct kt_layer *L = &m->layers[il];
+        const enum kt_tensor_class A = KT_CLASS_ATTENTION;
+        L->attn_norm = add(s, A, F32, E, 1, 1);
+        L->attn_q_a = add(s, A, M, E, sh->qr, 1);
+        L->attn_q_a_norm = add(s, A, F32, sh->qr, 1, 1);
+        L->attn_q_b = add(s, A, M, sh->qr, H * (sh->dn + sh->dr), 1);
+        L->attn_kv_a_mqa = add(s, A, M, E, sh->kvr + sh->dr, 1);
+        L->attn_kv_a_norm = add(s, A, F32, sh->kvr, 1, 1);
+        L->attn_k_b = add(s, A, sh->k_b_type, sh->dn, sh->kvr, H);
+        L->attn_v_b = add(s, A, M, sh->kvr, sh->dv, H);
+        L->attn_output = add(s, A, M, H * sh->dv, E, 1);
+        L->ffn_norm = add(s, KT_CLASS_DENSE_FFN, F32, E, 1, 1);
+        L->is_moe = il >= sh->n_dense;
+        if (!L->is_moe) {
+            L->ffn_gate = add(s, KT_CLASS_DENSE_FFN, M, E, sh->F, 1);
+            L->ffn_up = add(s, KT_CLASS_DENSE_FFN, M, E, sh->F, 1);
+            L->ffn_down = add(s, KT_CLASS_DENSE_FFN, D, sh->F, E, 1);
+            continue;
+        }
+        L->ffn_gate_inp = add(s, KT_CLASS_ROUTER, F32, E, sh->n_expert, 1);
+        L->exp_probs_b = add(s, KT_CLASS_ROUTER, F32, sh->n_expert, 1, 1);
+        L->ffn_gate_exps = add(s, KT_CLASS_ROUTED_EXPERTS, M, E, sh->f, sh->n_expert);
+        L->ffn_up_exps = add(s, KT_CLASS_ROUTED_EXPERTS, M, E, sh->f, sh->n_expert);
+        L->ffn_down_exps = add(s, KT_CLASS_ROUTED_EXPERTS, D, sh->f, E, sh->n_expert);
+        L->ffn_gate_shexp = add(s, KT_CLASS_SHARED_EXPERTS, M, E, fs, 1);
+        L->ffn_up_shexp = add(s, KT_CLASS_SHARED_EXPERTS, M, E, fs, 1);
+        L->ffn_down_shexp = add(s, KT_CLASS_SHARED_EXPERTS, D, fs, E, 1);
+    }
+    return s;
+}
+
+static void shaped_model_destroy(struct shaped_model *s)
+{
+    if (s)
+        free(s->m.layers);
+    free(s);
+}
+
+static uint64_t model_bytes(const struct kt_model *m)
+{
+    uint64_t total = 0;
+    for (int c = 0; c < KT_CLASS_COUNT; c++)
+        total += m->class_bytes[c];
+    return total;
+}
+
+/* Weights on all devices add up to the model; the KV cache is the estimate. */
+static void check_totals(const struct kt_placement *p, const struct kt_model *m)
+{
+    uint64_t weights = 0, kv = 0;
+    uint32_t experts = 0;
+    for (int i = 0; i < p->n_devices; i++) {
+        const struct kt_placement_device *d = &p->devices[i];
+        uint64_t sum = 0;
+        for (int part = 0; part < KT_PART_COUNT; part++)
+            sum += d->part_bytes[part];
+        KT_CHECK(sum == d->bytes, "%s: parts add up", d->name);
+        weights += d->bytes - d->part_bytes[KT_PART_KV_CACHE] - d->part_bytes[KT_PART_REPLICAS];
+        kv += d->part_bytes[KT_PART_KV_CACHE];
+        experts += d->n_experts;
+        KT_CHECK(d->budget_bytes == 0 || d->bytes <= d->budget_bytes, "%s within budget", d->name);
+    }
+    KT_CHECK(weights == model_bytes(m), "weights %llu, model %llu", (unsigned long long)weights,
+             (unsigned long long)model_bytes(m));
+    KT_CHECK(kv == kt_model_memory_need(m, -1, p->kv_tokens, p->kv_bytes_per_value).kv_cache_bytes, "KV cache");
+    uint32_t n_moe = m->hp.n_layer - m->hp.n_dense_lead;
+    KT_CHECK(experts == n_moe * m->hp.n_expert, "every routed expert has one home: %u", experts);
+}
+
+static void shaped_model_matches_a_kt_synth_file(void)
+{
+    struct kt_model *file = tiny_model("tiny");
+    struct shaped_model *s = shaped_model(&TINY);
+    for (int c = 0; file && c < KT_CLASS_COUNT; c++)
+        KT_CHECK(s->m.class_bytes[c] == file->class_bytes[c], "%s: %llu built, %llu in the file",
+                 kt_tensor_class_name(c), (unsigned long long)s->m.class_bytes[c],
+                 (unsigned long long)file->class_bytes[c]);
+    shaped_model_destroy(s);
+    kt_model_close(file);
+}
+
+/* ---- the shipped configs ------------------------------------------------------------- */
+
+static void resolve_file(const char *path, const char *base, const struct kt_model *m, int n_nodes)
+{
+    struct kt_placement_config *c = NULL;
+    struct kt_placement *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_placement_config_load(path, &c, &err) == KT_OK, "%s", err.msg);
+    if (c)
+        KT_CHECK(kt_placement_resolve(c, m, n_nodes, NULL, &p, &err) == KT_OK, "%s", err.msg);
+    if (p) {
+        check_totals(p, m);
+        printf("%s on %d NUMA node(s):\n", base, n_nodes);
+        kt_placement_describe(p, stdout);
+    }
+    kt_placement_destroy(p);
+    kt_placement_config_destroy(c);
+}
+
+static void every_shipped_config_parses_and_fits_its_model(void)
+{
+    const char *src = getenv("KT_SOURCE_DIR");
+    char dir[1024], path[2048];
+    snprintf(dir, sizeof dir, "%s/configs", src && *src ? src : "..");
+    struct shaped_model *kimi = shaped_model(&KIMI_K2), *v3 = shaped_model(&DEEPSEEK_V3);
+    struct kt_model *tiny = tiny_model("tiny"), *tiny_v3 = tiny_model("tiny-v3");
+    struct dirent **entries = NULL;
+    int n = scandir(dir, &entries, NULL, alphasort), n_yaml = 0;
+    KT_CHECK(n > 0, "cannot list %s", dir);
+    for (int i = 0; i < n; i++) {
+        const char *base = entries[i]->d_name;
+        size_t len = strlen(base);
+        if (len > 5 && strcmp(base + len - 5, ".yaml") == 0) {
+            n_yaml++;
+            snprintf(path, sizeof path, "%s/%s", dir, base);
+            int nodes = strstr(base, "2socket") ? 2 : 1;
+            if (strncmp(base, "kimi-k2", 7) == 0) {
+                resolve_file(path, base, &kimi->m, nodes);
+            } else if (strncmp(base, "deepseek-v3", 11) == 0) {
+                resolve_file(path, base, &v3->m, nodes);
+            } else if (tiny && tiny_v3) {
+                resolve_file(path, base, tiny, 1);
+                resolve_file(path, base, tiny_v3, 2);
+            }
+        }
+        free(entries[i]);
+    }
+    free(entries);
+    KT_CHECK(n_yaml >= 6, "configs/ has the six examples, found %d", n_yaml);
+    shaped_model_destroy(kimi);
+    shaped_model_destroy(v3);
+    kt_model_close(tiny);
+    kt_model_close(tiny_v3);
+}
+
+/* ---- bad documents ------------------------------------------------------------------- */
+
+struct bad_doc {
+    const char *text;
+    unsigned line;
+    const char *needle;          /* in the message after "t.yaml:LINE:" */
+};
+
+#define V1 "version: 1\n"
+#define GPU "devices:\n  gpu: {backend: cuda, memory_gib: 20}\n" /* lines 2-3 after V1 */
+
+static const struct bad_doc BAD_DOCS[] = {
+    {"", 1, "an empty document"},
+    {"- 1\n- 2\n", 1, "expected a mapping that starts with 'version: 1', got a sequence"},
+    {"attention: cpu\n", 1, "version: missing"},
+    {"version: 2\nattention: cpu\n", 1, "version: unsupported version 2"},
+    {"version: one\n", 1, "version: expected a non-negative integer, got 'one'"},
+    {V1, 1, "attention: missing"},
+    {V1 "attention: cpu\nattenton: cpu\n", 3, "unknown key 'attenton' (expected one of: version,"},
+    {V1 "attention: gpu\n", 2, "attention: unknown device 'gpu' (devices: cpu)"},
+    {V1 "attention: cpu\nattention: cpu\n", 3, "duplicate key (first given at line 2)"},
+    {V1 "devices:\n  gpu: {memory_gib: 8}\nattention: gpu\n", 3, "devices.gpu: backend: missing"},
+    {V1 "devices:\n  gpu: {backend: tpu, memory_gib: 8}\n", 3, "devices.gpu.backend: expected cuda or sim, got 'tpu'"},
+    {V1 "devices:\n  gpu:\n    backend: cuda\n    memory_gib: -3\n", 5, "devices.gpu.memory_gib: -3 is out of range"},
+    {V1 "devices:\n  gpu:\n    backend: cuda\n    memory_gib: lots\n", 5,
+     "devices.gpu.memory_gib: expected a number, got 'lots'"},
+    {V1 "devices:\n  gpu:\n    backend: cuda\n", 4, "devices.gpu: memory_gib: missing"},
+    {V1 "devices:\n  gpu:\n    backend: cuda\n    memory_gib: 8\n    transfer_gbps: 9\n", 6,
+     "devices.gpu.transfer_gbps: only for backend: sim"},
+    {V1 "devices:\n  cpu: {backend: sim, memory_gib: 1}\n", 3, "devices.cpu: 'cpu' is reserved"},
+    {V1 "devices:\n  gpu: {backend: cuda, memory_gib: 8}\n  gpu2: {backend: cuda, memory_gib: 8}\n", 4,
+     "devices.gpu2: cuda device 0 is already 'gpu'"},
+    {V1 "devices:\n  1gpu: {backend: cuda, memory_gib: 8}\n", 3, "a device name is a letter"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    per_layer: eight\n", 7,
+     "experts.gpu.per_layer: expected a count, 'all' or a list of experts, got 'eight'"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    per_layer: -1\n", 7, "experts.gpu.per_layer: expected a count"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    per_layer: \"8\"\n", 7, "got '8'"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    per_layers: 8\n", 7, "experts.gpu: unknown key 'per_layers'"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    layers:\n      5-3: 2\n", 8,
+     "experts.gpu.layers: expected a layer number or a range N-M as key, got '5-3' "
+     "(the first number is above the last)"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    layers:\n      3-10: 4\n      5: 2\n", 9,
+     "experts.gpu.layers.5: layer 5 is also given by experts.gpu.layers.3-10 (line 8)"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    layers: {3: [1, 2, 1]}\n", 7,
+     "experts.gpu.layers.3: expert 1 is listed twice"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    layers: {3: [1, 4-2]}\n", 7,
+     "expected an expert number or a range N-M, got '4-2'"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    layers: {3: [x]}\n", 7, "got 'x'"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu:\n    layers: {3: 99999999999}\n", 7, "is too large"},
+    {V1 GPU "attention: gpu\nexperts:\n  cpu: {per_layer: 2}\n", 6, "experts: CPU experts are placed under cpu:"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu2: {per_layer: 2}\n", 6, "experts: unknown device 'gpu2'"},
+    {V1 GPU "attention: gpu\nexperts:\n  gpu: 8\n", 6, "experts.gpu: expected a mapping, got '8'"},
+    {V1 "attention: cpu\ncpu:\n  nodes: [0, 0]\n", 4, "cpu.nodes: node 0 is listed twice"},
+    {V1 "attention: cpu\ncpu:\n  nodes: []\n", 4,
+     "cpu.nodes: expected auto or a list of NUMA node numbers, got an empty list"},
+    {V1 "attention: cpu\ncpu:\n  nodes: [0]\n  assign:\n    1: {per_layer: 2}\n", 6,
+     "cpu.assign.1: node 1 is not in cpu.nodes"},
+    {V1 "attention: cpu\ncpu:\n  assign:\n    x: {per_layer: 2}\n", 5, "cpu.assign: expected a NUMA node number"},
+    {V1 "attention: cpu\ncpu:\n  replicas: {hot: 2}\n", 4, "cpu.replicas: unknown key 'hot'"},
+    {V1 "attention: cpu\nkv_cache: {tokens: 0}\n", 3, "kv_cache.tokens: must be at least 1"},
+    {V1 "attention: cpu\nkv_cache: {type: f8}\n", 3, "kv_cache.type: expected f16 or f32, got 'f8'"},
+    {V1 "attention: cpu\ndescription:\n", 3, "description: expected a string"},
+    {V1 "attention: &a cpu\n", 2, "anchors (&name) are not supported"},
+    {V1 "attention: *a\n", 2, "aliases (*name) are not supported"},
+    {V1 "attention: !!str cpu\n", 2, "tags (!tag) are not supported"},
+    {V1 "attention: cpu\n---\nversion: 1\n", 3, "only one YAML document is allowed"},
+    {V1 "? {a: 1}\n: 2\n", 2, "a mapping key must be a scalar"},
+    {V1 "attention: [cpu\n", 3, "did not find expected ',' or ']'"},
+    {V1 "attention:\tcpu\n\tkey: 1\n", 3, "found a tab character that violates indentation"},
+};
+
+static void bad_documents_name_line_and_key(void)
+{
+    for (size_t i = 0; i < sizeof BAD_DOCS / sizeof BAD_DOCS[0]; i++) {
+        const struct bad_doc *b = &BAD_DOCS[i];
+        struct kt_placement_config *c = NULL;
+        kt_err err = {0};
+        kt_status st = kt_placement_config_parse(b->text, strlen(b->text), "t.yaml", &c, &err);
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "t.yaml:%u:", b->line);
+        KT_CHECK(st == KT_ERR_FORMAT && c == NULL, "case %zu accepted:\n%s", i, b->text);
+        KT_CHECK(strncmp(err.msg, prefix, strlen(prefix)) == 0 && strstr(err.msg, b->needle),
+                 "case %zu: want '%s...%s', got '%s'", i, prefix, b->needle, err.msg);
+        kt_placement_config_destroy(c);
+    }
+}
+
+static void deep_and_odd_input_is_refused_cleanly(void)
+{
+    char deep[4096] = V1 "attention: cpu\nx: ";
+    for (int i = 0; i < 200; i++)
+        strcat(deep, "[");
+    struct kt_placement_config *c = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_placement_config_parse(deep, strlen(deep), "t.yaml", &c, &err) == KT_ERR_FORMAT &&
+                 strstr(err.msg, "nested too deeply"),
+             "%s", err.msg);
+    const char nul[] = "version: 1\nattention: \"cp\\0u\"\n";
+    KT_CHECK(kt_placement_config_parse(nul, strlen(nul), "t.yaml", &c, &err) == KT_ERR_FORMAT &&
+                 strstr(err.msg, "t.yaml:2:12: attention: unknown device 'cp?u'"),
+             "%s", err.msg);
+    KT_CHECK(kt_placement_config_load("/nonexistent/x.yaml", &c, &err) == KT_ERR_IO, "%s", err.msg);
+}
+
+/* ---- resolution on the tiny model ------------------------------------------------------ */
+
+static const char *TINY_SIM = V1 "devices:\n  sim: {backend: sim, memory_gib: 0.125}\n"
+                                 "attention: sim\nexperts:\n  sim: {per_layer: 16}\n";
+
+static void tiny_sim_puts_attention_shared_and_half_the_experts_on_sim(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    struct kt_placement *p = resolve(TINY_SIM, m, 2, NULL);
+    if (!p) {
+        kt_model_close(m);
+        return;
+    }
+    KT_CHECK(p->n_devices == 2 && strcmp(p->devices[1].name, "sim") == 0 && p->devices[1].backend == KT_BACKEND_SIM,
+             "devices");
+    KT_CHECK(p->devices[1].transfer_gbps == 25 && p->devices[1].latency_us == 10, "sim defaults");
+    KT_CHECK(p->embeddings == 1, "embeddings follow attention");
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        const struct kt_placement_layer *pl = &p->layers[il];
+        KT_CHECK(pl->attention == 1, "layer %u attention on sim", il);
+        KT_CHECK(!pl->is_moe || experts_on(p, il, 1) == 16, "layer %u: 16 experts on sim", il);
+        KT_CHECK(pl->is_moe ? pl->dense_ffn == -1 && pl->shared_experts == 1 : pl->dense_ffn == 1 && !pl->experts,
+                 "layer %u parts", il);
+        for (uint32_t x = 0; pl->is_moe && x < p->n_expert; x++) {
+            const struct kt_expert_home *h = kt_placement_expert(p, il, x);
+            /* no profile: the lowest 16 on sim; the rest alternate over the two nodes */
+            KT_CHECK(x < 16 ? h->device == 1 && h->node == -1 : h->device == 0 && h->node >= 0 && h->node < 2,
+                     "layer %u expert %u: device %d node %d", il, x, h->device, h->node);
+            KT_CHECK(h->replica_nodes == 0, "no replicas asked for");
+        }
+    }
+    KT_CHECK(p->node_experts[0] == 24 && p->node_experts[1] == 24, "24 + 24 CPU experts: %u %u", p->node_experts[0],
+             p->node_experts[1]);
+    KT_CHECK(p->node_bytes[0] == 24 * kt_layer_expert_bytes(m, 1), "node bytes");
+    check_totals(p, m);
+    KT_CHECK(p->devices[1].part_bytes[KT_PART_ROUTED_EXPERTS] == 48 * kt_layer_expert_bytes(m, 1), "sim experts");
+    KT_CHECK(p->devices[0].part_bytes[KT_PART_ATTENTION] == 0 && p->devices[0].part_bytes[KT_PART_SHARED_EXPERTS] == 0,
+             "nothing but routed experts on the CPU");
+    kt_placement_destroy(p);
+    kt_model_close(m);
+}
+
+static void budget_overflow_names_need_and_budget(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    const char *msg = resolve_error(V1 "devices:\n  sim:\n    backend: sim\n    memory_gib: 0.03\n"
+                                       "attention: sim\nexperts:\n  sim: {per_layer: 16}\n",
+                                    m, 1, NULL);
+    KT_CHECK(strstr(msg, "t.yaml:3:3: devices.sim: the plan needs ") && strstr(msg, "but memory_gib is 0.03") &&
+                 strstr(msg, "routed experts 36.0 MiB") && strstr(msg, "48 routed experts") &&
+                 strstr(msg, "KV cache for 4096 tokens"),
+             "%s", msg);
+    /* the KV cache counts: the same plan fits with 0.06 GiB, not with a long context */
+    KT_CHECK(!resolve_error(V1 "devices:\n  sim: {backend: sim, memory_gib: 0.06}\n"
+                               "attention: sim\nexperts:\n  sim: {per_layer: 16}\n",
+                            m, 1, NULL)[0],
+             "fits");
+    msg = resolve_error(V1 "kv_cache: {tokens: 100000, type: f32}\ndevices:\n  sim: {backend: sim, memory_gib: 0.06}\n"
+                           "attention: sim\nexperts:\n  sim: {per_layer: 16}\n",
+                        m, 1, NULL);
+    KT_CHECK(strstr(msg, "t.yaml:4:3: devices.sim:") && strstr(msg, "KV cache 219.7 MiB"), "%s", msg);
+    kt_model_close(m);
+}
+
+struct bad_plan {
+    const char *text;
+    int n_nodes;
+    const char *needle;
+};
+
+#define SIM "devices:\n  sim: {backend: sim, memory_gib: 1}\n  sim2: {backend: sim, memory_gib: 1}\nattention: sim\n"
+
+static const struct bad_plan BAD_PLANS[] = {
+    {V1 SIM "experts:\n  sim:\n    layers: {2: [3, 40]}\n", 1,
+     "t.yaml:8:17: experts.sim.layers.2: expert 40 does not exist (the model has 32 per layer)"},
+    {V1 SIM "experts:\n  sim:\n    layers: {2-9: 4}\n", 1,
+     "t.yaml:8:19: experts.sim.layers.2-9: layer 9 does not exist (the model has 4, 0-3)"},
+    {V1 SIM "experts:\n  sim:\n    layers: {0-3: 4}\n", 1,
+     "t.yaml:8:19: experts.sim.layers.0-3: layer 0 is dense: it has no routed experts (the first 1 layers are dense)"},
+    {V1 SIM "experts:\n  sim:\n    per_layer: 33\n", 1,
+     "t.yaml:8:16: experts.sim.per_layer: 33 experts per layer, but the model has 32"},
+    {V1 SIM "experts:\n  sim: {per_layer: 20}\n  sim2: {per_layer: 20}\n", 1,
+     "t.yaml:8:21: experts.sim2.per_layer: layer 1: 20 experts asked for, "
+     "but only 12 of its 32 are left by the other rules"},
+    {V1 SIM "experts:\n  sim: {layers: {2: [1, 2]}}\ncpu:\n  assign:\n    0: {layers: {2: [2]}}\n", 1,
+     "t.yaml:10:21: cpu.assign.0.layers.2: layer 2: expert 2 is also placed by experts.sim.layers.2 (line 7)"},
+    {V1 SIM "experts:\n  sim: {per_layer: all}\n  sim2: {layers: {3: all}}\n", 1,
+     "t.yaml:8:22: experts.sim2.layers.3: layer 3: experts.sim.per_layer (line 7) already takes all the rest"},
+    {V1 SIM "cpu:\n  nodes: [0, 3]\n", 2, "t.yaml:7:14: cpu.nodes: NUMA node 3 does not exist (this machine has 2)"},
+    {V1 SIM "cpu:\n  assign:\n    2: {per_layer: 1}\n", 2,
+     "t.yaml:8:5: cpu.assign.2: NUMA node 2 does not exist (this machine has 2)"},
+    {V1 "profile: no-such-profile.json\nattention: cpu\n", 1,
+     "t.yaml:2:10: profile: no-such-profile.json: No such file"},
+};
+
+static void resolution_errors_name_the_config_line(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    for (size_t i = 0; m && i < sizeof BAD_PLANS / sizeof BAD_PLANS[0]; i++) {
+        const char *msg = resolve_error(BAD_PLANS[i].text, m, BAD_PLANS[i].n_nodes, NULL);
+        KT_CHECK(strstr(msg, BAD_PLANS[i].needle) == msg, "case %zu: want '%s', got '%s'", i, BAD_PLANS[i].needle,
+                 msg);
+    }
+    kt_model_close(m);
+}
+
+static void explicit_lists_counts_and_all_combine(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    /* layer 1: sim gets 0-3 and 31, sim2 the two hottest left (4, 5) and cpu node 1 the rest;
+     * layer 2-3: sim2 takes all */
+    struct kt_placement *p = resolve(V1 SIM "experts:\n  sim:\n    layers: {1: [0-3, 31]}\n"
+                                            "  sim2:\n    per_layer: all\n    layers: {1: 2}\n"
+                                            "cpu:\n  assign:\n    1: {layers: {1: all}}\n",
+                                     m, 2, NULL);
+    for (uint32_t x = 0; p && x < 32; x++) {
+        const struct kt_expert_home *h = kt_placement_expert(p, 1, x);
+        int want = x <= 3 || x == 31 ? 1 : x <= 5 ? 2 : 0;
+        KT_CHECK(h->device == want && (want != 0 || h->node == 1), "layer 1 expert %u: %d/%d", x, h->device, h->node);
+        KT_CHECK(kt_placement_expert(p, 2, x)->device == 2 && kt_placement_expert(p, 3, x)->device == 2, "sim2 all");
+    }
+    if (p)
+        check_totals(p, m);
+    kt_placement_destroy(p);
+    kt_model_close(m);
+}
+
+/* ---- profiles ------------------------------------------------------------------------- */
+
+/* Saves a profile of tiny's shape (4 layers x 32 experts) from tokens; the dense layer 0 gets zeros. */
+static const char *write_profile(const char *name, double tokens[4][32])
+{
+    struct kt_profile *prof = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_profile_create(4, 32, "tiny", &prof, &err) == KT_OK, "%s", err.msg);
+    if (!prof)
+        return NULL;
+    for (uint32_t il = 0; il < 4; il++)
+        for (uint32_t x = 0; x < 32; x++)
+            prof->tokens[il * 32 + x] = il == 0 ? 0 : tokens[il][x];
+    const char *path = kt_test_path(name);
+    KT_CHECK(kt_profile_save(prof, path, &err) == KT_OK, "%s", err.msg);
+    kt_profile_destroy(prof);
+    return path;
+}
+
+static void profile_picks_the_hottest_and_breaks_ties_by_index(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    double tokens[4][32];
+    for (uint32_t il = 0; il < 4; il++)
+        for (uint32_t x = 0; x < 32; x++)
+            tokens[il][x] = (double)((x * 7 + il * 5) % 32) + 0.25;
+    tokens[2][10] = tokens[2][20] = 1000; /* a tie for the hottest: both are in */
+    tokens[3][4] = tokens[3][9] = 500;    /* another tie, between layers' hottest */
+    const char *path = write_profile("profile", tokens);
+    struct kt_placement *p = resolve(TINY_SIM, m, 2, path);
+    for (uint32_t il = 1; p && il < 4; il++) {
+        for (uint32_t x = 0; x < 32; x++) {
+            uint32_t hotter = 0; /* experts ranked ahead of x */
+            for (uint32_t y = 0; y < 32; y++)
+                hotter += tokens[il][y] > tokens[il][x] || (tokens[il][y] == tokens[il][x] && y < x);
+            bool on_sim = kt_placement_expert(p, il, x)->device == 1;
+            KT_CHECK(on_sim == (hotter < 16), "layer %u expert %u (%g tokens, rank %u) on sim: %d", il, x,
+                     tokens[il][x], hotter, on_sim);
+        }
+    }
+    KT_CHECK(p && strcmp(p->profile, path) == 0, "the plan names its profile");
+    kt_placement_destroy(p);
+    unlink(path);
+
+    /* the cut falls inside a tie: the lower index wins */
+    for (uint32_t x = 0; x < 32; x++)
+        tokens[3][x] = x < 10 ? 100 : 1;
+    tokens[3][20] = tokens[3][25] = 50;
+    path = write_profile("profile-tie", tokens);
+    p = resolve(V1 "devices:\n  sim: {backend: sim, memory_gib: 1}\nattention: sim\nexperts:\n  sim: {per_layer: 11}\n",
+                m, 1, path);
+    KT_CHECK(p && kt_placement_expert(p, 3, 20)->device == 1 && kt_placement_expert(p, 3, 25)->device == 0,
+             "tie at the cut goes to the lower index");
+    kt_placement_destroy(p);
+    unlink(path);
+
+    /* a profile of another shape is refused */
+    struct kt_profile *small = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_profile_create(3, 32, "x", &small, &err) == KT_OK, "%s", err.msg);
+    const char *bad = kt_test_path("profile-small");
+    KT_CHECK(small && kt_profile_save(small, bad, &err) == KT_OK, "%s", err.msg);
+    kt_profile_destroy(small);
+    const char *msg = resolve_error(TINY_SIM, m, 1, bad);
+    KT_CHECK(strstr(msg, "a profile of 3 layers x 32 experts, but the model has 4 x 32"), "%s", msg);
+    unlink(bad);
+    kt_model_close(m);
+}
+
+static void config_profile_is_relative_to_the_config_and_override_wins(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    double hot_high[4][32], hot_low[4][32];
+    for (uint32_t il = 0; il < 4; il++)
+        for (uint32_t x = 0; x < 32; x++) {
+            hot_high[il][x] = x;        /* experts 16-31 hottest */
+            hot_low[il][x] = 32 - x;    /* experts 0-15 hottest */
+        }
+    const char *high = write_profile("hot-high", hot_high), *low = write_profile("hot-low", hot_low);
+    const char *base = strrchr(high, '/') + 1;
+    char text[1024];
+    snprintf(text, sizeof text, V1 "profile: %s\ndevices:\n  sim: {backend: sim, memory_gib: 1}\nattention: sim\n"
+                                   "experts:\n  sim: {per_layer: 16}\n", base);
+    const char *cfg = write_text("relative.yaml", text);
+    struct kt_placement_config *c = NULL;
+    struct kt_placement *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_placement_config_load(cfg, &c, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(c && strcmp(kt_placement_config_profile(c), high) == 0, "profile path joined to the config's directory");
+    if (c) {
+        KT_CHECK(kt_placement_resolve(c, m, 1, NULL, &p, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(p && kt_placement_expert(p, 2, 31)->device == 1 && kt_placement_expert(p, 2, 0)->device == 0,
+                 "the config's profile");
+        kt_placement_destroy(p);
+        p = NULL;
+        KT_CHECK(kt_placement_resolve(c, m, 1, low, &p, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(p && kt_placement_expert(p, 2, 0)->device == 1 && kt_placement_expert(p, 2, 31)->device == 0,
+                 "the override");
+        kt_placement_destroy(p);
+    }
+    kt_placement_config_destroy(c);
+    unlink(cfg);
+    unlink(high);
+    unlink(low);
+    kt_model_close(m);
+}
+
+static void cpu_spread_balances_load_and_keeps_counts_even(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    double tokens[4][32];
+    for (uint32_t il = 0; il < 4; il++)
+        for (uint32_t x = 0; x < 32; x++)
+            tokens[il][x] = x < 4 ? 1000 : (double)(x % 5); /* four very hot experts */
+    const char *path = write_profile("spread", tokens);
+    struct kt_placement *p = resolve(V1 "attention: cpu\ncpu:\n  nodes: [0, 1, 3]\n", m, 4, path);
+    for (uint32_t il = 1; p && il < 4; il++) {
+        uint32_t count[4] = {0};
+        double load[4] = {0};
+        for (uint32_t x = 0; x < 32; x++) {
+            const struct kt_expert_home *h = kt_placement_expert(p, il, x);
+            KT_CHECK(h->device == 0 && (h->node == 0 || h->node == 1 || h->node == 3), "node %d", h->node);
+            count[h->node]++;
+            load[h->node] += tokens[il][x];
+        }
+        KT_CHECK(count[2] == 0, "node 2 is not in cpu.nodes");
+        KT_CHECK(count[0] >= 10 && count[0] <= 11 && count[1] >= 10 && count[1] <= 11 && count[3] >= 10 &&
+                     count[3] <= 11,
+                 "layer %u counts %u %u %u", il, count[0], count[1], count[3]);
+        double hi = load[0], lo = load[0];
+        for (int n = 1; n < 4; n++)
+            if (n != 2) {
+                hi = load[n] > hi ? load[n] : hi;
+                lo = load[n] < lo ? load[n] : lo;
+            }
+        /* four hot experts over three nodes: one node holds two, the others one each */
+        KT_CHECK(hi < 2100 && lo > 1000, "layer %u loads %g %g %g", il, load[0], load[1], load[3]);
+    }
+    if (p) {
+        KT_CHECK(p->node_experts[0] + p->node_experts[1] + p->node_experts[3] == 96 && p->node_experts[2] == 0,
+                 "node totals");
+        KT_CHECK(p->node_experts[0] == 32 && p->node_experts[1] == 32 && p->node_experts[3] == 32,
+                 "the odd expert rotates over layers: %u %u %u", p->node_experts[0], p->node_experts[1],
+                 p->node_experts[3]);
+        check_totals(p, m);
+    }
+    kt_placement_destroy(p);
+    unlink(path);
+    kt_model_close(m);
+}
+
+static void replicas_copy_the_hottest_cpu_experts_to_other_nodes(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    const char *text = V1 "devices:\n  sim: {backend: sim, memory_gib: 1}\nattention: sim\n"
+                          "experts:\n  sim: {per_layer: 2}\ncpu:\n  replicas: {hot_per_layer: 3}\n";
+    struct kt_placement *p = resolve(text, m, 2, NULL);
+    uint64_t expert_bytes = kt_layer_expert_bytes(m, 1);
+    for (uint32_t il = 1; p && il < 4; il++)
+        for (uint32_t x = 0; x < 32; x++) {
+            const struct kt_expert_home *h = kt_placement_expert(p, il, x);
+            /* by index: 0-1 on sim, 2-4 the hottest on CPU */
+            uint64_t want = x >= 2 && x <= 4 ? 1ull << (1 - h->node) : 0;
+            KT_CHECK(h->replica_nodes == want, "layer %u expert %u replicas %llx", il, x,
+                     (unsigned long long)h->replica_nodes);
+        }
+    if (p) {
+        KT_CHECK(p->devices[0].part_bytes[KT_PART_REPLICAS] == 9 * expert_bytes, "replica bytes");
+        KT_CHECK(p->node_bytes[0] + p->node_bytes[1] == (90 + 9) * expert_bytes, "node bytes count replicas");
+        check_totals(p, m);
+    }
+    kt_placement_destroy(p);
+    p = resolve(text, m, 1, NULL);
+    KT_CHECK(p && p->devices[0].part_bytes[KT_PART_REPLICAS] == 0, "one node: nowhere to replicate to");
+    kt_placement_destroy(p);
+    kt_model_close(m);
+}
+
+static void profile_files_round_trip_and_bad_ones_are_refused(void)
+{
+    struct kt_profile *p = NULL;
+    kt_err err = {0};
+    const char *good = "{\"version\": 1, \"model\": \"m\", \"layers\": [[], [1, 2.5, 0], [3, 0, 1e3]]}";
+    KT_CHECK(kt_profile_parse(good, strlen(good), "p.json", &p, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && p->n_layer == 3 && p->n_expert == 3 && p->tokens[0] == 0 && p->tokens[4] == 2.5 &&
+                 p->tokens[8] == 1000 && strcmp(p->model, "m") == 0,
+             "values");
+    const char *path = kt_test_path("roundtrip.json");
+    struct kt_profile *q = NULL;
+    KT_CHECK(p && kt_profile_save(p, path, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_profile_load(path, &q, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(q && p && q->n_layer == 3 && q->n_expert == 3 && memcmp(p->tokens, q->tokens, 9 * sizeof *p->tokens) == 0,
+             "round trip");
+    unlink(path);
+    kt_profile_destroy(p);
+    kt_profile_destroy(q);
+
+    static const struct {
+        const char *text, *needle;
+    } bad[] = {
+        {"{\"version\": 1, \"layers\": [[1, 2], [1]]}", "p.json: layers[1]: 1 experts, but earlier rows have 2"},
+        {"{\"version\": 1, \"layers\": [[1, -2]]}", "p.json: layers[0][1]: expected a non-negative number"},
+        {"{\"version\": 1, \"layers\": [[1, \"2\"]]}", "p.json: layers[0][1]: expected a non-negative number"},
+        {"{\"version\": 2, \"layers\": []}", "p.json: version: expected 1"},
+        {"{\"version\": 1, \"layers\": {}}", "p.json: layers: expected an array"},
+        {"{\"version\": 1, \"layers\": [], \"extra\": 1}", "p.json: unknown key 'extra'"},
+        {"{\"version\": 1, \"layers\": [7]}", "p.json: layers[0]: expected an array"},
+        {"{\"version\": 1, \"version\": 1}", "p.json:1:"},
+        {"[1, 2", "p.json:1:"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        p = NULL;
+        KT_CHECK(kt_profile_parse(bad[i].text, strlen(bad[i].text), "p.json", &p, &err) == KT_ERR_FORMAT && !p &&
+                     strstr(err.msg, bad[i].needle) == err.msg,
+                 "case %zu: want '%s', got '%s'", i, bad[i].needle, err.msg);
+        kt_profile_destroy(p);
+    }
+}
+
+static void describe_summarises_each_device(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    struct kt_placement *p = resolve(TINY_SIM, m, 2, NULL);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (p && f)
+        kt_placement_describe(p, f);
+    if (f)
+        fclose(f);
+    KT_CHECK(text &&
+                 strstr(text, "placement t.yaml: 4 layers (1 dense, 3 MoE) of 32 routed experts; hot experts by index"),
+             "%s", text ? text : "");
+    KT_CHECK(text && strstr(text, "  sim (sim, 25 GB/s, 10 us): ") && strstr(text, "    attention: layers 0-3\n") &&
+                 strstr(text, "    dense FFN: layers 0\n") && strstr(text, "    shared experts: layers 1-3\n") &&
+                 strstr(text, "    routed experts: 48 (16 per MoE layer)\n") &&
+                 strstr(text, "  NUMA nodes: 0: 24 experts"),
+             "%s", text ? text : "");
+    free(text);
+    kt_placement_destroy(p);
+    kt_model_close(m);
+}
+
+int main(void)
+{
+    KT_RUN(shaped_model_matches_a_kt_synth_file);
+    KT_RUN(every_shipped_config_parses_and_fits_its_model);
+    KT_RUN(bad_documents_name_line_and_key);
+    KT_RUN(deep_and_odd_input_is_refused_cleanly);
+    KT_RUN(tiny_sim_puts_attention_shared_and_half_the_experts_on_sim);
+    KT_RUN(budget_overflow_names_need_and_budget);
+    KT_RUN(resolution_errors_name_the_config_line);
+    KT_RUN(explicit_lists_counts_and_all_combine);
+    KT_RUN(profile_picks_the_hottest_and_breaks_ties_by_index);
+    KT_RUN(config_profile_is_relative_to_the_config_and_override_wins);
+    KT_RUN(cpu_spread_balances_load_and_keeps_counts_even);
+    KT_RUN(replicas_copy_the_hottest_cpu_experts_to_other_nodes);
+    KT_RUN(profile_files_round_trip_and_bad_ones_are_refused);
+    KT_RUN(describe_summarises_each_device);
+    unlink(g_tiny_path[0]);
+    unlink(g_tiny_path[1]);
+    return kt_test_finish();
+}
