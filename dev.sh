@@ -112,6 +112,7 @@ fuzz)
         # Seeds: the malformed corpus the matching test writes, small files only.
         seeds="build-fuzz/seeds/$what" corpus="build-fuzz/corpus/$what"
         rm -rf "$seeds"; mkdir -p "$seeds" "$corpus"
+        [ "$what" = placement ] && cp configs/*.yaml "$seeds"/
         if [ -x "build-fuzz/tests/test_${what}_corrupt" ]; then
             KT_TEST_TMP="$PWD/build-fuzz/tests/tmp" "build-fuzz/tests/test_${what}_corrupt" >/dev/null
             find "build-fuzz/tests/tmp/corpus/$what" -type f -size -8k -exec cp -t "$seeds" {} +

@@ -421,12 +421,12 @@ static kt_status parse_device(struct parser *p, const struct kt_ynode *key, cons
     if (!backend)
         return fail(p, n, path, "backend: missing (cuda or sim)");
     if (kt_yscalar_is(backend, "cuda"))
-        d->backend = KT_BACKEND_CUDA;
+        d->backend = KT_PLACE_CUDA;
     else if (kt_yscalar_is(backend, "sim"))
-        d->backend = KT_BACKEND_SIM;
+        d->backend = KT_PLACE_SIM;
     else
         return fail(p, backend, sub, "expected cuda or sim, got %s", describe(backend, got, sizeof got));
-    if (d->backend == KT_BACKEND_SIM) {
+    if (d->backend == KT_PLACE_SIM) {
         d->transfer_gbps = DEFAULT_TRANSFER_GBPS;
         d->latency_us = DEFAULT_LATENCY_US;
     }
@@ -438,7 +438,7 @@ static kt_status parse_device(struct parser *p, const struct kt_ynode *key, cons
         if ((st = which_key(p, field, path, known, &k)))
             break;
         join(sub, path, field);
-        if ((k == 1 && d->backend != KT_BACKEND_CUDA) || (k >= 3 && d->backend != KT_BACKEND_SIM))
+        if ((k == 1 && d->backend != KT_PLACE_CUDA) || (k >= 3 && d->backend != KT_PLACE_SIM))
             return fail(p, field, sub, "only for backend: %s", k == 1 ? "cuda" : "sim");
         switch (k) {
         case 1:
@@ -473,7 +473,7 @@ static kt_status parse_devices(struct parser *p, const struct kt_ynode *n)
         if ((st = parse_device(p, key, kt_ymap_value(n, i), sub, d)))
             break;
         for (int e = 1; e < c->n_devices; e++)
-            if (d->backend == KT_BACKEND_CUDA && c->devices[e].backend == KT_BACKEND_CUDA &&
+            if (d->backend == KT_PLACE_CUDA && c->devices[e].backend == KT_PLACE_CUDA &&
                 c->devices[e].cuda_device == d->cuda_device)
                 return fail(p, key, sub, "cuda device %d is already '%s'", d->cuda_device, c->devices[e].name);
         c->n_devices++;

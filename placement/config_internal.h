@@ -56,7 +56,7 @@ struct kt_expert_rules {
 
 struct kt_cfg_device {
     char name[32];
-    enum kt_backend backend;
+    enum kt_place_backend backend;
     int cuda_device;
     double memory_gib;           /* 0 for cpu: unchecked */
     double transfer_gbps, latency_us;

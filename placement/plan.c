@@ -25,12 +25,12 @@
 
 static const double GIB = 1073741824.0;
 
-const char *kt_backend_name(enum kt_backend b)
+const char *kt_place_backend_name(enum kt_place_backend b)
 {
     switch (b) {
-    case KT_BACKEND_CPU: return "cpu";
-    case KT_BACKEND_CUDA: return "cuda";
-    case KT_BACKEND_SIM: return "sim";
+    case KT_PLACE_CPU: return "cpu";
+    case KT_PLACE_CUDA: return "cuda";
+    case KT_PLACE_SIM: return "sim";
     }
     return "?";
 }
@@ -593,10 +593,10 @@ void kt_placement_describe(const struct kt_placement *p, FILE *out)
     for (int i = 0; i < p->n_devices; i++) {
         const struct kt_placement_device *d = &p->devices[i];
         char a[32], b[32], runs[512], parts[512];
-        fprintf(out, "  %s (%s", d->name, kt_backend_name(d->backend));
-        if (d->backend == KT_BACKEND_CUDA)
+        fprintf(out, "  %s (%s", d->name, kt_place_backend_name(d->backend));
+        if (d->backend == KT_PLACE_CUDA)
             fprintf(out, " device %d", d->cuda_device);
-        if (d->backend == KT_BACKEND_SIM)
+        if (d->backend == KT_PLACE_SIM)
             fprintf(out, ", %g GB/s, %g us", d->transfer_gbps, d->latency_us);
         fprintf(out, "): %s", human(d->bytes, a, sizeof a));
         if (d->budget_bytes)

@@ -22,13 +22,13 @@
 #define KT_PLACEMENT_MAX_DEVICES 8 /* cpu included */
 #define KT_PLACEMENT_MAX_NODES 64  /* NUMA nodes: replica sets are 64-bit masks */
 
-enum kt_backend {
-    KT_BACKEND_CPU = 0,          /* NUMA node pools */
-    KT_BACKEND_CUDA = 1,         /* one GPU */
-    KT_BACKEND_SIM = 2,          /* a CPU-executed stand-in for a GPU */
+enum kt_place_backend {
+    KT_PLACE_CPU = 0,          /* NUMA node pools */
+    KT_PLACE_CUDA = 1,         /* one GPU */
+    KT_PLACE_SIM = 2,          /* a CPU-executed stand-in for a GPU */
 };
 
-const char *kt_backend_name(enum kt_backend b);
+const char *kt_place_backend_name(enum kt_place_backend b);
 
 /* What a device's bytes are spent on. */
 enum kt_place_part {
@@ -46,7 +46,7 @@ const char *kt_place_part_name(enum kt_place_part p);
 
 struct kt_placement_device {
     char name[32];               /* "cpu" for devices[0]; else the config's name */
-    enum kt_backend backend;
+    enum kt_place_backend backend;
     int cuda_device;             /* cuda: the ordinal; else 0 */
     double transfer_gbps;        /* sim: modelled host<->device bandwidth; else 0 */
     double latency_us;           /* sim: modelled per-transfer latency; else 0 */

@@ -798,6 +798,8 @@ void kt_engine_stats_reset(struct kt_engine *e)
 {
     memset(&e->stats, 0, sizeof e->stats);
     memset(e->layer_stats, 0, e->hp.n_layer * sizeof *e->layer_stats);
+    if (e->device)
+        kt_backend_stats_reset(e->device);
 }
 
 bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_engine_layer_stats *out)

@@ -158,7 +158,7 @@ uint64_t kt_engine_scratch_bytes(const struct kt_engine *e);                /* a
 uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0 when experts_in_place */
 
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
-void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's stats */
+void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats */
 
 /* The device's queue statistics (busy, transfer time and bytes); KT_ERR_NOT_FOUND without one. */
 struct kt_backend_stats;

@@ -2,7 +2,9 @@
  * test_kt_run.c - kt-run end to end: the logits it writes with --logits-out
  * are exactly the engine's for the same prompt, and its greedy decode feeds
  * back the argmax of each row; runs are deterministic for a seed; --chat works
- * through both families' templates; bad input fails with a message.
+ * through both families' templates; --placement configs/tiny-sim.yaml (half
+ * the routed experts and the shared experts on a sim device) writes the same
+ * logits as CPU-only, on both families; bad input fails with a message.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +97,47 @@ static void kt_run_greedy_logits_equal_the_engine(void)
     remove(out);
 }
 
+static void kt_run_placement_tiny_sim_matches_cpu_only(void)
+{
+    const char *models[] = {kimi_model, deepseek_model};
+    for (int i = 0; i < 2; i++) {
+        const char *a = kt_test_path("kt-run-cpu.logits"), *b = kt_test_path("kt-run-sim.logits");
+        const char *log = kt_test_path("kt-run-sim.log");
+        int ra = kt_test_system("%s -m %s -p 'The river runs' -n 6 --temp 0 --ignore-eos -t 2 -q --logits-out %s "
+                                "2>/dev/null",
+                                kt_test_tool("kt-run"), models[i], a);
+        int rb = kt_test_system("%s -m %s -p 'The river runs' -n 6 --temp 0 --ignore-eos -t 2 -q --logits-out %s "
+                                "--placement %s/configs/tiny-sim.yaml 2>%s",
+                                kt_test_tool("kt-run"), models[i], b, getenv("KT_SOURCE_DIR"), log);
+        KT_CHECK(ra == 0 && rb == 0, "%s: kt-run exit %d (cpu) %d (tiny-sim, see %s)", models[i], ra, rb, log);
+        KT_CHECK(kt_test_files_equal(a, b), "%s: logits with tiny-sim.yaml differ from CPU-only", models[i]);
+        size_t n = 0;
+        char *text = kt_test_read_file(log, &n);
+        KT_CHECK(text && strstr(text, "sim (sim") && strstr(text, "routed experts: 48"),
+                 "%s: the placement was described on stderr", models[i]);
+        free(text);
+        remove(a);
+        remove(b);
+        remove(log);
+    }
+    const char *bad = kt_test_path("bad-placement.yaml");
+    FILE *f = fopen(bad, "w");
+    if (f) {
+        fputs("version: 1\nattention: gpu\n", f);
+        fclose(f);
+    }
+    const char *log = kt_test_path("kt-run-bad.log");
+    int rc = kt_test_system("%s -m %s -p hi -n 1 -q --placement %s 2>%s", kt_test_tool("kt-run"), kimi_model, bad, log);
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    KT_CHECK(rc != 0 && text && strstr(text, "bad-placement.yaml") && strstr(text, ":2:12: attention: unknown device"),
+             "an unknown device fails naming file:line:column: %s",
+             text ? text : "(no output)");
+    free(text);
+    remove(bad);
+    remove(log);
+}
+
 static void kt_run_is_deterministic_for_a_seed(void)
 {
     const char *a = kt_test_path("kt-run-a.txt"), *b = kt_test_path("kt-run-b.txt");
@@ -166,6 +209,7 @@ int main(void)
         return kt_test_finish();
     KT_RUN(kt_run_greedy_logits_equal_the_engine);
     KT_RUN(kt_run_is_deterministic_for_a_seed);
+    KT_RUN(kt_run_placement_tiny_sim_matches_cpu_only);
     KT_RUN(kt_run_chat_renders_each_family);
     KT_RUN(kt_run_rejects_bad_input_with_a_message);
     remove(kimi_model);

@@ -425,7 +425,7 @@ static void tiny_sim_puts_attention_shared_and_half_the_experts_on_sim(void)
         kt_model_close(m);
         return;
     }
-    KT_CHECK(p->n_devices == 2 && strcmp(p->devices[1].name, "sim") == 0 && p->devices[1].backend == KT_BACKEND_SIM,
+    KT_CHECK(p->n_devices == 2 && strcmp(p->devices[1].name, "sim") == 0 && p->devices[1].backend == KT_PLACE_SIM,
              "devices");
     KT_CHECK(p->devices[1].transfer_gbps == 25 && p->devices[1].latency_us == 10, "sim defaults");
     KT_CHECK(p->embeddings == 1, "embeddings follow attention");

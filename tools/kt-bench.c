@@ -99,6 +99,13 @@ static bool opt_seed(void *opts, const char *arg, char *why, size_t why_size)
     return kt_cli_parse_u64(arg, 0, UINT64_MAX, &o->seed) || kt_cli_invalid(why, why_size, "--seed", arg);
 }
 
+static bool opt_placement(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->placement = arg;
+    return true;
+}
+
 static const struct kt_cli_option options_table[] = {
     {"--threads", "-t", "N", FOR_BOTH, "threads (default: online CPUs)", opt_threads},
     {"--json", NULL, "FILE", FOR_BOTH, "also write the results as JSON to FILE", opt_json},
@@ -110,6 +117,7 @@ static const struct kt_cli_option options_table[] = {
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
     {"--gen-tokens", NULL, "N", FOR_MODEL, "tokens to decode greedily (default 32)", opt_gen_tokens},
     {"--seed", NULL, "S", FOR_MODEL, "seed of the random prompt (default 1)", opt_seed},
+    {"--placement", NULL, "FILE", FOR_MODEL, "placement config v1 (configs/*.yaml)", opt_placement},
 };
 #define N_OPTIONS (sizeof options_table / sizeof options_table[0])
 
@@ -131,7 +139,8 @@ static const char *command_label(unsigned commands)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kt-bench kernels [--threads N] [--json FILE] [--seconds S] [--prefill-tokens N]\n"
-               "       kt-bench model -m MODEL [--prompt-tokens N] [--gen-tokens N] [--threads N] [--json FILE]\n"
+               "       kt-bench model -m MODEL [--placement FILE] [--prompt-tokens N] [--gen-tokens N] [--threads N]\n"
+               "                      [--json FILE]\n"
                "\n  kernels  STREAM triad, FMA and int8 dot peaks, then every CPU kernel per weight type\n"
                "           and instruction set at a decode shape (GB/s, / triad) and a prefill shape\n"
                "           (GFLOP/s, / peak)\n"

@@ -196,6 +196,13 @@ static bool opt_quiet(void *opts, const char *arg, char *why, size_t why_size)
     return true;
 }
 
+static bool opt_placement(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_run_options *)opts)->placement = arg;
+    return true;
+}
+
 static const struct kt_cli_option options_table[] = {
     {"--model", "-m", "MODEL", 0, "GGUF model file (or give it as the first operand)", opt_model},
     {"--info", NULL, NULL, 0, "describe the model: hyperparameters, tensors, memory per placement", opt_info},
@@ -218,6 +225,8 @@ static const struct kt_cli_option options_table[] = {
     {"--bandwidth", NULL, NULL, 0, "measure a STREAM triad on the same threads; report decode bytes/s against it",
      opt_bandwidth},
     {"--quiet", "-q", NULL, 0, "do not print the generated text (statistics only)", opt_quiet},
+    {"--placement", NULL, "FILE", 0, "placement config v1 (configs/*.yaml): experts on NUMA nodes and a device",
+     opt_placement},
     {"--gpu-experts", NULL, "LIST", 0, "with --info: routed experts per layer on the GPU to show memory for "
                                     "(default 0,8,32)", opt_gpu_experts},
 };

@@ -102,7 +102,7 @@ static void build_model(struct small_model *s)
 static void check_plan(const struct kt_placement *p, const struct kt_model *m, int n_nodes)
 {
     require(p->n_devices >= 1 && p->n_devices <= KT_PLACEMENT_MAX_DEVICES, "device count");
-    require(p->devices[0].backend == KT_BACKEND_CPU && strcmp(p->devices[0].name, "cpu") == 0, "devices[0] is cpu");
+    require(p->devices[0].backend == KT_PLACE_CPU && strcmp(p->devices[0].name, "cpu") == 0, "devices[0] is cpu");
     require(p->n_layer == N_LAYER && p->n_expert == N_EXPERT && p->n_nodes == n_nodes, "shape");
     require(p->expert_nodes != 0 && (n_nodes == 64 || p->expert_nodes >> n_nodes == 0), "expert nodes exist");
     require(p->embeddings >= 0 && p->embeddings < p->n_devices, "embeddings device");

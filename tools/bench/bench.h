@@ -25,6 +25,7 @@ struct kt_bench_options {
     uint32_t prompt_tokens;     /* default 128 */
     uint32_t gen_tokens;        /* default 32 */
     uint64_t seed;              /* prompt tokens' seed (default 1) */
+    const char *placement;      /* placement config v1; NULL: CPU only */
 };
 
 /* Exit status: 0 done, 1 the run failed (one line "kt-bench: why" on stderr). */

@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "backend.h"
 #include "engine.h"
+#include "placement_opt.h"
 #include "membw.h"
 #include "model.h"
 
@@ -23,6 +25,8 @@ struct phase {
     double seconds;             /* wall time of the steps, measured here */
     struct kt_engine_stats stats;
     struct kt_engine_layer_stats *layers; /* [n_layer] */
+    bool has_device;
+    struct kt_backend_stats device; /* the accelerator's queue, when the placement has one */
 };
 
 static uint64_t layer_total_ns(const struct kt_engine_layer_stats *l)
@@ -34,6 +38,7 @@ static uint64_t layer_total_ns(const struct kt_engine_layer_stats *l)
 static void take_stats(struct kt_engine *e, uint32_t n_layer, struct phase *ph)
 {
     kt_engine_stats(e, &ph->stats);
+    ph->has_device = kt_engine_device_stats(e, &ph->device) == KT_OK;
     for (uint32_t il = 0; il < n_layer; il++)
         kt_engine_layer_stats(e, il, &ph->layers[il]);
     kt_engine_stats_reset(e);
@@ -131,8 +136,13 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = 1, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
+    struct kt_engine_plan plan = {0};
+    if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
+        goto fail;
     double t_load = kt_bench_now_seconds();
-    if (kt_engine_create(m, &ep, &e, &err) != KT_OK)
+    kt_status created = kt_engine_create(m, &ep, &e, &err);
+    kt_engine_plan_free(&plan); /* only read at creation */
+    if (created != KT_OK)
         goto fail;
     t_load = kt_bench_now_seconds() - t_load;
     const uint32_t threads = kt_engine_params(e)->n_threads;
@@ -198,6 +208,16 @@ int kt_bench_model(const struct kt_bench_options *o)
            dec.seconds);
     printf("weight bytes per token   %10.1f MiB\n", per_token / (1 << 20));
     printf("decode weight bandwidth  %10.2f GB/s = %.3f x triad\n", gbps, gbps / triad.best_gbps);
+    for (int i = 0; i < 2; i++) {
+        const struct phase *ph = i ? &dec : &pre;
+        if (!ph->has_device)
+            continue;
+        printf("device, %-7s          busy %.1f ms of %.1f ms (copies %.1f ms, %.1f MB in, %.1f MB out); "
+               "%llu pairs; CPU waited %.1f ms for it\n",
+               i ? "decode" : "prefill", ph->device.busy_ns / 1e6, ph->seconds * 1e3, ph->device.transfer_ns / 1e6,
+               ph->device.bytes_in / 1e6, ph->device.bytes_out / 1e6, (unsigned long long)ph->stats.device_pairs,
+               ph->stats.device_wait_ns / 1e6);
+    }
     print_phase(&pre, n_layer);
     print_phase(&dec, n_layer);
 

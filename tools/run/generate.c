@@ -17,6 +17,7 @@
 
 #include "chat.h"
 #include "engine.h"
+#include "placement_opt.h"
 #include "membw.h"
 #include "model.h"
 #include "run.h"
@@ -134,7 +135,12 @@ int kt_run_generate(const struct kt_run_options *o)
 
     struct kt_engine_params ep = {.n_ctx = o->ctx, .max_seqs = 1, .n_threads = o->threads};
     ep.progress = stderr; /* expert-store load progress */
-    if (kt_engine_create(g.model, &ep, &g.engine, &err) != KT_OK)
+    struct kt_engine_plan plan = {0};
+    if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
+        goto fail;
+    kt_status created = kt_engine_create(g.model, &ep, &g.engine, &err);
+    kt_engine_plan_free(&plan); /* only read at creation */
+    if (created != KT_OK)
         goto fail;
     const struct kt_engine_params *eff = kt_engine_params(g.engine);
     if (g.n_prompt >= eff->n_ctx) {

@@ -32,6 +32,7 @@ struct kt_run_options {
     const char *logits_out;     /* float32 logits of the last position of every step */
     bool bandwidth;             /* measure a STREAM triad and report decode bytes/s against it */
     bool quiet;                 /* do not stream the generated text */
+    const char *placement;      /* --placement: placement config v1 (configs/); NULL: CPU only */
 };
 
 int kt_run_info(const struct kt_run_options *o);

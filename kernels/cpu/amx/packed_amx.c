@@ -31,7 +31,9 @@
  * Compiled a second time by the tests with KT_AMX_EMULATE (amx_ops.h), where
  * the formats are renamed through KT_AMX_NAME.
  */
-#if !defined(KT_AMX_EMULATE) && (!defined(__AMX_TILE__) || !defined(__AMX_INT8__) || !defined(__AMX_BF16__))
+/* gcc spells the feature macros __AMX_TILE__, clang __AMXTILE__. */
+#if !defined(KT_AMX_EMULATE) && !(defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AMX_BF16__)) && \
+    !(defined(__AMXTILE__) && defined(__AMXINT8__) && defined(__AMXBF16__))
 #error "packed_amx.c needs -mamx-tile -mamx-int8 -mamx-bf16 (kernels/CMakeLists.txt sets them for cpu/amx/*.c)"
 #endif
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__) || \

@@ -1,0 +1,97 @@
+/*
+ * engine_plan.c - plan -> engine parameters (see engine_plan.h).
+ */
+#include "engine_plan.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kt_engine_plan_free(struct kt_engine_plan *out)
+{
+    free(out->home_nodes);
+    free(out->replica_nodes);
+    free(out->on_device);
+    memset(out, 0, sizeof *out);
+}
+
+kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_plan *out, struct kt_engine_params *ep,
+                               FILE *log, kt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    const size_t n = (size_t)p->n_layer * p->n_expert;
+    out->home_nodes = calloc(n ? n : 1, sizeof *out->home_nodes);
+    out->replica_nodes = calloc(n ? n : 1, sizeof *out->replica_nodes);
+    out->on_device = calloc(n ? n : 1, 1);
+    if (!out->home_nodes || !out->replica_nodes || !out->on_device) {
+        kt_engine_plan_free(out);
+        return kt_err_set(err, KT_ERR_NOMEM, "placement: out of memory");
+    }
+    int device = 0;              /* the one accelerator with experts or shared experts */
+    int shared_layers = 0, shared_on_device = 0;
+    bool others_elsewhere = false;
+    kt_status st = KT_OK;
+    for (uint32_t il = 0; il < p->n_layer && st == KT_OK; il++) {
+        const struct kt_placement_layer *L = &p->layers[il];
+        others_elsewhere |= L->attention != 0 || (!L->is_moe && L->dense_ffn > 0);
+        if (L->is_moe && L->shared_experts >= 0) {
+            shared_layers++;
+            if (L->shared_experts > 0) {
+                shared_on_device++;
+                if (device && device != L->shared_experts)
+                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: experts on two accelerators (%s and %s)",
+                                    p->source, il, p->devices[device].name, p->devices[L->shared_experts].name);
+                device = L->shared_experts;
+            }
+        }
+        for (uint32_t x = 0; L->experts && x < p->n_expert && st == KT_OK; x++) {
+            const struct kt_expert_home *h = &L->experts[x];
+            const size_t at = (size_t)il * p->n_expert + x;
+            if (h->device > 0) {
+                if (device && device != h->device)
+                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: experts on two accelerators (%s and %s)",
+                                    p->source, il, p->devices[device].name, p->devices[h->device].name);
+                device = h->device;
+                out->on_device[at] = 1;
+                continue;
+            }
+            if (h->node >= KT_EXPERT_MAX_NODES || (h->replica_nodes >> KT_EXPERT_MAX_NODES) != 0)
+                st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u expert %u: NUMA nodes beyond %d", p->source, il,
+                                x, KT_EXPERT_MAX_NODES - 1);
+            out->home_nodes[at] = h->node < 0 ? 0 : h->node;
+            out->replica_nodes[at] = (uint16_t)h->replica_nodes;
+        }
+    }
+    if (st == KT_OK && shared_on_device && shared_on_device != shared_layers)
+        st = kt_err_set(err, KT_ERR_UNSUPPORTED,
+                        "%s: shared experts on the device in %d of %d layers: kt runs them all on one side", p->source,
+                        shared_on_device, shared_layers);
+    if (st != KT_OK) {
+        kt_engine_plan_free(out);
+        return st;
+    }
+
+    ep->expert_home_nodes = out->home_nodes;
+    ep->expert_replica_nodes = out->replica_nodes;
+    if (device) {
+        const struct kt_placement_device *d = &p->devices[device];
+        snprintf(out->device_name, sizeof out->device_name, "%s", d->name);
+        out->device = (struct kt_backend_params){
+            .kind = d->backend == KT_PLACE_CUDA ? KT_BACKEND_CUDA : KT_BACKEND_SIM,
+            .name = out->device_name,
+            .memory_bytes = d->budget_bytes,
+            .transfer_gbps = d->transfer_gbps,
+            .latency_us = d->latency_us,
+            .device = d->cuda_device,
+        };
+        ep->device = &out->device;
+        ep->expert_on_device = out->on_device;
+        ep->shared_on_device = shared_on_device > 0;
+    }
+    if (log && (others_elsewhere || p->embeddings != 0))
+        fprintf(log,
+                "kt: %s places attention, dense layers or embeddings on a device; kt runs those on the CPU for now "
+                "(routed and shared experts go where the plan says)\n",
+                p->source);
+    return KT_OK;
+}

@@ -1,0 +1,40 @@
+/*
+ * engine_plan.h - a resolved placement (plan.h) turned into the engine's
+ * parameters (engine.h): expert homes and replicas on NUMA nodes, routed and
+ * shared experts on the accelerator.
+ *
+ * The engine runs routed and shared experts on one accelerator; attention,
+ * dense layers and embeddings still run on the CPU.  A plan that puts those
+ * on a device is accepted with one log line per kind saying where they run
+ * instead (the numbers are the same, only the place differs); a plan using
+ * more than one accelerator, or shared experts on a device in some layers
+ * only, is refused.  It never changes what the plan says about experts.
+ */
+#ifndef KT_PLACEMENT_ENGINE_PLAN_H
+#define KT_PLACEMENT_ENGINE_PLAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "expert_store.h"
+#include "plan.h"
+#include "status.h"
+
+/* Arrays the parameters point into; owned, freed by kt_engine_plan_free. */
+struct kt_engine_plan {
+    int *home_nodes;            /* [n_layer * n_expert] */
+    uint16_t *replica_nodes;    /* [n_layer * n_expert] */
+    uint8_t *on_device;         /* [n_layer * n_expert]; NULL when no expert is on a device */
+    struct kt_backend_params device;
+    char device_name[32];
+};
+
+/* Fills ep's placement fields from p (other fields untouched); log gets the
+ * lines about pieces that run elsewhere than planned (NULL: silent). */
+kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_plan *out, struct kt_engine_params *ep,
+                               FILE *log, kt_err *err);
+void kt_engine_plan_free(struct kt_engine_plan *out);
+
+#endif
