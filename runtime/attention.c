@@ -108,7 +108,7 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct attention_job *j = ctx;
     struct kt_engine *e = j->e;
-    const struct kt_layer_weights *L = &e->layers[j->il];
+    const struct kt_layer_weights *L = kt_fwd_attention_weights(e, j->il);
     struct kt_thread_scratch *s = &e->scratch[thread];
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank;
@@ -137,7 +137,7 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct attention_job *j = ctx;
     struct kt_engine *e = j->e;
-    const struct kt_layer_weights *L = &e->layers[j->il];
+    const struct kt_layer_weights *L = kt_fwd_attention_weights(e, j->il);
     struct kt_thread_scratch *s = &e->scratch[thread];
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank;
@@ -174,7 +174,7 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
 void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *out)
 {
     const struct kt_hparams *hp = &e->hp;
-    const struct kt_layer_weights *L = &e->layers[il];
+    const struct kt_layer_weights *L = kt_fwd_attention_weights(e, il);
     const uint32_t T = e->n_tokens, H = hp->n_head, qr = hp->q_lora_rank;
     const uint32_t dn = hp->qk_nope_dim, dr = hp->qk_rope_dim, dk = dn + dr, kvr = hp->kv_lora_rank;
 

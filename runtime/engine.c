@@ -433,6 +433,7 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->device_block_bytes);
     free(e->device_experts);
     free(e->device_shared);
+    free(e->device_layers);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
     kt_topology_destroy(e->topo);
@@ -475,6 +476,53 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
         kt_backend_copy_in(e->device, p, m->data, bytes);
         m->data = p;
     }
+    return st;
+}
+
+/* A copy of n floats in device memory. */
+static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, kt_err *err)
+{
+    void *p = NULL;
+    if (!*v)
+        return KT_OK;
+    kt_status st = device_alloc(e, n * sizeof(float), &p, err);
+    if (st == KT_OK) {
+        kt_backend_copy_in(e->device, p, *v, n * sizeof(float));
+        *v = p;
+    }
+    return st;
+}
+
+/* Every layer's attention weights copied to the device (device_layers), and
+ * the residual stream's buffer there. */
+static kt_status device_attention(struct kt_engine *e, kt_err *err)
+{
+    const struct kt_hparams *hp = &e->hp;
+    if (!(e->device_layers = calloc(hp->n_layer, sizeof *e->device_layers)))
+        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+    kt_status st = KT_OK;
+    for (uint32_t il = 0; il < hp->n_layer && st == KT_OK; il++) {
+        struct kt_layer_weights *L = &e->device_layers[il];
+        *L = e->layers[il];
+        const bool uv_is_uk = L->uv.data == L->uk.data; /* fused attn_kv_b: one tensor for both */
+        struct kt_mat *mats[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->uk, &L->out};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0] && st == KT_OK; i++)
+            if (mats[i]->data)
+                st = device_mat(e, mats[i], err);
+        if (st == KT_OK && L->uv.data)
+            L->uv.data = uv_is_uk ? L->uk.data : L->uv.data;
+        if (st == KT_OK && !uv_is_uk && L->uv.data)
+            st = device_mat(e, &L->uv, err);
+        if (st == KT_OK)
+            st = device_floats(e, &L->attn_norm, hp->n_embd, err);
+        if (st == KT_OK)
+            st = device_floats(e, &L->q_a_norm, hp->q_lora_rank, err);
+        if (st == KT_OK)
+            st = device_floats(e, &L->kv_a_norm, hp->kv_lora_rank, err);
+    }
+    if (st == KT_OK)
+        st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev_x,
+                          err);
     return st;
 }
 
@@ -554,6 +602,10 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
             }
             e->device_shared[il] = w;
         }
+    }
+    if (d->attention_on_device && (st = device_attention(e, err))) {
+        kt_err_prefix(err, "attention weights");
+        return st;
     }
     if ((st = device_bufs(e, err))) {
         kt_err_prefix(err, "its working buffers");
@@ -660,6 +712,28 @@ static kt_status group_batch(struct kt_engine *e, const struct kt_batch *b, uint
     return KT_OK;
 }
 
+static void add_rows(float *x, const float *y, size_t n);
+
+/* x += Attention(RMSNorm(x)) for the step's tokens, with layer il's
+ * attention weights where they live (host or device copies). */
+static void attention_block(struct kt_engine *e, uint32_t il, float *x)
+{
+    const uint32_t T = e->n_tokens, E = e->hp.n_embd;
+    const struct kt_layer_weights *L = kt_fwd_attention_weights(e, il);
+    for (uint32_t t = 0; t < T; t++)
+        kt_rmsnorm(e->h + (size_t)t * E, x + (size_t)t * E, L->attn_norm, E, e->hp.rms_eps);
+    kt_fwd_attention(e, il, e->h, e->y);
+    add_rows(x, e->y, (size_t)T * E);
+}
+
+/* attention_block on the device's queue, on the residual stream sent there
+ * (the stepping thread waits meanwhile, so the thread pool is free). */
+static void attention_on_device(void *ctx)
+{
+    const struct device_attention_args *a = ctx;
+    attention_block(a->e, a->il, a->e->dev_x);
+}
+
 static void add_rows(float *x, const float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -713,10 +787,15 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
         uint64_t ta = kt_fwd_now_ns();
-        for (uint32_t t = 0; t < T; t++)
-            kt_rmsnorm(e->h + (size_t)t * E, e->x + (size_t)t * E, L->attn_norm, E, hp->rms_eps);
-        kt_fwd_attention(e, il, e->h, e->y);
-        add_rows(e->x, e->y, (size_t)T * E);
+        if (e->device_layers) { /* x goes to the device, through attention there, and back */
+            e->device_attention = (struct device_attention_args){e, il};
+            kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
+            kt_backend_launch(e->device, attention_on_device, &e->device_attention);
+            kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));
+            kt_backend_sync(e->device);
+        } else {
+            attention_block(e, il, e->x);
+        }
         uint64_t tb = kt_fwd_now_ns();
         e->stats.attention_ns += tb - ta;
 

@@ -88,6 +88,10 @@ struct kt_engine_params {
     const struct kt_backend_params *device;
     const uint8_t *expert_on_device;
     bool shared_on_device;
+    /* Every layer's attention (norm, MLA projections, attention, residual)
+     * on the device, its weights copied there.  The sim backend runs the CPU
+     * code on its queue and keeps the KV cache and scratch in host memory. */
+    bool attention_on_device;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };

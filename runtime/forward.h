@@ -190,6 +190,14 @@ struct kt_engine {
     size_t *device_block_bytes; /* [n_device_blocks] */
     uint32_t n_device_blocks, max_device_blocks;
     float *dev_h;               /* (T, E) on the device: h sent each MoE layer */
+    /* [n_layer] copies of each layer with its attention weights (norms, MLA
+     * projections) in device memory; NULL: attention on the CPU. */
+    struct kt_layer_weights *device_layers;
+    float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
+    struct device_attention_args {
+        struct kt_engine *e;
+        uint32_t il;
+    } device_attention;
     struct kt_moe_bufs dev_bufs; /* on the device */
     uint32_t device_unit0;      /* this step's first device unit (== n_units: none) */
     struct device_part_args device_part;
@@ -215,6 +223,13 @@ void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, 
 
 /* The same with x already in xq, quantized for m.type (or a type of the same format). */
 void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t *xq, int64_t n_rows, float *y);
+
+/* Layer il's attention weights where attention runs: the device's copies
+ * when attention_on_device, else the host's. */
+static inline const struct kt_layer_weights *kt_fwd_attention_weights(const struct kt_engine *e, uint32_t il)
+{
+    return e->device_layers ? &e->device_layers[il] : &e->layers[il];
+}
 
 /* Runs the device's units of the step (a kt_backend_fn). */
 void kt_fwd_run_device_part(void *ctx);

@@ -24,7 +24,7 @@ static int hold_threads(void)
 {
 #if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
     const int before = omp_get_max_threads();
-    omp_set_num_threads(before); // TEMP
+    omp_set_num_threads(1);
     return before;
 #else
     return 0;

@@ -7,7 +7,9 @@
  * layer's routed experts with the shared experts, or every expert, gives
  * logits bit-identical to CPU-only - the device runs the same kernels on
  * copies of the same bytes, and the combine sums in selection order
- * wherever a pair ran - so the greedy tokens are the same too; with the
+ * wherever a pair ran - so the greedy tokens are the same too; the same
+ * with every layer's attention on the device (the residual stream goes
+ * there and back each layer); with the
  * experts on it the device really ran work (queue ops, bytes in and out,
  * pairs counted); and a budget the placement does not fit is refused at
  * creation naming the device and its budget.  This is the everywhere-run
@@ -109,6 +111,10 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
         {"sim, no experts on it", {.device = &sim, .expert_on_device = none}, false},
         {"sim, half the experts + shared", {.device = &sim, .expert_on_device = half, .shared_on_device = true}, true},
         {"sim, every expert", {.device = &sim, .expert_on_device = all}, true},
+        {"sim, attention + shared + half the experts (tiny-sim.yaml)",
+         {.device = &sim, .expert_on_device = half, .shared_on_device = true, .attention_on_device = true},
+         true},
+        {"sim, attention only", {.device = &sim, .attention_on_device = true}, false},
         {"sim, every expert + shared, 2 nodes",
          {.device = &sim, .expert_on_device = all, .shared_on_device = true, .topology = "package:2 numa:1 core:1 pu:1",
           .experts_round_robin = true},
@@ -130,7 +136,10 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
                      "%s, %s: the device did the work (%llu pairs, %llu ops)", preset, cases[c].what,
                      (unsigned long long)st.device_pairs, (unsigned long long)dev.ops);
         else
-            KT_CHECK(st.device_pairs == 0, "%s, %s: nothing ran on the device", preset, cases[c].what);
+            KT_CHECK(st.device_pairs == 0, "%s, %s: no expert ran on the device", preset, cases[c].what);
+        if (cases[c].p.attention_on_device)
+            KT_CHECK(dev.ops >= 3 * (uint64_t)L * (1 + DECODE_STEPS), "%s, %s: each layer's attention went through the device",
+                     preset, cases[c].what);
         printf("  %s, %s: %llu pairs on the device, %.2f ms busy (%.2f ms copying)\n", preset, cases[c].what,
                (unsigned long long)st.device_pairs, dev.busy_ns / 1e6, dev.transfer_ns / 1e6);
         free(got);
