@@ -29,12 +29,20 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
     }
     int device = 0;              /* the one accelerator with attention, experts or shared experts */
     int shared_layers = 0, shared_on_device = 0;
-    uint32_t attention_on_device = 0;
-    bool others_elsewhere = false;
+    uint32_t attention_on_device = 0, dense_layers = 0, dense_on_device = 0;
     kt_status st = KT_OK;
     for (uint32_t il = 0; il < p->n_layer && st == KT_OK; il++) {
         const struct kt_placement_layer *L = &p->layers[il];
-        others_elsewhere |= !L->is_moe && L->dense_ffn > 0;
+        if (!L->is_moe) {
+            dense_layers++;
+            if (L->dense_ffn > 0) {
+                dense_on_device++;
+                if (device && device != L->dense_ffn)
+                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: work on two accelerators (%s and %s)",
+                                    p->source, il, p->devices[device].name, p->devices[L->dense_ffn].name);
+                device = L->dense_ffn;
+            }
+        }
         if (L->attention > 0) {
             attention_on_device++;
             if (device && device != L->attention)
@@ -74,6 +82,9 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
         st = kt_err_set(err, KT_ERR_UNSUPPORTED,
                         "%s: attention on the device in %u of %u layers: kt runs it all on one side", p->source,
                         attention_on_device, p->n_layer);
+    if (st == KT_OK && dense_on_device && dense_on_device != dense_layers)
+        st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: dense FFNs on the device in %u of %u dense layers", p->source,
+                        dense_on_device, dense_layers);
     if (st == KT_OK && shared_on_device && shared_on_device != shared_layers)
         st = kt_err_set(err, KT_ERR_UNSUPPORTED,
                         "%s: shared experts on the device in %d of %d layers: kt runs them all on one side", p->source,
@@ -100,11 +111,12 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
         ep->expert_on_device = out->on_device;
         ep->shared_on_device = shared_on_device > 0;
         ep->attention_on_device = attention_on_device > 0;
+        ep->dense_on_device = dense_on_device > 0;
     }
-    if (log && (others_elsewhere || p->embeddings != 0))
+    if (log && p->embeddings != 0)
         fprintf(log,
-                "kt: %s places dense layers or embeddings on a device; kt runs those on the CPU for now "
-                "(attention, routed and shared experts go where the plan says)\n",
+                "kt: %s places the embeddings and output head on a device; kt runs those on the CPU for now "
+                "(everything else goes where the plan says)\n",
                 p->source);
     return KT_OK;
 }

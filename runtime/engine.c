@@ -434,6 +434,7 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->device_experts);
     free(e->device_shared);
     free(e->device_layers);
+    free(e->device_dense);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
     kt_topology_destroy(e->topo);
@@ -573,11 +574,21 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
     e->device_block_bytes = calloc(e->max_device_blocks, sizeof *e->device_block_bytes);
     e->device_experts = calloc(n_experts ? n_experts : 1, sizeof *e->device_experts);
     e->device_shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->device_shared) : NULL;
+    e->device_dense = d->dense_on_device ? calloc(hp->n_layer, sizeof *e->device_dense) : NULL;
     if (!e->device_blocks || !e->device_block_bytes || !e->device_experts ||
-        (d->shared_on_device && !e->device_shared))
+        (d->shared_on_device && !e->device_shared) || (d->dense_on_device && !e->device_dense))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
+        if (!L->is_moe && e->device_dense) {
+            struct kt_ffn_weights w = L->dense;
+            if ((st = device_mat(e, &w.gate, err)) || (st = device_mat(e, &w.up, err)) ||
+                (st = device_mat(e, &w.down, err))) {
+                kt_err_prefix(err, "layer %u dense FFN", il);
+                return st;
+            }
+            e->device_dense[il] = w;
+        }
         if (!L->is_moe)
             continue;
         const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);

@@ -92,6 +92,7 @@ struct kt_engine_params {
      * on the device, its weights copied there.  The sim backend runs the CPU
      * code on its queue and keeps the KV cache and scratch in host memory. */
     bool attention_on_device;
+    bool dense_on_device;       /* the leading dense layers' FFNs on the device */
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };

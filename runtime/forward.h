@@ -186,6 +186,7 @@ struct kt_engine {
     struct kt_backend *device;
     const uint8_t **device_experts; /* [n_layer * n_expert] expert buffer on the device, NULL: on the CPU */
     struct kt_ffn_weights *device_shared; /* [n_layer] shared experts on the device; NULL: on the CPU */
+    struct kt_ffn_weights *device_dense;  /* [n_layer] dense FFNs of the leading layers on the device; NULL: on the CPU */
     void **device_blocks;       /* [n_device_blocks] its allocations, freed at destroy */
     size_t *device_block_bytes; /* [n_device_blocks] */
     uint32_t n_device_blocks, max_device_blocks;

@@ -427,15 +427,40 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
     }
 }
 
-static void dense_ffn(struct kt_engine *e, const struct kt_layer_weights *L, const float *h, float *out)
+/* Runs the step's n_units (planned): units [dev0, n_units) on the device -
+ * queued first (h in, its units, their outputs back) - and [0, dev0) on the
+ * CPU (`on`) while the device works; returns once both are done. */
+static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uint32_t dev0, enum units_on on)
+{
+    const size_t T = e->n_tokens, E = e->hp.n_embd;
+    const bool device_work = dev0 < n_units;
+    if (device_work) {
+        const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
+        e->device_part = (struct device_part_args){e, dev0, n_units, n_units};
+        kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
+        kt_backend_launch(e->device, kt_fwd_run_device_part, &e->device_part);
+        kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
+                            (size_t)(n_pairs - p0) * E * sizeof(float));
+        e->stats.device_pairs += n_pairs - p0;
+    }
+    run_units(e, &e->bufs, h, 0, dev0, n_units, on);
+    if (device_work) {
+        const uint64_t w0 = kt_fwd_now_ns();
+        kt_backend_sync(e->device);
+        e->stats.device_wait_ns += kt_fwd_now_ns() - w0;
+    }
+}
+
+static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
 {
     const uint32_t T = e->n_tokens, E = e->hp.n_embd;
-    e->units[0] = (struct kt_ffn_unit){.w = L->dense, .first_pair = 0, .n_pairs = T};
+    const bool device = e->device_dense != NULL;
+    e->units[0] = (struct kt_ffn_unit){.w = device ? e->device_dense[il] : L->dense, .first_pair = 0, .n_pairs = T};
     for (uint32_t t = 0; t < T; t++)
         e->pair_token[t] = t;
     plan_items(e, 1);
     count_weight_bytes(e, 1);
-    run_units(e, &e->bufs, h, 0, 1, 1, ON_THREADPOOL);
+    run_split(e, h, 1, device ? 0 : 1, ON_THREADPOOL);
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
@@ -503,25 +528,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     plan_items(e, n_units);
     count_weight_bytes(e, n_units);
 
-    /* The device's units go on its queue first (h in, its units, their
-     * outputs back), then the CPU runs its own while the device works. */
-    const uint32_t dev0 = e->device_unit0;
-    const bool device_work = dev0 < n_units;
-    if (device_work) {
-        const uint32_t p0 = e->units[dev0].first_pair;
-        e->device_part = (struct device_part_args){e, dev0, n_units, n_units};
-        kt_backend_copy_in(e->device, e->dev_h, h, (size_t)T * E * sizeof(float));
-        kt_backend_launch(e->device, kt_fwd_run_device_part, &e->device_part);
-        kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
-                            (size_t)(n_pairs - p0) * E * sizeof(float));
-        e->stats.device_pairs += n_pairs - p0;
-    }
-    run_units(e, &e->bufs, h, 0, dev0, n_units, on_pools ? ON_POOLS : ON_THREADPOOL);
-    if (device_work) {
-        const uint64_t w0 = kt_fwd_now_ns();
-        kt_backend_sync(e->device);
-        e->stats.device_wait_ns += kt_fwd_now_ns() - w0;
-    }
+    run_split(e, h, n_units, e->device_unit0, on_pools ? ON_POOLS : ON_THREADPOOL);
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {
@@ -542,7 +549,7 @@ void kt_fwd_ffn(struct kt_engine *e, uint32_t il, const float *h, float *out)
         moe_ffn(e, il, L, h, out);
     } else {
         uint64_t t0 = kt_fwd_now_ns();
-        dense_ffn(e, L, h, out);
+        dense_ffn(e, il, L, h, out);
         e->stats.other_ns += kt_fwd_now_ns() - t0;
     }
 }

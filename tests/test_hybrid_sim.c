@@ -9,7 +9,7 @@
  * copies of the same bytes, and the combine sums in selection order
  * wherever a pair ran - so the greedy tokens are the same too; the same
  * with every layer's attention on the device (the residual stream goes
- * there and back each layer); with the
+ * there and back each layer) and the dense layers' FFNs; with the
  * experts on it the device really ran work (queue ops, bytes in and out,
  * pairs counted); and a budget the placement does not fit is refused at
  * creation naming the device and its budget.  This is the everywhere-run
@@ -111,8 +111,9 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
         {"sim, no experts on it", {.device = &sim, .expert_on_device = none}, false},
         {"sim, half the experts + shared", {.device = &sim, .expert_on_device = half, .shared_on_device = true}, true},
         {"sim, every expert", {.device = &sim, .expert_on_device = all}, true},
-        {"sim, attention + shared + half the experts (tiny-sim.yaml)",
-         {.device = &sim, .expert_on_device = half, .shared_on_device = true, .attention_on_device = true},
+        {"sim, attention + dense + shared + half the experts (tiny-sim.yaml)",
+         {.device = &sim, .expert_on_device = half, .shared_on_device = true, .attention_on_device = true,
+          .dense_on_device = true},
          true},
         {"sim, attention only", {.device = &sim, .attention_on_device = true}, false},
         {"sim, every expert + shared, 2 nodes",
