@@ -101,9 +101,14 @@ struct attention_job {
     struct kt_engine *e;
     uint32_t il;
     const uint32_t *items;      /* absorbed: batch indices of tokens; expanded: chunk indices */
+    uint32_t group;             /* absorbed: heads per item (<= KT_ATTN_HEAD_GROUP) */
 };
 
-/* Item i = (token items[i / H], head i % H): one query against the latent rows. */
+/* Item i = (token items[i / n_groups], heads of group i % n_groups): the
+ * group's queries against the latent rows, each row read once for all of
+ * them.  Per head exactly kt_attention_head's steps in its order (scores,
+ * softmax, then the rows summed in position order), so grouping changes no
+ * bit of the result, only how often a row crosses the memory bus. */
 static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct attention_job *j = ctx;
@@ -111,23 +116,40 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
     const struct kt_layer_weights *L = kt_fwd_attention_weights(e, j->il);
     struct kt_thread_scratch *s = &e->scratch[thread];
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
-    const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank;
+    const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank, row = kvr + dr;
+    const uint32_t n_groups = (H + j->group - 1) / j->group;
 
     for (int64_t i = begin; i < end; i++) {
-        const uint32_t b = j->items[i / H], h = (uint32_t)(i % H);
+        const uint32_t b = j->items[i / n_groups], h0 = (uint32_t)(i % n_groups) * j->group;
+        const uint32_t G = h0 + j->group <= H ? j->group : H - h0;
         const struct kt_batch_token *tok = &e->tokens[b];
         const uint32_t n_kv = tok->pos + 1; /* causal: positions 0 .. pos */
-        const float *q_h = e->q + ((size_t)b * H + h) * dk; /* [q_nope | q_pe] */
+        const size_t n_ctx = e->params.n_ctx;
 
-        absorb_query(e, L, h, q_h, s->query, s);           /* query = [q_abs (kvr) | q_pe (dr)] */
-        memcpy(s->query + kvr, q_h + dn, dr * sizeof(float));
+        for (uint32_t g = 0; g < G; g++) {                 /* query_g = [q_abs (kvr) | q_pe (dr)] */
+            const float *q_h = e->q + ((size_t)b * H + h0 + g) * dk; /* [q_nope | q_pe] */
+            float *query = s->query + (size_t)g * row;
+            absorb_query(e, L, h0 + g, q_h, query, s);
+            memcpy(query + kvr, q_h + dn, dr * sizeof(float));
+        }
         kt_kv_cache_rows(e->kv, tok->seq, j->il, n_kv, s->rows);
         /* keys are whole rows [c | k_pe], values their first kvr floats: c */
-        kt_attention_head(s->o_lat, s->query, s->rows, s->rows, n_kv, kvr + dr, kvr, e->kq_scale, s->scores);
+        for (uint32_t t = 0; t < n_kv; t++)
+            for (uint32_t g = 0; g < G; g++)
+                s->scores[g * n_ctx + t] = e->kq_scale * kt_dot_f32(s->query + (size_t)g * row, s->rows[t], row);
+        for (uint32_t g = 0; g < G; g++) {
+            kt_softmax(s->scores + g * n_ctx, n_kv);
+            memset(s->o_lat + (size_t)g * kvr, 0, kvr * sizeof(float));
+        }
+        for (uint32_t t = 0; t < n_kv; t++)
+            for (uint32_t g = 0; g < G; g++)
+                kt_axpy_f32(s->o_lat + (size_t)g * kvr, s->scores[g * n_ctx + t], s->rows[t], kvr);
 
-        struct kt_mat uv = uv_head(e, L, h);               /* o_h = W_UV,h o_lat */
-        kt_quantize_rows(NULL, uv.type, s->o_lat, 1, kvr, s->act_q);
-        kt_matvec_q(&uv, s->act_q, e->o + ((size_t)b * H + h) * dv);
+        for (uint32_t g = 0; g < G; g++) {
+            struct kt_mat uv = uv_head(e, L, h0 + g);      /* o_h = W_UV,h o_lat */
+            kt_quantize_rows(NULL, uv.type, s->o_lat + (size_t)g * kvr, 1, kvr, s->act_q);
+            kt_matvec_q(&uv, s->act_q, e->o + ((size_t)b * H + h0 + g) * dv);
+        }
     }
 }
 
@@ -214,8 +236,13 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
         if (!e->chunks[c].expanded)
             for (uint32_t q = 0; q < e->chunks[c].n; q++)
                 items[n_absorbed++] = e->chunks[c].tokens[q];
-    struct attention_job job = {e, il, items};
-    kt_threadpool_parallel_for(e->pool, (int64_t)n_absorbed * H, 1, absorbed_task, &job);
+    /* Heads per absorbed item: as many as share a row read, while leaving
+     * at least two items per thread. */
+    const uint32_t threads = (uint32_t)kt_threadpool_n_threads(e->pool);
+    uint32_t group = n_absorbed ? (uint32_t)(((uint64_t)n_absorbed * H) / (2u * threads)) : 1;
+    group = group < 1 ? 1 : group > KT_ATTN_HEAD_GROUP ? KT_ATTN_HEAD_GROUP : group;
+    struct attention_job job = {e, il, items, group};
+    kt_threadpool_parallel_for(e->pool, (int64_t)n_absorbed * ((H + group - 1) / group), 1, absorbed_task, &job);
     for (uint32_t c = 0; c < e->n_chunks; c++)
         if (e->chunks[c].expanded)
             items[n_expanded++] = c;

@@ -265,9 +265,9 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
         CARVE(ts->rows, n_ctx);
         CARVE(ts->k_rows, n_ctx);
         CARVE(ts->v_rows, n_ctx);
-        CARVE(ts->scores, n_ctx);
-        CARVE(ts->query, kvr + dr);
-        CARVE(ts->o_lat, kvr);
+        CARVE(ts->scores, KT_ATTN_HEAD_GROUP * n_ctx);
+        CARVE(ts->query, KT_ATTN_HEAD_GROUP * (kvr + dr));
+        CARVE(ts->o_lat, KT_ATTN_HEAD_GROUP * kvr);
         CARVE(ts->tmp, max_size(dn, kvr));
         CARVE(ts->act_q, s.head_in);
         CARVE(ts->w_uk, dn * kvr);

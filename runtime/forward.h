@@ -110,14 +110,18 @@ struct device_part_args {
     uint32_t u0, u1, n_units;
 };
 
+/* Heads of one token that the absorbed form runs together, so each cached
+ * latent row is read once for all of them (at most this many). */
+#define KT_ATTN_HEAD_GROUP 8
+
 /* Per-thread scratch; sizes in comments. */
 struct kt_thread_scratch {
     const float **rows;         /* (n_ctx) cache rows of one sequence and layer */
     const float **k_rows;       /* (n_ctx) expanded keys of one head */
     const float **v_rows;       /* (n_ctx) expanded values of one head */
-    float *scores;              /* (n_ctx) */
-    float *query;               /* (kvr + dr): [q_abs | q_pe] */
-    float *o_lat;               /* (kvr) */
+    float *scores;              /* (KT_ATTN_HEAD_GROUP, n_ctx) one row per head of a group */
+    float *query;               /* (KT_ATTN_HEAD_GROUP, kvr + dr): [q_abs | q_pe] per head */
+    float *o_lat;               /* (KT_ATTN_HEAD_GROUP, kvr) */
     float *tmp;                 /* (max(dn, kvr)) a dequantized row */
     uint8_t *act_q;             /* (max act row bytes of dn and kvr) a quantized query or latent */
     float *w_uk;                /* (dn, kvr) W_UK,h dequantized */
