@@ -102,6 +102,7 @@ struct kt_units_job {
     const struct kt_moe_bufs *b;
     uint32_t n_units;
     int64_t offset;
+    void (*fn)(void *ctx, int64_t begin, int64_t end, int thread); /* the phase's task (timed_task runs it) */
 };
 
 /* What the device's queue runs in a step (kt_fwd_run_device_part). */

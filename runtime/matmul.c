@@ -5,11 +5,15 @@
  * slice of rows at a time for all tokens, so a weight row is fetched from
  * memory once per call however many tokens share it (several tokens: the
  * table's tiled gemm).  Kernels come from the CPU dispatch table (scalar,
- * AVX2 or AVX-512, picked once from CPUID).  It must never write a
- * weight or keep state between calls.
+ * AVX2 or AVX-512, picked once from CPUID); F32 and BF16 products of many
+ * tokens go to oneDNN instead, where it measured faster (onednn_runs).  It
+ * must never write a weight or keep state between calls.
  */
 #include "matmul.h"
 
+#include "onednn_gemm.h"
+
+#include <stdbool.h>
 #include <string.h>
 
 /* ---- kernels ---------------------------------------------------------------------- */
@@ -137,12 +141,78 @@ static void matmul_task(void *ctx, int64_t begin, int64_t end, int thread)
                 end - begin);
 }
 
+/* ---- oneDNN for float weights ------------------------------------------------------ */
+
+/*
+ * F32 and BF16 products of at least this many activation rows, over at
+ * least KT_MATMUL_ONEDNN_MIN_OUT weight rows, run oneDNN's sgemm
+ * (runtime/onednn_gemm.c) instead of the table's gemm.  Measured with
+ * `kt-bench kernels` and alone on one core of a Sapphire Rapids VM, 2048 x
+ * 7168: oneDNN 1.2-1.8x faster from 64 tokens on (1.3x held to AVX2), kt's
+ * gemm faster at 16 tokens and below (oneDNN's packing outweighs it).
+ * oneDNN's outputs are not vec_dot's bits: each is within
+ * n_in * 2^-24 * sum |w * a| of the exact dot product
+ * (tests/test_onednn_gemm.c), so a row computed in a batch of 64 tokens or
+ * more can differ in its last bits from the same row in a smaller batch.
+ * The scalar level (the reference) never uses it.
+ */
+#define KT_MATMUL_ONEDNN_MIN_ROWS 64
+/* Rows per oneDNN call, fixed whatever the thread count: oneDNN sums
+ * narrower slices in another order (any slice under 128 rows measured
+ * different bits), so slicing by thread count would make results depend on
+ * it.  KT_MATMUL_ONEDNN_MIN_OUT keeps 16 slices for 16 threads; smaller
+ * matrices (a router's 256 rows) stay with kt's gemm, which spreads them in
+ * slices of 4 rows and up. */
+#define KT_MATMUL_ONEDNN_SLICE_ROWS 128
+#define KT_MATMUL_ONEDNN_MIN_OUT (16 * KT_MATMUL_ONEDNN_SLICE_ROWS)
+
+static bool onednn_runs(const struct kt_mat *m, int64_t n_rows)
+{
+    return !m->packed && (m->type == KT_TYPE_F32 || m->type == KT_TYPE_BF16) &&
+           n_rows >= KT_MATMUL_ONEDNN_MIN_ROWS && m->n_out >= KT_MATMUL_ONEDNN_MIN_OUT &&
+           kt_cpu_kernels()->isa != KT_ISA_SCALAR;
+}
+
+/* Slices [begin, end) of KT_MATMUL_ONEDNN_SLICE_ROWS weight rows through
+ * oneDNN, for every activation row (F32, as quantize_act copied them); a
+ * slice oneDNN cannot run (no memory for BF16's widened rows) runs the
+ * table's gemm. */
+static void onednn_task(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const struct matmul_job *j = ctx;
+    const struct kt_mat *m = j->m;
+    const float *a = (const float *)j->xq;
+    const int64_t a_stride = (int64_t)(j->act_bytes / sizeof(float));
+    for (int64_t s = begin; s < end; s++) {
+        const int64_t r0 = s * KT_MATMUL_ONEDNN_SLICE_ROWS;
+        const int64_t n = m->n_out - r0 < KT_MATMUL_ONEDNN_SLICE_ROWS ? m->n_out - r0 : KT_MATMUL_ONEDNN_SLICE_ROWS;
+        const uint8_t *w = m->data + (size_t)r0 * m->row_bytes;
+        const kt_status st =
+            m->type == KT_TYPE_F32
+                ? kt_onednn_gemm_f32(m->n_in, (const float *)w, (int64_t)(m->row_bytes / sizeof(float)), n, a,
+                                     a_stride, j->n_rows, j->y + r0, j->y_stride, NULL)
+                : kt_onednn_gemm_bf16(m->n_in, (const kt_bf16 *)w, (int64_t)(m->row_bytes / sizeof(kt_bf16)), n, a,
+                                      a_stride, j->n_rows, j->y + r0, j->y_stride, NULL);
+        if (st != KT_OK)
+            j->gemm(m->n_in, w, m->row_bytes, n, j->xq, j->act_bytes, j->n_rows, j->y + r0, j->y_stride);
+    }
+}
+
 void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
                  int64_t y_stride)
 {
     const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m->type);
     struct matmul_job j = {m, k->gemv, k->gemm, xq, kt_type_row_bytes(k->vec_dot_type, m->n_in), n_rows, y, y_stride};
     int n_threads = pool ? kt_threadpool_n_threads(pool) : 1;
+    if (onednn_runs(m, n_rows)) {
+        const int64_t slices = (m->n_out + KT_MATMUL_ONEDNN_SLICE_ROWS - 1) / KT_MATMUL_ONEDNN_SLICE_ROWS;
+        if (n_threads == 1)
+            onednn_task(&j, 0, slices, 0);
+        else
+            kt_threadpool_parallel_for(pool, slices, 1, onednn_task, &j);
+        return;
+    }
     /* About 8 slices per thread balance uneven progress without much claiming;
      * at least 4 rows, at most 64 (a slice should stay in L2 for a batch). */
     int64_t grain = m->n_out / (8 * n_threads);

@@ -280,24 +280,35 @@ enum units_on { ON_THREADPOOL, ON_POOLS, ON_THIS_THREAD };
  * this thread alone (a device's queue); or with pools, pool i taking the
  * items of its units [pool_units[i], pool_units[i+1]), all pools at once,
  * this thread helping pool 0. */
+/* fn on its items, the time it took added to the step's CPU expert busy
+ * time (every CPU thread's, so a fully busy step of n threads counts n x its
+ * wall time). */
+static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    const struct kt_units_job *j = ctx;
+    const uint64_t t0 = kt_fwd_now_ns();
+    j->fn(ctx, begin, end, thread);
+    __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, kt_fwd_now_ns() - t0, __ATOMIC_RELAXED);
+}
+
 static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, enum units_on on, uint32_t u0, uint32_t u1,
                       uint32_t n_units, enum item_kind kind, kt_pool_fn fn)
 {
     uint32_t begin, end;
     if (on != ON_POOLS) {
         unit_items(e, u0, u1, n_units, kind, &begin, &end);
-        struct kt_units_job j = {e, b, n_units, begin};
+        struct kt_units_job j = {e, b, n_units, begin, fn};
         if (on == ON_THIS_THREAD)
-            fn(&j, 0, (int64_t)end - begin, 0);
+            fn(&j, 0, (int64_t)end - begin, 0); /* the device's thread: not a CPU pool */
         else
-            kt_threadpool_parallel_for(e->pool, (int64_t)end - begin, 1, fn, &j);
+            kt_threadpool_parallel_for(e->pool, (int64_t)end - begin, 1, timed_task, &j);
         return;
     }
     const int n_pools = kt_pools_count(e->pools);
     for (int i = 0; i < n_pools; i++) {
         unit_items(e, e->pool_units[i], e->pool_units[i + 1], n_units, kind, &begin, &end);
-        e->pool_jobs[i] = (struct kt_units_job){e, b, n_units, begin};
-        kt_pool_submit(kt_pools_get(e->pools, i), (int64_t)end - begin, 1, fn, &e->pool_jobs[i]);
+        e->pool_jobs[i] = (struct kt_units_job){e, b, n_units, begin, fn};
+        kt_pool_submit(kt_pools_get(e->pools, i), (int64_t)end - begin, 1, timed_task, &e->pool_jobs[i]);
     }
     kt_pool_help(kt_pools_get(e->pools, 0));
     for (int i = 0; i < n_pools; i++)

@@ -81,6 +81,17 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
     json_object_set_new(j, "router_ns", json_integer((json_int_t)ph->stats.router_ns));
     json_object_set_new(j, "experts_ns", json_integer((json_int_t)ph->stats.experts_ns));
     json_object_set_new(j, "weight_bytes", json_integer((json_int_t)ph->stats.weight_bytes));
+    json_object_set_new(j, "cpu_ffn_busy_ns", json_integer((json_int_t)ph->stats.cpu_experts_busy_ns));
+    if (ph->has_device) {
+        json_t *d = json_object();
+        json_object_set_new(d, "busy_ns", json_integer((json_int_t)ph->device.busy_ns));
+        json_object_set_new(d, "transfer_ns", json_integer((json_int_t)ph->device.transfer_ns));
+        json_object_set_new(d, "bytes_in", json_integer((json_int_t)ph->device.bytes_in));
+        json_object_set_new(d, "bytes_out", json_integer((json_int_t)ph->device.bytes_out));
+        json_object_set_new(d, "pairs", json_integer((json_int_t)ph->stats.device_pairs));
+        json_object_set_new(d, "cpu_wait_ns", json_integer((json_int_t)ph->stats.device_wait_ns));
+        json_object_set_new(j, "device", d);
+    }
     if (decode) {
         const double per_token = (double)ph->stats.weight_bytes / ph->tokens;
         const double gbps = (double)ph->stats.weight_bytes / ph->seconds * 1e-9;
@@ -208,6 +219,9 @@ int kt_bench_model(const struct kt_bench_options *o)
            dec.seconds);
     printf("weight bytes per token   %10.1f MiB\n", per_token / (1 << 20));
     printf("decode weight bandwidth  %10.2f GB/s = %.3f x triad\n", gbps, gbps / triad.best_gbps);
+    printf("CPU FFN threads busy     %10.1f%% of decode wall time x %u threads (%.1f%% in prefill)\n",
+           100.0 * dec.stats.cpu_experts_busy_ns / (1e9 * dec.seconds * threads), threads,
+           100.0 * pre.stats.cpu_experts_busy_ns / (1e9 * pre.seconds * threads));
     for (int i = 0; i < 2; i++) {
         const struct phase *ph = i ? &dec : &pre;
         if (!ph->has_device)

@@ -1,0 +1,934 @@
+/*
+ * scheduler.c - continuous batching over one engine (see scheduler.h).
+ *
+ * The thread's loop, once per step:
+ *   1. under the queue lock: drop queued jobs that were cancelled or timed
+ *      out, pop the jobs that fit into free sequence slots
+ *   2. admit them: fork the best cached prefix (or start empty), samplers
+ *   3. finish running jobs that were cancelled or timed out
+ *   4. batch: one token per decoding sequence, then prefill chunks, oldest
+ *      job first, within the token budget; evict cached prefixes until the
+ *      KV pool has room; step
+ *   5. per logits row: a finished prompt forks into its n choices; sample,
+ *      detokenize, match stops, publish; finished choices give their
+ *      sequence to the prefix cache
+ * It never blocks on an HTTP thread: publishing is a short critical section
+ * per job and step.
+ */
+#include "scheduler.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv_cache.h"
+#include "prefix_cache.h"
+
+#define NO_SEQ UINT32_MAX
+
+double kt_monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *kt_finish_name(enum kt_finish f)
+{
+    switch (f) {
+    case KT_FINISH_STOP: return "stop";
+    case KT_FINISH_LENGTH: return "length";
+    case KT_FINISH_CANCELLED: return "cancelled";
+    case KT_FINISH_TIMEOUT: return "timeout";
+    case KT_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+/* ---- jobs ----------------------------------------------------------------------------- */
+
+/* The request's logit bias, which kt_job_create cannot keep a pointer to. */
+static struct kt_logit_bias *job_bias_copy(const struct kt_api_request *r)
+{
+    if (!r->sampling.n_logit_bias)
+        return NULL;
+    struct kt_logit_bias *b = malloc(r->sampling.n_logit_bias * sizeof *b);
+    if (b)
+        memcpy(b, r->sampling.logit_bias, r->sampling.n_logit_bias * sizeof *b);
+    return b;
+}
+
+struct kt_job *kt_job_create(struct kt_prompt *prompt, const struct kt_api_request *r, double timeout_s)
+{
+    struct kt_job *job = calloc(1, sizeof *job);
+    if (!job)
+        return NULL;
+    job->choices = calloc(r->n ? r->n : 1, sizeof *job->choices);
+    if (!job->choices) {
+        free(job);
+        return NULL;
+    }
+    job->sampling = r->sampling;
+    job->sampling.logit_bias = job_bias_copy(r); /* the request's array dies with it */
+    if (r->sampling.n_logit_bias && !job->sampling.logit_bias) {
+        free(job->choices);
+        free(job);
+        return NULL;
+    }
+    job->prompt = *prompt;
+    *prompt = (struct kt_prompt){0};
+    job->seed_given = r->seed_given;
+    job->n = r->n ? r->n : 1;
+    job->logprobs = r->logprobs;
+    job->top_logprobs = r->top_logprobs;
+    job->ignore_eos = r->ignore_eos;
+    job->timeout_s = timeout_s;
+    job->t_arrival = kt_monotonic_s();
+    for (uint32_t c = 0; c < job->n; c++)
+        job->choices[c].stop_index = -1, job->choices[c].stop_token = -1;
+    pthread_mutex_init(&job->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&job->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&job->cancel, false);
+    atomic_init(&job->refs, 1);
+    return job;
+}
+
+void kt_job_release(struct kt_job *job)
+{
+    if (!job || atomic_fetch_sub(&job->refs, 1) != 1)
+        return;
+    for (uint32_t c = 0; c < job->n; c++) {
+        kt_buf_free(&job->choices[c].text);
+        free(job->choices[c].logprobs);
+    }
+    free(job->choices);
+    free((void *)job->sampling.logit_bias);
+    kt_prompt_free(&job->prompt);
+    pthread_mutex_destroy(&job->mu);
+    pthread_cond_destroy(&job->cv);
+    free(job);
+}
+
+void kt_job_cancel(struct kt_job *job)
+{
+    atomic_store(&job->cancel, true);
+}
+
+bool kt_job_wait(struct kt_job *job, uint64_t *seen, int timeout_ms)
+{
+    pthread_mutex_lock(&job->mu);
+    if (job->version == *seen && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L)
+            ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        while (job->version == *seen && pthread_cond_timedwait(&job->cv, &job->mu, &ts) != ETIMEDOUT)
+            ;
+    }
+    bool changed = job->version != *seen;
+    *seen = job->version;
+    pthread_mutex_unlock(&job->mu);
+    return changed;
+}
+
+/* ---- the scheduler's own state -------------------------------------------------------------- */
+
+struct choice {
+    uint32_t seq;            /* engine sequence; NO_SEQ once given back */
+    struct kt_sampler *sampler;
+    struct kt_detok detok;
+    struct kt_stop stop;
+    int32_t *fed;            /* generated tokens fed back to the engine: [n_fed] */
+    size_t n_fed, cap_fed;
+    int32_t next;            /* the token to feed next step */
+    uint32_t n_generated;
+    bool finished;
+    double t_last_token;
+};
+
+struct run {
+    struct kt_job *job;
+    struct choice *ch;       /* [job->n] */
+    uint32_t n_prefilled;    /* prompt tokens in ch[0].seq's KV */
+    uint32_t chunk;          /* prompt tokens in this step's batch */
+    bool decoding;           /* the prompt is done; choices sample */
+    bool first_token_seen;
+    uint32_t n_open;         /* choices not finished */
+};
+
+struct row {                 /* what one logits row of the step belongs to */
+    struct run *run;
+    int choice;              /* -1: the run's prompt just completed */
+};
+
+struct kt_sched {
+    struct kt_sched_params p;
+    struct kt_engine *engine;
+    const struct kt_tokenizer *tok;
+    uint32_t n_vocab, n_ctx, block_tokens, budget;
+
+    pthread_t thread;
+    bool thread_started;
+    pthread_mutex_t mu;      /* guards the queue and the flags below */
+    pthread_cond_t wake;     /* the scheduler waits here when idle */
+    pthread_cond_t idle;     /* drain waits here */
+    struct kt_job **queue;   /* ring of max_waiting */
+    size_t q_head, q_len;
+    bool accepting, stop, cancel_all;
+    uint32_t n_runs_shared;  /* running jobs, as drain sees them */
+
+    /* thread-owned from here on */
+    struct run **runs;       /* [n_runs] admission order */
+    uint32_t n_runs;
+    uint32_t seqs_reserved;  /* slots taken by running jobs */
+    uint32_t *free_ids;      /* [n_free] engine sequence ids */
+    uint32_t n_free;
+    struct kt_prefix_cache *pc;
+    uint32_t *evicted;       /* [cache entries + 1] */
+    struct kt_batch_token *batch;
+    struct row *rows;
+    float *logits;           /* (max_running_seqs, n_vocab) */
+    float *scratch;          /* [n_vocab] one row for a choice of many */
+    char *piece;             /* detokenizer output, detok_cap bytes */
+    size_t detok_cap;
+    uint64_t seed_state;     /* seeds for requests without one */
+};
+
+uint32_t kt_sched_engine_seqs(uint32_t max_running_seqs, uint32_t prefix_cache_entries)
+{
+    return max_running_seqs + prefix_cache_entries;
+}
+
+uint32_t kt_sched_kv_blocks_needed(uint32_t max_running_seqs, uint32_t n_ctx, uint32_t block_tokens)
+{
+    return max_running_seqs * ((n_ctx + block_tokens - 1) / block_tokens);
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ---- publishing (job->mu held) ---------------------------------------------------------------- */
+
+static void publish(struct kt_job *job)
+{
+    job->version++;
+    pthread_cond_broadcast(&job->cv);
+}
+
+static void metrics_finish(struct kt_sched *s, const struct kt_job *job, enum kt_finish f, uint32_t n_generated)
+{
+    struct kt_serve_metrics *m = s->p.metrics;
+    if (!m)
+        return;
+    int r = f == KT_FINISH_STOP ? KT_METRIC_STOP : f == KT_FINISH_LENGTH ? KT_METRIC_LENGTH
+            : f == KT_FINISH_ERROR ? KT_METRIC_ERROR : KT_METRIC_ABORT;
+    pthread_mutex_lock(&m->mu);
+    m->request_success[r]++;
+    kt_histogram_observe(&m->e2e, kt_monotonic_s() - job->t_arrival);
+    kt_histogram_observe(&m->prompt_len, (double)job->prompt.n_ids);
+    kt_histogram_observe(&m->generation_len, (double)n_generated);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* A job that never ran: every choice ends with f. */
+static void finish_unstarted(struct kt_sched *s, struct kt_job *job, enum kt_finish f, const char *why)
+{
+    pthread_mutex_lock(&job->mu);
+    for (uint32_t c = 0; c < job->n; c++)
+        job->choices[c].finish = f;
+    if (why)
+        snprintf(job->error, sizeof job->error, "%s", why);
+    job->done = true;
+    publish(job);
+    pthread_mutex_unlock(&job->mu);
+    metrics_finish(s, job, f, 0);
+    kt_job_release(job);
+}
+
+/* ---- sequences ------------------------------------------------------------------------------- */
+
+static void give_back_seq(struct kt_sched *s, uint32_t seq)
+{
+    kt_engine_seq_remove(s->engine, seq, NULL);
+    s->free_ids[s->n_free++] = seq;
+}
+
+/* Offers a finished choice's sequence (KV of prompt + fed tokens) to the prefix cache. */
+static void retire_seq(struct kt_sched *s, struct run *run, struct choice *ch, uint32_t n_prompt_in_kv)
+{
+    if (ch->seq == NO_SEQ)
+        return;
+    uint32_t seq = ch->seq;
+    ch->seq = NO_SEQ;
+    if (!s->pc || n_prompt_in_kv == 0) {
+        give_back_seq(s, seq);
+        return;
+    }
+    size_t n = n_prompt_in_kv + (n_prompt_in_kv == run->job->prompt.n_ids ? ch->n_fed : 0);
+    int32_t *tokens = malloc(n * sizeof *tokens);
+    if (!tokens || n != kt_engine_seq_length(s->engine, seq)) {
+        free(tokens);
+        give_back_seq(s, seq);
+        return;
+    }
+    memcpy(tokens, run->job->prompt.ids, n_prompt_in_kv * sizeof *tokens);
+    if (n > n_prompt_in_kv)
+        memcpy(tokens + n_prompt_in_kv, ch->fed, ch->n_fed * sizeof *tokens);
+    size_t n_evicted = 0;
+    kt_prefix_cache_insert(s->pc, seq, tokens, n, s->evicted, &n_evicted, NULL);
+    free(tokens);
+    for (size_t i = 0; i < n_evicted; i++)
+        give_back_seq(s, s->evicted[i]);
+}
+
+/* ---- running jobs ---------------------------------------------------------------------------- */
+
+static void run_free(struct run *run)
+{
+    if (!run)
+        return;
+    if (run->ch)
+        for (uint32_t c = 0; c < run->job->n; c++) {
+            kt_sampler_destroy(run->ch[c].sampler);
+            kt_stop_free(&run->ch[c].stop);
+            free(run->ch[c].fed);
+        }
+    free(run->ch);
+    free(run);
+}
+
+/* Ends choice c with f (job->mu held): the detokenizer's and stop matcher's
+ * held-back text is released unless a stop string ended it. */
+static void end_choice_locked(struct kt_sched *s, struct run *run, uint32_t c, enum kt_finish f)
+{
+    struct choice *ch = &run->ch[c];
+    struct kt_job_choice *jc = &run->job->choices[c];
+    if (ch->finished)
+        return;
+    if (ch->stop.matched < 0) {
+        char tail[8];
+        size_t n = kt_detok_flush(&ch->detok, tail);
+        if (kt_stop_push(&ch->stop, tail, n, &jc->text))
+            jc->stop_index = ch->stop.matched;
+        kt_stop_flush(&ch->stop, &jc->text);
+    }
+    jc->finish = f;
+    ch->finished = true;
+    run->n_open--;
+    (void)s;
+}
+
+/* After choices finished: give their sequences back; a run with none open leaves. */
+static void settle_run(struct kt_sched *s, uint32_t index)
+{
+    struct run *run = s->runs[index];
+    struct kt_job *job = run->job;
+    for (uint32_t c = 0; c < job->n; c++) {
+        struct choice *ch = &run->ch[c];
+        if (!ch->finished || ch->seq == NO_SEQ)
+            continue;
+        if (c > 0 && !run->decoding) { /* never forked: the id was only reserved */
+            s->free_ids[s->n_free++] = ch->seq;
+            ch->seq = NO_SEQ;
+        } else {
+            retire_seq(s, run, ch, run->decoding ? (uint32_t)job->prompt.n_ids : run->n_prefilled);
+        }
+    }
+    if (run->n_open > 0)
+        return;
+    pthread_mutex_lock(&job->mu);
+    job->done = true;
+    publish(job);
+    enum kt_finish f = job->choices[0].finish;
+    uint32_t generated = 0;
+    for (uint32_t c = 0; c < job->n; c++)
+        generated += job->choices[c].n_tokens;
+    pthread_mutex_unlock(&job->mu);
+    metrics_finish(s, job, f, generated);
+    s->seqs_reserved -= job->n;
+    memmove(s->runs + index, s->runs + index + 1, (s->n_runs - index - 1) * sizeof *s->runs);
+    s->n_runs--;
+    pthread_mutex_lock(&s->mu);
+    s->n_runs_shared = s->n_runs;
+    if (s->n_runs == 0 && s->q_len == 0)
+        pthread_cond_broadcast(&s->idle);
+    pthread_mutex_unlock(&s->mu);
+    run_free(run);
+    kt_job_release(job);
+}
+
+static void end_run(struct kt_sched *s, uint32_t index, enum kt_finish f, const char *why)
+{
+    struct run *run = s->runs[index];
+    pthread_mutex_lock(&run->job->mu);
+    for (uint32_t c = 0; c < run->job->n; c++)
+        end_choice_locked(s, run, c, f);
+    if (why)
+        snprintf(run->job->error, sizeof run->job->error, "%s", why);
+    publish(run->job);
+    pthread_mutex_unlock(&run->job->mu);
+    settle_run(s, index);
+}
+
+static bool timed_out(const struct kt_job *job, double now)
+{
+    return job->timeout_s > 0 && now - job->t_arrival > job->timeout_s;
+}
+
+/* Moves a queued job into the running set. */
+static void admit(struct kt_sched *s, struct kt_job *job)
+{
+    kt_err err = {0};
+    struct run *run = calloc(1, sizeof *run);
+    if (run)
+        run->ch = calloc(job->n, sizeof *run->ch);
+    if (!run || !run->ch) {
+        free(run);
+        finish_unstarted(s, job, KT_FINISH_ERROR, "out of memory");
+        return;
+    }
+    run->job = job;
+    run->n_open = job->n;
+    for (uint32_t c = 0; c < job->n; c++) {
+        struct choice *ch = &run->ch[c];
+        ch->seq = s->free_ids[--s->n_free];
+        ch->detok = (struct kt_detok)KT_DETOK_INIT;
+        kt_stop_init(&ch->stop, (const char *const *)job->prompt.stops, job->prompt.n_stops);
+        struct kt_sampler_params sp = job->sampling;
+        sp.seed = job->seed_given ? job->sampling.seed + c : splitmix64(&s->seed_state);
+        if (kt_sampler_create(&sp, s->n_vocab, job->prompt.ids, job->prompt.n_ids, &ch->sampler, &err) != KT_OK)
+            break;
+    }
+    s->seqs_reserved += job->n;
+    s->runs[s->n_runs++] = run;
+    pthread_mutex_lock(&s->mu);
+    s->n_runs_shared = s->n_runs;
+    pthread_mutex_unlock(&s->mu);
+    if (err.status != KT_OK) {
+        for (uint32_t c = 0; c < job->n; c++) { /* nothing was added to the engine yet */
+            s->free_ids[s->n_free++] = run->ch[c].seq;
+            run->ch[c].seq = NO_SEQ;
+        }
+        end_run(s, s->n_runs - 1, KT_FINISH_ERROR, err.msg);
+        return;
+    }
+
+    /* the longest cached prefix, leaving at least one prompt token to compute logits from */
+    size_t match = 0;
+    int64_t cached = s->pc ? kt_prefix_cache_lookup(s->pc, job->prompt.ids, job->prompt.n_ids,
+                                                    job->prompt.n_ids - 1, &match)
+                           : -1;
+    uint32_t seq0 = run->ch[0].seq;
+    kt_status st;
+    if (cached >= 0 && match > 0) {
+        st = kt_engine_seq_fork(s->engine, (uint32_t)cached, seq0, &err);
+        if (st == KT_OK && (st = kt_engine_seq_truncate(s->engine, seq0, (uint32_t)match, &err)) != KT_OK)
+            kt_engine_seq_remove(s->engine, seq0, NULL);
+    } else {
+        match = 0;
+        st = kt_engine_seq_add(s->engine, seq0, &err);
+    }
+    if (st != KT_OK) {
+        s->free_ids[s->n_free++] = seq0;
+        run->ch[0].seq = NO_SEQ;
+        end_run(s, s->n_runs - 1, KT_FINISH_ERROR, err.msg);
+        return;
+    }
+    run->n_prefilled = (uint32_t)match;
+    double now = kt_monotonic_s();
+    pthread_mutex_lock(&job->mu);
+    job->started = true;
+    job->n_cached = (uint32_t)match;
+    publish(job);
+    pthread_mutex_unlock(&job->mu);
+    if (s->p.metrics) {
+        pthread_mutex_lock(&s->p.metrics->mu);
+        s->p.metrics->prefix_cache_queries += job->prompt.n_ids;
+        s->p.metrics->prefix_cache_hits += match;
+        s->p.metrics->prompt_tokens += job->prompt.n_ids;
+        kt_histogram_observe(&s->p.metrics->queue_time, now - job->t_arrival);
+        pthread_mutex_unlock(&s->p.metrics->mu);
+    }
+}
+
+/* ---- sampling and publishing one token ----------------------------------------------------------- */
+
+static void observe_token(struct kt_sched *s, struct run *run, struct choice *ch, double now)
+{
+    struct kt_serve_metrics *m = s->p.metrics;
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->generation_tokens++;
+    if (!run->first_token_seen)
+        kt_histogram_observe(&m->ttft, now - run->job->t_arrival);
+    else if (ch->n_generated > 1)
+        kt_histogram_observe(&m->itl, now - ch->t_last_token);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* Samples choice c from logits (overwritten) and publishes the token's text. */
+static void sample_choice(struct kt_sched *s, struct run *run, uint32_t c, float *logits)
+{
+    struct kt_job *job = run->job;
+    struct choice *ch = &run->ch[c];
+    struct kt_job_choice *jc = &job->choices[c];
+    kt_err err = {0};
+    int32_t token;
+    struct kt_logprobs lp;
+    kt_status st;
+    bool forced = job->prompt.n_forced > 0;
+    if (forced) {
+        token = job->prompt.forced[ch->n_generated < job->prompt.n_forced ? ch->n_generated : 0];
+        st = kt_sampler_accept(ch->sampler, token, &err);
+        if (st == KT_OK && job->logprobs)
+            st = kt_logprobs_compute(logits, s->n_vocab, token, job->top_logprobs, &lp, &err);
+    } else {
+        st = kt_sampler_sample_logprobs(ch->sampler, logits, job->top_logprobs, &token, job->logprobs ? &lp : NULL,
+                                        &err);
+    }
+    double now = kt_monotonic_s();
+    if (st != KT_OK) {
+        pthread_mutex_lock(&job->mu);
+        snprintf(job->error, sizeof job->error, "sampling: %s", err.msg);
+        end_choice_locked(s, run, c, KT_FINISH_ERROR);
+        publish(job);
+        pthread_mutex_unlock(&job->mu);
+        return;
+    }
+    ch->n_generated++;
+    observe_token(s, run, ch, now);
+    run->first_token_seen = true;
+    ch->t_last_token = now;
+
+    enum kt_finish f = KT_FINISH_NONE;
+    pthread_mutex_lock(&job->mu);
+    jc->n_tokens++;
+    if (!job->ignore_eos && kt_token_is_eog(s->tok, token)) {
+        jc->stop_token = token;
+        f = KT_FINISH_STOP;
+    } else {
+        if (job->logprobs) {
+            if (jc->n_logprobs == jc->cap_logprobs) {
+                size_t cap = jc->cap_logprobs ? 2 * jc->cap_logprobs : 16;
+                struct kt_logprobs *grown = realloc(jc->logprobs, cap * sizeof *grown);
+                if (grown)
+                    jc->logprobs = grown, jc->cap_logprobs = cap;
+            }
+            if (jc->n_logprobs < jc->cap_logprobs)
+                jc->logprobs[jc->n_logprobs++] = lp;
+        }
+        size_t written = 0;
+        kt_detok_push(s->tok, &ch->detok, token, job->prompt.special, s->piece, s->detok_cap, &written, NULL);
+        if (kt_stop_push(&ch->stop, s->piece, written, &jc->text)) {
+            jc->stop_index = ch->stop.matched;
+            f = KT_FINISH_STOP;
+        } else if (ch->n_generated >= job->prompt.max_tokens) {
+            f = KT_FINISH_LENGTH;
+        } else if (forced && ch->n_generated >= job->prompt.n_forced) {
+            f = KT_FINISH_STOP;
+        } else if (kt_engine_seq_length(s->engine, ch->seq) + 1 > s->n_ctx) {
+            f = KT_FINISH_LENGTH;
+        }
+    }
+    if (f != KT_FINISH_NONE)
+        end_choice_locked(s, run, c, f);
+    publish(job);
+    pthread_mutex_unlock(&job->mu);
+    if (f != KT_FINISH_NONE)
+        return;
+    if (ch->n_fed == ch->cap_fed) {
+        size_t cap = ch->cap_fed ? 2 * ch->cap_fed : 64;
+        int32_t *grown = realloc(ch->fed, cap * sizeof *grown);
+        if (!grown) {
+            pthread_mutex_lock(&job->mu);
+            snprintf(job->error, sizeof job->error, "out of memory");
+            end_choice_locked(s, run, c, KT_FINISH_ERROR);
+            publish(job);
+            pthread_mutex_unlock(&job->mu);
+            return;
+        }
+        ch->fed = grown, ch->cap_fed = cap;
+    }
+    ch->fed[ch->n_fed++] = token;
+    ch->next = token;
+}
+
+/* The prompt of run is in ch[0]'s KV and row holds its last position's logits:
+ * fork the other choices and sample every one. */
+static void start_decoding(struct kt_sched *s, struct run *run, float *row)
+{
+    struct kt_job *job = run->job;
+    run->decoding = true;
+    for (uint32_t c = 1; c < job->n; c++) {
+        kt_err err = {0};
+        if (kt_engine_seq_fork(s->engine, run->ch[0].seq, run->ch[c].seq, &err) != KT_OK) {
+            s->free_ids[s->n_free++] = run->ch[c].seq;
+            run->ch[c].seq = NO_SEQ;
+            pthread_mutex_lock(&job->mu);
+            snprintf(job->error, sizeof job->error, "%s", err.msg);
+            end_choice_locked(s, run, c, KT_FINISH_ERROR);
+            publish(job);
+            pthread_mutex_unlock(&job->mu);
+        }
+    }
+    for (uint32_t c = 0; c < job->n; c++) {
+        if (run->ch[c].finished)
+            continue;
+        float *logits = row;
+        if (job->n > 1) {
+            memcpy(s->scratch, row, s->n_vocab * sizeof *row);
+            logits = s->scratch;
+        }
+        sample_choice(s, run, c, logits);
+    }
+}
+
+/* ---- one step ---------------------------------------------------------------------------------- */
+
+static uint32_t blocks_for(uint32_t len, uint32_t bt)
+{
+    return (len + bt - 1) / bt;
+}
+
+/* Evicts cached prefixes until the KV pool can take the batch for sure. */
+static void make_room(struct kt_sched *s, uint32_t n_tokens)
+{
+    if (!s->pc)
+        return;
+    uint32_t need = 0;
+    for (uint32_t i = 0; i < n_tokens;) {
+        uint32_t seq = s->batch[i].seq, k = 0;
+        while (i + k < n_tokens && s->batch[i + k].seq == seq)
+            k++;
+        uint32_t len = kt_engine_seq_length(s->engine, seq);
+        need += blocks_for(len + k, s->block_tokens) - blocks_for(len, s->block_tokens) +
+                (len % s->block_tokens != 0); /* a shared last block is copied on write */
+        i += k;
+    }
+    for (;;) {
+        struct kt_kv_cache_stats ks;
+        kt_kv_cache_stats(kt_engine_kv_cache(s->engine), &ks);
+        uint32_t seq;
+        if (ks.blocks_free >= need || !kt_prefix_cache_evict_lru(s->pc, &seq))
+            return;
+        give_back_seq(s, seq);
+    }
+}
+
+static void publish_engine_metrics(struct kt_sched *s)
+{
+    struct kt_serve_metrics *m = s->p.metrics;
+    if (!m)
+        return;
+    struct kt_kv_cache_stats ks;
+    kt_kv_cache_stats(kt_engine_kv_cache(s->engine), &ks);
+    struct kt_engine_stats es;
+    kt_engine_stats(s->engine, &es);
+    struct kt_backend_stats ds;
+    bool have_device = kt_engine_device_stats(s->engine, &ds) == KT_OK;
+    pthread_mutex_lock(&m->mu);
+    m->engine = es;
+    m->have_device = have_device;
+    if (have_device) {
+        m->device = ds;
+        snprintf(m->device_name, sizeof m->device_name, "device");
+    }
+    m->kv_cache_usage = ks.n_blocks ? (double)ks.blocks_used / (double)ks.n_blocks : 0;
+    m->requests_running = s->n_runs;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void step(struct kt_sched *s)
+{
+    uint32_t n = 0, n_rows = 0;
+    for (uint32_t r = 0; r < s->n_runs; r++) {
+        struct run *run = s->runs[r];
+        run->chunk = 0;
+        if (!run->decoding)
+            continue;
+        for (uint32_t c = 0; c < run->job->n; c++) {
+            struct choice *ch = &run->ch[c];
+            if (ch->finished || ch->seq == NO_SEQ)
+                continue;
+            s->batch[n++] = (struct kt_batch_token){.token = ch->next, .seq = ch->seq,
+                                                    .pos = kt_engine_seq_length(s->engine, ch->seq),
+                                                    .want_logits = true};
+            s->rows[n_rows++] = (struct row){run, (int)c};
+        }
+    }
+    for (uint32_t r = 0; r < s->n_runs && n < s->budget; r++) {
+        struct run *run = s->runs[r];
+        if (run->decoding)
+            continue;
+        const struct kt_prompt *pr = &run->job->prompt;
+        uint32_t left = (uint32_t)pr->n_ids - run->n_prefilled;
+        uint32_t take = left < s->budget - n ? left : s->budget - n;
+        for (uint32_t i = 0; i < take; i++) {
+            uint32_t pos = run->n_prefilled + i;
+            s->batch[n++] = (struct kt_batch_token){.token = pr->ids[pos], .seq = run->ch[0].seq, .pos = pos,
+                                                    .want_logits = pos + 1 == pr->n_ids};
+        }
+        run->chunk = take;
+        if (take == left)
+            s->rows[n_rows++] = (struct row){run, -1};
+    }
+    if (n == 0)
+        return;
+    make_room(s, n);
+    kt_err err = {0};
+    if (kt_engine_step(s->engine, &(struct kt_batch){.n_tokens = n, .tokens = s->batch}, s->logits, &err) != KT_OK) {
+        /* nothing changed in the engine: fail the jobs of this batch */
+        for (uint32_t r = s->n_runs; r-- > 0;)
+            if (s->runs[r]->decoding || s->runs[r]->chunk)
+                end_run(s, r, KT_FINISH_ERROR, err.msg);
+        return;
+    }
+    for (uint32_t r = 0; r < s->n_runs; r++)
+        s->runs[r]->n_prefilled += s->runs[r]->chunk;
+    for (uint32_t i = 0; i < n_rows; i++) {
+        float *row = s->logits + (size_t)i * s->n_vocab;
+        if (s->rows[i].choice < 0)
+            start_decoding(s, s->rows[i].run, row);
+        else if (!s->rows[i].run->ch[s->rows[i].choice].finished)
+            sample_choice(s, s->rows[i].run, (uint32_t)s->rows[i].choice, row);
+    }
+    for (uint32_t r = s->n_runs; r-- > 0;) {
+        struct run *run = s->runs[r];
+        bool any_finished = false;
+        for (uint32_t c = 0; c < run->job->n; c++)
+            any_finished |= run->ch[c].finished && run->ch[c].seq != NO_SEQ;
+        if (any_finished || run->n_open == 0)
+            settle_run(s, r);
+    }
+    publish_engine_metrics(s);
+}
+
+/* ---- the thread ----------------------------------------------------------------------------------- */
+
+static void *scheduler_main(void *arg)
+{
+    struct kt_sched *s = arg;
+    struct kt_job **admitted = malloc(s->p.max_running_seqs * sizeof *admitted);
+    for (;;) {
+        uint32_t n_admitted = 0, admitted_seqs = 0;
+        double now = kt_monotonic_s();
+        pthread_mutex_lock(&s->mu);
+        while (!s->stop && s->q_len == 0 && s->n_runs == 0)
+            pthread_cond_wait(&s->wake, &s->mu);
+        if (s->stop && s->q_len == 0 && s->n_runs == 0) {
+            pthread_mutex_unlock(&s->mu);
+            break;
+        }
+        bool cancel_all = s->cancel_all || s->stop;
+        /* queued jobs that will never run */
+        size_t kept = 0;
+        struct kt_job *dropped[64];
+        size_t n_dropped = 0;
+        for (size_t i = 0; i < s->q_len; i++) {
+            struct kt_job *job = s->queue[(s->q_head + i) % s->p.max_waiting];
+            bool cancel = cancel_all || atomic_load(&job->cancel);
+            if ((cancel || timed_out(job, now)) && n_dropped < 64) {
+                dropped[n_dropped++] = job;
+                job->choices[0].finish = cancel ? KT_FINISH_CANCELLED : KT_FINISH_TIMEOUT;
+            } else {
+                s->queue[(s->q_head + kept) % s->p.max_waiting] = job;
+                kept++;
+            }
+        }
+        s->q_len = kept;
+        /* jobs that fit into free sequence slots, in arrival order */
+        while (admitted && s->q_len > 0) {
+            struct kt_job *job = s->queue[s->q_head];
+            if (s->seqs_reserved + admitted_seqs + job->n > s->p.max_running_seqs)
+                break;
+            admitted[n_admitted++] = job;
+            admitted_seqs += job->n;
+            s->q_head = (s->q_head + 1) % s->p.max_waiting;
+            s->q_len--;
+        }
+        if (s->p.metrics) {
+            pthread_mutex_lock(&s->p.metrics->mu);
+            s->p.metrics->requests_waiting = (uint32_t)s->q_len;
+            pthread_mutex_unlock(&s->p.metrics->mu);
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        for (size_t i = 0; i < n_dropped; i++)
+            finish_unstarted(s, dropped[i], dropped[i]->choices[0].finish, NULL);
+        for (uint32_t i = 0; i < n_admitted; i++)
+            admit(s, admitted[i]);
+        for (uint32_t r = s->n_runs; r-- > 0;) {
+            struct kt_job *job = s->runs[r]->job;
+            if (cancel_all || atomic_load(&job->cancel))
+                end_run(s, r, KT_FINISH_CANCELLED, NULL);
+            else if (timed_out(job, now))
+                end_run(s, r, KT_FINISH_TIMEOUT, "the request timed out");
+        }
+        step(s);
+        pthread_mutex_lock(&s->mu);
+        s->n_runs_shared = s->n_runs;
+        if (s->n_runs == 0 && s->q_len == 0)
+            pthread_cond_broadcast(&s->idle);
+        pthread_mutex_unlock(&s->mu);
+    }
+    free(admitted);
+    return NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------------------------------------ */
+
+kt_status kt_sched_create(const struct kt_sched_params *p, struct kt_sched **out, kt_err *err)
+{
+    *out = NULL;
+    if (!p->engine || !p->tok || p->max_running_seqs == 0 || p->max_waiting == 0)
+        return kt_err_set(err, KT_ERR_INVALID, "scheduler: engine, tokenizer, max_running_seqs and max_waiting "
+                                               "are required");
+    const struct kt_engine_params *ep = kt_engine_params(p->engine);
+    uint32_t seqs = kt_sched_engine_seqs(p->max_running_seqs, p->prefix_cache_entries);
+    if (ep->max_seqs < seqs)
+        return kt_err_set(err, KT_ERR_INVALID, "scheduler: the engine has %u sequences; %u running + %u cached "
+                                               "prefixes need %u", ep->max_seqs, p->max_running_seqs,
+                          p->prefix_cache_entries, seqs);
+    struct kt_kv_cache_stats ks;
+    kt_kv_cache_stats(kt_engine_kv_cache(p->engine), &ks);
+    uint32_t blocks = kt_sched_kv_blocks_needed(p->max_running_seqs, ep->n_ctx, ks.block_tokens);
+    if (ks.n_blocks < blocks)
+        return kt_err_set(err, KT_ERR_INVALID, "scheduler: the KV pool has %u blocks; %u sequences at %u "
+                                               "positions need %u", ks.n_blocks, p->max_running_seqs, ep->n_ctx, blocks);
+    uint32_t budget = p->max_batch_tokens ? p->max_batch_tokens : kt_engine_max_batch_tokens(p->engine);
+    if (budget > kt_engine_max_batch_tokens(p->engine))
+        budget = kt_engine_max_batch_tokens(p->engine);
+    if (budget < p->max_running_seqs)
+        return kt_err_set(err, KT_ERR_INVALID, "scheduler: a step of %u tokens cannot hold %u decoding sequences",
+                          budget, p->max_running_seqs);
+
+    struct kt_sched *s = calloc(1, sizeof *s);
+    if (!s)
+        return kt_err_set(err, KT_ERR_NOMEM, "scheduler: out of memory");
+    s->p = *p;
+    s->engine = p->engine;
+    s->tok = p->tok;
+    s->n_vocab = kt_engine_n_vocab(p->engine);
+    s->n_ctx = ep->n_ctx;
+    s->block_tokens = ks.block_tokens;
+    s->budget = budget;
+    s->accepting = true;
+    s->seed_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)s;
+    s->detok_cap = kt_detok_max_bytes(p->tok) + 8;
+    s->queue = calloc(p->max_waiting, sizeof *s->queue);
+    s->runs = calloc(p->max_running_seqs, sizeof *s->runs);
+    s->free_ids = calloc(seqs, sizeof *s->free_ids);
+    s->evicted = calloc((size_t)p->prefix_cache_entries + 2, sizeof *s->evicted);
+    s->batch = calloc(budget, sizeof *s->batch);
+    s->rows = calloc(budget, sizeof *s->rows);
+    s->logits = malloc((size_t)p->max_running_seqs * s->n_vocab * sizeof *s->logits);
+    s->scratch = malloc((size_t)s->n_vocab * sizeof *s->scratch);
+    s->piece = malloc(s->detok_cap);
+    kt_status st = KT_OK;
+    if (!s->queue || !s->runs || !s->free_ids || !s->evicted || !s->batch || !s->rows || !s->logits ||
+        !s->scratch || !s->piece)
+        st = kt_err_set(err, KT_ERR_NOMEM, "scheduler: out of memory");
+    if (st == KT_OK && p->prefix_cache_entries)
+        st = kt_prefix_cache_create(p->prefix_cache_entries, &s->pc, err);
+    for (uint32_t i = 0; i < seqs; i++)
+        s->free_ids[s->n_free++] = seqs - 1 - i; /* hands out 0, 1, ... first */
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    pthread_cond_init(&s->idle, NULL);
+    if (st == KT_OK) {
+        if (pthread_create(&s->thread, NULL, scheduler_main, s) != 0)
+            st = kt_err_set(err, KT_ERR_NOMEM, "scheduler: cannot start its thread");
+        else
+            s->thread_started = true;
+    }
+    if (st != KT_OK) {
+        kt_sched_destroy(s);
+        return st;
+    }
+    *out = s;
+    return KT_OK;
+}
+
+enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job)
+{
+    enum kt_submit_result r = KT_SUBMIT_OK;
+    pthread_mutex_lock(&s->mu);
+    if (!s->accepting)
+        r = KT_SUBMIT_STOPPING;
+    else if (job->n > s->p.max_running_seqs)
+        r = KT_SUBMIT_TOO_LARGE;
+    else if (s->q_len == s->p.max_waiting)
+        r = KT_SUBMIT_FULL;
+    if (r == KT_SUBMIT_OK) {
+        atomic_fetch_add(&job->refs, 1);
+        s->queue[(s->q_head + s->q_len) % s->p.max_waiting] = job;
+        s->q_len++;
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+void kt_sched_drain(struct kt_sched *s, double grace_s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->accepting = false;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    double whole = floor(grace_s);
+    until.tv_sec += (time_t)whole;
+    until.tv_nsec += (long)((grace_s - whole) * 1e9);
+    if (until.tv_nsec >= 1000000000L)
+        until.tv_sec++, until.tv_nsec -= 1000000000L;
+    while (s->q_len > 0 || s->n_runs_shared > 0) {
+        if (!s->cancel_all && pthread_cond_timedwait(&s->idle, &s->mu, &until) == ETIMEDOUT) {
+            s->cancel_all = true;
+            pthread_cond_signal(&s->wake);
+        } else if (s->cancel_all) {
+            pthread_cond_wait(&s->idle, &s->mu);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void kt_sched_destroy(struct kt_sched *s)
+{
+    if (!s)
+        return;
+    if (s->thread_started) {
+        pthread_mutex_lock(&s->mu);
+        s->accepting = false;
+        s->stop = true;
+        s->cancel_all = true;
+        pthread_cond_signal(&s->wake);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+    }
+    /* the thread left nothing running; cached prefixes go back to the engine */
+    uint32_t seq;
+    while (s->pc && kt_prefix_cache_evict_lru(s->pc, &seq))
+        kt_engine_seq_remove(s->engine, seq, NULL);
+    kt_prefix_cache_destroy(s->pc);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->wake);
+    pthread_cond_destroy(&s->idle);
+    free(s->queue), free(s->runs), free(s->free_ids), free(s->evicted);
+    free(s->batch), free(s->rows), free(s->logits), free(s->scratch), free(s->piece);
+    free(s);
+}

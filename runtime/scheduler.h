@@ -1,0 +1,141 @@
+/*
+ * scheduler.h - continuous batching of generation jobs over one engine.
+ *
+ * One scheduler thread owns the engine (engine.h is single-threaded) and
+ * loops: take new jobs off the queue, drop cancelled or timed-out ones,
+ * admit waiting jobs while sequence slots are free (reusing cached prompt
+ * prefixes, prefix_cache.h), build one batch — a token for every decoding
+ * sequence first, then prefill chunks of the admitted prompts, oldest
+ * first, up to the per-step token budget — step it, sample, detokenize,
+ * match stop strings, and publish each job's new text.  Jobs join and leave
+ * the batch between steps; a long prompt is prefilled a chunk per step so
+ * running streams keep flowing.
+ *
+ * Other threads (HTTP handlers) only touch a job through its mutex: they
+ * read what was published and set `cancel`.  A job is reference counted:
+ * the submitter's reference and the scheduler's, so either side may finish
+ * first.
+ *
+ * KV memory: the engine's pool must hold max_running_seqs sequences at full
+ * context (kt_sched_kv_blocks_needed); cached prefixes live in the rest of
+ * the time and are evicted, least recently used first, whenever a step needs
+ * their blocks, so no running sequence is ever preempted.
+ */
+#ifndef KT_SCHEDULER_H
+#define KT_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "sampler.h"
+#include "serve_metrics.h"
+#include "serve_prompt.h"
+#include "serve_text.h"
+#include "status.h"
+#include "tokenizer.h"
+
+enum kt_finish {
+    KT_FINISH_NONE = 0,  /* still running */
+    KT_FINISH_STOP,      /* end-of-generation token, stop string, or forced output done */
+    KT_FINISH_LENGTH,    /* max_tokens or the context */
+    KT_FINISH_CANCELLED, /* the client went away, or shutdown */
+    KT_FINISH_TIMEOUT,   /* the request's deadline passed */
+    KT_FINISH_ERROR,     /* the engine or sampler failed: job->error says why */
+};
+
+const char *kt_finish_name(enum kt_finish f); /* "stop", "length", "cancelled", "timeout", "error" */
+
+/* One choice's output as published so far (append-only). */
+struct kt_job_choice {
+    struct kt_buf text;          /* released text: complete UTF-8, no stop string in it */
+    struct kt_logprobs *logprobs; /* [n_logprobs] when the job wants them */
+    size_t n_logprobs, cap_logprobs;
+    uint32_t n_tokens;           /* tokens generated (an end-of-generation token included) */
+    enum kt_finish finish;
+    int stop_index;              /* which prompt stop string matched; -1 none */
+    int32_t stop_token;          /* the end-of-generation token that stopped it; -1 none */
+};
+
+struct kt_job {
+    /* ---- set before kt_sched_submit, read-only afterwards ---- */
+    struct kt_prompt prompt;
+    struct kt_sampler_params sampling;
+    bool seed_given;
+    uint32_t n;                  /* choices */
+    bool logprobs;
+    uint32_t top_logprobs;
+    bool ignore_eos;
+    double timeout_s;            /* 0: none */
+    double t_arrival;            /* monotonic seconds */
+
+    /* ---- published by the scheduler, under mu ---- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;           /* broadcast whenever version changes */
+    uint64_t version;
+    struct kt_job_choice *choices; /* [n] */
+    uint32_t n_cached;           /* prompt tokens whose KV came from the prefix cache */
+    bool started;                /* admitted into the running batch */
+    bool done;                   /* every choice finished */
+    char error[1100];            /* KT_FINISH_ERROR: why */
+
+    /* ---- set by any thread ---- */
+    atomic_bool cancel;
+    atomic_int refs;
+};
+
+/* A job for a prepared prompt (moved into the job: *prompt is left empty)
+ * and the request's sampling parameters; one reference, the caller's. */
+struct kt_job *kt_job_create(struct kt_prompt *prompt, const struct kt_api_request *r, double timeout_s);
+void kt_job_release(struct kt_job *job);
+/* Asks the scheduler to stop the job and free its sequences (next step). */
+void kt_job_cancel(struct kt_job *job);
+
+/* Waits until the job's version differs from *seen or timeout_ms passes;
+ * updates *seen.  Returns true if something changed. */
+bool kt_job_wait(struct kt_job *job, uint64_t *seen, int timeout_ms);
+
+struct kt_sched_params {
+    struct kt_engine *engine;          /* the caller's; only the scheduler thread steps it once started */
+    const struct kt_tokenizer *tok;
+    uint32_t max_running_seqs;         /* sequences stepping at once (n choices count n) */
+    uint32_t max_waiting;              /* jobs queued beyond that: kt_sched_submit says full */
+    uint32_t max_batch_tokens;         /* per-step token budget; 0: the engine's */
+    uint32_t prefix_cache_entries;     /* 0: no prefix cache */
+    struct kt_serve_metrics *metrics;  /* may be NULL */
+};
+
+/* Engine sequences and KV blocks the scheduler needs from the engine. */
+uint32_t kt_sched_engine_seqs(uint32_t max_running_seqs, uint32_t prefix_cache_entries);
+uint32_t kt_sched_kv_blocks_needed(uint32_t max_running_seqs, uint32_t n_ctx, uint32_t block_tokens);
+
+struct kt_sched;
+
+/* Checks the engine fits the parameters and starts the thread. */
+kt_status kt_sched_create(const struct kt_sched_params *p, struct kt_sched **out, kt_err *err);
+
+enum kt_submit_result {
+    KT_SUBMIT_OK,
+    KT_SUBMIT_FULL,      /* max_waiting jobs already queued */
+    KT_SUBMIT_TOO_LARGE, /* n exceeds max_running_seqs */
+    KT_SUBMIT_STOPPING,  /* draining for shutdown */
+};
+
+/* Queues the job; on KT_SUBMIT_OK the scheduler holds its own reference. */
+enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job);
+
+/* Stops accepting jobs, lets running and queued ones finish for up to
+ * grace_s seconds, cancels the rest, and returns when none is left. */
+void kt_sched_drain(struct kt_sched *s, double grace_s);
+
+/* Stops the thread (cancelling whatever is left) and frees the scheduler;
+ * the engine stays the caller's. */
+void kt_sched_destroy(struct kt_sched *s);
+
+/* Monotonic clock in seconds, shared by the server's timestamps. */
+double kt_monotonic_s(void);
+
+#endif

@@ -1,0 +1,341 @@
+/*
+ * serve_prompt.c - from a checked request to prompt tokens, budget, stop
+ * strings and output parsing (see serve_prompt.h for what kt adds around
+ * the templates).  It reads the tokenizer and never the model's weights.
+ */
+#include "serve_prompt.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_text.h"
+
+static bool is_deepseek(kt_chat_format f)
+{
+    return f == KT_CHAT_DEEPSEEK_V3_0324 || f == KT_CHAT_DEEPSEEK_R1 || f == KT_CHAT_DEEPSEEK_R1_THINK;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && memcmp(s + n - k, suffix, k) == 0;
+}
+
+static void nomem(struct kt_api_error *e)
+{
+    kt_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* ---- rendering ----------------------------------------------------------------------- */
+
+/* DeepSeek's templates declare no tools: describe them, and the call format
+ * the model was trained on, in the system prompt. */
+static char *deepseek_tools_system(const char *system, const json_t *tools)
+{
+    struct kt_buf b = {0};
+    char *decl = json_dumps(tools, 0);
+    if (system && *system) {
+        kt_buf_puts(&b, system);
+        kt_buf_puts(&b, "\n\n");
+    }
+    kt_buf_puts(&b, "You can call the following functions. To call one or more, reply with:\n"
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>FUNCTION_NAME\n"
+                    "```json\nARGUMENTS_AS_JSON\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>\n\nFunctions:\n");
+    kt_buf_puts(&b, decl);
+    free(decl);
+    if (!decl || b.out_of_memory) {
+        kt_buf_free(&b);
+        return NULL;
+    }
+    return b.bytes;
+}
+
+bool kt_prompt_render_chat(const struct kt_serve_model *m, const struct kt_api_request *r, char **text,
+                           struct kt_api_error *e)
+{
+    *text = NULL;
+    if (m->format == KT_CHAT_FORMAT_UNKNOWN) {
+        kt_api_error_invalid(e, "messages", "this model has no chat template kt can render; use /v1/completions");
+        return false;
+    }
+    const kt_chat_message *msgs = r->messages.items;
+    size_t n = r->messages.count;
+    kt_chat_message *patched = NULL;
+    char *system = NULL;
+    kt_chat_options opts = {.add_generation_prompt = r->add_generation_prompt, .thinking = r->thinking};
+    if (r->tools && r->tool_choice != KT_TOOL_CHOICE_NONE && !kt_chat_format_renders_tools(m->format)) {
+        bool has_system = n > 0 && msgs[0].role == KT_CHAT_SYSTEM;
+        patched = calloc(n + 1, sizeof *patched);
+        system = deepseek_tools_system(has_system ? msgs[0].content : NULL, r->tools);
+        if (!patched || !system) {
+            free(patched), free(system);
+            nomem(e);
+            return false;
+        }
+        patched[0] = (kt_chat_message){.role = KT_CHAT_SYSTEM, .content = system};
+        memcpy(patched + 1, msgs + has_system, (n - has_system) * sizeof *patched);
+        msgs = patched;
+        n = n + 1 - has_system;
+    } else if (r->tool_choice != KT_TOOL_CHOICE_NONE) {
+        opts.tools = r->tools;
+    }
+    kt_err err = {0};
+    kt_status st = kt_chat_render(m->format, msgs, n, &opts, text, &err);
+    free(patched);
+    free(system);
+    if (st == KT_ERR_NOMEM) {
+        nomem(e);
+        return false;
+    }
+    if (st != KT_OK) {
+        kt_api_error_invalid(e, "messages", "%s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* Calls made earlier in the conversation: Kimi numbers its call ids globally. */
+static size_t earlier_tool_calls(const struct kt_api_request *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->messages.count; i++)
+        n += r->messages.items[i].n_tool_calls;
+    return n;
+}
+
+/* The opening of a call that tool_choice required / named forces; NULL otherwise. */
+static bool tool_prefill(const struct kt_serve_model *m, const struct kt_api_request *r, struct kt_buf *b)
+{
+    if (r->tool_choice != KT_TOOL_CHOICE_REQUIRED && r->tool_choice != KT_TOOL_CHOICE_NAMED)
+        return false;
+    bool named = r->tool_choice == KT_TOOL_CHOICE_NAMED;
+    if (is_deepseek(m->format)) {
+        kt_buf_puts(b, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>");
+        if (named)
+            kt_buf_printf(b, "%s\n```json\n", r->tool_choice_name);
+    } else {
+        kt_buf_puts(b, "<|tool_calls_section_begin|><|tool_call_begin|>functions.");
+        if (named)
+            kt_buf_printf(b, "%s:%zu<|tool_call_argument_begin|>", r->tool_choice_name, earlier_tool_calls(r));
+    }
+    return true;
+}
+
+/* Thinking on/off around the generation prompt, and how to parse reasoning. */
+static void apply_thinking(const struct kt_serve_model *m, const struct kt_api_request *r, struct kt_buf *text,
+                           struct kt_output_params *op)
+{
+    bool off = r->thinking == KT_CHAT_THINKING_OFF;
+    bool at_generation = r->add_generation_prompt && r->messages.count > 0 &&
+                         r->messages.items[r->messages.count - 1].role != KT_CHAT_TOOL &&
+                         r->messages.items[r->messages.count - 1].role != KT_CHAT_ASSISTANT;
+    op->reasoning = !off;
+    switch (m->format) {
+    case KT_CHAT_KIMI_K2_THINKING:
+        if (off && at_generation)
+            kt_buf_puts(text, "<think></think>");
+        op->reasoning = true; /* harmless when it was closed in the prompt */
+        break;
+    case KT_CHAT_DEEPSEEK_R1_THINK:
+        if (ends_with(kt_buf_str(text), "<think>\n")) {
+            if (off)
+                kt_buf_puts(text, "</think>");
+            else
+                op->reasoning_open = true;
+        }
+        break;
+    case KT_CHAT_DEEPSEEK_R1:
+        if (off && at_generation)
+            kt_buf_puts(text, "<think>\n\n</think>\n\n");
+        break;
+    default:
+        break;
+    }
+}
+
+/* ---- tokens ------------------------------------------------------------------------------ */
+
+static bool add_stop(struct kt_prompt *p, const char *s, struct kt_api_error *e)
+{
+    for (size_t i = 0; i < p->n_stops; i++)
+        if (strcmp(p->stops[i], s) == 0)
+            return true;
+    char **grown = realloc(p->stops, (p->n_stops + 1) * sizeof *grown);
+    if (!grown || !(grown[p->n_stops] = strdup(s))) {
+        if (grown)
+            p->stops = grown;
+        nomem(e);
+        return false;
+    }
+    p->stops = grown;
+    p->n_stops++;
+    return true;
+}
+
+static bool tokenize(const struct kt_serve_model *m, const char *text, bool add_special, int32_t **ids, size_t *n,
+                     struct kt_api_error *e)
+{
+    kt_err err = {0};
+    if (kt_tokenize(m->tok, text, strlen(text), add_special, true, ids, n, &err) != KT_OK) {
+        kt_api_error_set(e, 500, "server_error", NULL, NULL, "tokenizing: %s", err.msg);
+        return false;
+    }
+    return true;
+}
+
+bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_request *r, const char *request_id,
+                       struct kt_prompt *out, struct kt_api_error *e)
+{
+    *out = (struct kt_prompt){0};
+    struct kt_buf text = {0};
+    bool ok = false;
+
+    for (size_t i = 0; i < r->sampling.n_logit_bias; i++)
+        if ((uint32_t)r->sampling.logit_bias[i].token >= m->n_vocab) {
+            kt_api_error_invalid(e, "logit_bias", "logit_bias token %d is outside the vocabulary of %u",
+                                 r->sampling.logit_bias[i].token, m->n_vocab);
+            return false;
+        }
+
+    if (r->kind == KT_API_CHAT) {
+        char *rendered = NULL;
+        if (!kt_prompt_render_chat(m, r, &rendered, e))
+            goto done;
+        kt_buf_puts(&text, rendered);
+        free(rendered);
+        out->parse_output = true;
+        out->special = true;
+        out->output.format = m->format;
+        out->output.tools = r->tool_choice != KT_TOOL_CHOICE_NONE;
+        out->output.single_tool_call = !r->parallel_tool_calls;
+        apply_thinking(m, r, &text, &out->output);
+        struct kt_buf prefill = {0};
+        if (tool_prefill(m, r, &prefill)) {
+            kt_buf_append(&text, prefill.bytes, prefill.len);
+            out->prefill = prefill.bytes;
+            if (prefill.out_of_memory || !out->prefill) {
+                kt_buf_free(&prefill);
+                out->prefill = NULL;
+                nomem(e);
+                goto done;
+            }
+        }
+        char idp[80];
+        snprintf(idp, sizeof idp, "call_%.48s_", request_id ? request_id : "0");
+        if (!(out->id_prefix = strdup(idp))) {
+            nomem(e);
+            goto done;
+        }
+        out->output.id_prefix = out->id_prefix;
+        size_t n_family;
+        const char *const *family = kt_chat_stop_strings(m->format, &n_family);
+        for (size_t i = 0; i < n_family; i++)
+            if (!add_stop(out, family[i], e))
+                goto done;
+        if (text.out_of_memory) {
+            nomem(e);
+            goto done;
+        }
+        /* The render carries BOS itself where the family has one (reference §1.7). */
+        if (!tokenize(m, kt_buf_str(&text), false, &out->ids, &out->n_ids, e))
+            goto done;
+    } else if (r->prompt_text) {
+        if (!tokenize(m, r->prompt_text, true, &out->ids, &out->n_ids, e))
+            goto done;
+        if (r->echo && !(out->echo = strdup(r->prompt_text))) {
+            nomem(e);
+            goto done;
+        }
+    } else {
+        for (size_t i = 0; i < r->n_prompt_ids; i++)
+            if ((uint32_t)r->prompt_ids[i] >= m->n_vocab) {
+                kt_api_error_invalid(e, "prompt", "token id %d is outside the vocabulary of %u", r->prompt_ids[i],
+                                     m->n_vocab);
+                goto done;
+            }
+        out->ids = malloc((r->n_prompt_ids ? r->n_prompt_ids : 1) * sizeof *out->ids);
+        if (!out->ids) {
+            nomem(e);
+            goto done;
+        }
+        memcpy(out->ids, r->prompt_ids, r->n_prompt_ids * sizeof *out->ids);
+        out->n_ids = r->n_prompt_ids;
+        if (r->echo) {
+            kt_err err = {0};
+            size_t len;
+            if (kt_detokenize(m->tok, out->ids, out->n_ids, false, &out->echo, &len, &err) != KT_OK) {
+                nomem(e);
+                goto done;
+            }
+        }
+    }
+    for (size_t i = 0; i < r->n_stop; i++)
+        if (!add_stop(out, r->stop[i], e))
+            goto done;
+
+    if (out->n_ids == 0) {
+        kt_api_error_invalid(e, r->kind == KT_API_CHAT ? "messages" : "prompt", "the prompt has no tokens");
+        goto done;
+    }
+    if (out->n_ids >= m->n_ctx || (r->max_tokens && out->n_ids + r->max_tokens > m->n_ctx)) {
+        kt_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
+                         r->kind == KT_API_CHAT ? "messages" : "prompt",
+                         "This model's maximum context length is %u tokens. However, you requested %zu tokens "
+                         "(%zu in the prompt, %u for the completion). Please reduce the length of the prompt "
+                         "or of max_tokens.",
+                         m->n_ctx, out->n_ids + r->max_tokens, out->n_ids, r->max_tokens);
+        goto done;
+    }
+    out->max_tokens = r->max_tokens ? r->max_tokens : (uint32_t)(m->n_ctx - out->n_ids);
+
+    if (r->forced_output && m->allow_forced_output) {
+        kt_err err = {0};
+        if (kt_tokenize(m->tok, r->forced_output, strlen(r->forced_output), false, true, &out->forced,
+                        &out->n_forced, &err) != KT_OK) {
+            nomem(e);
+            goto done;
+        }
+    }
+    ok = true;
+done:
+    kt_buf_free(&text);
+    if (!ok)
+        kt_prompt_free(out);
+    return ok;
+}
+
+void kt_prompt_free(struct kt_prompt *p)
+{
+    free(p->ids);
+    for (size_t i = 0; i < p->n_stops; i++)
+        free(p->stops[i]);
+    free(p->stops);
+    free(p->prefill);
+    free(p->id_prefix);
+    free(p->forced);
+    free(p->echo);
+    *p = (struct kt_prompt){0};
+}
+
+kt_chat_format kt_serve_chat_format(const struct kt_gguf *g, char *why, size_t why_size)
+{
+    kt_err err = {0};
+    struct kt_gguf_str tmpl;
+    kt_chat_format format = KT_CHAT_FORMAT_UNKNOWN;
+    if (kt_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &err) != KT_OK) {
+        snprintf(why, why_size, "the model has no chat template");
+        return format;
+    }
+    char *text = strndup(tmpl.ptr, tmpl.len);
+    if (!text) {
+        snprintf(why, why_size, "out of memory");
+        return format;
+    }
+    if (kt_chat_format_detect(text, &format, &err) != KT_OK) {
+        snprintf(why, why_size, "%.200s", err.msg);
+        format = KT_CHAT_FORMAT_UNKNOWN;
+    }
+    free(text);
+    return format;
+}

@@ -1,0 +1,105 @@
+/*
+ * serve_request.h - OpenAI request bodies in, checked parameters out: the
+ * /v1/chat/completions and /v1/completions fields kt-serve understands,
+ * every one range-checked, with errors in the OpenAI envelope's terms
+ * (HTTP status, type, code, the parameter at fault).
+ *
+ * Unknown fields are ignored, as OpenAI-compatible servers do; a known field
+ * with a wrong type or value is an error naming it; null means absent.  The
+ * parser never touches the model: rendering and tokenizing happen in
+ * serve_prompt.h.  It must never crash or leak on any bytes (fuzz_serve_request).
+ */
+#ifndef KT_SERVE_REQUEST_H
+#define KT_SERVE_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "chat.h"
+#include "sampler.h"
+
+/* Limits on what one request may ask for. */
+#define KT_API_MAX_STOP 16       /* stop strings (OpenAI allows 4) */
+#define KT_API_MAX_STOP_BYTES 256
+#define KT_API_MAX_N 16          /* choices */
+#define KT_API_MAX_LOGIT_BIAS 1024
+#define KT_API_MAX_JSON_DEPTH 64
+
+/* An error as the OpenAI envelope reports it:
+ * {"error":{"message":..., "type":..., "param":..., "code":...}}. */
+struct kt_api_error {
+    int http_status;   /* 400, 401, 404, 413, 429, 500, 503, ... */
+    char type[40];     /* "invalid_request_error", ... */
+    char code[40];     /* "" for null */
+    char param[64];    /* "" for null */
+    char message[768];
+};
+
+void kt_api_error_set(struct kt_api_error *e, int http_status, const char *type, const char *code,
+                      const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* 400 invalid_request_error naming param. */
+void kt_api_error_invalid(struct kt_api_error *e, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The envelope as a JSON object (new reference). */
+json_t *kt_api_error_json(const struct kt_api_error *e);
+
+enum kt_api_kind {
+    KT_API_CHAT,       /* /v1/chat/completions */
+    KT_API_COMPLETION, /* /v1/completions */
+};
+
+enum kt_tool_choice {
+    KT_TOOL_CHOICE_AUTO,     /* "auto", or tools given without tool_choice */
+    KT_TOOL_CHOICE_NONE,     /* "none", or no tools */
+    KT_TOOL_CHOICE_REQUIRED, /* "required" */
+    KT_TOOL_CHOICE_NAMED,    /* {"type":"function","function":{"name":...}} */
+};
+
+struct kt_api_request {
+    enum kt_api_kind kind;
+    char *model;                 /* NULL when not given */
+    bool stream, include_usage;
+    uint32_t n;                  /* choices, 1.. KT_API_MAX_N */
+    uint32_t max_tokens;         /* 0: not given (until the context is full) */
+    struct kt_sampler_params sampling; /* logit_bias points into logit_bias below */
+    struct kt_logit_bias *logit_bias;
+    bool seed_given;
+    char **stop;                 /* [n_stop] non-empty strings */
+    size_t n_stop;
+    bool logprobs;
+    uint32_t top_logprobs;       /* chat: top_logprobs; completions: logprobs (0..5) */
+    bool ignore_eos;             /* vLLM extension */
+
+    /* chat */
+    kt_chat_messages messages;
+    json_t *tools;               /* the "tools" array (a reference), or NULL */
+    enum kt_tool_choice tool_choice;
+    char *tool_choice_name;      /* KT_TOOL_CHOICE_NAMED */
+    bool parallel_tool_calls;
+    kt_chat_thinking thinking;   /* chat_template_kwargs.thinking / enable_thinking */
+    bool add_generation_prompt;  /* extension, default true */
+
+    /* completions: one prompt, as text or as token ids */
+    char *prompt_text;
+    int32_t *prompt_ids;
+    size_t n_prompt_ids;
+    bool echo;
+
+    /* test hook, honoured only when the server allows it: these tokens'
+     * text is generated in place of sampled tokens */
+    char *forced_output;
+};
+
+/* Parses and checks a request body.  false with e filled (400 for every
+ * problem with the request itself). */
+bool kt_api_request_parse(enum kt_api_kind kind, const char *body, size_t len, struct kt_api_request *out,
+                          struct kt_api_error *e);
+void kt_api_request_free(struct kt_api_request *r);
+
+/* Parses a body as a JSON object (depth-limited); NULL with e set. */
+json_t *kt_api_parse_json(const char *body, size_t len, struct kt_api_error *e);
+
+#endif
