@@ -28,20 +28,7 @@
 #define DECODE_STEPS 6
 static const int32_t prompt[PROMPT_LEN] = {1, 17, 300, 42, 999, 5, 77, 512, 3, 1000, 64, 128};
 
-static struct kt_model *open_synth(const char *preset, const char *extra, char *path, size_t size)
-{
-    snprintf(path, size, "%s", kt_test_path(preset));
-    int rc = kt_test_system("'%s' --preset %s %s -q -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), preset,
-                            extra, path);
-    KT_CHECK(rc == 0, "kt-synth --preset %s failed", preset);
-    struct kt_model *m = NULL;
-    kt_err err = {0};
-    if (rc == 0 && kt_model_open(path, &m, &err) != KT_OK)
-        KT_CHECK(false, "%s", err.msg);
-    return m;
-}
-
-/* (PROMPT_LEN + DECODE_STEPS, V) logits and the greedy tokens, or NULL. */
+/* (PROMPT_LEN + DECODE_STEPS, V) logits, the greedy tokens and the counters. */
 static float *run(struct kt_model *m, const struct kt_engine_params *extra, int32_t *tokens,
                   struct kt_engine_stats *stats, struct kt_backend_stats *dev)
 {
@@ -49,45 +36,13 @@ static float *run(struct kt_model *m, const struct kt_engine_params *extra, int3
     p.n_ctx = 64;
     p.max_batch_tokens = 32;
     p.n_threads = 2;
-    struct kt_engine *e = NULL;
-    kt_err err = {0};
-    if (kt_engine_create(m, &p, &e, &err) != KT_OK) {
-        KT_CHECK(false, "engine: %s", err.msg);
-        return NULL;
-    }
-    const uint32_t V = kt_engine_n_vocab(e);
-    float *logits = calloc((size_t)(PROMPT_LEN + DECODE_STEPS) * V, sizeof *logits);
-    struct kt_batch_token bt[PROMPT_LEN];
-    for (uint32_t i = 0; i < PROMPT_LEN; i++)
-        bt[i] = (struct kt_batch_token){prompt[i], 0, i, true};
-    bool ok = kt_engine_seq_add(e, 0, &err) == KT_OK &&
-              kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, logits, &err) == KT_OK;
-    for (uint32_t s = 0; ok && s < DECODE_STEPS; s++) {
-        const float *last = logits + (size_t)(PROMPT_LEN + s - 1) * V;
-        int32_t next = 0;
-        for (uint32_t v = 1; v < V; v++)
-            if (last[v] > last[next])
-                next = (int32_t)v;
-        tokens[s] = next;
-        struct kt_batch_token t = {next, 0, PROMPT_LEN + s, true};
-        ok = kt_engine_step(e, &(struct kt_batch){1, &t}, logits + (size_t)(PROMPT_LEN + s) * V, &err) == KT_OK;
-    }
-    KT_CHECK(ok, "step: %s", err.msg);
-    kt_engine_stats(e, stats);
-    memset(dev, 0, sizeof *dev);
-    kt_engine_device_stats(e, dev);
-    kt_engine_destroy(e);
-    if (!ok) {
-        free(logits);
-        return NULL;
-    }
-    return logits;
+    return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, tokens, stats, dev);
 }
 
 static void hybrid_matches_cpu_only(const char *preset, const char *extra)
 {
     char path[1024];
-    struct kt_model *m = open_synth(preset, extra, path, sizeof path);
+    struct kt_model *m = kt_test_synth_model(preset, extra, path, sizeof path);
     if (!m)
         return;
     const uint32_t L = m->hp.n_layer, Ne = m->hp.n_expert;
@@ -149,8 +104,7 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
     free(none);
     free(half);
     free(all);
-    kt_model_close(m);
-    unlink(path);
+    kt_test_synth_remove(m, path);
 }
 
 static void tiny_hybrid_matches_cpu_only(void)
@@ -171,7 +125,7 @@ static void tiny_q4_k_hybrid_matches_cpu_only(void)
 static void placement_over_the_budget_is_refused(void)
 {
     char path[1024];
-    struct kt_model *m = open_synth("tiny", "", path, sizeof path);
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
     if (!m)
         return;
     uint8_t *all = calloc((size_t)m->hp.n_layer * m->hp.n_expert, 1);
@@ -184,8 +138,7 @@ static void placement_over_the_budget_is_refused(void)
     KT_CHECK(strstr(err.msg, "small-gpu") && strstr(err.msg, "budget"), "message names device and budget: %s", err.msg);
     printf("  %s\n", err.msg);
     free(all);
-    kt_model_close(m);
-    unlink(path);
+    kt_test_synth_remove(m, path);
 }
 
 int main(void)

@@ -26,25 +26,12 @@ static const char *const TWO_NODES = "package:2 numa:1 core:1 pu:1";
 
 static struct kt_model *open_synth(const char *preset, char *path, size_t path_size)
 {
-    snprintf(path, path_size, "%s", kt_test_path(preset));
-    int rc = kt_test_system("'%s' --preset %s -q -o '%s' > '%s.log' 2>&1", kt_test_tool("kt-synth"), preset, path,
-                            path);
-    KT_CHECK(rc == 0, "kt-synth --preset %s failed (see %s.log)", preset, path);
-    if (rc != 0)
-        return NULL;
-    struct kt_model *m = NULL;
-    kt_err err = {0};
-    KT_CHECK(kt_model_open(path, &m, &err) == KT_OK, "%s: %s", path, err.msg);
-    return m;
+    return kt_test_synth_model(preset, "", path, path_size);
 }
 
 static void remove_synth(struct kt_model *m, const char *path)
 {
-    kt_model_close(m);
-    char log[1100];
-    snprintf(log, sizeof log, "%s.log", path);
-    unlink(path);
-    unlink(log);
+    kt_test_synth_remove(m, path);
 }
 
 static struct kt_engine *engine(struct kt_model *m, const struct kt_engine_params *extra)
@@ -61,31 +48,13 @@ static struct kt_engine *engine(struct kt_model *m, const struct kt_engine_param
 
 /* Logits of every prompt position (one prefill step), then of DECODE_STEPS
  * greedy decode steps: (PROMPT_LEN + DECODE_STEPS, V), malloc'd. */
-static float *run(struct kt_model *m, const struct kt_engine_params *p)
+static float *run(struct kt_model *m, const struct kt_engine_params *extra)
 {
-    struct kt_engine *e = engine(m, p);
-    if (!e)
-        return NULL;
-    const uint32_t V = kt_engine_n_vocab(e);
-    float *logits = calloc((size_t)(PROMPT_LEN + DECODE_STEPS) * V, sizeof *logits);
-    struct kt_batch_token bt[PROMPT_LEN];
-    for (uint32_t i = 0; i < PROMPT_LEN; i++)
-        bt[i] = (struct kt_batch_token){prompt[i], 0, i, true};
-    kt_err err = {0};
-    KT_CHECK(kt_engine_seq_add(e, 0, &err) == KT_OK, "%s", err.msg);
-    KT_CHECK(kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, logits, &err) == KT_OK, "prefill: %s", err.msg);
-    for (uint32_t s = 0; s < DECODE_STEPS; s++) {
-        const float *last = logits + (size_t)(PROMPT_LEN + s - 1) * V;
-        int32_t next = 0;
-        for (uint32_t v = 1; v < V; v++)
-            if (last[v] > last[next])
-                next = (int32_t)v;
-        struct kt_batch_token t = {next, 0, PROMPT_LEN + s, true};
-        KT_CHECK(kt_engine_step(e, &(struct kt_batch){1, &t}, logits + (size_t)(PROMPT_LEN + s) * V, &err) == KT_OK,
-                 "decode %u: %s", s, err.msg);
-    }
-    kt_engine_destroy(e);
-    return logits;
+    struct kt_engine_params p = *extra;
+    p.n_ctx = 64;
+    p.kv_block_tokens = 8;
+    p.max_batch_tokens = 64;
+    return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
 }
 
 static void check_identical(const char *preset)

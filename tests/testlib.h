@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 extern int kt_test_failures;
@@ -59,6 +60,30 @@ bool kt_test_files_equal(const char *a, const char *b);
 
 /* malloc that never returns NULL: a test that cannot allocate exits 2. */
 void *kt_test_xmalloc(size_t bytes);
+
+/* ---- engine runs (testlib_engine.c) ---- */
+
+struct kt_model;
+struct kt_engine_params;
+struct kt_engine_stats;
+struct kt_backend_stats;
+
+/* Writes `kt-synth --preset PRESET EXTRA` to a scratch path (returned in
+ * path) and opens it; NULL (after a failed check) if either fails. */
+struct kt_model *kt_test_synth_model(const char *preset, const char *extra, char *path, size_t path_size);
+
+/* Removes the model's file after closing it. */
+void kt_test_synth_remove(struct kt_model *m, const char *path);
+
+/* One engine over m with params: a prefill step of the prompt (logits of
+ * every position), then `steps` greedy decode steps feeding back each
+ * argmax.  Returns the (n_prompt + steps, n_vocab) logits (malloc'd), or
+ * NULL after a failed check; tokens (steps, may be NULL) gets the greedy
+ * tokens; stats and device (may be NULL) the engine's and device's counters
+ * at the end. */
+float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *params, const int32_t *prompt,
+                             uint32_t n_prompt, uint32_t steps, int32_t *tokens, struct kt_engine_stats *stats,
+                             struct kt_backend_stats *device);
 
 /* Deterministic pseudo-random numbers for tests. */
 unsigned long long kt_test_rand_u64(unsigned long long *state);

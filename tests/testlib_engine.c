@@ -1,0 +1,83 @@
+/*
+ * testlib_engine.c - synthetic models and greedy engine runs shared by the
+ * tests that compare placements and layouts (testlib.h).
+ */
+#include "testlib.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "model.h"
+
+struct kt_model *kt_test_synth_model(const char *preset, const char *extra, char *path, size_t path_size)
+{
+    char name[128];
+    snprintf(name, sizeof name, "synth-%s.gguf", preset);
+    snprintf(path, path_size, "%s", kt_test_path(name));
+    int rc = kt_test_system("'%s' --preset %s %s -q -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), preset,
+                            extra ? extra : "", path);
+    KT_CHECK(rc == 0, "kt-synth --preset %s %s failed (%d)", preset, extra ? extra : "", rc);
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    if (rc == 0 && kt_model_open(path, &m, &err) != KT_OK)
+        KT_CHECK(false, "%s", err.msg);
+    return m;
+}
+
+void kt_test_synth_remove(struct kt_model *m, const char *path)
+{
+    kt_model_close(m);
+    unlink(path);
+}
+
+static int32_t argmax(const float *x, uint32_t n)
+{
+    int32_t best = 0;
+    for (uint32_t v = 1; v < n; v++)
+        if (x[v] > x[best])
+            best = (int32_t)v;
+    return best;
+}
+
+float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *params, const int32_t *prompt,
+                             uint32_t n_prompt, uint32_t steps, int32_t *tokens, struct kt_engine_stats *stats,
+                             struct kt_backend_stats *device)
+{
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    if (kt_engine_create(m, params, &e, &err) != KT_OK) {
+        KT_CHECK(false, "engine: %s", err.msg);
+        return NULL;
+    }
+    const uint32_t V = kt_engine_n_vocab(e);
+    float *logits = kt_test_xmalloc((size_t)(n_prompt + steps) * V * sizeof *logits);
+    struct kt_batch_token *bt = kt_test_xmalloc((size_t)n_prompt * sizeof *bt);
+    for (uint32_t i = 0; i < n_prompt; i++)
+        bt[i] = (struct kt_batch_token){prompt[i], 0, i, true};
+    bool ok = kt_engine_seq_add(e, 0, &err) == KT_OK &&
+              kt_engine_step(e, &(struct kt_batch){n_prompt, bt}, logits, &err) == KT_OK;
+    for (uint32_t s = 0; ok && s < steps; s++) {
+        const int32_t next = argmax(logits + (size_t)(n_prompt + s - 1) * V, V);
+        if (tokens)
+            tokens[s] = next;
+        struct kt_batch_token t = {next, 0, n_prompt + s, true};
+        ok = kt_engine_step(e, &(struct kt_batch){1, &t}, logits + (size_t)(n_prompt + s) * V, &err) == KT_OK;
+    }
+    KT_CHECK(ok, "step: %s", err.msg);
+    if (stats)
+        kt_engine_stats(e, stats);
+    if (device) {
+        memset(device, 0, sizeof *device);
+        kt_engine_device_stats(e, device);
+    }
+    kt_engine_destroy(e);
+    free(bt);
+    if (!ok) {
+        free(logits);
+        return NULL;
+    }
+    return logits;
+}
