@@ -2,7 +2,7 @@
  * kt_cuda.h - C entry points of kt's CUDA kernels.
  *
  * Callable from C whether or not kt was built with CUDA: without it,
- * kt_cuda_device_count() returns 0 and nothing else may be called.  These
+ * kt_cuda_device_count() returns 0 and every other entry point fails.  These
  * functions never exit or print; failures come back as a negative value with
  * a message in the caller's buffer.
  */
@@ -29,6 +29,147 @@ int kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, ch
 /* The same on device pointers, enqueued on stream (a cudaStream_t, NULL = default). */
 int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, char *msg,
                        size_t msg_bytes);
+
+/* ---- device memory ------------------------------------------------------------
+ * For callers that must not include CUDA's headers (tests, C hosts).  Copies
+ * are synchronous: they wait for work queued on the default stream. */
+
+int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes);
+void kt_cuda_free(void *d_ptr); /* NULL is fine */
+int kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, char *msg, size_t msg_bytes);
+int kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, char *msg, size_t msg_bytes);
+/* Waits for all queued work; reports a kernel's asynchronous failure. */
+int kt_cuda_synchronize(char *msg, size_t msg_bytes);
+
+/*
+ * Every entry point below takes device pointers, enqueues on stream (a
+ * cudaStream_t, NULL = default) and returns 0, or -1 with a message when an
+ * argument is out of range or CUDA refuses the launch; a kernel's own
+ * failure surfaces at the next synchronizing call.  Shapes in comments are
+ * (rows, columns) of row-major float arrays unless stated otherwise.
+ */
+
+/* ---- element-wise ops (ops.cu) --------------------------------------------------- */
+
+/* y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w for rows r < rows of n values,
+ * rows x_stride / y_stride floats apart; y is x or does not overlap it.  As
+ * kt_rmsnorm: sum of squares in double, so results match it to the last bit
+ * except in rare double-rounding cases (<= 1 ulp). */
+int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
+                    int64_t n, float eps, void *stream, char *msg, size_t msg_bytes);
+
+/* In place, for every row r < rows and head h < n_heads, the n_dims values at
+ * x + r*row_stride + h*head_stride + offset are rotated in adjacent pairs by
+ * cos_sin (rows, n_dims), the table kt_rope_angles gives for row r's
+ * position (computed on the host: the same float angles as the CPU, so the
+ * result is bit-identical to kt_rope_apply). */
+int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride, int64_t offset,
+                 const float *d_cos_sin, int64_t n_dims, void *stream, char *msg, size_t msg_bytes);
+
+/* out[i] = silu(gate[i]) * up[i] (n); out may alias either.  As kt_swiglu. */
+int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
+                   size_t msg_bytes);
+
+/* y[i] = a[i] + b[i] (n); y may alias either (the residual add). */
+int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes);
+
+/* In place, each of rows contiguous rows of n values = softmax(row), as
+ * kt_softmax: -inf entries become 0, an all -inf row becomes all 0. */
+int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes);
+
+/* ---- MoE routing (route.cu) -------------------------------------------------------- */
+
+struct kt_cuda_router {
+    uint32_t n_expert;      /* Ne, at most 2048 */
+    uint32_t n_used;        /* k, 1..Ne */
+    uint32_t n_groups;      /* expert groups (1: no group limit); Ne % n_groups == 0 */
+    uint32_t n_group_used;  /* groups kept, <= n_groups */
+    int gating;             /* enum kt_gating's values: 1 softmax, 2 sigmoid */
+    int norm;               /* expert_weights_norm */
+    float scale;            /* expert_weights_scale */
+};
+
+/* For each token t < n_tok: experts (n_tok, k) and weights (n_tok, k) from
+ * logits (n_tok, Ne) and the selection bias (Ne, or NULL) - kt_moe_route's
+ * selection exactly (ties: lowest expert id) for logits without NaN. */
+int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
+                  uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes);
+
+/* ---- quantized matmul (gemv.cu) ----------------------------------------------------- */
+
+/* A weight matrix in device memory, GGUF layout: n_out rows of n_in elements. */
+struct kt_cuda_mat {
+    int type;               /* enum kt_type: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q5_K or Q6_K */
+    const void *data;       /* device; 4-byte aligned for F32, 2 for the others */
+    int64_t n_in, n_out;    /* n_in a multiple of the type's block */
+    size_t row_bytes;       /* bytes from a row to the next; 0: kt_type_row_bytes(type, n_in) */
+};
+
+enum kt_cuda_matmul_path {
+    KT_CUDA_MATMUL_AUTO = 0,   /* GEMV up to 8 tokens, TENSOR above */
+    KT_CUDA_MATMUL_GEMV = 1,   /* one warp per weight row, F32 activations, fp32 sums: weight-bandwidth bound */
+    KT_CUDA_MATMUL_TENSOR = 2, /* 64x64 tiles dequantized to BF16, tensor cores, fp32 sums (sm_80+) */
+};
+
+/* y (n_tok, n_out) = x (n_tok, n_in) . W^T. */
+int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
+                   char *msg, size_t msg_bytes);
+
+/* One expert (or the shared experts) and the (token, expert) pairs it serves. */
+struct kt_cuda_ffn_unit {
+    struct kt_cuda_mat gate, up; /* n_ff rows of n_embd */
+    struct kt_cuda_mat down;     /* n_embd rows of n_ff */
+    uint32_t first_pair;         /* its pairs are [first_pair, first_pair + n_pairs) */
+    uint32_t n_pairs;
+};
+
+/* The GPU counterpart of runtime/moe.c's units: for every unit u (a host
+ * array) and each of its pairs p,
+ *     act[p]      = silu(gate_u . h[pair_token[p]]) * (up_u . h[pair_token[p]])
+ *     pair_out[p] = down_u . act[p]
+ * h (n_tok, n_embd); pair_token (n_pairs) token of each pair (a token >= n_tok
+ * reads zeros); act (n_pairs, act_stride) scratch, act_stride >= every n_ff;
+ * pair_out (n_pairs, n_embd).  Units with up to 8 pairs take the GEMV path,
+ * larger ones the tensor path. */
+int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
+                      int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
+                      int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes);
+
+/* ---- MLA attention (mla.cu) ------------------------------------------------------------- */
+
+/*
+ * One layer's MLA in the absorbed form (reference/deepseek2.md §4.2), for
+ * decode and prefill alike, over a latent cache of F32 rows
+ * [c (kv_rank) | k_pe (rope_dim)]; a sequence's rows for one layer are
+ * contiguous (row i = position i).
+ */
+struct kt_cuda_mla {
+    int64_t n_head, nope_dim, rope_dim, v_dim, kv_rank; /* H, dn, dr, dv, kvr; kvr <= 1024, kvr + dr <= 760 */
+    float kq_scale;
+    struct kt_cuda_mat w_uk; /* attn_k_b: H*kvr rows of dn (row h*kvr + r = column r of W_UK,h) */
+    struct kt_cuda_mat w_uv; /* attn_v_b: H*dv rows of kvr */
+};
+
+/* The cache rows of n_tok tokens: rows[t] (a device array of device
+ * pointers; NULL skips the token) = [rmsnorm(kv_a[t][0:kvr]) * norm_w |
+ * kv_a[t][kvr:] roped by cos_sin[t]]; kv_a (n_tok, kvr + dr), norm_w (kvr),
+ * cos_sin (n_tok, dr) from kt_rope_angles.  As runtime/attention.c. */
+int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
+                           const float *d_cos_sin, float *const *d_rows, int64_t n_tok, void *stream, char *msg,
+                           size_t msg_bytes);
+
+/* Scratch bytes kt_cuda_mla_attention needs for n_tok queries whose contexts
+ * are at most n_kv_max rows. */
+size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max);
+
+/* out (n_tok, H*dv) = per head h: W_UV,h softmax_t(kq_scale [W_UK,h^T q_nope | q_pe] . row_t) c_t
+ * over rows t < n_kv[tok] of cache[tok] (a device array of n_tok device
+ * pointers; n_kv (n_tok) device, each <= n_kv_max: rows past n_kv_max are
+ * never read).  q (n_tok, H*(dn+dr)) holds roped queries [q_nope | q_pe] per
+ * head.  fp32 throughout; W_UK/W_UV products take F32 activations. */
+int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const float *const *d_cache,
+                          const uint32_t *d_n_kv, int64_t n_tok, int64_t n_kv_max, void *d_scratch,
+                          size_t scratch_bytes, float *d_out, void *stream, char *msg, size_t msg_bytes);
 
 #ifdef __cplusplus
 }

@@ -27,3 +27,120 @@ int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, voi
     (void)stream;
     return kt_cuda_dequantize_host(type, d_src, d_dst, n, msg, msg_bytes);
 }
+
+static int no_cuda(char *msg, size_t msg_bytes)
+{
+    if (msg && msg_bytes)
+        snprintf(msg, msg_bytes, "kt was built without CUDA");
+    return -1;
+}
+
+int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes)
+{
+    (void)bytes;
+    if (d_ptr)
+        *d_ptr = NULL;
+    return no_cuda(msg, msg_bytes);
+}
+
+void kt_cuda_free(void *d_ptr)
+{
+    (void)d_ptr;
+}
+
+int kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, char *msg, size_t msg_bytes)
+{
+    (void)d_dst, (void)src, (void)bytes;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, char *msg, size_t msg_bytes)
+{
+    (void)dst, (void)d_src, (void)bytes;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_synchronize(char *msg, size_t msg_bytes)
+{
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
+                    int64_t n, float eps, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)d_y, (void)y_stride, (void)d_x, (void)x_stride, (void)d_w, (void)rows, (void)n, (void)eps, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride, int64_t offset,
+                 const float *d_cos_sin, int64_t n_dims, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)d_x, (void)rows, (void)row_stride, (void)n_heads, (void)head_stride, (void)offset, (void)d_cos_sin,
+        (void)n_dims, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
+                   size_t msg_bytes)
+{
+    (void)d_out, (void)d_gate, (void)d_up, (void)n, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)d_y, (void)d_a, (void)d_b, (void)n, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)d_x, (void)rows, (void)n, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
+                  uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)r, (void)d_logits, (void)d_bias, (void)n_tok, (void)d_experts, (void)d_weights, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
+                   char *msg, size_t msg_bytes)
+{
+    (void)w, (void)d_x, (void)n_tok, (void)d_y, (void)path, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
+                      int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
+                      int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)units, (void)n_units, (void)d_h, (void)n_tok, (void)n_embd, (void)d_pair_token, (void)n_pairs, (void)d_act,
+        (void)act_stride, (void)d_pair_out, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
+                           const float *d_cos_sin, float *const *d_rows, int64_t n_tok, void *stream, char *msg,
+                           size_t msg_bytes)
+{
+    (void)m, (void)d_kv_a, (void)d_norm_w, (void)eps, (void)d_cos_sin, (void)d_rows, (void)n_tok, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
+{
+    (void)m, (void)n_tok, (void)n_kv_max;
+    return 0;
+}
+
+int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const float *const *d_cache,
+                          const uint32_t *d_n_kv, int64_t n_tok, int64_t n_kv_max, void *d_scratch,
+                          size_t scratch_bytes, float *d_out, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)m, (void)d_q, (void)d_cache, (void)d_n_kv, (void)n_tok, (void)n_kv_max, (void)d_scratch,
+        (void)scratch_bytes, (void)d_out, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}

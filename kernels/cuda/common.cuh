@@ -1,0 +1,196 @@
+/*
+ * common.cuh - what kt's CUDA files share: error reporting into the
+ * caller's message buffer, scalar conversions and the libm-faithful exp the
+ * element-wise ops use, warp and block reductions, and the internal matmul
+ * that gemv.cu implements for ffn units and mla.cu.
+ *
+ * Nothing here owns state.  Every helper that contains __syncthreads must be
+ * called by all threads of the block.
+ */
+#ifndef KT_CUDA_COMMON_CUH
+#define KT_CUDA_COMMON_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kt_cuda.h"
+#include "quant.h"
+
+#define KT_CUDA_MAX_GRID_X 2147483647LL
+#define KT_CUDA_MAX_GRID_YZ 65535LL
+
+/* ---- errors -------------------------------------------------------------------- */
+
+static inline int kt_cuda_failf(char *msg, size_t msg_bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Formats a message into msg (if any); returns -1. */
+static inline int kt_cuda_failf(char *msg, size_t msg_bytes, const char *fmt, ...)
+{
+    if (msg && msg_bytes) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, msg_bytes, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* "what: <CUDA's text for e>"; returns -1. */
+static inline int kt_cuda_fail(char *msg, size_t msg_bytes, const char *what, cudaError_t e)
+{
+    return kt_cuda_failf(msg, msg_bytes, "%s: %s", what, cudaGetErrorString(e));
+}
+
+/* 0 if the launch just made was accepted, else -1 with a message. */
+static inline int kt_cuda_launched(const char *what, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, what, e);
+}
+
+static inline unsigned kt_cuda_blocks(int64_t items, int threads)
+{
+    return (unsigned)((items + threads - 1) / threads);
+}
+
+/* ---- scalars --------------------------------------------------------------------- */
+
+static __device__ __forceinline__ float kt_dev_fp16(uint16_t h)
+{
+    return __half2float(__ushort_as_half(h)); /* exact, like kt_fp16_to_fp32 */
+}
+
+static __device__ __forceinline__ float kt_dev_bf16(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* expf as glibc computes it in all but rare last-bit cases: exp in double,
+ * rounded once to float (CUDA's float expf may be 2 ulp off).  Used where kt's
+ * CPU reference calls expf and the result feeds a comparison (routing) or is
+ * compared bit-for-bit (softmax, SiLU). */
+static __device__ __forceinline__ float kt_dev_expf(float x)
+{
+    return (float)exp((double)x);
+}
+
+/* 1 / (1 + e^-x) and x / (1 + e^-x), in the CPU's operation order, unfused. */
+static __device__ __forceinline__ float kt_dev_sigmoid(float x)
+{
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, kt_dev_expf(-x)));
+}
+
+static __device__ __forceinline__ float kt_dev_silu(float x)
+{
+    return __fdiv_rn(x, __fadd_rn(1.0f, kt_dev_expf(-x)));
+}
+
+/* ---- reductions -------------------------------------------------------------------- */
+
+static __device__ __forceinline__ float kt_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ double kt_warp_sum_double(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+static __device__ __forceinline__ float kt_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum of v over the block (blockDim.x a multiple of 32); every thread gets it. */
+static __device__ double kt_block_sum_double(double v)
+{
+    __shared__ double part[32];
+    __shared__ double total;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = kt_warp_sum_double(v);
+    __syncthreads(); /* a previous call's readers are done with part and total */
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double s = lane < n_warps ? part[lane] : 0.0;
+        s = kt_warp_sum_double(s);
+        if (lane == 0)
+            total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* Max of v over the block (blockDim.x a multiple of 32); every thread gets it. */
+static __device__ float kt_block_max(float v)
+{
+    __shared__ float part[32];
+    __shared__ float total;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = kt_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float m = lane < n_warps ? part[lane] : -INFINITY;
+        m = kt_warp_max(m);
+        if (lane == 0)
+            total = m;
+    }
+    __syncthreads();
+    return total;
+}
+
+/* ---- the internal matmul (gemv.cu) ---------------------------------------------- */
+
+enum kt_cuda_mm_epilogue {
+    KT_CUDA_MM_STORE = 0,    /* y = acc */
+    KT_CUDA_MM_SILU_MUL = 1, /* y = silu(acc) * y: the gate product over the up product already in y */
+};
+
+/*
+ * n_batch independent products, batch z:
+ *     y_z (n_tok, n_out) = x_z (n_tok, n_in) . W_z^T
+ * W_z = rows [z*w_batch_rows, z*w_batch_rows + n_out) of w (row_bytes apart);
+ * token t of batch z reads x + z*x_batch + row(t)*x_stride, row(t) = t, or
+ * x_rows[t] when x_rows is set (a row >= x_rows_limit reads as zeros); it
+ * writes y + z*y_batch + t*y_stride.  All strides in elements.
+ */
+struct kt_cuda_mm_args {
+    int type;
+    const uint8_t *w;
+    size_t row_bytes;
+    int64_t n_in, n_out, w_batch_rows;
+    const float *x;
+    int64_t x_stride, x_batch;
+    const uint32_t *x_rows;
+    uint32_t x_rows_limit;
+    float *y;
+    int64_t y_stride, y_batch;
+    int64_t n_tok, n_batch;
+    int epilogue;
+};
+
+/* path: KT_CUDA_MATMUL_*.  Checks every argument; enqueues on s. */
+int kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, char *msg, size_t msg_bytes);
+
+/* 0 if the weights can be read as given (type supported, shape, alignment), else -1 with a message. */
+int kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes);
+
+/* Bytes of one row of w (row_bytes, or the packed size when 0). */
+size_t kt_cuda_mat_row_bytes(const struct kt_cuda_mat *w);
+
+#endif
