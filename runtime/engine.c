@@ -457,6 +457,11 @@ void kt_engine_destroy(struct kt_engine *e)
 /* `bytes` of device memory, remembered for destroy. */
 static kt_status device_alloc(struct kt_engine *e, size_t bytes, void **ptr, kt_err *err)
 {
+    if (e->device_sizing) { /* the first pass only adds up what the second will take */
+        e->device_need_bytes += bytes;
+        *ptr = e; /* any non-NULL address: never read or written in this pass */
+        return KT_OK;
+    }
     if (e->n_device_blocks == e->max_device_blocks)
         return kt_err_set(err, KT_ERR_INVALID, "engine: device block table full");
     kt_status st = kt_backend_alloc(e->device, bytes, ptr, err);
@@ -473,7 +478,7 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
     void *p = NULL;
     const size_t bytes = (size_t)kt_mat_bytes(m);
     kt_status st = device_alloc(e, bytes, &p, err);
-    if (st == KT_OK) {
+    if (st == KT_OK && !e->device_sizing) {
         kt_backend_copy_in(e->device, p, m->data, bytes);
         m->data = p;
     }
@@ -487,7 +492,7 @@ static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, k
     if (!*v)
         return KT_OK;
     kt_status st = device_alloc(e, n * sizeof(float), &p, err);
-    if (st == KT_OK) {
+    if (st == KT_OK && !e->device_sizing) {
         kt_backend_copy_in(e->device, p, *v, n * sizeof(float));
         *v = p;
     }
@@ -499,7 +504,7 @@ static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, k
 static kt_status device_attention(struct kt_engine *e, kt_err *err)
 {
     const struct kt_hparams *hp = &e->hp;
-    if (!(e->device_layers = calloc(hp->n_layer, sizeof *e->device_layers)))
+    if (!e->device_layers && !(e->device_layers = calloc(hp->n_layer, sizeof *e->device_layers)))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     kt_status st = KT_OK;
     for (uint32_t il = 0; il < hp->n_layer && st == KT_OK; il++) {
@@ -560,6 +565,8 @@ static kt_status device_bufs(struct kt_engine *e, kt_err *err)
 /* Creates the device and copies in the experts (and shared experts) the
  * params put on it, then its working buffers; fails naming the device when
  * they do not fit its budget. */
+static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
+
 static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
 {
     const struct kt_hparams *hp = &e->hp;
@@ -569,7 +576,8 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
     kt_status st = kt_backend_create(d->device, &e->device, err);
     if (st)
         return st;
-    e->max_device_blocks = (uint32_t)(n_experts + 3 * hp->n_layer + 16);
+    /* per layer at most: 3 dense or 3 shared matrices, 7 attention matrices, 3 norms */
+    e->max_device_blocks = (uint32_t)(n_experts + 16 * (size_t)hp->n_layer + 16);
     e->device_blocks = calloc(e->max_device_blocks, sizeof *e->device_blocks);
     e->device_block_bytes = calloc(e->max_device_blocks, sizeof *e->device_block_bytes);
     e->device_experts = calloc(n_experts ? n_experts : 1, sizeof *e->device_experts);
@@ -578,6 +586,34 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
     if (!e->device_blocks || !e->device_block_bytes || !e->device_experts ||
         (d->shared_on_device && !e->device_shared) || (d->dense_on_device && !e->device_dense))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+
+    /* First add up what the placement needs, so a budget it exceeds is
+     * refused before anything is allocated, with the whole need in the message. */
+    e->device_sizing = true;
+    e->device_need_bytes = 0;
+    st = place_on_device(e, d, err);
+    e->device_sizing = false;
+    const uint64_t budget = kt_backend_budget_bytes(e->device);
+    if (st == KT_OK && budget && e->device_need_bytes > budget)
+        return kt_err_set(err, KT_ERR_NOMEM,
+                          "device '%s': the placement needs %.1f MiB (weights it holds and working buffers), its "
+                          "budget is %.1f MiB",
+                          kt_backend_name(e->device), e->device_need_bytes / 1048576.0, budget / 1048576.0);
+    if (st == KT_OK)
+        st = place_on_device(e, d, err);
+    if (st != KT_OK)
+        return st;
+    kt_backend_sync(e->device);
+    kt_backend_stats_reset(e->device); /* the stats count steps, not the load */
+    return KT_OK;
+}
+
+/* Allocates and copies in what the params put on the device (or, while
+ * device_sizing, only adds up its bytes). */
+static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
+{
+    const struct kt_hparams *hp = &e->hp;
+    kt_status st = KT_OK;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
         if (!L->is_moe && e->device_dense) {
@@ -600,6 +636,8 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
                 kt_err_prefix(err, "layer %u expert %u", il, x);
                 return st;
             }
+            if (e->device_sizing)
+                continue;
             kt_backend_copy_in(e->device, p, kt_expert_store_expert(e->experts, il, x)->data,
                                (size_t)lay->expert_bytes);
             e->device_experts[(size_t)il * hp->n_expert + x] = p;
@@ -622,8 +660,6 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
         kt_err_prefix(err, "its working buffers");
         return st;
     }
-    kt_backend_sync(e->device);
-    kt_backend_stats_reset(e->device); /* the stats count steps, not the load */
     return KT_OK;
 }
 

@@ -195,6 +195,8 @@ struct kt_engine {
     void **device_blocks;       /* [n_device_blocks] its allocations, freed at destroy */
     size_t *device_block_bytes; /* [n_device_blocks] */
     uint32_t n_device_blocks, max_device_blocks;
+    bool device_sizing;         /* setup's first pass: device allocations only add up device_need_bytes */
+    uint64_t device_need_bytes;
     float *dev_h;               /* (T, E) on the device: h sent each MoE layer */
     /* [n_layer] copies of each layer with its attention weights (norms, MLA
      * projections) in device memory; NULL: attention on the CPU. */

@@ -1,0 +1,476 @@
+/*
+ * serve_response.c - OpenAI response objects and SSE chunks from a job's
+ * published output (see serve_response.h).
+ */
+#include "serve_response.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- strings ----------------------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 sequence at s (0 if invalid or cut short). */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    size_t need;
+    unsigned min;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 2, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+        need = 3, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+        need = 4, min = 0x10000;
+    else
+        return 0;
+    if (n < need)
+        return 0;
+    unsigned cp = c & (0x7F >> need);
+    for (size_t i = 1; i < need; i++) {
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return need;
+}
+
+json_t *kt_json_text(const char *s, size_t len)
+{
+    json_t *j = json_stringn(s ? s : "", s ? len : 0);
+    if (j)
+        return j;
+    struct kt_buf b = {0};
+    const unsigned char *u = (const unsigned char *)s;
+    for (size_t i = 0; i < len;) {
+        size_t k = utf8_seq(u + i, len - i);
+        if (k) {
+            kt_buf_append(&b, s + i, k);
+            i += k;
+        } else {
+            kt_buf_puts(&b, "\xEF\xBF\xBD");
+            i++;
+        }
+    }
+    j = json_stringn(kt_buf_str(&b), b.len);
+    kt_buf_free(&b);
+    return j ? j : json_string("");
+}
+
+static json_t *text_or_null(const struct kt_buf *b)
+{
+    return b->len ? kt_json_text(b->bytes, b->len) : json_null();
+}
+
+/* ---- set-up --------------------------------------------------------------------------------- */
+
+bool kt_response_init(struct kt_response *w, const struct kt_api_request *r, struct kt_job *job,
+                      const struct kt_tokenizer *tok, const char *id, const char *model_name)
+{
+    *w = (struct kt_response){.kind = r->kind, .stream = r->stream, .include_usage = r->include_usage,
+                              .job = job, .tok = tok, .created = (int64_t)time(NULL)};
+    snprintf(w->id, sizeof w->id, "%s", id);
+    snprintf(w->model, sizeof w->model, "%s", model_name);
+    w->echo_sent = !job->prompt.echo;
+    w->ch = calloc(job->n, sizeof *w->ch);
+    if (!w->ch)
+        return false;
+    for (uint32_t c = 0; c < job->n; c++) {
+        w->ch[c].stop_index = -1;
+        w->ch[c].stop_token = -1;
+        if (job->prompt.parse_output) {
+            kt_output_init(&w->ch[c].out, &job->prompt.output);
+            if (job->prompt.prefill)
+                kt_output_push(&w->ch[c].out, job->prompt.prefill, strlen(job->prompt.prefill));
+        }
+    }
+    return true;
+}
+
+void kt_response_free(struct kt_response *w)
+{
+    if (w->ch && w->job)
+        for (uint32_t c = 0; c < w->job->n; c++) {
+            kt_output_free(&w->ch[c].out);
+            kt_buf_free(&w->ch[c].text);
+            free(w->ch[c].lp);
+        }
+    free(w->ch);
+    w->ch = NULL;
+}
+
+bool kt_response_take(struct kt_response *w)
+{
+    struct kt_job *job = w->job;
+    bool any = false;
+    pthread_mutex_lock(&job->mu);
+    for (uint32_t c = 0; c < job->n; c++) {
+        struct kt_job_choice *jc = &job->choices[c];
+        struct kt_response_choice *rc = &w->ch[c];
+        if (jc->text.len > rc->text_seen) {
+            const char *fresh = jc->text.bytes + rc->text_seen;
+            size_t n = jc->text.len - rc->text_seen;
+            if (job->prompt.parse_output)
+                kt_output_push(&rc->out, fresh, n);
+            else
+                kt_buf_append(&rc->text, fresh, n);
+            rc->text_seen = jc->text.len;
+            any = true;
+        }
+        if (jc->n_logprobs > rc->lp_seen) {
+            size_t n = jc->n_logprobs - rc->lp_seen;
+            struct kt_logprobs *grown = realloc(rc->lp, (rc->n_lp + n) * sizeof *grown);
+            if (grown) {
+                memcpy(grown + rc->n_lp, jc->logprobs + rc->lp_seen, n * sizeof *grown);
+                rc->lp = grown;
+                rc->n_lp += n;
+            }
+            rc->lp_seen = jc->n_logprobs;
+            any = true;
+        }
+        rc->n_tokens = jc->n_tokens;
+        if (jc->finish != KT_FINISH_NONE && rc->finish == KT_FINISH_NONE) {
+            rc->finish = jc->finish;
+            rc->stop_index = jc->stop_index;
+            rc->stop_token = jc->stop_token;
+            if (job->prompt.parse_output)
+                kt_output_finish(&rc->out);
+            any = true;
+        }
+    }
+    if (job->done && !w->job_done) {
+        w->job_done = true;
+        snprintf(w->error, sizeof w->error, "%s", job->error);
+        any = true;
+    }
+    w->n_cached = job->n_cached;
+    pthread_mutex_unlock(&job->mu);
+    return any;
+}
+
+/* ---- pieces shared by chunks and final objects ------------------------------------------------ */
+
+static const char *finish_reason(const struct kt_response *w, const struct kt_response_choice *rc)
+{
+    if (rc->finish == KT_FINISH_LENGTH)
+        return "length";
+    if (w->job->prompt.parse_output && rc->out.n_calls > 0)
+        return "tool_calls";
+    return "stop";
+}
+
+static json_t *stop_reason(const struct kt_response *w, const struct kt_response_choice *rc)
+{
+    if (rc->stop_index >= 0 && (size_t)rc->stop_index < w->job->prompt.n_stops)
+        return json_string(w->job->prompt.stops[rc->stop_index]);
+    if (rc->stop_token >= 0)
+        return json_integer(rc->stop_token);
+    return json_null();
+}
+
+static json_t *token_bytes_json(const struct kt_tokenizer *tok, int32_t id, json_t **text)
+{
+    size_t len = 0;
+    const char *b = kt_token_bytes(tok, id, &len);
+    json_t *arr = json_array();
+    for (size_t i = 0; i < len; i++)
+        json_array_append_new(arr, json_integer((unsigned char)b[i]));
+    *text = kt_json_text(b, len);
+    return arr;
+}
+
+static double finite_logprob(float lp)
+{
+    return lp < -9999.0f ? -9999.0 : (double)lp; /* JSON has no -inf; OpenAI clamps to -9999 */
+}
+
+/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}], "refusal": null} */
+static json_t *chat_logprobs(const struct kt_response *w, const struct kt_logprobs *lp, size_t n)
+{
+    json_t *content = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *text, *bytes = token_bytes_json(w->tok, lp[i].token, &text);
+        json_t *top = json_array();
+        for (uint32_t k = 0; k < lp[i].n_top; k++) {
+            json_t *ttext, *tbytes = token_bytes_json(w->tok, lp[i].top[k].token, &ttext);
+            json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", ttext, "logprob",
+                                                 finite_logprob(lp[i].top[k].logprob), "bytes", tbytes));
+        }
+        json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", text, "logprob",
+                                                 finite_logprob(lp[i].logprob), "bytes", bytes, "top_logprobs", top));
+    }
+    return json_pack("{s:o, s:n}", "content", content, "refusal");
+}
+
+/* Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: lp}], "text_offset"} */
+static json_t *completion_logprobs(const struct kt_response *w, const struct kt_logprobs *lp, size_t n,
+                                   size_t text_offset)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array();
+    for (size_t i = 0; i < n; i++) {
+        size_t len = 0;
+        const char *b = kt_token_bytes(w->tok, lp[i].token, &len);
+        json_array_append_new(tokens, kt_json_text(b, len));
+        json_array_append_new(lps, json_real(finite_logprob(lp[i].logprob)));
+        json_array_append_new(offsets, json_integer((json_int_t)text_offset));
+        text_offset += len;
+        json_t *top = json_object();
+        for (uint32_t k = 0; k < lp[i].n_top; k++) {
+            const char *tb = kt_token_bytes(w->tok, lp[i].top[k].token, &len);
+            json_t *key = kt_json_text(tb, len);
+            json_object_set_new(top, json_string_value(key), json_real(finite_logprob(lp[i].top[k].logprob)));
+            json_decref(key);
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
+                     "text_offset", offsets);
+}
+
+static json_t *usage(const struct kt_response *w)
+{
+    json_int_t completion = 0;
+    for (uint32_t c = 0; c < w->job->n; c++)
+        completion += w->ch[c].n_tokens;
+    json_int_t prompt = (json_int_t)w->job->prompt.n_ids;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", prompt, "completion_tokens", completion,
+                     "total_tokens", prompt + completion, "prompt_tokens_details", "cached_tokens",
+                     (json_int_t)w->n_cached);
+}
+
+static json_t *tool_call_json(const struct kt_output_call *call, size_t index, bool with_index)
+{
+    json_t *j = json_pack("{s:s, s:s, s:{s:o, s:o}}", "id", call->id, "type", "function", "function", "name",
+                          kt_json_text(call->name, strlen(call->name)), "arguments",
+                          kt_json_text(kt_buf_str(&call->arguments), call->arguments.len));
+    if (with_index)
+        json_object_set_new(j, "index", json_integer((json_int_t)index));
+    return j;
+}
+
+bool kt_response_job_error(const struct kt_response *w, struct kt_api_error *e)
+{
+    for (uint32_t c = 0; c < w->job->n; c++) {
+        switch (w->ch[c].finish) {
+        case KT_FINISH_ERROR:
+            kt_api_error_set(e, 500, "server_error", NULL, NULL, "generation failed: %.600s",
+                             w->error[0] ? w->error : "unknown error");
+            return true;
+        case KT_FINISH_TIMEOUT:
+            kt_api_error_set(e, 504, "timeout_error", "timeout", NULL,
+                             "the request ran past the server's time limit (--request-timeout)");
+            return true;
+        case KT_FINISH_CANCELLED:
+            kt_api_error_set(e, 503, "server_error", "server_shutting_down",
+                             NULL, "the request was cancelled: the server is shutting down");
+            return true;
+        default:
+            break;
+        }
+    }
+    return false;
+}
+
+/* ---- streaming -------------------------------------------------------------------------------- */
+
+static json_t *chunk_base(const struct kt_response *w)
+{
+    bool chat = w->kind == KT_API_CHAT;
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", w->id, "object",
+                          chat ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)w->created,
+                          "model", w->model, "choices");
+    if (chat)
+        json_object_set_new(j, "system_fingerprint", json_string("kt-serve"));
+    if (w->include_usage)
+        json_object_set_new(j, "usage", json_null());
+    return j;
+}
+
+static void emit(struct kt_buf *out, json_t *j)
+{
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s)
+        return;
+    kt_buf_puts(out, "data: ");
+    kt_buf_puts(out, s);
+    kt_buf_puts(out, "\n\n");
+    free(s);
+}
+
+/* The chat delta of choice c since the last chunk; NULL when there is none. */
+static json_t *chat_delta(struct kt_response_choice *rc)
+{
+    struct kt_output *o = &rc->out;
+    json_t *delta = json_object();
+    if (o->reasoning.len > o->reasoning_sent) {
+        json_object_set_new(delta, "reasoning_content",
+                            kt_json_text(o->reasoning.bytes + o->reasoning_sent, o->reasoning.len - o->reasoning_sent));
+        o->reasoning_sent = o->reasoning.len;
+    }
+    if (o->content.len > o->content_sent) {
+        json_object_set_new(delta, "content",
+                            kt_json_text(o->content.bytes + o->content_sent, o->content.len - o->content_sent));
+        o->content_sent = o->content.len;
+    }
+    json_t *calls = json_array();
+    for (size_t i = 0; i < o->n_calls; i++) {
+        struct kt_output_call *call = &o->calls[i];
+        size_t fresh = call->arguments.len - call->arguments_sent;
+        if (call->header_sent && fresh == 0)
+            continue;
+        json_t *fn = json_object();
+        json_t *j = json_pack("{s:I}", "index", (json_int_t)i);
+        if (!call->header_sent) {
+            json_object_set_new(j, "id", json_string(call->id));
+            json_object_set_new(j, "type", json_string("function"));
+            json_object_set_new(fn, "name", kt_json_text(call->name, strlen(call->name)));
+            call->header_sent = true;
+        }
+        json_object_set_new(fn, "arguments", kt_json_text(call->arguments.bytes ? call->arguments.bytes + call->arguments_sent : "", fresh));
+        call->arguments_sent = call->arguments.len;
+        json_object_set_new(j, "function", fn);
+        json_array_append_new(calls, j);
+    }
+    if (json_array_size(calls))
+        json_object_set_new(delta, "tool_calls", calls);
+    else
+        json_decref(calls);
+    if (json_object_size(delta) == 0) {
+        json_decref(delta);
+        return NULL;
+    }
+    return delta;
+}
+
+bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
+{
+    if (w->done_sent)
+        return true;
+    bool chat = w->kind == KT_API_CHAT;
+    if (chat && !w->role_sent) {
+        for (uint32_t c = 0; c < w->job->n; c++) {
+            json_t *j = chunk_base(w);
+            json_array_append_new(json_object_get(j, "choices"),
+                                  json_pack("{s:I, s:{s:s, s:s}, s:n, s:n}", "index", (json_int_t)c, "delta", "role",
+                                            "assistant", "content", "", "logprobs", "finish_reason"));
+            emit(out, j);
+        }
+        w->role_sent = true;
+    }
+    if (!chat && !w->echo_sent) {
+        for (uint32_t c = 0; c < w->job->n; c++) {
+            json_t *j = chunk_base(w);
+            const char *echo = w->job->prompt.echo;
+            json_array_append_new(json_object_get(j, "choices"),
+                                  json_pack("{s:I, s:o, s:n, s:n}", "index", (json_int_t)c, "text",
+                                            kt_json_text(echo, strlen(echo)), "logprobs", "finish_reason"));
+            emit(out, j);
+        }
+        w->echo_sent = true;
+    }
+    struct kt_api_error e;
+    bool failed = w->job_done && kt_response_job_error(w, &e);
+    for (uint32_t c = 0; c < w->job->n && !failed; c++) {
+        struct kt_response_choice *rc = &w->ch[c];
+        if (rc->finish_sent)
+            continue;
+        json_t *choice = json_pack("{s:I}", "index", (json_int_t)c);
+        bool any = false;
+        if (chat) {
+            json_t *delta = chat_delta(rc);
+            any = delta != NULL;
+            json_object_set_new(choice, "delta", delta ? delta : json_object());
+        } else {
+            size_t fresh = rc->text.len - rc->text_sent;
+            json_object_set_new(choice, "text", kt_json_text(rc->text.bytes ? rc->text.bytes + rc->text_sent : "",
+                                                             fresh));
+            rc->text_sent = rc->text.len;
+            any = fresh > 0;
+        }
+        if (rc->n_lp) {
+            json_object_set_new(choice, "logprobs", chat ? chat_logprobs(w, rc->lp, rc->n_lp)
+                                                         : completion_logprobs(w, rc->lp, rc->n_lp, 0));
+            rc->n_lp = 0;
+            any = true;
+        } else {
+            json_object_set_new(choice, "logprobs", json_null());
+        }
+        bool finishing = rc->finish != KT_FINISH_NONE;
+        json_object_set_new(choice, "finish_reason", finishing ? json_string(finish_reason(w, rc)) : json_null());
+        if (finishing) {
+            json_object_set_new(choice, "stop_reason", stop_reason(w, rc));
+            rc->finish_sent = true;
+        }
+        if (!any && !finishing) {
+            json_decref(choice);
+            continue;
+        }
+        json_t *j = chunk_base(w);
+        json_array_append_new(json_object_get(j, "choices"), choice);
+        emit(out, j);
+    }
+    if (!w->job_done)
+        return false;
+    if (failed) {
+        emit(out, kt_api_error_json(&e)); /* the SDKs raise it as an APIError */
+    } else if (w->include_usage) {
+        json_t *j = chunk_base(w);
+        json_object_set_new(j, "usage", usage(w));
+        emit(out, j);
+    }
+    kt_buf_puts(out, "data: [DONE]\n\n");
+    w->done_sent = true;
+    return true;
+}
+
+/* ---- final objects ------------------------------------------------------------------------------ */
+
+json_t *kt_response_final(struct kt_response *w, struct kt_api_error *e)
+{
+    if (kt_response_job_error(w, e))
+        return NULL;
+    bool chat = w->kind == KT_API_CHAT;
+    json_t *choices = json_array();
+    for (uint32_t c = 0; c < w->job->n; c++) {
+        struct kt_response_choice *rc = &w->ch[c];
+        json_t *choice = json_pack("{s:I}", "index", (json_int_t)c);
+        if (chat) {
+            struct kt_output *o = &rc->out;
+            json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text_or_null(&o->content));
+            if (o->reasoning.len)
+                json_object_set_new(msg, "reasoning_content", text_or_null(&o->reasoning));
+            if (o->n_calls) {
+                json_t *calls = json_array();
+                for (size_t i = 0; i < o->n_calls; i++)
+                    json_array_append_new(calls, tool_call_json(&o->calls[i], i, false));
+                json_object_set_new(msg, "tool_calls", calls);
+            }
+            json_object_set_new(choice, "message", msg);
+            json_object_set_new(choice, "logprobs", w->job->logprobs ? chat_logprobs(w, rc->lp, rc->n_lp) : json_null());
+        } else {
+            struct kt_buf text = {0};
+            if (w->job->prompt.echo)
+                kt_buf_puts(&text, w->job->prompt.echo);
+            kt_buf_append(&text, rc->text.bytes, rc->text.len);
+            json_object_set_new(choice, "text", kt_json_text(kt_buf_str(&text), text.len));
+            kt_buf_free(&text);
+            json_object_set_new(choice, "logprobs",
+                                w->job->logprobs ? completion_logprobs(w, rc->lp, rc->n_lp, 0) : json_null());
+        }
+        json_object_set_new(choice, "finish_reason", json_string(finish_reason(w, rc)));
+        json_object_set_new(choice, "stop_reason", stop_reason(w, rc));
+        json_array_append_new(choices, choice);
+    }
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", w->id, "object",
+                          chat ? "chat.completion" : "text_completion", "created", (json_int_t)w->created, "model",
+                          w->model, "choices", choices, "usage", usage(w));
+    if (chat)
+        json_object_set_new(j, "system_fingerprint", json_string("kt-serve"));
+    return j;
+}
