@@ -12,10 +12,16 @@
  *   avx2    kernels/cpu/avx2 for F32/F16/BF16, Q8_0/Q4_0/Q5_0, Q4_K/Q5_K/Q6_K
  *           and the Q8_0/Q8_K quantizers; the scalar rows for the rest
  *           (Q4_1/Q5_1 against Q8_1)
- *           gemm: kernels/cpu/avx2/gemm_avx2.c for Q8_0 and Q4_K, a loop over
- *           vec_dot for the rest
- *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0 and Q4_K over the avx2
+ *           gemm: kernels/cpu/avx2/gemm_avx2.c for Q8_0 and Q4_K,
+ *           gemm_kquant_avx2.c for Q5_K and Q6_K, gemm_float_avx2.c for
+ *           F32/F16/BF16, a loop over vec_dot for the rest
+ *           packed: Q4_K and Q8_0 expert weights 8 rows per group
+ *           (kernels/cpu/avx2/packed_avx2.c)
+ *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0 and Q4_K and tiled gemms
+ *           for Q8_0, Q4_K, Q5_K, Q6_K (VNNI) and F32/F16/BF16 over the avx2
  *           rows (each level's features include AVX2's)
+ *           packed: Q4_K and Q8_0 expert weights 16 rows per group for
+ *           vpdpbusd (kernels/cpu/avx512/packed_avx512.c)
  *   amx     the avx512 rows, with Q8_0, Q4_K and BF16 expert weights packed for
  *           AMX tiles (kernels/cpu/amx/packed_amx.c; BF16 not bit-exact)
  */
@@ -34,6 +40,7 @@
 #include "cpu/avx2/gemm_kquant_avx2.h"
 #include "cpu/avx2/gemv_q4k_avx2.h"
 #include "cpu/avx2/kernels_avx2.h"
+#include "cpu/avx2/packed_avx2.h"
 #endif
 #ifdef KT_HAVE_AVX512_KERNELS
 #include "cpu/avx512/kernels_avx512.h"
@@ -156,6 +163,8 @@ static void fill_avx2(struct kt_cpu_kernels *t)
     for (size_t k = 0; k < sizeof avx2_gemms / sizeof avx2_gemms[0]; k++)
         t->type[avx2_gemms[k].type].gemm = avx2_gemms[k].gemm;
     t->type[KT_TYPE_Q4_K].gemv = kt_gemv_q4_K_q8_K_avx2; /* four rows per pass, bit for bit vec_dot */
+    t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx2; /* 8 rows per group, vpmaddubsw */
+    t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx2;
     for (int type = 0; type < KT_TYPE_COUNT; type++) {
         struct kt_cpu_type_kernels *row = &t->type[type];
         for (size_t k = 0; row->vec_dot && k < sizeof avx2_quantizers / sizeof avx2_quantizers[0]; k++)
@@ -184,8 +193,9 @@ static const struct dot_row avx512_dots[] = {KT_AVX512_DOTS(KT_DOT_ROW)};
 #include "cpu/avx512/gemm_kquant_avx512.h"
 #include "cpu/avx512/packed_avx512.h"
 
-/* The avx2 rows with the AVX-512 dot products and the VNNI tiled gemms
- * (kernels/cpu/avx512/gemm_avx512.c) laid over them. */
+/* The avx2 rows with the AVX-512 dot products and tiled gemms
+ * (kernels/cpu/avx512/gemm_avx512.c, gemm_kquant_avx512.c, gemm_float_avx512.c)
+ * laid over them. */
 static void fill_avx512(struct kt_cpu_kernels *t)
 {
     fill_avx2(t);

@@ -8,6 +8,13 @@
  *            2 x 7168 x 2048 x T, / the int8 dot peak (quantized types) or
  *            the FMA peak (float types); the table's gemm row where it has
  *            one, else gemv per token over blocks of rows
+ *   float    F32 and BF16 prefill (T and 4T tokens): kt's gemm as kt_matmul_q
+ *            runs it against oneDNN's sgemm (runtime/onednn_gemm.c), GFLOP/s
+ *            and / the FMA peak
+ *   packed   each level's packed expert layout (kernels/cpu/packed.h) at the
+ *            decode shape (1 token, GB/s of packed weights, / triad) and at
+ *            16 and 32 tokens over one matrix (the prefill of 128 tokens over
+ *            64 experts top-8, and twice that), / that level's int8 dot peak
  *
  * Weights are real blocks (random rows quantized by the type's reference
  * quantizer, tiled), activations are converted by the kernel's own
@@ -26,6 +33,7 @@
 #include "bench.h"
 #include "cpu/dispatch.h"
 #include "membw.h"
+#include "onednn_gemm.h"
 #include "peak.h"
 #include "quant.h"
 #include "threadpool.h"
@@ -120,8 +128,8 @@ static void prefill_task(void *ctx, int64_t begin, int64_t end, int thread)
 }
 
 /* Passes until `seconds` have gone (at least one); the fastest pass's seconds. */
-static double best_pass(struct kt_threadpool *pool, int64_t n_tasks, kt_parallel_fn fn, struct shape_job *j,
-                        double seconds, int *passes)
+static double best_pass(struct kt_threadpool *pool, int64_t n_tasks, kt_parallel_fn fn, void *j, double seconds,
+                        int *passes)
 {
     double best = INFINITY, start = kt_bench_now_seconds();
     *passes = 0;
@@ -244,6 +252,264 @@ static kt_status measure_kernel(struct kt_threadpool *pool, const struct kt_cpu_
     st = KT_OK;
 done:
     free(act), free(out);
+    return st;
+}
+
+/* ---- float weights: kt's gemm against oneDNN --------------------------------------- */
+
+/* Tasks of this many rows, as kt_matmul_q slices: its largest for kt's gemm,
+ * its fixed one for oneDNN. */
+#define FLOAT_TASK_ROWS 64
+#define ONEDNN_TASK_ROWS 128
+
+/* Prefill of F32 or BF16 weights over one ROWS x COLS matrix, one way. */
+struct float_job {
+    enum kt_type type;
+    const struct kt_cpu_type_kernels *k; /* NULL: oneDNN */
+    const uint8_t *w;                    /* (ROWS, row_bytes) */
+    size_t row_bytes;
+    const float *act;                    /* (n_tok, COLS) */
+    int64_t n_tok;
+    int64_t task_rows;
+    float *out;                          /* (n_tok, ROWS) */
+    _Atomic int failed;
+};
+
+static void float_task(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    struct float_job *j = ctx;
+    for (int64_t b = begin; b < end; b++) {
+        const int64_t r0 = b * j->task_rows, n = r0 + j->task_rows <= ROWS ? j->task_rows : ROWS - r0;
+        const uint8_t *w = j->w + (size_t)r0 * j->row_bytes;
+        kt_status st = KT_OK;
+        if (j->k)
+            j->k->gemm(COLS, w, j->row_bytes, n, j->act, COLS * sizeof(float), j->n_tok, j->out + r0, ROWS);
+        else if (j->type == KT_TYPE_F32)
+            st = kt_onednn_gemm_f32(COLS, (const float *)w, COLS, n, j->act, COLS, j->n_tok, j->out + r0, ROWS, NULL);
+        else
+            st = kt_onednn_gemm_bf16(COLS, (const kt_bf16 *)w, COLS, n, j->act, COLS, j->n_tok, j->out + r0, ROWS,
+                                     NULL);
+        if (st != KT_OK)
+            j->failed = 1;
+    }
+}
+
+/*
+ * F32 and BF16 weights at T and 4T tokens, both ways: kt's gemm row (the
+ * selected level's) and oneDNN's sgemm (runtime/onednn_gemm.c), each in tasks
+ * of rows as kt_matmul_q runs it: printed,
+ * and appended to jout.
+ */
+static kt_status measure_float_prefill(struct kt_threadpool *pool, const struct kt_bench_options *o, double fma_peak,
+                                       json_t *jout, kt_err *err)
+{
+    const enum kt_type types[] = {KT_TYPE_F32, KT_TYPE_BF16};
+    const struct kt_cpu_kernels *table = kt_cpu_kernels();
+    const int64_t max_tok = 4 * (int64_t)o->prefill_tokens;
+    printf("\nprefill of float weights: %d x %d matrix, in tasks of rows as kt_matmul_q: kt gemm (%s) %d rows, "
+           "oneDNN sgemm %d rows\n\n",
+           ROWS, COLS, kt_isa_name(table->isa), FLOAT_TASK_ROWS, ONEDNN_TASK_ROWS);
+    printf("%-6s %-7s %7s %14s %7s\n", "type", "path", "tokens", "GFLOP/s", "/peak");
+    kt_status st = KT_OK;
+    for (size_t i = 0; i < sizeof types / sizeof types[0] && st == KT_OK; i++) {
+        const enum kt_type type = types[i];
+        const struct kt_cpu_type_kernels *k = &table->type[type];
+        const size_t row_bytes = kt_type_row_bytes(type, COLS);
+        uint64_t seed = 0x51ed270b27a4c5d3ull ^ (uint64_t)type;
+        uint8_t *w = make_weights(type, ROWS, row_bytes, &seed);
+        uint8_t *act = make_acts(k, max_tok, COLS * sizeof(float), &seed);
+        float *out = malloc((size_t)(max_tok * ROWS) * sizeof(float));
+        if (!w || !act || !out) {
+            st = kt_err_set(err, KT_ERR_NOMEM, "cannot allocate the %s float prefill", kt_type_name(type));
+            goto next;
+        }
+        for (int64_t T = o->prefill_tokens; T <= max_tok && st == KT_OK; T *= 4)
+            for (int onednn = 0; onednn < 2; onednn++) {
+                struct float_job j = {type, onednn ? NULL : k, w, row_bytes, (const float *)act, T,
+                                      onednn ? ONEDNN_TASK_ROWS : FLOAT_TASK_ROWS, out, 0};
+                const int64_t tasks = (ROWS + j.task_rows - 1) / j.task_rows;
+                int passes = 0;
+                kt_threadpool_parallel_for(pool, tasks, 1, float_task, &j); /* untimed: weights into cache */
+                const double t = best_pass(pool, tasks, float_task, &j, o->seconds, &passes);
+                if (j.failed) {
+                    st = kt_err_set(err, KT_ERR_INVALID, "oneDNN failed on the %s float prefill", kt_type_name(type));
+                    break;
+                }
+                const double gflops = 2.0 * COLS * ROWS * (double)T / t * 1e-9;
+                const char *path = onednn ? "onednn" : kt_isa_name(table->isa);
+                printf("%-6s %-7s %7lld %14.2f %7.3f\n", kt_type_name(type), path, (long long)T, gflops,
+                       fma_peak > 0 ? gflops / fma_peak : 0.0);
+                fflush(stdout);
+                json_t *jr = json_object();
+                json_object_set_new(jr, "type", json_string(kt_type_name(type)));
+                json_object_set_new(jr, "path", json_string(path));
+                json_object_set_new(jr, "tokens", json_integer(T));
+                json_object_set_new(jr, "task_rows", json_integer(j.task_rows));
+                json_object_set_new(jr, "passes", json_integer(passes));
+                json_object_set_new(jr, "gflops", json_real(gflops));
+                if (fma_peak > 0)
+                    json_object_set_new(jr, "ratio_to_peak", json_real(gflops / fma_peak));
+                json_array_append_new(jout, jr);
+            }
+    next:
+        free(w), free(act), free(out);
+    }
+    return st;
+}
+
+/* ---- packed expert layouts --------------------------------------------------------- */
+
+/* Rows per gemm call: a whole number of groups for every format, and enough
+ * that a call's per-token setup is a small share of it. */
+#define PACKED_TASK_ROWS 256
+
+/* Tokens per expert matrix at prefill: 128 tokens x top-8 over 64 experts, and twice that. */
+static const int64_t packed_tokens[] = {16, 32};
+#define N_PACKED_TOKENS (sizeof packed_tokens / sizeof packed_tokens[0])
+
+struct packed_job {
+    const struct kt_packed_format *f;
+    const uint8_t *w;   /* n_rows packed rows of COLS */
+    int64_t n_rows;
+    const uint8_t *act; /* (n_tok, act_bytes) */
+    size_t act_bytes;
+    int64_t n_tok;
+    float *out;         /* (n_tok, n_rows) */
+};
+
+static void packed_task(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    (void)thread;
+    const struct packed_job *j = ctx;
+    for (int64_t b = begin; b < end; b++) {
+        const int64_t r0 = b * PACKED_TASK_ROWS;
+        const int64_t n = r0 + PACKED_TASK_ROWS <= j->n_rows ? PACKED_TASK_ROWS : j->n_rows - r0;
+        j->f->gemm(COLS, kt_packed_rows(j->f, j->w, COLS, r0), n, j->act, j->act_bytes, j->n_tok, j->out + r0,
+                   j->n_rows);
+    }
+}
+
+/* The int8 dot peak measured at a level in this run; 0 if none was. */
+static double int8_peak_at(const struct kt_peak_result *peaks, int n_peaks, enum kt_isa isa)
+{
+    for (int i = 0; i < n_peaks; i++)
+        if (peaks[i].kind == KT_PEAK_DOT_INT8 && peaks[i].isa == isa)
+            return peaks[i].best_gops;
+    return 0.0;
+}
+
+/*
+ * For each level's packed format of Q4_K and Q8_0 (a level whose format is a
+ * lower level's is skipped): decode over as many packed 2048 x 7168 matrices
+ * as the decode shape of the GGUF rows, and prefill at packed_tokens over the
+ * first, in tasks of PACKED_TASK_ROWS rows: printed, and appended to jout.
+ */
+static kt_status measure_packed(struct kt_threadpool *pool, const struct kt_bench_options *o, double triad_gbps,
+                                const struct kt_peak_result *peaks, int n_peaks, json_t *jout, kt_err *err)
+{
+    const enum kt_type types[] = {KT_TYPE_Q4_K, KT_TYPE_Q8_0};
+    const int64_t max_tok = packed_tokens[N_PACKED_TOKENS - 1];
+    const enum kt_isa isa_max = kt_cpu_kernels()->isa_max;
+    printf("\npacked expert layouts: decode 1 token over >= %zu MiB of packed matrices; prefill %lld and %lld "
+           "tokens x one matrix; %d rows per call\n\n",
+           decode_working_set() >> 20, (long long)packed_tokens[0], (long long)packed_tokens[1], PACKED_TASK_ROWS);
+    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s %s\n", "format", "isa", "decode", "/triad", "weights",
+           "prefill16", "/peak", "prefill32", "/peak", "peak");
+    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s\n", "", "", "GB/s", "", "MiB", "GFLOP/s", "", "GFLOP/s", "");
+    kt_status st = KT_OK;
+    for (size_t i = 0; i < sizeof types / sizeof types[0] && st == KT_OK; i++) {
+        const enum kt_type type = types[i];
+        const size_t row_bytes = kt_type_row_bytes(type, COLS);
+        uint64_t seed = 0x6a09e667f3bcc909ull ^ (uint64_t)type;
+        uint8_t *w = make_weights(type, ROWS, row_bytes, &seed);
+        if (!w)
+            return kt_err_set(err, KT_ERR_NOMEM, "cannot allocate the %s matrix", kt_type_name(type));
+        for (int isa = 0; isa <= (int)isa_max && st == KT_OK; isa++) {
+            const struct kt_cpu_kernels *table = kt_cpu_kernels_for((enum kt_isa)isa);
+            const struct kt_packed_format *f = table ? table->type[type].packed : NULL;
+            bool seen = false;
+            for (int lower = 0; f && lower < isa; lower++)
+                seen = seen || kt_cpu_kernels_for((enum kt_isa)lower)->type[type].packed == f;
+            if (!f || seen || (o->isa_mask && !(o->isa_mask & (1u << isa))))
+                continue;
+            const struct kt_cpu_type_kernels *k = &table->type[type];
+            const size_t act_bytes = kt_type_row_bytes(k->vec_dot_type, COLS);
+            const size_t matrix_bytes = kt_packed_bytes(f, COLS, ROWS);
+            const int experts = decode_experts(type);
+            const size_t huge = (size_t)2 << 20, bytes = ((size_t)experts * matrix_bytes + huge - 1) & ~(huge - 1);
+            uint8_t *packed = aligned_alloc(huge, bytes), *act = make_acts(k, max_tok, act_bytes, &seed);
+            float *out = malloc((size_t)experts * ROWS * sizeof(float));
+            if (!packed || !act || !out) {
+                st = kt_err_set(err, KT_ERR_NOMEM, "cannot allocate the packed %s matrices", f->name);
+                goto next;
+            }
+            madvise(packed, bytes, MADV_HUGEPAGE);
+            f->pack(COLS, w, row_bytes, ROWS, packed);
+            for (int e = 1; e < experts; e++) /* whole groups: the experts' rows packed back to back */
+                memcpy(packed + (size_t)e * matrix_bytes, packed, matrix_bytes);
+
+            int decode_passes = 0, prefill_passes[N_PACKED_TOKENS];
+            double prefill_gflops[N_PACKED_TOKENS];
+            struct packed_job j = {f, packed, (int64_t)experts * ROWS, act, act_bytes, 1, out};
+            double t = best_pass(pool, (j.n_rows + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS, packed_task, &j,
+                                 o->seconds, &decode_passes);
+            const double decode_gbps = (double)experts * (double)matrix_bytes / t * 1e-9;
+            for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+                j = (struct packed_job){f, packed, ROWS, act, act_bytes, packed_tokens[ti], out};
+                const int64_t tasks = (ROWS + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS;
+                kt_threadpool_parallel_for(pool, tasks, 1, packed_task, &j); /* untimed: the matrix into cache */
+                t = best_pass(pool, tasks, packed_task, &j, o->seconds, &prefill_passes[ti]);
+                prefill_gflops[ti] = 2.0 * COLS * ROWS * (double)packed_tokens[ti] / t * 1e-9;
+            }
+
+            const double peak = int8_peak_at(peaks, n_peaks, (enum kt_isa)isa);
+            char ratio[N_PACKED_TOKENS][16];
+            for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+                strcpy(ratio[ti], "-");
+                if (peak > 0)
+                    snprintf(ratio[ti], sizeof ratio[ti], "%.3f", prefill_gflops[ti] / peak);
+            }
+            printf("%-16s %-7s %9.2f %7.3f %8.0f %10.2f %7s %10.2f %7s %s %s\n", f->name, kt_isa_name((enum kt_isa)isa),
+                   decode_gbps, decode_gbps / triad_gbps, (double)experts * (double)matrix_bytes / (1 << 20),
+                   prefill_gflops[0], ratio[0], prefill_gflops[1], ratio[1],
+                   kt_peak_kind_name(KT_PEAK_DOT_INT8), peak > 0 ? kt_isa_name((enum kt_isa)isa) : "(none)");
+            fflush(stdout);
+
+            json_t *jr = json_object();
+            json_object_set_new(jr, "format", json_string(f->name));
+            json_object_set_new(jr, "type", json_string(kt_type_name(type)));
+            json_object_set_new(jr, "isa", json_string(kt_isa_name((enum kt_isa)isa)));
+            json_object_set_new(jr, "rows_per_group", json_integer(f->rows));
+            json_object_set_new(jr, "exact", json_boolean(f->exact));
+            json_object_set_new(jr, "task_rows", json_integer(PACKED_TASK_ROWS));
+            json_t *jd = json_object();
+            json_object_set_new(jd, "weight_bytes", json_integer((json_int_t)((size_t)experts * matrix_bytes)));
+            json_object_set_new(jd, "experts", json_integer(experts));
+            json_object_set_new(jd, "passes", json_integer(decode_passes));
+            json_object_set_new(jd, "gbps", json_real(decode_gbps));
+            json_object_set_new(jd, "ratio_to_triad", json_real(decode_gbps / triad_gbps));
+            json_object_set_new(jr, "decode", jd);
+            json_t *jp = json_array();
+            for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+                json_t *jt = json_object();
+                json_object_set_new(jt, "tokens", json_integer(packed_tokens[ti]));
+                json_object_set_new(jt, "passes", json_integer(prefill_passes[ti]));
+                json_object_set_new(jt, "gflops", json_real(prefill_gflops[ti]));
+                json_object_set_new(jt, "peak", json_string(kt_peak_kind_name(KT_PEAK_DOT_INT8)));
+                if (peak > 0) {
+                    json_object_set_new(jt, "peak_isa", json_string(kt_isa_name((enum kt_isa)isa)));
+                    json_object_set_new(jt, "ratio_to_peak", json_real(prefill_gflops[ti] / peak));
+                }
+                json_array_append_new(jp, jt);
+            }
+            json_object_set_new(jr, "prefill", jp);
+            json_array_append_new(jout, jr);
+        next:
+            free(packed), free(act), free(out);
+        }
+        free(w);
+    }
     return st;
 }
 
@@ -374,6 +640,14 @@ int kt_bench_kernels(const struct kt_bench_options *o)
         }
         free(w);
     }
+    json_t *jpacked = json_array();
+    json_object_set_new(root, "packed", jpacked);
+    if (measure_packed(pool, o, triad.best_gbps, peaks, n_peaks, jpacked, &err) != KT_OK)
+        goto fail;
+    json_t *jfloat = json_array();
+    json_object_set_new(root, "float_prefill", jfloat);
+    if (measure_float_prefill(pool, o, best_peak[KT_PEAK_FMA_F32], jfloat, &err) != KT_OK)
+        goto fail;
 
     json_object_set_new(root, "tool", json_string("kt-bench"));
     json_object_set_new(root, "command", json_string("kernels"));

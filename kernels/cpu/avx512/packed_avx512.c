@@ -6,16 +6,18 @@
  * One zmm lane is one weight row: a 64-byte vector holds 4 consecutive
  * weights of each of 16 rows, so one vpdpbusd against a 4-byte activation
  * broadcast ({1to16} from memory) adds 16 rows x 4 products for one token,
- * and a weight vector loaded (and unpacked) once serves a register tile of
- * up to 16 tokens.  Every output equals the reference vec_dot
+ * and a weight vector loaded (and unpacked) once serves a tile of up to 16
+ * tokens.  Every output equals the reference vec_dot
  * (kernels/cpu/ref/vec_dot_ref.c) bit for bit: each block's integer sums are
- * exact in int32 (vpdpbusd and vpdpwssd never saturate, and every partial is
- * bounded below), and each row lane forms its block's float term with the
- * reference's expression and adds it in block order.  This file must never
- * merge two blocks' integer sums before their float scale, never reorder or
- * fuse (FMA) the float steps (-ffp-contract=off), never read a weight or an
- * activation row past its n elements, and never write y outside the
- * n_rows x n_tok outputs.  Packed buffers must be 64-byte aligned.
+ * exact in int32 (vpdpbusd and vpdpwssd never saturate, and each layout below
+ * states the bounds of its partials), and each row lane forms its block's
+ * float term with the reference's expression and adds it in block order,
+ * for any activation bytes (no quant range or bsums consistency is assumed).
+ * This file must never merge two blocks' integer sums before their float
+ * scale, never reorder or fuse (FMA) the float steps (-ffp-contract=off),
+ * never read a weight or an activation row past its n elements, and never
+ * write y outside the n_rows x n_tok outputs.  Packed buffers must be 64-byte
+ * aligned.
  */
 #if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__) || !defined(__AVX512VNNI__)
 #error "packed_avx512.c needs the AVX-512 level flags (kernels/CMakeLists.txt sets them for cpu/avx512/*.c)"
@@ -24,6 +26,7 @@
 #include "cpu/avx512/packed_avx512.h"
 #include "cpu/avx2/simd_avx2.h"
 
+#include <limits.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -37,14 +40,34 @@ static inline __mmask16 row_mask(int64_t rows_left)
 }
 
 /* Prefetches the weight line `ahead` bytes past p (an integer address: it may
- * lie past the end of the buffer, and a prefetch never faults). */
-static inline void prefetch_weights(const void *p, size_t ahead)
+ * lie past the end of the buffer, and a prefetch never faults).  Always
+ * inlined: GCC 12 deems a function holding only a prefetch const and drops
+ * the calls it did not inline. */
+static inline __attribute__((always_inline)) void prefetch_weights(const void *p, size_t ahead)
 {
     _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
 }
 
 /* Streaming distance for the decode shape (see KT_AVX2_PREFETCH_BYTES). */
 #define PREFETCH_BYTES 4096
+
+/* ---- the inner products are asm ------------------------------------------------- */
+
+/*
+ * GCC 12 neither folds activation broadcasts into vpdpbusd ({1to16} from
+ * memory) nor keeps 16 accumulators in place across a loop (it copies and
+ * spills them), and the out-of-order core overlaps the vpdpbusd chains of
+ * several tokens well only when they are interleaved in program order:
+ * together a fifth to a third of the speed.  So the innermost products are
+ * small asm blocks; everything around them (unpacking, scales, the float
+ * steps in the reference's order) stays C.  M(c, t) for the K tokens of a
+ * block, t = 0 .. K-1:
+ */
+#define TOKENS1(M, c) M(c, 0)
+#define TOKENS2(M, c) M(c, 0) M(c, 1)
+#define TOKENS4(M, c) M(c, 0) M(c, 1) M(c, 2) M(c, 3)
+#define TOKENS8(M, c) TOKENS4(M, c) M(c, 4) M(c, 5) M(c, 6) M(c, 7)
+#define TOKENS16(M, c) TOKENS8(M, c) M(c, 8) M(c, 9) M(c, 10) M(c, 11) M(c, 12) M(c, 13) M(c, 14) M(c, 15)
 
 /* ---- Q4_K x Q8_K ----------------------------------------------------------------- */
 
@@ -138,16 +161,58 @@ static inline __m512i q4_K_min_pairs(const uint8_t m16[16])
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)m16)), ctrl);
 }
 
+/* sq + sc * (the 16-element dot of w0..w3 with q[0..15]) per lane (see above),
+ * then q += stride: the next token's half.  Walking one pointer keeps every
+ * address base + displacement (an indexed one would cost the vpdpbusd its
+ * micro-fusion, which measured slower than interleaving tokens gains). */
+static inline __m512i q4_K_half(__m512i sq, __m512i w0, __m512i w1, __m512i w2, __m512i w3, __m512i sc,
+                                const uint8_t **q, size_t stride)
+{
+    __m512i x;
+    __asm__("vpxord %[x], %[x], %[x]\n\t"
+            "vpdpbusd (%[q])%{1to16%}, %[w0], %[x]\n\t"
+            "vpdpbusd 4(%[q])%{1to16%}, %[w1], %[x]\n\t"
+            "vpdpbusd 8(%[q])%{1to16%}, %[w2], %[x]\n\t"
+            "vpdpbusd 12(%[q])%{1to16%}, %[w3], %[x]\n\t"
+            "vpdpwssd %[sc], %[x], %[sq]\n\t"
+            "add %[stride], %[q]"
+            : [sq] "+v"(sq), [x] "=&v"(x), [q] "+r"(*q)
+            : [w0] "v"(w0), [w1] "v"(w1), [w2] "v"(w2), [w3] "v"(w3), [sc] "v"(sc), [stride] "r"(stride),
+              "m"(*(const uint8_t(*)[16]) * q)
+            : "cc");
+    return sq;
+}
+
+/* sum_j m_j * (bsums[2j] + bsums[2j+1]) per lane, mp[j] = (m_j, m_j) words. */
+static inline __m512i q4_K_mins(const __m512i mp[8], const uint8_t *bsums)
+{
+    __m512i sm;
+    __asm__("vpxord %[sm], %[sm], %[sm]\n\t"
+            "vpdpwssd (%[b])%{1to16%}, %[m0], %[sm]\n\t"
+            "vpdpwssd 4(%[b])%{1to16%}, %[m1], %[sm]\n\t"
+            "vpdpwssd 8(%[b])%{1to16%}, %[m2], %[sm]\n\t"
+            "vpdpwssd 12(%[b])%{1to16%}, %[m3], %[sm]\n\t"
+            "vpdpwssd 16(%[b])%{1to16%}, %[m4], %[sm]\n\t"
+            "vpdpwssd 20(%[b])%{1to16%}, %[m5], %[sm]\n\t"
+            "vpdpwssd 24(%[b])%{1to16%}, %[m6], %[sm]\n\t"
+            "vpdpwssd 28(%[b])%{1to16%}, %[m7], %[sm]"
+            : [sm] "=&v"(sm)
+            : [m0] "v"(mp[0]), [m1] "v"(mp[1]), [m2] "v"(mp[2]), [m3] "v"(mp[3]), [m4] "v"(mp[4]),
+              [m5] "v"(mp[5]), [m6] "v"(mp[6]), [m7] "v"(mp[7]), [b] "r"(bsums), "m"(*(const uint8_t(*)[32])bsums));
+    return sm;
+}
+
 /*
  * y[t * y_stride + r] = dot(row r, token t) for the rows of one group (rmask)
- * and nt tokens from a (Q8_K rows act_bytes apart).  Lane r of acc[t] (the
- * caller's 16 x 16 floats: in memory, so the 16 integer sums own the
- * registers) is the reference's `sum` for (r, t), taking per super-block
+ * and nt tokens from a (Q8_K rows act_bytes apart).  Lane r of acc[t] is the
+ * reference's `sum` for (r, t), taking per super-block
  *   (d * da) * (float)sum_q - (dmin * da) * (float)sum_m.
+ * acc and mins (the second product, formed first) are the caller's 16 x 16
+ * floats each: in memory, so the 16 integer sums sum_q own the registers.
  */
 static inline __attribute__((always_inline)) void q4_K_tile(int64_t nb, const uint8_t *g, const uint8_t *a,
-                                                            size_t act_bytes, const int nt, float *acc, float *y,
-                                                            int64_t y_stride, __mmask16 rmask)
+                                                            size_t act_bytes, const int nt, float *acc, float *mins,
+                                                            float *y, int64_t y_stride, __mmask16 rmask)
 {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     for (int t = 0; t < nt; t++)
@@ -155,6 +220,20 @@ static inline __attribute__((always_inline)) void q4_K_tile(int64_t nb, const ui
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *s = g + (size_t)i * Q4K_SB_BYTES;
         const size_t act_off = (size_t)i * sizeof(struct kt_block_q8_K);
+        for (int line = Q4K_SC; line < Q4K_SB_BYTES; line += 64) /* the h loop prefetches the quants */
+            prefetch_weights(s + line, PREFETCH_BYTES);
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q4K_DMIN)));
+        __m512i mp[8];
+        for (int j = 0; j < 8; j++)
+            mp[j] = q4_K_min_pairs(s + Q4K_M + 16 * j);
+        const uint8_t *yb = a + act_off; /* token t's super-block i, t = 0 first */
+        for (int t = 0; t < nt; t++, yb += act_bytes) {
+            float da;
+            memcpy(&da, yb, sizeof da);
+            const __m512i sm = q4_K_mins(mp, yb + Q8K_BSUMS);
+            const __m512 scale = _mm512_mul_ps(dmin, _mm512_set1_ps(da));
+            _mm512_store_ps(mins + 16 * t, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sm)));
+        }
         __m512i sq[TOKENS];
         for (int t = 0; t < nt; t++)
             sq[t] = _mm512_setzero_si512();
@@ -163,34 +242,20 @@ static inline __attribute__((always_inline)) void q4_K_tile(int64_t nb, const ui
             prefetch_weights(s + 128 * h + 64, PREFETCH_BYTES);
             const __m512i p0 = _mm512_load_si512((const void *)(s + 128 * h));
             const __m512i p1 = _mm512_load_si512((const void *)(s + 128 * h + 64));
-            const __m512i w0 = _mm512_and_si512(p0, low4), w1 = _mm512_and_si512(_mm512_srli_epi16(p0, 4), low4);
-            const __m512i w2 = _mm512_and_si512(p1, low4), w3 = _mm512_and_si512(_mm512_srli_epi16(p1, 4), low4);
+            const __m512i w[4] = {_mm512_and_si512(p0, low4), _mm512_and_si512(_mm512_srli_epi16(p0, 4), low4),
+                                  _mm512_and_si512(p1, low4), _mm512_and_si512(_mm512_srli_epi16(p1, 4), low4)};
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(s + Q4K_SC + 16 * (h / 2))));
-            for (int t = 0; t < nt; t++) {
-                const uint8_t *q = a + (size_t)t * act_bytes + act_off + Q8K_QS + 16 * h;
-                __m512i x = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w0, _mm512_set1_epi32((int)load_u32(q)));
-                x = _mm512_dpbusd_epi32(x, w1, _mm512_set1_epi32((int)load_u32(q + 4)));
-                x = _mm512_dpbusd_epi32(x, w2, _mm512_set1_epi32((int)load_u32(q + 8)));
-                x = _mm512_dpbusd_epi32(x, w3, _mm512_set1_epi32((int)load_u32(q + 12)));
-                sq[t] = _mm512_dpwssd_epi32(sq[t], x, sc);
-            }
+            const uint8_t *q = a + act_off + Q8K_QS + 16 * h; /* token 0's half, then each next */
+            for (int t = 0; t < nt; t++)
+                sq[t] = q4_K_half(sq[t], w[0], w[1], w[2], w[3], sc, &q, act_bytes);
         }
-        __m512i mp[8];
-        for (int j = 0; j < 8; j++)
-            mp[j] = q4_K_min_pairs(s + Q4K_M + 16 * j);
         const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q4K_D)));
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q4K_DMIN)));
         for (int t = 0; t < nt; t++) {
-            const uint8_t *yb = a + (size_t)t * act_bytes + act_off;
-            __m512i sm = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp[0],
-                                             _mm512_set1_epi32((int)load_u32(yb + Q8K_BSUMS)));
-            for (int j = 1; j < 8; j++)
-                sm = _mm512_dpwssd_epi32(sm, mp[j], _mm512_set1_epi32((int)load_u32(yb + Q8K_BSUMS + 4 * j)));
             float da;
-            memcpy(&da, yb, sizeof da);
-            const __m512 vda = _mm512_set1_ps(da);
-            const __m512 term = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d, vda), _mm512_cvtepi32_ps(sq[t])),
-                                              _mm512_mul_ps(_mm512_mul_ps(dmin, vda), _mm512_cvtepi32_ps(sm)));
+            memcpy(&da, a + (size_t)t * act_bytes + act_off, sizeof da);
+            const __m512 scale = _mm512_mul_ps(d, _mm512_set1_ps(da));
+            const __m512 term = _mm512_sub_ps(_mm512_mul_ps(scale, _mm512_cvtepi32_ps(sq[t])),
+                                              _mm512_load_ps(mins + 16 * t));
             _mm512_store_ps(acc + 16 * t, _mm512_add_ps(_mm512_load_ps(acc + 16 * t), term));
         }
     }
@@ -199,15 +264,15 @@ static inline __attribute__((always_inline)) void q4_K_tile(int64_t nb, const ui
 }
 
 typedef void (*q4_K_tile_fn)(int64_t nb, const uint8_t *g, const uint8_t *a, size_t act_bytes, float *acc,
-                             float *y, int64_t y_stride, __mmask16 rmask);
+                             float *mins, float *y, int64_t y_stride, __mmask16 rmask);
 
 #define TILE_COUNTS(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16)
 
 #define Q4K_TILE(nt)                                                                                     \
     static void q4_K_tile_##nt(int64_t nb, const uint8_t *g, const uint8_t *a, size_t act_bytes, float *acc, \
-                               float *y, int64_t y_stride, __mmask16 rmask)                               \
+                               float *mins, float *y, int64_t y_stride, __mmask16 rmask)                  \
     {                                                                                                    \
-        q4_K_tile(nb, g, a, act_bytes, nt, acc, y, y_stride, rmask);                                     \
+        q4_K_tile(nb, g, a, act_bytes, nt, acc, mins, y, y_stride, rmask);                               \
     }
 TILE_COUNTS(Q4K_TILE)
 #define Q4K_TILE_REF(nt) q4_K_tile_##nt,
@@ -220,14 +285,14 @@ static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
 {
     const int64_t nb = n / KT_QK_K;
     const size_t gb = q4_K_group_bytes(n);
-    float acc[TOKENS * ROWS] __attribute__((aligned(64)));
+    float acc[TOKENS * ROWS] __attribute__((aligned(64))), mins[TOKENS * ROWS] __attribute__((aligned(64)));
     for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
         const uint8_t *g = (const uint8_t *)w + (size_t)(r0 / ROWS) * gb;
         const __mmask16 rmask = row_mask(n_rows - r0);
         for (int64_t t0 = 0; t0 < n_tok; t0 += TOKENS) {
             const int64_t nt = n_tok - t0 < TOKENS ? n_tok - t0 : TOKENS;
             q4_K_tiles[nt - 1](nb, g, (const uint8_t *)a + (size_t)t0 * act_bytes, act_bytes, acc,
-                               y + t0 * y_stride + r0, y_stride, rmask);
+                               mins, y + t0 * y_stride + r0, y_stride, rmask);
         }
     }
 }
@@ -259,12 +324,11 @@ const struct kt_packed_format kt_packed_q4_K_avx512 = {
  * never read; rows past n_rows in the last group are zero bytes throughout.
  *
  * sum (w+128)*a = sum w*a + 128 * sum a: the accumulator of each (block,
- * token) starts at -128 * sum a (|.| <= 2^19), computed once per call for
- * each token and block, and every partial stays far inside int32.
+ * token) starts at -128 * sum a (|.| <= 2^19) and every partial stays far
+ * inside int32.
  */
 #define Q8_0_PAIR_BYTES 1088
 #define Q8_0_D 1024
-#define Q8_0_TERMS 4096 /* (token, block) terms prepared at once: 32 KiB of stack */
 
 static_assert(Q8_0_PAIR_BYTES % 64 == 0, "q8_0 pair slices stay 64-byte aligned");
 
@@ -295,114 +359,237 @@ static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
     }
 }
 
-/* What a token contributes to every row's block term, prepared once per call. */
-struct q8_0_act_term {
-    float d;      /* the block's scale */
-    int32_t bias; /* -128 * sum of its quants */
-};
+/*
+ * Activations, rearranged once per call into panels: for a token tile of nt
+ * tokens (ta = nt rounded up to a power of two) and one block, 40 * ta bytes
+ *
+ *   offset   bytes   contents
+ *   0        32 ta   q[c][t][e] = quant 4c + e of token t, c = 0..7
+ *   32 ta    4 ta    bias[t] = -128 * sum of token t's quants (int32)
+ *   36 ta    4 ta    d[t]    = token t's scale (float)
+ *
+ * so token t's bytes of chunk c sit at the constant offset 4 (ta c + t) from
+ * the panel: one base register, no index (an indexed address would cost the
+ * vpdpbusd its micro-fusion), for any number of tokens interleaved.  Panels
+ * of consecutive blocks follow each other; slots t >= nt are never read.
+ */
+#define Q8_0_SCRATCH_BYTES (40 * 1024) /* panels of one (token, k) chunk, on the stack */
+#define Q8_0_CHUNK_TILES 4             /* token tiles sharing a k chunk (64 tokens) */
 
-/* terms[t * kb + b] for nt tokens from a and kb blocks from b0. */
-static void q8_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt, int64_t b0, int64_t kb,
-                         struct q8_0_act_term *terms)
+static inline int tile_slots(int64_t nt)
 {
+    return nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16;
+}
+
+/*
+ * The panel of a full tile (16 tokens) for block b: the 16 x 8 quant dwords
+ * transposed with two 8 x 8 transposes side by side (tokens 0-7 in the low
+ * 256 bits, 8-15 in the high), the biases from vpdpbusd of ones against the
+ * transposed quants, the scales by one gather.  A tenth of the scalar path's
+ * work, which matters when a call covers few rows.
+ */
+static void q8_0_panel16(const uint8_t *a, size_t act_bytes, int64_t b, uint8_t *p)
+{
+    const uint8_t *q = a + (size_t)b * sizeof(struct kt_block_q8_0); /* token 0's block */
+    __m512i r[8];
+    for (int t = 0; t < 8; t++)
+        r[t] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + (size_t)t * act_bytes + 2))),
+            _mm256_loadu_si256((const __m256i *)(q + (size_t)(t + 8) * act_bytes + 2)), 1);
+    __m512i u[8], v[8];
+    for (int k = 0; k < 4; k++) {
+        u[2 * k] = _mm512_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
+        u[2 * k + 1] = _mm512_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int h = 0; h < 2; h++) {
+            v[4 * k + 2 * h] = _mm512_unpacklo_epi64(u[4 * k + h], u[4 * k + h + 2]);
+            v[4 * k + 2 * h + 1] = _mm512_unpackhi_epi64(u[4 * k + h], u[4 * k + h + 2]);
+        }
+    /* v[4k + m], m = 0..3: dword m (lane 0) and m + 4 (lane 1) of tokens 4k .. 4k+3, per 256-bit half */
+    const __m512i lane0 = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i lane1 = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const __m512i ones = _mm512_set1_epi8(1);
+    __m512i sum = _mm512_setzero_si512();
+    for (int m = 0; m < 4; m++) {
+        const __m512i c_lo = _mm512_permutex2var_epi64(v[m], lane0, v[4 + m]); /* dword m of tokens 0..15 */
+        const __m512i c_hi = _mm512_permutex2var_epi64(v[m], lane1, v[4 + m]); /* dword m + 4 */
+        _mm512_store_si512((void *)(p + 64 * m), c_lo);
+        _mm512_store_si512((void *)(p + 64 * (m + 4)), c_hi);
+        sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, ones, c_lo), ones, c_hi);
+    }
+    _mm512_store_si512((void *)(p + 512), _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+    /* the dword at each block's start: d (fp16) in its low half */
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32((int)act_bytes));
+    const __m512i head = _mm512_i32gather_epi32(rows, (const void *)q, 1);
+    _mm512_store_ps(p + 576, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
+}
+
+/* The panels of nt tokens from a (rows act_bytes apart) for kb blocks from b0. */
+static void q8_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt, int64_t b0, int64_t kb, uint8_t *panels)
+{
+    const int ta = tile_slots(nt);
+    if (nt == TOKENS && act_bytes <= INT32_MAX / TOKENS) {
+        for (int64_t b = 0; b < kb; b++)
+            q8_0_panel16(a, act_bytes, b0 + b, panels + (size_t)b * 40 * TOKENS);
+        return;
+    }
     const __m256i flip = _mm256_set1_epi8((char)0x80);
-    for (int64_t t = 0; t < nt; t++) {
-        const struct kt_block_q8_0 *x = (const void *)(a + (size_t)t * act_bytes);
-        for (int64_t b = 0; b < kb; b++) {
-            const struct kt_block_q8_0 *blk = &x[b0 + b];
-            /* sum (q + 128) over 32 bytes, as four 64-bit lanes */
-            const __m256i s = _mm256_sad_epu8(
-                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)blk->qs), flip), _mm256_setzero_si256());
+    for (int64_t b = 0; b < kb; b++) {
+        uint8_t *p = panels + (size_t)b * 40 * ta;
+        for (int64_t t = 0; t < nt; t++) {
+            const struct kt_block_q8_0 *blk =
+                (const void *)(a + (size_t)t * act_bytes + (size_t)(b0 + b) * sizeof(struct kt_block_q8_0));
+            for (int c = 0; c < 8; c++)
+                memcpy(p + 4 * (ta * c + t), blk->qs + 4 * c, 4);
+            /* sum (q + 128) over the 32 quants, as four 64-bit lanes */
+            const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)blk->qs), flip),
+                                              _mm256_setzero_si256());
             const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            const int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-            terms[t * kb + b] = (struct q8_0_act_term){fp16_to_f32(blk->d), -128 * sum};
+            const int32_t bias = -128 * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
+            const float d = fp16_to_f32(blk->d);
+            memcpy(p + 32 * ta + 4 * t, &bias, sizeof bias);
+            memcpy(p + 36 * ta + 4 * t, &d, sizeof d);
         }
     }
 }
 
 /*
- * kb blocks of one group (g at the chunk's first pair) against nt tokens (a at
- * the chunk's first block of the first token): lane r of facc[t] is the
- * reference's `sum` for (r, t), taking per block (dw * da) * (float)sumi.  The
- * first chunk starts each sum at 0, later ones continue from y.
+ * One block for the K tokens of a panel from slot t0 (p = panel + 4 t0):
+ * acc[t] = bias[t] + the 32-element dot of w (weights + 128) with token t's
+ * quants = sum w * a exactly.  The K chains are interleaved so the core runs
+ * them side by side.
  */
-static inline __attribute__((always_inline)) void q8_0_tile(int64_t kb, const uint8_t *g, const uint8_t *a,
-                                                            size_t act_bytes, const struct q8_0_act_term *terms,
-                                                            const int nt, bool first, float *y, int64_t y_stride,
-                                                            __mmask16 rmask)
+#define Q8_0_BIAS(c, t) "vpbroadcastd %c[bias]+4*" #t "(%[p]), %[a" #t "]\n\t"
+#define Q8_0_DOT(c, t) "vpdpbusd %c[ta4]*" #c "+4*" #t "(%[p])%{1to16%}, %[w" #c "], %[a" #t "]\n\t"
+#define Q8_0_ACC1 [a0] "=&v"(acc[0])
+#define Q8_0_ACC2 Q8_0_ACC1, [a1] "=&v"(acc[1])
+#define Q8_0_ACC4 Q8_0_ACC2, [a2] "=&v"(acc[2]), [a3] "=&v"(acc[3])
+#define Q8_0_ACC8 Q8_0_ACC4, [a4] "=&v"(acc[4]), [a5] "=&v"(acc[5]), [a6] "=&v"(acc[6]), [a7] "=&v"(acc[7])
+#define Q8_0_ACC16                                                                                              \
+    Q8_0_ACC8, [a8] "=&v"(acc[8]), [a9] "=&v"(acc[9]), [a10] "=&v"(acc[10]), [a11] "=&v"(acc[11]),              \
+        [a12] "=&v"(acc[12]), [a13] "=&v"(acc[13]), [a14] "=&v"(acc[14]), [a15] "=&v"(acc[15])
+#define Q8_0_BLOCK(K)                                                                                           \
+    static inline __attribute__((always_inline)) void q8_0_block##K(__m512i *acc, const __m512i w[8],          \
+                                                                    const uint8_t *p, const int ta)             \
+    {                                                                                                           \
+        __asm__(TOKENS##K(Q8_0_BIAS, 0) TOKENS##K(Q8_0_DOT, 0) TOKENS##K(Q8_0_DOT, 1) TOKENS##K(Q8_0_DOT, 2)     \
+                    TOKENS##K(Q8_0_DOT, 3) TOKENS##K(Q8_0_DOT, 4) TOKENS##K(Q8_0_DOT, 5) TOKENS##K(Q8_0_DOT, 6)  \
+                        TOKENS##K(Q8_0_DOT, 7)                                                                  \
+                : Q8_0_ACC##K                                                                                   \
+                : [w0] "v"(w[0]), [w1] "v"(w[1]), [w2] "v"(w[2]), [w3] "v"(w[3]), [w4] "v"(w[4]),               \
+                  [w5] "v"(w[5]), [w6] "v"(w[6]), [w7] "v"(w[7]), [p] "r"(p), [ta4] "i"(4 * ta),                 \
+                  [bias] "i"(32 * ta)                                                                          \
+                : "memory");                                                                                    \
+    }
+Q8_0_BLOCK(1)
+Q8_0_BLOCK(2)
+Q8_0_BLOCK(4)
+Q8_0_BLOCK(8)
+Q8_0_BLOCK(16)
+
+/*
+ * kb blocks of one group (g at the chunk's first pair) against the nt tokens
+ * of a tile (their kb panels): lane r of acc[t] (the caller's 16 x 16
+ * floats) is the reference's `sum` for (r, t), taking per block
+ * (dw * da) * (float)sumi.  The first k chunk starts each sum at 0, later
+ * ones continue from y.
+ */
+static inline __attribute__((always_inline)) void q8_0_tile(int64_t kb, const uint8_t *g, const uint8_t *panels,
+                                                            const int nt, bool first, float *acc, float *y,
+                                                            int64_t y_stride, __mmask16 rmask)
 {
-    __m512 facc[TOKENS];
+    const int ta = nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16;
     for (int t = 0; t < nt; t++)
-        facc[t] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, y + t * y_stride);
+        _mm512_store_ps(acc + 16 * t, first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, y + t * y_stride));
     for (int64_t b = 0; b < kb; b++) {
         const uint8_t *s = g + (size_t)(b / 2) * Q8_0_PAIR_BYTES;
         const uint8_t *v = s + 512 * (b % 2);
-        prefetch_weights(v, PREFETCH_BYTES);
-        __m512i wv[8];
+        __m512i w[8];
         for (int c = 0; c < 8; c++) {
             prefetch_weights(v + 64 * c, PREFETCH_BYTES);
-            wv[c] = _mm512_load_si512((const void *)(v + 64 * c));
+            w[c] = _mm512_load_si512((const void *)(v + 64 * c));
         }
         const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q8_0_D + 32 * (b % 2))));
-        for (int t = 0; t < nt; t++) {
-            const uint8_t *q = a + (size_t)t * act_bytes + (size_t)b * sizeof(struct kt_block_q8_0) + 2;
-            const struct q8_0_act_term *term = &terms[t * kb + b];
-            __m512i acc = _mm512_set1_epi32(term->bias);
-            for (int c = 0; c < 8; c++)
-                acc = _mm512_dpbusd_epi32(acc, wv[c], _mm512_set1_epi32((int)load_u32(q + 4 * c)));
-            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(term->d));
-            facc[t] = _mm512_add_ps(facc[t], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(acc)));
+        const uint8_t *p = panels + (size_t)b * 40 * ta;
+        __m512i sumi[TOKENS];
+        int t = 0;
+        if (nt == 16)
+            q8_0_block16(sumi, w, p, ta), t = 16;
+        if (nt - t >= 8)
+            q8_0_block8(sumi + t, w, p + 4 * t, ta), t += 8;
+        if (nt - t >= 4)
+            q8_0_block4(sumi + t, w, p + 4 * t, ta), t += 4;
+        if (nt - t >= 2)
+            q8_0_block2(sumi + t, w, p + 4 * t, ta), t += 2;
+        if (nt - t >= 1)
+            q8_0_block1(sumi + t, w, p + 4 * t, ta);
+        for (t = 0; t < nt; t++) {
+            float da;
+            memcpy(&da, p + 36 * ta + 4 * t, sizeof da);
+            const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(da));
+            _mm512_store_ps(acc + 16 * t, _mm512_add_ps(_mm512_load_ps(acc + 16 * t),
+                                                        _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sumi[t]))));
         }
     }
     for (int t = 0; t < nt; t++)
-        _mm512_mask_storeu_ps(y + t * y_stride, rmask, facc[t]);
+        _mm512_mask_storeu_ps(y + t * y_stride, rmask, _mm512_load_ps(acc + 16 * t));
 }
 
-typedef void (*q8_0_tile_fn)(int64_t kb, const uint8_t *g, const uint8_t *a, size_t act_bytes,
-                             const struct q8_0_act_term *terms, bool first, float *y, int64_t y_stride,
-                             __mmask16 rmask);
+typedef void (*q8_0_tile_fn)(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc, float *y,
+                             int64_t y_stride, __mmask16 rmask);
 
-#define Q8_0_TILE(nt)                                                                                    \
-    static void q8_0_tile_##nt(int64_t kb, const uint8_t *g, const uint8_t *a, size_t act_bytes,        \
-                               const struct q8_0_act_term *terms, bool first, float *y, int64_t y_stride, \
-                               __mmask16 rmask)                                                          \
-    {                                                                                                    \
-        q8_0_tile(kb, g, a, act_bytes, terms, nt, first, y, y_stride, rmask);                            \
+#define Q8_0_TILE(nt)                                                                                          \
+    static void q8_0_tile_##nt(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc,   \
+                               float *y, int64_t y_stride, __mmask16 rmask)                                    \
+    {                                                                                                          \
+        q8_0_tile(kb, g, panels, nt, first, acc, y, y_stride, rmask);                                          \
     }
 TILE_COUNTS(Q8_0_TILE)
 #define Q8_0_TILE_REF(nt) q8_0_tile_##nt,
 static const q8_0_tile_fn q8_0_tiles[TOKENS] = {TILE_COUNTS(Q8_0_TILE_REF)};
 
 /*
- * The (token, block) terms live in one stack buffer of Q8_0_TERMS: k chunks
- * as long as the token count allows (all of n at n = 7168 up to 18 tokens),
- * so up to Q8_0_TERMS / 2 tokens the weights stream from memory once per
- * call.  Per k chunk: groups outer, token tiles inner (a group's chunk stays
- * in L1 or L2 for every tile); between k chunks the running sums rest in y.
+ * Token chunks of up to 4 tiles (64 tokens) outer; per chunk, k chunks as long
+ * as the chunk's panels fit Q8_0_SCRATCH_BYTES (all of n = 7168 for one token,
+ * 64 blocks for one full tile), then groups and tiles: each group's k chunk
+ * (at most 34 KiB) stays in L1/L2 while every tile of the chunk reads it, and
+ * up to 64 tokens the weights stream from memory once per call.  Between k
+ * chunks the running sums rest in y.
  */
 static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
     const int64_t nb = n / KT_QK;
     const size_t gb = q8_0_group_bytes(n);
-    struct q8_0_act_term terms[Q8_0_TERMS];
-    int64_t kb_max = Q8_0_TERMS / (n_tok < 1 ? 1 : n_tok) / 2 * 2; /* even: k chunks start at a pair */
-    kb_max = kb_max < 2 ? 2 : kb_max > nb ? nb : kb_max;
-    const int64_t tc_max = Q8_0_TERMS / (kb_max < 1 ? 1 : kb_max);
-    for (int64_t tc = 0; tc < n_tok; tc += tc_max) {
-        const int64_t ntc = n_tok - tc < tc_max ? n_tok - tc : tc_max;
+    uint8_t panels[Q8_0_SCRATCH_BYTES] __attribute__((aligned(64)));
+    float acc[TOKENS * ROWS] __attribute__((aligned(64)));
+    for (int64_t tc = 0; tc < n_tok; tc += Q8_0_CHUNK_TILES * TOKENS) {
+        const int64_t ntc = n_tok - tc < Q8_0_CHUNK_TILES * TOKENS ? n_tok - tc : Q8_0_CHUNK_TILES * TOKENS;
         const uint8_t *ac = (const uint8_t *)a + (size_t)tc * act_bytes;
+        size_t block_bytes = 0; /* panel bytes of one block, all tiles of the chunk */
+        for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS)
+            block_bytes += (size_t)40 * tile_slots(ntc - t0 < TOKENS ? ntc - t0 : TOKENS);
+        int64_t kb_max = (int64_t)(Q8_0_SCRATCH_BYTES / block_bytes) / 2 * 2; /* even: chunks start at a pair */
+        kb_max = kb_max > nb ? nb : kb_max;
         for (int64_t b0 = 0; b0 < nb; b0 += kb_max) {
             const int64_t kb = nb - b0 < kb_max ? nb - b0 : kb_max;
-            q8_0_prepare(ac, act_bytes, ntc, b0, kb, terms);
+            uint8_t *tile_panels[Q8_0_CHUNK_TILES];
+            uint8_t *next = panels;
+            for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS) {
+                const int64_t nt = ntc - t0 < TOKENS ? ntc - t0 : TOKENS;
+                tile_panels[t0 / TOKENS] = next;
+                q8_0_prepare(ac + (size_t)t0 * act_bytes, act_bytes, nt, b0, kb, next);
+                next += (size_t)kb * 40 * tile_slots(nt);
+            }
             for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
                 const uint8_t *g = (const uint8_t *)w + (size_t)(r0 / ROWS) * gb + (size_t)(b0 / 2) * Q8_0_PAIR_BYTES;
                 const __mmask16 rmask = row_mask(n_rows - r0);
                 for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS) {
                     const int64_t nt = ntc - t0 < TOKENS ? ntc - t0 : TOKENS;
-                    q8_0_tiles[nt - 1](kb, g, ac + (size_t)t0 * act_bytes + (size_t)b0 * sizeof(struct kt_block_q8_0),
-                                       act_bytes, terms + t0 * kb, b0 == 0, y + (tc + t0) * y_stride + r0, y_stride,
-                                       rmask);
+                    q8_0_tiles[nt - 1](kb, g, tile_panels[t0 / TOKENS], b0 == 0, acc, y + (tc + t0) * y_stride + r0,
+                                       y_stride, rmask);
                 }
             }
         }
