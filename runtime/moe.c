@@ -117,8 +117,8 @@ void kt_moe_route(const struct kt_router *r, const float *logits, const float *b
 
 /* ---- running FFN units ----------------------------------------------------------------- */
 
-#define GATE_UP_ROWS_PER_TASK 16
-#define DOWN_ROWS_PER_TASK 32
+#define GATE_UP_ROWS_PER_TASK 64 /* whole packed groups; enough rows per call to amortize a kernel's set-up */
+#define DOWN_ROWS_PER_TASK 64
 
 /* The three kinds of work items of a step's units, numbered over all units. */
 enum item_kind { ITEMS_PAIRS, ITEMS_GATE_UP, ITEMS_DOWN };
