@@ -9,9 +9,14 @@
  *
  * Products follow llama.cpp's numerics (reference §5, §7): each activation
  * row is converted once to the weight type's vec_dot_type (Q8_0, Q8_K, F32
- * ...) and every output is one vec_dot of a weight row with it.  Nothing here
- * repacks, caches or writes weights; it must never depend on which thread
- * computes which row (results are the same for any thread count).
+ * ...) and every output is one vec_dot of a weight row with it - bit for bit,
+ * whether the row runs alone (gemv), tiled (gemm) or packed - with one
+ * exception: F32/BF16 weights of >= 2048 rows against >= 64 tokens go to
+ * oneDNN's sgemm (faster there), whose sums differ from vec_dot's in the last
+ * bits (within n_in 2^-24 sum|w a|; matmul.c), so such a row may differ
+ * slightly between a large batch and a small one.  Nothing here repacks,
+ * caches or writes weights; it must never depend on which thread computes
+ * which row (results are the same for any thread count).
  */
 #ifndef KT_MATMUL_H
 #define KT_MATMUL_H

@@ -783,6 +783,12 @@ static void *scheduler_main(void *arg)
         step(s);
         pthread_mutex_lock(&s->mu);
         s->n_runs_shared = s->n_runs;
+        if (s->p.metrics) {
+            pthread_mutex_lock(&s->p.metrics->mu);
+            s->p.metrics->requests_running = s->n_runs;
+            s->p.metrics->requests_waiting = (uint32_t)s->q_len;
+            pthread_mutex_unlock(&s->p.metrics->mu);
+        }
         if (s->n_runs == 0 && s->q_len == 0)
             pthread_cond_broadcast(&s->idle);
         pthread_mutex_unlock(&s->mu);

@@ -230,6 +230,8 @@ bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_reque
         out->output.id_prefix = out->id_prefix;
         size_t n_family;
         const char *const *family = kt_chat_stop_strings(m->format, &n_family);
+        if (r->ignore_eos)
+            n_family = 0; /* their tokens are end-of-generation ones, ignored too */
         for (size_t i = 0; i < n_family; i++)
             if (!add_stop(out, family[i], e))
                 goto done;

@@ -5,9 +5,11 @@
  * A gemm computes y[t][r] = dot(W[r], A[t]) for many tokens at once; for every
  * level and every weight type it must give, bit for bit, the float that
  * vec_dot gives for that (row, token) pair, and write nothing outside its
- * n_rows x n_tok outputs.  The AVX-512 rows must equal the scalar reference
- * bit for bit, and so must their tiled gemms (odd shapes, padded strides); on
- * a CPU without AVX-512 those cases say "skipped: no AVX-512".
+ * n_rows x n_tok outputs; the tiled ones are run on shapes around their
+ * register tiles, token groups and cache blocks.  The AVX-512 rows must equal
+ * the scalar reference bit for bit, and so must the quantized types' tiled
+ * gemms (odd shapes, padded strides); on a CPU without AVX-512 those cases
+ * say "skipped: no AVX-512".
  * Timings at the end are printed, never asserted.
  */
 #include "testlib.h"
@@ -17,6 +19,7 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,15 +63,17 @@ static void put_fp16(uint8_t *p, float v)
 
 /*
  * One weight row of n elements.  kind 0: quantized gaussian values with
- * outliers; kind 1 (Q8_0, Q4_K only): random bits with finite scales;
- * kind 2 (Q8_0, Q4_K only): extreme codes (all -128 / all 15, every 6-bit
- * scale and min 63).
+ * outliers; kind 1 (Q8_0 and the K-quants Q4_K, Q5_K, Q6_K only): random
+ * bits with finite scales; kind 2 (the same types): extreme codes (Q8_0 all
+ * -128; Q4_K / Q5_K every bit set, so every quant at its top and every
+ * 6-bit scale and min 63; Q6_K every quant 63 and every scale -128).
  */
 static void make_row(int type, int64_t n, int kind, uint8_t *w)
 {
     const struct kt_type_traits *t = kt_type_traits(type);
     const int64_t nb = n / t->block_elems;
-    if (kind == 0 || (type != KT_TYPE_Q8_0 && type != KT_TYPE_Q4_K)) {
+    const bool raw = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_Q5_K || type == KT_TYPE_Q6_K;
+    if (kind == 0 || !raw) {
         float *x = xmalloc((size_t)n * sizeof *x);
         for (int64_t i = 0; i < n; i++)
             x[i] = 0.5f * kt_test_rand_normal(&g_rng) * (kt_test_rand_u64(&g_rng) % 100 == 0 ? 100.0f : 1.0f);
@@ -76,6 +81,8 @@ static void make_row(int type, int64_t n, int kind, uint8_t *w)
         free(x);
         return;
     }
+    /* d is the first field of every raw type but Q6_K's; Q4_K and Q5_K have dmin next */
+    const size_t d_at = type == KT_TYPE_Q6_K ? offsetof(struct kt_block_q6_K, d) : 0;
     for (int64_t b = 0; b < nb; b++) {
         uint8_t *blk = w + (size_t)b * t->block_bytes;
         if (kind == 1) {
@@ -83,9 +90,11 @@ static void make_row(int type, int64_t n, int kind, uint8_t *w)
                 blk[k] = (uint8_t)kt_test_rand_u64(&g_rng);
         } else {
             memset(blk, type == KT_TYPE_Q8_0 ? 0x80 : 0xff, t->block_bytes);
+            if (type == KT_TYPE_Q6_K)
+                memset(blk + offsetof(struct kt_block_q6_K, scales), 0x80, KT_QK_K / 16);
         }
-        put_fp16(blk, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 1.0f); /* d: first field of both */
-        if (type == KT_TYPE_Q4_K)
+        put_fp16(blk + d_at, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 1.0f);
+        if (type == KT_TYPE_Q4_K || type == KT_TYPE_Q5_K)
             put_fp16(blk + 2, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 0.5f); /* dmin */
     }
 }
@@ -200,8 +209,51 @@ static void gemm_equals_vec_dot_for_every_pair_on_odd_shapes(void)
     }
 }
 
+/*
+ * The tiled gemms of Q5_K and Q6_K (1 row x 4 tokens on AVX2, x 8 on
+ * AVX-512) and of F32, F16 and BF16 (vec_dot's 32 float lanes: 1 row x 6
+ * tokens on AVX2, 2 rows x 6 on AVX-512) give vec_dot's floats at every
+ * level: row counts around the register tiles, token counts around the token
+ * groups (short last groups), K-quant rows up to 7168, float rows ending in
+ * 8-element chunks and single elements (or made of nothing else), and one
+ * shape spanning several row panels (64), token blocks (48) and K blocks
+ * (1024).
+ */
+static void kquant_and_float_gemms_equal_vec_dot_on_odd_shapes(void)
+{
+    enum kt_isa lv[KT_ISA_AMX + 1];
+    const int nl = levels(lv);
+    const int types[] = {KT_TYPE_Q5_K, KT_TYPE_Q6_K, KT_TYPE_F32, KT_TYPE_F16, KT_TYPE_BF16};
+    const int64_t rows[] = {1, 7, 17}, toks[] = {1, 5, 8, 13};
+    const int64_t kquant_n[] = {256, 1280, 7168}, float_n[] = {8, 31, 1283, 1291, 7168};
+    for (int l = 0; l < nl; l++) {
+        const struct kt_cpu_kernels *k = kt_cpu_kernels_for(lv[l]);
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+            const int type = types[ti];
+            const bool kquant = kt_type_traits(type)->block_elems == KT_QK_K;
+            const int64_t *ns = kquant ? kquant_n : float_n;
+            const size_t count = kquant ? sizeof kquant_n / sizeof kquant_n[0] : sizeof float_n / sizeof float_n[0];
+            int differ = 0, nonzero = 0, outputs = 0;
+            for (size_t ni = 0; ni < count; ni++)
+                for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
+                    for (size_t tk = 0; tk < sizeof toks / sizeof toks[0]; tk++) {
+                        differ += gemm_vs_vec_dot(k, type, ns[ni], rows[ri], toks[tk], &nonzero);
+                        outputs += (int)(rows[ri] * toks[tk]);
+                    }
+            differ += gemm_vs_vec_dot(k, type, kquant ? 2304 : 2083, 131, 53, &nonzero);
+            outputs += 131 * 53;
+            KT_CHECK(differ == 0, "%s %s: %d of %d gemm outputs differ from vec_dot (or wrote outside)",
+                     kt_isa_name(lv[l]), kt_type_name(type), differ, outputs);
+            KT_CHECK(nonzero > outputs / 2, "%s %s: only %d of %d outputs nonzero", kt_isa_name(lv[l]),
+                     kt_type_name(type), nonzero, outputs);
+        }
+    }
+}
+
 /* The tiled kernels give the scalar reference's floats too (vec_dot does, so
- * this is the same claim end to end: AVX2 gemm == reference vec_dot). */
+ * this is the same claim end to end: AVX2 or AVX-512 gemm == reference
+ * vec_dot) for the quantized types; the float types' SIMD dots sum in float,
+ * the reference in double. */
 static void tiled_gemm_equals_the_scalar_reference(void)
 {
     const struct kt_cpu_kernels *avx2 = kt_cpu_kernels_for(KT_ISA_AVX2);
@@ -209,11 +261,14 @@ static void tiled_gemm_equals_the_scalar_reference(void)
         printf("  skipped: no AVX2 (with FMA and F16C) on this CPU\n");
         return;
     }
-    const struct kt_cpu_kernels *ref = kt_cpu_kernels_for(KT_ISA_SCALAR);
-    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_K};
+    const struct kt_cpu_kernels *ref = kt_cpu_kernels_for(KT_ISA_SCALAR), *avx512 = kt_cpu_kernels_for(KT_ISA_AVX512);
+    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K};
     const int64_t n = 7168, n_rows = 9, n_tok = 13;
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        const int type = types[i];
+    for (size_t i = 0; i < 2 * sizeof types / sizeof types[0]; i++) {
+        const struct kt_cpu_kernels *simd = i % 2 ? avx512 : avx2;
+        if (!simd)
+            continue;
+        const int type = types[i / 2];
         const size_t row_bytes = kt_type_row_bytes(type, n);
         const size_t act_bytes = kt_type_row_bytes(ref->type[type].vec_dot_type, n);
         uint8_t *w = xmalloc(row_bytes * n_rows), *a = xmalloc(act_bytes * n_tok);
@@ -224,7 +279,7 @@ static void tiled_gemm_equals_the_scalar_reference(void)
             make_act(n, t, x);
             ref->type[type].quantize_act(x, a + (size_t)t * act_bytes, n);
         }
-        avx2->type[type].gemm(n, w, row_bytes, n_rows, a, act_bytes, n_tok, y, n_rows);
+        simd->type[type].gemm(n, w, row_bytes, n_rows, a, act_bytes, n_tok, y, n_rows);
         int differ = 0;
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t r = 0; r < n_rows; r++) {
@@ -232,8 +287,8 @@ static void tiled_gemm_equals_the_scalar_reference(void)
                 ref->type[type].vec_dot(n, &want, w + (size_t)r * row_bytes, a + (size_t)t * act_bytes);
                 differ += f32_bits(want) != f32_bits(y[t * n_rows + r]);
             }
-        KT_CHECK(differ == 0, "%s: %d of %lld avx2 gemm outputs differ from the scalar reference", kt_type_name(type),
-                 differ, (long long)(n_rows * n_tok));
+        KT_CHECK(differ == 0, "%s %s: %d of %lld gemm outputs differ from the scalar reference",
+                 kt_isa_name(simd->isa), kt_type_name(type), differ, (long long)(n_rows * n_tok));
         free(w);
         free(a);
         free(x);
@@ -511,6 +566,7 @@ static void print_avx512_vs_avx2_gemv_bandwidth(void)
 int main(void)
 {
     KT_RUN(gemm_equals_vec_dot_for_every_pair_on_odd_shapes);
+    KT_RUN(kquant_and_float_gemms_equal_vec_dot_on_odd_shapes);
     KT_RUN(tiled_gemm_equals_the_scalar_reference);
     KT_RUN(avx512_rows_have_their_own_dots_for_q8_0_and_q4_K);
     KT_RUN(avx512_dots_equal_the_reference_bit_for_bit);
