@@ -1,5 +1,5 @@
 /*
- * backend.c - the sim backend, and the door to the cuda one (see backend.h).
+ * backend.c - the sim and cuda backends (see backend.h).
  *
  * sim: a ring of queued operations consumed in order by one thread.  A copy
  * is a memcpy followed by a busy wait until latency + bytes / bandwidth has
@@ -8,6 +8,13 @@
  * counted against the budget.  It must never run two operations of one
  * queue at once, nor let sync return before the last submitted operation
  * finished.
+ *
+ * cuda: one non-blocking stream on the chosen device; copies are
+ * cudaMemcpyAsync on it, launches host functions in stream order, FFN units
+ * kt_cuda_ffn_units; memory is cudaMalloc'd within the budget (at most the
+ * device's free memory at creation).  The first failure is kept and
+ * reported by kt_backend_status.  Busy and transfer times are not measured
+ * for cuda yet (0); bytes and operations are counted.
  */
 #include "backend.h"
 
@@ -35,6 +42,9 @@ struct kt_backend {
     struct kt_backend_params p;
     char name[64];
     uint64_t used_bytes;
+    void *stream;                   /* cuda */
+    kt_status failed;               /* cuda: the first failure of queued work */
+    char failure[256];
 
     pthread_mutex_t mu;
     pthread_cond_t changed;
@@ -100,19 +110,52 @@ static void *queue_main(void *arg)
     return NULL;
 }
 
+/* The cuda kind: the device, its budget (never above its free memory) and a stream. */
+static kt_status create_cuda(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err)
+{
+    const char *name = p->name ? p->name : "cuda";
+    char why[256] = "";
+    const int n = kt_cuda_device_count(why, sizeof why);
+    if (n <= 0)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': no CUDA device (%s)", name, why);
+    if (p->device < 0 || p->device >= n)
+        return kt_err_set(err, KT_ERR_INVALID, "device '%s': CUDA device %d does not exist (%d found)", name,
+                          p->device, n);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (kt_cuda_set_device(p->device, why, sizeof why) || kt_cuda_mem_info(&free_bytes, &total_bytes, why, sizeof why))
+        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", name, why);
+    struct kt_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return kt_err_set(err, KT_ERR_NOMEM, "backend: out of memory");
+    b->p = *p;
+    snprintf(b->name, sizeof b->name, "%s", name);
+    b->p.name = b->name;
+    if (!b->p.memory_bytes || b->p.memory_bytes > free_bytes)
+        b->p.memory_bytes = free_bytes;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->changed, NULL);
+    if (kt_cuda_stream_create(&b->stream, why, sizeof why)) {
+        kt_backend_destroy(b);
+        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", name, why);
+    }
+    *out = b;
+    return KT_OK;
+}
+
+/* Keeps the first failure of the cuda queue's work (msg from kt_cuda_*). */
+static void cuda_failed(struct kt_backend *b, const char *msg)
+{
+    if (b->failed == KT_OK) {
+        b->failed = KT_ERR_IO;
+        snprintf(b->failure, sizeof b->failure, "%s", msg);
+    }
+}
+
 kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err)
 {
     *out = NULL;
-    if (p->kind == KT_BACKEND_CUDA) {
-#ifdef KT_HAVE_CUDA
-        return kt_err_set(err, KT_ERR_UNSUPPORTED,
-                          "device '%s': the cuda backend cannot run kt's layer pieces yet (only sim devices can)",
-                          p->name ? p->name : "cuda");
-#else
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': this kt was built without CUDA",
-                          p->name ? p->name : "cuda");
-#endif
-    }
+    if (p->kind == KT_BACKEND_CUDA)
+        return create_cuda(p, out, err);
     if (p->kind != KT_BACKEND_SIM)
         return kt_err_set(err, KT_ERR_INVALID, "unknown backend kind %d", (int)p->kind);
     if (p->transfer_gbps < 0 || p->latency_us < 0)
@@ -139,6 +182,17 @@ void kt_backend_destroy(struct kt_backend *b)
 {
     if (!b)
         return;
+    if (b->p.kind == KT_BACKEND_CUDA) {
+        if (b->stream) {
+            char msg[256];
+            kt_cuda_stream_synchronize(b->stream, msg, sizeof msg);
+            kt_cuda_stream_destroy(b->stream);
+        }
+        pthread_mutex_destroy(&b->mu);
+        pthread_cond_destroy(&b->changed);
+        free(b);
+        return;
+    }
     pthread_mutex_lock(&b->mu);
     b->stop = true;
     pthread_cond_broadcast(&b->changed);
@@ -167,8 +221,15 @@ kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_er
         return kt_err_set(err, KT_ERR_NOMEM,
                           "device '%s': %.1f MiB more does not fit (%.1f MiB of its %.1f MiB budget in use)", b->name,
                           (double)bytes / (1u << 20), (double)b->used_bytes / (1u << 20), (double)budget / (1u << 20));
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    void *p = NULL;
+    if (b->p.kind == KT_BACKEND_CUDA) {
+        char msg[256];
+        if (kt_cuda_alloc(&p, bytes, msg, sizeof msg))
+            return kt_err_set(err, KT_ERR_NOMEM, "device '%s': %s", b->name, msg);
+    } else {
+        const size_t rounded = (bytes + 63) / 64 * 64;
+        p = aligned_alloc(64, rounded ? rounded : 64);
+    }
     if (!p)
         return kt_err_set(err, KT_ERR_NOMEM, "device '%s': cannot allocate %zu bytes", b->name, bytes);
     b->used_bytes += bytes;
@@ -180,7 +241,10 @@ void kt_backend_free(struct kt_backend *b, void *ptr, size_t bytes)
 {
     if (!ptr)
         return;
-    free(ptr);
+    if (b->p.kind == KT_BACKEND_CUDA)
+        kt_cuda_free(ptr);
+    else
+        free(ptr);
     b->used_bytes -= bytes <= b->used_bytes ? bytes : b->used_bytes;
 }
 
@@ -205,23 +269,75 @@ static void submit(struct kt_backend *b, struct op o)
     pthread_mutex_unlock(&b->mu);
 }
 
+/* A copy on the cuda stream, counted. */
+static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t bytes, int to_device)
+{
+    char msg[256];
+    if (kt_cuda_copy_async(dst, src, bytes, to_device, b->stream, msg, sizeof msg))
+        cuda_failed(b, msg);
+    pthread_mutex_lock(&b->mu);
+    *(to_device ? &b->stats.bytes_in : &b->stats.bytes_out) += bytes;
+    b->stats.ops++;
+    pthread_mutex_unlock(&b->mu);
+}
+
 void kt_backend_copy_in(struct kt_backend *b, void *dst_device, const void *src_host, size_t bytes)
 {
-    submit(b, (struct op){.kind = OP_COPY_IN, .dst = dst_device, .src = src_host, .bytes = bytes});
+    if (b->p.kind == KT_BACKEND_CUDA)
+        cuda_copy(b, dst_device, src_host, bytes, 1);
+    else
+        submit(b, (struct op){.kind = OP_COPY_IN, .dst = dst_device, .src = src_host, .bytes = bytes});
 }
 
 void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_device, size_t bytes)
 {
-    submit(b, (struct op){.kind = OP_COPY_OUT, .dst = dst_host, .src = src_device, .bytes = bytes});
+    if (b->p.kind == KT_BACKEND_CUDA)
+        cuda_copy(b, dst_host, src_device, bytes, 0);
+    else
+        submit(b, (struct op){.kind = OP_COPY_OUT, .dst = dst_host, .src = src_device, .bytes = bytes});
 }
 
 void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
 {
+    if (b->p.kind == KT_BACKEND_CUDA) {
+        char msg[256];
+        if (kt_cuda_launch_host(b->stream, fn, ctx, msg, sizeof msg))
+            cuda_failed(b, msg);
+        return;
+    }
     submit(b, (struct op){.kind = OP_LAUNCH, .fn = fn, .ctx = ctx});
+}
+
+void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job)
+{
+    if (b->p.kind != KT_BACKEND_CUDA) {
+        kt_backend_launch(b, job->host_fn, job->host_ctx);
+        return;
+    }
+    char msg[256];
+    if (kt_cuda_ffn_units(job->units, job->n_units, job->d_h, job->n_tok, job->n_embd, job->d_pair_token,
+                          job->n_pairs, job->d_act, job->act_stride, job->d_pair_out, b->stream, msg, sizeof msg))
+        cuda_failed(b, msg);
+    pthread_mutex_lock(&b->mu);
+    b->stats.ops++;
+    pthread_mutex_unlock(&b->mu);
+}
+
+kt_status kt_backend_status(const struct kt_backend *b, kt_err *err)
+{
+    if (b->failed == KT_OK)
+        return KT_OK;
+    return kt_err_set(err, b->failed, "device '%s': %s", b->name, b->failure);
 }
 
 void kt_backend_sync(struct kt_backend *b)
 {
+    if (b->p.kind == KT_BACKEND_CUDA) {
+        char msg[256];
+        if (kt_cuda_stream_synchronize(b->stream, msg, sizeof msg))
+            cuda_failed(b, msg);
+        return;
+    }
     pthread_mutex_lock(&b->mu);
     const uint64_t until = b->tail;
     while (b->head < until)

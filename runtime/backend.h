@@ -7,10 +7,10 @@
  * its own in-order queue, explicit copies in and out that cost
  * latency + bytes / bandwidth - so hybrid placement and CPU/device overlap
  * are exercised on machines without a GPU; and `cuda` (one GPU), whose
- * queue is a CUDA stream (backend_cuda.c; without a CUDA build creating one
- * fails with a message saying so).  The step code hands a backend whole
- * pieces of a layer (a group of experts with their tokens) and never asks
- * which kind it is.
+ * queue is a CUDA stream and whose FFN units run kt's CUDA kernels
+ * (kernels/cuda; a build or machine without CUDA refuses to create one,
+ * saying why).  The step code hands a backend whole pieces of a layer (a
+ * group of FFN units with their tokens) and never asks which kind it is.
  *
  * Promises: work runs in submission order; kt_backend_sync returns when
  * everything submitted before it has finished; memory beyond the budget is
@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kt_cuda.h"
 #include "status.h"
 
 enum kt_backend_kind { KT_BACKEND_SIM, KT_BACKEND_CUDA };
@@ -69,6 +70,30 @@ void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_d
  * thread in stream order (a host callback that only does host work). */
 void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx);
 void kt_backend_sync(struct kt_backend *b);
+
+/* FFN units (experts, shared experts or a dense FFN) and their tokens, as
+ * each kind runs them: sim calls host_fn(host_ctx) on its queue (kt's CPU
+ * code on device-resident copies); cuda enqueues kt_cuda_ffn_units on its
+ * stream with the device arrays below.  Host arrays (units) are read before
+ * this returns. */
+struct kt_backend_ffn {
+    kt_backend_fn host_fn;
+    void *host_ctx;
+    const struct kt_cuda_ffn_unit *units; /* [n_units] weights in device memory */
+    uint32_t n_units;
+    const float *d_h;                    /* (n_tok, n_embd) */
+    int64_t n_tok, n_embd;
+    const uint32_t *d_pair_token;        /* (n_pairs) */
+    uint32_t n_pairs;
+    float *d_act;                        /* (n_pairs, act_stride) */
+    int64_t act_stride;
+    float *d_pair_out;                   /* (n_pairs, n_embd) */
+};
+void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job);
+
+/* KT_OK, or the first failure of the queue's work since creation (a cuda
+ * copy or kernel launch); the step checks it after each sync. */
+kt_status kt_backend_status(const struct kt_backend *b, kt_err *err);
 
 void kt_backend_stats(const struct kt_backend *b, struct kt_backend_stats *out);
 void kt_backend_stats_reset(struct kt_backend *b);

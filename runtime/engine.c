@@ -432,6 +432,7 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->device_blocks);
     free(e->device_block_bytes);
     free(e->device_experts);
+    free(e->cuda_units);
     free(e->device_shared);
     free(e->device_layers);
     free(e->device_dense);
@@ -544,6 +545,7 @@ static kt_status device_bufs(struct kt_engine *e, kt_err *err)
         size_t bytes;
     } want[] = {
         {(void **)&e->dev_h, T * E * sizeof(float)},
+        {(void **)&e->dev_pair_token, pairs * sizeof(uint32_t)},
         {(void **)&b->act, pairs * h->act_stride * sizeof(float)},
         {(void **)&b->act_q, pairs * h->act_q_stride},
         {(void **)&b->pair_out, pairs * E * sizeof(float)},
@@ -571,19 +573,24 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
 {
     const struct kt_hparams *hp = &e->hp;
     const size_t n_experts = (size_t)hp->n_layer * hp->n_expert;
-    if (d->expert_on_device && !e->experts)
-        return kt_err_set(err, KT_ERR_INVALID, "engine: experts on a device need the expert store (not in place)");
     kt_status st = kt_backend_create(d->device, &e->device, err);
     if (st)
         return st;
-    /* per layer at most: 3 dense or 3 shared matrices, 7 attention matrices, 3 norms */
-    e->max_device_blocks = (uint32_t)(n_experts + 16 * (size_t)hp->n_layer + 16);
+    if (d->attention_on_device && kt_backend_kind(e->device) == KT_BACKEND_CUDA)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED,
+                          "device '%s': attention on a cuda device is not wired yet (its kernels are in "
+                          "kernels/cuda); place attention on the cpu",
+                          kt_backend_name(e->device));
+    /* 3 matrices per expert; per layer at most 3 dense or 3 shared matrices,
+     * 7 attention matrices, 3 norms; the buffers */
+    e->max_device_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 32);
     e->device_blocks = calloc(e->max_device_blocks, sizeof *e->device_blocks);
     e->device_block_bytes = calloc(e->max_device_blocks, sizeof *e->device_block_bytes);
     e->device_experts = calloc(n_experts ? n_experts : 1, sizeof *e->device_experts);
+    e->cuda_units = calloc((size_t)hp->n_expert + 1, sizeof *e->cuda_units);
     e->device_shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->device_shared) : NULL;
     e->device_dense = d->dense_on_device ? calloc(hp->n_layer, sizeof *e->device_dense) : NULL;
-    if (!e->device_blocks || !e->device_block_bytes || !e->device_experts ||
+    if (!e->device_blocks || !e->device_block_bytes || !e->device_experts || !e->cuda_units ||
         (d->shared_on_device && !e->device_shared) || (d->dense_on_device && !e->device_dense))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
 
@@ -627,20 +634,18 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
         }
         if (!L->is_moe)
             continue;
-        const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);
         for (uint32_t x = 0; d->expert_on_device && x < hp->n_expert; x++) {
             if (!d->expert_on_device[(size_t)il * hp->n_expert + x])
                 continue;
-            void *p = NULL;
-            if ((st = device_alloc(e, (size_t)lay->expert_bytes, &p, err))) {
+            /* the file's rows (every backend's kernels read GGUF blocks) */
+            struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
+            if ((st = device_mat(e, &w.gate, err)) || (st = device_mat(e, &w.up, err)) ||
+                (st = device_mat(e, &w.down, err))) {
                 kt_err_prefix(err, "layer %u expert %u", il, x);
                 return st;
             }
-            if (e->device_sizing)
-                continue;
-            kt_backend_copy_in(e->device, p, kt_expert_store_expert(e->experts, il, x)->data,
-                               (size_t)lay->expert_bytes);
-            e->device_experts[(size_t)il * hp->n_expert + x] = p;
+            if (!e->device_sizing)
+                e->device_experts[(size_t)il * hp->n_expert + x] = w;
         }
         if (e->device_shared && L->shared.n_ff > 0) {
             struct kt_ffn_weights w = L->shared;
@@ -878,6 +883,9 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     e->stats.embed_head_ns += t_head;
 
     forget_chunks(e);
+    kt_status device_st = e->device ? kt_backend_status(e->device, err) : KT_OK;
+    if (device_st != KT_OK)
+        return device_st; /* a copy or kernel on the device failed: these logits are not to be trusted */
     e->stats.steps++;
     e->stats.tokens += T;
     return KT_OK;

@@ -189,7 +189,9 @@ struct kt_engine {
 
     /* The accelerator (NULL: none) and what lives on it. */
     struct kt_backend *device;
-    const uint8_t **device_experts; /* [n_layer * n_expert] expert buffer on the device, NULL: on the CPU */
+    /* [n_layer * n_expert] an expert's gate, up and down (GGUF rows) in device
+     * memory; n_ff == 0: the expert is on the CPU */
+    struct kt_ffn_weights *device_experts;
     struct kt_ffn_weights *device_shared; /* [n_layer] shared experts on the device; NULL: on the CPU */
     struct kt_ffn_weights *device_dense;  /* [n_layer] dense FFNs of the leading layers on the device; NULL: on the CPU */
     void **device_blocks;       /* [n_device_blocks] its allocations, freed at destroy */
@@ -198,6 +200,8 @@ struct kt_engine {
     bool device_sizing;         /* setup's first pass: device allocations only add up device_need_bytes */
     uint64_t device_need_bytes;
     float *dev_h;               /* (T, E) on the device: h sent each MoE layer */
+    uint32_t *dev_pair_token;   /* (T*k + T) on the device: pair_token sent with it */
+    struct kt_cuda_ffn_unit *cuda_units; /* (Ne + 1) host: the device's units as kt_cuda_ffn_units takes them */
     /* [n_layer] copies of each layer with its attention weights (norms, MLA
      * projections) in device memory; NULL: attention on the CPU. */
     struct kt_layer_weights *device_layers;
@@ -238,6 +242,9 @@ static inline const struct kt_layer_weights *kt_fwd_attention_weights(const stru
 {
     return e->device_layers ? &e->device_layers[il] : &e->layers[il];
 }
+
+/* Expert x of layer L as the file holds it (views of the mapped GGUF). */
+struct kt_ffn_weights kt_fwd_expert_gguf(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t x);
 
 /* Runs the device's units of the step (a kt_backend_fn). */
 void kt_fwd_run_device_part(void *ctx);

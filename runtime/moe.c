@@ -358,12 +358,16 @@ void kt_fwd_run_device_part(void *ctx)
 
 /* ---- the layer ---------------------------------------------------------------------- */
 
+static bool on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    return e->device_experts && e->device_experts[(size_t)il * e->hp.n_expert + x].n_ff > 0;
+}
+
 /* Expert x's slabs of the stacked tensors, or its buffer in the expert store
  * ([gate | up | down] adjacent, each in the GGUF layout or repacked for the
- * kernel level in use: same types and row counts either way), or its copy
- * of that buffer on the device; on the CPU, the copy on `node` if any. */
-static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L,
-                                            uint32_t x, int node)
+ * kernel level in use: same types and row counts either way), or its GGUF
+ * slabs copied to the device; on the CPU, the copy on `node` if any. */
+struct kt_ffn_weights kt_fwd_expert_gguf(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t x)
 {
     const int64_t f = e->hp.n_ff_exp, E = e->hp.n_embd;
     struct kt_ffn_weights w = {.n_ff = f};
@@ -375,12 +379,18 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
         w.up = kt_mat_rows(L->up_exps, x * f, f);
     }
     w.down = kt_mat_rows(L->down_exps, x * E, E);
-    const uint8_t *on_device = e->device_experts ? e->device_experts[(size_t)il * e->hp.n_expert + x] : NULL;
-    if (on_device || e->experts) {
+    return w;
+}
+
+static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L,
+                                            uint32_t x, int node)
+{
+    struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
+    if (on_device(e, il, x))
+        return e->device_experts[(size_t)il * e->hp.n_expert + x];
+    if (e->experts) {
         const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
-        const uint8_t *data = on_device                                                          ? on_device
-                              : node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node]
-                                                                                           : se->data;
+        const uint8_t *data = node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node] : se->data;
         const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);
         w.gate.data = data + lay->gate_offset;
         w.up.data = data + lay->up_offset;
@@ -390,11 +400,6 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
         w.down.packed = lay->down_packed;
     }
     return w;
-}
-
-static bool on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
-{
-    return e->device_experts && e->device_experts[(size_t)il * e->hp.n_expert + x];
 }
 
 /* Pools for the step's active CPU experts (expert_pairs[x] > 0), largest token
@@ -448,8 +453,33 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
     if (device_work) {
         const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
         e->device_part = (struct device_part_args){e, dev0, n_units, n_units};
+        for (uint32_t i = dev0; i < n_units; i++) { /* the same units as the CUDA kernels take them */
+            const struct kt_ffn_unit *u = &e->units[i];
+            const struct kt_mat *m[3] = {&u->w.gate, &u->w.up, &u->w.down};
+            struct kt_cuda_mat *c[3] = {&e->cuda_units[i - dev0].gate, &e->cuda_units[i - dev0].up,
+                                        &e->cuda_units[i - dev0].down};
+            for (int k = 0; k < 3; k++)
+                *c[k] = (struct kt_cuda_mat){m[k]->type, m[k]->data, m[k]->n_in, m[k]->n_out, m[k]->row_bytes};
+            e->cuda_units[i - dev0].first_pair = u->first_pair;
+            e->cuda_units[i - dev0].n_pairs = u->n_pairs;
+        }
+        const struct kt_backend_ffn job = {
+            .host_fn = kt_fwd_run_device_part,
+            .host_ctx = &e->device_part,
+            .units = e->cuda_units,
+            .n_units = n_units - dev0,
+            .d_h = e->dev_h,
+            .n_tok = (int64_t)T,
+            .n_embd = (int64_t)E,
+            .d_pair_token = e->dev_pair_token,
+            .n_pairs = n_pairs,
+            .d_act = e->dev_bufs.act,
+            .act_stride = (int64_t)e->dev_bufs.act_stride,
+            .d_pair_out = e->dev_bufs.pair_out,
+        };
         kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
-        kt_backend_launch(e->device, kt_fwd_run_device_part, &e->device_part);
+        kt_backend_copy_in(e->device, e->dev_pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
+        kt_backend_run_ffn(e->device, &job);
         kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
                             (size_t)(n_pairs - p0) * E * sizeof(float));
         e->stats.device_pairs += n_pairs - p0;

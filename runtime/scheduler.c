@@ -404,9 +404,10 @@ static void admit(struct kt_sched *s, struct kt_job *job)
     }
     run->job = job;
     run->n_open = job->n;
+    for (uint32_t c = 0; c < job->n; c++) /* ids first: an error below hands them all back */
+        run->ch[c].seq = s->free_ids[--s->n_free];
     for (uint32_t c = 0; c < job->n; c++) {
         struct choice *ch = &run->ch[c];
-        ch->seq = s->free_ids[--s->n_free];
         ch->detok = (struct kt_detok)KT_DETOK_INIT;
         kt_stop_init(&ch->stop, (const char *const *)job->prompt.stops, job->prompt.n_stops);
         struct kt_sampler_params sp = job->sampling;
@@ -739,13 +740,14 @@ static void *scheduler_main(void *arg)
         /* queued jobs that will never run */
         size_t kept = 0;
         struct kt_job *dropped[64];
+        enum kt_finish dropped_why[64];
         size_t n_dropped = 0;
         for (size_t i = 0; i < s->q_len; i++) {
             struct kt_job *job = s->queue[(s->q_head + i) % s->p.max_waiting];
             bool cancel = cancel_all || atomic_load(&job->cancel);
             if ((cancel || timed_out(job, now)) && n_dropped < 64) {
+                dropped_why[n_dropped] = cancel ? KT_FINISH_CANCELLED : KT_FINISH_TIMEOUT;
                 dropped[n_dropped++] = job;
-                job->choices[0].finish = cancel ? KT_FINISH_CANCELLED : KT_FINISH_TIMEOUT;
             } else {
                 s->queue[(s->q_head + kept) % s->p.max_waiting] = job;
                 kept++;
@@ -770,7 +772,7 @@ static void *scheduler_main(void *arg)
         pthread_mutex_unlock(&s->mu);
 
         for (size_t i = 0; i < n_dropped; i++)
-            finish_unstarted(s, dropped[i], dropped[i]->choices[0].finish, NULL);
+            finish_unstarted(s, dropped[i], dropped_why[i], NULL);
         for (uint32_t i = 0; i < n_admitted; i++)
             admit(s, admitted[i]);
         for (uint32_t r = s->n_runs; r-- > 0;) {

@@ -49,6 +49,10 @@ struct kt_serve_metrics {
     bool have_device;
     struct kt_backend_stats device;
     char device_name[32];
+    /* routed (token, expert) pairs a token makes: MoE layers x experts used; set once.
+     * Without NUMA pools the engine counts no per-node pairs: the CPU's share is
+     * then every routed pair the device did not run. */
+    uint64_t routed_pairs_per_token;
 };
 
 void kt_serve_metrics_init(struct kt_serve_metrics *m);

@@ -332,7 +332,8 @@ static json_t *chat_delta(struct kt_response_choice *rc)
             json_object_set_new(fn, "name", kt_json_text(call->name, strlen(call->name)));
             call->header_sent = true;
         }
-        json_object_set_new(fn, "arguments", kt_json_text(call->arguments.bytes ? call->arguments.bytes + call->arguments_sent : "", fresh));
+        const char *args = call->arguments.bytes ? call->arguments.bytes + call->arguments_sent : "";
+        json_object_set_new(fn, "arguments", kt_json_text(args, fresh));
         call->arguments_sent = call->arguments.len;
         json_object_set_new(j, "function", fn);
         json_array_append_new(calls, j);

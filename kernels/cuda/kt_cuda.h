@@ -171,6 +171,19 @@ int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const f
                           const uint32_t *d_n_kv, int64_t n_tok, int64_t n_kv_max, void *d_scratch,
                           size_t scratch_bytes, float *d_out, void *stream, char *msg, size_t msg_bytes);
 
+/* ---- device, stream and asynchronous copies (stream.cu), for runtime/backend.c ---------- */
+
+int kt_cuda_set_device(int device, char *msg, size_t msg_bytes);
+int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes);
+int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes);
+void kt_cuda_stream_destroy(void *stream);
+/* Host <-> device on stream; to_device 1: src host, dst device; 0: the other way. */
+int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int to_device, void *stream, char *msg,
+                       size_t msg_bytes);
+/* fn(ctx) on a host thread once the stream's earlier work is done; fn must not call CUDA. */
+int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes);
+int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes);
+
 #ifdef __cplusplus
 }
 #endif

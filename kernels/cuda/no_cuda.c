@@ -144,3 +144,45 @@ int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const f
         (void)scratch_bytes, (void)d_out, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
+
+int kt_cuda_set_device(int device, char *msg, size_t msg_bytes)
+{
+    (void)device;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes)
+{
+    *free_bytes = *total_bytes = 0;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes)
+{
+    *stream = NULL;
+    return no_cuda(msg, msg_bytes);
+}
+
+void kt_cuda_stream_destroy(void *stream)
+{
+    (void)stream;
+}
+
+int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int to_device, void *stream, char *msg,
+                       size_t msg_bytes)
+{
+    (void)dst, (void)src, (void)bytes, (void)to_device, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)
+{
+    (void)stream, (void)fn, (void)ctx;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes)
+{
+    (void)stream;
+    return no_cuda(msg, msg_bytes);
+}

@@ -1,0 +1,58 @@
+/*
+ * stream.cu - what the cuda backend (runtime/backend.c) needs from the CUDA
+ * runtime that C code cannot reach without CUDA's headers: choosing the
+ * device, its free memory, one stream, asynchronous copies on it, host
+ * functions in stream order, and waiting for the stream.  Errors come back
+ * as -1 with CUDA's text; nothing here aborts.
+ */
+#include "common.cuh"
+
+extern "C" int kt_cuda_set_device(int device, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaSetDevice(device);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "set device", e);
+}
+
+extern "C" int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "memory info", e);
+}
+
+extern "C" int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes)
+{
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    *stream = e == cudaSuccess ? (void *)s : NULL;
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "create stream", e);
+}
+
+extern "C" void kt_cuda_stream_destroy(void *stream)
+{
+    if (stream)
+        cudaStreamDestroy((cudaStream_t)stream);
+}
+
+extern "C" int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int to_device, void *stream, char *msg,
+                                  size_t msg_bytes)
+{
+    if (bytes == 0)
+        return 0;
+    if (!dst || !src)
+        return kt_cuda_failf(msg, msg_bytes, "async copy: NULL pointer");
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                                    (cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, to_device ? "copy to device" : "copy to host", e);
+}
+
+extern "C" int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaLaunchHostFunc((cudaStream_t)stream, fn, ctx);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "host function in stream", e);
+}
+
+extern "C" int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "stream synchronize", e);
+}
