@@ -13,8 +13,10 @@
  * experts on it the device really ran work (queue ops, bytes in and out,
  * pairs counted); and a budget the placement does not fit is refused at
  * creation naming the device and its budget.  This is the everywhere-run
- * stand-in for the cuda+cpu comparison, which needs a GPU.
+ * stand-in for the cuda+cpu comparison, which runs too where a GPU exists
+ * (same greedy tokens, logits within 1e-3) and says it skipped otherwise.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -122,6 +124,62 @@ static void tiny_q4_k_hybrid_matches_cpu_only(void)
     hybrid_matches_cpu_only("tiny", "--experts-type q4_k --shared-type q8_0");
 }
 
+/* Largest |a - b| per row over that row's largest |a|. */
+static double worst_row_diff(const float *a, const float *b, size_t rows, size_t V)
+{
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double diff = 0, big = 1e-30;
+        for (size_t v = 0; v < V; v++) {
+            const double d = fabs((double)a[r * V + v] - b[r * V + v]), x = fabs((double)a[r * V + v]);
+            diff = d > diff ? d : diff;
+            big = x > big ? x : big;
+        }
+        worst = diff / big > worst ? diff / big : worst;
+    }
+    return worst;
+}
+
+/* The same split on a real GPU: its kernels take F32 activations and sum in
+ * another order, so logits agree within 1e-3 of each row's largest and the
+ * greedy tokens are the same (tiny's F32 weights: the CPU's activations are
+ * F32 too). */
+static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
+{
+    char why[256] = "";
+    if (kt_cuda_device_count(why, sizeof why) == 0) {
+        printf("  skipped: no CUDA device (%s); the sim cases above ran\n", why);
+        return;
+    }
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+    uint8_t *half = calloc(LE, 1);
+    for (size_t i = 0; i < LE; i++)
+        half[i] = (i % m->hp.n_expert) < m->hp.n_expert / 2;
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
+    struct kt_engine_stats st;
+    struct kt_backend_stats dev;
+    float *base = run(m, &(struct kt_engine_params){0}, base_tokens, &st, &dev);
+    float *got = run(m, &(struct kt_engine_params){.device = &gpu, .expert_on_device = half, .shared_on_device = true,
+                                                   .dense_on_device = true},
+                     tokens, &st, &dev);
+    if (base && got) {
+        const double d = worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab);
+        printf("  cuda, half the experts + shared + dense: worst row diff %.3g of the row's largest logit\n", d);
+        KT_CHECK(d <= 1e-3, "cuda hybrid logits within 1e-3 of CPU-only (%.3g)", d);
+        KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda hybrid greedy tokens equal CPU-only's");
+        KT_CHECK(st.device_pairs > 0, "the GPU ran pairs");
+    }
+    free(base);
+    free(got);
+    free(half);
+    kt_test_synth_remove(m, path);
+}
+
 static void placement_over_the_budget_is_refused(void)
 {
     char path[1024];
@@ -146,6 +204,7 @@ int main(void)
     KT_RUN(tiny_hybrid_matches_cpu_only);
     KT_RUN(tiny_v3_hybrid_matches_cpu_only);
     KT_RUN(tiny_q4_k_hybrid_matches_cpu_only);
+    KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
     KT_RUN(placement_over_the_budget_is_refused);
     return kt_test_finish();
 }
