@@ -2,14 +2,15 @@
 # dev.sh - set up, build, run and test kt on a Debian machine.
 #
 #   ./dev.sh demo    install what is missing, build, generate the default synthetic
-#                    model and run kt on it
+#                    model, serve it with kt-serve and send it one chat request (curl)
 #   ./dev.sh test    install what is missing, build, run the whole test suite (ctest)
 #   ./dev.sh asan    the test suite again, built with AddressSanitizer + UBSan
 #   ./dev.sh fuzz    build the libFuzzer targets (clang) and fuzz each for
 #                    KT_FUZZ_SECONDS (default 60)
 #   ./dev.sh build   install and build only
 #
-# Runs as root or through sudo.  Installs Debian packages only; downloads nothing else.
+# Runs as root or through sudo.  Installs Debian packages; test and asan also run
+# `npm ci` in tests/openai-sdk (the openai SDK, pinned) when npm exists.  Nothing else.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -36,7 +37,7 @@ install_missing() {
 }
 
 BASE_PACKAGES=(build-essential cmake ninja-build pkg-config
-    libnuma-dev libhwloc-dev libjemalloc-dev libyaml-dev libjansson-dev libmicrohttpd-dev libdnnl-dev)
+    libnuma-dev libhwloc-dev libjemalloc-dev libyaml-dev libjansson-dev libmicrohttpd-dev libdnnl-dev curl)
 
 werror_flag() {
     # Warnings are errors in CI; a developer on a newer compiler still gets a build.
@@ -68,6 +69,36 @@ run_tests() { # dir
     return $rc
 }
 
+# demo_serve MODEL: kt-serve on MODEL, one chat request with curl, then SIGTERM.
+demo_serve() {
+    local model=$1 port=${KT_DEMO_PORT:-8080} name
+    name=$(basename "$model" .gguf)
+    log "kt-serve: an OpenAI-compatible server for $model on http://127.0.0.1:$port"
+    build/tools/kt-serve -m "$model" --port "$port" &
+    local pid=$!
+    trap "kill $pid 2>/dev/null || true" EXIT
+    for _ in $(seq 600); do
+        curl -sf -o /dev/null "http://127.0.0.1:$port/health" && break
+        kill -0 "$pid" 2>/dev/null || { echo "kt-serve did not start (port $port in use? set KT_DEMO_PORT)" >&2; exit 1; }
+        sleep 0.1
+    done
+    log "curl: one chat request (random weights: the text is noise, the pipeline is real)"
+    curl -sS "http://127.0.0.1:$port/v1/chat/completions" -H "Content-Type: application/json" \
+        -d "{\"model\": \"$name\", \"messages\": [{\"role\": \"user\", \"content\": \"Write one sentence about rivers.\"}], \"max_tokens\": 48, \"seed\": 1}"
+    echo
+    kill -TERM "$pid"
+    wait "$pid"
+    trap - EXIT
+}
+
+# The openai SDK test (tests/openai-sdk) needs its pinned node_modules; it skips without npm.
+install_sdk_test() {
+    if command -v npm >/dev/null; then
+        log "npm ci in tests/openai-sdk (the openai SDK, pinned in its package-lock.json)"
+        (cd tests/openai-sdk && npm ci --no-audit --no-fund --loglevel=error) || log "npm ci failed: test_openai_sdk will skip"
+    fi
+}
+
 cmd=${1:-}
 case "$cmd" in
 build)
@@ -79,11 +110,11 @@ demo)
     model="$KT_MODEL_DIR/$KT_DEFAULT_PRESET.gguf"
     log "generating the synthetic model $model"
     build/tools/kt-synth --preset "$KT_DEFAULT_PRESET" -o "$model"
-    log "kt-run: one chat turn on $model (random weights: the text is noise, the pipeline is real)"
-    build/tools/kt-run -m "$model" --chat "Write one sentence about rivers." -n 48 --seed 1
+    demo_serve "$model"
     ;;
 test)
     build_release
+    install_sdk_test
     run_tests build
     ;;
 asan)
@@ -91,6 +122,7 @@ asan)
     mkdir -p build-asan
     log "building kt with ASan+UBSan (build-asan/)"
     configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKT_SANITIZE=ON -DKT_CUDA=OFF
+    install_sdk_test
     ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} \
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} run_tests build-asan
     ;;
@@ -130,7 +162,7 @@ fuzz)
     echo "fuzz: $fuzzed passed, 0 failed"
     ;;
 *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

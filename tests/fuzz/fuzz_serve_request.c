@@ -1,0 +1,135 @@
+/*
+ * fuzz_serve_request.c - fuzz target for kt-serve's request parsing: each
+ * input is an HTTP body parsed as a chat and as a text completion request
+ * (serve_request.h); accepted chat requests are rendered through every chat
+ * format kt knows (serve_prompt.h), and the input also runs through the
+ * streaming output parser (serve_output.h) of both families in uneven
+ * pieces.  Promises checked: a refusal is a 400 or 500 naming a reason, an
+ * accepted request's values are in their ranges, the parser never produces
+ * more text than it was given.  It must never keep state between inputs.
+ */
+#include "fuzz.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_output.h"
+#include "serve_prompt.h"
+#include "serve_request.h"
+
+static void require(bool cond, const char *what)
+{
+    if (!cond) {
+        fprintf(stderr, "fuzz_serve_request: broken promise: %s\n", what);
+        abort();
+    }
+}
+
+static void check_request(enum kt_api_kind kind, const uint8_t *data, size_t size)
+{
+    struct kt_api_request r;
+    struct kt_api_error e = {0};
+    if (!kt_api_request_parse(kind, (const char *)data, size, &r, &e)) {
+        require(e.http_status == 400 || e.http_status == 500, "a refusal is a 400 or a 500");
+        require(e.message[0] != '\0', "a refusal says why");
+        json_t *env = kt_api_error_json(&e);
+        require(env && json_object_get(env, "error"), "the envelope builds");
+        json_decref(env);
+        return;
+    }
+    require(r.kind == kind && r.n >= 1 && r.n <= KT_API_MAX_N, "n in range");
+    require(r.n_stop <= KT_API_MAX_STOP && r.top_logprobs <= KT_LOGPROBS_MAX_TOP, "stop and logprobs in range");
+    require(r.sampling.temperature >= 0 && r.sampling.temperature <= 2, "temperature in range");
+    require(r.sampling.top_p > 0 && r.sampling.top_p <= 1, "top_p in range");
+    if (kind == KT_API_CHAT) {
+        require(r.messages.count > 0, "chat has messages");
+        for (int f = 1; f < KT_CHAT_FORMAT_COUNT; f++) {
+            struct kt_serve_model m = {.format = (kt_chat_format)f, .n_ctx = 4096, .n_vocab = 1000};
+            char *text = NULL;
+            struct kt_api_error re = {0};
+            bool ok = kt_prompt_render_chat(&m, &r, &text, &re);
+            require(ok == (text != NULL), "a render returns text exactly on success");
+            require(ok || re.message[0], "a failed render says why");
+            free(text);
+        }
+    } else {
+        require((r.prompt_text != NULL) != (r.prompt_ids != NULL), "a completion has one prompt");
+    }
+    kt_api_request_free(&r);
+}
+
+static void check_output(const uint8_t *data, size_t size)
+{
+    static const kt_chat_format formats[] = {KT_CHAT_KIMI_K2_INSTRUCT, KT_CHAT_DEEPSEEK_R1};
+    for (int f = 0; f < 2; f++) {
+        struct kt_output_params p = {.format = formats[f], .reasoning = true, .tools = true,
+                                     .single_tool_call = size % 2 == 0, .reasoning_open = size % 3 == 0};
+        struct kt_output o;
+        kt_output_init(&o, &p);
+        for (size_t at = 0, k = 1; at < size; at += k, k = k % 13 + 1)
+            kt_output_push(&o, (const char *)data + at, at + k <= size ? k : size - at);
+        kt_output_finish(&o);
+        size_t total = o.content.len + o.reasoning.len;
+        for (size_t i = 0; i < o.n_calls; i++) {
+            require(o.calls[i].id && o.calls[i].name, "a call has an id and a name");
+            total += o.calls[i].arguments.len;
+        }
+        require(total <= size, "the parser never adds text");
+        kt_output_free(&o);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    check_request(KT_API_CHAT, data, size);
+    check_request(KT_API_COMPLETION, data, size);
+    check_output(data, size);
+    return 0;
+}
+
+/* ---- seeds for replay.c ------------------------------------------------------------------------- */
+
+static const char *const seeds[] = {
+    "{\"model\": \"kimi\", \"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+    "\"content\": \"Hi\"}], \"max_tokens\": 16, \"temperature\": 0.7, \"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, "
+    "\"seed\": 1, \"stop\": [\"\\n\\n\", \"END\"], \"n\": 2, \"presence_penalty\": 0.5, \"frequency_penalty\": -0.5}",
+    "{\"messages\": [{\"role\": \"developer\", \"content\": [{\"type\": \"text\", \"text\": \"x\"}]}, {\"role\": "
+    "\"user\", \"content\": \"weather?\"}, {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": "
+    "\"functions.get_weather:0\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+    "{\"city\": \"Paris\"}}}]}, {\"role\": \"tool\", \"tool_call_id\": \"functions.get_weather:0\", \"content\": "
+    "\"sunny\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}], \"tool_choice\": {\"type\": "
+    "\"function\", \"function\": {\"name\": \"get_weather\"}}, \"parallel_tool_calls\": false, \"stream\": true, "
+    "\"stream_options\": {\"include_usage\": true}, \"chat_template_kwargs\": {\"thinking\": false}, \"logprobs\": "
+    "true, \"top_logprobs\": 5, \"logit_bias\": {\"12\": -100}}",
+    "{\"prompt\": \"The river\", \"max_tokens\": 8, \"echo\": true, \"logprobs\": 3, \"best_of\": 1}",
+    "{\"prompt\": [1, 2, 3], \"max_completion_tokens\": 4, \"ignore_eos\": true, \"kt_test_forced_output\": \"x\"}",
+    "<think>plan</think>Text<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+    "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+};
+
+void kt_fuzz_seeds(kt_fuzz_emit_fn emit)
+{
+    char label[64];
+    uint8_t m[4096];
+    for (size_t s = 0; s < sizeof seeds / sizeof seeds[0]; s++) {
+        size_t n = strlen(seeds[s]);
+        snprintf(label, sizeof label, "seed%zu", s);
+        emit((const uint8_t *)seeds[s], n, label);
+        for (size_t cut = 0; cut < n; cut += 7) {
+            snprintf(label, sizeof label, "seed%zu-truncated-%zu", s, cut);
+            emit((const uint8_t *)seeds[s], cut, label);
+        }
+        for (size_t i = 0; i < n && n <= sizeof m; i += 3) {
+            static const uint8_t values[] = {'"', '}', ']', '0', '-', 0x00, 0xff, 'n'};
+            for (size_t v = 0; v < sizeof values; v++) {
+                memcpy(m, seeds[s], n);
+                m[i] = values[v];
+                snprintf(label, sizeof label, "seed%zu-byte%zu=%02x", s, i, values[v]);
+                emit(m, n, label);
+            }
+        }
+    }
+}

@@ -1,0 +1,422 @@
+/*
+ * test_kt_serve.c - kt-serve end to end over real HTTP, with curl: /health
+ * reports load progress then ready; the info endpoints; every error case
+ * answers the OpenAI envelope with the right status and parameter (400, 401,
+ * 404, 405, 413, 429 with Retry-After); chat and text completions, streamed
+ * and not; Kimi and DeepSeek tool calls and reasoning parsed from the
+ * generated text; ": ping" during a long prefill; clients that hang up are
+ * cancelled; SIGTERM lets a running stream finish and exits 0.
+ */
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve_harness.h"
+
+static char kimi[1024], deepseek[1024], big[1024];
+
+static json_t *parse(const struct kt_buf *b)
+{
+    json_error_t je;
+    json_t *j = json_loads(kt_buf_str(b), 0, &je);
+    KT_CHECK(j != NULL, "not JSON: %.300s", kt_buf_str(b));
+    return j;
+}
+
+/* Expects status and an error envelope naming param (NULL: null) and code (NULL: any). */
+static void expect_error(const struct test_server *s, const char *args, const char *path, const char *body,
+                         int status, const char *param, const char *code)
+{
+    struct kt_buf out = {0};
+    int got = http(s, args, path, body, &out, NULL);
+    KT_CHECK(got == status, "%s %.80s: status %d, expected %d: %.300s", path, body ? body : "", got, status,
+             kt_buf_str(&out));
+    json_t *j = parse(&out);
+    json_t *e = json_object_get(j, "error");
+    KT_CHECK(json_is_string(json_object_get(e, "message")) && json_is_string(json_object_get(e, "type")),
+             "no envelope: %.300s", kt_buf_str(&out));
+    json_t *p = json_object_get(e, "param");
+    if (param)
+        KT_CHECK(json_is_string(p) && strcmp(json_string_value(p), param) == 0, "param: %.300s", kt_buf_str(&out));
+    else
+        KT_CHECK(json_is_null(p), "param should be null: %.300s", kt_buf_str(&out));
+    if (code)
+        KT_CHECK(json_is_string(json_object_get(e, "code")) &&
+                     strcmp(json_string_value(json_object_get(e, "code")), code) == 0,
+                 "code: %.300s", kt_buf_str(&out));
+    json_decref(j);
+    kt_buf_free(&out);
+}
+
+static void health_reports_loading_progress_then_ready(void)
+{
+    struct test_server s;
+    if (!server_start(&s, big, "-t 2 -q", false))
+        return;
+    bool saw_loading = false, ready = false;
+    struct kt_buf out = {0};
+    for (double t0 = harness_now(); harness_now() - t0 < 120 && !ready;) {
+        int code = http(&s, NULL, "/health", NULL, &out, NULL);
+        if (code == 503) {
+            json_t *j = parse(&out);
+            const char *status = json_string_value(json_object_get(j, "status"));
+            double progress = json_number_value(json_object_get(j, "progress"));
+            KT_CHECK(status && strcmp(status, "loading") == 0 && progress >= 0 && progress <= 1, "%s",
+                     kt_buf_str(&out));
+            saw_loading = true;
+            json_decref(j);
+            int models = http(&s, NULL, "/v1/models", NULL, &out, NULL); /* 200 only if loading just ended */
+            KT_CHECK(models == 503 || (models == 200 && http(&s, NULL, "/health", NULL, NULL, NULL) == 200),
+                     "models while loading: %d", models);
+        }
+        ready = code == 200;
+    }
+    KT_CHECK(saw_loading && ready, "loading seen %d, ready %d", saw_loading, ready);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    kt_buf_free(&out);
+}
+
+static void info_endpoints(const struct test_server *s)
+{
+    struct kt_buf out = {0};
+    KT_CHECK(http(s, NULL, "/health", NULL, &out, NULL) == 200, "health");
+    KT_CHECK(http(s, NULL, "/version", NULL, &out, NULL) == 200 && strstr(kt_buf_str(&out), "\"version\""), "version");
+    KT_CHECK(http(s, NULL, "/v1/models", NULL, &out, NULL) == 200 && strstr(kt_buf_str(&out), "\"id\":\"kimi\""),
+             "models: %s", kt_buf_str(&out));
+    KT_CHECK(http(s, NULL, "/v1/models/kimi", NULL, &out, NULL) == 200, "one model");
+    KT_CHECK(http(s, NULL, "/tokenize", "{\"prompt\": \"hello world\"}", &out, NULL) == 200 &&
+                 strstr(kt_buf_str(&out), "\"count\":"),
+             "tokenize: %s", kt_buf_str(&out));
+    KT_CHECK(http(s, NULL, "/tokenize", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &out, NULL) ==
+                 200, "tokenize messages: %s", kt_buf_str(&out));
+    KT_CHECK(http(s, NULL, "/detokenize", "{\"tokens\": [104, 105]}", &out, NULL) == 200 &&
+                 strstr(kt_buf_str(&out), "\"prompt\":"),
+             "detokenize: %s", kt_buf_str(&out));
+    KT_CHECK(http(s, NULL, "/metrics", NULL, &out, NULL) == 200 &&
+                 strstr(kt_buf_str(&out), "vllm:num_requests_running{model_name=\"kimi\"}") &&
+                 strstr(kt_buf_str(&out), "vllm:time_to_first_token_seconds_bucket") &&
+                 strstr(kt_buf_str(&out), "kt:routed_share"),
+             "metrics");
+    kt_buf_free(&out);
+}
+
+static const char *const chat_hi = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 4";
+
+static void error_cases(const struct test_server *s)
+{
+    char body[512];
+    const char *c = "/v1/chat/completions";
+    expect_error(s, NULL, c, "{", 400, NULL, NULL);
+    expect_error(s, NULL, c, "[1, 2]", 400, NULL, NULL);
+    expect_error(s, NULL, c, "{\"max_tokens\": 4}", 400, "messages", NULL);
+    snprintf(body, sizeof body, "%s, \"temperature\": 5}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "temperature", NULL);
+    snprintf(body, sizeof body, "%s, \"top_p\": \"high\"}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "top_p", NULL);
+    snprintf(body, sizeof body, "%s, \"stop\": [1]}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "stop", NULL);
+    snprintf(body, sizeof body, "%s, \"top_logprobs\": 3}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "top_logprobs", NULL);
+    snprintf(body, sizeof body, "%s, \"stream_options\": {\"include_usage\": true}}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "stream_options", NULL);
+    snprintf(body, sizeof body, "%s, \"n\": 3}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "n", NULL); /* more choices than --max-seqs 2 */
+    snprintf(body, sizeof body, "%s, \"response_format\": {\"type\": \"json_object\"}}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "response_format", NULL);
+    snprintf(body, sizeof body, "%s, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+                                "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "tool_choice", NULL);
+    snprintf(body, sizeof body, "%s, \"logit_bias\": {\"99999999\": 5}}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "logit_bias", NULL);
+    expect_error(s, NULL, c, "{\"messages\": [{\"role\": \"robot\", \"content\": \"hi\"}]}", 400, "messages", NULL);
+    snprintf(body, sizeof body, "%s, \"model\": \"gpt-4o\"}", chat_hi);
+    expect_error(s, NULL, c, body, 404, "model", "model_not_found");
+    expect_error(s, NULL, c, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 100000}", 400,
+                 "messages", "context_length_exceeded");
+    expect_error(s, NULL, "/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", 400, "prompt", NULL);
+    expect_error(s, NULL, "/v1/completions", "{\"prompt\": \"a\", \"suffix\": \"b\"}", 400, "suffix", NULL);
+    expect_error(s, NULL, "/v1/nothing", NULL, 404, NULL, "not_found");
+    expect_error(s, "-X GET", c, NULL, 405, NULL, NULL);
+    /* bodies over --max-body-bytes 16384: declared, and sent chunked */
+    struct kt_buf big_body = {0};
+    kt_buf_puts(&big_body, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    for (int i = 0; i < 20000; i++)
+        kt_buf_puts(&big_body, "a");
+    kt_buf_puts(&big_body, "\"}]}");
+    expect_error(s, NULL, c, kt_buf_str(&big_body), 413, NULL, "request_too_large");
+    expect_error(s, "-H 'Transfer-Encoding: chunked'", c, kt_buf_str(&big_body), 413, NULL, "request_too_large");
+    kt_buf_free(&big_body);
+    /* unknown fields are ignored */
+    struct kt_buf out = {0};
+    snprintf(body, sizeof body, "%s, \"user\": \"u1\", \"metadata\": {\"a\": 1}, \"frobnicate\": [true]}", chat_hi);
+    KT_CHECK(http(s, NULL, c, body, &out, NULL) == 200, "unknown fields: %s", kt_buf_str(&out));
+    kt_buf_free(&out);
+}
+
+static void chat_and_completions(const struct test_server *s)
+{
+    struct kt_buf out = {0};
+    int code = http(s, NULL, "/v1/chat/completions",
+                    "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                    "\"content\": [{\"type\": \"text\", \"text\": \"Hello\"}]}], \"max_completion_tokens\": 6, "
+                    "\"temperature\": 0, \"logprobs\": true, \"top_logprobs\": 2, \"seed\": 3}",
+                    &out, NULL);
+    json_t *j = parse(&out);
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    KT_CHECK(code == 200 && json_is_string(json_object_get(j, "id")) &&
+                 strcmp(json_string_value(json_object_get(j, "object")), "chat.completion") == 0,
+             "chat: %s", kt_buf_str(&out));
+    KT_CHECK(json_integer_value(json_object_get(json_object_get(j, "usage"), "completion_tokens")) <= 6, "usage");
+    json_t *lp = json_object_get(json_object_get(choice, "logprobs"), "content");
+    KT_CHECK(json_array_size(lp) >= 1 && json_array_size(json_object_get(json_array_get(lp, 0), "top_logprobs")) == 2,
+             "logprobs: %s", kt_buf_str(&out));
+    json_decref(j);
+
+    code = http(s, NULL, "/v1/completions",
+                "{\"prompt\": \"The river\", \"max_tokens\": 5, \"temperature\": 0, \"echo\": true, \"n\": 2}", &out,
+                NULL);
+    j = parse(&out);
+    json_t *choices = json_object_get(j, "choices");
+    const char *t0 = json_string_value(json_object_get(json_array_get(choices, 0), "text"));
+    const char *t1 = json_string_value(json_object_get(json_array_get(choices, 1), "text"));
+    KT_CHECK(code == 200 && t0 && t1 && strncmp(t0, "The river", 9) == 0 && strcmp(t0, t1) == 0,
+             "completions (greedy n=2, echo): %s", kt_buf_str(&out));
+    json_decref(j);
+    kt_buf_free(&out);
+}
+
+static void tool_calls_and_reasoning(const struct test_server *s)
+{
+    struct kt_buf out = {0};
+    int code = http(s, NULL, "/v1/chat/completions",
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], \"tools\": [{\"type\": "
+                    "\"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": {\"type\": \"object\"}}}], "
+                    "\"kt_test_forced_output\": \"<think>need the tool</think>Checking.<|tool_calls_section_begin|>"
+                    "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\\\"city\\\": "
+                    "\\\"Paris\\\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>\"}",
+                    &out, NULL);
+    json_t *j = parse(&out);
+    json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    KT_CHECK(code == 200 && strcmp(json_string_value(json_object_get(choice, "finish_reason")), "tool_calls") == 0,
+             "%s", kt_buf_str(&out));
+    KT_CHECK(json_string_value(json_object_get(msg, "reasoning_content")) &&
+                 strcmp(json_string_value(json_object_get(msg, "reasoning_content")), "need the tool") == 0 &&
+                 strcmp(json_string_value(json_object_get(msg, "content")), "Checking.") == 0,
+             "%s", kt_buf_str(&out));
+    KT_CHECK(call && strcmp(json_string_value(json_object_get(call, "id")), "functions.get_weather:0") == 0 &&
+                 strcmp(json_string_value(json_object_get(json_object_get(call, "function"), "name")), "get_weather") ==
+                     0 &&
+                 strcmp(json_string_value(json_object_get(json_object_get(call, "function"), "arguments")),
+                        "{\"city\": \"Paris\"}") == 0,
+             "%s", kt_buf_str(&out));
+    json_decref(j);
+    /* thinking off: no reasoning split */
+    code = http(s, NULL, "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template_kwargs\": {\"thinking\": "
+                "false}, \"kt_test_forced_output\": \"<think>a</think>b<|im_end|>\"}",
+                &out, NULL);
+    KT_CHECK(code == 200 && strstr(kt_buf_str(&out), "\"content\":\"<think>a</think>b\"") &&
+                 !strstr(kt_buf_str(&out), "reasoning_content"),
+             "%s", kt_buf_str(&out));
+    /* a named tool_choice opens the call in the prompt: the model writes only the arguments */
+    code = http(s, NULL, "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"Rome?\"}], \"tools\": [{\"type\": \"function\", "
+                "\"function\": {\"name\": \"get_weather\"}}], \"tool_choice\": {\"type\": \"function\", \"function\": "
+                "{\"name\": \"get_weather\"}}, \"kt_test_forced_output\": \"{\\\"city\\\": \\\"Rome\\\"}<|tool_call_end|>"
+                "<|tool_calls_section_end|><|im_end|>\"}",
+                &out, NULL);
+    KT_CHECK(code == 200 && strstr(kt_buf_str(&out), "\"id\":\"functions.get_weather:0\"") &&
+                 strstr(kt_buf_str(&out), "\"arguments\":\"{\\\"city\\\": \\\"Rome\\\"}\"") &&
+                 strstr(kt_buf_str(&out), "\"finish_reason\":\"tool_calls\""),
+             "named tool_choice: %s", kt_buf_str(&out));
+    kt_buf_free(&out);
+}
+
+static void streaming_pings_and_usage(const struct test_server *s)
+{
+    struct kt_buf out = {0}, body = {0};
+    kt_buf_puts(&body, "{\"messages\": [{\"role\": \"user\", \"content\": \"");
+    for (int i = 0; i < 150; i++) /* ~600 tokens: 40 steps of 16 */
+        kt_buf_puts(&body, "river stone ");
+    kt_buf_puts(&body, "\"}], \"max_tokens\": 3, \"stream\": true, \"stream_options\": {\"include_usage\": true}}");
+    int code = http(s, "-N", "/v1/chat/completions", kt_buf_str(&body), &out, NULL);
+    const char *t = kt_buf_str(&out);
+    KT_CHECK(code == 200 && strncmp(t, "data: {", 7) == 0, "stream start: %.200s", t);
+    KT_CHECK(strstr(t, ": ping\n\n") != NULL, "no ping during a %zu-byte prompt's prefill", body.len);
+    KT_CHECK(strstr(t, "\"role\":\"assistant\"") && strstr(t, "\"finish_reason\":\"length\"") &&
+                 strstr(t, "\"choices\":[],") && strstr(t, "\"completion_tokens\":3"),
+             "stream: %.2000s", t);
+    size_t len = strlen(t);
+    KT_CHECK(len > 14 && strcmp(t + len - 14, "data: [DONE]\n\n") == 0, "stream end");
+    kt_buf_free(&out), kt_buf_free(&body);
+}
+
+static long aborted_so_far(const struct test_server *s)
+{
+    struct kt_buf out = {0};
+    http(s, NULL, "/metrics", NULL, &out, NULL);
+    const char *at = strstr(kt_buf_str(&out), "finished_reason=\"abort\"} ");
+    long n = at ? atol(at + strlen("finished_reason=\"abort\"} ")) : -1;
+    kt_buf_free(&out);
+    return n;
+}
+
+static void full_queue_429_and_hangups_cancel(const struct test_server *s)
+{
+    long aborted_before = aborted_so_far(s);
+    /* two long requests fill --max-seqs 2, one waits (--max-waiting 1): the next gets 429 */
+    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 1500, \"ignore_eos\": true}";
+    char cmd[1024];
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof cmd, "curl -s --max-time 3 -o /dev/null -d '%s' http://127.0.0.1:%d/v1/completions &",
+                 lng, s->port);
+        kt_test_system("%s", cmd);
+        usleep(300000);
+    }
+    struct kt_buf out = {0}, head = {0};
+    int code = http(s, NULL, "/v1/completions", "{\"prompt\": \"y\", \"max_tokens\": 2}", &out, &head);
+    KT_CHECK(code == 429 && strcasestr(kt_buf_str(&head), "Retry-After:"), "queue full: %d %s", code,
+             kt_buf_str(&out));
+    /* the curls hang up after 3 s; their jobs are cancelled and the server is idle again */
+    bool idle = false;
+    for (double t0 = harness_now(); harness_now() - t0 < 30 && !idle;) {
+        usleep(200000);
+        http(s, NULL, "/metrics", NULL, &out, NULL);
+        idle = strstr(kt_buf_str(&out), "vllm:num_requests_running{model_name=\"kimi\"} 0\n") &&
+               strstr(kt_buf_str(&out), "vllm:num_requests_waiting{model_name=\"kimi\"} 0\n");
+    }
+    KT_CHECK(idle, "requests still running after their clients left");
+    KT_CHECK(aborted_so_far(s) == aborted_before + 3, "3 more aborted: %ld, then %ld", aborted_before,
+             aborted_so_far(s));
+    kt_buf_free(&out), kt_buf_free(&head);
+}
+
+static void api_key_is_required_when_set(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 2 -q --api-key sesame --served-model-name kimi", true))
+        return;
+    expect_error(&s, NULL, "/v1/models", NULL, 401, NULL, "invalid_api_key");
+    expect_error(&s, "-H 'Authorization: Bearer sesam'", "/v1/models", NULL, 401, NULL, "invalid_api_key");
+    struct kt_buf out = {0};
+    KT_CHECK(http(&s, "-H 'Authorization: Bearer sesame'", "/v1/models", NULL, &out, NULL) == 200, "with the key");
+    KT_CHECK(http(&s, NULL, "/health", NULL, &out, NULL) == 200, "health needs no key");
+    kt_buf_free(&out);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+static void deepseek_tool_calls(void)
+{
+    struct test_server s;
+    if (!server_start(&s, deepseek, "-t 2 -q --test-forced-output", true))
+        return;
+    struct kt_buf out = {0};
+    int code = http(&s, NULL, "/v1/chat/completions",
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"time?\"}], \"tools\": [{\"type\": \"function\", "
+                    "\"function\": {\"name\": \"get_time\"}}], \"kt_test_forced_output\": \"<think>hm</think>"
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\\n```json\\n{}\\n```"
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>\"}",
+                    &out, NULL);
+    json_t *j = parse(&out);
+    json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    json_t *call = json_array_get(json_object_get(msg, "tool_calls"), 0);
+    KT_CHECK(code == 200 && json_is_null(json_object_get(msg, "content")) &&
+                 strcmp(json_string_value(json_object_get(json_object_get(call, "function"), "name")), "get_time") == 0 &&
+                 strcmp(json_string_value(json_object_get(json_object_get(call, "function"), "arguments")), "{}") == 0 &&
+                 strncmp(json_string_value(json_object_get(call, "id")), "call_", 5) == 0,
+             "%s", kt_buf_str(&out));
+    json_decref(j);
+    /* DeepSeek's template declares no tools: kt-serve describes them in the system prompt */
+    const char *msgs = "\"messages\": [{\"role\": \"user\", \"content\": \"time?\"}]";
+    char body[512];
+    snprintf(body, sizeof body, "{%s}", msgs);
+    http(&s, NULL, "/tokenize", body, &out, NULL);
+    j = parse(&out);
+    json_int_t plain = json_integer_value(json_object_get(j, "count"));
+    json_decref(j);
+    snprintf(body, sizeof body, "{%s, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}]}", msgs);
+    http(&s, NULL, "/tokenize", body, &out, NULL);
+    j = parse(&out);
+    KT_CHECK(json_integer_value(json_object_get(j, "count")) > plain + 20, "tools add a declaration: %s",
+             kt_buf_str(&out));
+    json_decref(j);
+    kt_buf_free(&out);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+static void request_timeout_ends_long_requests(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 2 -q --request-timeout 1", true))
+        return;
+    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 4000, \"ignore_eos\": true%s}";
+    char body[256];
+    snprintf(body, sizeof body, lng, "");
+    expect_error(&s, NULL, "/v1/completions", body, 504, NULL, "timeout");
+    struct kt_buf out = {0};
+    snprintf(body, sizeof body, lng, ", \"stream\": true");
+    KT_CHECK(http(&s, "-N", "/v1/completions", body, &out, NULL) == 200 &&
+                 strstr(kt_buf_str(&out), "data: {\"error\":{") && strstr(kt_buf_str(&out), "data: [DONE]"),
+             "a timed-out stream ends with an error event: %.300s", kt_buf_str(&out));
+    kt_buf_free(&out);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+static void sigterm_finishes_the_running_stream_and_exits_0(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 2 -q --shutdown-timeout 300", true))
+        return;
+    char out_file[1024], cmd[2048];
+    snprintf(out_file, sizeof out_file, "%s", kt_test_path("sigterm-stream"));
+    snprintf(cmd, sizeof cmd,
+             "curl -sN --max-time 60 -o %s -d '{\"prompt\": \"x\", \"max_tokens\": 60, \"ignore_eos\": true, "
+             "\"stream\": true}' http://127.0.0.1:%d/v1/completions &",
+             out_file, s.port);
+    kt_test_system("%s", cmd);
+    usleep(500000);
+    KT_CHECK(server_stop(&s) == 0, "kt-serve's exit status after SIGTERM");
+    usleep(200000);
+    size_t len = 0;
+    char *text = kt_test_read_file(out_file, &len);
+    KT_CHECK(text && strstr(text, "\"finish_reason\":\"length\"") && strstr(text, "data: [DONE]"),
+             "the stream in flight was finished: %.300s", text ? text : "(none)");
+    free(text);
+    unlink(out_file);
+}
+
+int main(void)
+{
+    if (!have_curl())
+        return kt_test_skip("curl is not installed");
+    snprintf(kimi, sizeof kimi, "%s", kt_test_path("serve-kimi.gguf"));
+    snprintf(deepseek, sizeof deepseek, "%s", kt_test_path("serve-deepseek.gguf"));
+    snprintf(big, sizeof big, "%s", kt_test_path("serve-big.gguf"));
+    if (!make_model(kimi, "tiny", NULL) || !make_model(deepseek, "tiny-v3", NULL) ||
+        !make_model(big, "tiny", "--experts 256")) {
+        KT_CHECK(false, "kt-synth failed");
+        return kt_test_finish();
+    }
+    KT_RUN(health_reports_loading_progress_then_ready);
+    struct test_server s;
+    if (server_start(&s, kimi,
+                     "-t 2 -q --served-model-name kimi --max-seqs 2 --max-waiting 1 --max-batch-tokens 16 --ctx 8192 "
+                     "--max-body-bytes 16384 --sse-ping-interval 0.02 --test-forced-output",
+                     true)) {
+        RUN_WITH(info_endpoints, &s);
+        RUN_WITH(error_cases, &s);
+        RUN_WITH(chat_and_completions, &s);
+        RUN_WITH(tool_calls_and_reasoning, &s);
+        RUN_WITH(streaming_pings_and_usage, &s);
+        RUN_WITH(full_queue_429_and_hangups_cancel, &s);
+        KT_CHECK(server_stop(&s) == 0, "exit status");
+    }
+    KT_RUN(api_key_is_required_when_set);
+    KT_RUN(deepseek_tool_calls);
+    KT_RUN(request_timeout_ends_long_requests);
+    KT_RUN(sigterm_finishes_the_running_stream_and_exits_0);
+    unlink(kimi), unlink(deepseek), unlink(big);
+    return kt_test_finish();
+}

@@ -1,0 +1,293 @@
+/*
+ * kt-load.c - a load generator for a running kt-serve (or any
+ * OpenAI-compatible server): C concurrent streaming chat clients over HTTP
+ * run N requests between them, each checked for a well-formed event stream
+ * (tools/load/sse_check.h).  It reports the requests run, aggregate decode
+ * tokens per second over the whole run, time to first token p50/p99 and
+ * per-stream decode speed.  --disconnect-every K makes every K-th client hang
+ * up after its first token (what the server must survive).
+ *
+ * Exit status: 0 every request well-formed, 1 a request failed or a stream
+ * was malformed (each named on stderr), 2 usage.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+#include "http_client.h"
+#include "sse_check.h"
+
+struct load_options {
+    const char *host, *api_key, *model, *json_out;
+    uint32_t port, concurrency, requests, max_tokens, prompt_words, disconnect_every;
+    double timeout_s;
+};
+
+struct result {
+    bool ok, disconnected;
+    double t_start, t_first, t_end;
+    long long tokens;
+    char error[320];
+};
+
+struct load {
+    const struct load_options *o;
+    atomic_uint next;
+    struct result *results; /* [requests] */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- one request --------------------------------------------------------------------------------- */
+
+static char *request_body(const struct load_options *o, unsigned i)
+{
+    static const char *const words[] = {"river", "stone", "light", "north", "garden", "quiet", "signal", "copper",
+                                        "window", "harbor", "winter", "engine", "paper", "forest", "orbit", "salt"};
+    struct kt_buf p = {0};
+    kt_buf_printf(&p, "Request %u:", i);
+    unsigned long long x = 0x9E3779B97F4A7C15ull * (i + 1);
+    for (uint32_t w = 0; w < o->prompt_words; w++) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        kt_buf_printf(&p, " %s", words[(x * 0x2545F4914F6CDD1Dull) >> 60]);
+    }
+    json_t *j = json_pack("{s:[{s:s, s:s}], s:I, s:b, s:{s:b}, s:b, s:f, s:I}", "messages", "role", "user", "content",
+                          kt_buf_str(&p), "max_tokens", (json_int_t)o->max_tokens, "stream", 1, "stream_options",
+                          "include_usage", 1, "ignore_eos", 1, "temperature", 0.8, "seed", (json_int_t)i);
+    if (o->model)
+        json_object_set_new(j, "model", json_string(o->model));
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    kt_buf_free(&p);
+    return s;
+}
+
+static void run_one(struct load *L, unsigned i)
+{
+    const struct load_options *o = L->o;
+    struct result *r = &L->results[i];
+    bool hang_up = o->disconnect_every && (i + 1) % o->disconnect_every == 0;
+    char *body = request_body(o, i);
+    struct kt_http_client c;
+    struct kt_buf chunk = {0};
+    struct kt_sse_check sse;
+    kt_sse_check_init(&sse);
+    r->t_start = now_s();
+    if (!body || !kt_http_client_request(&c, o->host, (int)o->port, "POST", "/v1/chat/completions", o->api_key, body,
+                                         o->timeout_s, r->error, sizeof r->error))
+        goto done;
+    int rc;
+    while ((rc = kt_http_client_read(&c, &chunk)) > 0) {
+        if (c.status && c.status != 200)
+            continue; /* collect the error body */
+        if (chunk.len == 0)
+            continue;
+        if (!strstr(c.content_type, "text/event-stream")) {
+            snprintf(r->error, sizeof r->error, "content type '%s', not an event stream", c.content_type);
+            break;
+        }
+        size_t tokens = kt_sse_check_feed(&sse, chunk.bytes, chunk.len);
+        kt_buf_consume(&chunk, chunk.len);
+        if (tokens && r->t_first == 0)
+            r->t_first = now_s();
+        if (hang_up && r->t_first > 0) {
+            r->disconnected = true;
+            break;
+        }
+    }
+    if (!r->disconnected && !r->error[0]) {
+        if (c.status != 200)
+            snprintf(r->error, sizeof r->error, "HTTP %d: %.240s", c.status, kt_buf_str(&chunk));
+        else if (rc < 0)
+            snprintf(r->error, sizeof r->error, "the connection failed or timed out mid-stream");
+        else if (!kt_sse_check_finish(&sse, true))
+            snprintf(r->error, sizeof r->error, "malformed stream: %s", sse.error);
+        else if (sse.completion_tokens != (long long)o->max_tokens)
+            snprintf(r->error, sizeof r->error, "usage says %lld completion tokens, asked for %u",
+                     sse.completion_tokens, o->max_tokens);
+        else
+            r->ok = true;
+    }
+    kt_http_client_close(&c);
+done:
+    r->t_end = now_s();
+    r->tokens = sse.completion_tokens > 0 ? sse.completion_tokens : 0;
+    kt_sse_check_free(&sse);
+    kt_buf_free(&chunk);
+    free(body);
+}
+
+static void *worker(void *arg)
+{
+    struct load *L = arg;
+    unsigned i;
+    while ((i = atomic_fetch_add(&L->next, 1)) < L->o->requests)
+        run_one(L, i);
+    return NULL;
+}
+
+/* ---- report ---------------------------------------------------------------------------------------- */
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of n sorted values. */
+static double percentile(const double *v, size_t n, double p)
+{
+    if (n == 0)
+        return 0;
+    size_t k = (size_t)ceil(p / 100.0 * (double)n);
+    return v[k ? k - 1 : 0];
+}
+
+static int report(const struct load *L, double wall_s)
+{
+    const struct load_options *o = L->o;
+    size_t n = o->requests, ok = 0, failed = 0, hung_up = 0, n_ttft = 0, n_rate = 0;
+    long long tokens = 0;
+    double *ttft = calloc(n ? n : 1, sizeof *ttft), *rate = calloc(n ? n : 1, sizeof *rate);
+    for (size_t i = 0; i < n; i++) {
+        const struct result *r = &L->results[i];
+        if (r->disconnected) {
+            hung_up++;
+        } else if (!r->ok) {
+            failed++;
+            fprintf(stderr, "kt-load: request %zu: %s\n", i, r->error);
+        } else {
+            ok++;
+            tokens += r->tokens;
+            if (r->t_first > 0)
+                ttft[n_ttft++] = r->t_first - r->t_start;
+            if (r->tokens > 1 && r->t_end > r->t_first)
+                rate[n_rate++] = (double)(r->tokens - 1) / (r->t_end - r->t_first);
+        }
+    }
+    qsort(ttft, n_ttft, sizeof *ttft, by_value);
+    qsort(rate, n_rate, sizeof *rate, by_value);
+    double agg = wall_s > 0 ? (double)tokens / wall_s : 0;
+    printf("kt-load: %zu requests at concurrency %u in %.2f s: %zu ok, %zu failed, %zu hung up on purpose\n", n,
+           o->concurrency, wall_s, ok, failed, hung_up);
+    printf("  completion tokens    %lld (%u per request)\n", tokens, o->max_tokens);
+    printf("  aggregate decode     %.2f tok/s\n", agg);
+    printf("  time to first token  p50 %.3f s, p99 %.3f s\n", percentile(ttft, n_ttft, 50), percentile(ttft, n_ttft, 99));
+    printf("  per-stream decode    p50 %.2f tok/s\n", percentile(rate, n_rate, 50));
+    if (o->json_out) {
+        json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:I, s:f, s:f, s:f, s:f}", "requests", (json_int_t)n,
+                              "concurrency", (json_int_t)o->concurrency, "ok", (json_int_t)ok, "failed",
+                              (json_int_t)failed, "hung_up", (json_int_t)hung_up, "max_tokens",
+                              (json_int_t)o->max_tokens, "wall_s", wall_s, "completion_tokens", (json_int_t)tokens,
+                              "aggregate_decode_tok_s", agg, "ttft_p50_s", percentile(ttft, n_ttft, 50),
+                              "ttft_p99_s", percentile(ttft, n_ttft, 99), "per_stream_decode_p50_tok_s",
+                              percentile(rate, n_rate, 50));
+        if (json_dump_file(j, o->json_out, JSON_INDENT(2)) != 0)
+            fprintf(stderr, "kt-load: cannot write %s\n", o->json_out);
+        json_decref(j);
+    }
+    free(ttft), free(rate);
+    return failed ? 1 : 0;
+}
+
+/* ---- options and main ----------------------------------------------------------------------------------- */
+
+#define OPTS(o) ((struct load_options *)(o))
+#define U32_OPTION(fn, field, lo, hi, name)                                                           \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                                    \
+    {                                                                                                 \
+        return kt_cli_parse_u32(arg, lo, hi, &OPTS(o)->field) || kt_cli_invalid(why, ws, name, arg);  \
+    }
+#define STRING_OPTION(fn, field)                                                                      \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                                    \
+    {                                                                                                 \
+        (void)why, (void)ws;                                                                          \
+        OPTS(o)->field = arg;                                                                         \
+        return true;                                                                                  \
+    }
+U32_OPTION(opt_port, port, 1, 65535, "--port")
+U32_OPTION(opt_concurrency, concurrency, 1, 4096, "--concurrency")
+U32_OPTION(opt_requests, requests, 1, 1u << 24, "--requests")
+U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 24, "--max-tokens")
+U32_OPTION(opt_words, prompt_words, 0, 1u << 20, "--prompt-words")
+U32_OPTION(opt_disconnect, disconnect_every, 0, 1u << 24, "--disconnect-every")
+STRING_OPTION(opt_host, host)
+STRING_OPTION(opt_key, api_key)
+STRING_OPTION(opt_model, model)
+STRING_OPTION(opt_json, json_out)
+
+static bool opt_timeout(void *o, const char *arg, char *why, size_t ws)
+{
+    return (kt_cli_parse_double(arg, &OPTS(o)->timeout_s) && OPTS(o)->timeout_s > 0) ||
+           kt_cli_invalid(why, ws, "--timeout", arg);
+}
+
+static const struct kt_cli_option options_table[] = {
+    {"--host", NULL, "ADDR", 0, "server address (default 127.0.0.1)", opt_host},
+    {"--port", NULL, "PORT", 0, "server port (default 8080)", opt_port},
+    {"--concurrency", "-c", "N", 0, "streaming clients at once (default 4)", opt_concurrency},
+    {"--requests", "-n", "N", 0, "requests in all (default 4 x concurrency)", opt_requests},
+    {"--max-tokens", NULL, "N", 0, "tokens each request generates, end-of-generation ignored (default 64)",
+     opt_max_tokens},
+    {"--prompt-words", NULL, "N", 0, "words in each (distinct) user message (default 32)", opt_words},
+    {"--model", NULL, "NAME", 0, "the request's model field (default: none)", opt_model},
+    {"--api-key", NULL, "KEY", 0, "bearer key", opt_key},
+    {"--disconnect-every", NULL, "K", 0, "every K-th client hangs up after its first token (default 0: none)",
+     opt_disconnect},
+    {"--timeout", NULL, "S", 0, "seconds without a byte before a request fails (default 600)", opt_timeout},
+    {"--json", NULL, "FILE", 0, "also write the results as JSON", opt_json},
+};
+
+static void usage(FILE *f);
+static const struct kt_cli cli = {.prog = "kt-load", .options = options_table,
+                                  .n_options = sizeof options_table / sizeof options_table[0], .usage = usage};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kt-load [--host ADDR] [--port PORT] [-c N] [-n N] [--max-tokens N] [options]\n\n"
+               "Runs concurrent streaming chat requests against an OpenAI-compatible server and reports\n"
+               "aggregate decode tok/s and time to first token p50/p99.\n\noptions:\n");
+    kt_cli_print_options(f, &cli, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    struct load_options o = {.host = "127.0.0.1", .port = 8080, .concurrency = 4, .max_tokens = 64,
+                             .prompt_words = 32, .timeout_s = 600};
+    int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.requests)
+        o.requests = 4 * o.concurrency;
+    struct load L = {.o = &o, .results = calloc(o.requests, sizeof *L.results)};
+    pthread_t *threads = calloc(o.concurrency, sizeof *threads);
+    if (!L.results || !threads) {
+        fprintf(stderr, "kt-load: out of memory\n");
+        return 1;
+    }
+    atomic_init(&L.next, 0);
+    double t0 = now_s();
+    uint32_t started = 0;
+    for (; started < o.concurrency; started++)
+        if (pthread_create(&threads[started], NULL, worker, &L) != 0)
+            break;
+    for (uint32_t t = 0; t < started; t++)
+        pthread_join(threads[t], NULL);
+    double wall = now_s() - t0;
+    rc = started ? report(&L, wall) : 1;
+    free(threads);
+    free(L.results);
+    return rc;
+}

@@ -1,0 +1,332 @@
+/*
+ * kt-serve.c - the OpenAI-compatible server: parse options, listen at once
+ * (GET /health answers 503 with the load progress), load the model and
+ * start the scheduler, then wait for SIGTERM/SIGINT: stop accepting, let
+ * in-flight requests finish for --shutdown-timeout seconds, cancel the
+ * rest, exit 0.  Exit status 1: could not listen or load (one line saying
+ * why); 2: usage.  See tools/serve/server.h for the threads.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "placement_opt.h"
+#include "server.h"
+
+/* ---- options --------------------------------------------------------------------------------------- */
+
+#define OPTS(o) ((struct kt_serve_options *)(o))
+
+#define STRING_OPTION(fn, field)                                                                 \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
+    {                                                                                            \
+        (void)why, (void)ws;                                                                     \
+        OPTS(o)->field = arg;                                                                    \
+        return true;                                                                             \
+    }
+#define U32_OPTION(fn, field, lo, hi, name)                                                      \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
+    {                                                                                            \
+        return kt_cli_parse_u32(arg, lo, hi, &OPTS(o)->field) || kt_cli_invalid(why, ws, name, arg); \
+    }
+#define SECONDS_OPTION(fn, field, name)                                                          \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
+    {                                                                                            \
+        double v;                                                                                \
+        if (!kt_cli_parse_double(arg, &v) || v < 0)                                              \
+            return kt_cli_invalid(why, ws, name, arg);                                           \
+        OPTS(o)->field = v;                                                                      \
+        return true;                                                                             \
+    }
+
+STRING_OPTION(opt_model, model)
+STRING_OPTION(opt_placement, placement)
+STRING_OPTION(opt_host, host)
+STRING_OPTION(opt_api_key, api_key)
+STRING_OPTION(opt_name, served_name)
+U32_OPTION(opt_port, port, 0, 65535, "--port")
+U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
+U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
+U32_OPTION(opt_threads, threads, 1, 4096, "--threads")
+U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
+U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
+U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
+U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections")
+SECONDS_OPTION(opt_timeout, request_timeout_s, "--request-timeout")
+SECONDS_OPTION(opt_shutdown, shutdown_timeout_s, "--shutdown-timeout")
+SECONDS_OPTION(opt_ping, ping_interval_s, "--sse-ping-interval")
+
+static bool opt_prefix_cache(void *o, const char *arg, char *why, size_t ws)
+{
+    OPTS(o)->prefix_cache_given = true;
+    return kt_cli_parse_u32(arg, 0, 4096, &OPTS(o)->prefix_cache) || kt_cli_invalid(why, ws, "--prefix-cache", arg);
+}
+
+static bool opt_forced(void *o, const char *arg, char *why, size_t ws)
+{
+    (void)arg, (void)why, (void)ws;
+    OPTS(o)->test_forced_output = true;
+    return true;
+}
+
+static bool opt_quiet(void *o, const char *arg, char *why, size_t ws)
+{
+    (void)arg, (void)why, (void)ws;
+    OPTS(o)->quiet = true;
+    return true;
+}
+
+static const struct kt_cli_option options_table[] = {
+    {"--model", "-m", "MODEL", 0, "GGUF model file", opt_model},
+    {"--placement", NULL, "FILE", 0, "placement config v1 (configs/*.yaml): experts on NUMA nodes and a device",
+     opt_placement},
+    {"--host", NULL, "ADDR", 0, "address to listen on (default 127.0.0.1: this machine only)", opt_host},
+    {"--port", NULL, "PORT", 0, "port (default 8080; 0: any free port, printed)", opt_port},
+    {"--max-seqs", NULL, "N", 0, "sequences decoding at once; each n>1 choice counts (default 8)", opt_max_seqs},
+    {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
+    {"--threads", "-t", "N", 0, "engine threads (default: online CPUs)", opt_threads},
+    {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1 and /tokenize", opt_api_key},
+    {"--served-model-name", NULL, "NAME", 0, "the model's name in the API (default: file name without .gguf)",
+     opt_name},
+    {"--max-waiting", NULL, "N", 0, "requests queued beyond the running batch before 429 (default 64)",
+     opt_max_waiting},
+    {"--max-batch-tokens", NULL, "N", 0, "tokens per step: decode tokens plus prefill chunks (default 256)",
+     opt_max_batch},
+    {"--prefix-cache", NULL, "N", 0, "prompt prefixes kept for reuse, LRU (default: --max-seqs; 0: off)",
+     opt_prefix_cache},
+    {"--request-timeout", NULL, "S", 0, "seconds a request may run (default 600; 0: no limit)", opt_timeout},
+    {"--shutdown-timeout", NULL, "S", 0, "on SIGTERM, seconds to let requests finish (default 30)", opt_shutdown},
+    {"--sse-ping-interval", NULL, "S", 0, "': ping' on a stream quiet for S seconds (default 10; 0: never)",
+     opt_ping},
+    {"--max-body-bytes", NULL, "N", 0, "larger request bodies get 413 (default 8 MiB)", opt_body},
+    {"--max-connections", NULL, "N", 0, "open connections at most (default 512)", opt_connections},
+    {"--quiet", "-q", NULL, 0, "no log line per request", opt_quiet},
+    {"--test-forced-output", NULL, NULL, 0, "tests only: honour the request field kt_test_forced_output",
+     opt_forced},
+};
+#define N_OPTIONS (sizeof options_table / sizeof options_table[0])
+
+static void usage(FILE *f);
+static const struct kt_cli cli = {.prog = "kt-serve", .options = options_table, .n_options = N_OPTIONS,
+                                  .usage = usage, .operand = opt_model};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"
+               "                [--api-key KEY] [--served-model-name NAME] [options]\n\n"
+               "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health,\n"
+               "/metrics, /tokenize, /detokenize, /version.\n\noptions:\n");
+    kt_cli_print_options(f, &cli, NULL);
+}
+
+/* ---- loading ----------------------------------------------------------------------------------------- */
+
+/* The engine's load progress goes to stderr through this stream, which also
+ * reads the percentages off it for GET /health. */
+struct progress_sink {
+    struct kt_server *s;
+    char line[256];
+    size_t len;
+};
+
+static void progress_line(struct progress_sink *p)
+{
+    p->line[p->len] = 0;
+    for (char *pct = strchr(p->line, '%'); pct; pct = strchr(pct + 1, '%')) {
+        char *d = pct;
+        while (d > p->line && d[-1] >= '0' && d[-1] <= '9')
+            d--;
+        if (d < pct) {
+            unsigned v = (unsigned)atoi(d);
+            atomic_store(&p->s->load_permille, v >= 100 ? 999 : v * 10);
+        }
+    }
+    p->len = 0;
+}
+
+static ssize_t progress_write(void *cookie, const char *buf, size_t size)
+{
+    struct progress_sink *p = cookie;
+    fwrite(buf, 1, size, stderr);
+    for (size_t i = 0; i < size; i++) {
+        if (buf[i] == '\n' || buf[i] == '\r' || p->len + 1 >= sizeof p->line)
+            progress_line(p);
+        else
+            p->line[p->len++] = buf[i];
+    }
+    return (ssize_t)size;
+}
+
+static const char *file_stem(const char *path, char *out, size_t size)
+{
+    const char *base = strrchr(path, '/');
+    snprintf(out, size, "%s", base ? base + 1 : path);
+    size_t n = strlen(out);
+    if (n > 5 && strcmp(out + n - 5, ".gguf") == 0)
+        out[n - 5] = 0;
+    return out;
+}
+
+static bool load(struct kt_server *s, kt_err *err)
+{
+    const struct kt_serve_options *o = &s->o;
+    if (kt_model_open(o->model, &s->model, err) != KT_OK)
+        return false;
+    if (kt_tokenizer_create(s->model->gguf, &s->tok, err) != KT_OK) {
+        kt_err_prefix(err, "%s", o->model);
+        return false;
+    }
+    char why[256];
+    kt_chat_format format = kt_serve_chat_format(s->model->gguf, why, sizeof why);
+    if (format == KT_CHAT_FORMAT_UNKNOWN)
+        fprintf(stderr, "kt-serve: %s: %s; /v1/chat/completions will refuse requests\n", o->model, why);
+
+    uint32_t n_ctx = o->ctx;
+    if (!n_ctx)
+        n_ctx = s->model->hp.n_ctx_train && s->model->hp.n_ctx_train < 4096 ? s->model->hp.n_ctx_train : 4096;
+    const uint32_t block_tokens = 16;
+    struct kt_engine_params ep = {
+        .n_ctx = n_ctx,
+        .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
+        .n_threads = o->threads,
+        .kv_block_tokens = block_tokens,
+        .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
+        .max_batch_tokens = o->max_batch_tokens,
+    };
+    struct progress_sink sink = {.s = s};
+    FILE *progress = fopencookie(&sink, "w", (cookie_io_functions_t){.write = progress_write});
+    if (progress)
+        setvbuf(progress, NULL, _IONBF, 0);
+    ep.progress = progress;
+    struct kt_engine_plan plan = {0};
+    bool ok = !o->placement || kt_tool_placement_apply(o->placement, s->model, &ep, &plan, err) == KT_OK;
+    ok = ok && kt_engine_create(s->model, &ep, &s->engine, err) == KT_OK;
+    kt_engine_plan_free(&plan);
+    if (progress)
+        fclose(progress);
+    if (!ok)
+        return false;
+    s->sm = (struct kt_serve_model){.tok = s->tok, .format = format, .n_ctx = n_ctx,
+                                    .n_vocab = kt_engine_n_vocab(s->engine),
+                                    .allow_forced_output = o->test_forced_output};
+    const struct kt_hparams *hp = &s->model->hp;
+    s->metrics.routed_pairs_per_token =
+        hp->n_layer > hp->n_dense_lead ? (uint64_t)(hp->n_layer - hp->n_dense_lead) * hp->n_expert_used : 0;
+    struct kt_sched_params sp = {.engine = s->engine, .tok = s->tok, .max_running_seqs = o->max_seqs,
+                                 .max_waiting = o->max_waiting, .max_batch_tokens = o->max_batch_tokens,
+                                 .prefix_cache_entries = o->prefix_cache, .metrics = &s->metrics};
+    return kt_sched_create(&sp, &s->sched, err) == KT_OK;
+}
+
+static pthread_t g_main_thread; /* the loader signals it when loading fails */
+
+static void *loader_main(void *arg)
+{
+    struct kt_server *s = arg;
+    kt_err err = {0};
+    double t0 = kt_monotonic_s();
+    if (load(s, &err)) {
+        atomic_store(&s->load_permille, 1000);
+        atomic_store(&s->state, KT_SERVER_READY);
+        fprintf(stderr, "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u\n",
+                kt_monotonic_s() - t0, s->served_name, kt_engine_params(s->engine)->n_threads, s->sm.n_ctx,
+                s->o.max_seqs, s->o.prefix_cache);
+    } else {
+        snprintf(s->load_error, sizeof s->load_error, "%s", err.msg[0] ? err.msg : "loading failed");
+        atomic_store(&s->state, KT_SERVER_FAILED);
+        pthread_kill(g_main_thread, SIGUSR1);
+    }
+    return NULL;
+}
+
+/* ---- main -------------------------------------------------------------------------------------------- */
+
+static void teardown(struct kt_server *s)
+{
+    kt_sched_destroy(s->sched);
+    kt_engine_destroy(s->engine);
+    kt_tokenizer_destroy(s->tok);
+    kt_model_close(s->model);
+    kt_serve_metrics_destroy(&s->metrics);
+}
+
+int main(int argc, char **argv)
+{
+    static struct kt_server server;
+    struct kt_server *s = &server;
+    s->o = (struct kt_serve_options){.host = "127.0.0.1", .port = 8080, .max_seqs = 8, .max_waiting = 64,
+                                     .request_timeout_s = 600, .shutdown_timeout_s = 30, .ping_interval_s = 10,
+                                     .max_body_bytes = 8u << 20, .max_connections = 512};
+    int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &s->o);
+    if (rc >= 0)
+        return rc;
+    if (!s->o.model)
+        return kt_cli_usage_error(&cli, "%s", "no model given (-m MODEL)");
+    if (!s->o.prefix_cache_given)
+        s->o.prefix_cache = s->o.max_seqs;
+    if (!s->o.max_batch_tokens)
+        s->o.max_batch_tokens = s->o.max_seqs > 256 ? s->o.max_seqs : 256;
+    if (s->o.max_batch_tokens < s->o.max_seqs)
+        return kt_cli_usage_error(&cli, "%s", "--max-batch-tokens must be at least --max-seqs");
+    file_stem(s->o.model, s->served_name, sizeof s->served_name);
+    if (s->o.served_name)
+        snprintf(s->served_name, sizeof s->served_name, "%s", s->o.served_name);
+    s->created = (int64_t)time(NULL);
+    s->id_seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
+    kt_serve_metrics_init(&s->metrics);
+
+    /* Signals go to the main thread's sigwait only; every later thread inherits the mask. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    g_main_thread = pthread_self();
+
+    char why[512];
+    if (!kt_http_start(s, why, sizeof why)) {
+        fprintf(stderr, "kt-serve: %s\n", why);
+        return 1;
+    }
+    fprintf(stderr, "kt-serve: listening on http://%s:%u (loading %s)\n", s->o.host, s->port, s->o.model);
+    pthread_t loader;
+    if (pthread_create(&loader, NULL, loader_main, s) != 0) {
+        fprintf(stderr, "kt-serve: cannot start the loader thread\n");
+        return 1;
+    }
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig == SIGUSR1) {
+        pthread_join(loader, NULL);
+        fprintf(stderr, "kt-serve: %s\n", s->load_error);
+        kt_http_stop(s);
+        teardown(s);
+        return 1;
+    }
+    int state = atomic_exchange(&s->state, KT_SERVER_STOPPING);
+    fprintf(stderr, "kt-serve: %s: stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    kt_http_quiesce(s);
+    if (state == KT_SERVER_LOADING) {
+        /* the load cannot be interrupted and nothing is in flight */
+        kt_http_stop(s);
+        fflush(stderr);
+        _exit(0);
+    }
+    pthread_join(loader, NULL);
+    if (s->sched)
+        kt_sched_drain(s->sched, s->o.shutdown_timeout_s);
+    /* the jobs are done; let their responses reach the clients before closing connections */
+    for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
+        usleep(10000);
+    kt_http_stop(s);
+    teardown(s);
+    fprintf(stderr, "kt-serve: stopped\n");
+    return 0;
+}

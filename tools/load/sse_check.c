@@ -1,0 +1,138 @@
+/*
+ * sse_check.c - the stream checker (see sse_check.h).
+ */
+#include "sse_check.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+void kt_sse_check_init(struct kt_sse_check *c)
+{
+    memset(c, 0, sizeof *c);
+    c->completion_tokens = c->prompt_tokens = c->cached_tokens = -1;
+}
+
+void kt_sse_check_free(struct kt_sse_check *c)
+{
+    kt_buf_free(&c->pending);
+}
+
+static void fail(struct kt_sse_check *c, const char *what, const char *data)
+{
+    if (!c->error[0])
+        snprintf(c->error, sizeof c->error, "event %zu: %s: %.120s", c->events, what, data ? data : "");
+}
+
+/* One "data:" payload; returns true when it carried a token. */
+static bool check_data(struct kt_sse_check *c, const char *data)
+{
+    if (c->done) {
+        fail(c, "data after [DONE]", data);
+        return false;
+    }
+    if (strcmp(data, "[DONE]") == 0) {
+        c->done = true;
+        return false;
+    }
+    json_error_t je;
+    json_t *j = json_loads(data, 0, &je);
+    if (!json_is_object(j)) {
+        fail(c, "not a JSON object", data);
+        json_decref(j);
+        return false;
+    }
+    bool token = false;
+    const json_t *err = json_object_get(j, "error");
+    const json_t *id = json_object_get(j, "id");
+    const json_t *choices = json_object_get(j, "choices");
+    const json_t *usage = json_object_get(j, "usage");
+    if (err) {
+        fail(c, "error event", data);
+    } else if (!json_is_string(id) || !json_is_array(choices) ||
+               strcmp(json_string_value(json_object_get(j, "object")) ? json_string_value(json_object_get(j, "object")) : "",
+                      "chat.completion.chunk") != 0) {
+        fail(c, "not a chat.completion.chunk", data);
+    } else {
+        if (!c->id[0])
+            snprintf(c->id, sizeof c->id, "%s", json_string_value(id));
+        else if (strcmp(c->id, json_string_value(id)) != 0)
+            fail(c, "the id changed", data);
+        if (json_array_size(choices) == 0) {
+            if (!json_is_object(usage))
+                fail(c, "a chunk without choices or usage", data);
+            c->usage_seen = true;
+            c->completion_tokens = json_integer_value(json_object_get(usage, "completion_tokens"));
+            c->prompt_tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
+            c->cached_tokens =
+                json_integer_value(json_object_get(json_object_get(usage, "prompt_tokens_details"), "cached_tokens"));
+        }
+        size_t i;
+        const json_t *ch;
+        json_array_foreach(choices, i, ch)
+        {
+            const json_t *delta = json_object_get(ch, "delta");
+            const json_t *finish = json_object_get(ch, "finish_reason");
+            if (!json_is_object(delta)) {
+                fail(c, "a choice without a delta", data);
+                continue;
+            }
+            if (!c->role_seen) {
+                const json_t *role = json_object_get(delta, "role");
+                if (!json_is_string(role) || strcmp(json_string_value(role), "assistant") != 0)
+                    fail(c, "the first chunk has no assistant role", data);
+                c->role_seen = true;
+                continue;
+            }
+            if (c->finish_seen)
+                fail(c, "a chunk after the finish", data);
+            if (json_is_string(finish))
+                c->finish_seen = true;
+            else if (!json_is_null(finish))
+                fail(c, "finish_reason is neither null nor a string", data);
+            if (json_object_size(delta) > 0)
+                token = true;
+        }
+    }
+    json_decref(j);
+    return token;
+}
+
+size_t kt_sse_check_feed(struct kt_sse_check *c, const char *bytes, size_t len)
+{
+    size_t tokens = 0;
+    kt_buf_append(&c->pending, bytes, len);
+    for (;;) {
+        char *end = memmem(kt_buf_str(&c->pending), c->pending.len, "\n\n", 2);
+        if (!end)
+            return tokens;
+        size_t n = (size_t)(end - c->pending.bytes);
+        *end = 0;
+        c->events++;
+        if (c->pending.bytes[0] == ':')
+            c->pings++;
+        else if (strncmp(c->pending.bytes, "data: ", 6) == 0) {
+            if (memchr(c->pending.bytes, '\n', n))
+                fail(c, "a multi-line event", c->pending.bytes);
+            else if (check_data(c, c->pending.bytes + 6))
+                tokens++, c->content_events++;
+        } else {
+            fail(c, "neither a data line nor a comment", c->pending.bytes);
+        }
+        kt_buf_consume(&c->pending, n + 2);
+    }
+}
+
+bool kt_sse_check_finish(struct kt_sse_check *c, bool want_usage)
+{
+    if (c->pending.len)
+        fail(c, "bytes after the last event", c->pending.bytes);
+    if (!c->done)
+        fail(c, "no [DONE]", NULL);
+    if (!c->finish_seen)
+        fail(c, "no finish_reason", NULL);
+    if (want_usage && !c->usage_seen)
+        fail(c, "no usage chunk", NULL);
+    return c->error[0] == 0;
+}

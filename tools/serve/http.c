@@ -1,0 +1,307 @@
+/*
+ * http.c - kt-serve's HTTP plumbing on libmicrohttpd: the daemon (one thread
+ * per connection, poll()-based), request bodies collected up to the size
+ * limit (never MHD's PostProcessor: bodies are JSON), routing, API-key
+ * checks, JSON and error responses.  Endpoints live in endpoints.c and
+ * generate.c; this file decides nothing about their contents.
+ */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "server.h"
+
+/* ---- responses ----------------------------------------------------------------------------- */
+
+void kt_http_count(struct kt_server *s, unsigned status)
+{
+    unsigned cls = status / 100;
+    if (cls < 1 || cls > 5)
+        return;
+    pthread_mutex_lock(&s->metrics.mu);
+    s->metrics.http_requests[cls]++;
+    pthread_mutex_unlock(&s->metrics.mu);
+}
+
+enum MHD_Result kt_http_queue(struct kt_http_request *rq, unsigned status, struct MHD_Response *r)
+{
+    if (!r)
+        return MHD_NO;
+    if (rq->request_id[0])
+        MHD_add_response_header(r, "X-Request-Id", rq->request_id);
+    enum MHD_Result ok = MHD_queue_response(rq->conn, status, r);
+    MHD_destroy_response(r);
+    rq->responded = true;
+    kt_http_count(rq->server, status);
+    return ok;
+}
+
+enum MHD_Result kt_http_send(struct kt_http_request *rq, unsigned status, const char *content_type, const char *body,
+                             size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", content_type);
+    return kt_http_queue(rq, status, r);
+}
+
+enum MHD_Result kt_http_send_json(struct kt_http_request *rq, unsigned status, json_t *j)
+{
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!s)
+        return MHD_NO;
+    enum MHD_Result ok = kt_http_send(rq, status, "application/json", s, strlen(s));
+    free(s);
+    return ok;
+}
+
+enum MHD_Result kt_http_send_error(struct kt_http_request *rq, const struct kt_api_error *e)
+{
+    json_t *j = kt_api_error_json(e);
+    char *s = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!s)
+        return MHD_NO;
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(s);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (e->http_status == 429 || e->http_status == 503)
+        MHD_add_response_header(r, "Retry-After", "1");
+    if (e->http_status == 500 || e->http_status == 504)
+        MHD_add_response_header(r, "x-should-retry", "false"); /* the same request would fail the same way */
+    if (e->http_status == 401)
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    return kt_http_queue(rq, (unsigned)e->http_status, r);
+}
+
+bool kt_http_client_gone(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ---- routing ---------------------------------------------------------------------------------- */
+
+static bool key_matches(const char *given, const char *key)
+{
+    size_t n = strlen(key), m = strlen(given);
+    unsigned diff = (unsigned)(n ^ m);
+    for (size_t i = 0; i < n; i++)
+        diff |= (unsigned char)key[i] ^ (unsigned char)(i < m ? given[i] : 0);
+    return diff == 0; /* constant time in the key's length */
+}
+
+static bool authorized(struct kt_http_request *rq)
+{
+    const char *key = rq->server->o.api_key;
+    if (!key)
+        return true;
+    const char *h = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0)
+        return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return key_matches(h, key);
+}
+
+static enum MHD_Result not_found(struct kt_http_request *rq, const char *method, const char *url)
+{
+    struct kt_api_error e;
+    kt_api_error_set(&e, 404, "invalid_request_error", "not_found", NULL, "no route %s %.200s", method, url);
+    return kt_http_send_error(rq, &e);
+}
+
+static enum MHD_Result wrong_method(struct kt_http_request *rq, const char *method, const char *url, const char *allow)
+{
+    struct kt_api_error e;
+    kt_api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL, "%s %.200s: use %s", method,
+                     url, allow);
+    return kt_http_send_error(rq, &e);
+}
+
+static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, const char *method)
+{
+    struct kt_server *s = rq->server;
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    bool post = strcmp(method, "POST") == 0;
+    /* tolerate clients that leave /v1 out */
+    const char *path = strncmp(url, "/v1/", 4) == 0 ? url + 3 : url;
+    bool api = strncmp(url, "/v1/", 4) == 0 || strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0 ||
+               strcmp(path, "/chat/completions") == 0 || strcmp(path, "/completions") == 0 ||
+               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0;
+
+    if (strcmp(url, "/health") == 0)
+        return get ? kt_serve_health(rq) : wrong_method(rq, method, url, "GET");
+    if (strcmp(url, "/version") == 0)
+        return get ? kt_serve_version(rq) : wrong_method(rq, method, url, "GET");
+    if (strcmp(url, "/metrics") == 0)
+        return get ? kt_serve_metrics_endpoint(rq) : wrong_method(rq, method, url, "GET");
+    if (!api)
+        return not_found(rq, method, url);
+    if (!authorized(rq)) {
+        struct kt_api_error e;
+        kt_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                         "a valid API key is required: send 'Authorization: Bearer <key>'");
+        return kt_http_send_error(rq, &e);
+    }
+    if (rq->too_large) {
+        struct kt_api_error e;
+        kt_api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                         "the request body exceeds %u bytes (--max-body-bytes)", s->o.max_body_bytes);
+        return kt_http_send_error(rq, &e);
+    }
+    int state = atomic_load(&s->state);
+    if (state != KT_SERVER_READY) {
+        struct kt_api_error e;
+        kt_api_error_set(&e, 503, "server_error", state == KT_SERVER_LOADING ? "model_loading" : "unavailable", NULL,
+                         state == KT_SERVER_LOADING    ? "the model is still loading; see GET /health"
+                         : state == KT_SERVER_STOPPING ? "the server is shutting down"
+                                                       : "the model failed to load: %s",
+                         s->load_error);
+        return kt_http_send_error(rq, &e);
+    }
+    if (strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0)
+        return get ? kt_serve_models(rq, path[7] == '/' ? path + 8 : NULL) : wrong_method(rq, method, url, "GET");
+    if (strcmp(path, "/chat/completions") == 0)
+        return post ? kt_serve_generate(rq, KT_API_CHAT) : wrong_method(rq, method, url, "POST");
+    if (strcmp(path, "/completions") == 0)
+        return post ? kt_serve_generate(rq, KT_API_COMPLETION) : wrong_method(rq, method, url, "POST");
+    if (strcmp(path, "/tokenize") == 0)
+        return post ? kt_serve_tokenize(rq) : wrong_method(rq, method, url, "POST");
+    if (strcmp(path, "/detokenize") == 0)
+        return post ? kt_serve_detokenize(rq) : wrong_method(rq, method, url, "POST");
+    return not_found(rq, method, url);
+}
+
+/* ---- libmicrohttpd callbacks -------------------------------------------------------------------- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    struct kt_server *s = cls;
+    struct kt_http_request *rq = *con_cls;
+    (void)version;
+    if (!rq) { /* headers are in; the body (if any) follows in later calls */
+        rq = calloc(1, sizeof *rq);
+        if (!rq)
+            return MHD_NO;
+        rq->server = s;
+        rq->conn = conn;
+        *con_cls = rq;
+        const char *id = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+        if (id && strlen(id) < sizeof rq->request_id && strspn(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                                   "0123456789-_.:") == strlen(id))
+            snprintf(rq->request_id, sizeof rq->request_id, "%s", id);
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
+            rq->too_large = true;
+            return dispatch(rq, url, method); /* answer before reading the body; MHD then closes */
+        }
+        return MHD_YES;
+    }
+    if (rq->responded) {
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!rq->too_large) {
+            if (rq->body.len + *upload_data_size > rq->server->o.max_body_bytes) {
+                rq->too_large = true;
+                kt_buf_free(&rq->body);
+            } else {
+                kt_buf_append(&rq->body, upload_data, *upload_data_size);
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (rq->body.out_of_memory)
+        return MHD_NO;
+    return dispatch(rq, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    struct kt_http_request *rq = *con_cls;
+    (void)cls, (void)conn, (void)toe;
+    if (!rq)
+        return;
+    if (rq->in_flight)
+        atomic_fetch_sub(&rq->server->in_flight, 1);
+    kt_buf_free(&rq->body);
+    free(rq);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    if (strncmp(fmt, "Closing connection (application error", 37) == 0 ||
+        strncmp(fmt, "Application reported internal error", 35) == 0)
+        return; /* a client that hung up: generate.c logs it */
+    fprintf(stderr, "kt-serve: http: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai;
+    char port[16];
+    snprintf(port, sizeof port, "%u", s->o.port);
+    int rc = getaddrinfo(s->o.host, port, &hints, &ai);
+    if (rc != 0) {
+        snprintf(why, why_size, "--host %s: %s", s->o.host, gai_strerror(rc));
+        return false;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    /* the logger must come first to catch every message */
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
+                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, /* idle keep-alive seconds */
+                                 MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->daemon) {
+        snprintf(why, why_size, "cannot listen on %s:%u (in use, or not an address of this machine)", s->o.host,
+                 s->o.port);
+        return false;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : (uint16_t)s->o.port;
+    return true;
+}
+
+void kt_http_quiesce(struct kt_server *s)
+{
+    if (s->daemon) {
+        MHD_socket fd = MHD_quiesce_daemon(s->daemon);
+        if (fd != MHD_INVALID_SOCKET)
+            close(fd);
+    }
+}
+
+void kt_http_stop(struct kt_server *s)
+{
+    if (s->daemon)
+        MHD_stop_daemon(s->daemon);
+    s->daemon = NULL;
+}

@@ -1,0 +1,113 @@
+/*
+ * server.h - what kt-serve's parts share: its options and its state.
+ *
+ * Threads: libmicrohttpd runs one thread per connection (plus its listening
+ * thread); a handler thread parses and prepares its request, submits a job
+ * to the scheduler (runtime/scheduler.h, one thread that owns the engine)
+ * and then waits on that job's condition variable, streaming what the
+ * scheduler publishes.  Handlers never touch the engine.  While it waits a
+ * handler polls its socket: a client that went away cancels its job, whose
+ * sequence the scheduler frees at the next step.  The main thread loads the
+ * model (another thread answers /health with the progress meanwhile) and then
+ * waits for SIGTERM/SIGINT to drain.
+ */
+#ifndef KT_SERVE_SERVER_H
+#define KT_SERVE_SERVER_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <microhttpd.h>
+
+#include "engine.h"
+#include "model.h"
+#include "scheduler.h"
+#include "serve_metrics.h"
+#include "serve_prompt.h"
+#include "tokenizer.h"
+
+struct kt_serve_options {
+    const char *model;
+    const char *placement;
+    const char *host;             /* default 127.0.0.1 */
+    uint32_t port;                /* default 8080; 0: any free port (printed) */
+    uint32_t max_seqs;            /* sequences in the running batch */
+    uint32_t ctx;                 /* positions per sequence; 0: min(training context, 4096) */
+    uint32_t threads;             /* engine threads; 0: online CPUs */
+    uint32_t max_waiting;         /* queued requests before 429 */
+    uint32_t max_batch_tokens;    /* per-step token budget; 0: max(256, max_seqs) */
+    uint32_t prefix_cache;        /* cached prefixes; default max_seqs */
+    bool prefix_cache_given;
+    uint32_t max_body_bytes;      /* larger request bodies get 413 */
+    uint32_t max_connections;
+    const char *api_key;          /* NULL: no authentication */
+    const char *served_name;      /* NULL: the file name without .gguf */
+    double request_timeout_s;     /* 0: none */
+    double shutdown_timeout_s;    /* grace for in-flight requests on SIGTERM */
+    double ping_interval_s;       /* ": ping" comments on quiet streams */
+    bool test_forced_output;      /* honour kt_test_forced_output (tests only) */
+    bool quiet;                   /* no per-request log lines */
+};
+
+enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
+
+struct kt_server {
+    struct kt_serve_options o;
+    struct MHD_Daemon *daemon;
+    uint16_t port;                /* bound */
+    char served_name[128];
+    int64_t created;              /* unix seconds, for /v1/models */
+    atomic_int state;             /* enum kt_server_state */
+    atomic_uint load_permille;    /* 0..1000 while loading */
+    char load_error[1100];        /* KT_SERVER_FAILED: why (written before the state flips) */
+
+    /* read-only once READY */
+    struct kt_model *model;
+    struct kt_tokenizer *tok;
+    struct kt_engine *engine;
+    struct kt_sched *sched;
+    struct kt_serve_model sm;
+
+    struct kt_serve_metrics metrics;
+    atomic_int in_flight;         /* generation responses not yet fully sent */
+    atomic_uint_fast64_t next_id;
+    uint64_t id_seed;
+};
+
+/* http.c: the daemon and the plumbing every endpoint uses */
+bool kt_http_start(struct kt_server *s, char *why, size_t why_size);
+void kt_http_quiesce(struct kt_server *s);  /* stop accepting connections */
+void kt_http_stop(struct kt_server *s);     /* close every connection, join the threads */
+
+struct kt_http_request {
+    struct kt_server *server;
+    struct MHD_Connection *conn;
+    struct kt_buf body;
+    bool too_large;
+    bool responded;
+    bool in_flight;               /* counted in server->in_flight until completed */
+    char request_id[40];          /* the client's X-Request-Id, echoed */
+};
+
+enum MHD_Result kt_http_send(struct kt_http_request *rq, unsigned status, const char *content_type, const char *body,
+                             size_t len);
+enum MHD_Result kt_http_send_json(struct kt_http_request *rq, unsigned status, json_t *j); /* steals j */
+enum MHD_Result kt_http_send_error(struct kt_http_request *rq, const struct kt_api_error *e);
+enum MHD_Result kt_http_queue(struct kt_http_request *rq, unsigned status, struct MHD_Response *r);
+void kt_http_count(struct kt_server *s, unsigned status);
+/* true when the client closed its end of the connection */
+bool kt_http_client_gone(struct MHD_Connection *conn);
+
+/* endpoints.c */
+enum MHD_Result kt_serve_health(struct kt_http_request *rq);
+enum MHD_Result kt_serve_version(struct kt_http_request *rq);
+enum MHD_Result kt_serve_models(struct kt_http_request *rq, const char *id);
+enum MHD_Result kt_serve_metrics_endpoint(struct kt_http_request *rq);
+enum MHD_Result kt_serve_tokenize(struct kt_http_request *rq);
+enum MHD_Result kt_serve_detokenize(struct kt_http_request *rq);
+
+/* generate.c: /v1/chat/completions and /v1/completions */
+enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);
+
+#endif
