@@ -29,6 +29,10 @@ struct phase {
     struct kt_backend_stats device; /* the accelerator's queue, when the placement has one */
 };
 
+/* Decode tokens between two triads, and the most blocks kept for the median. */
+#define DECODE_BLOCK 8
+#define KT_BENCH_MAX_BLOCKS 1024
+
 static uint64_t layer_total_ns(const struct kt_engine_layer_stats *l)
 {
     return l->attention_ns + l->router_ns + l->experts_ns + l->combine_ns;
@@ -195,17 +199,49 @@ int kt_bench_model(const struct kt_bench_options *o)
     pre.tokens = o->prompt_tokens;
     take_stats(e, n_layer, &pre);
 
-    /* greedy decode, one token per step */
+    /* Greedy decode, one token per step, in blocks of DECODE_BLOCK tokens
+     * with a short triad before each block and after the last: each block's
+     * bandwidth is compared with the triads beside it, so a shared
+     * machine's drifting memory bandwidth moves both sides of a ratio. */
     dec.seconds = 0.0;
-    for (uint32_t i = 0; i < o->gen_tokens; i++) {
-        struct kt_batch_token t = {(int32_t)argmax(logits, n_vocab), 0, o->prompt_tokens + i, true};
-        double ts = kt_bench_now_seconds();
-        if (kt_engine_step(e, &(struct kt_batch){1, &t}, logits, &err) != KT_OK)
+    double block_ratio[KT_BENCH_MAX_BLOCKS];
+    uint32_t n_blocks = 0;
+    struct kt_triad_result before, after;
+    if (kt_stream_triad(0, (int)threads, 2, &before, &err) != KT_OK)
+        goto fail;
+    for (uint32_t i = 0; i < o->gen_tokens;) {
+        struct kt_engine_stats s0, s1;
+        kt_engine_stats(e, &s0);
+        double block_s = 0.0;
+        const uint32_t end = i + DECODE_BLOCK < o->gen_tokens ? i + DECODE_BLOCK : o->gen_tokens;
+        for (; i < end; i++) {
+            struct kt_batch_token t = {(int32_t)argmax(logits, n_vocab), 0, o->prompt_tokens + i, true};
+            double ts = kt_bench_now_seconds();
+            if (kt_engine_step(e, &(struct kt_batch){1, &t}, logits, &err) != KT_OK)
+                goto fail;
+            block_s += kt_bench_now_seconds() - ts;
+        }
+        dec.seconds += block_s;
+        kt_engine_stats(e, &s1);
+        if (kt_stream_triad(0, (int)threads, 2, &after, &err) != KT_OK)
             goto fail;
-        dec.seconds += kt_bench_now_seconds() - ts;
+        if (n_blocks < KT_BENCH_MAX_BLOCKS && block_s > 0)
+            block_ratio[n_blocks++] = (double)(s1.weight_bytes - s0.weight_bytes) / block_s * 1e-9 /
+                                      (0.5 * (before.best_gbps + after.best_gbps));
+        before = after;
     }
     dec.tokens = o->gen_tokens;
     take_stats(e, n_layer, &dec);
+    /* median block ratio */
+    for (uint32_t a = 1; a < n_blocks; a++)
+        for (uint32_t b = a; b > 0 && block_ratio[b] < block_ratio[b - 1]; b--) {
+            double t = block_ratio[b];
+            block_ratio[b] = block_ratio[b - 1];
+            block_ratio[b - 1] = t;
+        }
+    const double median_ratio = n_blocks == 0           ? 0.0
+                                : n_blocks % 2 == 1 ? block_ratio[n_blocks / 2]
+                                                    : 0.5 * (block_ratio[n_blocks / 2 - 1] + block_ratio[n_blocks / 2]);
 
     const double per_token = (double)dec.stats.weight_bytes / dec.tokens;
     const double gbps = (double)dec.stats.weight_bytes / dec.seconds * 1e-9;
@@ -219,6 +255,9 @@ int kt_bench_model(const struct kt_bench_options *o)
            dec.seconds);
     printf("weight bytes per token   %10.1f MiB\n", per_token / (1 << 20));
     printf("decode weight bandwidth  %10.2f GB/s = %.3f x triad\n", gbps, gbps / triad.best_gbps);
+    if (n_blocks > 0)
+        printf("decode / adjacent triads %10.3f  (median of %u blocks of %d tokens, %.3f .. %.3f)\n", median_ratio,
+               n_blocks, DECODE_BLOCK, block_ratio[0], block_ratio[n_blocks - 1]);
     printf("CPU FFN threads busy     %10.1f%% of decode wall time x %u threads (%.1f%% in prefill)\n",
            100.0 * dec.stats.cpu_experts_busy_ns / (1e9 * dec.seconds * threads), threads,
            100.0 * pre.stats.cpu_experts_busy_ns / (1e9 * pre.seconds * threads));
@@ -250,6 +289,7 @@ int kt_bench_model(const struct kt_bench_options *o)
     json_object_set_new(root, "triad", jt);
     json_object_set_new(root, "prefill", phase_json(&pre, n_layer, triad.best_gbps, false));
     json_object_set_new(root, "decode", phase_json(&dec, n_layer, triad.best_gbps, true));
+    json_object_set_new(json_object_get(root, "decode"), "ratio_to_adjacent_triads_median", json_real(median_ratio));
     rc = o->json ? kt_bench_write_json(root, o->json) : 0;
     goto done;
 fail:
