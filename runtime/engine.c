@@ -17,7 +17,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "forward.h"
 
@@ -62,7 +64,7 @@ uint64_t kt_fwd_now_ns(void)
 void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t *xq, int64_t n_rows, float *y)
 {
     kt_matmul_q(e->pool, m, xq, n_rows, y, m->n_out);
-    e->stats.weight_bytes += (uint64_t)m->n_out * m->row_bytes;
+    e->stats.weight_bytes += kt_mat_bytes(m);
 }
 
 void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, int64_t n_rows, float *y,
@@ -327,6 +329,71 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
 
 static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
 
+/* ---- host weights repacked ------------------------------------------------------------------ */
+
+/* m's rows repacked into the level's format in anonymous memory (huge pages
+ * advised), when the level has one for m's type: the kernels read packed
+ * groups at the expert path's bandwidth, and a mapping of huge pages costs
+ * fewer TLB misses than the file's 4 KiB page-cache pages.  The file's pages
+ * it read are then released from this process. */
+static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
+{
+    const struct kt_packed_format *f = m->data && !m->packed ? kt_mat_kernels_for(m->type)->packed : NULL;
+    if (!f || m->n_out < (int64_t)f->rows)
+        return KT_OK;
+    if (e->n_packed_blocks == e->max_packed_blocks)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: packed weight table full");
+    const size_t bytes = kt_packed_bytes(f, m->n_in, m->n_out);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return kt_err_set(err, KT_ERR_NOMEM, "engine: cannot map %zu bytes for packed weights", bytes);
+#ifdef MADV_HUGEPAGE
+    madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+    f->pack(m->n_in, m->data, m->row_bytes, m->n_out, p);
+    /* the file pages inside the matrix: this process will not read them again */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)m->data + page - 1) / page * page;
+    const uintptr_t hi = ((uintptr_t)m->data + (uintptr_t)m->n_out * m->row_bytes) / page * page;
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    e->packed_blocks[e->n_packed_blocks] = p;
+    e->packed_block_bytes[e->n_packed_blocks++] = bytes;
+    m->data = p;
+    m->packed = f;
+    return KT_OK;
+}
+
+/* The matrices the host multiplies whole (attention projections, dense
+ * FFNs, shared experts, the output head), each packed where its level has
+ * a format and it stays on the host.  W_UK / W_UV stay in GGUF rows: they
+ * are read per head. */
+static kt_status pack_host_weights(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
+{
+    const uint32_t n_layer = e->hp.n_layer;
+    e->max_packed_blocks = 12 * n_layer + 1;
+    e->packed_blocks = calloc(e->max_packed_blocks, sizeof *e->packed_blocks);
+    e->packed_block_bytes = calloc(e->max_packed_blocks, sizeof *e->packed_block_bytes);
+    if (!e->packed_blocks || !e->packed_block_bytes)
+        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+    kt_status st = pack_host_mat(e, &e->output, err);
+    for (uint32_t il = 0; il < n_layer && st == KT_OK; il++) {
+        struct kt_layer_weights *L = &e->layers[il];
+        struct kt_mat *mats[] = {
+            d->attention_on_device ? NULL : &L->q_a, d->attention_on_device ? NULL : &L->q_b,
+            d->attention_on_device ? NULL : &L->q,   d->attention_on_device ? NULL : &L->kv_a,
+            d->attention_on_device ? NULL : &L->out, d->dense_on_device ? NULL : &L->dense.gate,
+            d->dense_on_device ? NULL : &L->dense.up, d->dense_on_device ? NULL : &L->dense.down,
+            d->shared_on_device ? NULL : &L->shared.gate, d->shared_on_device ? NULL : &L->shared.up,
+            d->shared_on_device ? NULL : &L->shared.down,
+        };
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0] && st == KT_OK; i++)
+            if (mats[i])
+                st = pack_host_mat(e, mats[i], err);
+    }
+    return st;
+}
+
 kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p, struct kt_engine **out, kt_err *err)
 {
     *out = NULL;
@@ -398,7 +465,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     if (!d.experts_in_place) {
         struct kt_expert_store_params sp = {.progress = d.progress,
                                             .meminfo_path = d.meminfo_path,
-                                            .keep_gguf_layout = d.experts_keep_gguf_layout,
+                                            .keep_gguf_layout = d.keep_gguf_layout,
                                             .home_nodes = d.expert_home_nodes,
                                             .replica_nodes = d.expert_replica_nodes};
         if (d.experts_round_robin && e->topo)
@@ -407,6 +474,8 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
             goto fail;
     }
     if (d.device && (st = setup_device(e, &d, err)))
+        goto fail;
+    if (!d.keep_gguf_layout && (st = pack_host_weights(e, &d, err)))
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
         e->seq_chunk[s] = UINT32_MAX;
@@ -429,6 +498,10 @@ void kt_engine_destroy(struct kt_engine *e)
             kt_backend_free(e->device, e->device_blocks[i], e->device_block_bytes[i]);
         kt_backend_destroy(e->device);
     }
+    for (uint32_t i = 0; e->packed_blocks && i < e->n_packed_blocks; i++)
+        munmap(e->packed_blocks[i], e->packed_block_bytes[i]);
+    free(e->packed_blocks);
+    free(e->packed_block_bytes);
     free(e->device_blocks);
     free(e->device_block_bytes);
     free(e->device_experts);

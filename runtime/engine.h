@@ -74,7 +74,11 @@ struct kt_engine_params {
     bool experts_on_threadpool; /* run routed experts on the step's thread pool instead (no NUMA pools) */
     bool experts_round_robin;   /* home expert x of each layer on topology node x % n_nodes (tests and
                                    benchmarks; default: node 0); ignored when experts_in_place */
-    bool experts_keep_gguf_layout; /* store experts in GGUF rows, not the level's packed format */
+    /* Keep every weight in the file's GGUF rows instead of repacking the
+     * routed experts (expert store) and the host's attention, dense and
+     * shared-expert matrices (anonymous huge-page memory) into the kernel
+     * level's packed format: for tests and comparisons. */
+    bool keep_gguf_layout;
     /* [n_layer * n_expert] home node and replica nodes (bit i: node i) of each
      * routed expert, as a placement plan gives them (expert_store.h); NULL:
      * experts_round_robin or node 0, no replicas. */

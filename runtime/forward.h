@@ -185,6 +185,9 @@ struct kt_engine {
     uint64_t *pool_load;        /* [n_pools] pairs given to each pool so far this step */
     struct kt_ffn_unit *units;  /* (Ne + 1) the step's active experts, then the shared one */
     struct kt_moe_bufs bufs;    /* the host's FFN buffers */
+    void **packed_blocks;       /* [n_packed_blocks] host matrices repacked (engine.c), unmapped at destroy */
+    size_t *packed_block_bytes;
+    uint32_t n_packed_blocks, max_packed_blocks;
     uint32_t n_items[3];        /* the step's pairs, gate/up tasks, down tasks (moe.c) */
 
     /* The accelerator (NULL: none) and what lives on it. */

@@ -305,6 +305,39 @@ static void store_logits_equal_in_place_q8_0(void)
     store_logits_equal_in_place("store-q80", "--preset tiny-v3 --experts-type q8_0", KT_TYPE_Q8_0);
 }
 
+/* Every weight kept in GGUF rows vs the default (experts in the store and
+ * the host's attention, dense, shared and output matrices repacked where
+ * the level has a format): exact formats promise the same bits. */
+static void repacked_host_weights_give_the_same_logits(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model(
+        "tiny", "--experts-type q4_k --dense-type q8_0 --attn-type q8_0 --shared-type q8_0 --output-type q8_0", path,
+        sizeof path);
+    if (!m)
+        return;
+    const struct kt_packed_format *f = kt_cpu_kernels()->type[KT_TYPE_Q8_0].packed;
+    const bool exact = !f || f->exact;
+    const size_t n = (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab;
+    for (uint32_t threads = 1; threads <= 2; threads++) {
+        struct kt_engine_params gguf = {.n_ctx = 64, .n_threads = threads, .max_batch_tokens = 64,
+                                        .keep_gguf_layout = true};
+        struct kt_engine_params packed = gguf;
+        packed.keep_gguf_layout = false;
+        float *a = kt_test_engine_greedy(m, &gguf, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
+        float *b = kt_test_engine_greedy(m, &packed, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
+        if (exact)
+            KT_CHECK(a && b && !memcmp(a, b, n * sizeof *a), "%u threads: packed host weights changed the logits",
+                     threads);
+        else
+            KT_CHECK(a && b && worst_relative_row_diff(a, b, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab) <= 1e-4,
+                     "%u threads: packed host weights (%s) further than 1e-4 from GGUF rows", threads, f->name);
+        free(a);
+        free(b);
+    }
+    kt_test_synth_remove(m, path);
+}
+
 static void load_that_cannot_fit_is_refused_before_it_starts(void)
 {
     const char *path = synth("store-nomem", "--preset tiny");
@@ -374,6 +407,7 @@ int main(void)
     KT_RUN(store_logits_equal_in_place_q8_0);
     KT_RUN(packed_store_holds_q4_k_matrices_as_packed);
     KT_RUN(packed_store_holds_q8_0_matrices_as_packed);
+    KT_RUN(repacked_host_weights_give_the_same_logits);
     KT_RUN(load_that_cannot_fit_is_refused_before_it_starts);
     KT_RUN(truncated_file_fails_the_load_naming_the_tensor);
     return kt_test_finish();
