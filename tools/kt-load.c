@@ -34,7 +34,7 @@ struct result {
     bool ok, disconnected;
     double t_start, t_first, t_end;
     long long tokens;
-    char error[320];
+    char error[832];
 };
 
 struct load {

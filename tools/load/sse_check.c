@@ -22,7 +22,7 @@ void kt_sse_check_free(struct kt_sse_check *c)
 static void fail(struct kt_sse_check *c, const char *what, const char *data)
 {
     if (!c->error[0])
-        snprintf(c->error, sizeof c->error, "event %zu: %s: %.120s", c->events, what, data ? data : "");
+        snprintf(c->error, sizeof c->error, "event %zu: %s: %.80s", c->events, what, data ? data : "");
 }
 
 /* One "data:" payload; returns true when it carried a token. */
@@ -37,9 +37,13 @@ static bool check_data(struct kt_sse_check *c, const char *data)
         return false;
     }
     json_error_t je;
-    json_t *j = json_loads(data, 0, &je);
+    json_t *j = json_loads(data, JSON_ALLOW_NUL, &je); /* "\u0000" is valid JSON: a byte token can decode to NUL */
     if (!json_is_object(j)) {
-        fail(c, "not a JSON object", data);
+        char why[400];
+        const size_t len = strlen(data);
+        snprintf(why, sizeof why, "not a JSON object (%s at %d; ends \"%s\")", je.text, je.position,
+                 data + (len > 80 ? len - 80 : 0));
+        fail(c, why, data);
         json_decref(j);
         return false;
     }

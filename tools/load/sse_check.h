@@ -18,7 +18,7 @@ struct kt_sse_check {
     bool role_seen, finish_seen, usage_seen, done;
     size_t events, pings, content_events;
     long long completion_tokens, prompt_tokens, cached_tokens; /* from the usage chunk; -1 before */
-    char error[256];           /* the first problem found; "" while none */
+    char error[768];           /* the first problem found; "" while none */
 };
 
 void kt_sse_check_init(struct kt_sse_check *c);
