@@ -5,6 +5,7 @@
  * line, column and key path, never a guess.  It must never trust the input's
  * sizes: ranges stay ranges and every count is bounded before it is used.
  */
+#include "small_file.h"
 #include "config_internal.h"
 
 #include "yaml_tree.h"
@@ -729,25 +730,11 @@ kt_status kt_placement_config_parse(const char *text, size_t len, const char *na
 kt_status kt_placement_config_load(const char *path, struct kt_placement_config **out, kt_err *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kt_err_set(err, KT_ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > CONFIG_MAX_FILE_BYTES) {
-        fclose(f);
-        return kt_err_set(err, KT_ERR_IO, "%s: not a regular file of at most %u MiB", path,
-                          CONFIG_MAX_FILE_BYTES >> 20);
-    }
-    size_t len = (size_t)st.st_size;
-    char *text = malloc(len ? len : 1);
-    if (!text) {
-        fclose(f);
-        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
-    }
-    bool ok = fread(text, 1, len, f) == len;
-    fclose(f);
-    kt_status s = ok ? kt_placement_config_parse(text, len, path, out, err)
-                     : kt_err_set(err, KT_ERR_IO, "%s: short read", path);
+    char *text = NULL;
+    size_t len = 0;
+    kt_status st = kt_read_small_file(path, CONFIG_MAX_FILE_BYTES, &text, &len, err);
+    if (st == KT_OK)
+        st = kt_placement_config_parse(text, len, path, out, err);
     free(text);
-    return s;
+    return st;
 }

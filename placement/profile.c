@@ -3,6 +3,7 @@
  * trust a file's shape: every row is checked before anything is allocated
  * for it.
  */
+#include "small_file.h"
 #include "profile.h"
 
 #include <errno.h>
@@ -141,27 +142,13 @@ done:
 kt_status kt_profile_load(const char *path, struct kt_profile **out, kt_err *err)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kt_err_set(err, KT_ERR_IO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > PROFILE_MAX_FILE_BYTES) {
-        fclose(f);
-        return kt_err_set(err, KT_ERR_IO, "%s: not a regular file of at most %u MiB", path,
-                          PROFILE_MAX_FILE_BYTES >> 20);
-    }
-    size_t len = (size_t)st.st_size;
-    char *text = malloc(len ? len : 1);
-    if (!text) {
-        fclose(f);
-        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
-    }
-    bool ok = fread(text, 1, len, f) == len;
-    fclose(f);
-    kt_status s = ok ? kt_profile_parse(text, len, path, out, err)
-                     : kt_err_set(err, KT_ERR_IO, "%s: short read", path);
+    char *text = NULL;
+    size_t len = 0;
+    kt_status st = kt_read_small_file(path, PROFILE_MAX_FILE_BYTES, &text, &len, err);
+    if (st == KT_OK)
+        st = kt_profile_parse(text, len, path, out, err);
     free(text);
-    return s;
+    return st;
 }
 
 /* Whole counts as JSON integers, decayed ones as reals. */

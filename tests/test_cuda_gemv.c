@@ -22,25 +22,6 @@
 #include "quant.h"
 #include "testlib.h"
 
-static void *device_copy(const void *host, size_t bytes)
-{
-    char msg[256] = "";
-    void *d = NULL;
-    int rc = kt_cuda_alloc(&d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-    if (rc == 0 && host) {
-        rc = kt_cuda_copy_to_device(d, host, bytes, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
-    }
-    return d;
-}
-
-static void host_copy(void *host, const void *d, size_t bytes)
-{
-    char msg[256] = "";
-    int rc = kt_cuda_copy_to_host(host, d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-}
 
 /* A random n_out x n_in matrix of `type` (rows of kt_type_row_bytes), scaled by 1/sqrt(n_in). */
 static void *random_weights(int type, int64_t n_out, int64_t n_in, unsigned long long *rng)
@@ -107,7 +88,7 @@ static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *t
 {
     const size_t row_bytes = kt_type_row_bytes(type, n_in);
     uint8_t *w = random_weights(type, n_out, n_in, rng);
-    void *d_w = device_copy(w, (size_t)n_out * row_bytes);
+    void *d_w = kt_test_cuda_copy_in(w, (size_t)n_out * row_bytes);
     const struct kt_cuda_mat mat = {type, d_w, n_in, n_out, 0};
     for (size_t i = 0; i < n_tokens; i++) {
         const int64_t T = tokens[i];
@@ -119,8 +100,8 @@ static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *t
         for (int64_t k = 0; k < T * n_in; k++)
             x[k] = kt_test_rand_normal(rng);
         reference_product(type, w, n_out, n_in, x, T, ref, abs_sum, sq_sum);
-        float *d_x = device_copy(x, (size_t)(T * n_in) * sizeof *x);
-        float *d_y = device_copy(NULL, (size_t)(T * n_out) * sizeof *d_y);
+        float *d_x = kt_test_cuda_copy_in(x, (size_t)(T * n_in) * sizeof *x);
+        float *d_y = kt_test_cuda_copy_in(NULL, (size_t)(T * n_out) * sizeof *d_y);
         static const int paths[] = {KT_CUDA_MATMUL_GEMV, KT_CUDA_MATMUL_TENSOR, KT_CUDA_MATMUL_AUTO};
         for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
             const int path = paths[p];
@@ -133,7 +114,7 @@ static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *t
             rc = kt_cuda_matmul(&mat, d_x, T, d_y, path, NULL, msg, sizeof msg);
             KT_CHECK(rc == 0, "%s %lldx%lld T=%lld %s: %s", kt_type_name(type), (long long)n_out, (long long)n_in,
                      (long long)T, path_name(path), msg);
-            host_copy(y, d_y, (size_t)(T * n_out) * sizeof *y);
+            kt_test_cuda_copy_out(y, d_y, (size_t)(T * n_out) * sizeof *y);
             int64_t bad = 0, worst = 0;
             double worst_ratio = 0.0;
             for (int64_t k = 0; rc == 0 && k < T * n_out; k++) {
@@ -213,13 +194,13 @@ static void check_ffn_units(int64_t n_embd, int64_t T, const struct test_unit *s
 
     struct kt_cuda_ffn_unit *units = kt_test_xmalloc(n_units * sizeof *units);
     uint8_t **w = kt_test_xmalloc(3 * n_units * sizeof *w); /* host gate, up, down of each unit */
-    float *d_h = device_copy(h, (size_t)(T * n_embd) * sizeof *h);
-    uint32_t *d_pair_token = device_copy(pair_token, (size_t)n_pairs * sizeof *pair_token);
-    float *d_act = device_copy(NULL, (size_t)n_pairs * act_stride * sizeof(float));
+    float *d_h = kt_test_cuda_copy_in(h, (size_t)(T * n_embd) * sizeof *h);
+    uint32_t *d_pair_token = kt_test_cuda_copy_in(pair_token, (size_t)n_pairs * sizeof *pair_token);
+    float *d_act = kt_test_cuda_copy_in(NULL, (size_t)n_pairs * act_stride * sizeof(float));
     float *out = kt_test_xmalloc((size_t)n_pairs * n_embd * sizeof *out);
     for (size_t k = 0; k < (size_t)n_pairs * n_embd; k++)
         out[k] = NAN; /* poison: a pair never written fails */
-    float *d_out = device_copy(out, (size_t)n_pairs * n_embd * sizeof *out);
+    float *d_out = kt_test_cuda_copy_in(out, (size_t)n_pairs * n_embd * sizeof *out);
     uint32_t first = 0;
     for (uint32_t u = 0; u < n_units; u++) {
         const struct test_unit *s = &spec[u];
@@ -229,7 +210,7 @@ static void check_ffn_units(int64_t n_embd, int64_t T, const struct test_unit *s
         for (int j = 0; j < 3; j++) {
             w[3 * u + j] = random_weights(types[j], n_out[j], n_in[j], rng);
             *m[j] = (struct kt_cuda_mat){types[j],
-                                         device_copy(w[3 * u + j], (size_t)n_out[j] * kt_type_row_bytes(types[j], n_in[j])),
+                                         kt_test_cuda_copy_in(w[3 * u + j], (size_t)n_out[j] * kt_type_row_bytes(types[j], n_in[j])),
                                          n_in[j], n_out[j], 0};
         }
         units[u].first_pair = first;
@@ -240,7 +221,7 @@ static void check_ffn_units(int64_t n_embd, int64_t T, const struct test_unit *s
     int rc = kt_cuda_ffn_units(units, n_units, d_h, T, n_embd, d_pair_token, n_pairs, d_act, act_stride, d_out, NULL,
                                msg, sizeof msg);
     KT_CHECK(rc == 0, "%s", msg);
-    host_copy(out, d_out, (size_t)n_pairs * n_embd * sizeof *out);
+    kt_test_cuda_copy_out(out, d_out, (size_t)n_pairs * n_embd * sizeof *out);
 
     /* reference, pair by pair */
     for (uint32_t u = 0; rc == 0 && u < n_units; u++) {
@@ -302,7 +283,7 @@ static void cuda_ffn_units_match_reference(void)
 static void cuda_matmul_rejects_bad_weights(void)
 {
     char msg[256] = "";
-    float *d = device_copy(NULL, 4096);
+    float *d = kt_test_cuda_copy_in(NULL, 4096);
     const struct kt_cuda_mat q4_0 = {KT_TYPE_Q4_0, d, 32, 1, 0}, q4_k_short = {KT_TYPE_Q4_K, d, 100, 1, 0},
                              misaligned = {KT_TYPE_F32, (const char *)d + 2, 4, 1, 0},
                              row_too_small = {KT_TYPE_F32, d, 8, 2, 16};

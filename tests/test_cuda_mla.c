@@ -54,25 +54,6 @@ static const struct mla_case cases[] = {
     {"64 after 40", 1, {104}, 64, 40, false},
 };
 
-static void *device_copy(const void *host, size_t bytes)
-{
-    char msg[256] = "";
-    void *d = NULL;
-    int rc = kt_cuda_alloc(&d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-    if (rc == 0 && host) {
-        rc = kt_cuda_copy_to_device(d, host, bytes, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
-    }
-    return d;
-}
-
-static void host_copy(void *host, const void *d, size_t bytes)
-{
-    char msg[256] = "";
-    int rc = kt_cuda_copy_to_host(host, d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-}
 
 /* y[r] = W[r] . x for r < n_out: kt's way (x converted to the weight's
  * vec_dot_type, reference dot) when quantize_x, else dequantized W in double. */
@@ -176,11 +157,11 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     for (int64_t i = 0; i < kvr; i++)
         norm_w[i] = 1.0f + 0.1f * kt_test_rand_normal(rng);
     struct kt_cuda_mla m = {H, dn, dr, dv, kvr, s->kq_scale, {0}, {0}};
-    m.w_uk = (struct kt_cuda_mat){s->w_type, device_copy(w_uk, (size_t)H * kvr * kt_type_row_bytes(s->w_type, dn)),
+    m.w_uk = (struct kt_cuda_mat){s->w_type, kt_test_cuda_copy_in(w_uk, (size_t)H * kvr * kt_type_row_bytes(s->w_type, dn)),
                                   dn, H * kvr, 0};
-    m.w_uv = (struct kt_cuda_mat){s->w_type, device_copy(w_uv, (size_t)H * dv * kt_type_row_bytes(s->w_type, kvr)),
+    m.w_uv = (struct kt_cuda_mat){s->w_type, kt_test_cuda_copy_in(w_uv, (size_t)H * dv * kt_type_row_bytes(s->w_type, kvr)),
                                   kvr, H * dv, 0};
-    float *d_norm_w = device_copy(norm_w, (size_t)kvr * sizeof *norm_w);
+    float *d_norm_w = kt_test_cuda_copy_in(norm_w, (size_t)kvr * sizeof *norm_w);
 
     /* every sequence's rows: kv_a and angles of each position; CPU rows; GPU rows through the kernel */
     const struct kt_rope_params rp = {.n_dims = (uint32_t)dr, .freq_base = 50000.0, .factor = 32.0,
@@ -201,7 +182,7 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     int64_t seq_row0[MAX_SEQS], r = 0;
     for (int q = 0; q < c->n_seqs; q++) {
         seq_row0[q] = r;
-        d_seq[q] = device_copy(NULL, (size_t)(c->n_ctx[q] * D) * sizeof(float));
+        d_seq[q] = kt_test_cuda_copy_in(NULL, (size_t)(c->n_ctx[q] * D) * sizeof(float));
         for (int64_t p = 0; p < c->n_ctx[q]; p++, r++) {
             for (int64_t i = 0; i < D; i++)
                 kv_a[r * D + i] = kt_test_rand_normal(rng);
@@ -214,13 +195,13 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
             cpu_row_ptrs[r] = row;
         }
     }
-    float *d_kv_a = device_copy(kv_a, (size_t)(n_rows * D) * sizeof *kv_a);
-    float *d_cos_sin = device_copy(cos_sin, (size_t)(n_rows * dr) * sizeof *cos_sin);
-    float **d_row_ptrs = device_copy(row_ptrs, (size_t)n_rows * sizeof *row_ptrs);
+    float *d_kv_a = kt_test_cuda_copy_in(kv_a, (size_t)(n_rows * D) * sizeof *kv_a);
+    float *d_cos_sin = kt_test_cuda_copy_in(cos_sin, (size_t)(n_rows * dr) * sizeof *cos_sin);
+    float **d_row_ptrs = kt_test_cuda_copy_in(row_ptrs, (size_t)n_rows * sizeof *row_ptrs);
     rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, d_row_ptrs, n_rows, NULL, msg, sizeof msg);
     KT_CHECK(rc == 0, "%s %s rows: %s", s->name, c->name, msg);
     for (int q = 0; q < c->n_seqs; q++)
-        host_copy(gpu_rows + seq_row0[q] * D, d_seq[q], (size_t)(c->n_ctx[q] * D) * sizeof(float));
+        kt_test_cuda_copy_out(gpu_rows + seq_row0[q] * D, d_seq[q], (size_t)(c->n_ctx[q] * D) * sizeof(float));
     int64_t bad = 0;
     for (int64_t i = 0; i < n_rows * D; i++)
         bad += !(fabsf(gpu_rows[i] - cpu_rows[i]) <= 1e-6f * fabsf(cpu_rows[i]) + 1e-30f);
@@ -245,17 +226,17 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     float *got = kt_test_xmalloc((size_t)(T * H * dv) * sizeof *got);
     for (int64_t i = 0; i < T * H * dv; i++)
         got[i] = NAN; /* poison: an output never written fails */
-    float *d_q = device_copy(q, (size_t)(T * H * dk) * sizeof *q);
-    const float **d_cache = device_copy(cache, (size_t)T * sizeof *cache);
-    uint32_t *d_n_kv = device_copy(n_kv, (size_t)T * sizeof *n_kv);
-    float *d_out = device_copy(got, (size_t)(T * H * dv) * sizeof *got);
+    float *d_q = kt_test_cuda_copy_in(q, (size_t)(T * H * dk) * sizeof *q);
+    const float **d_cache = kt_test_cuda_copy_in(cache, (size_t)T * sizeof *cache);
+    uint32_t *d_n_kv = kt_test_cuda_copy_in(n_kv, (size_t)T * sizeof *n_kv);
+    float *d_out = kt_test_cuda_copy_in(got, (size_t)(T * H * dv) * sizeof *got);
     const size_t scratch_bytes = kt_cuda_mla_scratch_bytes(&m, T, n_kv_max);
     KT_CHECK(scratch_bytes > 0, "%s: no scratch size", s->name);
-    void *d_scratch = device_copy(NULL, scratch_bytes);
+    void *d_scratch = kt_test_cuda_copy_in(NULL, scratch_bytes);
     rc = kt_cuda_mla_attention(&m, d_q, d_cache, d_n_kv, T, n_kv_max, d_scratch, scratch_bytes, d_out, NULL, msg,
                                sizeof msg);
     KT_CHECK(rc == 0, "%s %s: %s", s->name, c->name, msg);
-    host_copy(got, d_out, (size_t)(T * H * dv) * sizeof *got);
+    kt_test_cuda_copy_out(got, d_out, (size_t)(T * H * dv) * sizeof *got);
 
     /* the CPU, on its own rows */
     float *same_math = kt_test_xmalloc((size_t)(T * H * dv) * sizeof *same_math);
@@ -291,7 +272,7 @@ static void cuda_mla_matches_cpu_attention(void)
 static void cuda_mla_rejects_bad_shapes(void)
 {
     char msg[256] = "";
-    float *d = device_copy(NULL, 1 << 16);
+    float *d = kt_test_cuda_copy_in(NULL, 1 << 16);
     struct kt_cuda_mla m = {8, 32, 16, 32, 2048, 0.2f, {KT_TYPE_F32, d, 32, 8 * 2048, 0}, {KT_TYPE_F32, d, 2048, 256, 0}};
     KT_CHECK(kt_cuda_mla_scratch_bytes(&m, 1, 10) == 0, "kv rank 2048 sized");
     KT_CHECK(kt_cuda_mla_attention(&m, d, (const float *const *)d, (const uint32_t *)d, 1, 10, d, 1 << 16, d, NULL, msg,

@@ -16,25 +16,6 @@
 
 /* ---- device buffers ---------------------------------------------------------------- */
 
-static void *device_copy(const void *host, size_t bytes)
-{
-    char msg[256] = "";
-    void *d = NULL;
-    int rc = kt_cuda_alloc(&d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-    if (rc == 0 && host) {
-        rc = kt_cuda_copy_to_device(d, host, bytes, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
-    }
-    return d;
-}
-
-static void host_copy(void *host, const void *d, size_t bytes)
-{
-    char msg[256] = "";
-    int rc = kt_cuda_copy_to_host(host, d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-}
 
 /* Elements of got and want further apart than rel*|want| + abs. */
 static int64_t count_far(const float *got, const float *want, int64_t n, float rel, float abs_tol)
@@ -70,13 +51,13 @@ static void cuda_rmsnorm_matches_cpu(void)
             fill_normal(w, n, 1.0f, &rng);
             for (int64_t r = 0; r < rows; r++)
                 kt_rmsnorm(want + r * n, x + r * x_stride, w, n, 1e-6f);
-            float *d_x = device_copy(x, (size_t)(rows * x_stride) * sizeof *x);
-            float *d_w = device_copy(w, (size_t)n * sizeof *w);
-            float *d_y = device_copy(NULL, (size_t)(rows * n) * sizeof *d_y);
+            float *d_x = kt_test_cuda_copy_in(x, (size_t)(rows * x_stride) * sizeof *x);
+            float *d_w = kt_test_cuda_copy_in(w, (size_t)n * sizeof *w);
+            float *d_y = kt_test_cuda_copy_in(NULL, (size_t)(rows * n) * sizeof *d_y);
             char msg[256] = "";
             int rc = kt_cuda_rmsnorm(d_y, n, d_x, x_stride, d_w, rows, n, 1e-6f, NULL, msg, sizeof msg);
             KT_CHECK(rc == 0, "rows %lld n %lld: %s", (long long)rows, (long long)n, msg);
-            host_copy(got, d_y, (size_t)(rows * n) * sizeof *got);
+            kt_test_cuda_copy_out(got, d_y, (size_t)(rows * n) * sizeof *got);
             int64_t bad = count_far(got, want, rows * n, 1e-6f, 0.0f);
             KT_CHECK(bad == 0, "rows %lld n %lld: %lld values differ", (long long)rows, (long long)n, (long long)bad);
 
@@ -84,7 +65,7 @@ static void cuda_rmsnorm_matches_cpu(void)
             rc = kt_cuda_rmsnorm(d_x, x_stride, d_x, x_stride, d_w, rows, n, 1e-6f, NULL, msg, sizeof msg);
             KT_CHECK(rc == 0, "in place: %s", msg);
             float *xin = kt_test_xmalloc((size_t)(rows * x_stride) * sizeof *xin);
-            host_copy(xin, d_x, (size_t)(rows * x_stride) * sizeof *xin);
+            kt_test_cuda_copy_out(xin, d_x, (size_t)(rows * x_stride) * sizeof *xin);
             bad = 0;
             for (int64_t r = 0; r < rows; r++) {
                 bad += count_far(xin + r * x_stride, want + r * n, n, 1e-6f, 0.0f);
@@ -123,12 +104,12 @@ static void cuda_rope_matches_cpu_bit_for_bit(void)
             for (int64_t h = 0; h < H; h++)
                 kt_rope_apply(want + (t * H + h) * dk + dn, cs + t * dr, (uint32_t)dr);
         }
-        float *d_q = device_copy(q, (size_t)(T * H * dk) * sizeof *q);
-        float *d_cs = device_copy(cs, (size_t)(T * dr) * sizeof *cs);
+        float *d_q = kt_test_cuda_copy_in(q, (size_t)(T * H * dk) * sizeof *q);
+        float *d_cs = kt_test_cuda_copy_in(cs, (size_t)(T * dr) * sizeof *cs);
         char msg[256] = "";
         int rc = kt_cuda_rope(d_q, T, H * dk, H, dk, dn, d_cs, dr, NULL, msg, sizeof msg);
         KT_CHECK(rc == 0, "%s", msg);
-        host_copy(got, d_q, (size_t)(T * H * dk) * sizeof *got);
+        kt_test_cuda_copy_out(got, d_q, (size_t)(T * H * dk) * sizeof *got);
         KT_CHECK(memcmp(got, want, (size_t)(T * H * dk) * sizeof *got) == 0, "T %lld H %lld: differs from kt_rope_apply",
                  (long long)T, (long long)H);
         kt_cuda_free(d_q), kt_cuda_free(d_cs);
@@ -154,21 +135,21 @@ static void cuda_swiglu_and_add_match_cpu(void)
         kt_swiglu(want, g, u, n);
         for (int64_t k = 0; k < n; k++)
             sum[k] = g[k] + u[k];
-        float *d_g = device_copy(g, bytes), *d_u = device_copy(u, bytes), *d_o = device_copy(NULL, bytes);
+        float *d_g = kt_test_cuda_copy_in(g, bytes), *d_u = kt_test_cuda_copy_in(u, bytes), *d_o = kt_test_cuda_copy_in(NULL, bytes);
         char msg[256] = "";
         int rc = kt_cuda_swiglu(d_o, d_g, d_u, n, NULL, msg, sizeof msg);
         KT_CHECK(rc == 0, "%s", msg);
-        host_copy(got, d_o, bytes);
+        kt_test_cuda_copy_out(got, d_o, bytes);
         int64_t bad = count_far(got, want, n, 1e-6f, 1e-30f);
         KT_CHECK(bad == 0, "swiglu n %lld: %lld values differ", (long long)n, (long long)bad);
 
         rc = kt_cuda_add(d_o, d_g, d_u, n, NULL, msg, sizeof msg);
         KT_CHECK(rc == 0, "%s", msg);
-        host_copy(got, d_o, bytes);
+        kt_test_cuda_copy_out(got, d_o, bytes);
         KT_CHECK(memcmp(got, sum, bytes) == 0, "add n %lld differs", (long long)n);
         rc = kt_cuda_add(d_g, d_g, d_u, n, NULL, msg, sizeof msg); /* y aliasing a: the residual add */
         KT_CHECK(rc == 0, "%s", msg);
-        host_copy(got, d_g, bytes);
+        kt_test_cuda_copy_out(got, d_g, bytes);
         KT_CHECK(memcmp(got, sum, bytes) == 0, "in-place add n %lld differs", (long long)n);
         kt_cuda_free(d_g), kt_cuda_free(d_u), kt_cuda_free(d_o);
         free(g), free(u), free(want), free(got), free(sum);
@@ -194,11 +175,11 @@ static void cuda_softmax_matches_cpu(void)
             memcpy(want, x, bytes);
             for (int64_t r = 0; r < rows; r++)
                 kt_softmax(want + r * n, n);
-            float *d_x = device_copy(x, bytes);
+            float *d_x = kt_test_cuda_copy_in(x, bytes);
             char msg[256] = "";
             int rc = kt_cuda_softmax(d_x, rows, n, NULL, msg, sizeof msg);
             KT_CHECK(rc == 0, "%s", msg);
-            host_copy(got, d_x, bytes);
+            kt_test_cuda_copy_out(got, d_x, bytes);
             int64_t bad = count_far(got, want, rows * n, 1e-6f, 1e-30f);
             KT_CHECK(bad == 0, "rows %lld n %lld: %lld values differ", (long long)rows, (long long)n, (long long)bad);
             kt_cuda_free(d_x);
@@ -210,7 +191,7 @@ static void cuda_softmax_matches_cpu(void)
 static void cuda_ops_reject_bad_arguments(void)
 {
     char msg[256] = "";
-    float *d = device_copy(NULL, 64 * sizeof(float));
+    float *d = kt_test_cuda_copy_in(NULL, 64 * sizeof(float));
     KT_CHECK(kt_cuda_rope(d, 1, 64, 1, 64, 0, d, 7, NULL, msg, sizeof msg) != 0 && msg[0], "odd rope dims accepted");
     msg[0] = 0;
     KT_CHECK(kt_cuda_rmsnorm(d, 4, d, 4, d, 2, 8, 1e-6f, NULL, msg, sizeof msg) != 0 && msg[0],

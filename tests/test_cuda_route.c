@@ -33,25 +33,6 @@ static const struct router_case cases[] = {
     {"odd-softmax-norm", 37, 5, 1, 1, KT_GATING_SOFTMAX, true, true, 1.5f},
 };
 
-static void *device_copy(const void *host, size_t bytes)
-{
-    char msg[256] = "";
-    void *d = NULL;
-    int rc = kt_cuda_alloc(&d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-    if (rc == 0 && host) {
-        rc = kt_cuda_copy_to_device(d, host, bytes, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
-    }
-    return d;
-}
-
-static void host_copy(void *host, const void *d, size_t bytes)
-{
-    char msg[256] = "";
-    int rc = kt_cuda_copy_to_host(host, d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-}
 
 /* Routes T tokens both ways; ties: logits and bias rounded to a coarse grid. */
 static void route_both_ways(const struct router_case *c, int64_t T, bool ties, unsigned long long *rng)
@@ -79,15 +60,15 @@ static void route_both_ways(const struct router_case *c, int64_t T, bool ties, u
         kt_moe_route(&r, logits + t * Ne, c->bias ? bias : NULL, want_e + t * k, want_w + t * k, scratch);
 
     const struct kt_cuda_router cr = {Ne, k, c->n_groups, c->n_group_used, (int)c->gating, c->norm, c->scale};
-    float *d_logits = device_copy(logits, (size_t)T * Ne * sizeof *logits);
-    float *d_bias = c->bias ? device_copy(bias, (size_t)Ne * sizeof *bias) : NULL;
-    uint32_t *d_e = device_copy(NULL, (size_t)T * k * sizeof *d_e);
-    float *d_w = device_copy(NULL, (size_t)T * k * sizeof *d_w);
+    float *d_logits = kt_test_cuda_copy_in(logits, (size_t)T * Ne * sizeof *logits);
+    float *d_bias = c->bias ? kt_test_cuda_copy_in(bias, (size_t)Ne * sizeof *bias) : NULL;
+    uint32_t *d_e = kt_test_cuda_copy_in(NULL, (size_t)T * k * sizeof *d_e);
+    float *d_w = kt_test_cuda_copy_in(NULL, (size_t)T * k * sizeof *d_w);
     char msg[256] = "";
     int rc = kt_cuda_route(&cr, d_logits, d_bias, T, d_e, d_w, NULL, msg, sizeof msg);
     KT_CHECK(rc == 0, "%s: %s", c->name, msg);
-    host_copy(got_e, d_e, (size_t)T * k * sizeof *got_e);
-    host_copy(got_w, d_w, (size_t)T * k * sizeof *got_w);
+    kt_test_cuda_copy_out(got_e, d_e, (size_t)T * k * sizeof *got_e);
+    kt_test_cuda_copy_out(got_w, d_w, (size_t)T * k * sizeof *got_w);
     int64_t bad_e = 0, bad_w = 0;
     for (int64_t i = 0; rc == 0 && i < T * k; i++) {
         bad_e += got_e[i] != want_e[i];
@@ -120,7 +101,7 @@ static void cuda_route_breaks_ties_like_the_cpu(void)
 static void cuda_route_rejects_bad_routers(void)
 {
     char msg[256] = "";
-    float *d = device_copy(NULL, 64 * sizeof(float));
+    float *d = kt_test_cuda_copy_in(NULL, 64 * sizeof(float));
     const struct kt_cuda_router not_divisible = {10, 2, 3, 1, 2, 1, 1.0f}, k_too_big = {8, 9, 1, 1, 2, 1, 1.0f},
                                 bad_gating = {8, 2, 1, 1, 7, 1, 1.0f};
     KT_CHECK(kt_cuda_route(&not_divisible, d, NULL, 1, (uint32_t *)d, d, NULL, msg, sizeof msg) != 0 && msg[0],

@@ -85,6 +85,14 @@ float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *
                              uint32_t n_prompt, uint32_t steps, int32_t *tokens, struct kt_engine_stats *stats,
                              struct kt_backend_stats *device);
 
+/* ---- device memory for the CUDA tests (testlib_cuda.c) ---- */
+
+/* bytes of device memory, filled from host when host is not NULL; NULL
+ * after a failed check. */
+void *kt_test_cuda_copy_in(const void *host, size_t bytes);
+/* host = bytes of device memory d (a failed copy fails a check). */
+void kt_test_cuda_copy_out(void *host, const void *d, size_t bytes);
+
 /* Deterministic pseudo-random numbers for tests. */
 unsigned long long kt_test_rand_u64(unsigned long long *state);
 float kt_test_rand_normal(unsigned long long *state);
