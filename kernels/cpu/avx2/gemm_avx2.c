@@ -87,13 +87,7 @@ void kt_gemm_q8_0_q8_0_avx2(int64_t n, const void *w, size_t row_bytes, int64_t 
  * k_scales_mins (reads the 4 bytes after scales[], inside the block). */
 static inline __m256i scales_mins_k(const uint8_t scales[12])
 {
-    const __m128i v = _mm_loadu_si128((const __m128i *)scales);
-    const __m128i words = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
-    const __m128i tops = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));
-    const __m128i low = _mm_and_si128(_mm_srlv_epi32(words, _mm_setr_epi32(0, 0, 0, 4)),
-                                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m128i high = _mm_and_si128(_mm_srli_epi32(tops, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm256_broadcastsi128_si256(_mm_or_si128(low, high));
+    return _mm256_broadcastsi128_si256(k_scales_mins_128(scales));
 }
 
 /* Every int16 lane = byte j of v, zero-extended. */

@@ -99,6 +99,20 @@ static inline __m128i hsum4_epi32(__m256i v0, __m256i v1, __m256i v2, __m256i v3
 
 /* 32 4-bit values of a legacy block: byte j's low nibble -> byte j, its high
  * nibble -> byte j+16 (elements 0..15 and 16..31), each in [0, 15]. */
+/* The 6-bit scales sc_0..7 (bytes 0-7) and mins m_0..7 (bytes 8-15) of a
+ * Q4_K/Q5_K block: kt_k_scale_min's unpacking.  The 16-byte load reads the
+ * 4 bytes after scales[12], which lie inside the block (its quants). */
+static inline __m128i k_scales_mins_128(const uint8_t scales[12])
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)scales);
+    const __m128i words = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0));
+    const __m128i tops = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));
+    const __m128i low = _mm_and_si128(_mm_srlv_epi32(words, _mm_setr_epi32(0, 0, 0, 4)),
+                                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i high = _mm_and_si128(_mm_srli_epi32(tops, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(low, high);
+}
+
 static inline __m256i unpack_nibbles_32(const uint8_t qs[16])
 {
     const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));

@@ -28,13 +28,7 @@
  */
 static inline __m256i k_scales_mins(const uint8_t scales[12])
 {
-    const __m128i v = _mm_loadu_si128((const __m128i *)scales);
-    const __m128i words = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* L0 L2 L1 L2 */
-    const __m128i tops = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));  /* L0 L0 L1 L1 */
-    const __m128i low = _mm_and_si128(_mm_srlv_epi32(words, _mm_setr_epi32(0, 0, 0, 4)),
-                                      _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
-    const __m128i high = _mm_and_si128(_mm_srli_epi32(tops, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
-    return _mm256_broadcastsi128_si256(_mm_or_si128(low, high));
+    return _mm256_broadcastsi128_si256(k_scales_mins_128(scales));
 }
 
 /* Every int16 lane = byte j of v, zero-extended (pshufb index 0x80 writes 0). */
