@@ -149,8 +149,8 @@ static char *reference_text(const char *prompt, size_t max_tokens)
 static const char *const prompts[] = {
     "The river runs to the sea and",
     "Once upon a time in a land far away, there lived a king who",
-    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 "
-    "37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60",
+    ("1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 "
+     "37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60"),
     "Hello",
     "Rivers and mountains, oceans and plains: the world is wide and",
     "A",

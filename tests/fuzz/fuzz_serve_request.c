@@ -105,8 +105,8 @@ static const char *const seeds[] = {
     "true, \"top_logprobs\": 5, \"logit_bias\": {\"12\": -100}}",
     "{\"prompt\": \"The river\", \"max_tokens\": 8, \"echo\": true, \"logprobs\": 3, \"best_of\": 1}",
     "{\"prompt\": [1, 2, 3], \"max_completion_tokens\": 4, \"ignore_eos\": true, \"kt_test_forced_output\": \"x\"}",
-    "<think>plan</think>Text<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
-    "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>",
+    ("<think>plan</think>Text<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+     "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>"),
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
 };
 
