@@ -15,6 +15,16 @@ void kt_engine_plan_free(struct kt_engine_plan *out)
     memset(out, 0, sizeof *out);
 }
 
+/* Makes d (a device index > 0) the plan's one accelerator; a second one is refused. */
+static kt_status use_device(const struct kt_placement *p, uint32_t il, int *device, int d, kt_err *err)
+{
+    if (*device && *device != d)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: work on two accelerators (%s and %s)", p->source,
+                          il, p->devices[*device].name, p->devices[d].name);
+    *device = d;
+    return KT_OK;
+}
+
 kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_plan *out, struct kt_engine_params *ep,
                                FILE *log, kt_err *err)
 {
@@ -35,39 +45,22 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
         const struct kt_placement_layer *L = &p->layers[il];
         if (!L->is_moe) {
             dense_layers++;
-            if (L->dense_ffn > 0) {
+            if (L->dense_ffn > 0 && (st = use_device(p, il, &device, L->dense_ffn, err)) == KT_OK)
                 dense_on_device++;
-                if (device && device != L->dense_ffn)
-                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: work on two accelerators (%s and %s)",
-                                    p->source, il, p->devices[device].name, p->devices[L->dense_ffn].name);
-                device = L->dense_ffn;
-            }
         }
-        if (L->attention > 0) {
+        if (st == KT_OK && L->attention > 0 && (st = use_device(p, il, &device, L->attention, err)) == KT_OK)
             attention_on_device++;
-            if (device && device != L->attention)
-                st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: work on two accelerators (%s and %s)",
-                                p->source, il, p->devices[device].name, p->devices[L->attention].name);
-            device = L->attention;
-        }
         if (L->is_moe && L->shared_experts >= 0) {
             shared_layers++;
-            if (L->shared_experts > 0) {
+            if (st == KT_OK && L->shared_experts > 0 &&
+                (st = use_device(p, il, &device, L->shared_experts, err)) == KT_OK)
                 shared_on_device++;
-                if (device && device != L->shared_experts)
-                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: experts on two accelerators (%s and %s)",
-                                    p->source, il, p->devices[device].name, p->devices[L->shared_experts].name);
-                device = L->shared_experts;
-            }
         }
         for (uint32_t x = 0; L->experts && x < p->n_expert && st == KT_OK; x++) {
             const struct kt_expert_home *h = &L->experts[x];
             const size_t at = (size_t)il * p->n_expert + x;
             if (h->device > 0) {
-                if (device && device != h->device)
-                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: layer %u: experts on two accelerators (%s and %s)",
-                                    p->source, il, p->devices[device].name, p->devices[h->device].name);
-                device = h->device;
+                st = use_device(p, il, &device, h->device, err);
                 out->on_device[at] = 1;
                 continue;
             }

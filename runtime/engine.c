@@ -368,7 +368,7 @@ static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, kt_err *er
  * FFNs, shared experts, the output head), each packed where its level has
  * a format and it stays on the host.  W_UK / W_UV stay in GGUF rows: they
  * are read per head. */
-static kt_status pack_host_weights(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
+static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
 {
     const uint32_t n_layer = e->hp.n_layer;
     e->max_packed_blocks = 12 * n_layer + 1;
@@ -379,17 +379,20 @@ static kt_status pack_host_weights(struct kt_engine *e, const struct kt_engine_p
     kt_status st = pack_host_mat(e, &e->output, err);
     for (uint32_t il = 0; il < n_layer && st == KT_OK; il++) {
         struct kt_layer_weights *L = &e->layers[il];
-        struct kt_mat *mats[] = {
-            d->attention_on_device ? NULL : &L->q_a, d->attention_on_device ? NULL : &L->q_b,
-            d->attention_on_device ? NULL : &L->q,   d->attention_on_device ? NULL : &L->kv_a,
-            d->attention_on_device ? NULL : &L->out, d->dense_on_device ? NULL : &L->dense.gate,
-            d->dense_on_device ? NULL : &L->dense.up, d->dense_on_device ? NULL : &L->dense.down,
-            d->shared_on_device ? NULL : &L->shared.gate, d->shared_on_device ? NULL : &L->shared.up,
-            d->shared_on_device ? NULL : &L->shared.down,
+        /* what the device holds a copy of runs there: leave it in GGUF rows */
+        const bool attention = !e->device_layers, dense = !e->device_dense, shared = !e->device_shared;
+        const struct {
+            struct kt_mat *m;
+            bool on_host;
+        } mats[] = {
+            {&L->q_a, attention},        {&L->q_b, attention},        {&L->q, attention},
+            {&L->kv_a, attention},       {&L->out, attention},        {&L->dense.gate, dense},
+            {&L->dense.up, dense},       {&L->dense.down, dense},     {&L->shared.gate, shared},
+            {&L->shared.up, shared},     {&L->shared.down, shared},
         };
         for (size_t i = 0; i < sizeof mats / sizeof mats[0] && st == KT_OK; i++)
-            if (mats[i])
-                st = pack_host_mat(e, mats[i], err);
+            if (mats[i].on_host)
+                st = pack_host_mat(e, mats[i].m, err);
     }
     return st;
 }
@@ -475,7 +478,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     }
     if (d.device && (st = setup_device(e, &d, err)))
         goto fail;
-    if (!d.keep_gguf_layout && (st = pack_host_weights(e, &d, err)))
+    if (!d.keep_gguf_layout && (st = pack_host_weights(e, err)))
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
         e->seq_chunk[s] = UINT32_MAX;
@@ -855,7 +858,7 @@ static void attention_block(struct kt_engine *e, uint32_t il, float *x)
  * (the stepping thread waits meanwhile, so the thread pool is free). */
 static void attention_on_device(void *ctx)
 {
-    const struct device_attention_args *a = ctx;
+    const struct kt_device_attention *a = ctx;
     attention_block(a->e, a->il, a->e->dev_x);
 }
 
@@ -913,7 +916,7 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         const struct kt_layer_weights *L = &e->layers[il];
         uint64_t ta = kt_fwd_now_ns();
         if (e->device_layers) { /* x goes to the device, through attention there, and back */
-            e->device_attention = (struct device_attention_args){e, il};
+            e->device_attention = (struct kt_device_attention){e, il};
             kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
             kt_backend_launch(e->device, attention_on_device, &e->device_attention);
             kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));

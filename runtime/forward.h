@@ -105,10 +105,11 @@ struct kt_units_job {
     void (*fn)(void *ctx, int64_t begin, int64_t end, int thread); /* the phase's task (timed_task runs it) */
 };
 
-/* What the device's queue runs in a step (kt_fwd_run_device_part). */
-struct device_part_args {
+/* What the device's queue runs in a step (kt_fwd_run_device_part): units
+ * [u0, n_units), the step's last ones. */
+struct kt_device_part {
     struct kt_engine *e;
-    uint32_t u0, u1, n_units;
+    uint32_t u0, n_units;
 };
 
 /* Heads of one token that the absorbed form runs together, so each cached
@@ -209,13 +210,13 @@ struct kt_engine {
      * projections) in device memory; NULL: attention on the CPU. */
     struct kt_layer_weights *device_layers;
     float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
-    struct device_attention_args {
+    struct kt_device_attention {
         struct kt_engine *e;
         uint32_t il;
     } device_attention;
     struct kt_moe_bufs dev_bufs; /* on the device */
     uint32_t device_unit0;      /* this step's first device unit (== n_units: none) */
-    struct device_part_args device_part;
+    struct kt_device_part device_part;
 
     struct kt_thread_scratch *scratch; /* [n_threads] */
     void *buffers;              /* every buffer above, one allocation (engine.c) */

@@ -352,8 +352,8 @@ static void count_weight_bytes(struct kt_engine *e, uint32_t n_units)
  * h it was sent, into its buffers. */
 void kt_fwd_run_device_part(void *ctx)
 {
-    const struct device_part_args *d = ctx;
-    run_units(d->e, &d->e->dev_bufs, d->e->dev_h, d->u0, d->u1, d->n_units, ON_THIS_THREAD);
+    const struct kt_device_part *d = ctx;
+    run_units(d->e, &d->e->dev_bufs, d->e->dev_h, d->u0, d->n_units, d->n_units, ON_THIS_THREAD);
 }
 
 /* ---- the layer ---------------------------------------------------------------------- */
@@ -452,7 +452,7 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
     const bool device_work = dev0 < n_units;
     if (device_work) {
         const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
-        e->device_part = (struct device_part_args){e, dev0, n_units, n_units};
+        e->device_part = (struct kt_device_part){e, dev0, n_units};
         for (uint32_t i = dev0; i < n_units; i++) { /* the same units as the CUDA kernels take them */
             const struct kt_ffn_unit *u = &e->units[i];
             const struct kt_mat *m[3] = {&u->w.gate, &u->w.up, &u->w.down};

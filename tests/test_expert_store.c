@@ -237,22 +237,6 @@ static float *run_engine(struct kt_model *m, bool in_place, uint32_t n_threads, 
     return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
 }
 
-/* Largest |a - b| over the largest |a|, per row of V. */
-static double worst_relative_row_diff(const float *a, const float *b, size_t rows, size_t V)
-{
-    double worst = 0;
-    for (size_t r = 0; r < rows; r++) {
-        double diff = 0, big = 1e-30;
-        for (size_t v = 0; v < V; v++) {
-            double d = fabs((double)a[r * V + v] - b[r * V + v]), x = fabs((double)a[r * V + v]);
-            diff = d > diff ? d : diff;
-            big = x > big ? x : big;
-        }
-        worst = diff / big > worst ? diff / big : worst;
-    }
-    return worst;
-}
-
 static void store_logits_equal_in_place(const char *name, const char *args, int experts_type)
 {
     const char *path = synth(name, args);
@@ -271,7 +255,7 @@ static void store_logits_equal_in_place(const char *name, const char *args, int 
             KT_CHECK(a && b && !memcmp(a, b, n * sizeof *a), "%s, %u threads: store logits differ from in-place",
                      name, threads);
         else
-            KT_CHECK(a && b && worst_relative_row_diff(a, b, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab) <= 1e-4,
+            KT_CHECK(a && b && kt_test_worst_row_diff(a, b, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab) <= 1e-4,
                      "%s, %u threads: store logits (%s) further than 1e-4 from in-place", name, threads, f->name);
         free(a);
         free(b);
@@ -330,7 +314,7 @@ static void repacked_host_weights_give_the_same_logits(void)
             KT_CHECK(a && b && !memcmp(a, b, n * sizeof *a), "%u threads: packed host weights changed the logits",
                      threads);
         else
-            KT_CHECK(a && b && worst_relative_row_diff(a, b, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab) <= 1e-4,
+            KT_CHECK(a && b && kt_test_worst_row_diff(a, b, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab) <= 1e-4,
                      "%u threads: packed host weights (%s) further than 1e-4 from GGUF rows", threads, f->name);
         free(a);
         free(b);

@@ -124,22 +124,6 @@ static void tiny_q4_k_hybrid_matches_cpu_only(void)
     hybrid_matches_cpu_only("tiny", "--experts-type q4_k --shared-type q8_0");
 }
 
-/* Largest |a - b| per row over that row's largest |a|. */
-static double worst_row_diff(const float *a, const float *b, size_t rows, size_t V)
-{
-    double worst = 0;
-    for (size_t r = 0; r < rows; r++) {
-        double diff = 0, big = 1e-30;
-        for (size_t v = 0; v < V; v++) {
-            const double d = fabs((double)a[r * V + v] - b[r * V + v]), x = fabs((double)a[r * V + v]);
-            diff = d > diff ? d : diff;
-            big = x > big ? x : big;
-        }
-        worst = diff / big > worst ? diff / big : worst;
-    }
-    return worst;
-}
-
 /* The same split on a real GPU: its kernels take F32 activations and sum in
  * another order, so logits agree within 1e-3 of each row's largest and the
  * greedy tokens are the same (tiny's F32 weights: the CPU's activations are
@@ -168,7 +152,7 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
                                                    .dense_on_device = true},
                      tokens, &st, &dev);
     if (base && got) {
-        const double d = worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab);
+        const double d = kt_test_worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab);
         printf("  cuda, half the experts + shared + dense: worst row diff %.3g of the row's largest logit\n", d);
         KT_CHECK(d <= 1e-3, "cuda hybrid logits within 1e-3 of CPU-only (%.3g)", d);
         KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda hybrid greedy tokens equal CPU-only's");

@@ -85,6 +85,10 @@ float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *
                              uint32_t n_prompt, uint32_t steps, int32_t *tokens, struct kt_engine_stats *stats,
                              struct kt_backend_stats *device);
 
+/* Over rows of V floats: the largest |a - b| of a row over that row's
+ * largest |a|, the worst row's (tolerance checks of logits). */
+double kt_test_worst_row_diff(const float *a, const float *b, size_t rows, size_t V);
+
 /* ---- device memory for the CUDA tests (testlib_cuda.c) ---- */
 
 /* bytes of device memory, filled from host when host is not NULL; NULL

@@ -4,6 +4,7 @@
  */
 #include "testlib.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -80,4 +81,19 @@ float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *
         return NULL;
     }
     return logits;
+}
+
+double kt_test_worst_row_diff(const float *a, const float *b, size_t rows, size_t V)
+{
+    double worst = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double diff = 0, big = 1e-30;
+        for (size_t v = 0; v < V; v++) {
+            const double d = fabs((double)a[r * V + v] - b[r * V + v]), x = fabs((double)a[r * V + v]);
+            diff = d > diff ? d : diff;
+            big = x > big ? x : big;
+        }
+        worst = diff / big > worst ? diff / big : worst;
+    }
+    return worst;
 }
