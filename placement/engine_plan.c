@@ -104,13 +104,6 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
         ep->expert_on_device = out->on_device;
         ep->shared_on_device = shared_on_device > 0;
         ep->attention_on_device = attention_on_device > 0;
-        if (ep->attention_on_device && d->backend == KT_PLACE_CUDA) {
-            ep->attention_on_device = false; /* kernels exist (kernels/cuda/mla.cu), the engine does not use them yet */
-            if (log)
-                fprintf(log, "kt: %s places attention on '%s'; attention on a cuda device is not wired yet, it runs "
-                             "on the CPU\n",
-                        p->source, d->name);
-        }
         ep->dense_on_device = dense_on_device > 0;
     }
     if (log && p->embeddings != 0)

@@ -27,7 +27,7 @@
 
 #define QUEUE_SLOTS 256
 
-enum op_kind { OP_COPY_IN, OP_COPY_OUT, OP_LAUNCH };
+enum op_kind { OP_COPY_IN, OP_COPY_OUT, OP_COPY_DEVICE, OP_LAUNCH };
 
 struct op {
     enum op_kind kind;
@@ -87,6 +87,8 @@ static void *queue_main(void *arg)
         const uint64_t t0 = now_ns();
         if (o.kind == OP_LAUNCH) {
             o.fn(o.ctx);
+        } else if (o.kind == OP_COPY_DEVICE) {
+            memcpy(o.dst, o.src, o.bytes); /* within the device: no link crossed */
         } else {
             memcpy(o.dst, o.src, o.bytes);
             const uint64_t until = t0 + transfer_cost_ns(b, o.bytes);
@@ -98,7 +100,7 @@ static void *queue_main(void *arg)
         pthread_mutex_lock(&b->mu);
         b->stats.busy_ns += spent;
         b->stats.ops++;
-        if (o.kind != OP_LAUNCH) {
+        if (o.kind == OP_COPY_IN || o.kind == OP_COPY_OUT) {
             b->stats.transfer_ns += spent;
             *(o.kind == OP_COPY_IN ? &b->stats.bytes_in : &b->stats.bytes_out) += o.bytes;
         }
@@ -269,14 +271,17 @@ static void submit(struct kt_backend *b, struct op o)
     pthread_mutex_unlock(&b->mu);
 }
 
-/* A copy on the cuda stream, counted. */
-static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t bytes, int to_device)
+/* A copy on the cuda stream (enum kt_cuda_copy_kind), counted. */
+static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t bytes, int kind)
 {
     char msg[256];
-    if (kt_cuda_copy_async(dst, src, bytes, to_device, b->stream, msg, sizeof msg))
+    if (kt_cuda_copy_async(dst, src, bytes, kind, b->stream, msg, sizeof msg))
         cuda_failed(b, msg);
     pthread_mutex_lock(&b->mu);
-    *(to_device ? &b->stats.bytes_in : &b->stats.bytes_out) += bytes;
+    if (kind == KT_CUDA_TO_DEVICE)
+        b->stats.bytes_in += bytes;
+    else if (kind == KT_CUDA_TO_HOST)
+        b->stats.bytes_out += bytes;
     b->stats.ops++;
     pthread_mutex_unlock(&b->mu);
 }
@@ -284,7 +289,7 @@ static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t b
 void kt_backend_copy_in(struct kt_backend *b, void *dst_device, const void *src_host, size_t bytes)
 {
     if (b->p.kind == KT_BACKEND_CUDA)
-        cuda_copy(b, dst_device, src_host, bytes, 1);
+        cuda_copy(b, dst_device, src_host, bytes, KT_CUDA_TO_DEVICE);
     else
         submit(b, (struct op){.kind = OP_COPY_IN, .dst = dst_device, .src = src_host, .bytes = bytes});
 }
@@ -292,7 +297,7 @@ void kt_backend_copy_in(struct kt_backend *b, void *dst_device, const void *src_
 void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_device, size_t bytes)
 {
     if (b->p.kind == KT_BACKEND_CUDA)
-        cuda_copy(b, dst_host, src_device, bytes, 0);
+        cuda_copy(b, dst_host, src_device, bytes, KT_CUDA_TO_HOST);
     else
         submit(b, (struct op){.kind = OP_COPY_OUT, .dst = dst_host, .src = src_device, .bytes = bytes});
 }
@@ -317,6 +322,28 @@ void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job)
     char msg[256];
     if (kt_cuda_ffn_units(job->units, job->n_units, job->d_h, job->n_tok, job->n_embd, job->d_pair_token,
                           job->n_pairs, job->d_act, job->act_stride, job->d_pair_out, b->stream, msg, sizeof msg))
+        cuda_failed(b, msg);
+    pthread_mutex_lock(&b->mu);
+    b->stats.ops++;
+    pthread_mutex_unlock(&b->mu);
+}
+
+void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *src_device, size_t bytes)
+{
+    if (b->p.kind == KT_BACKEND_CUDA)
+        cuda_copy(b, dst_device, src_device, bytes, KT_CUDA_ON_DEVICE);
+    else
+        submit(b, (struct op){.kind = OP_COPY_DEVICE, .dst = dst_device, .src = src_device, .bytes = bytes});
+}
+
+void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_attention *job)
+{
+    if (b->p.kind != KT_BACKEND_CUDA) {
+        kt_backend_launch(b, job->host_fn, job->host_ctx);
+        return;
+    }
+    char msg[256];
+    if (kt_cuda_attention_block(job->layer, job->step, b->stream, msg, sizeof msg))
         cuda_failed(b, msg);
     pthread_mutex_lock(&b->mu);
     b->stats.ops++;

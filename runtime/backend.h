@@ -69,6 +69,9 @@ void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_d
 /* sim: fn(ctx) runs on the backend's thread.  cuda: fn(ctx) runs on a host
  * thread in stream order (a host callback that only does host work). */
 void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx);
+/* Queued, in order: a copy within the device's memory (no link crossed: the
+ * sim charges no transfer cost; cuda copies device to device). */
+void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *src_device, size_t bytes);
 void kt_backend_sync(struct kt_backend *b);
 
 /* FFN units (experts, shared experts or a dense FFN) and their tokens, as
@@ -90,6 +93,20 @@ struct kt_backend_ffn {
     float *d_pair_out;                   /* (n_pairs, n_embd) */
 };
 void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job);
+
+/* One layer's attention block (norms, MLA projections, cache writes,
+ * attention, output projection, residual add) as each kind runs it: sim
+ * calls host_fn(host_ctx) on its queue (kt's CPU code on device-resident
+ * copies and the device-resident KV cache); cuda enqueues
+ * kt_cuda_attention_block(layer, step) on its stream.  layer and step are
+ * read before this returns. */
+struct kt_backend_attention {
+    kt_backend_fn host_fn;
+    void *host_ctx;
+    const struct kt_cuda_attention_layer *layer;
+    const struct kt_cuda_attention_step *step;
+};
+void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_attention *job);
 
 /* KT_OK, or the first failure of the queue's work since creation (a cuda
  * copy or kernel launch); the step checks it after each sync. */

@@ -236,6 +236,10 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(e->qa, T * hp->q_lora_rank);
     CARVE(e->kv_a, T * (kvr + dr));
     CARVE(e->o, T * H * dv);
+    const size_t seqs_in_step = T < e->params.max_seqs ? T : e->params.max_seqs;
+    CARVE(e->step_block_ids, seqs_in_step * ((n_ctx + e->params.kv_block_tokens - 1) / e->params.kv_block_tokens));
+    CARVE(e->step_first_block, T);
+    CARVE(e->step_n_kv, T);
     CARVE(e->xq, T * s.block_in);
     CARVE(e->router_logits, T * Ne);
     CARVE(e->route_experts, T * k);
@@ -397,6 +401,31 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
     return st;
 }
 
+/* The KV cache the params describe; its pool in device memory at storage
+ * (then its copy-on-write copies run on the device's queue), else on the host. */
+static void device_copy_block(void *ctx, float *dst, const float *src, size_t bytes);
+
+static struct kt_kv_cache_params kv_params(struct kt_engine *e, float *storage)
+{
+    return (struct kt_kv_cache_params){
+        .n_layer = e->hp.n_layer,
+        .row_floats = e->hp.kv_lora_rank + e->hp.qk_rope_dim,
+        .block_tokens = e->params.kv_block_tokens,
+        .n_blocks = e->params.kv_blocks,
+        .max_seqs = e->params.max_seqs,
+        .n_ctx = e->params.n_ctx,
+        .storage = storage,
+        .copy_block = storage ? device_copy_block : NULL,
+        .copy_ctx = e,
+    };
+}
+
+static kt_status kv_cache_create(struct kt_engine *e, float *storage, kt_err *err)
+{
+    const struct kt_kv_cache_params kp = kv_params(e, storage);
+    return kt_kv_cache_create(&kp, &e->kv, err);
+}
+
 kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p, struct kt_engine **out, kt_err *err)
 {
     *out = NULL;
@@ -454,15 +483,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
 
     if ((st = kt_threadpool_create((int)d.n_threads, &e->pool, err)) || (st = create_pools(e, &d, err)))
         goto fail;
-    struct kt_kv_cache_params kp = {
-        .n_layer = hp->n_layer,
-        .row_floats = hp->kv_lora_rank + hp->qk_rope_dim,
-        .block_tokens = d.kv_block_tokens,
-        .n_blocks = d.kv_blocks,
-        .max_seqs = d.max_seqs,
-        .n_ctx = d.n_ctx,
-    };
-    if ((st = kt_kv_cache_create(&kp, &e->kv, err)) || (st = alloc_buffers(e, err)))
+    /* with attention on a device the KV cache lives there (device_attention) */
+    const bool kv_on_device = d.device && d.attention_on_device;
+    if ((!kv_on_device && (st = kv_cache_create(e, NULL, err))) || (st = alloc_buffers(e, err)))
         goto fail;
     /* Last: the long step, after everything cheap that could fail. */
     if (!d.experts_in_place) {
@@ -511,6 +534,7 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->cuda_units);
     free(e->device_shared);
     free(e->device_layers);
+    free(e->cuda_layers);
     free(e->device_dense);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
@@ -576,11 +600,91 @@ static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, k
     return st;
 }
 
-/* Every layer's attention weights copied to the device (device_layers), and
- * the residual stream's buffer there. */
+/* The KV cache's copy-on-write copy of a block, on the device's queue. */
+static void device_copy_block(void *ctx, float *dst, const float *src, size_t bytes)
+{
+    struct kt_engine *e = ctx;
+    kt_backend_copy_device(e->device, dst, src, bytes);
+}
+
+/* What the cuda attention works in: per-step buffers for max_batch_tokens
+ * tokens, the step's cache tables, and MLA's scratch sized for the worst
+ * token count at a full context. */
+static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
+{
+    const struct kt_hparams *hp = &e->hp;
+    const size_t T = e->params.max_batch_tokens, E = hp->n_embd, H = hp->n_head, dr = hp->qk_rope_dim;
+    const size_t dk = hp->qk_nope_dim + dr, kvr = hp->kv_lora_rank, n_ctx = e->params.n_ctx;
+    const size_t seqs = T < e->params.max_seqs ? T : e->params.max_seqs;
+    const size_t blocks = seqs * ((n_ctx + e->params.kv_block_tokens - 1) / e->params.kv_block_tokens);
+    const struct kt_cuda_mla shape = {.n_head = H, .nope_dim = hp->qk_nope_dim, .rope_dim = dr,
+                                      .v_dim = hp->v_head_dim, .kv_rank = kvr, .kq_scale = e->kq_scale};
+    size_t mla_scratch = 0;
+    for (size_t t = 1; t <= T; t++) { /* the split of the context, so the scratch, varies with the token count */
+        const size_t bytes = kt_cuda_mla_scratch_bytes(&shape, (int64_t)t, (int64_t)n_ctx);
+        mla_scratch = bytes > mla_scratch ? bytes : mla_scratch;
+    }
+    if (!mla_scratch)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
+                          "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->device), hp->n_head, hp->kv_lora_rank,
+                          hp->qk_rope_dim);
+    struct kt_cuda_attention_step *s = &e->cuda_step;
+    const struct {
+        void **ptr;
+        size_t bytes;
+    } want[] = {
+        {(void **)&s->h, T * E * sizeof(float)},
+        {(void **)&s->qa, T * (hp->q_lora_rank ? hp->q_lora_rank : 1) * sizeof(float)},
+        {(void **)&s->q, T * H * dk * sizeof(float)},
+        {(void **)&s->kv_a, T * (kvr + dr) * sizeof(float)},
+        {(void **)&s->o, T * H * hp->v_head_dim * sizeof(float)},
+        {(void **)&s->y, T * E * sizeof(float)},
+        {(void **)&s->cos_sin, T * dr * sizeof(float)},
+        {(void **)&s->cache.block_ids, (blocks ? blocks : 1) * sizeof(uint32_t)},
+        {(void **)&s->cache.first_block, T * sizeof(uint32_t)},
+        {(void **)&s->cache.n_kv, T * sizeof(uint32_t)},
+        {&s->mla_scratch, mla_scratch},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
+        if (st)
+            return st;
+    }
+    s->mla_scratch_bytes = mla_scratch;
+    s->cache.pool = e->dev_kv_pool;
+    s->cache.block_tokens = e->params.kv_block_tokens;
+    s->cache.block_floats = (int64_t)hp->n_layer * e->params.kv_block_tokens * (int64_t)(kvr + dr);
+    s->x = e->dev_x;
+    if (e->device_sizing)
+        return KT_OK;
+    if (!(e->cuda_layers = calloc(hp->n_layer, sizeof *e->cuda_layers)))
+        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const struct kt_layer_weights *L = &e->device_layers[il];
+        struct kt_cuda_mla mla = shape;
+        mla.w_uk = kt_fwd_cuda_mat(&L->uk);
+        mla.w_uv = kt_fwd_cuda_mat(&L->uv);
+        e->cuda_layers[il] = (struct kt_cuda_attention_layer){
+            .attn_norm = L->attn_norm, .q_a_norm = L->q_a_norm, .kv_a_norm = L->kv_a_norm,
+            .q_a = kt_fwd_cuda_mat(&L->q_a), .q_b = kt_fwd_cuda_mat(&L->q_b), .q = kt_fwd_cuda_mat(&L->q),
+            .kv_a = kt_fwd_cuda_mat(&L->kv_a), .out = kt_fwd_cuda_mat(&L->out), .mla = mla,
+            .n_embd = hp->n_embd, .q_rank = hp->q_lora_rank, .eps = hp->rms_eps};
+    }
+    return KT_OK;
+}
+
+/* Every layer's attention weights copied to the device (device_layers),
+ * the residual stream's buffer there, and the KV cache, whose pool lives in
+ * device memory from here on; on cuda also what its kernels work in. */
 static kt_status device_attention(struct kt_engine *e, kt_err *err)
 {
     const struct kt_hparams *hp = &e->hp;
+    const bool cuda = kt_backend_kind(e->device) == KT_BACKEND_CUDA;
+    if (cuda && e->layers[0].fused_kv_b)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED,
+                          "device '%s': the GPU's MLA reads split attn_k_b / attn_v_b tensors and this file has "
+                          "the fused attn_kv_b; place attention on the cpu or convert the file",
+                          kt_backend_name(e->device));
     if (!e->device_layers && !(e->device_layers = calloc(hp->n_layer, sizeof *e->device_layers)))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     kt_status st = KT_OK;
@@ -606,6 +710,15 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
     if (st == KT_OK)
         st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev_x,
                           err);
+    /* the KV cache's pool */
+    uint64_t kv_bytes = 0;
+    const struct kt_kv_cache_params kp = kv_params(e, NULL);
+    if (st == KT_OK && (st = kt_kv_cache_pool_bytes(&kp, &kv_bytes, err)) == KT_OK)
+        st = device_alloc(e, (size_t)kv_bytes, (void **)&e->dev_kv_pool, err);
+    if (st == KT_OK && !e->device_sizing)
+        st = kv_cache_create(e, e->dev_kv_pool, err);
+    if (st == KT_OK && cuda)
+        st = cuda_attention_buffers(e, err);
     return st;
 }
 
@@ -652,14 +765,9 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
     kt_status st = kt_backend_create(d->device, &e->device, err);
     if (st)
         return st;
-    if (d->attention_on_device && kt_backend_kind(e->device) == KT_BACKEND_CUDA)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED,
-                          "device '%s': attention on a cuda device is not wired yet (its kernels are in "
-                          "kernels/cuda); place attention on the cpu",
-                          kt_backend_name(e->device));
     /* 3 matrices per expert; per layer at most 3 dense or 3 shared matrices,
-     * 7 attention matrices, 3 norms; the buffers */
-    e->max_device_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 32);
+     * 7 attention matrices, 3 norms; the buffers, the KV pool and the attention buffers */
+    e->max_device_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 64);
     e->device_blocks = calloc(e->max_device_blocks, sizeof *e->device_blocks);
     e->device_block_bytes = calloc(e->max_device_blocks, sizeof *e->device_block_bytes);
     e->device_experts = calloc(n_experts ? n_experts : 1, sizeof *e->device_experts);
@@ -679,8 +787,8 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
     const uint64_t budget = kt_backend_budget_bytes(e->device);
     if (st == KT_OK && budget && e->device_need_bytes > budget)
         return kt_err_set(err, KT_ERR_NOMEM,
-                          "device '%s': the placement needs %.1f MiB (weights it holds and working buffers), its "
-                          "budget is %.1f MiB",
+                          "device '%s': the placement needs %.1f MiB (the weights, KV cache and working buffers "
+                          "it holds), its budget is %.1f MiB",
                           kt_backend_name(e->device), e->device_need_bytes / 1048576.0, budget / 1048576.0);
     if (st == KT_OK)
         st = place_on_device(e, d, err);
@@ -862,6 +970,35 @@ static void attention_on_device(void *ctx)
     attention_block(a->e, a->il, a->e->dev_x);
 }
 
+/* cuda attention: the step's cache tables (each sequence's blocks, where
+ * each token's table starts, each token's context) and RoPE angles go to
+ * the device once per step; every layer reads them there. */
+static void send_cache_tables(struct kt_engine *e)
+{
+    const uint32_t T = e->n_tokens;
+    uint32_t n_ids = 0, n_kv_max = 0;
+    for (uint32_t c = 0; c < e->n_chunks; c++) {
+        const struct kt_seq_chunk *ch = &e->chunks[c];
+        const uint32_t *blocks = NULL;
+        const uint32_t n = kt_kv_cache_seq_blocks(e->kv, ch->seq, &blocks);
+        memcpy(e->step_block_ids + n_ids, blocks, n * sizeof *blocks);
+        for (uint32_t q = 0; q < ch->n; q++) {
+            const uint32_t b = ch->tokens[q];
+            e->step_first_block[b] = n_ids;
+            e->step_n_kv[b] = e->tokens[b].pos + 1; /* causal: positions 0 .. pos */
+            n_kv_max = e->step_n_kv[b] > n_kv_max ? e->step_n_kv[b] : n_kv_max;
+        }
+        n_ids += n;
+    }
+    struct kt_cuda_attention_step *s = &e->cuda_step;
+    s->n_tok = T;
+    s->n_kv_max = n_kv_max;
+    kt_backend_copy_in(e->device, (void *)s->cache.block_ids, e->step_block_ids, n_ids * sizeof(uint32_t));
+    kt_backend_copy_in(e->device, (void *)s->cache.first_block, e->step_first_block, T * sizeof(uint32_t));
+    kt_backend_copy_in(e->device, (void *)s->cache.n_kv, e->step_n_kv, T * sizeof(uint32_t));
+    kt_backend_copy_in(e->device, (void *)s->cos_sin, e->cos_sin, (size_t)T * e->hp.qk_rope_dim * sizeof(float));
+}
+
 static void add_rows(float *x, const float *y, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -871,7 +1008,7 @@ static void add_rows(float *x, const float *y, size_t n)
 kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
 {
     const struct kt_hparams *hp = &e->hp;
-    const uint32_t E = hp->n_embd;
+    const uint32_t E = hp->n_embd, kvr = hp->kv_lora_rank, dr = hp->qk_rope_dim;
     uint32_t n_wanted = 0;
     kt_status st = group_batch(e, b, &n_wanted, err);
     if (st != KT_OK)
@@ -911,14 +1048,22 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     uint64_t t_embed = kt_fwd_now_ns() - t0;
     e->stats.other_ns += t_embed;
     e->stats.embed_head_ns += t_embed;
+    if (e->cuda_layers)
+        send_cache_tables(e);
 
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
         uint64_t ta = kt_fwd_now_ns();
         if (e->device_layers) { /* x goes to the device, through attention there, and back */
             e->device_attention = (struct kt_device_attention){e, il};
+            struct kt_backend_attention job = {.host_fn = attention_on_device, .host_ctx = &e->device_attention};
+            if (e->cuda_layers) {
+                e->cuda_step.cache.layer_offset = (int64_t)il * e->params.kv_block_tokens * (kvr + dr);
+                job.layer = &e->cuda_layers[il];
+                job.step = &e->cuda_step;
+            }
             kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
-            kt_backend_launch(e->device, attention_on_device, &e->device_attention);
+            kt_backend_run_attention(e->device, &job);
             kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));
             kt_backend_sync(e->device);
         } else {

@@ -214,6 +214,18 @@ struct kt_engine {
         struct kt_engine *e;
         uint32_t il;
     } device_attention;
+    /* attention_on_device: the KV cache's pool lives in device memory (e->kv
+     * addresses it; its copy-on-write copies run on the device's queue). */
+    float *dev_kv_pool;
+    /* cuda attention (NULL otherwise): [n_layer] each layer's attention
+     * weights as kt_cuda_attention_block takes them, the step it runs (device
+     * buffers, this step's token count, cache tables), and the host copies
+     * of the step's cache tables sent there once per step. */
+    struct kt_cuda_attention_layer *cuda_layers;
+    struct kt_cuda_attention_step cuda_step;
+    uint32_t *step_block_ids;   /* (min(T, max_seqs) * blocks per sequence) the step's block tables */
+    uint32_t *step_first_block; /* (T) where each token's table starts in step_block_ids */
+    uint32_t *step_n_kv;        /* (T) each token's context: its position + 1 */
     struct kt_moe_bufs dev_bufs; /* on the device */
     uint32_t device_unit0;      /* this step's first device unit (== n_units: none) */
     struct kt_device_part device_part;
@@ -245,6 +257,12 @@ void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t 
 static inline const struct kt_layer_weights *kt_fwd_attention_weights(const struct kt_engine *e, uint32_t il)
 {
     return e->device_layers ? &e->device_layers[il] : &e->layers[il];
+}
+
+/* m (in device memory) as the CUDA kernels take it. */
+static inline struct kt_cuda_mat kt_fwd_cuda_mat(const struct kt_mat *m)
+{
+    return (struct kt_cuda_mat){m->type, m->data, m->n_in, m->n_out, m->row_bytes};
 }
 
 /* Expert x of layer L as the file holds it (views of the mapped GGUF). */

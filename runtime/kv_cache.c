@@ -24,6 +24,7 @@ struct kt_kv_cache {
     uint32_t blocks_per_seq;    /* ceil(n_ctx / block_tokens) */
     size_t block_floats;        /* n_layer * block_tokens * row_floats */
     float *pool;                /* [n_blocks][n_layer][block_tokens][row_floats] */
+    bool own_pool;              /* allocated here (else params.storage) */
     uint32_t *refs;             /* [n_blocks] reference counts */
     uint32_t *free_list;        /* [n_blocks] stack of free block ids */
     uint32_t n_free;
@@ -43,6 +44,17 @@ static float *block_data(const struct kt_kv_cache *c, uint32_t block)
     return c->pool + (size_t)block * c->block_floats;
 }
 
+kt_status kt_kv_cache_pool_bytes(const struct kt_kv_cache_params *p, uint64_t *bytes, kt_err *err)
+{
+    uint64_t block_floats;
+    if (__builtin_mul_overflow((uint64_t)p->n_layer * p->block_tokens, (uint64_t)p->row_floats, &block_floats) ||
+        __builtin_mul_overflow(block_floats, (uint64_t)sizeof(float) * p->n_blocks, bytes) || *bytes > SIZE_MAX / 2)
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "KV cache: %u blocks of %u layers x %u positions x %u floats overflow the address space",
+                          p->n_blocks, p->n_layer, p->block_tokens, p->row_floats);
+    return KT_OK;
+}
+
 kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_cache **out, kt_err *err)
 {
     *out = NULL;
@@ -51,22 +63,21 @@ kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_ca
                           "KV cache: every size must be positive (layers %u, row %u floats, block %u tokens, "
                           "%u blocks, %u sequences, context %u)",
                           p->n_layer, p->row_floats, p->block_tokens, p->n_blocks, p->max_seqs, p->n_ctx);
+    if (p->storage && !p->copy_block)
+        return kt_err_set(err, KT_ERR_INVALID, "KV cache: caller-owned storage needs a block copy function");
+    uint64_t pool_bytes;
+    kt_status st = kt_kv_cache_pool_bytes(p, &pool_bytes, err);
+    if (st != KT_OK)
+        return st;
     struct kt_kv_cache *c = calloc(1, sizeof *c);
     if (!c)
         return kt_err_set(err, KT_ERR_NOMEM, "KV cache: out of memory");
     c->p = *p;
     c->blocks_per_seq = blocks_for(c, p->n_ctx);
-    uint64_t block_floats, pool_bytes;
-    if (__builtin_mul_overflow((uint64_t)p->n_layer * p->block_tokens, (uint64_t)p->row_floats, &block_floats) ||
-        __builtin_mul_overflow(block_floats, (uint64_t)sizeof(float) * p->n_blocks, &pool_bytes) ||
-        pool_bytes > SIZE_MAX / 2) {
-        free(c);
-        return kt_err_set(err, KT_ERR_INVALID,
-                          "KV cache: %u blocks of %u layers x %u positions x %u floats overflow the address space",
-                          p->n_blocks, p->n_layer, p->block_tokens, p->row_floats);
-    }
-    c->block_floats = (size_t)block_floats;
-    c->pool = calloc(p->n_blocks, c->block_floats * sizeof(float)); /* pages are touched as blocks are used */
+    c->block_floats = (size_t)p->n_layer * p->block_tokens * p->row_floats;
+    c->own_pool = !p->storage;
+    /* pages of an own pool are touched as blocks are used */
+    c->pool = c->own_pool ? calloc(p->n_blocks, c->block_floats * sizeof(float)) : p->storage;
     c->refs = calloc(p->n_blocks, sizeof *c->refs);
     c->free_list = malloc(p->n_blocks * sizeof *c->free_list);
     c->seqs = calloc(p->max_seqs, sizeof *c->seqs);
@@ -91,7 +102,8 @@ void kt_kv_cache_destroy(struct kt_kv_cache *c)
 {
     if (!c)
         return;
-    free(c->pool);
+    if (c->own_pool)
+        free(c->pool);
     free(c->refs);
     free(c->free_list);
     free(c->seqs);
@@ -263,7 +275,11 @@ kt_status kt_kv_cache_reserve(struct kt_kv_cache *c, uint32_t n, const uint32_t 
         if (shared != UINT32_MAX) {
             /* Copy-on-write: the shared last block gets a private copy before it is written. */
             uint32_t copy = block_take(c);
-            memcpy(block_data(c, copy), block_data(c, shared), c->block_floats * sizeof(float));
+            const size_t bytes = c->block_floats * sizeof(float);
+            if (c->own_pool)
+                memcpy(block_data(c, copy), block_data(c, shared), bytes);
+            else
+                c->p.copy_block(c->p.copy_ctx, block_data(c, copy), block_data(c, shared), bytes);
             block_release(c, shared);
             s->blocks[held - 1] = copy;
         }
@@ -291,6 +307,13 @@ void kt_kv_cache_rows(const struct kt_kv_cache *c, uint32_t seq, uint32_t layer,
         for (uint32_t t = b * bt; t < n && t < (b + 1) * bt; t++)
             rows[t] = base + (size_t)(t - b * bt) * c->p.row_floats;
     }
+}
+
+uint32_t kt_kv_cache_seq_blocks(const struct kt_kv_cache *c, uint32_t seq, const uint32_t **blocks)
+{
+    const struct seq *s = &c->seqs[seq];
+    *blocks = s->blocks;
+    return blocks_for(c, s->length);
 }
 
 void kt_kv_cache_stats(const struct kt_kv_cache *c, struct kt_kv_cache_stats *s)

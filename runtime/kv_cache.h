@@ -27,6 +27,7 @@
 #define KT_KV_CACHE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "status.h"
@@ -38,6 +39,15 @@ struct kt_kv_cache_params {
     uint32_t n_blocks;      /* blocks in the pool */
     uint32_t max_seqs;      /* sequence ids are 0 .. max_seqs-1 */
     uint32_t n_ctx;         /* most positions one sequence may hold */
+    /* Where the pool lives.  NULL: the cache allocates it in host memory.
+     * Else kt_kv_cache_pool_bytes of memory the caller owns (a device's, say),
+     * which the cache never reads or writes itself: rows are only addressed
+     * (kt_kv_cache_row, kt_kv_cache_rows, kt_kv_cache_seq_blocks) and the
+     * copy-on-write copies go through copy_block(copy_ctx, dst, src, bytes),
+     * called from kt_kv_cache_reserve in the order the copies are needed. */
+    float *storage;
+    void (*copy_block)(void *ctx, float *dst, const float *src, size_t bytes);
+    void *copy_ctx;
 };
 
 struct kt_kv_cache_stats {
@@ -51,6 +61,10 @@ struct kt_kv_cache_stats {
 };
 
 struct kt_kv_cache;
+
+/* Bytes of the pool the params describe (n_blocks blocks of n_layer x
+ * block_tokens x row_floats floats); KT_ERR_INVALID when that overflows. */
+kt_status kt_kv_cache_pool_bytes(const struct kt_kv_cache_params *p, uint64_t *bytes, kt_err *err);
 
 kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_cache **out, kt_err *err);
 void kt_kv_cache_destroy(struct kt_kv_cache *c);
@@ -89,6 +103,12 @@ float *kt_kv_cache_row(struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint
 
 /* rows[t] = the row of (seq, layer, t) for t < n <= length   (n pointers) */
 void kt_kv_cache_rows(const struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t n, const float **rows);
+
+/* The blocks seq holds, in position order (position p is in blocks[p /
+ * block_tokens]); returns how many: ceil(length / block_tokens).  Block b's
+ * floats start at b x n_layer x block_tokens x row_floats in the pool, layer
+ * l's rows at l x block_tokens x row_floats within it. */
+uint32_t kt_kv_cache_seq_blocks(const struct kt_kv_cache *c, uint32_t seq, const uint32_t **blocks);
 
 void kt_kv_cache_stats(const struct kt_kv_cache *c, struct kt_kv_cache_stats *s);
 

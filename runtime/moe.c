@@ -455,11 +455,9 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
         e->device_part = (struct kt_device_part){e, dev0, n_units};
         for (uint32_t i = dev0; i < n_units; i++) { /* the same units as the CUDA kernels take them */
             const struct kt_ffn_unit *u = &e->units[i];
-            const struct kt_mat *m[3] = {&u->w.gate, &u->w.up, &u->w.down};
-            struct kt_cuda_mat *c[3] = {&e->cuda_units[i - dev0].gate, &e->cuda_units[i - dev0].up,
-                                        &e->cuda_units[i - dev0].down};
-            for (int k = 0; k < 3; k++)
-                *c[k] = (struct kt_cuda_mat){m[k]->type, m[k]->data, m[k]->n_in, m[k]->n_out, m[k]->row_bytes};
+            e->cuda_units[i - dev0].gate = kt_fwd_cuda_mat(&u->w.gate);
+            e->cuda_units[i - dev0].up = kt_fwd_cuda_mat(&u->w.up);
+            e->cuda_units[i - dev0].down = kt_fwd_cuda_mat(&u->w.down);
             e->cuda_units[i - dev0].first_pair = u->first_pair;
             e->cuda_units[i - dev0].n_pairs = u->n_pairs;
         }

@@ -7,6 +7,8 @@
  *                                    kt_attention_head)  within 1e-4 of the output's max
  *   output vs kt's CPU numerics      (activations quantized to the weight's
  *                                    vec_dot_type: differs for Q8_0)  within 5e-2 of its max
+ * The cache is paged as kv_cache.h pages it (16 positions per block, rows in
+ * the second of three layers, blocks handed out in reverse order).
  * Cases: the first token (one row), one decode token over 300 rows (context
  * split across blocks), three sequences of 5/130/257 rows in one launch,
  * a 17-token prefill from position 0 and a 64-token chunk after 40 rows.
@@ -22,6 +24,9 @@
 #include "testlib.h"
 
 #define MAX_SEQS 4
+#define BLOCK_TOKENS 16 /* positions per block of the paged cache */
+#define LAYERS 3
+#define LAYER 1        /* the layer whose rows the test writes and reads */
 
 struct mla_shape {
     const char *name;
@@ -163,26 +168,34 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
                                   kvr, H * dv, 0};
     float *d_norm_w = kt_test_cuda_copy_in(norm_w, (size_t)kvr * sizeof *norm_w);
 
-    /* every sequence's rows: kv_a and angles of each position; CPU rows; GPU rows through the kernel */
+    /* every sequence's rows: kv_a and angles of each position; CPU rows; GPU
+     * rows through the kernel into a paged pool laid out as kv_cache.h's
+     * (BLOCK_TOKENS positions per block, LAYERS layers, this test's rows in
+     * layer LAYER), the blocks handed out in reverse so tables matter */
     const struct kt_rope_params rp = {.n_dims = (uint32_t)dr, .freq_base = 50000.0, .factor = 32.0,
                                       .mode = KT_ROPE_YARN, .orig_ctx = 4096, .beta_fast = 32.0, .beta_slow = 1.0,
                                       .magnitude = 1.0};
     struct kt_rope rope;
     KT_CHECK(kt_rope_init(&rope, &rp), "rope init");
-    int64_t n_rows = 0;
-    for (int q = 0; q < c->n_seqs; q++)
+    int64_t n_rows = 0, n_blocks = 0, seq_row0[MAX_SEQS], seq_first[MAX_SEQS];
+    for (int q = 0; q < c->n_seqs; q++) {
+        seq_row0[q] = n_rows;
+        seq_first[q] = n_blocks;
         n_rows += c->n_ctx[q];
+        n_blocks += (c->n_ctx[q] + BLOCK_TOKENS - 1) / BLOCK_TOKENS;
+    }
+    const int64_t block_floats = LAYERS * BLOCK_TOKENS * D, layer_offset = LAYER * BLOCK_TOKENS * D;
+    uint32_t *block_ids = kt_test_xmalloc((size_t)n_blocks * sizeof *block_ids);
+    for (int64_t b = 0; b < n_blocks; b++)
+        block_ids[b] = (uint32_t)(n_blocks - 1 - b);
     float *kv_a = kt_test_xmalloc((size_t)(n_rows * D) * sizeof *kv_a);
     float *cos_sin = kt_test_xmalloc((size_t)(n_rows * dr) * sizeof *cos_sin);
     float *cpu_rows = kt_test_xmalloc((size_t)(n_rows * D) * sizeof *cpu_rows);
-    float *gpu_rows = kt_test_xmalloc((size_t)(n_rows * D) * sizeof *gpu_rows);
-    float *d_seq[MAX_SEQS] = {0};
-    float **row_ptrs = kt_test_xmalloc((size_t)n_rows * sizeof *row_ptrs);
+    float *pool = kt_test_xmalloc((size_t)(n_blocks * block_floats) * sizeof *pool);
+    uint32_t *row_first = kt_test_xmalloc((size_t)n_rows * sizeof *row_first);
+    uint32_t *row_n_kv = kt_test_xmalloc((size_t)n_rows * sizeof *row_n_kv);
     const float **cpu_row_ptrs = kt_test_xmalloc((size_t)n_rows * sizeof *cpu_row_ptrs);
-    int64_t seq_row0[MAX_SEQS], r = 0;
-    for (int q = 0; q < c->n_seqs; q++) {
-        seq_row0[q] = r;
-        d_seq[q] = kt_test_cuda_copy_in(NULL, (size_t)(c->n_ctx[q] * D) * sizeof(float));
+    for (int q = 0, r = 0; q < c->n_seqs; q++) {
         for (int64_t p = 0; p < c->n_ctx[q]; p++, r++) {
             for (int64_t i = 0; i < D; i++)
                 kv_a[r * D + i] = kt_test_rand_normal(rng);
@@ -191,33 +204,46 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
             kt_rmsnorm(row, kv_a + r * D, norm_w, kvr, eps);
             memcpy(row + kvr, kv_a + r * D + kvr, (size_t)dr * sizeof *row);
             kt_rope_apply(row + kvr, cos_sin + r * dr, (uint32_t)dr);
-            row_ptrs[r] = d_seq[q] ? d_seq[q] + p * D : NULL;
+            row_first[r] = (uint32_t)seq_first[q]; /* row r is the newest row of a context of p + 1 */
+            row_n_kv[r] = (uint32_t)(p + 1);
             cpu_row_ptrs[r] = row;
         }
     }
+    for (int64_t i = 0; i < n_blocks * block_floats; i++)
+        pool[i] = NAN; /* poison: a row read before it was written shows */
+    float *d_pool = kt_test_cuda_copy_in(pool, (size_t)(n_blocks * block_floats) * sizeof *pool);
+    uint32_t *d_block_ids = kt_test_cuda_copy_in(block_ids, (size_t)n_blocks * sizeof *block_ids);
     float *d_kv_a = kt_test_cuda_copy_in(kv_a, (size_t)(n_rows * D) * sizeof *kv_a);
     float *d_cos_sin = kt_test_cuda_copy_in(cos_sin, (size_t)(n_rows * dr) * sizeof *cos_sin);
-    float **d_row_ptrs = kt_test_cuda_copy_in(row_ptrs, (size_t)n_rows * sizeof *row_ptrs);
-    rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, d_row_ptrs, n_rows, NULL, msg, sizeof msg);
+    uint32_t *d_row_first = kt_test_cuda_copy_in(row_first, (size_t)n_rows * sizeof *row_first);
+    uint32_t *d_row_n_kv = kt_test_cuda_copy_in(row_n_kv, (size_t)n_rows * sizeof *row_n_kv);
+    struct kt_cuda_mla_cache cache = {d_pool, block_floats, BLOCK_TOKENS, layer_offset, d_block_ids, d_row_first,
+                                      d_row_n_kv};
+    rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, &cache, n_rows, NULL, msg, sizeof msg);
     KT_CHECK(rc == 0, "%s %s rows: %s", s->name, c->name, msg);
-    for (int q = 0; q < c->n_seqs; q++)
-        kt_test_cuda_copy_out(gpu_rows + seq_row0[q] * D, d_seq[q], (size_t)(c->n_ctx[q] * D) * sizeof(float));
+    kt_test_cuda_copy_out(pool, d_pool, (size_t)(n_blocks * block_floats) * sizeof *pool);
     int64_t bad = 0;
-    for (int64_t i = 0; i < n_rows * D; i++)
-        bad += !(fabsf(gpu_rows[i] - cpu_rows[i]) <= 1e-6f * fabsf(cpu_rows[i]) + 1e-30f);
+    for (int q = 0; q < c->n_seqs; q++)
+        for (int64_t p = 0; p < c->n_ctx[q]; p++) {
+            const float *want = cpu_rows + (seq_row0[q] + p) * D;
+            const float *row = pool + block_ids[seq_first[q] + p / BLOCK_TOKENS] * block_floats + layer_offset +
+                               (p % BLOCK_TOKENS) * D;
+            for (int64_t i = 0; i < D; i++)
+                bad += !(fabsf(row[i] - want[i]) <= 1e-6f * fabsf(want[i]) + 1e-30f);
+        }
     KT_CHECK(bad == 0, "%s %s: %lld cache values differ from the CPU's", s->name, c->name, (long long)bad);
 
     /* the queries: token t of sequence seq[t] at position pos[t] */
     const int64_t T = c->n_tok;
     int *seq = kt_test_xmalloc((size_t)T * sizeof *seq);
     uint32_t *n_kv = kt_test_xmalloc((size_t)T * sizeof *n_kv);
-    const float **cache = kt_test_xmalloc((size_t)T * sizeof *cache);
+    uint32_t *first = kt_test_xmalloc((size_t)T * sizeof *first);
     int64_t n_kv_max = 0;
     for (int64_t t = 0; t < T; t++) {
         seq[t] = c->one_per_seq ? (int)t : 0;
         const int64_t pos = c->one_per_seq ? c->n_ctx[t] - 1 : c->first_pos + t;
         n_kv[t] = (uint32_t)(pos + 1);
-        cache[t] = d_seq[seq[t]];
+        first[t] = (uint32_t)seq_first[seq[t]];
         n_kv_max = pos + 1 > n_kv_max ? pos + 1 : n_kv_max;
     }
     float *q = kt_test_xmalloc((size_t)(T * H * dk) * sizeof *q);
@@ -227,14 +253,15 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     for (int64_t i = 0; i < T * H * dv; i++)
         got[i] = NAN; /* poison: an output never written fails */
     float *d_q = kt_test_cuda_copy_in(q, (size_t)(T * H * dk) * sizeof *q);
-    const float **d_cache = kt_test_cuda_copy_in(cache, (size_t)T * sizeof *cache);
+    uint32_t *d_first = kt_test_cuda_copy_in(first, (size_t)T * sizeof *first);
     uint32_t *d_n_kv = kt_test_cuda_copy_in(n_kv, (size_t)T * sizeof *n_kv);
     float *d_out = kt_test_cuda_copy_in(got, (size_t)(T * H * dv) * sizeof *got);
     const size_t scratch_bytes = kt_cuda_mla_scratch_bytes(&m, T, n_kv_max);
     KT_CHECK(scratch_bytes > 0, "%s: no scratch size", s->name);
     void *d_scratch = kt_test_cuda_copy_in(NULL, scratch_bytes);
-    rc = kt_cuda_mla_attention(&m, d_q, d_cache, d_n_kv, T, n_kv_max, d_scratch, scratch_bytes, d_out, NULL, msg,
-                               sizeof msg);
+    cache.first_block = d_first;
+    cache.n_kv = d_n_kv;
+    rc = kt_cuda_mla_attention(&m, d_q, &cache, T, n_kv_max, d_scratch, scratch_bytes, d_out, NULL, msg, sizeof msg);
     KT_CHECK(rc == 0, "%s %s: %s", s->name, c->name, msg);
     kt_test_cuda_copy_out(got, d_out, (size_t)(T * H * dv) * sizeof *got);
 
@@ -252,13 +279,12 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     KT_CHECK(bad == 0, "%s %s: %lld outputs differ from kt's CPU numerics", s->name, c->name, (long long)bad);
 
     kt_cuda_free((void *)m.w_uk.data), kt_cuda_free((void *)m.w_uv.data), kt_cuda_free(d_norm_w);
-    for (int i = 0; i < c->n_seqs; i++)
-        kt_cuda_free(d_seq[i]);
-    kt_cuda_free(d_kv_a), kt_cuda_free(d_cos_sin), kt_cuda_free(d_row_ptrs), kt_cuda_free(d_q);
-    kt_cuda_free((void *)d_cache), kt_cuda_free(d_n_kv), kt_cuda_free(d_out), kt_cuda_free(d_scratch);
-    free(w_uk), free(w_uv), free(norm_w), free(kv_a), free(cos_sin), free(cpu_rows), free(gpu_rows);
-    free(row_ptrs), free(cpu_row_ptrs), free(seq), free(n_kv), free(cache), free(q), free(got), free(same_math);
-    free(kt_cpu);
+    kt_cuda_free(d_pool), kt_cuda_free(d_block_ids), kt_cuda_free(d_row_first), kt_cuda_free(d_row_n_kv);
+    kt_cuda_free(d_kv_a), kt_cuda_free(d_cos_sin), kt_cuda_free(d_q), kt_cuda_free(d_first), kt_cuda_free(d_n_kv);
+    kt_cuda_free(d_out), kt_cuda_free(d_scratch);
+    free(w_uk), free(w_uv), free(norm_w), free(kv_a), free(cos_sin), free(cpu_rows), free(pool), free(block_ids);
+    free(row_first), free(row_n_kv), free(cpu_row_ptrs), free(seq), free(n_kv), free(first), free(q), free(got);
+    free(same_math), free(kt_cpu);
 }
 
 static void cuda_mla_matches_cpu_attention(void)
@@ -273,21 +299,31 @@ static void cuda_mla_rejects_bad_shapes(void)
 {
     char msg[256] = "";
     float *d = kt_test_cuda_copy_in(NULL, 1 << 16);
+    const uint32_t *u = (const uint32_t *)d;
     struct kt_cuda_mla m = {8, 32, 16, 32, 2048, 0.2f, {KT_TYPE_F32, d, 32, 8 * 2048, 0}, {KT_TYPE_F32, d, 2048, 256, 0}};
+    struct kt_cuda_mla_cache cache = {d, 16 * 144, 16, 0, u, u, u};
     KT_CHECK(kt_cuda_mla_scratch_bytes(&m, 1, 10) == 0, "kv rank 2048 sized");
-    KT_CHECK(kt_cuda_mla_attention(&m, d, (const float *const *)d, (const uint32_t *)d, 1, 10, d, 1 << 16, d, NULL, msg,
-                                   sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, msg, sizeof msg) != 0 && msg[0],
              "kv rank 2048 accepted");
     m.kv_rank = 128;
     m.w_uk.n_out = 8 * 128;
     m.w_uv.n_in = 128;
     msg[0] = 0;
-    KT_CHECK(kt_cuda_mla_attention(&m, d, (const float *const *)d, (const uint32_t *)d, 1, 10, d, 16, d, NULL, msg,
-                                   sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 16, d, NULL, msg, sizeof msg) != 0 && msg[0],
              "a 16-byte scratch accepted");
+    cache.block_tokens = 0;
+    msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, msg, sizeof msg) != 0 && msg[0],
+             "blocks of 0 positions accepted");
+    cache.block_tokens = 16;
+    cache.block_ids = NULL;
+    msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, msg, sizeof msg) != 0 && msg[0],
+             "a cache without block tables accepted");
+    cache.block_ids = u;
     m.rope_dim = 15;
     msg[0] = 0;
-    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, (float *const *)d, 1, NULL, msg, sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, msg, sizeof msg) != 0 && msg[0],
              "odd rope dims accepted");
     kt_cuda_free(d);
 }

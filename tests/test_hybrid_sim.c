@@ -124,10 +124,84 @@ static void tiny_q4_k_hybrid_matches_cpu_only(void)
     hybrid_matches_cpu_only("tiny", "--experts-type q4_k --shared-type q8_0");
 }
 
-/* The same split on a real GPU: its kernels take F32 activations and sum in
- * another order, so logits agree within 1e-3 of each row's largest and the
- * greedy tokens are the same (tiny's F32 weights: the CPU's activations are
- * F32 too). */
+/* A prompt on sequence 0, a fork of it into sequence 1 mid-block, then
+ * both decoding different tokens in one batch: (FORK_STEPS * 2, V) logits.
+ * The fork's first write copies the shared partial block - on the device's
+ * queue when the KV cache lives there. */
+#define FORK_STEPS 4
+static float *run_forked(struct kt_model *m, const struct kt_engine_params *extra)
+{
+    struct kt_engine_params p = *extra;
+    p.n_ctx = 64;
+    p.max_seqs = 2;
+    p.max_batch_tokens = 32;
+    p.n_threads = 2;
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK) {
+        KT_CHECK(false, "engine: %s", err.msg);
+        return NULL;
+    }
+    const uint32_t V = kt_engine_n_vocab(e);
+    float *logits = kt_test_xmalloc((size_t)2 * FORK_STEPS * V * sizeof *logits);
+    struct kt_batch_token bt[PROMPT_LEN];
+    for (uint32_t i = 0; i < PROMPT_LEN; i++)
+        bt[i] = (struct kt_batch_token){prompt[i], 0, i, i == PROMPT_LEN - 1};
+    bool ok = kt_engine_seq_add(e, 0, &err) == KT_OK &&
+              kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, logits, &err) == KT_OK &&
+              kt_engine_seq_fork(e, 0, 1, &err) == KT_OK;
+    for (uint32_t s = 0; ok && s < FORK_STEPS; s++) {
+        const struct kt_batch_token two[2] = {{(int32_t)(7 + s), 0, PROMPT_LEN + s, true},
+                                              {(int32_t)(900 - s), 1, PROMPT_LEN + s, true}};
+        ok = kt_engine_step(e, &(struct kt_batch){2, two}, logits + (size_t)2 * s * V, &err) == KT_OK;
+    }
+    KT_CHECK(ok, "forked step: %s", err.msg);
+    kt_engine_destroy(e);
+    if (!ok) {
+        free(logits);
+        return NULL;
+    }
+    return logits;
+}
+
+/* With attention on the device its KV cache lives there: forks copy their
+ * shared block on the device's queue and give CPU-only's logits, and the
+ * pool counts against the device's budget (a pool the budget cannot hold is
+ * refused at creation; on the host the same pool is fine). */
+static void kv_cache_on_the_device(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    const struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0", .transfer_gbps = 25};
+    float *base = run_forked(m, &(struct kt_engine_params){0});
+    float *got = run_forked(m, &(struct kt_engine_params){.device = &sim, .attention_on_device = true});
+    if (base && got)
+        KT_CHECK(!memcmp(base, got, (size_t)2 * FORK_STEPS * m->hp.n_vocab * sizeof *got),
+                 "forked sequences with the KV cache on the device give CPU-only's logits");
+    free(base);
+    free(got);
+
+    const struct kt_backend_params small = {.kind = KT_BACKEND_SIM, .name = "small-gpu", .memory_bytes = 64u << 20};
+    struct kt_engine_params p = {.n_ctx = 64, .n_threads = 1, .kv_blocks = 40000, .device = &small};
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_engine_create(m, &p, &e, &err) == KT_OK, "a large KV pool on the host: %s", err.msg);
+    kt_engine_destroy(e);
+    e = NULL;
+    p.attention_on_device = true;
+    KT_CHECK(kt_engine_create(m, &p, &e, &err) == KT_ERR_NOMEM && !e, "the same pool on a 64 MiB device refused");
+    KT_CHECK(strstr(err.msg, "small-gpu") && strstr(err.msg, "budget"), "message names device and budget: %s", err.msg);
+    printf("  %s\n", err.msg);
+    kt_test_synth_remove(m, path);
+}
+
+/* The same splits on a real GPU: its kernels take F32 activations and sum
+ * in another order, so logits agree within 1e-3 of each row's largest and
+ * the greedy tokens are the same (tiny's F32 weights: the CPU's activations
+ * are F32 too).  With attention there too, the KV cache lives in GPU memory
+ * and the fork scenario's copy-on-write runs on the GPU. */
 static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
 {
     char why[256] = "";
@@ -139,27 +213,47 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
     if (!m)
         return;
-    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert, V = m->hp.n_vocab;
     uint8_t *half = calloc(LE, 1);
     for (size_t i = 0; i < LE; i++)
         half[i] = (i % m->hp.n_expert) < m->hp.n_expert / 2;
     const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const struct {
+        const char *what;
+        struct kt_engine_params p;
+    } cases[] = {
+        {"half the experts + shared + dense",
+         {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true}},
+        {"attention + half the experts + shared + dense",
+         {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true,
+          .attention_on_device = true}},
+    };
     int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
     struct kt_engine_stats st;
     struct kt_backend_stats dev;
     float *base = run(m, &(struct kt_engine_params){0}, base_tokens, &st, &dev);
-    float *got = run(m, &(struct kt_engine_params){.device = &gpu, .expert_on_device = half, .shared_on_device = true,
-                                                   .dense_on_device = true},
-                     tokens, &st, &dev);
-    if (base && got) {
-        const double d = kt_test_worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, m->hp.n_vocab);
-        printf("  cuda, half the experts + shared + dense: worst row diff %.3g of the row's largest logit\n", d);
-        KT_CHECK(d <= 1e-3, "cuda hybrid logits within 1e-3 of CPU-only (%.3g)", d);
-        KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda hybrid greedy tokens equal CPU-only's");
-        KT_CHECK(st.device_pairs > 0, "the GPU ran pairs");
+    for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
+        float *got = run(m, &cases[c].p, tokens, &st, &dev);
+        if (!got)
+            continue;
+        const double d = kt_test_worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, V);
+        printf("  cuda, %s: worst row diff %.3g of the row's largest logit\n", cases[c].what, d);
+        KT_CHECK(d <= 1e-3, "cuda, %s: logits within 1e-3 of CPU-only (%.3g)", cases[c].what, d);
+        KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda, %s: greedy tokens equal CPU-only's",
+                 cases[c].what);
+        KT_CHECK(st.device_pairs > 0, "cuda, %s: the GPU ran pairs", cases[c].what);
+        free(got);
     }
+    float *fork_base = run_forked(m, &(struct kt_engine_params){0});
+    float *fork_got = run_forked(m, &cases[1].p);
+    if (fork_base && fork_got) {
+        const double d = kt_test_worst_row_diff(fork_base, fork_got, 2 * FORK_STEPS, V);
+        printf("  cuda, forked sequences with the KV cache on the GPU: worst row diff %.3g\n", d);
+        KT_CHECK(d <= 1e-3, "cuda forked sequences within 1e-3 of CPU-only (%.3g)", d);
+    }
+    free(fork_base);
+    free(fork_got);
     free(base);
-    free(got);
     free(half);
     kt_test_synth_remove(m, path);
 }
@@ -189,6 +283,7 @@ int main(void)
     KT_RUN(tiny_v3_hybrid_matches_cpu_only);
     KT_RUN(tiny_q4_k_hybrid_matches_cpu_only);
     KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
+    KT_RUN(kv_cache_on_the_device);
     KT_RUN(placement_over_the_budget_is_refused);
     return kt_test_finish();
 }

@@ -16,7 +16,8 @@
 
 static struct kt_kv_cache *make(uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx)
 {
-    struct kt_kv_cache_params p = {LAYERS, ROW, BT, n_blocks, max_seqs, n_ctx};
+    struct kt_kv_cache_params p = {.n_layer = LAYERS, .row_floats = ROW, .block_tokens = BT,
+                                   .n_blocks = n_blocks, .max_seqs = max_seqs, .n_ctx = n_ctx};
     struct kt_kv_cache *c = NULL;
     kt_err err = {0};
     kt_status st = kt_kv_cache_create(&p, &c, &err);
@@ -249,9 +250,69 @@ static void truncate_releases_blocks_and_copies_shared_tail_on_write(void)
     kt_kv_cache_destroy(c);
 }
 
+/* Caller-owned storage (a device's memory): the cache only addresses it and
+ * hands its copy-on-write copies to the caller's function. */
+struct copies {
+    uint32_t n;
+    float *dst, *src;
+    size_t bytes;
+};
+
+static void record_copy(void *ctx, float *dst, const float *src, size_t bytes)
+{
+    struct copies *cp = ctx;
+    cp->n++;
+    cp->dst = dst;
+    cp->src = (float *)src;
+    cp->bytes = bytes;
+    memcpy(dst, src, bytes);
+}
+
+static void caller_storage_is_addressed_and_copied_through_the_callback(void)
+{
+    struct copies cp = {0};
+    struct kt_kv_cache_params p = {.n_layer = LAYERS, .row_floats = ROW, .block_tokens = BT,
+                                   .n_blocks = 6, .max_seqs = 2, .n_ctx = 16};
+    uint64_t bytes = 0;
+    kt_err err = {0};
+    KT_CHECK(kt_kv_cache_pool_bytes(&p, &bytes, &err) == KT_OK && bytes == 6ull * LAYERS * BT * ROW * sizeof(float),
+             "pool bytes %llu", (unsigned long long)bytes);
+    float *storage = calloc(1, bytes);
+    struct kt_kv_cache *c = NULL;
+    p.storage = storage;
+    KT_CHECK(kt_kv_cache_create(&p, &c, &err) == KT_ERR_INVALID && !c, "storage without a copy function refused");
+    p.copy_block = record_copy;
+    p.copy_ctx = &cp;
+    KT_CHECK(kt_kv_cache_create(&p, &c, &err) == KT_OK && c, "create: %s", err.msg);
+    if (!c) {
+        free(storage);
+        return;
+    }
+    kt_kv_cache_seq_add(c, 0, &err);
+    KT_CHECK(grow(c, 0, 6, &err) == KT_OK, "grow: %s", err.msg);
+    write_rows(c, 0, 1, 0, 6);
+    const size_t block_floats = (size_t)LAYERS * BT * ROW;
+    KT_CHECK(kt_kv_cache_row(c, 0, 2, 5) == storage + 1 * block_floats + (2 * BT + 1) * ROW,
+             "row (layer 2, pos 5) in block 1 of the caller's storage");
+    const uint32_t *blocks = NULL;
+    KT_CHECK(kt_kv_cache_seq_blocks(c, 0, &blocks) == 2 && blocks[0] == 0 && blocks[1] == 1, "blocks 0, 1 held");
+    kt_kv_cache_seq_fork(c, 0, 1, &err);
+    KT_CHECK(cp.n == 0, "a fork copies nothing");
+    KT_CHECK(grow(c, 1, 1, &err) == KT_OK, "grow the fork: %s", err.msg);
+    KT_CHECK(cp.n == 1 && cp.src == storage + block_floats && cp.dst == storage + 2 * block_floats &&
+                 cp.bytes == block_floats * sizeof(float),
+             "the shared partial block 1 was copied to block 2 through the callback (%u copies)", cp.n);
+    write_rows(c, 1, 2, 6, 7);
+    KT_CHECK(rows_hold(c, 1, 1, 0, 6) && rows_hold(c, 1, 2, 6, 7) && rows_hold(c, 0, 1, 0, 6),
+             "both sequences read their own rows");
+    kt_kv_cache_destroy(c);
+    free(storage); /* the cache never frees caller storage */
+}
+
 static void zero_sizes_are_rejected(void)
 {
-    struct kt_kv_cache_params p = {LAYERS, ROW, 0, 4, 1, 16};
+    struct kt_kv_cache_params p = {.n_layer = LAYERS, .row_floats = ROW, .block_tokens = 0,
+                                   .n_blocks = 4, .max_seqs = 1, .n_ctx = 16};
     struct kt_kv_cache *c = NULL;
     kt_err err = {0};
     KT_CHECK(kt_kv_cache_create(&p, &c, &err) == KT_ERR_INVALID && !c, "block of 0 positions accepted");
@@ -267,6 +328,7 @@ int main(void)
     KT_RUN(fork_of_a_full_last_block_copies_nothing);
     KT_RUN(last_sharer_writes_in_place_so_tight_pools_fit);
     KT_RUN(truncate_releases_blocks_and_copies_shared_tail_on_write);
+    KT_RUN(caller_storage_is_addressed_and_copied_through_the_callback);
     KT_RUN(zero_sizes_are_rejected);
     return kt_test_finish();
 }

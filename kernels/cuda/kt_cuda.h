@@ -95,7 +95,7 @@ struct kt_cuda_router {
 int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
                   uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes);
 
-/* ---- quantized matmul (gemv.cu) ----------------------------------------------------- */
+/* ---- quantized matmul (gemv.cu, blaslt.cu) ------------------------------------------ */
 
 /* A weight matrix in device memory, GGUF layout: n_out rows of n_in elements. */
 struct kt_cuda_mat {
@@ -114,6 +114,22 @@ enum kt_cuda_matmul_path {
 /* y (n_tok, n_out) = x (n_tok, n_in) . W^T. */
 int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
                    char *msg, size_t msg_bytes);
+
+/* Scratch bytes kt_cuda_matmul_lt needs for w and n_tok tokens: cuBLASLt's
+ * workspace (32 MiB), x in BF16 (n_tok rows of n_in padded to 8) and W in
+ * BF16 (n_out such rows; none for BF16 weights whose data and row_bytes are
+ * 16-byte aligned: read in place), each part rounded up to 256 bytes.  0 for
+ * weights kt_cuda_matmul rejects or n_tok < 1. */
+size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok);
+
+/* y (n_tok, n_out) = x (n_tok, n_in) . W^T through cuBLASLt, for prefill-sized
+ * batches: W (any type kt_cuda_matmul reads) and x are rounded to BF16
+ * (nearest even) in scratch, then one BF16 GEMM with fp32 sums - the TENSOR
+ * path's numerics.  scratch: device, 256-byte aligned, at least
+ * kt_cuda_matmul_lt_scratch_bytes(w, n_tok), busy until the stream has run
+ * this product.  n_tok >= 1. */
+int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
+                      size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes);
 
 /* One expert (or the shared experts) and the (token, expert) pairs it serves. */
 struct kt_cuda_ffn_unit {
@@ -139,9 +155,9 @@ int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, co
 
 /*
  * One layer's MLA in the absorbed form (reference/deepseek2.md §4.2), for
- * decode and prefill alike, over a latent cache of F32 rows
- * [c (kv_rank) | k_pe (rope_dim)]; a sequence's rows for one layer are
- * contiguous (row i = position i).
+ * decode and prefill alike, over a paged latent cache of F32 rows
+ * [c (kv_rank) | k_pe (rope_dim)]: runtime/kv_cache.h's layout, blocks of
+ * block_tokens positions of one sequence for every layer.
  */
 struct kt_cuda_mla {
     int64_t n_head, nope_dim, rope_dim, v_dim, kv_rank; /* H, dn, dr, dv, kvr; kvr <= 1024, kvr + dr <= 760 */
@@ -150,26 +166,83 @@ struct kt_cuda_mla {
     struct kt_cuda_mat w_uv; /* attn_v_b: H*dv rows of kvr */
 };
 
-/* The cache rows of n_tok tokens: rows[t] (a device array of device
- * pointers; NULL skips the token) = [rmsnorm(kv_a[t][0:kvr]) * norm_w |
+/* Where each query token's context lives: row j (position j) of token t's
+ * sequence in this layer is
+ *     pool + block_ids[first_block[t] + j / block_tokens] * block_floats
+ *          + layer_offset + (j % block_tokens) * (kv_rank + rope_dim)
+ * and its context is rows j < n_kv[t] (causal: the token's own position is
+ * n_kv[t] - 1).  A cache of contiguous rows is one block per token with
+ * block_tokens >= its context and layer_offset 0. */
+struct kt_cuda_mla_cache {
+    float *pool;                /* device */
+    int64_t block_floats;       /* floats from a block to the next (n_layer * block_tokens * row) */
+    int64_t block_tokens;       /* positions per block, >= 1 */
+    int64_t layer_offset;       /* floats from a block's start to this layer's first row */
+    const uint32_t *block_ids;  /* device: the step's block tables, one after another */
+    const uint32_t *first_block;/* (n_tok) device: token t's table starts at block_ids[first_block[t]] */
+    const uint32_t *n_kv;       /* (n_tok) device: rows in token t's context (0: the token is skipped) */
+};
+
+/* The cache rows of n_tok tokens, each at its position n_kv[t] - 1 (tokens
+ * with n_kv[t] == 0 are skipped) = [rmsnorm(kv_a[t][0:kvr]) * norm_w |
  * kv_a[t][kvr:] roped by cos_sin[t]]; kv_a (n_tok, kvr + dr), norm_w (kvr),
  * cos_sin (n_tok, dr) from kt_rope_angles.  As runtime/attention.c. */
 int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
-                           const float *d_cos_sin, float *const *d_rows, int64_t n_tok, void *stream, char *msg,
-                           size_t msg_bytes);
+                           const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
+                           void *stream, char *msg, size_t msg_bytes);
 
 /* Scratch bytes kt_cuda_mla_attention needs for n_tok queries whose contexts
  * are at most n_kv_max rows. */
 size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max);
 
 /* out (n_tok, H*dv) = per head h: W_UV,h softmax_t(kq_scale [W_UK,h^T q_nope | q_pe] . row_t) c_t
- * over rows t < n_kv[tok] of cache[tok] (a device array of n_tok device
- * pointers; n_kv (n_tok) device, each <= n_kv_max: rows past n_kv_max are
- * never read).  q (n_tok, H*(dn+dr)) holds roped queries [q_nope | q_pe] per
- * head.  fp32 throughout; W_UK/W_UV products take F32 activations. */
-int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const float *const *d_cache,
-                          const uint32_t *d_n_kv, int64_t n_tok, int64_t n_kv_max, void *d_scratch,
-                          size_t scratch_bytes, float *d_out, void *stream, char *msg, size_t msg_bytes);
+ * over rows t < n_kv[tok] of the token's context in cache (each n_kv <=
+ * n_kv_max: rows past n_kv_max are never read).  q (n_tok, H*(dn+dr)) holds
+ * roped queries [q_nope | q_pe] per head.  fp32 throughout; W_UK/W_UV
+ * products take F32 activations. */
+int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
+                          int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes,
+                          float *d_out, void *stream, char *msg, size_t msg_bytes);
+
+/* ---- one layer's attention block (attention.cu) ----------------------------------------
+ *
+ * x += W_o MLA(rmsnorm(x) * attn_norm) for n_tok tokens, as runtime/attention.c
+ * computes it in the absorbed form:
+ *     q = W_qb (rmsnorm(W_qa h) * q_a_norm)   (or W_q h when q_rank == 0)
+ *     kv_a = W_kva h;  the token's cache row = [rmsnorm(kv_a[:kvr]) * kv_a_norm | roped kv_a[kvr:]]
+ *     q_pe of every head roped; MLA over each token's context (kt_cuda_mla_attention)
+ * Every pointer is device memory. */
+struct kt_cuda_attention_layer {
+    const float *attn_norm;     /* (E) */
+    const float *q_a_norm;      /* (q_rank), NULL when q_rank == 0 */
+    const float *kv_a_norm;     /* (kvr) */
+    struct kt_cuda_mat q_a, q_b;/* {E -> q_rank}, {q_rank -> H*(dn+dr)} when q_rank > 0 */
+    struct kt_cuda_mat q;       /* {E -> H*(dn+dr)} when q_rank == 0 */
+    struct kt_cuda_mat kv_a;    /* {E -> kvr+dr} */
+    struct kt_cuda_mat out;     /* {H*dv -> E} */
+    struct kt_cuda_mla mla;     /* shapes, kq_scale, W_UK, W_UV */
+    int64_t n_embd, q_rank;
+    float eps;                  /* RMSNorm epsilon */
+};
+
+/* The step's tokens and the buffers the block works in (device memory). */
+struct kt_cuda_attention_step {
+    float *x;                   /* (n_tok, E) the residual stream, updated in place */
+    int64_t n_tok, n_kv_max;    /* n_kv_max >= every cache.n_kv[t] */
+    const float *cos_sin;       /* (n_tok, dr) RoPE table of each token's position (kt_rope_angles) */
+    struct kt_cuda_mla_cache cache; /* with this layer's layer_offset */
+    float *h;                   /* (n_tok, E) */
+    float *qa;                  /* (n_tok, q_rank) when q_rank > 0 */
+    float *q;                   /* (n_tok, H*(dn+dr)) */
+    float *kv_a;                /* (n_tok, kvr+dr) */
+    float *o;                   /* (n_tok, H*dv) */
+    float *y;                   /* (n_tok, E) */
+    void *mla_scratch;          /* kt_cuda_mla_scratch_bytes(&mla, n_tok, n_kv_max) */
+    size_t mla_scratch_bytes;
+};
+
+int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
+                            void *stream, char *msg, size_t msg_bytes);
 
 /* ---- device, stream and asynchronous copies (stream.cu), for runtime/backend.c ---------- */
 
@@ -177,9 +250,10 @@ int kt_cuda_set_device(int device, char *msg, size_t msg_bytes);
 int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes);
 int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes);
 void kt_cuda_stream_destroy(void *stream);
-/* Host <-> device on stream; to_device 1: src host, dst device; 0: the other way. */
-int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int to_device, void *stream, char *msg,
-                       size_t msg_bytes);
+enum kt_cuda_copy_kind { KT_CUDA_TO_HOST = 0, KT_CUDA_TO_DEVICE = 1, KT_CUDA_ON_DEVICE = 2 };
+/* A copy on stream of the given kind (enum kt_cuda_copy_kind): host to
+ * device, device to host, or within the device. */
+int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg, size_t msg_bytes);
 /* fn(ctx) on a host thread once the stream's earlier work is done; fn must not call CUDA. */
 int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes);
 int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes);

@@ -7,9 +7,10 @@
  *     o_lat[t,h] = sum_j softmax_j(kq_scale q_lat[t,h] . row_j) c_j    rows j < n_kv[t]
  *     out[t,h]   = W_UV,h o_lat[t,h]                                   per-head GEMV
  *
- * The latent cache is F32: a sequence's rows for one layer are contiguous,
- * row j = position j = [c (kvr) | k_pe (dr)]; the caller passes each token's
- * base pointer, so one launch serves tokens of many sequences.
+ * The latent cache is F32 and paged as runtime/kv_cache.h pages it (struct
+ * kt_cuda_mla_cache): row j = position j = [c (kvr) | k_pe (dr)] sits in block
+ * j / block_tokens of the token's table, so one launch serves tokens of many
+ * sequences, each with its own table and context length.
  *
  * The middle step is flash-decoding: a block takes one token, 8 heads (one
  * warp each for scores and the online softmax) and a slice of the context,
@@ -37,8 +38,7 @@ static_assert(MLA_ROWS <= 32, "one lane per row of a tile");
 
 struct mla_args {
     const float *q_lat;        /* (T, H, D) */
-    const float *const *cache; /* (T) rows (n_kv[t], D) */
-    const uint32_t *n_kv;      /* (T) */
+    struct kt_cuda_mla_cache cache; /* (T) contexts of n_kv[t] rows of D */
     int64_t n_kv_max, split_rows;
     int H, kvr, D, n_split;
     float scale;
@@ -46,6 +46,13 @@ struct mla_args {
     float *part_o;             /* (T, H, n_split, kvr): unnormalised slice outputs */
     float *part_ml;            /* (T, H, n_split, 2): slice max and sum */
 };
+
+/* Row j of token t's context (struct kt_cuda_mla_cache). */
+__device__ static inline float *mla_row(const struct kt_cuda_mla_cache &c, int64_t t, int64_t j, int64_t D)
+{
+    const int64_t block = c.block_ids[c.first_block[t] + j / c.block_tokens];
+    return c.pool + block * c.block_floats + c.layer_offset + (j % c.block_tokens) * D;
+}
 
 static size_t mla_smem_bytes(int64_t D)
 {
@@ -65,9 +72,9 @@ __global__ static void __launch_bounds__(MLA_THREADS) mla_attend(const struct ml
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * MLA_HEADS, split = blockIdx.z;
     const int nh = a.H - h0 < MLA_HEADS ? a.H - h0 : MLA_HEADS;
-    const int64_t n_kv = a.n_kv[t] < a.n_kv_max ? (int64_t)a.n_kv[t] : a.n_kv_max;
+    const int64_t n_kv = a.cache.n_kv[t] < a.n_kv_max ? (int64_t)a.cache.n_kv[t] : a.n_kv_max;
     const int64_t jb = split * a.split_rows, je = jb + a.split_rows < n_kv ? jb + a.split_rows : n_kv;
-    const float *rows = a.cache[t];
+    __shared__ const float *tile[MLA_ROWS];   /* the tile's rows in the cache */
 
     for (int i = tid; i < MLA_HEADS * a.D; i += MLA_THREADS) {
         const int hh = i / a.D;
@@ -83,10 +90,13 @@ __global__ static void __launch_bounds__(MLA_THREADS) mla_attend(const struct ml
 
     for (int64_t j0 = jb; j0 < je; j0 += MLA_ROWS) {
         const int nr = (int)(je - j0 < MLA_ROWS ? je - j0 : MLA_ROWS);
-        __syncthreads(); /* qs written; the previous tile's ks, ps, alpha read */
+        __syncthreads(); /* qs written; the previous tile's ks, ps, alpha and rows read */
+        if (tid < nr)
+            tile[tid] = mla_row(a.cache, t, j0 + tid, a.D);
+        __syncthreads();
         for (int i = tid; i < MLA_ROWS * a.D; i += MLA_THREADS) {
             const int jj = i / a.D;
-            ks[i] = jj < nr ? rows[(j0 + jj) * a.D + i % a.D] : 0.0f;
+            ks[i] = jj < nr ? tile[jj][i % a.D] : 0.0f;
         }
         __syncthreads();
 
@@ -199,13 +209,13 @@ __global__ static void __launch_bounds__(MLA_THREADS)
 
 /* Cache rows of the step's tokens: [rmsnorm(c_raw) * w | roped k_pe].  Block per token. */
 __global__ static void __launch_bounds__(MLA_THREADS)
-    mla_rows(const float *kv_a, const float *norm_w, float eps, const float *cos_sin, float *const *dst, int64_t kvr,
-             int64_t dr)
+    mla_rows(const float *kv_a, const float *norm_w, float eps, const float *cos_sin,
+             const struct kt_cuda_mla_cache cache, int64_t kvr, int64_t dr)
 {
     const int64_t t = blockIdx.x;
-    float *row = dst[t];
-    if (!row) /* the same for the whole block */
+    if (cache.n_kv[t] == 0) /* the same for the whole block */
         return;
+    float *row = mla_row(cache, t, (int64_t)cache.n_kv[t] - 1, kvr + dr);
     const float *kv = kv_a + t * (kvr + dr);
     double sum_sq = 0.0;
     for (int64_t i = threadIdx.x; i < kvr; i += blockDim.x)
@@ -223,6 +233,18 @@ __global__ static void __launch_bounds__(MLA_THREADS)
 }
 
 /* ---- host side ------------------------------------------------------------------------ */
+
+/* The cache description's own fields (the arrays are on the device). */
+static int check_cache(const struct kt_cuda_mla_cache *c, char *msg, size_t msg_bytes)
+{
+    if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv)
+        return kt_cuda_failf(msg, msg_bytes, "mla: cache pointer missing");
+    if (c->block_tokens < 1 || c->block_floats < 0 || c->layer_offset < 0)
+        return kt_cuda_failf(msg, msg_bytes, "mla: bad cache layout (%lld positions per block, %lld floats per block, "
+                             "layer offset %lld)", (long long)c->block_tokens, (long long)c->block_floats,
+                             (long long)c->layer_offset);
+    return 0;
+}
 
 static int check_shape(const struct kt_cuda_mla *m, bool weights, char *msg, size_t msg_bytes)
 {
@@ -292,8 +314,8 @@ extern "C" size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t
 }
 
 extern "C" int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w,
-                                      float eps, const float *d_cos_sin, float *const *d_rows, int64_t n_tok,
-                                      void *stream, char *msg, size_t msg_bytes)
+                                      float eps, const float *d_cos_sin, const struct kt_cuda_mla_cache *cache,
+                                      int64_t n_tok, void *stream, char *msg, size_t msg_bytes)
 {
     if (check_shape(m, false, msg, msg_bytes) != 0)
         return -1;
@@ -301,16 +323,19 @@ extern "C" int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *
         return kt_cuda_failf(msg, msg_bytes, "mla rows: bad token count %lld", (long long)n_tok);
     if (n_tok == 0)
         return 0;
-    if (!d_kv_a || !d_norm_w || !d_cos_sin || !d_rows)
+    if (!d_kv_a || !d_norm_w || !d_cos_sin)
         return kt_cuda_failf(msg, msg_bytes, "mla rows: NULL pointer");
-    mla_rows<<<(unsigned)n_tok, MLA_THREADS, 0, (cudaStream_t)stream>>>(d_kv_a, d_norm_w, eps, d_cos_sin, d_rows,
+    if (check_cache(cache, msg, msg_bytes) != 0)
+        return -1;
+    mla_rows<<<(unsigned)n_tok, MLA_THREADS, 0, (cudaStream_t)stream>>>(d_kv_a, d_norm_w, eps, d_cos_sin, *cache,
                                                                          m->kv_rank, m->rope_dim);
     return kt_cuda_launched("mla rows launch", msg, msg_bytes);
 }
 
-extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const float *const *d_cache,
-                                     const uint32_t *d_n_kv, int64_t n_tok, int64_t n_kv_max, void *d_scratch,
-                                     size_t scratch_bytes, float *d_out, void *stream, char *msg, size_t msg_bytes)
+extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q,
+                                     const struct kt_cuda_mla_cache *cache, int64_t n_tok, int64_t n_kv_max,
+                                     void *d_scratch, size_t scratch_bytes, float *d_out, void *stream, char *msg,
+                                     size_t msg_bytes)
 {
     if (check_shape(m, true, msg, msg_bytes) != 0)
         return -1;
@@ -319,8 +344,10 @@ extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d
                              (long long)n_kv_max);
     if (n_tok == 0)
         return 0;
-    if (!d_q || !d_cache || !d_n_kv || !d_scratch || !d_out)
+    if (!d_q || !d_scratch || !d_out)
         return kt_cuda_failf(msg, msg_bytes, "mla: NULL pointer");
+    if (check_cache(cache, msg, msg_bytes) != 0)
+        return -1;
     size_t part[4];
     int64_t n_split, split_rows;
     scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
@@ -336,8 +363,7 @@ extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d
     a.o_lat = (float *)(base + part[0]);
     a.part_o = n_split > 1 ? (float *)(base + part[0] + part[1]) : NULL;
     a.part_ml = n_split > 1 ? (float *)(base + part[0] + part[1] + part[2]) : NULL;
-    a.cache = d_cache;
-    a.n_kv = d_n_kv;
+    a.cache = *cache;
     a.n_kv_max = n_kv_max;
     a.split_rows = split_rows;
     a.H = (int)H;

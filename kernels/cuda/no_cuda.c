@@ -113,6 +113,19 @@ int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok,
     return no_cuda(msg, msg_bytes);
 }
 
+size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
+{
+    (void)w, (void)n_tok;
+    return 0;
+}
+
+int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
+                      size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)w, (void)d_x, (void)n_tok, (void)d_y, (void)d_scratch, (void)scratch_bytes, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
 int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
                       int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
                       int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes)
@@ -123,10 +136,10 @@ int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, co
 }
 
 int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
-                           const float *d_cos_sin, float *const *d_rows, int64_t n_tok, void *stream, char *msg,
-                           size_t msg_bytes)
+                           const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
+                           void *stream, char *msg, size_t msg_bytes)
 {
-    (void)m, (void)d_kv_a, (void)d_norm_w, (void)eps, (void)d_cos_sin, (void)d_rows, (void)n_tok, (void)stream;
+    (void)m, (void)d_kv_a, (void)d_norm_w, (void)eps, (void)d_cos_sin, (void)cache, (void)n_tok, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
@@ -136,12 +149,19 @@ size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int
     return 0;
 }
 
-int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const float *const *d_cache,
-                          const uint32_t *d_n_kv, int64_t n_tok, int64_t n_kv_max, void *d_scratch,
-                          size_t scratch_bytes, float *d_out, void *stream, char *msg, size_t msg_bytes)
+int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
+                          int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes,
+                          float *d_out, void *stream, char *msg, size_t msg_bytes)
 {
-    (void)m, (void)d_q, (void)d_cache, (void)d_n_kv, (void)n_tok, (void)n_kv_max, (void)d_scratch,
-        (void)scratch_bytes, (void)d_out, (void)stream;
+    (void)m, (void)d_q, (void)cache, (void)n_tok, (void)n_kv_max, (void)d_scratch, (void)scratch_bytes, (void)d_out,
+        (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
+                            void *stream, char *msg, size_t msg_bytes)
+{
+    (void)L, (void)s, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
@@ -168,10 +188,10 @@ void kt_cuda_stream_destroy(void *stream)
     (void)stream;
 }
 
-int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int to_device, void *stream, char *msg,
+int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg,
                        size_t msg_bytes)
 {
-    (void)dst, (void)src, (void)bytes, (void)to_device, (void)stream;
+    (void)dst, (void)src, (void)bytes, (void)kind, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 

@@ -33,16 +33,19 @@ extern "C" void kt_cuda_stream_destroy(void *stream)
         cudaStreamDestroy((cudaStream_t)stream);
 }
 
-extern "C" int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int to_device, void *stream, char *msg,
+extern "C" int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg,
                                   size_t msg_bytes)
 {
+    static const cudaMemcpyKind kinds[] = {cudaMemcpyDeviceToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToDevice};
+    static const char *const what[] = {"copy to host", "copy to device", "copy within the device"};
+    if (kind < KT_CUDA_TO_HOST || kind > KT_CUDA_ON_DEVICE)
+        return kt_cuda_failf(msg, msg_bytes, "async copy: unknown kind %d", kind);
     if (bytes == 0)
         return 0;
     if (!dst || !src)
         return kt_cuda_failf(msg, msg_bytes, "async copy: NULL pointer");
-    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
-                                    (cudaStream_t)stream);
-    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, to_device ? "copy to device" : "copy to host", e);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kinds[kind], (cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, what[kind], e);
 }
 
 extern "C" int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)

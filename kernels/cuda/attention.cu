@@ -1,0 +1,68 @@
+/*
+ * attention.cu - one layer's attention block on the GPU (kt_cuda.h,
+ * kt_cuda_attention_block): the projections, norms, RoPE, cache writes and
+ * MLA of runtime/attention.c in the absorbed form, then the output
+ * projection and the residual add, all enqueued on one stream.
+ *
+ * It only strings together the entry points of ops.cu, gemv.cu and mla.cu,
+ * each of which checks its own arguments; this file checks what they
+ * cannot see (which buffers the layer's shape needs) and stops at the first
+ * refusal, so a failed launch leaves the rest of the block unqueued.
+ */
+#include "common.cuh"
+
+/* y (n_tok, w.n_out) = x (n_tok, w.n_in) . W^T, the path chosen by size. */
+static int project(const struct kt_cuda_mat *w, const float *x, int64_t n_tok, float *y, cudaStream_t s, char *msg,
+                   size_t msg_bytes)
+{
+    return kt_cuda_matmul(w, x, n_tok, y, KT_CUDA_MATMUL_AUTO, s, msg, msg_bytes);
+}
+
+extern "C" int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *st,
+                                       void *stream, char *msg, size_t msg_bytes)
+{
+    if (!L || !st)
+        return kt_cuda_failf(msg, msg_bytes, "attention block: no layer or step");
+    const struct kt_cuda_mla *m = &L->mla;
+    const int64_t T = st->n_tok, E = L->n_embd, qr = L->q_rank;
+    const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dk = dn + dr, kvr = m->kv_rank;
+    if (T == 0)
+        return 0;
+    if (T < 0 || E <= 0 || qr < 0)
+        return kt_cuda_failf(msg, msg_bytes, "attention block: %lld tokens, %lld embedding, q rank %lld", (long long)T,
+                             (long long)E, (long long)qr);
+    if (!st->x || !st->cos_sin || !st->h || !st->q || !st->kv_a || !st->o || !st->y || !L->attn_norm ||
+        !L->kv_a_norm || (qr > 0 && (!st->qa || !L->q_a_norm)))
+        return kt_cuda_failf(msg, msg_bytes, "attention block: a buffer or norm weight is missing");
+    const struct kt_cuda_mat *w_q_out = qr > 0 ? &L->q_b : &L->q;
+    if ((qr > 0 && (L->q_a.n_in != E || L->q_a.n_out != qr || L->q_b.n_in != qr)) || w_q_out->n_out != H * dk ||
+        L->kv_a.n_in != E || L->kv_a.n_out != kvr + dr || L->out.n_in != H * m->v_dim || L->out.n_out != E)
+        return kt_cuda_failf(msg, msg_bytes, "attention block: projection shapes do not match the layer's");
+    cudaStream_t s = (cudaStream_t)stream;
+
+    /* h = rmsnorm(x) * attn_norm */
+    if (kt_cuda_rmsnorm(st->h, E, st->x, E, L->attn_norm, T, E, L->eps, s, msg, msg_bytes))
+        return -1;
+    /* q = W_qb (rmsnorm(W_qa h) * q_a_norm)  or  W_q h;  kv_a = W_kva h */
+    if (qr > 0) {
+        if (project(&L->q_a, st->h, T, st->qa, s, msg, msg_bytes) ||
+            kt_cuda_rmsnorm(st->qa, qr, st->qa, qr, L->q_a_norm, T, qr, L->eps, s, msg, msg_bytes) ||
+            project(&L->q_b, st->qa, T, st->q, s, msg, msg_bytes))
+            return -1;
+    } else if (project(&L->q, st->h, T, st->q, s, msg, msg_bytes)) {
+        return -1;
+    }
+    if (project(&L->kv_a, st->h, T, st->kv_a, s, msg, msg_bytes))
+        return -1;
+    /* every head's q_pe roped; each token's cache row written; then MLA */
+    if (kt_cuda_rope(st->q, T, H * dk, H, dk, dn, st->cos_sin, dr, s, msg, msg_bytes) ||
+        kt_cuda_mla_write_rows(m, st->kv_a, L->kv_a_norm, L->eps, st->cos_sin, &st->cache, T, s, msg, msg_bytes) ||
+        kt_cuda_mla_attention(m, st->q, &st->cache, T, st->n_kv_max, st->mla_scratch, st->mla_scratch_bytes, st->o,
+                              s, msg, msg_bytes))
+        return -1;
+    /* x += W_o o */
+    if (project(&L->out, st->o, T, st->y, s, msg, msg_bytes) ||
+        kt_cuda_add(st->x, st->x, st->y, T * E, s, msg, msg_bytes))
+        return -1;
+    return 0;
+}
