@@ -71,6 +71,8 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
             out->replica_nodes[at] = (uint16_t)h->replica_nodes;
         }
     }
+    if (st == KT_OK && p->embeddings > 0) /* the output head goes there; the lookup stays on the host */
+        st = use_device(p, p->n_layer - 1, &device, p->embeddings, err);
     if (st == KT_OK && attention_on_device && attention_on_device != p->n_layer)
         st = kt_err_set(err, KT_ERR_UNSUPPORTED,
                         "%s: attention on the device in %u of %u layers: kt runs it all on one side", p->source,
@@ -105,11 +107,11 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
         ep->shared_on_device = shared_on_device > 0;
         ep->attention_on_device = attention_on_device > 0;
         ep->dense_on_device = dense_on_device > 0;
+        ep->output_on_device = p->embeddings > 0;
+        if (log && ep->output_on_device)
+            fprintf(log, "kt: %s: the output head runs on '%s'; the embedding lookup (one row per token) stays on "
+                         "the CPU\n",
+                    p->source, d->name);
     }
-    if (log && p->embeddings != 0)
-        fprintf(log,
-                "kt: %s places the embeddings and output head on a device; kt runs those on the CPU for now "
-                "(everything else goes where the plan says)\n",
-                p->source);
     return KT_OK;
 }

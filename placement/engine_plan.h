@@ -3,12 +3,13 @@
  * parameters (engine.h): expert homes and replicas on NUMA nodes, routed and
  * shared experts on the accelerator.
  *
- * The engine runs attention, dense FFNs, routed and shared experts on one
- * accelerator; the embeddings and output head still run on the CPU.  A plan
- * that puts those on a device is accepted with one log line saying where they
- * run instead (the numbers are the same, only the place differs); a plan
- * using more than one accelerator, or attention, dense FFNs or shared experts
- * on a device in some layers only, is refused.  It never changes what the plan says about experts.
+ * The engine runs attention (with the KV cache), dense FFNs, routed and
+ * shared experts and the output head on one accelerator; the embedding
+ * lookup (one row per token) stays on the host wherever the plan puts the
+ * embeddings, and one log line says so.  A plan using more than one
+ * accelerator, or attention, dense FFNs or shared experts on a device in
+ * some layers only, is refused.  It never changes what the plan says about
+ * experts.
  */
 #ifndef KT_PLACEMENT_ENGINE_PLAN_H
 #define KT_PLACEMENT_ENGINE_PLAN_H

@@ -313,6 +313,16 @@ void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
     submit(b, (struct op){.kind = OP_LAUNCH, .fn = fn, .ctx = ctx});
 }
 
+/* A cuda kernel sequence was enqueued (rc 0) or refused (rc != 0, msg says why). */
+static void cuda_enqueued(struct kt_backend *b, int rc, const char *msg)
+{
+    if (rc)
+        cuda_failed(b, msg);
+    pthread_mutex_lock(&b->mu);
+    b->stats.ops++;
+    pthread_mutex_unlock(&b->mu);
+}
+
 void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job)
 {
     if (b->p.kind != KT_BACKEND_CUDA) {
@@ -320,12 +330,11 @@ void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job)
         return;
     }
     char msg[256];
-    if (kt_cuda_ffn_units(job->units, job->n_units, job->d_h, job->n_tok, job->n_embd, job->d_pair_token,
-                          job->n_pairs, job->d_act, job->act_stride, job->d_pair_out, b->stream, msg, sizeof msg))
-        cuda_failed(b, msg);
-    pthread_mutex_lock(&b->mu);
-    b->stats.ops++;
-    pthread_mutex_unlock(&b->mu);
+    cuda_enqueued(b,
+                  kt_cuda_ffn_units(job->units, job->n_units, job->d_h, job->n_tok, job->n_embd, job->d_pair_token,
+                                    job->n_pairs, job->d_act, job->act_stride, job->d_pair_out, b->stream, msg,
+                                    sizeof msg),
+                  msg);
 }
 
 void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *src_device, size_t bytes)
@@ -343,11 +352,20 @@ void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_atte
         return;
     }
     char msg[256];
-    if (kt_cuda_attention_block(job->layer, job->step, b->stream, msg, sizeof msg))
-        cuda_failed(b, msg);
-    pthread_mutex_lock(&b->mu);
-    b->stats.ops++;
-    pthread_mutex_unlock(&b->mu);
+    cuda_enqueued(b, kt_cuda_attention_block(job->layer, job->step, b->stream, msg, sizeof msg), msg);
+}
+
+void kt_backend_run_matmul(struct kt_backend *b, const struct kt_backend_matmul *job)
+{
+    if (b->p.kind != KT_BACKEND_CUDA) {
+        kt_backend_launch(b, job->host_fn, job->host_ctx);
+        return;
+    }
+    char msg[256];
+    cuda_enqueued(b,
+                  kt_cuda_matmul(&job->w, job->d_x, job->n_tok, job->d_y, KT_CUDA_MATMUL_AUTO, b->stream, msg,
+                                 sizeof msg),
+                  msg);
 }
 
 kt_status kt_backend_status(const struct kt_backend *b, kt_err *err)

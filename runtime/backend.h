@@ -108,6 +108,20 @@ struct kt_backend_attention {
 };
 void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_attention *job);
 
+/* y (n_tok, w.n_out) = x (n_tok, w.n_in) . W^T with W in device memory (the
+ * output head), as each kind runs it: sim calls host_fn(host_ctx) on its
+ * queue; cuda enqueues kt_cuda_matmul(w, x, n_tok, y) on its stream.  The
+ * job is read before this returns. */
+struct kt_backend_matmul {
+    kt_backend_fn host_fn;
+    void *host_ctx;
+    struct kt_cuda_mat w;
+    const float *d_x;
+    int64_t n_tok;
+    float *d_y;
+};
+void kt_backend_run_matmul(struct kt_backend *b, const struct kt_backend_matmul *job);
+
 /* KT_OK, or the first failure of the queue's work since creation (a cuda
  * copy or kernel launch); the step checks it after each sync. */
 kt_status kt_backend_status(const struct kt_backend *b, kt_err *err);

@@ -380,7 +380,7 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
     e->packed_block_bytes = calloc(e->max_packed_blocks, sizeof *e->packed_block_bytes);
     if (!e->packed_blocks || !e->packed_block_bytes)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    kt_status st = pack_host_mat(e, &e->output, err);
+    kt_status st = e->device_output.data ? KT_OK : pack_host_mat(e, &e->output, err);
     for (uint32_t il = 0; il < n_layer && st == KT_OK; il++) {
         struct kt_layer_weights *L = &e->layers[il];
         /* what the device holds a copy of runs there: leave it in GGUF rows */
@@ -628,6 +628,18 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
                           "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->device), hp->n_head, hp->kv_lora_rank,
                           hp->qk_rope_dim);
+    /* cuBLASLt's scratch for the largest projection at a full batch (the
+     * host's copies give the shapes; device copies are at least as aligned) */
+    size_t lt_scratch = 0;
+    for (uint32_t il = 0; T >= KT_CUDA_LT_MIN_TOKENS && il < hp->n_layer; il++) {
+        const struct kt_layer_weights *L = &e->layers[il];
+        const struct kt_mat *mats[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->out};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            const struct kt_cuda_mat w = kt_fwd_cuda_mat(mats[i]);
+            const size_t bytes = mats[i]->data ? kt_cuda_matmul_lt_scratch_bytes(&w, (int64_t)T) : 0;
+            lt_scratch = bytes > lt_scratch ? bytes : lt_scratch;
+        }
+    }
     struct kt_cuda_attention_step *s = &e->cuda_step;
     const struct {
         void **ptr;
@@ -649,6 +661,12 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
         kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
         if (st)
             return st;
+    }
+    if (lt_scratch) {
+        kt_status st = device_alloc(e, lt_scratch, &s->lt_scratch, err);
+        if (st)
+            return st;
+        s->lt_scratch_bytes = lt_scratch;
     }
     s->mla_scratch_bytes = mla_scratch;
     s->cache.pool = e->dev_kv_pool;
@@ -845,6 +863,18 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
         kt_err_prefix(err, "attention weights");
         return st;
     }
+    if (d->output_on_device) {
+        const size_t T = e->params.max_batch_tokens;
+        struct kt_mat w = e->output;
+        if ((st = device_mat(e, &w, err)) ||
+            (st = device_alloc(e, T * hp->n_embd * sizeof(float), (void **)&e->dev_head_x, err)) ||
+            (st = device_alloc(e, T * hp->n_vocab * sizeof(float), (void **)&e->dev_logits, err))) {
+            kt_err_prefix(err, "output head");
+            return st;
+        }
+        if (!e->device_sizing)
+            e->device_output = w;
+    }
     if ((st = device_bufs(e, err))) {
         kt_err_prefix(err, "its working buffers");
         return st;
@@ -968,6 +998,13 @@ static void attention_on_device(void *ctx)
 {
     const struct kt_device_attention *a = ctx;
     attention_block(a->e, a->il, a->e->dev_x);
+}
+
+/* The output head on the sim device's queue, on the rows sent there. */
+static void head_on_device(void *ctx)
+{
+    struct kt_engine *e = ctx;
+    kt_fwd_matmul(e, &e->device_output, e->dev_head_x, e->head_rows, e->dev_logits, e->xq);
 }
 
 /* cuda attention: the step's cache tables (each sequence's blocks, where
@@ -1097,8 +1134,18 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     for (uint32_t t = 0; t < T; t++)
         if (b->tokens[t].want_logits)
             kt_rmsnorm(e->h + (size_t)w++ * E, e->x + (size_t)t * E, e->output_norm, E, hp->rms_eps);
-    if (n_wanted > 0)
+    if (n_wanted > 0 && e->device_output.data) { /* the normed rows go to the device, the logits come back */
+        e->head_rows = n_wanted;
+        const struct kt_backend_matmul job = {.host_fn = head_on_device, .host_ctx = e,
+                                              .w = kt_fwd_cuda_mat(&e->device_output), .d_x = e->dev_head_x,
+                                              .n_tok = n_wanted, .d_y = e->dev_logits};
+        kt_backend_copy_in(e->device, e->dev_head_x, e->h, (size_t)n_wanted * E * sizeof(float));
+        kt_backend_run_matmul(e->device, &job);
+        kt_backend_copy_out(e->device, logits, e->dev_logits, (size_t)n_wanted * hp->n_vocab * sizeof(float));
+        kt_backend_sync(e->device);
+    } else if (n_wanted > 0) {
         kt_fwd_matmul(e, &e->output, e->h, n_wanted, logits, e->xq);
+    }
     uint64_t t_head = kt_fwd_now_ns() - td;
     e->stats.other_ns += t_head;
     e->stats.embed_head_ns += t_head;

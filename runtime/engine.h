@@ -97,6 +97,10 @@ struct kt_engine_params {
      * code on its queue and keeps the KV cache and scratch in host memory. */
     bool attention_on_device;
     bool dense_on_device;       /* the leading dense layers' FFNs on the device */
+    /* The output head (the final norm stays on the host) on the device, its
+     * vocabulary matrix copied there; the embedding lookup, one row per
+     * token, stays on the host. */
+    bool output_on_device;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };

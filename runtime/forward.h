@@ -226,6 +226,11 @@ struct kt_engine {
     uint32_t *step_block_ids;   /* (min(T, max_seqs) * blocks per sequence) the step's block tables */
     uint32_t *step_first_block; /* (T) where each token's table starts in step_block_ids */
     uint32_t *step_n_kv;        /* (T) each token's context: its position + 1 */
+    /* output_on_device: the output head in device memory (data NULL: on the
+     * host), the normed rows sent there and the logits it returns (T, E), (T, V) */
+    struct kt_mat device_output;
+    float *dev_head_x, *dev_logits;
+    uint32_t head_rows;         /* rows the device's head multiplies this step */
     struct kt_moe_bufs dev_bufs; /* on the device */
     uint32_t device_unit0;      /* this step's first device unit (== n_units: none) */
     struct kt_device_part device_part;

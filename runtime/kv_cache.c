@@ -65,7 +65,7 @@ kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_ca
                           p->n_layer, p->row_floats, p->block_tokens, p->n_blocks, p->max_seqs, p->n_ctx);
     if (p->storage && !p->copy_block)
         return kt_err_set(err, KT_ERR_INVALID, "KV cache: caller-owned storage needs a block copy function");
-    uint64_t pool_bytes;
+    uint64_t pool_bytes = 0;
     kt_status st = kt_kv_cache_pool_bytes(p, &pool_bytes, err);
     if (st != KT_OK)
         return st;

@@ -1,16 +1,16 @@
 /*
  * test_cuda_gemv.c - the GPU's weight products compute x . W^T for every
- * supported weight type, on both paths, against the weights as kt's
+ * supported weight type, on every path, against the weights as kt's
  * reference to_float reads them, summed in double:
  *   GEMV path    |err| <= 1e-5 * sum|w x|                (fp32 sums; a rigorous
  *                bound for n_in up to ~40K)
  *   TENSOR path  |err| <= 2e-2 * sqrt(sum (w x)^2) + 1e-5 * sum|w x|
- *                (x and W rounded to BF16: ~12 standard deviations of that
+ *   and cuBLASLt (x and W rounded to BF16: ~12 standard deviations of that
  *                rounding; a misplaced element costs ~50x more)
  * and the grouped expert FFN against the same products with SiLU (output
  * within 1e-4 (GEMV) / 5e-2 (TENSOR) of each pair's output RMS).  Shapes are
- * odd (rows not a multiple of 32 or 64, 1, 3, 8, 17, 64, 65 tokens) and
- * Kimi-K2's expert and projection sizes.
+ * odd (rows not a multiple of 32 or 64, 1, 3, 8, 17, 64, 65 tokens, rows
+ * padded past their values) and Kimi-K2's expert and projection sizes.
  * Skips visibly ("skipped: no CUDA device") where no GPU can be used.
  */
 #include <math.h>
@@ -77,21 +77,36 @@ static bool within(int path, double got, double ref, double abs_sum, double sq_s
     return fabs(got - ref) <= tol + 1e-30;
 }
 
+#define LT_PATH (-1) /* kt_cuda_matmul_lt in the path loop, judged as TENSOR */
+
 static const char *path_name(int path)
 {
-    return path == KT_CUDA_MATMUL_GEMV ? "gemv" : path == KT_CUDA_MATMUL_TENSOR ? "tensor" : "auto";
+    return path == KT_CUDA_MATMUL_GEMV     ? "gemv"
+           : path == KT_CUDA_MATMUL_TENSOR ? "tensor"
+           : path == LT_PATH               ? "cublaslt"
+                                           : "auto";
 }
 
-/* Every path on one weight matrix for each token count. */
-static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *tokens, size_t n_tokens,
-                         unsigned long long *rng)
+/* Every path (kt_cuda_matmul's three, kt_cuda_matmul_lt) on one weight
+ * matrix for each token count; its rows lie row_pad bytes apart beyond their
+ * packed size, the padding filled with NaN bits. */
+static void check_matmul_padded(int type, int64_t n_out, int64_t n_in, size_t row_pad, const int64_t *tokens,
+                                size_t n_tokens, unsigned long long *rng)
 {
-    const size_t row_bytes = kt_type_row_bytes(type, n_in);
-    uint8_t *w = random_weights(type, n_out, n_in, rng);
-    void *d_w = kt_test_cuda_copy_in(w, (size_t)n_out * row_bytes);
-    const struct kt_cuda_mat mat = {type, d_w, n_in, n_out, 0};
+    const size_t packed = kt_type_row_bytes(type, n_in), row_bytes = packed + row_pad;
+    uint8_t *w = random_weights(type, n_out, n_in, rng); /* packed rows, for the reference */
+    uint8_t *stored = kt_test_xmalloc((size_t)n_out * row_bytes);
+    memset(stored, 0xff, (size_t)n_out * row_bytes);
+    for (int64_t r = 0; r < n_out; r++)
+        memcpy(stored + (size_t)r * row_bytes, w + (size_t)r * packed, packed);
+    void *d_w = kt_test_cuda_copy_in(stored, (size_t)n_out * row_bytes);
+    const struct kt_cuda_mat mat = {type, d_w, n_in, n_out, row_pad ? row_bytes : 0}; /* 0: packed */
     for (size_t i = 0; i < n_tokens; i++) {
         const int64_t T = tokens[i];
+        const size_t scratch_bytes = kt_cuda_matmul_lt_scratch_bytes(&mat, T);
+        KT_CHECK(scratch_bytes > 0, "no cuBLASLt scratch size for %s %lldx%lld", kt_type_name(type),
+                 (long long)n_out, (long long)n_in);
+        void *d_scratch = kt_test_cuda_copy_in(NULL, scratch_bytes);
         float *x = kt_test_xmalloc((size_t)(T * n_in) * sizeof *x);
         float *y = kt_test_xmalloc((size_t)(T * n_out) * sizeof *y);
         double *ref = kt_test_xmalloc((size_t)(T * n_out) * sizeof *ref);
@@ -102,18 +117,23 @@ static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *t
         reference_product(type, w, n_out, n_in, x, T, ref, abs_sum, sq_sum);
         float *d_x = kt_test_cuda_copy_in(x, (size_t)(T * n_in) * sizeof *x);
         float *d_y = kt_test_cuda_copy_in(NULL, (size_t)(T * n_out) * sizeof *d_y);
-        static const int paths[] = {KT_CUDA_MATMUL_GEMV, KT_CUDA_MATMUL_TENSOR, KT_CUDA_MATMUL_AUTO};
+        static const int paths[] = {KT_CUDA_MATMUL_GEMV, KT_CUDA_MATMUL_TENSOR, KT_CUDA_MATMUL_AUTO, LT_PATH};
         for (size_t p = 0; p < sizeof paths / sizeof paths[0]; p++) {
             const int path = paths[p];
-            const int judged = path != KT_CUDA_MATMUL_AUTO ? path : T <= 8 ? KT_CUDA_MATMUL_GEMV : KT_CUDA_MATMUL_TENSOR;
+            const int judged = path == KT_CUDA_MATMUL_GEMV || (path == KT_CUDA_MATMUL_AUTO && T <= 8)
+                                   ? KT_CUDA_MATMUL_GEMV
+                                   : KT_CUDA_MATMUL_TENSOR;
             char msg[256] = "";
             for (int64_t k = 0; k < T * n_out; k++)
                 y[k] = NAN; /* poison: an output never written fails */
             int rc = kt_cuda_copy_to_device(d_y, y, (size_t)(T * n_out) * sizeof *y, msg, sizeof msg);
             KT_CHECK(rc == 0, "%s", msg);
-            rc = kt_cuda_matmul(&mat, d_x, T, d_y, path, NULL, msg, sizeof msg);
-            KT_CHECK(rc == 0, "%s %lldx%lld T=%lld %s: %s", kt_type_name(type), (long long)n_out, (long long)n_in,
-                     (long long)T, path_name(path), msg);
+            if (path == LT_PATH)
+                rc = kt_cuda_matmul_lt(&mat, d_x, T, d_y, d_scratch, scratch_bytes, NULL, msg, sizeof msg);
+            else
+                rc = kt_cuda_matmul(&mat, d_x, T, d_y, path, NULL, msg, sizeof msg);
+            KT_CHECK(rc == 0, "%s %lldx%lld (+%zu) T=%lld %s: %s", kt_type_name(type), (long long)n_out,
+                     (long long)n_in, row_pad, (long long)T, path_name(path), msg);
             kt_test_cuda_copy_out(y, d_y, (size_t)(T * n_out) * sizeof *y);
             int64_t bad = 0, worst = 0;
             double worst_ratio = 0.0;
@@ -124,15 +144,22 @@ static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *t
                 if (ratio > worst_ratio)
                     worst_ratio = ratio, worst = k;
             }
-            KT_CHECK(bad == 0, "%s %lldx%lld T=%lld %s: %lld of %lld outputs off (worst [%lld]: %g vs %g)",
-                     kt_type_name(type), (long long)n_out, (long long)n_in, (long long)T, path_name(path),
+            KT_CHECK(bad == 0, "%s %lldx%lld (+%zu) T=%lld %s: %lld of %lld outputs off (worst [%lld]: %g vs %g)",
+                     kt_type_name(type), (long long)n_out, (long long)n_in, row_pad, (long long)T, path_name(path),
                      (long long)bad, (long long)(T * n_out), (long long)worst, (double)y[worst], ref[worst]);
         }
-        kt_cuda_free(d_x), kt_cuda_free(d_y);
+        kt_cuda_free(d_x), kt_cuda_free(d_y), kt_cuda_free(d_scratch);
         free(x), free(y), free(ref), free(abs_sum), free(sq_sum);
     }
     kt_cuda_free(d_w);
-    free(w);
+    free(w), free(stored);
+}
+
+/* The same on packed rows. */
+static void check_matmul(int type, int64_t n_out, int64_t n_in, const int64_t *tokens, size_t n_tokens,
+                         unsigned long long *rng)
+{
+    check_matmul_padded(type, n_out, n_in, 0, tokens, n_tokens, rng);
 }
 
 static void cuda_matmul_matches_reference_on_odd_shapes(void)
@@ -162,6 +189,20 @@ static void cuda_matmul_matches_reference_at_kimi_sizes(void)
     check_matmul(KT_TYPE_Q4_K, 7168, 2048, tokens, 3, &rng); /* expert down */
     check_matmul(KT_TYPE_Q8_0, 576, 7168, tokens, 3, &rng);  /* attn_kv_a_mqa */
     check_matmul(KT_TYPE_BF16, 1536, 7168, tokens, 2, &rng); /* attn_q_a */
+}
+
+/* Dense-projection shapes for kt_cuda_matmul_lt (the other paths run too): rows
+ * not a multiple of 16, packed and padded, BF16 read in place and copied. */
+static void cuda_matmul_lt_matches_reference_on_padded_rows(void)
+{
+    static const int64_t tokens[] = {1, 17, 64};
+    static const int types[] = {KT_TYPE_F32, KT_TYPE_F16, KT_TYPE_BF16, KT_TYPE_Q8_0, KT_TYPE_Q4_K, KT_TYPE_Q6_K};
+    unsigned long long rng = 24;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        check_matmul_padded(types[i], 72, 256, 0, tokens, 3, &rng);
+        check_matmul_padded(types[i], 200, 512, 64, tokens, 3, &rng); /* rows 64 bytes past their values */
+    }
+    check_matmul_padded(KT_TYPE_BF16, 72, 256, 2, tokens, 3, &rng); /* rows not 16-byte aligned: copied */
 }
 
 /* ---- grouped expert FFN ------------------------------------------------------------------ */
@@ -299,6 +340,31 @@ static void cuda_matmul_rejects_bad_weights(void)
     kt_cuda_free(d);
 }
 
+static void cuda_matmul_lt_rejects_bad_arguments(void)
+{
+    char msg[256] = "";
+    float *d = kt_test_cuda_copy_in(NULL, 4096);
+    const struct kt_cuda_mat q4_0 = {KT_TYPE_Q4_0, d, 32, 1, 0}, f32 = {KT_TYPE_F32, d, 8, 4, 0};
+    const size_t need = kt_cuda_matmul_lt_scratch_bytes(&f32, 2);
+    uint8_t *scratch = kt_test_cuda_copy_in(NULL, need);
+    KT_CHECK(need > 0 && kt_cuda_matmul_lt_scratch_bytes(&q4_0, 2) == 0 && kt_cuda_matmul_lt_scratch_bytes(&f32, 0) == 0,
+             "scratch sizes: %zu for f32, %zu for q4_0, %zu for no tokens", need,
+             kt_cuda_matmul_lt_scratch_bytes(&q4_0, 2), kt_cuda_matmul_lt_scratch_bytes(&f32, 0));
+    KT_CHECK(kt_cuda_matmul_lt(&q4_0, d, 2, d, scratch, need, NULL, msg, sizeof msg) != 0 && msg[0], "q4_0 accepted");
+    msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 0, d, scratch, need, NULL, msg, sizeof msg) != 0 && msg[0], "0 tokens accepted");
+    msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, NULL, 2, d, scratch, need, NULL, msg, sizeof msg) != 0 && msg[0],
+             "NULL x accepted");
+    msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 2, d, scratch, need - 1, NULL, msg, sizeof msg) != 0 && msg[0],
+             "short scratch accepted");
+    msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 2, d, scratch + 128, need - 128, NULL, msg, sizeof msg) != 0 && msg[0],
+             "misaligned scratch accepted");
+    kt_cuda_free(scratch), kt_cuda_free(d);
+}
+
 int main(void)
 {
     char why[256] = "";
@@ -310,6 +376,8 @@ int main(void)
     KT_RUN(cuda_matmul_matches_reference_on_odd_shapes);
     KT_RUN(cuda_matmul_matches_reference_at_kimi_sizes);
     KT_RUN(cuda_ffn_units_match_reference);
+    KT_RUN(cuda_matmul_lt_matches_reference_on_padded_rows);
     KT_RUN(cuda_matmul_rejects_bad_weights);
+    KT_RUN(cuda_matmul_lt_rejects_bad_arguments);
     return kt_test_finish();
 }

@@ -9,12 +9,16 @@
  * copies of the same bytes, and the combine sums in selection order
  * wherever a pair ran - so the greedy tokens are the same too; the same
  * with every layer's attention on the device (the residual stream goes
- * there and back each layer) and the dense layers' FFNs; with the
- * experts on it the device really ran work (queue ops, bytes in and out,
- * pairs counted); and a budget the placement does not fit is refused at
- * creation naming the device and its budget.  This is the everywhere-run
- * stand-in for the cuda+cpu comparison, which runs too where a GPU exists
- * (same greedy tokens, logits within 1e-3) and says it skipped otherwise.
+ * there and back each layer, the KV cache lives in device memory), the
+ * dense layers' FFNs and the output head; with the experts on it the device
+ * really ran work (queue ops, bytes in and out, pairs counted); forked
+ * sequences whose KV cache is on the device copy their shared block there
+ * and still give CPU-only's logits; the device's budget counts the KV pool;
+ * and a budget the placement does not fit is refused at creation naming
+ * the device and its budget.  This is the everywhere-run stand-in for the
+ * cuda+cpu comparison, which runs too where a GPU exists (same greedy
+ * tokens, logits within 1e-3; an 80-token prefill through cuBLASLt within
+ * 2e-2) and says it skipped otherwise.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -68,9 +72,9 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
         {"sim, no experts on it", {.device = &sim, .expert_on_device = none}, false},
         {"sim, half the experts + shared", {.device = &sim, .expert_on_device = half, .shared_on_device = true}, true},
         {"sim, every expert", {.device = &sim, .expert_on_device = all}, true},
-        {"sim, attention + dense + shared + half the experts (tiny-sim.yaml)",
+        {"sim, attention + dense + shared + half the experts + output head (tiny-sim.yaml)",
          {.device = &sim, .expert_on_device = half, .shared_on_device = true, .attention_on_device = true,
-          .dense_on_device = true},
+          .dense_on_device = true, .output_on_device = true},
          true},
         {"sim, attention only", {.device = &sim, .attention_on_device = true}, false},
         {"sim, every expert + shared, 2 nodes",
@@ -224,9 +228,9 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     } cases[] = {
         {"half the experts + shared + dense",
          {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true}},
-        {"attention + half the experts + shared + dense",
+        {"attention + half the experts + shared + dense + output head",
          {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true,
-          .attention_on_device = true}},
+          .attention_on_device = true, .output_on_device = true}},
     };
     int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
     struct kt_engine_stats st;
@@ -244,6 +248,28 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
         KT_CHECK(st.device_pairs > 0, "cuda, %s: the GPU ran pairs", cases[c].what);
         free(got);
     }
+    /* a prefill of 80 tokens: the attention projections go through cuBLASLt
+     * (BF16 operands, so a looser bound) */
+    enum { LONG = 80 };
+    int32_t long_prompt[LONG];
+    for (int i = 0; i < LONG; i++)
+        long_prompt[i] = (int32_t)((i * 37 + 1) % V);
+    struct kt_engine_params lp = cases[1].p;
+    lp.n_ctx = 128;
+    lp.max_batch_tokens = LONG;
+    lp.n_threads = 2;
+    float *long_base = kt_test_engine_greedy(m, &(struct kt_engine_params){.n_ctx = 128, .max_batch_tokens = LONG,
+                                                                           .n_threads = 2},
+                                             long_prompt, LONG, 1, NULL, NULL, NULL);
+    float *long_got = kt_test_engine_greedy(m, &lp, long_prompt, LONG, 1, NULL, NULL, NULL);
+    if (long_base && long_got) {
+        const double d = kt_test_worst_row_diff(long_base, long_got, LONG + 1, V);
+        printf("  cuda, an 80-token prefill with attention through cuBLASLt: worst row diff %.3g\n", d);
+        KT_CHECK(d <= 2e-2, "cuda 80-token prefill within 2e-2 of CPU-only (%.3g)", d);
+    }
+    free(long_base);
+    free(long_got);
+
     float *fork_base = run_forked(m, &(struct kt_engine_params){0});
     float *fork_got = run_forked(m, &cases[1].p);
     if (fork_base && fork_got) {

@@ -11,10 +11,17 @@
  */
 #include "common.cuh"
 
-/* y (n_tok, w.n_out) = x (n_tok, w.n_in) . W^T, the path chosen by size. */
-static int project(const struct kt_cuda_mat *w, const float *x, int64_t n_tok, float *y, cudaStream_t s, char *msg,
-                   size_t msg_bytes)
+/* y (n_tok, w.n_out) = x (n_tok, w.n_in) . W^T: prefill-sized batches through
+ * cuBLASLt when the step has scratch for it, else kt_cuda_matmul's own path. */
+static int project(const struct kt_cuda_mat *w, const float *x, const struct kt_cuda_attention_step *st, float *y,
+                   cudaStream_t s, char *msg, size_t msg_bytes)
 {
+    const int64_t n_tok = st->n_tok;
+    if (n_tok >= KT_CUDA_LT_MIN_TOKENS && st->lt_scratch) {
+        const size_t need = kt_cuda_matmul_lt_scratch_bytes(w, n_tok);
+        if (need && need <= st->lt_scratch_bytes)
+            return kt_cuda_matmul_lt(w, x, n_tok, y, st->lt_scratch, st->lt_scratch_bytes, s, msg, msg_bytes);
+    }
     return kt_cuda_matmul(w, x, n_tok, y, KT_CUDA_MATMUL_AUTO, s, msg, msg_bytes);
 }
 
@@ -45,14 +52,14 @@ extern "C" int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, 
         return -1;
     /* q = W_qb (rmsnorm(W_qa h) * q_a_norm)  or  W_q h;  kv_a = W_kva h */
     if (qr > 0) {
-        if (project(&L->q_a, st->h, T, st->qa, s, msg, msg_bytes) ||
+        if (project(&L->q_a, st->h, st, st->qa, s, msg, msg_bytes) ||
             kt_cuda_rmsnorm(st->qa, qr, st->qa, qr, L->q_a_norm, T, qr, L->eps, s, msg, msg_bytes) ||
-            project(&L->q_b, st->qa, T, st->q, s, msg, msg_bytes))
+            project(&L->q_b, st->qa, st, st->q, s, msg, msg_bytes))
             return -1;
-    } else if (project(&L->q, st->h, T, st->q, s, msg, msg_bytes)) {
+    } else if (project(&L->q, st->h, st, st->q, s, msg, msg_bytes)) {
         return -1;
     }
-    if (project(&L->kv_a, st->h, T, st->kv_a, s, msg, msg_bytes))
+    if (project(&L->kv_a, st->h, st, st->kv_a, s, msg, msg_bytes))
         return -1;
     /* every head's q_pe roped; each token's cache row written; then MLA */
     if (kt_cuda_rope(st->q, T, H * dk, H, dk, dn, st->cos_sin, dr, s, msg, msg_bytes) ||
@@ -61,7 +68,7 @@ extern "C" int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, 
                               s, msg, msg_bytes))
         return -1;
     /* x += W_o o */
-    if (project(&L->out, st->o, T, st->y, s, msg, msg_bytes) ||
+    if (project(&L->out, st->o, st, st->y, s, msg, msg_bytes) ||
         kt_cuda_add(st->x, st->x, st->y, T * E, s, msg, msg_bytes))
         return -1;
     return 0;

@@ -2,7 +2,8 @@
  * common.cuh - what kt's CUDA files share: error reporting into the
  * caller's message buffer, scalar conversions and the libm-faithful exp the
  * element-wise ops use, warp and block reductions, and the internal matmul
- * that gemv.cu implements for ffn units and mla.cu.
+ * that gemv.cu implements for ffn units and mla.cu (and its BF16 weight copy,
+ * for blaslt.cu).
  *
  * Nothing here owns state.  Every helper that contains __syncthreads must be
  * called by all threads of the block.
@@ -10,6 +11,7 @@
 #ifndef KT_CUDA_COMMON_CUH
 #define KT_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -192,5 +194,11 @@ int kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, char *msg, 
 
 /* Bytes of one row of w (row_bytes, or the packed size when 0). */
 size_t kt_cuda_mat_row_bytes(const struct kt_cuda_mat *w);
+
+/* dst (n_out, ld) BF16 = w's values as the matmul reads them, rounded to
+ * nearest even; columns n_in..ld-1 become 0.  ld >= n_in, a multiple of 8;
+ * dst 16-byte aligned.  An F32 w with n_out = n_tok converts activations. */
+int kt_cuda_mat_to_bf16(const struct kt_cuda_mat *w, __nv_bfloat16 *d_dst, int64_t ld, cudaStream_t s, char *msg,
+                        size_t msg_bytes);
 
 #endif

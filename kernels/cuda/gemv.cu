@@ -15,6 +15,8 @@
  *            time, WMMA 16x16x16 BF16 products with fp32 sums.  Not
  *            double-buffered: expect tens of TFLOP/s, not cuBLAS's peak.
  * Neither ever reads outside W's n_out rows, x's rows or past n_in.
+ * kt_cuda_mat_to_bf16 hands the same reader's values, rounded to BF16, to
+ * blaslt.cu's cuBLASLt path.
  */
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -402,6 +404,44 @@ extern "C" int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int
     a.n_batch = 1;
     a.epilogue = KT_CUDA_MM_STORE;
     return kt_cuda_mm(&a, path, (cudaStream_t)stream, msg, msg_bytes);
+}
+
+/* ---- BF16 copies for cuBLASLt (blaslt.cu) ------------------------------------------------ */
+
+/* Thread g writes the 8 values at column 8*(g % (ld/8)) of row g / (ld/8) with one 16-byte store. */
+__global__ static void mat_to_bf16(int type, const uint8_t *w, size_t row_bytes, int64_t n_in, int64_t n_rows,
+                                   __nv_bfloat16 *dst, int64_t ld)
+{
+    const int64_t groups = ld / 8, g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n_rows * groups)
+        return;
+    const int64_t r = g / groups, k = (g % groups) * 8;
+    float v[8];
+    load_w8(type, w + (size_t)r * row_bytes, k, n_in, v); /* zeros past n_in */
+    uint32_t pair[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) /* element 2u in the low half: little-endian memory order */
+        pair[u] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u])) |
+                  (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(v[2 * u + 1])) << 16;
+    *(uint4 *)(dst + r * ld + k) = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+}
+
+int kt_cuda_mat_to_bf16(const struct kt_cuda_mat *w, __nv_bfloat16 *d_dst, int64_t ld, cudaStream_t s, char *msg,
+                        size_t msg_bytes)
+{
+    if (kt_cuda_mat_check(w, "bf16 copy", msg, msg_bytes) != 0)
+        return -1;
+    if (!d_dst || (uintptr_t)d_dst % 16 != 0 || ld < w->n_in || ld % 8 != 0)
+        return kt_cuda_failf(msg, msg_bytes, "bf16 copy: destination NULL, not 16-byte aligned, or bad ld %lld",
+                             (long long)ld);
+    const int threads = 256;
+    const int64_t blocks = (w->n_out * (ld / 8) + threads - 1) / threads;
+    if (blocks > KT_CUDA_MAX_GRID_X)
+        return kt_cuda_failf(msg, msg_bytes, "bf16 copy: %lld rows of %lld exceed the grid", (long long)w->n_out,
+                             (long long)ld);
+    mat_to_bf16<<<(unsigned)blocks, threads, 0, s>>>(w->type, (const uint8_t *)w->data, kt_cuda_mat_row_bytes(w),
+                                                     w->n_in, w->n_out, d_dst, ld);
+    return kt_cuda_launched("bf16 copy launch", msg, msg_bytes);
 }
 
 /* ---- grouped expert FFN ------------------------------------------------------------------ */

@@ -226,6 +226,9 @@ struct kt_cuda_attention_layer {
 };
 
 /* The step's tokens and the buffers the block works in (device memory). */
+/* Batches from which kt_cuda_attention_block's projections take cuBLASLt. */
+#define KT_CUDA_LT_MIN_TOKENS 64
+
 struct kt_cuda_attention_step {
     float *x;                   /* (n_tok, E) the residual stream, updated in place */
     int64_t n_tok, n_kv_max;    /* n_kv_max >= every cache.n_kv[t] */
@@ -239,6 +242,10 @@ struct kt_cuda_attention_step {
     float *y;                   /* (n_tok, E) */
     void *mla_scratch;          /* kt_cuda_mla_scratch_bytes(&mla, n_tok, n_kv_max) */
     size_t mla_scratch_bytes;
+    /* Optional (NULL: none): projections of at least KT_CUDA_LT_MIN_TOKENS
+     * tokens go through kt_cuda_matmul_lt when their scratch fits here. */
+    void *lt_scratch;
+    size_t lt_scratch_bytes;
 };
 
 int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
