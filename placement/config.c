@@ -710,7 +710,7 @@ kt_status kt_placement_config_parse(const char *text, size_t len, const char *na
     snprintf(c->devices[0].name, sizeof c->devices[0].name, "cpu");
     c->n_devices = 1;
     c->kv_tokens = DEFAULT_KV_TOKENS;
-    c->kv_bytes_per_value = 2;
+    c->kv_bytes_per_value = 4; /* the engine stores F32 rows (kv_cache.h) */
     c->nodes_auto = true;
     c->attention.device = c->shared_experts.device = c->dense_layers.device = c->embeddings.device = -1;
     struct parser p = {.name = c->name, .err = err, .c = c};

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kt_cuda.h"
+
 void kt_engine_plan_free(struct kt_engine_plan *out)
 {
     free(out->home_nodes);
@@ -91,6 +93,14 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
 
     ep->expert_home_nodes = out->home_nodes;
     ep->expert_replica_nodes = out->replica_nodes;
+    char why[256] = "";
+    if (device && p->devices[device].backend == KT_PLACE_CUDA && kt_cuda_device_count(why, sizeof why) <= 0) {
+        /* what the plan gives the GPU runs on the CPU: experts at home on node 0 */
+        if (log)
+            fprintf(log, "kt: no CUDA device (%s): running CPU-only; what %s places on '%s' runs on the CPU\n", why,
+                    p->source, p->devices[device].name);
+        device = 0;
+    }
     if (device) {
         const struct kt_placement_device *d = &p->devices[device];
         snprintf(out->device_name, sizeof out->device_name, "%s", d->name);

@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "model.h"
+#include "kt_cuda.h"
 #include "testlib.h"
 #include "tokenizer.h"
 
@@ -95,6 +96,38 @@ static void kt_run_greedy_logits_equal_the_engine(void)
     kt_model_close(m);
     free(rows);
     remove(out);
+}
+
+/* A plan for a GPU on a machine without one runs CPU-only and says so in one line. */
+static void kt_run_gpu_plan_without_a_gpu_runs_cpu_only(void)
+{
+    const char *gpu_yaml = kt_test_path("gpu-placement.yaml");
+    FILE *g = fopen(gpu_yaml, "w");
+    if (g) {
+        fputs("version: 1\ndevices:\n  gpu:\n    backend: cuda\n    memory_gib: 1\nattention: gpu\nexperts:\n  gpu:\n"
+              "    per_layer: 16\n",
+              g);
+        fclose(g);
+    }
+    char why[256] = "";
+    const bool have_gpu = kt_cuda_device_count(why, sizeof why) > 0;
+    const char *a = kt_test_path("kt-run-cpu.logits"), *b = kt_test_path("kt-run-gpu.logits");
+    const char *log = kt_test_path("kt-run-gpu.log");
+    int ra = kt_test_system("%s -m %s -p 'The river runs' -n 6 --temp 0 --ignore-eos -t 2 -q --logits-out %s 2>/dev/null",
+                            kt_test_tool("kt-run"), kimi_model, a);
+    int rb = kt_test_system("%s -m %s -p 'The river runs' -n 6 --temp 0 --ignore-eos -t 2 -q --logits-out %s "
+                            "--placement %s 2>%s",
+                            kt_test_tool("kt-run"), kimi_model, b, gpu_yaml, log);
+    KT_CHECK(ra == 0 && rb == 0, "kt-run exit %d (cpu) %d (gpu plan, see %s)", ra, rb, log);
+    size_t n_log = 0;
+    char *gpu_log = kt_test_read_file(log, &n_log);
+    if (!have_gpu) {
+        KT_CHECK(gpu_log && strstr(gpu_log, "no CUDA device") && strstr(gpu_log, "running CPU-only"),
+                 "the log says the GPU plan runs CPU-only: %s", gpu_log ? gpu_log : "(none)");
+        KT_CHECK(kt_test_files_equal(a, b), "a GPU plan without a GPU gives CPU-only's logits");
+    }
+    free(gpu_log);
+    remove(a), remove(b), remove(log), remove(gpu_yaml);
 }
 
 static void kt_run_placement_tiny_sim_matches_cpu_only(void)
@@ -210,6 +243,7 @@ int main(void)
     KT_RUN(kt_run_greedy_logits_equal_the_engine);
     KT_RUN(kt_run_is_deterministic_for_a_seed);
     KT_RUN(kt_run_placement_tiny_sim_matches_cpu_only);
+    KT_RUN(kt_run_gpu_plan_without_a_gpu_runs_cpu_only);
     KT_RUN(kt_run_chat_renders_each_family);
     KT_RUN(kt_run_rejects_bad_input_with_a_message);
     remove(kimi_model);

@@ -464,8 +464,8 @@ static void budget_overflow_names_need_and_budget(void)
                  strstr(msg, "routed experts 36.0 MiB") && strstr(msg, "48 routed experts") &&
                  strstr(msg, "KV cache for 4096 tokens"),
              "%s", msg);
-    /* the KV cache counts: the same plan fits with 0.06 GiB, not with a long context */
-    KT_CHECK(!resolve_error(V1 "devices:\n  sim: {backend: sim, memory_gib: 0.06}\n"
+    /* the KV cache counts: the same plan fits with 0.07 GiB, not with a long context */
+    KT_CHECK(!resolve_error(V1 "devices:\n  sim: {backend: sim, memory_gib: 0.07}\n"
                                "attention: sim\nexperts:\n  sim: {per_layer: 16}\n",
                             m, 1, NULL)[0],
              "fits");
