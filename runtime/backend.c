@@ -13,8 +13,10 @@
  * cudaMemcpyAsync on it, launches host functions in stream order, FFN units
  * kt_cuda_ffn_units; memory is cudaMalloc'd within the budget (at most the
  * device's free memory at creation).  The first failure is kept and
- * reported by kt_backend_status.  Busy and transfer times are not measured
- * for cuda yet (0); bytes and operations are counted.
+ * reported by kt_backend_status.  Each queued operation (copy, kernel
+ * sequence, host function) is bracketed by a pair of CUDA events; at each
+ * sync their elapsed times add up to busy_ns (and transfer_ns for copies),
+ * the device's own clock, like the sim's queue time.
  */
 #include "backend.h"
 
@@ -26,6 +28,7 @@
 #include <time.h>
 
 #define QUEUE_SLOTS 256
+#define CUDA_TIMED_OPS 512 /* ops between syncs that keep their own events (a sync drains them) */
 
 enum op_kind { OP_COPY_IN, OP_COPY_OUT, OP_COPY_DEVICE, OP_LAUNCH };
 
@@ -45,6 +48,9 @@ struct kt_backend {
     void *stream;                   /* cuda */
     kt_status failed;               /* cuda: the first failure of queued work */
     char failure[256];
+    void *ev_start[CUDA_TIMED_OPS], *ev_end[CUDA_TIMED_OPS]; /* cuda: events around queued ops (NULL: untimed) */
+    bool ev_transfer[CUDA_TIMED_OPS]; /* ... that op was a copy over the link */
+    uint32_t n_timed;               /* ops recorded since the last sync */
 
     pthread_mutex_t mu;
     pthread_cond_t changed;
@@ -140,6 +146,16 @@ static kt_status create_cuda(const struct kt_backend_params *p, struct kt_backen
         kt_backend_destroy(b);
         return kt_err_set(err, KT_ERR_IO, "device '%s': %s", name, why);
     }
+    for (int i = 0; i < CUDA_TIMED_OPS; i++) /* without every event the ops go untimed */
+        if (kt_cuda_event_create(&b->ev_start[i], why, sizeof why) ||
+            kt_cuda_event_create(&b->ev_end[i], why, sizeof why)) {
+            for (int j = 0; j <= i; j++) {
+                kt_cuda_event_destroy(b->ev_start[j]);
+                kt_cuda_event_destroy(b->ev_end[j]);
+                b->ev_start[j] = b->ev_end[j] = NULL;
+            }
+            break;
+        }
     *out = b;
     return KT_OK;
 }
@@ -151,6 +167,49 @@ static void cuda_failed(struct kt_backend *b, const char *msg)
         b->failed = KT_ERR_IO;
         snprintf(b->failure, sizeof b->failure, "%s", msg);
     }
+}
+
+/* cuda: sums the timed ops' event pairs into the stats; the stream is idle. */
+static void cuda_collect(struct kt_backend *b)
+{
+    uint64_t busy = 0, transfer = 0;
+    for (uint32_t i = 0; i < b->n_timed; i++) {
+        uint64_t ns = 0;
+        char msg[256];
+        if (kt_cuda_event_elapsed_ns(b->ev_start[i], b->ev_end[i], &ns, msg, sizeof msg) == 0) {
+            busy += ns;
+            transfer += b->ev_transfer[i] ? ns : 0;
+        }
+    }
+    b->n_timed = 0;
+    pthread_mutex_lock(&b->mu);
+    b->stats.busy_ns += busy;
+    b->stats.transfer_ns += transfer;
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* cuda: the event before the op about to be queued (every pair in use: a
+ * sync collects them first). */
+static void cuda_op_begin(struct kt_backend *b)
+{
+    if (!b->ev_start[0])
+        return;
+    if (b->n_timed == CUDA_TIMED_OPS)
+        kt_backend_sync(b);
+    char msg[256];
+    if (kt_cuda_event_record(b->ev_start[b->n_timed], b->stream, msg, sizeof msg))
+        cuda_failed(b, msg);
+}
+
+/* cuda: the event after it; transfer: the op was a copy over the link. */
+static void cuda_op_end(struct kt_backend *b, bool transfer)
+{
+    if (!b->ev_start[0])
+        return;
+    char msg[256];
+    if (kt_cuda_event_record(b->ev_end[b->n_timed], b->stream, msg, sizeof msg))
+        cuda_failed(b, msg);
+    b->ev_transfer[b->n_timed++] = transfer;
 }
 
 kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err)
@@ -189,6 +248,10 @@ void kt_backend_destroy(struct kt_backend *b)
             char msg[256];
             kt_cuda_stream_synchronize(b->stream, msg, sizeof msg);
             kt_cuda_stream_destroy(b->stream);
+        }
+        for (int i = 0; i < CUDA_TIMED_OPS; i++) {
+            kt_cuda_event_destroy(b->ev_start[i]);
+            kt_cuda_event_destroy(b->ev_end[i]);
         }
         pthread_mutex_destroy(&b->mu);
         pthread_cond_destroy(&b->changed);
@@ -275,8 +338,10 @@ static void submit(struct kt_backend *b, struct op o)
 static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t bytes, int kind)
 {
     char msg[256];
+    cuda_op_begin(b);
     if (kt_cuda_copy_async(dst, src, bytes, kind, b->stream, msg, sizeof msg))
         cuda_failed(b, msg);
+    cuda_op_end(b, kind != KT_CUDA_ON_DEVICE);
     pthread_mutex_lock(&b->mu);
     if (kind == KT_CUDA_TO_DEVICE)
         b->stats.bytes_in += bytes;
@@ -306,18 +371,22 @@ void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
 {
     if (b->p.kind == KT_BACKEND_CUDA) {
         char msg[256];
+        cuda_op_begin(b);
         if (kt_cuda_launch_host(b->stream, fn, ctx, msg, sizeof msg))
             cuda_failed(b, msg);
+        cuda_op_end(b, false);
         return;
     }
     submit(b, (struct op){.kind = OP_LAUNCH, .fn = fn, .ctx = ctx});
 }
 
-/* A cuda kernel sequence was enqueued (rc 0) or refused (rc != 0, msg says why). */
+/* A cuda kernel sequence was enqueued (rc 0) or refused (rc != 0, msg says
+ * why), after cuda_op_begin. */
 static void cuda_enqueued(struct kt_backend *b, int rc, const char *msg)
 {
     if (rc)
         cuda_failed(b, msg);
+    cuda_op_end(b, false);
     pthread_mutex_lock(&b->mu);
     b->stats.ops++;
     pthread_mutex_unlock(&b->mu);
@@ -330,6 +399,7 @@ void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job)
         return;
     }
     char msg[256];
+    cuda_op_begin(b);
     cuda_enqueued(b,
                   kt_cuda_ffn_units(job->units, job->n_units, job->d_h, job->n_tok, job->n_embd, job->d_pair_token,
                                     job->n_pairs, job->d_act, job->act_stride, job->d_pair_out, b->stream, msg,
@@ -352,6 +422,7 @@ void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_atte
         return;
     }
     char msg[256];
+    cuda_op_begin(b);
     cuda_enqueued(b, kt_cuda_attention_block(job->layer, job->step, b->stream, msg, sizeof msg), msg);
 }
 
@@ -362,6 +433,7 @@ void kt_backend_run_matmul(struct kt_backend *b, const struct kt_backend_matmul 
         return;
     }
     char msg[256];
+    cuda_op_begin(b);
     cuda_enqueued(b,
                   kt_cuda_matmul(&job->w, job->d_x, job->n_tok, job->d_y, KT_CUDA_MATMUL_AUTO, b->stream, msg,
                                  sizeof msg),
@@ -381,6 +453,7 @@ void kt_backend_sync(struct kt_backend *b)
         char msg[256];
         if (kt_cuda_stream_synchronize(b->stream, msg, sizeof msg))
             cuda_failed(b, msg);
+        cuda_collect(b);
         return;
     }
     pthread_mutex_lock(&b->mu);

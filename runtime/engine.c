@@ -1090,6 +1090,9 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
 
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
+        struct kt_backend_stats dev0 = {0}, dev1 = {0};
+        if (e->device)
+            kt_backend_stats(e->device, &dev0);
         uint64_t ta = kt_fwd_now_ns();
         if (e->device_layers) { /* x goes to the device, through attention there, and back */
             e->device_attention = (struct kt_device_attention){e, il};
@@ -1126,6 +1129,11 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         ls->router_ns += router;
         ls->experts_ns += tc - tf > router ? tc - tf - router : 0;
         ls->combine_ns += (tf - tb) + (te - tc);
+        if (e->device) { /* the layer synced with the device: its queue time is counted */
+            kt_backend_stats(e->device, &dev1);
+            ls->device_ns += dev1.busy_ns - dev0.busy_ns;
+            ls->device_transfer_ns += dev1.transfer_ns - dev0.transfer_ns;
+        }
     }
 
     /* Logits of the wanted tokens, in batch order: (n_wanted, V). */

@@ -142,6 +142,10 @@ struct kt_engine_layer_stats {
     uint64_t experts_ns;        /* the rest of the FFN: routed and shared experts and their weighted
                                    sum (moe.c times that sum with the experts), or the dense FFN */
     uint64_t combine_ns;        /* FFN input norm and the FFN's residual add */
+    /* The device's queue busy with this layer (when there is one), which
+     * overlaps the parts above: its kernels or sim work, and its copies */
+    uint64_t device_ns;
+    uint64_t device_transfer_ns; /* ... of it in copies over the link */
 };
 
 struct kt_engine;

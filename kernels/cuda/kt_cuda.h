@@ -265,6 +265,13 @@ int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void 
 int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes);
 int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes);
 
+/* Timing events (for the backend's busy and transfer times): recorded on a
+ * stream; the time between two of them once both have completed. */
+int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes);
+void kt_cuda_event_destroy(void *event);
+int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes);
+int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes);
+
 #ifdef __cplusplus
 }
 #endif

@@ -206,3 +206,27 @@ int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes)
     (void)stream;
     return no_cuda(msg, msg_bytes);
 }
+
+int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes)
+{
+    *event = NULL;
+    return no_cuda(msg, msg_bytes);
+}
+
+void kt_cuda_event_destroy(void *event)
+{
+    (void)event;
+}
+
+int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)event, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes)
+{
+    (void)start, (void)end;
+    *ns = 0;
+    return no_cuda(msg, msg_bytes);
+}

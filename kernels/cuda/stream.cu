@@ -59,3 +59,31 @@ extern "C" int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_by
     cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
     return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "stream synchronize", e);
 }
+
+extern "C" int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes)
+{
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaEventCreate(&ev); /* timing enabled */
+    *event = e == cudaSuccess ? (void *)ev : NULL;
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "create event", e);
+}
+
+extern "C" void kt_cuda_event_destroy(void *event)
+{
+    if (event)
+        cudaEventDestroy((cudaEvent_t)event);
+}
+
+extern "C" int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "record event", e);
+}
+
+extern "C" int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes)
+{
+    float ms = 0.0f;
+    cudaError_t e = cudaEventElapsedTime(&ms, (cudaEvent_t)start, (cudaEvent_t)end);
+    *ns = e == cudaSuccess && ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "event elapsed time", e);
+}

@@ -73,6 +73,10 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
         json_object_set_new(x, "experts_ns", json_integer((json_int_t)l->experts_ns));
         json_object_set_new(x, "combine_ns", json_integer((json_int_t)l->combine_ns));
         json_object_set_new(x, "total_ns", json_integer((json_int_t)layer_total_ns(l)));
+        if (ph->has_device) {
+            json_object_set_new(x, "device_ns", json_integer((json_int_t)l->device_ns));
+            json_object_set_new(x, "device_transfer_ns", json_integer((json_int_t)l->device_transfer_ns));
+        }
         json_array_append_new(jl, x);
     }
     json_object_set_new(j, "tokens", json_integer(ph->tokens));
@@ -109,21 +113,31 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
 
 static void print_phase(const struct phase *ph, uint32_t n_layer)
 {
-    uint64_t sum[4] = {0}, layers_ns = 0;
+    uint64_t sum[6] = {0}, layers_ns = 0;
     for (uint32_t il = 0; il < n_layer; il++) {
         const struct kt_engine_layer_stats *l = &ph->layers[il];
         sum[0] += l->attention_ns, sum[1] += l->router_ns, sum[2] += l->experts_ns, sum[3] += l->combine_ns;
+        sum[4] += l->device_ns, sum[5] += l->device_transfer_ns;
         layers_ns += layer_total_ns(l);
     }
-    printf("\n%s per layer (ms over %u tokens):\n", ph->name, ph->tokens);
-    printf("  %5s %10s %10s %10s %10s %10s\n", "layer", "attention", "router", "experts", "combine", "total");
-    for (uint32_t il = 0; il < n_layer; il++) {
-        const struct kt_engine_layer_stats *l = &ph->layers[il];
-        printf("  %5u %10.3f %10.3f %10.3f %10.3f %10.3f\n", il, 1e-6 * l->attention_ns, 1e-6 * l->router_ns,
-               1e-6 * l->experts_ns, 1e-6 * l->combine_ns, 1e-6 * layer_total_ns(l));
+    printf("\n%s per layer (ms over %u tokens%s):\n", ph->name, ph->tokens,
+           ph->has_device ? "; device: its queue's busy time, overlapping the host's parts; copy: of it copying" : "");
+    printf("  %5s %10s %10s %10s %10s %10s", "layer", "attention", "router", "experts", "combine", "total");
+    printf(ph->has_device ? " %10s %10s\n" : "\n", "device", "copy");
+    for (uint32_t il = 0; il <= n_layer; il++) {
+        const struct kt_engine_layer_stats *l = &ph->layers[il < n_layer ? il : 0];
+        const uint64_t v[7] = {l->attention_ns, l->router_ns,  l->experts_ns,         l->combine_ns,
+                               layer_total_ns(l), l->device_ns, l->device_transfer_ns};
+        const uint64_t *row = il < n_layer ? v : (const uint64_t[7]){sum[0], sum[1], sum[2], sum[3], layers_ns,
+                                                                      sum[4], sum[5]};
+        if (il < n_layer)
+            printf("  %5u", il);
+        else
+            printf("  %5s", "sum");
+        for (int i = 0; i < (ph->has_device ? 7 : 5); i++)
+            printf(" %10.3f", 1e-6 * row[i]);
+        printf("\n");
     }
-    printf("  %5s %10.3f %10.3f %10.3f %10.3f %10.3f\n", "sum", 1e-6 * sum[0], 1e-6 * sum[1], 1e-6 * sum[2],
-           1e-6 * sum[3], 1e-6 * layers_ns);
     printf("  embedding + output head %.3f ms; steps' wall time %.3f ms\n", 1e-6 * ph->stats.embed_head_ns,
            1e3 * ph->seconds);
 }
