@@ -51,6 +51,7 @@ struct kt_backend {
     void *ev_start[CUDA_TIMED_OPS], *ev_end[CUDA_TIMED_OPS]; /* cuda: events around queued ops (NULL: untimed) */
     bool ev_transfer[CUDA_TIMED_OPS]; /* ... that op was a copy over the link */
     uint32_t n_timed;               /* ops recorded since the last sync */
+    struct kt_backend_graph *recording; /* between graph_begin and graph_end (sim: the ops; cuda: capturing) */
 
     pthread_mutex_t mu;
     pthread_cond_t changed;
@@ -192,7 +193,7 @@ static void cuda_collect(struct kt_backend *b)
  * sync collects them first). */
 static void cuda_op_begin(struct kt_backend *b)
 {
-    if (!b->ev_start[0])
+    if (!b->ev_start[0] || b->recording) /* captured work is timed when its graph runs */
         return;
     if (b->n_timed == CUDA_TIMED_OPS)
         kt_backend_sync(b);
@@ -204,7 +205,7 @@ static void cuda_op_begin(struct kt_backend *b)
 /* cuda: the event after it; transfer: the op was a copy over the link. */
 static void cuda_op_end(struct kt_backend *b, bool transfer)
 {
-    if (!b->ev_start[0])
+    if (!b->ev_start[0] || b->recording)
         return;
     char msg[256];
     if (kt_cuda_event_record(b->ev_end[b->n_timed], b->stream, msg, sizeof msg))
@@ -323,8 +324,31 @@ uint64_t kt_backend_budget_bytes(const struct kt_backend *b)
     return b->p.memory_bytes;
 }
 
+/* A graph: sim, the recorded operations; cuda, the executable graph. */
+struct kt_backend_graph {
+    struct op *ops;
+    size_t n, cap;
+    bool failed;                    /* sim: out of memory while recording */
+    void *exec;                     /* cuda */
+};
+
 static void submit(struct kt_backend *b, struct op o)
 {
+    struct kt_backend_graph *g = b->recording;
+    if (g) { /* recorded, not run */
+        if (g->n == g->cap) {
+            const size_t cap = g->cap ? 2 * g->cap : 16;
+            struct op *ops = realloc(g->ops, cap * sizeof *ops);
+            if (!ops) {
+                g->failed = true;
+                return;
+            }
+            g->ops = ops;
+            g->cap = cap;
+        }
+        g->ops[g->n++] = o;
+        return;
+    }
     pthread_mutex_lock(&b->mu);
     while (b->tail - b->head >= QUEUE_SLOTS) /* full: wait for the device */
         pthread_cond_wait(&b->changed, &b->mu);
@@ -475,4 +499,60 @@ void kt_backend_stats_reset(struct kt_backend *b)
     pthread_mutex_lock(&b->mu);
     memset(&b->stats, 0, sizeof b->stats);
     pthread_mutex_unlock(&b->mu);
+}
+
+kt_status kt_backend_graph_begin(struct kt_backend *b, kt_err *err)
+{
+    if (b->recording)
+        return kt_err_set(err, KT_ERR_INVALID, "device '%s': a graph is being recorded already", b->name);
+    struct kt_backend_graph *g = calloc(1, sizeof *g);
+    if (!g)
+        return kt_err_set(err, KT_ERR_NOMEM, "backend: out of memory");
+    char msg[256];
+    if (b->p.kind == KT_BACKEND_CUDA && kt_cuda_capture_begin(b->stream, msg, sizeof msg)) {
+        free(g);
+        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, msg);
+    }
+    b->recording = g;
+    return KT_OK;
+}
+
+kt_status kt_backend_graph_end(struct kt_backend *b, struct kt_backend_graph **out, kt_err *err)
+{
+    *out = NULL;
+    struct kt_backend_graph *g = b->recording;
+    if (!g)
+        return kt_err_set(err, KT_ERR_INVALID, "device '%s': no graph is being recorded", b->name);
+    b->recording = NULL;
+    char msg[256] = "out of memory recording the graph";
+    if (g->failed || (b->p.kind == KT_BACKEND_CUDA && kt_cuda_capture_end(b->stream, &g->exec, msg, sizeof msg))) {
+        kt_backend_graph_destroy(g);
+        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, msg);
+    }
+    *out = g;
+    return KT_OK;
+}
+
+void kt_backend_graph_launch(struct kt_backend *b, const struct kt_backend_graph *g)
+{
+    pthread_mutex_lock(&b->mu);
+    b->stats.graph_launches++;
+    pthread_mutex_unlock(&b->mu);
+    if (b->p.kind != KT_BACKEND_CUDA) {
+        for (size_t i = 0; i < g->n; i++)
+            submit(b, g->ops[i]);
+        return;
+    }
+    char msg[256];
+    cuda_op_begin(b);
+    cuda_enqueued(b, kt_cuda_graph_launch(g->exec, b->stream, msg, sizeof msg), msg);
+}
+
+void kt_backend_graph_destroy(struct kt_backend_graph *g)
+{
+    if (!g)
+        return;
+    kt_cuda_graph_destroy(g->exec);
+    free(g->ops);
+    free(g);
 }

@@ -47,6 +47,7 @@ struct kt_backend_stats {
     uint64_t transfer_ns;       /* ... of it in copies */
     uint64_t bytes_in, bytes_out;
     uint64_t ops;
+    uint64_t graph_launches;    /* replays of recorded graphs (each also one op) */
 };
 
 kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err);
@@ -121,6 +122,21 @@ struct kt_backend_matmul {
     float *d_y;
 };
 void kt_backend_run_matmul(struct kt_backend *b, const struct kt_backend_matmul *job);
+
+/* Graphs: a fixed sequence of queued work recorded once and replayed.
+ * Between kt_backend_graph_begin and kt_backend_graph_end what is queued is
+ * recorded, not run; kt_backend_graph_launch queues the recording again as
+ * one operation, with the arguments it was recorded with (so buffers,
+ * shapes and pointers must be the same at every launch; only the contents
+ * of device memory may change).  cuda: stream capture into an executable
+ * CUDA graph, for kernel work only (copies to or from the host stay
+ * outside); sim: the recorded operations.  A failed begin or end leaves the
+ * queue as it was and the caller runs the work directly. */
+struct kt_backend_graph;
+kt_status kt_backend_graph_begin(struct kt_backend *b, kt_err *err);
+kt_status kt_backend_graph_end(struct kt_backend *b, struct kt_backend_graph **out, kt_err *err);
+void kt_backend_graph_launch(struct kt_backend *b, const struct kt_backend_graph *g);
+void kt_backend_graph_destroy(struct kt_backend_graph *g); /* NULL is fine; not while a launch of it is queued */
 
 /* KT_OK, or the first failure of the queue's work since creation (a cuda
  * copy or kernel launch); the step checks it after each sync. */

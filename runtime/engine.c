@@ -332,6 +332,7 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
 }
 
 static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
+static void destroy_graphs(struct kt_engine *e);
 
 /* ---- host weights repacked ------------------------------------------------------------------ */
 
@@ -520,6 +521,7 @@ void kt_engine_destroy(struct kt_engine *e)
         return;
     if (e->device) {
         kt_backend_sync(e->device);
+        destroy_graphs(e);
         for (uint32_t i = 0; i < e->n_device_blocks; i++)
             kt_backend_free(e->device, e->device_blocks[i], e->device_block_bytes[i]);
         kt_backend_destroy(e->device);
@@ -535,6 +537,7 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->device_shared);
     free(e->device_layers);
     free(e->cuda_layers);
+    free(e->device_attention);
     free(e->device_dense);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
@@ -735,6 +738,16 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
         st = device_alloc(e, (size_t)kv_bytes, (void **)&e->dev_kv_pool, err);
     if (st == KT_OK && !e->device_sizing)
         st = kv_cache_create(e, e->dev_kv_pool, err);
+    if (st == KT_OK && !e->device_sizing) { /* the jobs, and the graphs decode batches replay */
+        const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
+        if (!(e->device_attention = calloc(n_jobs, sizeof *e->device_attention)) ||
+            (!e->params.no_device_graphs &&
+             !(e->attention_graphs = calloc((size_t)hp->n_layer * KT_GRAPH_TOKENS, sizeof *e->attention_graphs))))
+            return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+        for (size_t i = 0; i < n_jobs; i++)
+            e->device_attention[i] = (struct kt_device_attention){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
+                                                                  (uint32_t)(i % (KT_GRAPH_TOKENS + 1))};
+    }
     if (st == KT_OK && cuda)
         st = cuda_attention_buffers(e, err);
     return st;
@@ -992,12 +1005,61 @@ static void attention_block(struct kt_engine *e, uint32_t il, float *x)
     add_rows(x, e->y, (size_t)T * E);
 }
 
+/* The recorded attention graphs, dropped (none is queued: every layer syncs). */
+static void destroy_graphs(struct kt_engine *e)
+{
+    for (size_t i = 0; e->attention_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_TOKENS; i++)
+        kt_backend_graph_destroy(e->attention_graphs[i]);
+    free(e->attention_graphs);
+    e->attention_graphs = NULL;
+}
+
 /* attention_block on the device's queue, on the residual stream sent there
  * (the stepping thread waits meanwhile, so the thread pool is free). */
 static void attention_on_device(void *ctx)
 {
     const struct kt_device_attention *a = ctx;
+    if (a->n_tok && a->n_tok != a->e->n_tokens) {
+        a->e->graph_mismatch = true;
+        return;
+    }
     attention_block(a->e, a->il, a->e->dev_x);
+}
+
+/* Layer il's attention on the device, on dev_x: a decode-sized batch replays
+ * the layer's graph for its size (recorded now if it is the first), anything
+ * else is queued directly.  A recording that fails turns graphs off. */
+static void run_device_attention(struct kt_engine *e, uint32_t il)
+{
+    const uint32_t T = e->n_tokens;
+    const bool graph = e->attention_graphs && T <= KT_GRAPH_TOKENS;
+    struct kt_backend_attention job = {
+        .host_fn = attention_on_device,
+        .host_ctx = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)],
+    };
+    if (e->cuda_layers) {
+        const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
+        e->cuda_step.cache.layer_offset = (int64_t)il * e->params.kv_block_tokens * row;
+        job.layer = &e->cuda_layers[il];
+        job.step = &e->cuda_step;
+    }
+    if (!graph) {
+        kt_backend_run_attention(e->device, &job);
+        return;
+    }
+    struct kt_backend_graph **g = &e->attention_graphs[(size_t)il * KT_GRAPH_TOKENS + T - 1];
+    kt_err err = {0};
+    if (!*g && kt_backend_graph_begin(e->device, &err) == KT_OK) {
+        kt_backend_run_attention(e->device, &job);
+        kt_backend_graph_end(e->device, g, &err);
+    }
+    if (*g) {
+        kt_backend_graph_launch(e->device, *g);
+        return;
+    }
+    destroy_graphs(e); /* recording failed: from now on every batch runs directly */
+    job.host_ctx = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1)];
+    kt_backend_run_attention(e->device, &job);
 }
 
 /* The output head on the sim device's queue, on the rows sent there. */
@@ -1029,7 +1091,8 @@ static void send_cache_tables(struct kt_engine *e)
     }
     struct kt_cuda_attention_step *s = &e->cuda_step;
     s->n_tok = T;
-    s->n_kv_max = n_kv_max;
+    /* a graph replays the launch shapes it was recorded with: size for the whole context */
+    s->n_kv_max = e->attention_graphs && T <= KT_GRAPH_TOKENS ? e->params.n_ctx : n_kv_max;
     kt_backend_copy_in(e->device, (void *)s->cache.block_ids, e->step_block_ids, n_ids * sizeof(uint32_t));
     kt_backend_copy_in(e->device, (void *)s->cache.first_block, e->step_first_block, T * sizeof(uint32_t));
     kt_backend_copy_in(e->device, (void *)s->cache.n_kv, e->step_n_kv, T * sizeof(uint32_t));
@@ -1045,7 +1108,7 @@ static void add_rows(float *x, const float *y, size_t n)
 kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
 {
     const struct kt_hparams *hp = &e->hp;
-    const uint32_t E = hp->n_embd, kvr = hp->kv_lora_rank, dr = hp->qk_rope_dim;
+    const uint32_t E = hp->n_embd;
     uint32_t n_wanted = 0;
     kt_status st = group_batch(e, b, &n_wanted, err);
     if (st != KT_OK)
@@ -1095,15 +1158,8 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
             kt_backend_stats(e->device, &dev0);
         uint64_t ta = kt_fwd_now_ns();
         if (e->device_layers) { /* x goes to the device, through attention there, and back */
-            e->device_attention = (struct kt_device_attention){e, il};
-            struct kt_backend_attention job = {.host_fn = attention_on_device, .host_ctx = &e->device_attention};
-            if (e->cuda_layers) {
-                e->cuda_step.cache.layer_offset = (int64_t)il * e->params.kv_block_tokens * (kvr + dr);
-                job.layer = &e->cuda_layers[il];
-                job.step = &e->cuda_step;
-            }
             kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
-            kt_backend_run_attention(e->device, &job);
+            run_device_attention(e, il);
             kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));
             kt_backend_sync(e->device);
         } else {
@@ -1159,6 +1215,8 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     e->stats.embed_head_ns += t_head;
 
     forget_chunks(e);
+    if (e->graph_mismatch)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: a device graph was replayed for another batch size");
     kt_status device_st = e->device ? kt_backend_status(e->device, err) : KT_OK;
     if (device_st != KT_OK)
         return device_st; /* a copy or kernel on the device failed: these logits are not to be trusted */

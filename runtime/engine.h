@@ -93,14 +93,21 @@ struct kt_engine_params {
     const uint8_t *expert_on_device;
     bool shared_on_device;
     /* Every layer's attention (norm, MLA projections, attention, residual)
-     * on the device, its weights copied there.  The sim backend runs the CPU
-     * code on its queue and keeps the KV cache and scratch in host memory. */
+     * on the device, its weights copied there and the KV cache's pool in its
+     * memory (counted against its budget; forks copy blocks on its queue).
+     * cuda runs kt_cuda_attention_block (absorbed MLA, fp32; cuBLASLt for
+     * projections of 64 tokens or more); the sim runs the CPU code on its
+     * queue with the host's scratch.  Needs split attn_k_b / attn_v_b on cuda. */
     bool attention_on_device;
     bool dense_on_device;       /* the leading dense layers' FFNs on the device */
     /* The output head (the final norm stays on the host) on the device, its
      * vocabulary matrix copied there; the embedding lookup, one row per
      * token, stays on the host. */
     bool output_on_device;
+    /* With attention on the device, decode batches (up to 8 tokens) replay
+     * each layer's attention from a graph recorded the first time (backend.h:
+     * a CUDA graph on cuda); this runs every batch directly instead. */
+    bool no_device_graphs;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
 };

@@ -112,6 +112,9 @@ struct kt_device_part {
     uint32_t u0, n_units;
 };
 
+/* Batches of at most this many tokens (decode) replay device attention from graphs. */
+#define KT_GRAPH_TOKENS 8
+
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
 #define KT_ATTN_HEAD_GROUP 8
@@ -210,10 +213,20 @@ struct kt_engine {
      * projections) in device memory; NULL: attention on the CPU. */
     struct kt_layer_weights *device_layers;
     float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
+    /* The sim's attention jobs, each fixed to its layer and (for a graph's
+     * recording) batch size, so a replay can tell it ran for the wrong one:
+     * [n_layer * (KT_GRAPH_TOKENS + 1)], index il * (KT_GRAPH_TOKENS + 1) + n
+     * (n = 0: any batch, run directly). */
     struct kt_device_attention {
         struct kt_engine *e;
-        uint32_t il;
-    } device_attention;
+        uint32_t il, n_tok;
+    } *device_attention;
+    /* Decode-sized batches replay each layer's attention from a graph
+     * (backend.h) recorded the first time that layer meets that batch size:
+     * [n_layer * KT_GRAPH_TOKENS], index il * KT_GRAPH_TOKENS + n_tok - 1;
+     * NULL: no graphs (none asked for, or a recording failed). */
+    struct kt_backend_graph **attention_graphs;
+    bool graph_mismatch;        /* a replay ran for another batch size than recorded (a bug: the step fails) */
     /* attention_on_device: the KV cache's pool lives in device memory (e->kv
      * addresses it; its copy-on-write copies run on the device's queue). */
     float *dev_kv_pool;

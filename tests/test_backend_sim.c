@@ -9,7 +9,8 @@
  * device for at least latency + bytes / bandwidth (a lower bound, so the
  * check cannot flake on a slow machine) and is counted in the stats;
  * allocations beyond the budget are refused naming need and budget, and
- * freeing gives the budget back; a cuda device in a build or on a machine
+ * freeing gives the budget back; a graph records without running and
+ * replays its recording in order at each launch; a cuda device in a build or on a machine
  * that cannot run one is refused with a message.
  */
 #include "backend.h"
@@ -158,6 +159,49 @@ static void memory_beyond_the_budget_is_refused(void)
     kt_backend_destroy(b);
 }
 
+/* A graph records what is queued between begin and end without running it;
+ * each launch runs the recording again, in order, after what is ahead of
+ * it; a second recording at once is refused; counted in the stats. */
+static void graphs_record_then_replay_in_order(void)
+{
+    struct kt_backend *b = sim(0, 0, 0);
+    if (!b)
+        return;
+    kt_err err = {0};
+    g_log.n = 0;
+    for (int i = 0; i < 8; i++)
+        g_ids[i] = i;
+    int *dev = NULL, src = 41, out = 0;
+    KT_CHECK(kt_backend_alloc(b, sizeof *dev, (void **)&dev, &err) == KT_OK, "%s", err.msg);
+    struct kt_backend_graph *g = NULL;
+    KT_CHECK(kt_backend_graph_begin(b, &err) == KT_OK, "begin: %s", err.msg);
+    KT_CHECK(kt_backend_graph_begin(b, &err) == KT_ERR_INVALID, "a second recording at once refused");
+    kt_backend_launch(b, append, &g_ids[1]);
+    kt_backend_copy_device(b, dev, &src, sizeof src); /* (a host pointer here: the sim cannot tell) */
+    kt_backend_launch(b, append, &g_ids[2]);
+    KT_CHECK(kt_backend_graph_end(b, &g, &err) == KT_OK && g, "end: %s", err.msg);
+    kt_backend_sync(b);
+    KT_CHECK(g_log.n == 0, "recording ran nothing (%d entries)", g_log.n);
+    kt_backend_launch(b, append, &g_ids[0]);
+    kt_backend_graph_launch(b, g);
+    src = 42;
+    kt_backend_graph_launch(b, g);
+    kt_backend_copy_out(b, &out, dev, sizeof out);
+    kt_backend_sync(b);
+    const int want[] = {0, 1, 2, 1, 2};
+    KT_CHECK(g_log.n == 5 && !memcmp(g_log.entries, want, sizeof want), "replayed twice, in order (%d entries)",
+             g_log.n);
+    KT_CHECK(out == 42, "the replayed copy read the source as it was at replay (%d)", out);
+    struct kt_backend_stats st;
+    kt_backend_stats(b, &st);
+    KT_CHECK(st.graph_launches == 2, "2 graph launches counted (%llu)", (unsigned long long)st.graph_launches);
+    struct kt_backend_graph *none = NULL;
+    KT_CHECK(kt_backend_graph_end(b, &none, &err) == KT_ERR_INVALID && !none, "end without begin refused");
+    kt_backend_graph_destroy(g);
+    kt_backend_free(b, dev, sizeof *dev);
+    kt_backend_destroy(b);
+}
+
 static void cuda_device_without_support_is_refused(void)
 {
     struct kt_backend *b = NULL;
@@ -173,6 +217,7 @@ int main(void)
     KT_RUN(a_copy_waits_for_the_work_ahead_of_it);
     KT_RUN(copies_cost_latency_plus_bytes_over_bandwidth);
     KT_RUN(memory_beyond_the_budget_is_refused);
+    KT_RUN(graphs_record_then_replay_in_order);
     KT_RUN(cuda_device_without_support_is_refused);
     return kt_test_finish();
 }

@@ -272,6 +272,15 @@ void kt_cuda_event_destroy(void *event);
 int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes);
 int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes);
 
+/* Stream capture into a CUDA graph: between begin and end, work queued on
+ * stream is recorded instead of run (kernels and device-to-device copies;
+ * host copies and host functions do not belong in it); end instantiates
+ * the executable graph, which launch queues again as one operation. */
+int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes);
+int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes);
+int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes);
+void kt_cuda_graph_destroy(void *graph_exec);
+
 #ifdef __cplusplus
 }
 #endif

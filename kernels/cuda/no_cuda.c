@@ -230,3 +230,27 @@ int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, si
     *ns = 0;
     return no_cuda(msg, msg_bytes);
 }
+
+int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes)
+{
+    (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes)
+{
+    (void)stream;
+    *graph_exec = NULL;
+    return no_cuda(msg, msg_bytes);
+}
+
+int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes)
+{
+    (void)graph_exec, (void)stream;
+    return no_cuda(msg, msg_bytes);
+}
+
+void kt_cuda_graph_destroy(void *graph_exec)
+{
+    (void)graph_exec;
+}

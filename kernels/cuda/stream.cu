@@ -87,3 +87,37 @@ extern "C" int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, ch
     *ns = e == cudaSuccess && ms > 0.0f ? (uint64_t)((double)ms * 1e6) : 0;
     return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "event elapsed time", e);
 }
+
+extern "C" int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "begin graph capture", e);
+}
+
+extern "C" int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes)
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    *graph_exec = NULL;
+    cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &graph);
+    if (e != cudaSuccess)
+        return kt_cuda_fail(msg, msg_bytes, "end graph capture", e);
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph); /* the executable graph keeps what it needs */
+    if (e != cudaSuccess)
+        return kt_cuda_fail(msg, msg_bytes, "instantiate graph", e);
+    *graph_exec = (void *)exec;
+    return 0;
+}
+
+extern "C" int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph_exec, (cudaStream_t)stream);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "launch graph", e);
+}
+
+extern "C" void kt_cuda_graph_destroy(void *graph_exec)
+{
+    if (graph_exec)
+        cudaGraphExecDestroy((cudaGraphExec_t)graph_exec);
+}
