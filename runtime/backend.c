@@ -556,3 +556,15 @@ void kt_backend_graph_destroy(struct kt_backend_graph *g)
     free(g->ops);
     free(g);
 }
+
+bool kt_backend_pin_host(struct kt_backend *b, void *ptr, size_t bytes)
+{
+    char msg[256];
+    return b->p.kind == KT_BACKEND_CUDA && ptr && bytes && kt_cuda_host_register(ptr, bytes, msg, sizeof msg) == 0;
+}
+
+void kt_backend_unpin_host(struct kt_backend *b, void *ptr)
+{
+    if (b->p.kind == KT_BACKEND_CUDA)
+        kt_cuda_host_unregister(ptr);
+}

@@ -20,6 +20,7 @@
 #ifndef KT_BACKEND_H
 #define KT_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -137,6 +138,13 @@ kt_status kt_backend_graph_begin(struct kt_backend *b, kt_err *err);
 kt_status kt_backend_graph_end(struct kt_backend *b, struct kt_backend_graph **out, kt_err *err);
 void kt_backend_graph_launch(struct kt_backend *b, const struct kt_backend_graph *g);
 void kt_backend_graph_destroy(struct kt_backend_graph *g); /* NULL is fine; not while a launch of it is queued */
+
+/* Host memory the queue's copies use a lot: cuda page-locks it (true
+ * asynchronous copies; a refusal leaves it pageable, which only costs
+ * speed, and returns false); the sim has nothing to do.  Unpin before
+ * freeing it. */
+bool kt_backend_pin_host(struct kt_backend *b, void *ptr, size_t bytes);
+void kt_backend_unpin_host(struct kt_backend *b, void *ptr);
 
 /* KT_OK, or the first failure of the queue's work since creation (a cuda
  * copy or kernel launch); the step checks it after each sync. */

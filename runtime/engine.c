@@ -502,6 +502,8 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     }
     if (d.device && (st = setup_device(e, &d, err)))
         goto fail;
+    if (e->device) /* the activations cross the link each layer */
+        e->buffers_pinned = kt_backend_pin_host(e->device, e->buffers, e->scratch_bytes);
     if (!d.keep_gguf_layout && (st = pack_host_weights(e, err)))
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
@@ -522,6 +524,8 @@ void kt_engine_destroy(struct kt_engine *e)
     if (e->device) {
         kt_backend_sync(e->device);
         destroy_graphs(e);
+        if (e->buffers_pinned)
+            kt_backend_unpin_host(e->device, e->buffers);
         for (uint32_t i = 0; i < e->n_device_blocks; i++)
             kt_backend_free(e->device, e->device_blocks[i], e->device_block_bytes[i]);
         kt_backend_destroy(e->device);

@@ -251,6 +251,7 @@ struct kt_engine {
     struct kt_thread_scratch *scratch; /* [n_threads] */
     void *buffers;              /* every buffer above, one allocation (engine.c) */
     uint64_t scratch_bytes;     /* its size */
+    bool buffers_pinned;        /* page-locked for the device's copies (cuda) */
     struct kt_engine_stats stats;
     struct kt_engine_layer_stats *layer_stats; /* [n_layer] */
 };

@@ -211,6 +211,64 @@ static void kv_cache_on_the_device(void)
     kt_test_synth_remove(m, path);
 }
 
+/* One model's splits on the GPU against CPU-only: no routed experts (the
+ * shared experts and dense FFNs only), half, or all of them, with and
+ * without attention (and the KV cache and output head) there. */
+static void cuda_splits_match_cpu_only(const char *preset)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model(preset, "", path, sizeof path);
+    if (!m)
+        return;
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert, V = m->hp.n_vocab;
+    uint8_t *none = calloc(LE, 1), *half = calloc(LE, 1), *all = calloc(LE, 1);
+    for (size_t i = 0; i < LE; i++) {
+        half[i] = (i % m->hp.n_expert) < m->hp.n_expert / 2;
+        all[i] = 1;
+    }
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const struct {
+        const char *what;
+        struct kt_engine_params p;
+    } cases[] = {
+        {"no routed experts, shared + dense",
+         {.device = &gpu, .expert_on_device = none, .shared_on_device = true, .dense_on_device = true}},
+        {"half the experts + shared + dense",
+         {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true}},
+        {"every expert", {.device = &gpu, .expert_on_device = all}},
+        {"attention + half the experts + shared + dense + output head",
+         {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true,
+          .attention_on_device = true, .output_on_device = true}},
+        {"everything (GPU-only)",
+         {.device = &gpu, .expert_on_device = all, .shared_on_device = true, .dense_on_device = true,
+          .attention_on_device = true, .output_on_device = true}},
+    };
+    int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
+    struct kt_engine_stats st;
+    struct kt_backend_stats dev;
+    float *base = run(m, &(struct kt_engine_params){0}, base_tokens, &st, &dev);
+    for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
+        float *got = run(m, &cases[c].p, tokens, &st, &dev);
+        if (!got)
+            continue;
+        const double d = kt_test_worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, V);
+        printf("  cuda, %s, %s: worst row diff %.3g of the row's largest logit; device busy %.2f ms (%.2f ms "
+               "copying)\n",
+               preset, cases[c].what, d, dev.busy_ns / 1e6, dev.transfer_ns / 1e6);
+        KT_CHECK(d <= 1e-3, "cuda, %s, %s: logits within 1e-3 of CPU-only (%.3g)", preset, cases[c].what, d);
+        KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda, %s, %s: greedy tokens equal CPU-only's", preset,
+                 cases[c].what);
+        KT_CHECK(st.device_pairs > 0 && dev.busy_ns > 0, "cuda, %s, %s: the GPU ran pairs and was timed", preset,
+                 cases[c].what);
+        free(got);
+    }
+    free(base);
+    free(none);
+    free(half);
+    free(all);
+    kt_test_synth_remove(m, path);
+}
+
 /* The same splits on a real GPU: its kernels take F32 activations and sum
  * in another order, so logits agree within 1e-3 of each row's largest and
  * the greedy tokens are the same (tiny's F32 weights: the CPU's activations
@@ -223,6 +281,8 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
         printf("  skipped: no CUDA device (%s); the sim cases above ran\n", why);
         return;
     }
+    cuda_splits_match_cpu_only("tiny");
+    cuda_splits_match_cpu_only("tiny-v3");
     char path[1024];
     struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
     if (!m)
@@ -232,39 +292,16 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     for (size_t i = 0; i < LE; i++)
         half[i] = (i % m->hp.n_expert) < m->hp.n_expert / 2;
     const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
-    const struct {
-        const char *what;
-        struct kt_engine_params p;
-    } cases[] = {
-        {"half the experts + shared + dense",
-         {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true}},
-        {"attention + half the experts + shared + dense + output head",
-         {.device = &gpu, .expert_on_device = half, .shared_on_device = true, .dense_on_device = true,
-          .attention_on_device = true, .output_on_device = true}},
-    };
-    int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
-    struct kt_engine_stats st;
-    struct kt_backend_stats dev;
-    float *base = run(m, &(struct kt_engine_params){0}, base_tokens, &st, &dev);
-    for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
-        float *got = run(m, &cases[c].p, tokens, &st, &dev);
-        if (!got)
-            continue;
-        const double d = kt_test_worst_row_diff(base, got, PROMPT_LEN + DECODE_STEPS, V);
-        printf("  cuda, %s: worst row diff %.3g of the row's largest logit\n", cases[c].what, d);
-        KT_CHECK(d <= 1e-3, "cuda, %s: logits within 1e-3 of CPU-only (%.3g)", cases[c].what, d);
-        KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda, %s: greedy tokens equal CPU-only's",
-                 cases[c].what);
-        KT_CHECK(st.device_pairs > 0, "cuda, %s: the GPU ran pairs", cases[c].what);
-        free(got);
-    }
+    const struct kt_engine_params hybrid = {.device = &gpu, .expert_on_device = half, .shared_on_device = true,
+                                            .dense_on_device = true, .attention_on_device = true,
+                                            .output_on_device = true};
     /* a prefill of 80 tokens: the attention projections go through cuBLASLt
      * (BF16 operands, so a looser bound) */
     enum { LONG = 80 };
     int32_t long_prompt[LONG];
     for (int i = 0; i < LONG; i++)
         long_prompt[i] = (int32_t)((i * 37 + 1) % V);
-    struct kt_engine_params lp = cases[1].p;
+    struct kt_engine_params lp = hybrid;
     lp.n_ctx = 128;
     lp.max_batch_tokens = LONG;
     lp.n_threads = 2;
@@ -281,7 +318,7 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     free(long_got);
 
     float *fork_base = run_forked(m, &(struct kt_engine_params){0});
-    float *fork_got = run_forked(m, &cases[1].p);
+    float *fork_got = run_forked(m, &hybrid);
     if (fork_base && fork_got) {
         const double d = kt_test_worst_row_diff(fork_base, fork_got, 2 * FORK_STEPS, V);
         printf("  cuda, forked sequences with the KV cache on the GPU: worst row diff %.3g\n", d);
@@ -289,7 +326,6 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     }
     free(fork_base);
     free(fork_got);
-    free(base);
     free(half);
     kt_test_synth_remove(m, path);
 }

@@ -281,6 +281,11 @@ int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_b
 int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes);
 void kt_cuda_graph_destroy(void *graph_exec);
 
+/* Page-locks host memory the stream copies to and from (so they are real
+ * asynchronous DMA, not staged); unregister before freeing it. */
+int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes);
+void kt_cuda_host_unregister(void *ptr);
+
 #ifdef __cplusplus
 }
 #endif

@@ -254,3 +254,14 @@ void kt_cuda_graph_destroy(void *graph_exec)
 {
     (void)graph_exec;
 }
+
+int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes)
+{
+    (void)ptr, (void)bytes;
+    return no_cuda(msg, msg_bytes);
+}
+
+void kt_cuda_host_unregister(void *ptr)
+{
+    (void)ptr;
+}

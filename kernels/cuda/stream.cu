@@ -121,3 +121,15 @@ extern "C" void kt_cuda_graph_destroy(void *graph_exec)
     if (graph_exec)
         cudaGraphExecDestroy((cudaGraphExec_t)graph_exec);
 }
+
+extern "C" int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes)
+{
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, "pin host memory", e);
+}
+
+extern "C" void kt_cuda_host_unregister(void *ptr)
+{
+    if (ptr)
+        cudaHostUnregister(ptr);
+}
