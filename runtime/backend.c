@@ -27,6 +27,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "kt_cuda.h"
+
 #define QUEUE_SLOTS 256
 #define CUDA_TIMED_OPS 512 /* ops between syncs that keep their own events (a sync drains them) */
 
@@ -416,19 +418,16 @@ static void cuda_enqueued(struct kt_backend *b, int rc, const char *msg)
     pthread_mutex_unlock(&b->mu);
 }
 
-void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job)
+void kt_backend_run(struct kt_backend *b, kt_backend_fn host_fn, void *host_ctx, kt_backend_cuda_fn cuda_fn,
+                    void *cuda_ctx)
 {
     if (b->p.kind != KT_BACKEND_CUDA) {
-        kt_backend_launch(b, job->host_fn, job->host_ctx);
+        kt_backend_launch(b, host_fn, host_ctx);
         return;
     }
-    char msg[256];
+    char msg[256] = "";
     cuda_op_begin(b);
-    cuda_enqueued(b,
-                  kt_cuda_ffn_units(job->units, job->n_units, job->d_h, job->n_tok, job->n_embd, job->d_pair_token,
-                                    job->n_pairs, job->d_act, job->act_stride, job->d_pair_out, b->stream, msg,
-                                    sizeof msg),
-                  msg);
+    cuda_enqueued(b, cuda_fn(cuda_ctx, b->stream, msg, sizeof msg), msg);
 }
 
 void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *src_device, size_t bytes)
@@ -437,31 +436,6 @@ void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *
         cuda_copy(b, dst_device, src_device, bytes, KT_CUDA_ON_DEVICE);
     else
         submit(b, (struct op){.kind = OP_COPY_DEVICE, .dst = dst_device, .src = src_device, .bytes = bytes});
-}
-
-void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_attention *job)
-{
-    if (b->p.kind != KT_BACKEND_CUDA) {
-        kt_backend_launch(b, job->host_fn, job->host_ctx);
-        return;
-    }
-    char msg[256];
-    cuda_op_begin(b);
-    cuda_enqueued(b, kt_cuda_attention_block(job->layer, job->step, b->stream, msg, sizeof msg), msg);
-}
-
-void kt_backend_run_matmul(struct kt_backend *b, const struct kt_backend_matmul *job)
-{
-    if (b->p.kind != KT_BACKEND_CUDA) {
-        kt_backend_launch(b, job->host_fn, job->host_ctx);
-        return;
-    }
-    char msg[256];
-    cuda_op_begin(b);
-    cuda_enqueued(b,
-                  kt_cuda_matmul(&job->w, job->d_x, job->n_tok, job->d_y, KT_CUDA_MATMUL_AUTO, b->stream, msg,
-                                 sizeof msg),
-                  msg);
 }
 
 kt_status kt_backend_status(const struct kt_backend *b, kt_err *err)

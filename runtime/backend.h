@@ -24,7 +24,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kt_cuda.h"
 #include "status.h"
 
 enum kt_backend_kind { KT_BACKEND_SIM, KT_BACKEND_CUDA };
@@ -76,53 +75,16 @@ void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx);
 void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *src_device, size_t bytes);
 void kt_backend_sync(struct kt_backend *b);
 
-/* FFN units (experts, shared experts or a dense FFN) and their tokens, as
- * each kind runs them: sim calls host_fn(host_ctx) on its queue (kt's CPU
- * code on device-resident copies); cuda enqueues kt_cuda_ffn_units on its
- * stream with the device arrays below.  Host arrays (units) are read before
- * this returns. */
-struct kt_backend_ffn {
-    kt_backend_fn host_fn;
-    void *host_ctx;
-    const struct kt_cuda_ffn_unit *units; /* [n_units] weights in device memory */
-    uint32_t n_units;
-    const float *d_h;                    /* (n_tok, n_embd) */
-    int64_t n_tok, n_embd;
-    const uint32_t *d_pair_token;        /* (n_pairs) */
-    uint32_t n_pairs;
-    float *d_act;                        /* (n_pairs, act_stride) */
-    int64_t act_stride;
-    float *d_pair_out;                   /* (n_pairs, n_embd) */
-};
-void kt_backend_run_ffn(struct kt_backend *b, const struct kt_backend_ffn *job);
-
-/* One layer's attention block (norms, MLA projections, cache writes,
- * attention, output projection, residual add) as each kind runs it: sim
- * calls host_fn(host_ctx) on its queue (kt's CPU code on device-resident
- * copies and the device-resident KV cache); cuda enqueues
- * kt_cuda_attention_block(layer, step) on its stream.  layer and step are
- * read before this returns. */
-struct kt_backend_attention {
-    kt_backend_fn host_fn;
-    void *host_ctx;
-    const struct kt_cuda_attention_layer *layer;
-    const struct kt_cuda_attention_step *step;
-};
-void kt_backend_run_attention(struct kt_backend *b, const struct kt_backend_attention *job);
-
-/* y (n_tok, w.n_out) = x (n_tok, w.n_in) . W^T with W in device memory (the
- * output head), as each kind runs it: sim calls host_fn(host_ctx) on its
- * queue; cuda enqueues kt_cuda_matmul(w, x, n_tok, y) on its stream.  The
- * job is read before this returns. */
-struct kt_backend_matmul {
-    kt_backend_fn host_fn;
-    void *host_ctx;
-    struct kt_cuda_mat w;
-    const float *d_x;
-    int64_t n_tok;
-    float *d_y;
-};
-void kt_backend_run_matmul(struct kt_backend *b, const struct kt_backend_matmul *job);
+/* Work that each kind runs its own way: sim calls host_fn(host_ctx) on its
+ * queue (kt's CPU code on device-resident copies); cuda calls
+ * cuda_fn(cuda_ctx, stream, msg, msg_bytes) right away, which enqueues its
+ * kernels on the stream and returns 0, or -1 with a message that becomes
+ * the queue's failure.  The step code writes both halves of each piece of
+ * work (an FFN's units, a layer's attention, the router, the output head);
+ * the backend never knows which it runs. */
+typedef int (*kt_backend_cuda_fn)(void *ctx, void *stream, char *msg, size_t msg_bytes);
+void kt_backend_run(struct kt_backend *b, kt_backend_fn host_fn, void *host_ctx, kt_backend_cuda_fn cuda_fn,
+                    void *cuda_ctx);
 
 /* Graphs: a fixed sequence of queued work recorded once and replayed.
  * Between kt_backend_graph_begin and kt_backend_graph_end what is queued is

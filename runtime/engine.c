@@ -1030,6 +1030,16 @@ static void attention_on_device(void *ctx)
     attention_block(a->e, a->il, a->e->dev_x);
 }
 
+/* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
+static int attention_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+{
+    const struct kt_device_attention *a = ctx;
+    struct kt_engine *e = a->e;
+    const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
+    e->cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
+    return kt_cuda_attention_block(&e->cuda_layers[a->il], &e->cuda_step, stream, msg, msg_bytes);
+}
+
 /* Layer il's attention on the device, on dev_x: a decode-sized batch replays
  * the layer's graph for its size (recorded now if it is the first), anything
  * else is queued directly.  A recording that fails turns graphs off. */
@@ -1037,24 +1047,15 @@ static void run_device_attention(struct kt_engine *e, uint32_t il)
 {
     const uint32_t T = e->n_tokens;
     const bool graph = e->attention_graphs && T <= KT_GRAPH_TOKENS;
-    struct kt_backend_attention job = {
-        .host_fn = attention_on_device,
-        .host_ctx = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)],
-    };
-    if (e->cuda_layers) {
-        const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
-        e->cuda_step.cache.layer_offset = (int64_t)il * e->params.kv_block_tokens * row;
-        job.layer = &e->cuda_layers[il];
-        job.step = &e->cuda_step;
-    }
+    struct kt_device_attention *job = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
     if (!graph) {
-        kt_backend_run_attention(e->device, &job);
+        kt_backend_run(e->device, attention_on_device, job, attention_on_cuda, job);
         return;
     }
     struct kt_backend_graph **g = &e->attention_graphs[(size_t)il * KT_GRAPH_TOKENS + T - 1];
     kt_err err = {0};
     if (!*g && kt_backend_graph_begin(e->device, &err) == KT_OK) {
-        kt_backend_run_attention(e->device, &job);
+        kt_backend_run(e->device, attention_on_device, job, attention_on_cuda, job);
         kt_backend_graph_end(e->device, g, &err);
     }
     if (*g) {
@@ -1062,8 +1063,8 @@ static void run_device_attention(struct kt_engine *e, uint32_t il)
         return;
     }
     destroy_graphs(e); /* recording failed: from now on every batch runs directly */
-    job.host_ctx = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1)];
-    kt_backend_run_attention(e->device, &job);
+    job = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1)];
+    kt_backend_run(e->device, attention_on_device, job, attention_on_cuda, job);
 }
 
 /* The output head on the sim device's queue, on the rows sent there. */
@@ -1071,6 +1072,15 @@ static void head_on_device(void *ctx)
 {
     struct kt_engine *e = ctx;
     kt_fwd_matmul(e, &e->device_output, e->dev_head_x, e->head_rows, e->dev_logits, e->xq);
+}
+
+/* The same on the GPU (a kt_backend_cuda_fn). */
+static int head_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+{
+    struct kt_engine *e = ctx;
+    const struct kt_cuda_mat w = kt_fwd_cuda_mat(&e->device_output);
+    return kt_cuda_matmul(&w, e->dev_head_x, e->head_rows, e->dev_logits, KT_CUDA_MATMUL_AUTO, stream, msg,
+                          msg_bytes);
 }
 
 /* cuda attention: the step's cache tables (each sequence's blocks, where
@@ -1204,11 +1214,8 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
             kt_rmsnorm(e->h + (size_t)w++ * E, e->x + (size_t)t * E, e->output_norm, E, hp->rms_eps);
     if (n_wanted > 0 && e->device_output.data) { /* the normed rows go to the device, the logits come back */
         e->head_rows = n_wanted;
-        const struct kt_backend_matmul job = {.host_fn = head_on_device, .host_ctx = e,
-                                              .w = kt_fwd_cuda_mat(&e->device_output), .d_x = e->dev_head_x,
-                                              .n_tok = n_wanted, .d_y = e->dev_logits};
         kt_backend_copy_in(e->device, e->dev_head_x, e->h, (size_t)n_wanted * E * sizeof(float));
-        kt_backend_run_matmul(e->device, &job);
+        kt_backend_run(e->device, head_on_device, e, head_on_cuda, e);
         kt_backend_copy_out(e->device, logits, e->dev_logits, (size_t)n_wanted * hp->n_vocab * sizeof(float));
         kt_backend_sync(e->device);
     } else if (n_wanted > 0) {

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "engine.h"
 #include "expert_store.h"
+#include "kt_cuda.h"
 #include "kv_cache.h"
 #include "matmul.h"
 #include "moe.h"

@@ -443,6 +443,16 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
     }
 }
 
+/* The device part's units on the GPU (a kt_backend_cuda_fn). */
+static int cuda_device_part(void *ctx, void *stream, char *msg, size_t msg_bytes)
+{
+    const struct kt_device_part *d = ctx;
+    struct kt_engine *e = d->e;
+    return kt_cuda_ffn_units(e->cuda_units, d->n_units - d->u0, e->dev_h, (int64_t)e->n_tokens, (int64_t)e->hp.n_embd,
+                             e->dev_pair_token, e->n_items[ITEMS_PAIRS], e->dev_bufs.act,
+                             (int64_t)e->dev_bufs.act_stride, e->dev_bufs.pair_out, stream, msg, msg_bytes);
+}
+
 /* Runs the step's n_units (planned): units [dev0, n_units) on the device -
  * queued first (h in, its units, their outputs back) - and [0, dev0) on the
  * CPU (`on`) while the device works; returns once both are done. */
@@ -461,23 +471,9 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
             e->cuda_units[i - dev0].first_pair = u->first_pair;
             e->cuda_units[i - dev0].n_pairs = u->n_pairs;
         }
-        const struct kt_backend_ffn job = {
-            .host_fn = kt_fwd_run_device_part,
-            .host_ctx = &e->device_part,
-            .units = e->cuda_units,
-            .n_units = n_units - dev0,
-            .d_h = e->dev_h,
-            .n_tok = (int64_t)T,
-            .n_embd = (int64_t)E,
-            .d_pair_token = e->dev_pair_token,
-            .n_pairs = n_pairs,
-            .d_act = e->dev_bufs.act,
-            .act_stride = (int64_t)e->dev_bufs.act_stride,
-            .d_pair_out = e->dev_bufs.pair_out,
-        };
         kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
         kt_backend_copy_in(e->device, e->dev_pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
-        kt_backend_run_ffn(e->device, &job);
+        kt_backend_run(e->device, kt_fwd_run_device_part, &e->device_part, cuda_device_part, &e->device_part);
         kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
                             (size_t)(n_pairs - p0) * E * sizeof(float));
         e->stats.device_pairs += n_pairs - p0;

@@ -27,6 +27,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "kt_cuda.h"
 #include "model.h"
 #include "testlib.h"
 
