@@ -731,7 +731,17 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
             st = device_floats(e, &L->q_a_norm, hp->q_lora_rank, err);
         if (st == KT_OK)
             st = device_floats(e, &L->kv_a_norm, hp->kv_lora_rank, err);
+        if (st == KT_OK && L->is_moe) /* the router follows attention */
+            st = device_mat(e, &L->router, err);
+        if (st == KT_OK && L->is_moe)
+            st = device_floats(e, &L->exp_probs_b, hp->n_expert, err);
     }
+    const size_t T = e->params.max_batch_tokens, k = hp->n_expert_used;
+    if (st == KT_OK && hp->n_expert > 0 &&
+        ((st = device_alloc(e, T * hp->n_expert * sizeof(float), (void **)&e->dev_router_logits, err)) ||
+         (st = device_alloc(e, T * k * sizeof(uint32_t), (void **)&e->dev_route_experts, err)) ||
+         (st = device_alloc(e, T * k * sizeof(float), (void **)&e->dev_route_weights, err))))
+        return st;
     if (st == KT_OK)
         st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev_x,
                           err);

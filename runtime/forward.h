@@ -214,6 +214,12 @@ struct kt_engine {
      * projections) in device memory; NULL: attention on the CPU. */
     struct kt_layer_weights *device_layers;
     float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
+    /* With attention, the router on the device: logits (T, Ne), experts and
+     * weights (T, k) there (the latter two come back); h_on_device: dev_h
+     * already holds this layer's h (sent for the router) */
+    float *dev_router_logits, *dev_route_weights;
+    uint32_t *dev_route_experts;
+    bool h_on_device;
     /* The sim's attention jobs, each fixed to its layer and (for a graph's
      * recording) batch size, so a replay can tell it ran for the wrong one:
      * [n_layer * (KT_GRAPH_TOKENS + 1)], index il * (KT_GRAPH_TOKENS + 1) + n

@@ -471,7 +471,8 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
             e->cuda_units[i - dev0].first_pair = u->first_pair;
             e->cuda_units[i - dev0].n_pairs = u->n_pairs;
         }
-        kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
+        if (!e->h_on_device)
+            kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
         kt_backend_copy_in(e->device, e->dev_pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
         kt_backend_run(e->device, kt_fwd_run_device_part, &e->device_part, cuda_device_part, &e->device_part);
         kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
@@ -499,16 +500,62 @@ static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_we
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
+/* experts and weights (T, k) of h (T, E) by L's router, logits (T, Ne) in between. */
+static void route(struct kt_engine *e, const struct kt_layer_weights *L, const float *h, float *logits,
+                  uint32_t *experts, float *weights)
+{
+    const uint32_t T = e->n_tokens, Ne = e->hp.n_expert, k = e->router.n_used;
+    kt_fwd_matmul(e, &L->router, h, T, logits, e->xq);
+    for (uint32_t t = 0; t < T; t++)
+        kt_moe_route(&e->router, logits + (size_t)t * Ne, L->exp_probs_b, experts + (size_t)t * k,
+                     weights + (size_t)t * k, e->router_scratch);
+}
+
+/* route() on the sim device's queue, on its copies (ctx: the layer's job). */
+static void router_on_device(void *ctx)
+{
+    const struct kt_device_attention *a = ctx;
+    struct kt_engine *e = a->e;
+    route(e, &e->device_layers[a->il], e->dev_h, e->dev_router_logits, e->dev_route_experts, e->dev_route_weights);
+}
+
+/* The same on the GPU (a kt_backend_cuda_fn).  The logits take the GEMV
+ * path (F32 activations and sums): a BF16 product would move near-tied
+ * experts' logits enough to pick others than the CPU does. */
+static int router_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+{
+    const struct kt_device_attention *a = ctx;
+    struct kt_engine *e = a->e;
+    const struct kt_layer_weights *L = &e->device_layers[a->il];
+    const struct kt_cuda_mat w = kt_fwd_cuda_mat(&L->router);
+    const struct kt_router *r = &e->router;
+    const struct kt_cuda_router cr = {r->n_expert, r->n_used, r->n_groups, r->n_group_used, (int)r->gating, r->norm,
+                                      r->scale};
+    return kt_cuda_matmul(&w, e->dev_h, e->n_tokens, e->dev_router_logits, KT_CUDA_MATMUL_GEMV, stream, msg,
+                          msg_bytes) ||
+                   kt_cuda_route(&cr, e->dev_router_logits, L->exp_probs_b, e->n_tokens, e->dev_route_experts,
+                                 e->dev_route_weights, stream, msg, msg_bytes)
+               ? -1
+               : 0;
+}
+
 static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
 {
     const uint32_t T = e->n_tokens, E = e->hp.n_embd, Ne = e->hp.n_expert, k = e->router.n_used;
 
-    /* Router: logits (T, Ne) -> experts and weights (T, k). */
+    /* Router: logits (T, Ne) -> experts and weights (T, k), where attention runs. */
     uint64_t t0 = kt_fwd_now_ns();
-    kt_fwd_matmul(e, &L->router, h, T, e->router_logits, e->xq);
-    for (uint32_t t = 0; t < T; t++)
-        kt_moe_route(&e->router, e->router_logits + (size_t)t * Ne, L->exp_probs_b, e->route_experts + (size_t)t * k,
-                     e->route_weights + (size_t)t * k, e->router_scratch);
+    if (e->device_layers) {
+        struct kt_device_attention *job = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1)];
+        kt_backend_copy_in(e->device, e->dev_h, h, (size_t)T * E * sizeof(float));
+        e->h_on_device = true;
+        kt_backend_run(e->device, router_on_device, job, router_on_cuda, job);
+        kt_backend_copy_out(e->device, e->route_experts, e->dev_route_experts, (size_t)T * k * sizeof(uint32_t));
+        kt_backend_copy_out(e->device, e->route_weights, e->dev_route_weights, (size_t)T * k * sizeof(float));
+        kt_backend_sync(e->device);
+    } else {
+        route(e, L, h, e->router_logits, e->route_experts, e->route_weights);
+    }
     uint64_t t1 = kt_fwd_now_ns();
     e->stats.router_ns += t1 - t0;
 
@@ -564,6 +611,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     count_weight_bytes(e, n_units);
 
     run_split(e, h, n_units, e->device_unit0, on_pools ? ON_POOLS : ON_THREADPOOL);
+    e->h_on_device = false;
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {
