@@ -46,19 +46,41 @@ static float *run(struct kt_model *m, const struct kt_engine_params *extra, int3
     return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, tokens, stats, dev);
 }
 
+/* Which routed experts a case puts on the device: none, the lower half of
+ * each layer's, or all ([n_layer * n_expert] each). */
+struct expert_masks {
+    uint8_t *none, *half, *all;
+};
+
+static struct expert_masks make_masks(const struct kt_model *m)
+{
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+    struct expert_masks x = {kt_test_xmalloc(LE), kt_test_xmalloc(LE), kt_test_xmalloc(LE)};
+    for (size_t i = 0; i < LE; i++) {
+        x.none[i] = 0;
+        x.half[i] = (i % m->hp.n_expert) < m->hp.n_expert / 2;
+        x.all[i] = 1;
+    }
+    return x;
+}
+
+static void free_masks(struct expert_masks *x)
+{
+    free(x->none);
+    free(x->half);
+    free(x->all);
+}
+
 static void hybrid_matches_cpu_only(const char *preset, const char *extra)
 {
     char path[1024];
     struct kt_model *m = kt_test_synth_model(preset, extra, path, sizeof path);
     if (!m)
         return;
-    const uint32_t L = m->hp.n_layer, Ne = m->hp.n_expert;
+    const uint32_t L = m->hp.n_layer;
     const size_t n = (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab;
-    uint8_t *none = calloc((size_t)L * Ne, 1), *half = calloc((size_t)L * Ne, 1), *all = calloc((size_t)L * Ne, 1);
-    for (size_t i = 0; i < (size_t)L * Ne; i++) {
-        half[i] = (i % Ne) < Ne / 2;
-        all[i] = 1;
-    }
+    struct expert_masks masks = make_masks(m);
+    const uint8_t *none = masks.none, *half = masks.half, *all = masks.all;
     const struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0", .transfer_gbps = 25,
                                           .latency_us = 5};
     int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
@@ -115,9 +137,7 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
         free(got);
     }
     free(base);
-    free(none);
-    free(half);
-    free(all);
+    free_masks(&masks);
     kt_test_synth_remove(m, path);
 }
 
@@ -221,12 +241,9 @@ static void cuda_splits_match_cpu_only(const char *preset)
     struct kt_model *m = kt_test_synth_model(preset, "", path, sizeof path);
     if (!m)
         return;
-    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert, V = m->hp.n_vocab;
-    uint8_t *none = calloc(LE, 1), *half = calloc(LE, 1), *all = calloc(LE, 1);
-    for (size_t i = 0; i < LE; i++) {
-        half[i] = (i % m->hp.n_expert) < m->hp.n_expert / 2;
-        all[i] = 1;
-    }
+    const size_t V = m->hp.n_vocab;
+    struct expert_masks masks = make_masks(m);
+    const uint8_t *none = masks.none, *half = masks.half, *all = masks.all;
     const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
     const struct {
         const char *what;
@@ -264,9 +281,7 @@ static void cuda_splits_match_cpu_only(const char *preset)
         free(got);
     }
     free(base);
-    free(none);
-    free(half);
-    free(all);
+    free_masks(&masks);
     kt_test_synth_remove(m, path);
 }
 

@@ -110,6 +110,16 @@ static int lt_gemm(cublasLtHandle_t handle, const void *a, int64_t lda, const vo
     const uint64_t workspace_bytes = LT_WORKSPACE_BYTES;
     const uint32_t align_a = alignment_of(a), align_b = alignment_of(b), align_d = alignment_of(d);
     const float alpha = 1.0f, beta = 0.0f; /* beta 0: C (given as D) is not read */
+    const struct {
+        cublasLtMatmulPreferenceAttributes_t attr;
+        uint32_t bytes;
+        const char *what;
+    } aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a, "set alignment of A"},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b, "set alignment of B"},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d, "set alignment of C"},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d, "set alignment of D"},
+    };
 
     LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "create matmul descriptor");
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof trans_a), "set TRANSA");
@@ -122,18 +132,9 @@ static int lt_gemm(cublasLtHandle_t handle, const void *a, int64_t lda, const vo
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
                                                 sizeof workspace_bytes),
            "set workspace size");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                sizeof align_a),
-           "set alignment of A");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                sizeof align_b),
-           "set alignment of B");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                sizeof align_d),
-           "set alignment of C");
-    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                sizeof align_d),
-           "set alignment of D");
+    for (size_t i = 0; i < sizeof aligns / sizeof aligns[0]; i++)
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i].attr, &aligns[i].bytes, sizeof aligns[i].bytes),
+               aligns[i].what);
     LT_TRY(cublasLtMatmulAlgoGetHeuristic(handle, op, a_layout, b_layout, d_layout, d_layout, pref, 1, &best,
                                           &n_algos),
            "heuristic");
