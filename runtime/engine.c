@@ -541,7 +541,7 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->device_shared);
     free(e->device_layers);
     free(e->cuda_layers);
-    free(e->device_attention);
+    free(e->device_jobs);
     free(e->device_dense);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
@@ -754,13 +754,13 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
         st = kv_cache_create(e, e->dev_kv_pool, err);
     if (st == KT_OK && !e->device_sizing) { /* the jobs, and the graphs decode batches replay */
         const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
-        if (!(e->device_attention = calloc(n_jobs, sizeof *e->device_attention)) ||
-            (!e->params.no_device_graphs &&
-             !(e->attention_graphs = calloc((size_t)hp->n_layer * KT_GRAPH_TOKENS, sizeof *e->attention_graphs))))
+        const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_PARTS * KT_GRAPH_TOKENS;
+        if (!(e->device_jobs = calloc(n_jobs, sizeof *e->device_jobs)) ||
+            (!e->params.no_device_graphs && !(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs))))
             return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
         for (size_t i = 0; i < n_jobs; i++)
-            e->device_attention[i] = (struct kt_device_attention){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
-                                                                  (uint32_t)(i % (KT_GRAPH_TOKENS + 1))};
+            e->device_jobs[i] = (struct kt_device_job){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
+                                                       (uint32_t)(i % (KT_GRAPH_TOKENS + 1))};
     }
     if (st == KT_OK && cuda)
         st = cuda_attention_buffers(e, err);
@@ -1019,53 +1019,38 @@ static void attention_block(struct kt_engine *e, uint32_t il, float *x)
     add_rows(x, e->y, (size_t)T * E);
 }
 
-/* The recorded attention graphs, dropped (none is queued: every layer syncs). */
+/* The recorded layer graphs, dropped (none is queued: every layer part syncs). */
 static void destroy_graphs(struct kt_engine *e)
 {
-    for (size_t i = 0; e->attention_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_TOKENS; i++)
-        kt_backend_graph_destroy(e->attention_graphs[i]);
-    free(e->attention_graphs);
-    e->attention_graphs = NULL;
+    for (size_t i = 0; e->layer_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_PARTS * KT_GRAPH_TOKENS; i++)
+        kt_backend_graph_destroy(e->layer_graphs[i]);
+    free(e->layer_graphs);
+    e->layer_graphs = NULL;
 }
 
-/* attention_block on the device's queue, on the residual stream sent there
- * (the stepping thread waits meanwhile, so the thread pool is free). */
-static void attention_on_device(void *ctx)
+bool kt_fwd_job_fits(const struct kt_device_job *job)
 {
-    const struct kt_device_attention *a = ctx;
-    if (a->n_tok && a->n_tok != a->e->n_tokens) {
-        a->e->graph_mismatch = true;
-        return;
+    if (job->n_tok && job->n_tok != job->e->n_tokens) {
+        job->e->graph_mismatch = true;
+        return false;
     }
-    attention_block(a->e, a->il, a->e->dev_x);
+    return true;
 }
 
-/* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
-static int attention_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
-{
-    const struct kt_device_attention *a = ctx;
-    struct kt_engine *e = a->e;
-    const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
-    e->cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
-    return kt_cuda_attention_block(&e->cuda_layers[a->il], &e->cuda_step, stream, msg, msg_bytes);
-}
-
-/* Layer il's attention on the device, on dev_x: a decode-sized batch replays
- * the layer's graph for its size (recorded now if it is the first), anything
- * else is queued directly.  A recording that fails turns graphs off. */
-static void run_device_attention(struct kt_engine *e, uint32_t il)
+void kt_fwd_run_layer_part(struct kt_engine *e, uint32_t il, enum kt_graph_part part, kt_backend_fn host_fn,
+                           kt_backend_cuda_fn cuda_fn)
 {
     const uint32_t T = e->n_tokens;
-    const bool graph = e->attention_graphs && T <= KT_GRAPH_TOKENS;
-    struct kt_device_attention *job = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
+    const bool graph = e->layer_graphs && T <= KT_GRAPH_TOKENS;
+    struct kt_device_job *job = &e->device_jobs[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
     if (!graph) {
-        kt_backend_run(e->device, attention_on_device, job, attention_on_cuda, job);
+        kt_backend_run(e->device, host_fn, job, cuda_fn, job);
         return;
     }
-    struct kt_backend_graph **g = &e->attention_graphs[(size_t)il * KT_GRAPH_TOKENS + T - 1];
+    struct kt_backend_graph **g = &e->layer_graphs[((size_t)il * KT_GRAPH_PARTS + part) * KT_GRAPH_TOKENS + T - 1];
     kt_err err = {0};
     if (!*g && kt_backend_graph_begin(e->device, &err) == KT_OK) {
-        kt_backend_run(e->device, attention_on_device, job, attention_on_cuda, job);
+        kt_backend_run(e->device, host_fn, job, cuda_fn, job);
         kt_backend_graph_end(e->device, g, &err);
     }
     if (*g) {
@@ -1073,8 +1058,27 @@ static void run_device_attention(struct kt_engine *e, uint32_t il)
         return;
     }
     destroy_graphs(e); /* recording failed: from now on every batch runs directly */
-    job = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1)];
-    kt_backend_run(e->device, attention_on_device, job, attention_on_cuda, job);
+    job = &e->device_jobs[(size_t)il * (KT_GRAPH_TOKENS + 1)];
+    kt_backend_run(e->device, host_fn, job, cuda_fn, job);
+}
+
+/* attention_block on the device's queue, on the residual stream sent there
+ * (the stepping thread waits meanwhile, so the thread pool is free). */
+static void attention_on_device(void *ctx)
+{
+    const struct kt_device_job *a = ctx;
+    if (kt_fwd_job_fits(a))
+        attention_block(a->e, a->il, a->e->dev_x);
+}
+
+/* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
+static int attention_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+{
+    const struct kt_device_job *a = ctx;
+    struct kt_engine *e = a->e;
+    const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
+    e->cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
+    return kt_cuda_attention_block(&e->cuda_layers[a->il], &e->cuda_step, stream, msg, msg_bytes);
 }
 
 /* The output head on the sim device's queue, on the rows sent there. */
@@ -1116,7 +1120,7 @@ static void send_cache_tables(struct kt_engine *e)
     struct kt_cuda_attention_step *s = &e->cuda_step;
     s->n_tok = T;
     /* a graph replays the launch shapes it was recorded with: size for the whole context */
-    s->n_kv_max = e->attention_graphs && T <= KT_GRAPH_TOKENS ? e->params.n_ctx : n_kv_max;
+    s->n_kv_max = e->layer_graphs && T <= KT_GRAPH_TOKENS ? e->params.n_ctx : n_kv_max;
     kt_backend_copy_in(e->device, (void *)s->cache.block_ids, e->step_block_ids, n_ids * sizeof(uint32_t));
     kt_backend_copy_in(e->device, (void *)s->cache.first_block, e->step_first_block, T * sizeof(uint32_t));
     kt_backend_copy_in(e->device, (void *)s->cache.n_kv, e->step_n_kv, T * sizeof(uint32_t));
@@ -1183,7 +1187,7 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         uint64_t ta = kt_fwd_now_ns();
         if (e->device_layers) { /* x goes to the device, through attention there, and back */
             kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
-            run_device_attention(e, il);
+            kt_fwd_run_layer_part(e, il, KT_GRAPH_ATTENTION, attention_on_device, attention_on_cuda);
             kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));
             kt_backend_sync(e->device);
         } else {

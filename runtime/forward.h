@@ -113,8 +113,10 @@ struct kt_device_part {
     uint32_t u0, n_units;
 };
 
-/* Batches of at most this many tokens (decode) replay device attention from graphs. */
+/* Batches of at most this many tokens (decode) replay a layer's device
+ * parts (enum kt_graph_part) from graphs. */
 #define KT_GRAPH_TOKENS 8
+enum kt_graph_part { KT_GRAPH_ATTENTION, KT_GRAPH_ROUTER, KT_GRAPH_PARTS };
 
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
@@ -220,19 +222,20 @@ struct kt_engine {
     float *dev_router_logits, *dev_route_weights;
     uint32_t *dev_route_experts;
     bool h_on_device;
-    /* The sim's attention jobs, each fixed to its layer and (for a graph's
-     * recording) batch size, so a replay can tell it ran for the wrong one:
-     * [n_layer * (KT_GRAPH_TOKENS + 1)], index il * (KT_GRAPH_TOKENS + 1) + n
-     * (n = 0: any batch, run directly). */
-    struct kt_device_attention {
+    /* Device jobs of a layer (its attention, its router), each fixed to its
+     * layer and (for a graph's recording) batch size, so a replay can tell it
+     * ran for the wrong one: [n_layer * (KT_GRAPH_TOKENS + 1)], index
+     * il * (KT_GRAPH_TOKENS + 1) + n (n = 0: any batch, run directly). */
+    struct kt_device_job {
         struct kt_engine *e;
         uint32_t il, n_tok;
-    } *device_attention;
-    /* Decode-sized batches replay each layer's attention from a graph
-     * (backend.h) recorded the first time that layer meets that batch size:
-     * [n_layer * KT_GRAPH_TOKENS], index il * KT_GRAPH_TOKENS + n_tok - 1;
-     * NULL: no graphs (none asked for, or a recording failed). */
-    struct kt_backend_graph **attention_graphs;
+    } *device_jobs;
+    /* Decode-sized batches replay each layer's device parts from graphs
+     * (backend.h) recorded the first time that part of that layer meets that
+     * batch size: [n_layer * KT_GRAPH_PARTS * KT_GRAPH_TOKENS], index
+     * (il * KT_GRAPH_PARTS + part) * KT_GRAPH_TOKENS + n_tok - 1; NULL: no
+     * graphs (none asked for, or a recording failed). */
+    struct kt_backend_graph **layer_graphs;
     bool graph_mismatch;        /* a replay ran for another batch size than recorded (a bug: the step fails) */
     /* attention_on_device: the KV cache's pool lives in device memory (e->kv
      * addresses it; its copy-on-write copies run on the device's queue). */
@@ -293,6 +296,17 @@ static inline struct kt_cuda_mat kt_fwd_cuda_mat(const struct kt_mat *m)
 
 /* Expert x of layer L as the file holds it (views of the mapped GGUF). */
 struct kt_ffn_weights kt_fwd_expert_gguf(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t x);
+
+/* Layer il's `part` on the device: host_fn (sim) or cuda_fn (cuda) with the
+ * layer's job as context, replayed from the layer's graph for this batch
+ * size when the batch is decode-sized (recorded the first time), else run
+ * directly.  A recording that fails turns graphs off. */
+void kt_fwd_run_layer_part(struct kt_engine *e, uint32_t il, enum kt_graph_part part, kt_backend_fn host_fn,
+                           kt_backend_cuda_fn cuda_fn);
+
+/* The job (ctx) a layer part's host function got still fits the step: false
+ * (and the step fails) when a graph was replayed for another batch size. */
+bool kt_fwd_job_fits(const struct kt_device_job *job);
 
 /* Runs the device's units of the step (a kt_backend_fn). */
 void kt_fwd_run_device_part(void *ctx);

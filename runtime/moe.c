@@ -514,9 +514,10 @@ static void route(struct kt_engine *e, const struct kt_layer_weights *L, const f
 /* route() on the sim device's queue, on its copies (ctx: the layer's job). */
 static void router_on_device(void *ctx)
 {
-    const struct kt_device_attention *a = ctx;
+    const struct kt_device_job *a = ctx;
     struct kt_engine *e = a->e;
-    route(e, &e->device_layers[a->il], e->dev_h, e->dev_router_logits, e->dev_route_experts, e->dev_route_weights);
+    if (kt_fwd_job_fits(a))
+        route(e, &e->device_layers[a->il], e->dev_h, e->dev_router_logits, e->dev_route_experts, e->dev_route_weights);
 }
 
 /* The same on the GPU (a kt_backend_cuda_fn).  The logits take the GEMV
@@ -524,7 +525,7 @@ static void router_on_device(void *ctx)
  * experts' logits enough to pick others than the CPU does. */
 static int router_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
 {
-    const struct kt_device_attention *a = ctx;
+    const struct kt_device_job *a = ctx;
     struct kt_engine *e = a->e;
     const struct kt_layer_weights *L = &e->device_layers[a->il];
     const struct kt_cuda_mat w = kt_fwd_cuda_mat(&L->router);
@@ -546,10 +547,9 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     /* Router: logits (T, Ne) -> experts and weights (T, k), where attention runs. */
     uint64_t t0 = kt_fwd_now_ns();
     if (e->device_layers) {
-        struct kt_device_attention *job = &e->device_attention[(size_t)il * (KT_GRAPH_TOKENS + 1)];
         kt_backend_copy_in(e->device, e->dev_h, h, (size_t)T * E * sizeof(float));
         e->h_on_device = true;
-        kt_backend_run(e->device, router_on_device, job, router_on_cuda, job);
+        kt_fwd_run_layer_part(e, il, KT_GRAPH_ROUTER, router_on_device, router_on_cuda);
         kt_backend_copy_out(e->device, e->route_experts, e->dev_route_experts, (size_t)T * k * sizeof(uint32_t));
         kt_backend_copy_out(e->device, e->route_weights, e->dev_route_weights, (size_t)T * k * sizeof(float));
         kt_backend_sync(e->device);
