@@ -369,6 +369,11 @@ static void placement_over_the_budget_is_refused(void)
 
 int main(void)
 {
+#ifdef KT_TEST_CUDA_EMULATED /* only the cuda cases, against tests/cuda_emulated.c */
+    printf("kt_cuda.h emulated on the host: the engine's cuda path, not the GPU kernels\n");
+    KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
+    return kt_test_finish();
+#endif
     KT_RUN(tiny_hybrid_matches_cpu_only);
     KT_RUN(tiny_v3_hybrid_matches_cpu_only);
     KT_RUN(tiny_q4_k_hybrid_matches_cpu_only);

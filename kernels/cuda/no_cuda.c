@@ -1,19 +1,24 @@
 /*
  * no_cuda.c - the CUDA entry points of a build without CUDA: they report that
  * no device can be used.  Compiled only when nvcc was not found or KT_CUDA=OFF.
+ * (kt_cuda_attention_block is plain C in attention_block.c, built always.)
  */
 #include <stdio.h>
 
 #include "kt_cuda.h"
 
-int kt_cuda_device_count(char *why, size_t why_bytes)
+/* Weak, so a test may link a host emulation of these entry points in their
+ * place (tests/cuda_emulated.c). */
+#define KT_WEAK __attribute__((weak))
+
+KT_WEAK int kt_cuda_device_count(char *why, size_t why_bytes)
 {
     if (why && why_bytes)
         snprintf(why, why_bytes, "kt was built without CUDA");
     return 0;
 }
 
-int kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, char *msg, size_t msg_bytes)
 {
     (void)type, (void)src, (void)dst, (void)n;
     if (msg && msg_bytes)
@@ -21,7 +26,7 @@ int kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, ch
     return -1;
 }
 
-int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, char *msg,
+KT_WEAK int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, char *msg,
                        size_t msg_bytes)
 {
     (void)stream;
@@ -35,7 +40,7 @@ static int no_cuda(char *msg, size_t msg_bytes)
     return -1;
 }
 
-int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes)
 {
     (void)bytes;
     if (d_ptr)
@@ -43,36 +48,36 @@ int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes)
     return no_cuda(msg, msg_bytes);
 }
 
-void kt_cuda_free(void *d_ptr)
+KT_WEAK void kt_cuda_free(void *d_ptr)
 {
     (void)d_ptr;
 }
 
-int kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, char *msg, size_t msg_bytes)
 {
     (void)d_dst, (void)src, (void)bytes;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, char *msg, size_t msg_bytes)
 {
     (void)dst, (void)d_src, (void)bytes;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_synchronize(char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_synchronize(char *msg, size_t msg_bytes)
 {
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
+KT_WEAK int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
                     int64_t n, float eps, void *stream, char *msg, size_t msg_bytes)
 {
     (void)d_y, (void)y_stride, (void)d_x, (void)x_stride, (void)d_w, (void)rows, (void)n, (void)eps, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride, int64_t offset,
+KT_WEAK int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride, int64_t offset,
                  const float *d_cos_sin, int64_t n_dims, void *stream, char *msg, size_t msg_bytes)
 {
     (void)d_x, (void)rows, (void)row_stride, (void)n_heads, (void)head_stride, (void)offset, (void)d_cos_sin,
@@ -80,53 +85,53 @@ int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, 
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
+KT_WEAK int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
                    size_t msg_bytes)
 {
     (void)d_out, (void)d_gate, (void)d_up, (void)n, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes)
 {
     (void)d_y, (void)d_a, (void)d_b, (void)n, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes)
 {
     (void)d_x, (void)rows, (void)n, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
+KT_WEAK int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
                   uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes)
 {
     (void)r, (void)d_logits, (void)d_bias, (void)n_tok, (void)d_experts, (void)d_weights, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
+KT_WEAK int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
                    char *msg, size_t msg_bytes)
 {
     (void)w, (void)d_x, (void)n_tok, (void)d_y, (void)path, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
+KT_WEAK size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
 {
     (void)w, (void)n_tok;
     return 0;
 }
 
-int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
+KT_WEAK int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
                       size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes)
 {
     (void)w, (void)d_x, (void)n_tok, (void)d_y, (void)d_scratch, (void)scratch_bytes, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
+KT_WEAK int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
                       int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
                       int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes)
 {
@@ -135,7 +140,7 @@ int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, co
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
+KT_WEAK int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
                            const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
                            void *stream, char *msg, size_t msg_bytes)
 {
@@ -143,13 +148,13 @@ int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, con
     return no_cuda(msg, msg_bytes);
 }
 
-size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
+KT_WEAK size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
 {
     (void)m, (void)n_tok, (void)n_kv_max;
     return 0;
 }
 
-int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
+KT_WEAK int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
                           int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes,
                           float *d_out, void *stream, char *msg, size_t msg_bytes)
 {
@@ -158,110 +163,103 @@ int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const s
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
-                            void *stream, char *msg, size_t msg_bytes)
-{
-    (void)L, (void)s, (void)stream;
-    return no_cuda(msg, msg_bytes);
-}
-
-int kt_cuda_set_device(int device, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_set_device(int device, char *msg, size_t msg_bytes)
 {
     (void)device;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes)
 {
     *free_bytes = *total_bytes = 0;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes)
 {
     *stream = NULL;
     return no_cuda(msg, msg_bytes);
 }
 
-void kt_cuda_stream_destroy(void *stream)
+KT_WEAK void kt_cuda_stream_destroy(void *stream)
 {
     (void)stream;
 }
 
-int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg,
+KT_WEAK int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg,
                        size_t msg_bytes)
 {
     (void)dst, (void)src, (void)bytes, (void)kind, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)
 {
     (void)stream, (void)fn, (void)ctx;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes)
 {
     *event = NULL;
     return no_cuda(msg, msg_bytes);
 }
 
-void kt_cuda_event_destroy(void *event)
+KT_WEAK void kt_cuda_event_destroy(void *event)
 {
     (void)event;
 }
 
-int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes)
 {
     (void)event, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes)
 {
     (void)start, (void)end;
     *ns = 0;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes)
 {
     (void)stream;
     *graph_exec = NULL;
     return no_cuda(msg, msg_bytes);
 }
 
-int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes)
 {
     (void)graph_exec, (void)stream;
     return no_cuda(msg, msg_bytes);
 }
 
-void kt_cuda_graph_destroy(void *graph_exec)
+KT_WEAK void kt_cuda_graph_destroy(void *graph_exec)
 {
     (void)graph_exec;
 }
 
-int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes)
+KT_WEAK int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes)
 {
     (void)ptr, (void)bytes;
     return no_cuda(msg, msg_bytes);
 }
 
-void kt_cuda_host_unregister(void *ptr)
+KT_WEAK void kt_cuda_host_unregister(void *ptr)
 {
     (void)ptr;
 }
