@@ -9,12 +9,18 @@
  * layer offsets, token counts) and the order of the steps, each read the
  * way kt_cuda.h documents it.  The GPU kernels themselves are proved only by
  * the test_cuda_* programs on a GPU.  "Device" memory is host memory, every
- * stream runs its work at once, events read the host clock, stream capture
- * is refused (so the engine's fallback from graphs runs) and nothing is
- * page-locked.  Each operation computes from kt's CPU reference pieces
- * (to_float, kt_rmsnorm, kt_rope_apply, kt_moe_route) with F32 activations.
+ * stream runs its work at once, events read the host clock and nothing is
+ * page-locked.  Stream capture records each kernel entry point with its
+ * arguments as CUDA would fix them - values, and the host structs they
+ * point to, copied at the call - and a graph launch runs them again with
+ * those, so an engine that changed a launch argument between replays would
+ * read stale ones here as on a GPU; copies and host functions are refused
+ * while capturing, as the engine must not put them in a graph.  Each
+ * operation computes from kt's CPU reference pieces (to_float, kt_rmsnorm,
+ * kt_rope_apply, kt_moe_route) with F32 activations.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +32,8 @@
 #include "cpu/ref/ops.h"
 
 /* ---- device, memory, streams, events, graphs ------------------------------------- */
+
+static int refused_while_capturing(const char *what, char *msg, size_t msg_bytes);
 
 int kt_cuda_device_count(char *why, size_t why_bytes)
 {
@@ -94,6 +102,8 @@ void kt_cuda_stream_destroy(void *stream)
 int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
+    if (refused_while_capturing("a copy", msg, msg_bytes))
+        return -1;
     if (kind < KT_CUDA_TO_HOST || kind > KT_CUDA_ON_DEVICE || (bytes && (!dst || !src))) {
         snprintf(msg, msg_bytes, "emulated copy: kind %d or NULL pointer", kind);
         return -1;
@@ -104,7 +114,9 @@ int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void 
 
 int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)
 {
-    (void)stream, (void)msg, (void)msg_bytes;
+    (void)stream;
+    if (refused_while_capturing("a host function", msg, msg_bytes))
+        return -1;
     fn(ctx);
     return 0;
 }
@@ -144,31 +156,109 @@ int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, si
     return 0;
 }
 
+/* A recorded call: its runner and a copy of its arguments. */
+struct call {
+    int (*run)(const void *args, char *msg, size_t msg_bytes);
+    void *args;
+};
+
+struct graph {
+    struct call *calls;
+    size_t n, cap;
+    bool failed;
+};
+
+static struct graph *capturing; /* the stream being captured (there is one stream) */
+
+/* Runs a kernel entry point now, or records it with its arguments. */
+static int submit(int (*run)(const void *, char *, size_t), const void *args, size_t args_bytes, char *msg,
+                  size_t msg_bytes)
+{
+    if (!capturing)
+        return run(args, msg, msg_bytes);
+    struct graph *g = capturing;
+    if (g->n == g->cap) {
+        const size_t cap = g->cap ? 2 * g->cap : 16;
+        struct call *calls = realloc(g->calls, cap * sizeof *calls);
+        if (!calls) {
+            g->failed = true;
+            snprintf(msg, msg_bytes, "emulated capture: out of memory");
+            return -1;
+        }
+        g->calls = calls;
+        g->cap = cap;
+    }
+    void *copy = malloc(args_bytes);
+    if (!copy) {
+        g->failed = true;
+        snprintf(msg, msg_bytes, "emulated capture: out of memory");
+        return -1;
+    }
+    memcpy(copy, args, args_bytes);
+    g->calls[g->n++] = (struct call){run, copy};
+    return 0;
+}
+
+/* Copies and host functions do not belong in the engine's graphs. */
+static int refused_while_capturing(const char *what, char *msg, size_t msg_bytes)
+{
+    if (!capturing)
+        return 0;
+    capturing->failed = true;
+    snprintf(msg, msg_bytes, "emulated capture: %s while capturing", what);
+    return -1;
+}
+
+static void graph_free(struct graph *g)
+{
+    for (size_t i = 0; g && i < g->n; i++)
+        free(g->calls[i].args);
+    if (g)
+        free(g->calls);
+    free(g);
+}
+
 int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
-    snprintf(msg, msg_bytes, "graphs are not emulated");
-    return -1;
+    if (capturing) {
+        snprintf(msg, msg_bytes, "emulated capture: already capturing");
+        return -1;
+    }
+    capturing = calloc(1, sizeof *capturing);
+    return capturing ? 0 : -1;
 }
 
 int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes)
 {
     (void)stream;
+    struct graph *g = capturing;
+    capturing = NULL;
     *graph_exec = NULL;
-    snprintf(msg, msg_bytes, "graphs are not emulated");
-    return -1;
+    if (!g || g->failed) {
+        graph_free(g);
+        snprintf(msg, msg_bytes, "emulated capture: %s", g ? "a call failed while capturing" : "not capturing");
+        return -1;
+    }
+    *graph_exec = g;
+    return 0;
 }
 
 int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes)
 {
-    (void)graph_exec, (void)stream;
-    snprintf(msg, msg_bytes, "graphs are not emulated");
-    return -1;
+    (void)stream;
+    const struct graph *g = graph_exec;
+    if (!g || refused_while_capturing("a graph launch", msg, msg_bytes))
+        return -1;
+    for (size_t i = 0; i < g->n; i++)
+        if (g->calls[i].run(g->calls[i].args, msg, msg_bytes))
+            return -1;
+    return 0;
 }
 
 void kt_cuda_graph_destroy(void *graph_exec)
 {
-    (void)graph_exec;
+    graph_free(graph_exec);
 }
 
 int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes)
@@ -185,16 +275,54 @@ void kt_cuda_host_unregister(void *ptr)
 
 /* ---- element-wise ops ---------------------------------------------------------------- */
 
+struct rmsnorm_args {
+    float *y;
+    int64_t y_stride;
+    const float *x;
+    int64_t x_stride;
+    const float *w;
+    int64_t rows, n;
+    float eps;
+};
+
+static int rmsnorm_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct rmsnorm_args *a = p;
+    if (!a->y || !a->x || !a->w || a->x_stride < a->n || a->y_stride < a->n) {
+        snprintf(msg, msg_bytes, "emulated rmsnorm: bad arguments");
+        return -1;
+    }
+    for (int64_t r = 0; r < a->rows; r++)
+        kt_rmsnorm(a->y + r * a->y_stride, a->x + r * a->x_stride, a->w, a->n, a->eps);
+    return 0;
+}
+
 int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
                     int64_t n, float eps, void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
-    if (!d_y || !d_x || !d_w || x_stride < n || y_stride < n) {
-        snprintf(msg, msg_bytes, "emulated rmsnorm: bad arguments");
+    const struct rmsnorm_args a = {d_y, y_stride, d_x, x_stride, d_w, rows, n, eps};
+    return submit(rmsnorm_run, &a, sizeof a, msg, msg_bytes);
+}
+
+struct rope_args {
+    float *x;
+    int64_t rows, row_stride, n_heads, head_stride, offset;
+    const float *cos_sin;
+    int64_t n_dims;
+};
+
+static int rope_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct rope_args *a = p;
+    if (a->n_heads > 1 && a->head_stride < a->offset + a->n_dims) {
+        snprintf(msg, msg_bytes, "emulated rope: heads overlap");
         return -1;
     }
-    for (int64_t r = 0; r < rows; r++)
-        kt_rmsnorm(d_y + r * y_stride, d_x + r * x_stride, d_w, n, eps);
+    for (int64_t r = 0; r < a->rows; r++)
+        for (int64_t h = 0; h < a->n_heads; h++)
+            kt_rope_apply(a->x + r * a->row_stride + h * a->head_stride + a->offset, a->cos_sin + r * a->n_dims,
+                          (uint32_t)a->n_dims);
     return 0;
 }
 
@@ -202,37 +330,86 @@ int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, 
                  const float *d_cos_sin, int64_t n_dims, void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
-    if (n_heads > 1 && head_stride < offset + n_dims) {
-        snprintf(msg, msg_bytes, "emulated rope: heads overlap");
-        return -1;
-    }
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t h = 0; h < n_heads; h++)
-            kt_rope_apply(d_x + r * row_stride + h * head_stride + offset, d_cos_sin + r * n_dims, (uint32_t)n_dims);
+    const struct rope_args a = {d_x, rows, row_stride, n_heads, head_stride, offset, d_cos_sin, n_dims};
+    return submit(rope_run, &a, sizeof a, msg, msg_bytes);
+}
+
+struct elementwise_args {
+    float *y;
+    const float *a, *b; /* softmax: y in place, rows in b's place as a count */
+    int64_t n, rows;
+};
+
+static int swiglu_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct elementwise_args *a = p;
+    (void)msg, (void)msg_bytes;
+    kt_swiglu(a->y, a->a, a->b, a->n);
+    return 0;
+}
+
+static int add_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct elementwise_args *a = p;
+    (void)msg, (void)msg_bytes;
+    for (int64_t i = 0; i < a->n; i++)
+        a->y[i] = a->a[i] + a->b[i];
+    return 0;
+}
+
+static int softmax_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct elementwise_args *a = p;
+    (void)msg, (void)msg_bytes;
+    for (int64_t r = 0; r < a->rows; r++)
+        kt_softmax(a->y + r * a->n, a->n);
     return 0;
 }
 
 int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
                    size_t msg_bytes)
 {
-    (void)stream, (void)msg, (void)msg_bytes;
-    kt_swiglu(d_out, d_gate, d_up, n);
-    return 0;
+    (void)stream;
+    const struct elementwise_args a = {d_out, d_gate, d_up, n, 1};
+    return submit(swiglu_run, &a, sizeof a, msg, msg_bytes);
 }
 
 int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes)
 {
-    (void)stream, (void)msg, (void)msg_bytes;
-    for (int64_t i = 0; i < n; i++)
-        d_y[i] = d_a[i] + d_b[i];
-    return 0;
+    (void)stream;
+    const struct elementwise_args a = {d_y, d_a, d_b, n, 1};
+    return submit(add_run, &a, sizeof a, msg, msg_bytes);
 }
 
 int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes)
 {
-    (void)stream, (void)msg, (void)msg_bytes;
-    for (int64_t r = 0; r < rows; r++)
-        kt_softmax(d_x + r * n, n);
+    (void)stream;
+    const struct elementwise_args a = {d_x, NULL, NULL, n, rows};
+    return submit(softmax_run, &a, sizeof a, msg, msg_bytes);
+}
+
+struct route_args {
+    struct kt_cuda_router r;
+    const float *logits, *bias;
+    int64_t n_tok;
+    uint32_t *experts;
+    float *weights;
+};
+
+static int route_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct route_args *a = p;
+    const struct kt_router kr = {a->r.n_expert, a->r.n_used, a->r.n_groups, a->r.n_group_used,
+                                 (enum kt_gating)a->r.gating, a->r.norm != 0, a->r.scale};
+    float *scratch = malloc(kt_router_scratch_floats(&kr) * sizeof(float) + sizeof(float));
+    if (!scratch) {
+        snprintf(msg, msg_bytes, "emulated route: out of memory");
+        return -1;
+    }
+    for (int64_t t = 0; t < a->n_tok; t++)
+        kt_moe_route(&kr, a->logits + t * a->r.n_expert, a->bias, a->experts + t * a->r.n_used,
+                     a->weights + t * a->r.n_used, scratch);
+    free(scratch);
     return 0;
 }
 
@@ -240,18 +417,8 @@ int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const f
                   uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
-    const struct kt_router kr = {r->n_expert, r->n_used, r->n_groups, r->n_group_used, (enum kt_gating)r->gating,
-                                 r->norm != 0, r->scale};
-    float *scratch = malloc(kt_router_scratch_floats(&kr) * sizeof(float) + sizeof(float));
-    if (!scratch) {
-        snprintf(msg, msg_bytes, "emulated route: out of memory");
-        return -1;
-    }
-    for (int64_t t = 0; t < n_tok; t++)
-        kt_moe_route(&kr, d_logits + t * r->n_expert, d_bias, d_experts + t * r->n_used, d_weights + t * r->n_used,
-                     scratch);
-    free(scratch);
-    return 0;
+    const struct route_args a = {*r, d_logits, d_bias, n_tok, d_experts, d_weights};
+    return submit(route_run, &a, sizeof a, msg, msg_bytes);
 }
 
 /* ---- matmul --------------------------------------------------------------------------- */
@@ -284,11 +451,25 @@ static int matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_stride,
     return 0;
 }
 
+struct matmul_args {
+    struct kt_cuda_mat w;
+    const float *x;
+    int64_t n_tok;
+    float *y;
+};
+
+static int matmul_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct matmul_args *a = p;
+    return matmul(&a->w, a->x, a->w.n_in, a->n_tok, a->y, a->w.n_out, msg, msg_bytes);
+}
+
 int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
                    char *msg, size_t msg_bytes)
 {
     (void)path, (void)stream;
-    return matmul(w, d_x, w->n_in, n_tok, d_y, w->n_out, msg, msg_bytes);
+    const struct matmul_args a = {*w, d_x, n_tok, d_y};
+    return submit(matmul_run, &a, sizeof a, msg, msg_bytes);
 }
 
 size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
@@ -311,6 +492,8 @@ int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, co
                       int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes)
 {
     (void)stream;
+    if (refused_while_capturing("FFN units (their unit list changes every step)", msg, msg_bytes))
+        return -1;
     for (uint32_t u = 0; u < n_units; u++) {
         const struct kt_cuda_ffn_unit *un = &units[u];
         const int64_t n_ff = un->gate.n_out;
@@ -368,6 +551,33 @@ size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int
     return m && n_tok > 0 ? 256 : 0;
 }
 
+struct mla_args {
+    struct kt_cuda_mla m;
+    struct kt_cuda_mla_cache cache;
+    const float *kv_a, *norm_w, *cos_sin; /* rows */
+    float eps;
+    const float *q;                       /* attention */
+    int64_t n_tok, n_kv_max;
+    float *out;
+};
+
+static int mla_rows_run(const void *p, char *msg, size_t msg_bytes)
+{
+    const struct mla_args *a = p;
+    if (check_cache(&a->cache, msg, msg_bytes))
+        return -1;
+    const int64_t kvr = a->m.kv_rank, dr = a->m.rope_dim, D = kvr + dr;
+    for (int64_t t = 0; t < a->n_tok; t++) {
+        if (a->cache.n_kv[t] == 0)
+            continue;
+        float *row = cache_row(&a->cache, t, (int64_t)a->cache.n_kv[t] - 1, D);
+        kt_rmsnorm(row, a->kv_a + t * D, a->norm_w, kvr, a->eps);
+        memcpy(row + kvr, a->kv_a + t * D + kvr, (size_t)dr * sizeof *row);
+        kt_rope_apply(row + kvr, a->cos_sin + t * dr, (uint32_t)dr);
+    }
+    return 0;
+}
+
 int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
                            const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
                            void *stream, char *msg, size_t msg_bytes)
@@ -375,29 +585,19 @@ int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, con
     (void)stream;
     if (check_cache(cache, msg, msg_bytes))
         return -1;
-    const int64_t kvr = m->kv_rank, dr = m->rope_dim, D = kvr + dr;
-    for (int64_t t = 0; t < n_tok; t++) {
-        if (cache->n_kv[t] == 0)
-            continue;
-        float *row = cache_row(cache, t, (int64_t)cache->n_kv[t] - 1, D);
-        kt_rmsnorm(row, d_kv_a + t * D, d_norm_w, kvr, eps);
-        memcpy(row + kvr, d_kv_a + t * D + kvr, (size_t)dr * sizeof *row);
-        kt_rope_apply(row + kvr, d_cos_sin + t * dr, (uint32_t)dr);
-    }
-    return 0;
+    const struct mla_args a = {.m = *m, .cache = *cache, .kv_a = d_kv_a, .norm_w = d_norm_w, .cos_sin = d_cos_sin,
+                               .eps = eps, .n_tok = n_tok};
+    return submit(mla_rows_run, &a, sizeof a, msg, msg_bytes);
 }
 
-int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
-                          int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes, float *d_out,
-                          void *stream, char *msg, size_t msg_bytes)
+static int mla_attention_run(const void *p, char *msg, size_t msg_bytes)
 {
-    (void)stream;
-    if (check_cache(cache, msg, msg_bytes))
-        return -1;
-    if (!d_scratch || scratch_bytes < kt_cuda_mla_scratch_bytes(m, n_tok, n_kv_max)) {
-        snprintf(msg, msg_bytes, "emulated mla: scratch");
-        return -1;
-    }
+    const struct mla_args *a = p;
+    const struct kt_cuda_mla *m = &a->m;
+    const struct kt_cuda_mla_cache *cache = &a->cache;
+    const float *d_q = a->q;
+    float *d_out = a->out;
+    const int64_t n_tok = a->n_tok, n_kv_max = a->n_kv_max;
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank, D = kvr + dr;
     float *query = malloc((size_t)D * sizeof *query), *o_lat = malloc((size_t)kvr * sizeof *o_lat);
     float *scores = malloc((size_t)(n_kv_max > 0 ? n_kv_max : 1) * sizeof *scores);
@@ -444,4 +644,19 @@ int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const s
     }
     free(query), free(o_lat), free(scores);
     return rc;
+}
+
+int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
+                          int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes, float *d_out,
+                          void *stream, char *msg, size_t msg_bytes)
+{
+    (void)stream;
+    if (check_cache(cache, msg, msg_bytes))
+        return -1;
+    if (!d_scratch || scratch_bytes < kt_cuda_mla_scratch_bytes(m, n_tok, n_kv_max)) {
+        snprintf(msg, msg_bytes, "emulated mla: scratch");
+        return -1;
+    }
+    const struct mla_args a = {.m = *m, .cache = *cache, .q = d_q, .n_tok = n_tok, .n_kv_max = n_kv_max, .out = d_out};
+    return submit(mla_attention_run, &a, sizeof a, msg, msg_bytes);
 }

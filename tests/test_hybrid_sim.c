@@ -280,6 +280,8 @@ static void cuda_splits_match_cpu_only(const char *preset)
                  cases[c].what);
         KT_CHECK(st.device_pairs > 0 && dev.busy_ns > 0, "cuda, %s, %s: the GPU ran pairs and was timed", preset,
                  cases[c].what);
+        if (cases[c].p.attention_on_device) /* decode steps replayed CUDA graphs */
+            KT_CHECK(dev.graph_launches > 0, "cuda, %s, %s: graphs replayed", preset, cases[c].what);
         free(got);
     }
     free(base);
