@@ -731,7 +731,9 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
             st = device_floats(e, &L->q_a_norm, hp->q_lora_rank, err);
         if (st == KT_OK)
             st = device_floats(e, &L->kv_a_norm, hp->kv_lora_rank, err);
-        if (st == KT_OK && L->is_moe) /* the router follows attention */
+        if (st == KT_OK && L->is_moe) /* the FFN norm and router follow attention */
+            st = device_floats(e, &L->ffn_norm, hp->n_embd, err);
+        if (st == KT_OK && L->is_moe)
             st = device_mat(e, &L->router, err);
         if (st == KT_OK && L->is_moe)
             st = device_floats(e, &L->exp_probs_b, hp->n_expert, err);
@@ -754,7 +756,7 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
         st = kv_cache_create(e, e->dev_kv_pool, err);
     if (st == KT_OK && !e->device_sizing) { /* the jobs, and the graphs decode batches replay */
         const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
-        const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_PARTS * KT_GRAPH_TOKENS;
+        const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_TOKENS;
         if (!(e->device_jobs = calloc(n_jobs, sizeof *e->device_jobs)) ||
             (!e->params.no_device_graphs && !(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs))))
             return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
@@ -1022,13 +1024,15 @@ static void attention_block(struct kt_engine *e, uint32_t il, float *x)
 /* The recorded layer graphs, dropped (none is queued: every layer part syncs). */
 static void destroy_graphs(struct kt_engine *e)
 {
-    for (size_t i = 0; e->layer_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_PARTS * KT_GRAPH_TOKENS; i++)
+    for (size_t i = 0; e->layer_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_TOKENS; i++)
         kt_backend_graph_destroy(e->layer_graphs[i]);
     free(e->layer_graphs);
     e->layer_graphs = NULL;
 }
 
-bool kt_fwd_job_fits(const struct kt_device_job *job)
+/* The job a layer's host function got still fits the step: false (and the
+ * step fails) when a graph was replayed for another batch size. */
+static bool job_fits(const struct kt_device_job *job)
 {
     if (job->n_tok && job->n_tok != job->e->n_tokens) {
         job->e->graph_mismatch = true;
@@ -1037,20 +1041,47 @@ bool kt_fwd_job_fits(const struct kt_device_job *job)
     return true;
 }
 
-void kt_fwd_run_layer_part(struct kt_engine *e, uint32_t il, enum kt_graph_part part, kt_backend_fn host_fn,
-                           kt_backend_cuda_fn cuda_fn)
+/* A layer's device part on the sim's queue: attention_block on the residual
+ * stream sent there (the stepping thread waits meanwhile, so the thread
+ * pool is free), then in MoE layers the FFN norm and the router. */
+static void layer_on_device(void *ctx)
+{
+    const struct kt_device_job *a = ctx;
+    if (!job_fits(a))
+        return;
+    attention_block(a->e, a->il, a->e->dev_x);
+    if (a->e->layers[a->il].is_moe)
+        kt_fwd_route_on_device(a->e, a->il);
+}
+
+/* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
+static int layer_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+{
+    const struct kt_device_job *a = ctx;
+    struct kt_engine *e = a->e;
+    const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
+    e->cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
+    if (kt_cuda_attention_block(&e->cuda_layers[a->il], &e->cuda_step, stream, msg, msg_bytes))
+        return -1;
+    return e->layers[a->il].is_moe ? kt_fwd_route_on_cuda(e, a->il, stream, msg, msg_bytes) : 0;
+}
+
+/* Layer il's device part: a decode-sized batch replays the layer's graph for
+ * its size (recorded now if it is the first), anything else runs directly.
+ * A recording that fails turns graphs off. */
+static void run_device_layer(struct kt_engine *e, uint32_t il)
 {
     const uint32_t T = e->n_tokens;
     const bool graph = e->layer_graphs && T <= KT_GRAPH_TOKENS;
     struct kt_device_job *job = &e->device_jobs[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
     if (!graph) {
-        kt_backend_run(e->device, host_fn, job, cuda_fn, job);
+        kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
         return;
     }
-    struct kt_backend_graph **g = &e->layer_graphs[((size_t)il * KT_GRAPH_PARTS + part) * KT_GRAPH_TOKENS + T - 1];
+    struct kt_backend_graph **g = &e->layer_graphs[(size_t)il * KT_GRAPH_TOKENS + T - 1];
     kt_err err = {0};
     if (!*g && kt_backend_graph_begin(e->device, &err) == KT_OK) {
-        kt_backend_run(e->device, host_fn, job, cuda_fn, job);
+        kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
         kt_backend_graph_end(e->device, g, &err);
     }
     if (*g) {
@@ -1059,26 +1090,7 @@ void kt_fwd_run_layer_part(struct kt_engine *e, uint32_t il, enum kt_graph_part 
     }
     destroy_graphs(e); /* recording failed: from now on every batch runs directly */
     job = &e->device_jobs[(size_t)il * (KT_GRAPH_TOKENS + 1)];
-    kt_backend_run(e->device, host_fn, job, cuda_fn, job);
-}
-
-/* attention_block on the device's queue, on the residual stream sent there
- * (the stepping thread waits meanwhile, so the thread pool is free). */
-static void attention_on_device(void *ctx)
-{
-    const struct kt_device_job *a = ctx;
-    if (kt_fwd_job_fits(a))
-        attention_block(a->e, a->il, a->e->dev_x);
-}
-
-/* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
-static int attention_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
-{
-    const struct kt_device_job *a = ctx;
-    struct kt_engine *e = a->e;
-    const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
-    e->cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
-    return kt_cuda_attention_block(&e->cuda_layers[a->il], &e->cuda_step, stream, msg, msg_bytes);
+    kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
 }
 
 /* The output head on the sim device's queue, on the rows sent there. */
@@ -1185,10 +1197,19 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         if (e->device)
             kt_backend_stats(e->device, &dev0);
         uint64_t ta = kt_fwd_now_ns();
-        if (e->device_layers) { /* x goes to the device, through attention there, and back */
+        /* x goes to the device, through attention there (and in MoE layers
+         * the FFN norm and the router), and back with h and the routing */
+        const bool routed = e->device_layers && L->is_moe;
+        if (e->device_layers) {
+            const size_t k = hp->n_expert_used;
             kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
-            kt_fwd_run_layer_part(e, il, KT_GRAPH_ATTENTION, attention_on_device, attention_on_cuda);
+            run_device_layer(e, il);
             kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));
+            if (routed) {
+                kt_backend_copy_out(e->device, e->h, e->dev_h, (size_t)T * E * sizeof(float));
+                kt_backend_copy_out(e->device, e->route_experts, e->dev_route_experts, T * k * sizeof(uint32_t));
+                kt_backend_copy_out(e->device, e->route_weights, e->dev_route_weights, T * k * sizeof(float));
+            }
             kt_backend_sync(e->device);
         } else {
             attention_block(e, il, e->x);
@@ -1196,7 +1217,7 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         uint64_t tb = kt_fwd_now_ns();
         e->stats.attention_ns += tb - ta;
 
-        for (uint32_t t = 0; t < T; t++)
+        for (uint32_t t = 0; !routed && t < T; t++)
             kt_rmsnorm(e->h + (size_t)t * E, e->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
         uint64_t tf = kt_fwd_now_ns();
         e->stats.other_ns += tf - tb;

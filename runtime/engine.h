@@ -93,13 +93,14 @@ struct kt_engine_params {
     const uint8_t *expert_on_device;
     bool shared_on_device;
     /* Every layer's attention (norm, MLA projections, attention, residual)
-     * and MoE router on the device, their weights copied there (h goes there
-     * for the router; the experts and weights come back), and the KV cache's
-     * pool in its memory (counted against its budget; forks copy blocks on
-     * its queue).  cuda runs kt_cuda_attention_block (absorbed MLA, fp32;
-     * cuBLASLt for projections of 64 tokens or more) and kt_cuda_route; the
-     * sim runs the CPU code on its queue with the host's scratch.  Needs
-     * split attn_k_b / attn_v_b on cuda. */
+     * and, in MoE layers, the FFN norm and router on the device, their
+     * weights copied there (x goes there each layer and comes back with h
+     * and the routing: one round trip), and the KV cache's pool in its
+     * memory (counted against its budget; forks copy blocks on its queue).
+     * cuda runs kt_cuda_attention_block (absorbed MLA, fp32; cuBLASLt for
+     * projections of 64 tokens or more) and kt_cuda_route; the sim runs the
+     * CPU code on its queue with the host's scratch.  Needs split attn_k_b /
+     * attn_v_b on cuda. */
     bool attention_on_device;
     bool dense_on_device;       /* the leading dense layers' FFNs on the device */
     /* The output head (the final norm stays on the host) on the device, its

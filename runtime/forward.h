@@ -114,9 +114,8 @@ struct kt_device_part {
 };
 
 /* Batches of at most this many tokens (decode) replay a layer's device
- * parts (enum kt_graph_part) from graphs. */
+ * part (attention, then in MoE layers the FFN norm and the router) from a graph. */
 #define KT_GRAPH_TOKENS 8
-enum kt_graph_part { KT_GRAPH_ATTENTION, KT_GRAPH_ROUTER, KT_GRAPH_PARTS };
 
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
@@ -216,25 +215,26 @@ struct kt_engine {
      * projections) in device memory; NULL: attention on the CPU. */
     struct kt_layer_weights *device_layers;
     float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
-    /* With attention, the router on the device: logits (T, Ne), experts and
-     * weights (T, k) there (the latter two come back); h_on_device: dev_h
-     * already holds this layer's h (sent for the router) */
+    /* With attention, the FFN norm and router of MoE layers on the device:
+     * h in dev_h, logits (T, Ne), experts and weights (T, k) there, and h,
+     * the experts and weights come back with x; h_on_device: dev_h holds
+     * this layer's h */
     float *dev_router_logits, *dev_route_weights;
     uint32_t *dev_route_experts;
     bool h_on_device;
-    /* Device jobs of a layer (its attention, its router), each fixed to its
-     * layer and (for a graph's recording) batch size, so a replay can tell it
-     * ran for the wrong one: [n_layer * (KT_GRAPH_TOKENS + 1)], index
+    /* The device part of each layer (its attention, then in MoE layers the
+     * FFN norm and the router), each job fixed to its layer and (for a
+     * graph's recording) batch size, so a replay can tell it ran for the
+     * wrong one: [n_layer * (KT_GRAPH_TOKENS + 1)], index
      * il * (KT_GRAPH_TOKENS + 1) + n (n = 0: any batch, run directly). */
     struct kt_device_job {
         struct kt_engine *e;
         uint32_t il, n_tok;
     } *device_jobs;
-    /* Decode-sized batches replay each layer's device parts from graphs
-     * (backend.h) recorded the first time that part of that layer meets that
-     * batch size: [n_layer * KT_GRAPH_PARTS * KT_GRAPH_TOKENS], index
-     * (il * KT_GRAPH_PARTS + part) * KT_GRAPH_TOKENS + n_tok - 1; NULL: no
-     * graphs (none asked for, or a recording failed). */
+    /* Decode-sized batches replay each layer's device part from a graph
+     * (backend.h) recorded the first time that layer meets that batch size:
+     * [n_layer * KT_GRAPH_TOKENS], index il * KT_GRAPH_TOKENS + n_tok - 1;
+     * NULL: no graphs (none asked for, or a recording failed). */
     struct kt_backend_graph **layer_graphs;
     bool graph_mismatch;        /* a replay ran for another batch size than recorded (a bug: the step fails) */
     /* attention_on_device: the KV cache's pool lives in device memory (e->kv
@@ -297,16 +297,11 @@ static inline struct kt_cuda_mat kt_fwd_cuda_mat(const struct kt_mat *m)
 /* Expert x of layer L as the file holds it (views of the mapped GGUF). */
 struct kt_ffn_weights kt_fwd_expert_gguf(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t x);
 
-/* Layer il's `part` on the device: host_fn (sim) or cuda_fn (cuda) with the
- * layer's job as context, replayed from the layer's graph for this batch
- * size when the batch is decode-sized (recorded the first time), else run
- * directly.  A recording that fails turns graphs off. */
-void kt_fwd_run_layer_part(struct kt_engine *e, uint32_t il, enum kt_graph_part part, kt_backend_fn host_fn,
-                           kt_backend_cuda_fn cuda_fn);
-
-/* The job (ctx) a layer part's host function got still fits the step: false
- * (and the step fails) when a graph was replayed for another batch size. */
-bool kt_fwd_job_fits(const struct kt_device_job *job);
+/* MoE layer il's FFN norm and router on the device's copies (moe.c):
+ * dev_h = rmsnorm(dev_x), then experts and weights into dev_route_*; the
+ * sim's half (runs kt's CPU code) and the GPU's (enqueues kernels). */
+void kt_fwd_route_on_device(struct kt_engine *e, uint32_t il);
+int kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, char *msg, size_t msg_bytes);
 
 /* Runs the device's units of the step (a kt_backend_fn). */
 void kt_fwd_run_device_part(void *ctx);

@@ -511,51 +511,45 @@ static void route(struct kt_engine *e, const struct kt_layer_weights *L, const f
                      weights + (size_t)t * k, e->router_scratch);
 }
 
-/* route() on the sim device's queue, on its copies (ctx: the layer's job). */
-static void router_on_device(void *ctx)
+void kt_fwd_route_on_device(struct kt_engine *e, uint32_t il)
 {
-    const struct kt_device_job *a = ctx;
-    struct kt_engine *e = a->e;
-    if (kt_fwd_job_fits(a))
-        route(e, &e->device_layers[a->il], e->dev_h, e->dev_router_logits, e->dev_route_experts, e->dev_route_weights);
+    const struct kt_layer_weights *L = &e->device_layers[il];
+    const uint32_t E = e->hp.n_embd;
+    for (uint32_t t = 0; t < e->n_tokens; t++)
+        kt_rmsnorm(e->dev_h + (size_t)t * E, e->dev_x + (size_t)t * E, L->ffn_norm, E, e->hp.rms_eps);
+    route(e, L, e->dev_h, e->dev_router_logits, e->dev_route_experts, e->dev_route_weights);
 }
 
-/* The same on the GPU (a kt_backend_cuda_fn).  The logits take the GEMV
- * path (F32 activations and sums): a BF16 product would move near-tied
- * experts' logits enough to pick others than the CPU does. */
-static int router_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+/* The router's logits take the GEMV path on the GPU (F32 activations and
+ * sums): a BF16 product would move near-tied experts' logits enough to pick
+ * others than the CPU does. */
+int kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, char *msg, size_t msg_bytes)
 {
-    const struct kt_device_job *a = ctx;
-    struct kt_engine *e = a->e;
-    const struct kt_layer_weights *L = &e->device_layers[a->il];
+    const struct kt_layer_weights *L = &e->device_layers[il];
+    const int64_t T = e->n_tokens, E = e->hp.n_embd;
     const struct kt_cuda_mat w = kt_fwd_cuda_mat(&L->router);
     const struct kt_router *r = &e->router;
     const struct kt_cuda_router cr = {r->n_expert, r->n_used, r->n_groups, r->n_group_used, (int)r->gating, r->norm,
                                       r->scale};
-    return kt_cuda_matmul(&w, e->dev_h, e->n_tokens, e->dev_router_logits, KT_CUDA_MATMUL_GEMV, stream, msg,
-                          msg_bytes) ||
-                   kt_cuda_route(&cr, e->dev_router_logits, L->exp_probs_b, e->n_tokens, e->dev_route_experts,
-                                 e->dev_route_weights, stream, msg, msg_bytes)
-               ? -1
-               : 0;
+    if (kt_cuda_rmsnorm(e->dev_h, E, e->dev_x, E, L->ffn_norm, T, E, e->hp.rms_eps, stream, msg, msg_bytes) ||
+        kt_cuda_matmul(&w, e->dev_h, T, e->dev_router_logits, KT_CUDA_MATMUL_GEMV, stream, msg, msg_bytes) ||
+        kt_cuda_route(&cr, e->dev_router_logits, L->exp_probs_b, T, e->dev_route_experts, e->dev_route_weights, stream,
+                      msg, msg_bytes))
+        return -1;
+    return 0;
 }
 
 static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
 {
     const uint32_t T = e->n_tokens, E = e->hp.n_embd, Ne = e->hp.n_expert, k = e->router.n_used;
 
-    /* Router: logits (T, Ne) -> experts and weights (T, k), where attention runs. */
+    /* Router: logits (T, Ne) -> experts and weights (T, k); with attention
+     * on the device it ran there, h and the routing came back with x. */
     uint64_t t0 = kt_fwd_now_ns();
-    if (e->device_layers) {
-        kt_backend_copy_in(e->device, e->dev_h, h, (size_t)T * E * sizeof(float));
+    if (e->device_layers)
         e->h_on_device = true;
-        kt_fwd_run_layer_part(e, il, KT_GRAPH_ROUTER, router_on_device, router_on_cuda);
-        kt_backend_copy_out(e->device, e->route_experts, e->dev_route_experts, (size_t)T * k * sizeof(uint32_t));
-        kt_backend_copy_out(e->device, e->route_weights, e->dev_route_weights, (size_t)T * k * sizeof(float));
-        kt_backend_sync(e->device);
-    } else {
+    else
         route(e, L, h, e->router_logits, e->route_experts, e->route_weights);
-    }
     uint64_t t1 = kt_fwd_now_ns();
     e->stats.router_ns += t1 - t0;
 
