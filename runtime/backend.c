@@ -43,6 +43,15 @@ struct op {
     void *ctx;
 };
 
+/* A graph: sim, the recorded operations; cuda, the executable graph. */
+struct kt_backend_graph {
+    struct op *ops;
+    size_t n, cap;
+    bool failed;                    /* a call refused, or out of memory, while recording */
+    char failure[256];
+    void *exec;                     /* cuda */
+};
+
 struct kt_backend {
     struct kt_backend_params p;
     char name[64];
@@ -166,10 +175,26 @@ static kt_status create_cuda(const struct kt_backend_params *p, struct kt_backen
 /* Keeps the first failure of the cuda queue's work (msg from kt_cuda_*). */
 static void cuda_failed(struct kt_backend *b, const char *msg)
 {
+    if (b->recording) { /* the recording is discarded; the caller runs the work directly */
+        if (!b->recording->failed)
+            snprintf(b->recording->failure, sizeof b->recording->failure, "%s", msg);
+        b->recording->failed = true;
+        return;
+    }
     if (b->failed == KT_OK) {
         b->failed = KT_ERR_IO;
         snprintf(b->failure, sizeof b->failure, "%s", msg);
     }
+}
+
+/* cuda: makes the backend's device current on the calling thread (CUDA
+ * keeps the current device per thread, and kt-serve steps the engine on
+ * another thread than the one that created it). */
+static void cuda_current(struct kt_backend *b)
+{
+    char msg[256];
+    if (kt_cuda_set_device(b->p.device, msg, sizeof msg))
+        cuda_failed(b, msg);
 }
 
 /* cuda: sums the timed ops' event pairs into the stats; the stream is idle. */
@@ -247,6 +272,7 @@ void kt_backend_destroy(struct kt_backend *b)
     if (!b)
         return;
     if (b->p.kind == KT_BACKEND_CUDA) {
+        cuda_current(b);
         if (b->stream) {
             char msg[256];
             kt_cuda_stream_synchronize(b->stream, msg, sizeof msg);
@@ -292,6 +318,7 @@ kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_er
     void *p = NULL;
     if (b->p.kind == KT_BACKEND_CUDA) {
         char msg[256];
+        cuda_current(b);
         if (kt_cuda_alloc(&p, bytes, msg, sizeof msg))
             return kt_err_set(err, KT_ERR_NOMEM, "device '%s': %s", b->name, msg);
     } else {
@@ -309,10 +336,12 @@ void kt_backend_free(struct kt_backend *b, void *ptr, size_t bytes)
 {
     if (!ptr)
         return;
-    if (b->p.kind == KT_BACKEND_CUDA)
+    if (b->p.kind == KT_BACKEND_CUDA) {
+        cuda_current(b);
         kt_cuda_free(ptr);
-    else
+    } else {
         free(ptr);
+    }
     b->used_bytes -= bytes <= b->used_bytes ? bytes : b->used_bytes;
 }
 
@@ -326,14 +355,6 @@ uint64_t kt_backend_budget_bytes(const struct kt_backend *b)
     return b->p.memory_bytes;
 }
 
-/* A graph: sim, the recorded operations; cuda, the executable graph. */
-struct kt_backend_graph {
-    struct op *ops;
-    size_t n, cap;
-    bool failed;                    /* sim: out of memory while recording */
-    void *exec;                     /* cuda */
-};
-
 static void submit(struct kt_backend *b, struct op o)
 {
     struct kt_backend_graph *g = b->recording;
@@ -342,6 +363,8 @@ static void submit(struct kt_backend *b, struct op o)
             const size_t cap = g->cap ? 2 * g->cap : 16;
             struct op *ops = realloc(g->ops, cap * sizeof *ops);
             if (!ops) {
+                if (!g->failed)
+                    snprintf(g->failure, sizeof g->failure, "out of memory recording a graph");
                 g->failed = true;
                 return;
             }
@@ -364,6 +387,7 @@ static void submit(struct kt_backend *b, struct op o)
 static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t bytes, int kind)
 {
     char msg[256];
+    cuda_current(b);
     cuda_op_begin(b);
     if (kt_cuda_copy_async(dst, src, bytes, kind, b->stream, msg, sizeof msg))
         cuda_failed(b, msg);
@@ -397,6 +421,7 @@ void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
 {
     if (b->p.kind == KT_BACKEND_CUDA) {
         char msg[256];
+        cuda_current(b);
         cuda_op_begin(b);
         if (kt_cuda_launch_host(b->stream, fn, ctx, msg, sizeof msg))
             cuda_failed(b, msg);
@@ -426,6 +451,7 @@ void kt_backend_run(struct kt_backend *b, kt_backend_fn host_fn, void *host_ctx,
         return;
     }
     char msg[256] = "";
+    cuda_current(b);
     cuda_op_begin(b);
     cuda_enqueued(b, cuda_fn(cuda_ctx, b->stream, msg, sizeof msg), msg);
 }
@@ -449,6 +475,7 @@ void kt_backend_sync(struct kt_backend *b)
 {
     if (b->p.kind == KT_BACKEND_CUDA) {
         char msg[256];
+        cuda_current(b);
         if (kt_cuda_stream_synchronize(b->stream, msg, sizeof msg))
             cuda_failed(b, msg);
         cuda_collect(b);
@@ -483,6 +510,8 @@ kt_status kt_backend_graph_begin(struct kt_backend *b, kt_err *err)
     if (!g)
         return kt_err_set(err, KT_ERR_NOMEM, "backend: out of memory");
     char msg[256];
+    if (b->p.kind == KT_BACKEND_CUDA)
+        cuda_current(b);
     if (b->p.kind == KT_BACKEND_CUDA && kt_cuda_capture_begin(b->stream, msg, sizeof msg)) {
         free(g);
         return kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, msg);
@@ -498,10 +527,13 @@ kt_status kt_backend_graph_end(struct kt_backend *b, struct kt_backend_graph **o
     if (!g)
         return kt_err_set(err, KT_ERR_INVALID, "device '%s': no graph is being recorded", b->name);
     b->recording = NULL;
-    char msg[256] = "out of memory recording the graph";
-    if (g->failed || (b->p.kind == KT_BACKEND_CUDA && kt_cuda_capture_end(b->stream, &g->exec, msg, sizeof msg))) {
+    char msg[256] = "";
+    /* cuda: the capture ends even when a call in it failed, so the stream runs work again */
+    const int ended = b->p.kind == KT_BACKEND_CUDA ? kt_cuda_capture_end(b->stream, &g->exec, msg, sizeof msg) : 0;
+    if (g->failed || ended) {
+        kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, g->failed ? g->failure : msg);
         kt_backend_graph_destroy(g);
-        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, msg);
+        return KT_ERR_IO;
     }
     *out = g;
     return KT_OK;
@@ -518,6 +550,7 @@ void kt_backend_graph_launch(struct kt_backend *b, const struct kt_backend_graph
         return;
     }
     char msg[256];
+    cuda_current(b);
     cuda_op_begin(b);
     cuda_enqueued(b, kt_cuda_graph_launch(g->exec, b->stream, msg, sizeof msg), msg);
 }
@@ -534,11 +567,16 @@ void kt_backend_graph_destroy(struct kt_backend_graph *g)
 bool kt_backend_pin_host(struct kt_backend *b, void *ptr, size_t bytes)
 {
     char msg[256];
-    return b->p.kind == KT_BACKEND_CUDA && ptr && bytes && kt_cuda_host_register(ptr, bytes, msg, sizeof msg) == 0;
+    if (b->p.kind != KT_BACKEND_CUDA || !ptr || !bytes)
+        return false;
+    cuda_current(b);
+    return kt_cuda_host_register(ptr, bytes, msg, sizeof msg) == 0;
 }
 
 void kt_backend_unpin_host(struct kt_backend *b, void *ptr)
 {
-    if (b->p.kind == KT_BACKEND_CUDA)
+    if (b->p.kind == KT_BACKEND_CUDA) {
+        cuda_current(b);
         kt_cuda_host_unregister(ptr);
+    }
 }

@@ -756,9 +756,10 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
         st = kv_cache_create(e, e->dev_kv_pool, err);
     if (st == KT_OK && !e->device_sizing) { /* the jobs, and the graphs decode batches replay */
         const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
-        const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_TOKENS;
+        const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_SLOTS;
         if (!(e->device_jobs = calloc(n_jobs, sizeof *e->device_jobs)) ||
-            (!e->params.no_device_graphs && !(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs))))
+            (!e->params.no_device_graphs && (!(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs)) ||
+                                             !(e->graph_seen = calloc(n_graphs, 1)))))
             return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
         for (size_t i = 0; i < n_jobs; i++)
             e->device_jobs[i] = (struct kt_device_job){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
@@ -1024,10 +1025,12 @@ static void attention_block(struct kt_engine *e, uint32_t il, float *x)
 /* The recorded layer graphs, dropped (none is queued: every layer part syncs). */
 static void destroy_graphs(struct kt_engine *e)
 {
-    for (size_t i = 0; e->layer_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_TOKENS; i++)
+    for (size_t i = 0; e->layer_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_SLOTS; i++)
         kt_backend_graph_destroy(e->layer_graphs[i]);
     free(e->layer_graphs);
+    free(e->graph_seen);
     e->layer_graphs = NULL;
+    e->graph_seen = NULL;
 }
 
 /* The job a layer's host function got still fits the step: false (and the
@@ -1078,7 +1081,13 @@ static void run_device_layer(struct kt_engine *e, uint32_t il)
         kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
         return;
     }
-    struct kt_backend_graph **g = &e->layer_graphs[(size_t)il * KT_GRAPH_TOKENS + T - 1];
+    const size_t slot = (size_t)il * KT_GRAPH_SLOTS + e->graph_slot;
+    struct kt_backend_graph **g = &e->layer_graphs[slot];
+    if (!*g && !e->graph_seen[slot]) { /* the first time runs directly */
+        e->graph_seen[slot] = 1;
+        kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
+        return;
+    }
     kt_err err = {0};
     if (!*g && kt_backend_graph_begin(e->device, &err) == KT_OK) {
         kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
@@ -1109,6 +1118,20 @@ static int head_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
                           msg_bytes);
 }
 
+/* A decode batch's graph slot (its batch size and the bucket of its longest
+ * context) and the context bound that bucket's graphs are sized for. */
+static void choose_graph_slot(struct kt_engine *e)
+{
+    uint32_t n_kv_max = 0;
+    for (uint32_t t = 0; t < e->n_tokens; t++)
+        n_kv_max = e->tokens[t].pos + 1 > n_kv_max ? e->tokens[t].pos + 1 : n_kv_max;
+    uint32_t b = 0;
+    while (b + 1 < KT_GRAPH_BUCKETS && (256u << b) < n_kv_max)
+        b++;
+    e->graph_bound = (256u << b) < e->params.n_ctx ? (256u << b) : e->params.n_ctx;
+    e->graph_slot = b * KT_GRAPH_TOKENS + e->n_tokens - 1;
+}
+
 /* cuda attention: the step's cache tables (each sequence's blocks, where
  * each token's table starts, each token's context) and RoPE angles go to
  * the device once per step; every layer reads them there. */
@@ -1131,8 +1154,8 @@ static void send_cache_tables(struct kt_engine *e)
     }
     struct kt_cuda_attention_step *s = &e->cuda_step;
     s->n_tok = T;
-    /* a graph replays the launch shapes it was recorded with: size for the whole context */
-    s->n_kv_max = e->layer_graphs && T <= KT_GRAPH_TOKENS ? e->params.n_ctx : n_kv_max;
+    /* a graph replays the launch shapes it was recorded with: its bucket's bound */
+    s->n_kv_max = e->layer_graphs && T <= KT_GRAPH_TOKENS ? e->graph_bound : n_kv_max;
     kt_backend_copy_in(e->device, (void *)s->cache.block_ids, e->step_block_ids, n_ids * sizeof(uint32_t));
     kt_backend_copy_in(e->device, (void *)s->cache.first_block, e->step_first_block, T * sizeof(uint32_t));
     kt_backend_copy_in(e->device, (void *)s->cache.n_kv, e->step_n_kv, T * sizeof(uint32_t));
@@ -1188,6 +1211,8 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     uint64_t t_embed = kt_fwd_now_ns() - t0;
     e->stats.other_ns += t_embed;
     e->stats.embed_head_ns += t_embed;
+    if (e->layer_graphs && T <= KT_GRAPH_TOKENS)
+        choose_graph_slot(e);
     if (e->cuda_layers)
         send_cache_tables(e);
 

@@ -114,8 +114,13 @@ struct kt_device_part {
 };
 
 /* Batches of at most this many tokens (decode) replay a layer's device
- * part (attention, then in MoE layers the FFN norm and the router) from a graph. */
+ * part (attention, then in MoE layers the FFN norm and the router) from a
+ * graph, one per batch size and context bucket: a graph's MLA is sized for
+ * its bucket's longest context (256 << b positions, at most n_ctx), so its
+ * launch shapes stay fixed while a short context does not pay for n_ctx. */
 #define KT_GRAPH_TOKENS 8
+#define KT_GRAPH_BUCKETS 17 /* 256 .. 2^24 positions (n_ctx's limit) */
+#define KT_GRAPH_SLOTS (KT_GRAPH_TOKENS * KT_GRAPH_BUCKETS)
 
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
@@ -232,10 +237,16 @@ struct kt_engine {
         uint32_t il, n_tok;
     } *device_jobs;
     /* Decode-sized batches replay each layer's device part from a graph
-     * (backend.h) recorded the first time that layer meets that batch size:
-     * [n_layer * KT_GRAPH_TOKENS], index il * KT_GRAPH_TOKENS + n_tok - 1;
-     * NULL: no graphs (none asked for, or a recording failed). */
+     * (backend.h) recorded the second time that layer meets that batch size
+     * and context bucket (the first runs directly, so every kernel has been
+     * loaded before a capture): [n_layer * KT_GRAPH_SLOTS], index
+     * il * KT_GRAPH_SLOTS + bucket * KT_GRAPH_TOKENS + n_tok - 1, and
+     * graph_seen beside it; NULL: no graphs (none asked for, or a recording
+     * failed).  graph_slot: this step's bucket * KT_GRAPH_TOKENS + n_tok - 1;
+     * graph_bound: the context its graphs' MLA is sized for. */
     struct kt_backend_graph **layer_graphs;
+    uint8_t *graph_seen;
+    uint32_t graph_slot, graph_bound;
     bool graph_mismatch;        /* a replay ran for another batch size than recorded (a bug: the step fails) */
     /* attention_on_device: the KV cache's pool lives in device memory (e->kv
      * addresses it; its copy-on-write copies run on the device's queue). */

@@ -41,9 +41,13 @@ static inline int kt_cuda_failf(char *msg, size_t msg_bytes, const char *fmt, ..
     return -1;
 }
 
-/* "what: <CUDA's text for e>"; returns -1. */
+/* "what: <CUDA's text for e>"; returns -1.  Also clears the thread's last
+ * CUDA error: cudaGetLastError reports the last failure of any runtime call,
+ * so a refused non-launch call (a page-lock, a capture) left there would
+ * make the next kernel launch look failed (a sticky kernel fault stays). */
 static inline int kt_cuda_fail(char *msg, size_t msg_bytes, const char *what, cudaError_t e)
 {
+    (void)cudaGetLastError();
     return kt_cuda_failf(msg, msg_bytes, "%s: %s", what, cudaGetErrorString(e));
 }
 

@@ -32,6 +32,7 @@
 #define MLA_TARGET_BLOCKS 256 /* split the context until a launch has about this many blocks */
 #define MLA_MAX_SPLITS 1024
 #define MLA_MAX_SMEM 49152
+#define MLA_STATIC_SMEM (MLA_ROWS * sizeof(const float *)) /* mla_attend's tile row pointers */
 
 static_assert(MLA_HEADS * 32 == MLA_THREADS, "one warp per head");
 static_assert(MLA_ROWS <= 32, "one lane per row of a tile");
@@ -252,7 +253,7 @@ static int check_shape(const struct kt_cuda_mla *m, bool weights, char *msg, siz
         return kt_cuda_failf(msg, msg_bytes, "mla: no shape");
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank;
     if (H <= 0 || H > KT_CUDA_MAX_GRID_YZ * MLA_HEADS || dn <= 0 || dr <= 0 || dr % 2 != 0 || dv <= 0 || kvr <= 0 ||
-        kvr > MLA_MAX_COLS * MLA_THREADS || mla_smem_bytes(kvr + dr) > MLA_MAX_SMEM)
+        kvr > MLA_MAX_COLS * MLA_THREADS || mla_smem_bytes(kvr + dr) + MLA_STATIC_SMEM > MLA_MAX_SMEM)
         return kt_cuda_failf(msg, msg_bytes,
                              "mla: unsupported shape (%lld heads, nope %lld, rope %lld, v %lld, kv rank %lld; "
                              "kv rank <= %d, kv rank + rope <= 760)",
@@ -270,8 +271,11 @@ static int check_shape(const struct kt_cuda_mla *m, bool weights, char *msg, siz
     return 0;
 }
 
-/* Context slices for a launch: enough blocks to fill the GPU, none shorter than 64 rows. */
-static int64_t mla_splits(int64_t H, int64_t n_tok, int64_t n_kv_max, int64_t *split_rows)
+/* Context slices for a launch: enough blocks to fill the GPU, none shorter
+ * than 64 rows.  *most_slices: the count before rounding to equal slices,
+ * which is at least the one used and never shrinks as n_kv_max grows (so
+ * scratch sized for the longest context holds any shorter one). */
+static int64_t mla_splits(int64_t H, int64_t n_tok, int64_t n_kv_max, int64_t *split_rows, int64_t *most_slices)
 {
     const int64_t blocks = n_tok * ((H + MLA_HEADS - 1) / MLA_HEADS);
     int64_t n = (MLA_TARGET_BLOCKS + blocks - 1) / blocks;
@@ -282,6 +286,7 @@ static int64_t mla_splits(int64_t H, int64_t n_tok, int64_t n_kv_max, int64_t *s
         n = MLA_MAX_SPLITS;
     if (n < 1)
         n = 1;
+    *most_slices = n;
     *split_rows = n_kv_max > 0 ? (n_kv_max + n - 1) / n : 1;
     return n_kv_max > 0 ? (n_kv_max + *split_rows - 1) / *split_rows : 1; /* no empty slice */
 }
@@ -296,11 +301,12 @@ static void scratch_parts(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_
                           int64_t *n_split, int64_t *split_rows)
 {
     const size_t th = (size_t)n_tok * (size_t)m->n_head;
-    *n_split = mla_splits(m->n_head, n_tok, n_kv_max, split_rows);
+    int64_t most = 1;
+    *n_split = mla_splits(m->n_head, n_tok, n_kv_max, split_rows, &most);
     part[0] = align_up(th * (size_t)(m->kv_rank + m->rope_dim) * sizeof(float));
     part[1] = align_up(th * (size_t)m->kv_rank * sizeof(float));
-    part[2] = *n_split > 1 ? align_up(th * (size_t)*n_split * (size_t)m->kv_rank * sizeof(float)) : 0;
-    part[3] = *n_split > 1 ? align_up(th * (size_t)*n_split * 2 * sizeof(float)) : 0;
+    part[2] = most > 1 ? align_up(th * (size_t)most * (size_t)m->kv_rank * sizeof(float)) : 0;
+    part[3] = most > 1 ? align_up(th * (size_t)most * 2 * sizeof(float)) : 0;
 }
 
 extern "C" size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
