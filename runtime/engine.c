@@ -502,8 +502,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     }
     if (d.device && (st = setup_device(e, &d, err)))
         goto fail;
-    if (e->device) /* the activations cross the link each layer */
-        e->buffers_pinned = kt_backend_pin_host(e->device, e->buffers, e->scratch_bytes);
+    if (e->device) /* the step's buffers cross the link each layer; the threads' scratch (last, large) does not */
+        e->buffers_pinned =
+            kt_backend_pin_host(e->device, e->buffers, (size_t)((uint8_t *)e->scratch - (uint8_t *)e->buffers));
     if (!d.keep_gguf_layout && (st = pack_host_weights(e, err)))
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
@@ -585,6 +586,11 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
 {
     void *p = NULL;
     const size_t bytes = (size_t)kt_mat_bytes(m);
+    char msg[256];
+    const struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
+    if (e->device_sizing && kt_backend_kind(e->device) == KT_BACKEND_CUDA && /* refused before anything is placed */
+        kt_cuda_mat_usable(&cm, kt_type_name(m->type), msg, sizeof msg))
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': %s", kt_backend_name(e->device), msg);
     kt_status st = device_alloc(e, bytes, &p, err);
     if (st == KT_OK && !e->device_sizing) {
         kt_backend_copy_in(e->device, p, m->data, bytes);

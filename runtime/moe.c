@@ -475,12 +475,15 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
             kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
         kt_backend_copy_in(e->device, e->dev_pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
         kt_backend_run(e->device, kt_fwd_run_device_part, &e->device_part, cuda_device_part, &e->device_part);
-        kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
-                            (size_t)(n_pairs - p0) * E * sizeof(float));
         e->stats.device_pairs += n_pairs - p0;
     }
     run_units(e, &e->bufs, h, 0, dev0, n_units, on);
     if (device_work) {
+        /* queued after the CPU's units: a copy into pageable memory (if
+         * page-locking was refused) holds the host until it is done */
+        const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
+        kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
+                            (size_t)(n_pairs - p0) * E * sizeof(float));
         const uint64_t w0 = kt_fwd_now_ns();
         kt_backend_sync(e->device);
         e->stats.device_wait_ns += kt_fwd_now_ns() - w0;

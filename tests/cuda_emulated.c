@@ -451,6 +451,16 @@ static int matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_stride,
     return 0;
 }
 
+int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes)
+{
+    const struct kt_type_traits *tr = w ? kt_type_traits(w->type) : NULL;
+    if (!w || !w->data || !tr || !tr->to_float || w->n_in <= 0 || w->n_out <= 0) {
+        snprintf(msg, msg_bytes, "%s: not usable by the emulated GPU", what);
+        return -1;
+    }
+    return 0;
+}
+
 struct matmul_args {
     struct kt_cuda_mat w;
     const float *x;

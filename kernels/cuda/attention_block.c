@@ -34,15 +34,19 @@ static int fail(char *msg, size_t msg_bytes, const char *fmt, ...)
 }
 
 /* y (n_tok, w.n_out) = x (n_tok, w.n_in) . W^T: prefill-sized batches through
- * cuBLASLt when the step has scratch for it, else kt_cuda_matmul's own path. */
+ * cuBLASLt when the step has scratch for it and cuBLASLt an algorithm, else
+ * kt_cuda_matmul's own path. */
 static int project(const struct kt_cuda_mat *w, const float *x, const struct kt_cuda_attention_step *st, float *y,
                    void *stream, char *msg, size_t msg_bytes)
 {
     const int64_t n_tok = st->n_tok;
     if (n_tok >= KT_CUDA_LT_MIN_TOKENS && st->lt_scratch) {
         const size_t need = kt_cuda_matmul_lt_scratch_bytes(w, n_tok);
+        int rc = KT_CUDA_LT_NO_ALGORITHM;
         if (need && need <= st->lt_scratch_bytes)
-            return kt_cuda_matmul_lt(w, x, n_tok, y, st->lt_scratch, st->lt_scratch_bytes, stream, msg, msg_bytes);
+            rc = kt_cuda_matmul_lt(w, x, n_tok, y, st->lt_scratch, st->lt_scratch_bytes, stream, msg, msg_bytes);
+        if (rc != KT_CUDA_LT_NO_ALGORITHM)
+            return rc;
     }
     return kt_cuda_matmul(w, x, n_tok, y, KT_CUDA_MATMUL_AUTO, stream, msg, msg_bytes);
 }

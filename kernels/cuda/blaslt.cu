@@ -143,6 +143,7 @@ static int lt_gemm(cublasLtHandle_t handle, const void *a, int64_t lda, const vo
                       "matmul_lt: cuBLASLt has no algorithm for m %lld, n %lld, k %lld (A %u-, B %u-, D %u-byte "
                       "aligned)",
                       (long long)m, (long long)n, (long long)k, align_a, align_b, align_d);
+        rc = KT_CUDA_LT_NO_ALGORITHM; /* nothing queued: the caller may take another path */
         goto done;
     }
     LT_TRY(cublasLtMatmul(handle, op, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d, d_layout, &best.algo,

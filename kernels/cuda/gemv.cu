@@ -334,7 +334,8 @@ int kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, char *msg, 
     if (!w || !w->data)
         return kt_cuda_failf(msg, msg_bytes, "%s: no weights", what);
     if (!type_supported(w->type))
-        return kt_cuda_failf(msg, msg_bytes, "%s: type %s not supported on CUDA (f32, f16, bf16, q8_0, q5_0, q4_K, q5_K, q6_K)", what,
+        return kt_cuda_failf(msg, msg_bytes,
+                             "%s: type %s not supported on CUDA (f32, f16, bf16, q8_0, q5_0, q4_K, q5_K, q6_K)", what,
                              kt_type_name(w->type));
     const size_t packed = kt_type_row_bytes(w->type, w->n_in);
     if (w->n_in <= 0 || w->n_out <= 0 || packed == 0)
@@ -348,6 +349,11 @@ int kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, char *msg, 
         return kt_cuda_failf(msg, msg_bytes, "%s: %s rows must be %zu-byte aligned", what, kt_type_name(w->type),
                              align);
     return 0;
+}
+
+extern "C" int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes)
+{
+    return kt_cuda_mat_check(w, what, msg, msg_bytes);
 }
 
 int kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, char *msg, size_t msg_bytes)

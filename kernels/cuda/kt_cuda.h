@@ -111,6 +111,11 @@ enum kt_cuda_matmul_path {
     KT_CUDA_MATMUL_TENSOR = 2, /* 64x64 tiles dequantized to BF16, tensor cores, fp32 sums (sm_80+) */
 };
 
+/* 0 when the GPU's matmul reads w (its type, shape and alignment), else -1
+ * with a message naming `what`: to refuse weights when they are placed
+ * rather than at the first step. */
+int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes);
+
 /* y (n_tok, n_out) = x (n_tok, n_in) . W^T. */
 int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
                    char *msg, size_t msg_bytes);
@@ -127,7 +132,10 @@ size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_to
  * (nearest even) in scratch, then one BF16 GEMM with fp32 sums - the TENSOR
  * path's numerics.  scratch: device, 256-byte aligned, at least
  * kt_cuda_matmul_lt_scratch_bytes(w, n_tok), busy until the stream has run
- * this product.  n_tok >= 1. */
+ * this product.  n_tok >= 1.  Returns KT_CUDA_LT_NO_ALGORITHM (and a
+ * message) when cuBLASLt offers no algorithm for the shape: the product was
+ * not queued, and kt_cuda_matmul can take it instead. */
+#define KT_CUDA_LT_NO_ALGORITHM (-2)
 int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
                       size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes);
 

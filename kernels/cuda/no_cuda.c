@@ -263,3 +263,9 @@ KT_WEAK void kt_cuda_host_unregister(void *ptr)
 {
     (void)ptr;
 }
+
+KT_WEAK int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes)
+{
+    (void)w, (void)what;
+    return no_cuda(msg, msg_bytes);
+}
