@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "kt_cuda.h"
+#include "mla_plan.h"
 #include "moe.h"
 #include "quant.h"
 #include "cpu/ref/ops.h"
@@ -555,10 +556,15 @@ static int check_cache(const struct kt_cuda_mla_cache *c, char *msg, size_t msg_
     return 0;
 }
 
+/* The GPU path's own sizing (mla_plan.h), so the engine's scratch is checked as a GPU would. */
 size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
 {
-    (void)n_kv_max;
-    return m && n_tok > 0 ? 256 : 0;
+    if (!m || n_tok <= 0 || n_kv_max < 0)
+        return 0;
+    size_t part[4];
+    int64_t n_split, split_rows;
+    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
+    return part[0] + part[1] + part[2] + part[3];
 }
 
 struct mla_args {

@@ -23,14 +23,11 @@
  * work).
  */
 #include "common.cuh"
+#include "mla_plan.h"
 
-#define MLA_HEADS 8          /* heads per block = warps per block */
 #define MLA_ROWS 8           /* cache rows per tile */
 #define MLA_THREADS 256
 #define MLA_MAX_COLS 4       /* latent columns per thread: kvr <= 4 * 256 */
-#define MLA_MIN_SPLIT_ROWS 64
-#define MLA_TARGET_BLOCKS 256 /* split the context until a launch has about this many blocks */
-#define MLA_MAX_SPLITS 1024
 #define MLA_MAX_SMEM 49152
 #define MLA_STATIC_SMEM (MLA_ROWS * sizeof(const float *)) /* mla_attend's tile row pointers */
 
@@ -271,51 +268,13 @@ static int check_shape(const struct kt_cuda_mla *m, bool weights, char *msg, siz
     return 0;
 }
 
-/* Context slices for a launch: enough blocks to fill the GPU, none shorter
- * than 64 rows.  *most_slices: the count before rounding to equal slices,
- * which is at least the one used and never shrinks as n_kv_max grows (so
- * scratch sized for the longest context holds any shorter one). */
-static int64_t mla_splits(int64_t H, int64_t n_tok, int64_t n_kv_max, int64_t *split_rows, int64_t *most_slices)
-{
-    const int64_t blocks = n_tok * ((H + MLA_HEADS - 1) / MLA_HEADS);
-    int64_t n = (MLA_TARGET_BLOCKS + blocks - 1) / blocks;
-    const int64_t most = (n_kv_max + MLA_MIN_SPLIT_ROWS - 1) / MLA_MIN_SPLIT_ROWS;
-    if (n > most)
-        n = most;
-    if (n > MLA_MAX_SPLITS)
-        n = MLA_MAX_SPLITS;
-    if (n < 1)
-        n = 1;
-    *most_slices = n;
-    *split_rows = n_kv_max > 0 ? (n_kv_max + n - 1) / n : 1;
-    return n_kv_max > 0 ? (n_kv_max + *split_rows - 1) / *split_rows : 1; /* no empty slice */
-}
-
-static size_t align_up(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
-
-/* Byte sizes of the scratch parts: q_lat, o_lat, part_o, part_ml. */
-static void scratch_parts(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max, size_t part[4],
-                          int64_t *n_split, int64_t *split_rows)
-{
-    const size_t th = (size_t)n_tok * (size_t)m->n_head;
-    int64_t most = 1;
-    *n_split = mla_splits(m->n_head, n_tok, n_kv_max, split_rows, &most);
-    part[0] = align_up(th * (size_t)(m->kv_rank + m->rope_dim) * sizeof(float));
-    part[1] = align_up(th * (size_t)m->kv_rank * sizeof(float));
-    part[2] = most > 1 ? align_up(th * (size_t)most * (size_t)m->kv_rank * sizeof(float)) : 0;
-    part[3] = most > 1 ? align_up(th * (size_t)most * 2 * sizeof(float)) : 0;
-}
-
 extern "C" size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
 {
     if (check_shape(m, false, NULL, 0) != 0 || n_tok <= 0 || n_kv_max < 0)
         return 0;
     size_t part[4];
     int64_t n_split, split_rows;
-    scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
+    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
     return part[0] + part[1] + part[2] + part[3];
 }
 
@@ -356,7 +315,7 @@ extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d
         return -1;
     size_t part[4];
     int64_t n_split, split_rows;
-    scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
+    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
     if (scratch_bytes < part[0] + part[1] + part[2] + part[3])
         return kt_cuda_failf(msg, msg_bytes, "mla: scratch of %zu bytes, %zu needed", scratch_bytes,
                              part[0] + part[1] + part[2] + part[3]);
