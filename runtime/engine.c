@@ -853,6 +853,16 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
     return KT_OK;
 }
 
+/* Copies of an FFN's gate, up and down in device memory; on failure err
+ * names `what` of layer il. */
+static kt_status device_ffn(struct kt_engine *e, struct kt_ffn_weights *w, uint32_t il, const char *what, kt_err *err)
+{
+    kt_status st;
+    if ((st = device_mat(e, &w->gate, err)) || (st = device_mat(e, &w->up, err)) || (st = device_mat(e, &w->down, err)))
+        kt_err_prefix(err, "layer %u %s", il, what);
+    return st;
+}
+
 /* Allocates and copies in what the params put on the device (or, while
  * device_sizing, only adds up its bytes). */
 static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
@@ -863,11 +873,8 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
         const struct kt_layer_weights *L = &e->layers[il];
         if (!L->is_moe && e->device_dense) {
             struct kt_ffn_weights w = L->dense;
-            if ((st = device_mat(e, &w.gate, err)) || (st = device_mat(e, &w.up, err)) ||
-                (st = device_mat(e, &w.down, err))) {
-                kt_err_prefix(err, "layer %u dense FFN", il);
+            if ((st = device_ffn(e, &w, il, "dense FFN", err)))
                 return st;
-            }
             e->device_dense[il] = w;
         }
         if (!L->is_moe)
@@ -877,21 +884,17 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
                 continue;
             /* the file's rows (every backend's kernels read GGUF blocks) */
             struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
-            if ((st = device_mat(e, &w.gate, err)) || (st = device_mat(e, &w.up, err)) ||
-                (st = device_mat(e, &w.down, err))) {
-                kt_err_prefix(err, "layer %u expert %u", il, x);
+            char what[32];
+            snprintf(what, sizeof what, "expert %u", x);
+            if ((st = device_ffn(e, &w, il, what, err)))
                 return st;
-            }
             if (!e->device_sizing)
                 e->device_experts[(size_t)il * hp->n_expert + x] = w;
         }
         if (e->device_shared && L->shared.n_ff > 0) {
             struct kt_ffn_weights w = L->shared;
-            if ((st = device_mat(e, &w.gate, err)) || (st = device_mat(e, &w.up, err)) ||
-                (st = device_mat(e, &w.down, err))) {
-                kt_err_prefix(err, "layer %u shared experts", il);
+            if ((st = device_ffn(e, &w, il, "shared experts", err)))
                 return st;
-            }
             e->device_shared[il] = w;
         }
     }

@@ -52,12 +52,9 @@ static void cuda_dequant_rejects_unsupported_type(void)
 
 int main(void)
 {
-    char why[256] = "";
-    if (kt_cuda_device_count(why, sizeof why) <= 0) {
-        char reason[320];
-        snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
-        return kt_test_skip(reason);
-    }
+    const int skip = kt_test_skip_without_cuda();
+    if (skip)
+        return skip;
     KT_RUN(cuda_dequant_matches_reference);
     KT_RUN(cuda_dequant_rejects_unsupported_type);
     return kt_test_finish();

@@ -367,12 +367,9 @@ static void cuda_matmul_lt_rejects_bad_arguments(void)
 
 int main(void)
 {
-    char why[256] = "";
-    if (kt_cuda_device_count(why, sizeof why) <= 0) {
-        char reason[320];
-        snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
-        return kt_test_skip(reason);
-    }
+    const int skip = kt_test_skip_without_cuda();
+    if (skip)
+        return skip;
     KT_RUN(cuda_matmul_matches_reference_on_odd_shapes);
     KT_RUN(cuda_matmul_matches_reference_at_kimi_sizes);
     KT_RUN(cuda_ffn_units_match_reference);

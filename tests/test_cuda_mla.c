@@ -330,12 +330,9 @@ static void cuda_mla_rejects_bad_shapes(void)
 
 int main(void)
 {
-    char why[256] = "";
-    if (kt_cuda_device_count(why, sizeof why) <= 0) {
-        char reason[320];
-        snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
-        return kt_test_skip(reason);
-    }
+    const int skip = kt_test_skip_without_cuda();
+    if (skip)
+        return skip;
     KT_RUN(cuda_mla_matches_cpu_attention);
     KT_RUN(cuda_mla_rejects_bad_shapes);
     return kt_test_finish();

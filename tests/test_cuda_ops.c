@@ -206,12 +206,9 @@ static void cuda_ops_reject_bad_arguments(void)
 
 int main(void)
 {
-    char why[256] = "";
-    if (kt_cuda_device_count(why, sizeof why) <= 0) {
-        char reason[320];
-        snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
-        return kt_test_skip(reason);
-    }
+    const int skip = kt_test_skip_without_cuda();
+    if (skip)
+        return skip;
     KT_RUN(cuda_rmsnorm_matches_cpu);
     KT_RUN(cuda_rope_matches_cpu_bit_for_bit);
     KT_RUN(cuda_swiglu_and_add_match_cpu);

@@ -117,12 +117,9 @@ static void cuda_route_rejects_bad_routers(void)
 
 int main(void)
 {
-    char why[256] = "";
-    if (kt_cuda_device_count(why, sizeof why) <= 0) {
-        char reason[320];
-        snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
-        return kt_test_skip(reason);
-    }
+    const int skip = kt_test_skip_without_cuda();
+    if (skip)
+        return skip;
     KT_RUN(cuda_route_matches_kt_moe_route);
     KT_RUN(cuda_route_breaks_ties_like_the_cpu);
     KT_RUN(cuda_route_rejects_bad_routers);

@@ -91,6 +91,11 @@ double kt_test_worst_row_diff(const float *a, const float *b, size_t rows, size_
 
 /* ---- device memory for the CUDA tests (testlib_cuda.c) ---- */
 
+/* 0 where a CUDA device can be used; else kt_test_skip's code, having printed
+ * "skipped: no CUDA device (why)": `int skip = kt_test_skip_without_cuda();
+ * if (skip) return skip;` at the top of a CUDA test's main. */
+int kt_test_skip_without_cuda(void);
+
 /* bytes of device memory, filled from host when host is not NULL; NULL
  * after a failed check. */
 void *kt_test_cuda_copy_in(const void *host, size_t bytes);

@@ -5,7 +5,18 @@
  */
 #include "testlib.h"
 
+#include <stdio.h>
+
 #include "kt_cuda.h"
+
+int kt_test_skip_without_cuda(void)
+{
+    char why[256] = "", reason[320];
+    if (kt_cuda_device_count(why, sizeof why) > 0)
+        return 0;
+    snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
+    return kt_test_skip(reason);
+}
 
 void *kt_test_cuda_copy_in(const void *host, size_t bytes)
 {

@@ -205,28 +205,16 @@ static int report(const struct load *L, double wall_s)
 /* ---- options and main ----------------------------------------------------------------------------------- */
 
 #define OPTS(o) ((struct load_options *)(o))
-#define U32_OPTION(fn, field, lo, hi, name)                                                           \
-    static bool fn(void *o, const char *arg, char *why, size_t ws)                                    \
-    {                                                                                                 \
-        return kt_cli_parse_u32(arg, lo, hi, &OPTS(o)->field) || kt_cli_invalid(why, ws, name, arg);  \
-    }
-#define STRING_OPTION(fn, field)                                                                      \
-    static bool fn(void *o, const char *arg, char *why, size_t ws)                                    \
-    {                                                                                                 \
-        (void)why, (void)ws;                                                                          \
-        OPTS(o)->field = arg;                                                                         \
-        return true;                                                                                  \
-    }
-U32_OPTION(opt_port, port, 1, 65535, "--port")
-U32_OPTION(opt_concurrency, concurrency, 1, 4096, "--concurrency")
-U32_OPTION(opt_requests, requests, 1, 1u << 24, "--requests")
-U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 24, "--max-tokens")
-U32_OPTION(opt_words, prompt_words, 0, 1u << 20, "--prompt-words")
-U32_OPTION(opt_disconnect, disconnect_every, 0, 1u << 24, "--disconnect-every")
-STRING_OPTION(opt_host, host)
-STRING_OPTION(opt_key, api_key)
-STRING_OPTION(opt_model, model)
-STRING_OPTION(opt_json, json_out)
+KT_CLI_U32_OPTION(opt_port, port, 1, 65535, "--port")
+KT_CLI_U32_OPTION(opt_concurrency, concurrency, 1, 4096, "--concurrency")
+KT_CLI_U32_OPTION(opt_requests, requests, 1, 1u << 24, "--requests")
+KT_CLI_U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 24, "--max-tokens")
+KT_CLI_U32_OPTION(opt_words, prompt_words, 0, 1u << 20, "--prompt-words")
+KT_CLI_U32_OPTION(opt_disconnect, disconnect_every, 0, 1u << 24, "--disconnect-every")
+KT_CLI_STRING_OPTION(opt_host, host)
+KT_CLI_STRING_OPTION(opt_key, api_key)
+KT_CLI_STRING_OPTION(opt_model, model)
+KT_CLI_STRING_OPTION(opt_json, json_out)
 
 static bool opt_timeout(void *o, const char *arg, char *why, size_t ws)
 {

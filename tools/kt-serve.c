@@ -22,18 +22,6 @@
 
 #define OPTS(o) ((struct kt_serve_options *)(o))
 
-#define STRING_OPTION(fn, field)                                                                 \
-    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
-    {                                                                                            \
-        (void)why, (void)ws;                                                                     \
-        OPTS(o)->field = arg;                                                                    \
-        return true;                                                                             \
-    }
-#define U32_OPTION(fn, field, lo, hi, name)                                                      \
-    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
-    {                                                                                            \
-        return kt_cli_parse_u32(arg, lo, hi, &OPTS(o)->field) || kt_cli_invalid(why, ws, name, arg); \
-    }
 #define SECONDS_OPTION(fn, field, name)                                                          \
     static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
     {                                                                                            \
@@ -44,19 +32,19 @@
         return true;                                                                             \
     }
 
-STRING_OPTION(opt_model, model)
-STRING_OPTION(opt_placement, placement)
-STRING_OPTION(opt_host, host)
-STRING_OPTION(opt_api_key, api_key)
-STRING_OPTION(opt_name, served_name)
-U32_OPTION(opt_port, port, 0, 65535, "--port")
-U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
-U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
-U32_OPTION(opt_threads, threads, 1, 4096, "--threads")
-U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
-U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
-U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
-U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections")
+KT_CLI_STRING_OPTION(opt_model, model)
+KT_CLI_STRING_OPTION(opt_placement, placement)
+KT_CLI_STRING_OPTION(opt_host, host)
+KT_CLI_STRING_OPTION(opt_api_key, api_key)
+KT_CLI_STRING_OPTION(opt_name, served_name)
+KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port")
+KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
+KT_CLI_U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
+KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads")
+KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
+KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
+KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
+KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections")
 SECONDS_OPTION(opt_timeout, request_timeout_s, "--request-timeout")
 SECONDS_OPTION(opt_shutdown, shutdown_timeout_s, "--shutdown-timeout")
 SECONDS_OPTION(opt_ping, ping_interval_s, "--sse-ping-interval")

@@ -56,4 +56,20 @@ bool kt_cli_parse_double(const char *s, double *out);
 /* Fills why with "WHAT: 'ARG' is not valid" and returns false. */
 bool kt_cli_invalid(char *why, size_t why_size, const char *what, const char *arg);
 
+/* Option handlers that store into a field of the tool's options struct,
+ * reached through the tool's OPTS(o) cast (defined before use): a string
+ * kept as given, or a whole number in [lo, hi] (NAME for the message). */
+#define KT_CLI_STRING_OPTION(fn, field)                                                                             \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                                                  \
+    {                                                                                                               \
+        (void)why, (void)ws;                                                                                        \
+        OPTS(o)->field = arg;                                                                                       \
+        return true;                                                                                                \
+    }
+#define KT_CLI_U32_OPTION(fn, field, lo, hi, name)                                                                  \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                                                  \
+    {                                                                                                               \
+        return kt_cli_parse_u32(arg, lo, hi, &OPTS(o)->field) || kt_cli_invalid(why, ws, name, arg);               \
+    }
+
 #endif
