@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kt_cuda.h"
 
 void kt_engine_plan_free(struct kt_engine_plan *out)
 {
@@ -93,11 +92,11 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
 
     ep->expert_home_nodes = out->home_nodes;
     ep->expert_replica_nodes = out->replica_nodes;
-    char why[256] = "";
-    if (device && p->devices[device].backend == KT_PLACE_CUDA && kt_cuda_device_count(why, sizeof why) <= 0) {
+    kt_err why = {0};
+    if (device && p->devices[device].backend == KT_PLACE_CUDA && kt_backend_available(KT_BACKEND_CUDA, &why) != KT_OK) {
         /* what the plan gives the GPU runs on the CPU: experts at home on node 0 */
         if (log)
-            fprintf(log, "kt: no CUDA device (%s): running CPU-only; what %s places on '%s' runs on the CPU\n", why,
+            fprintf(log, "kt: %s: running CPU-only; what %s places on '%s' runs on the CPU\n", why.msg,
                     p->source, p->devices[device].name);
         device = 0;
     }

@@ -1,6 +1,6 @@
 /*
  * test_cuda_mla.c - MLA attention on the GPU (absorbed form, latent F32
- * cache) computes what runtime/attention.c's absorbed path computes, for the
+ * cache) computes what runtime/forward/attention.c's absorbed path computes, for the
  * tiny model's and Kimi-K2's head shapes, decode and prefill:
  *   cache rows (norm + rope)         within 1e-6 relative of kt_rmsnorm / kt_rope_apply
  *   output vs the same math on CPU   (W_UK, W_UV dequantized, F32 activations,
@@ -110,7 +110,7 @@ static void *random_weights(int type, int64_t n_out, int64_t n_in, unsigned long
     return w;
 }
 
-/* out (T, H*dv) of runtime/attention.c's absorbed path for one token's query rows. */
+/* out (T, H*dv) of runtime/forward/attention.c's absorbed path for one token's query rows. */
 static void cpu_attention(const struct mla_shape *s, const uint8_t *w_uk, const uint8_t *w_uv, const float *q_t,
                           const float *const *rows, int64_t n_kv, bool quantize_x, float *out_t)
 {

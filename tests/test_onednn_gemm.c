@@ -1,5 +1,5 @@
 /*
- * test_onednn_gemm.c - runtime/onednn_gemm.c: oneDNN's float products are
+ * test_onednn_gemm.c - runtime/forward/onednn_gemm.c: oneDNN's float products are
  * the dot products within the bound onednn_gemm.h states, on odd shapes and
  * padded strides, write nothing outside their outputs, reject bad shapes,
  * and never start a thread; kt_matmul_q takes that path for large F32 and
@@ -155,7 +155,7 @@ static void calls_start_no_threads(void)
 
 /*
  * kt_matmul_q sends F32 and BF16 products of 64 tokens or more over 2048
- * rows or more to oneDNN (runtime/matmul.c): within the bound, not vec_dot's
+ * rows or more to oneDNN (runtime/forward/matmul.c): within the bound, not vec_dot's
  * bits everywhere (so that path is the one taken; at the scalar level it is
  * never taken), and the same bits for 1 and 3 threads (fixed 128-row slices),
  * and no thread left behind once the pools are gone.

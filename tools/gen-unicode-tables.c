@@ -1,5 +1,5 @@
 /*
- * gen-unicode-tables.c - writes runtime/unicode_tables.c from the Unicode
+ * gen-unicode-tables.c - writes runtime/text/unicode_tables.c from the Unicode
  * Character Database files of Debian's unicode-data package:
  *
  *   gen-unicode-tables [UCD_DIR (/usr/share/unicode)] [OUT (stdout)]
@@ -8,7 +8,7 @@
  * point), PropList.txt (White_Space), Scripts.txt (Han), UnicodeData.txt
  * (bidi classes, for Python's str.isspace) and CaseFolding.txt (simple case
  * folding onto the contraction letters), and prints a two-stage table of one
- * property byte per code point (see runtime/unicode.h).  A developer tool:
+ * property byte per code point (see runtime/text/unicode.h).  A developer tool:
  * the build never runs it, and its output is committed.  It must never emit
  * a table that does not cover every code point 0..U+10FFFF.
  */

@@ -1,7 +1,7 @@
 /*
  * attention_block.c - one layer's attention block on the GPU (kt_cuda.h,
  * kt_cuda_attention_block): the projections, norms, RoPE, cache writes and
- * MLA of runtime/attention.c in the absorbed form, then the output
+ * MLA of runtime/forward/attention.c in the absorbed form, then the output
  * projection and the residual add, all enqueued on one stream.
  *
  * Plain C: it only strings together the entry points of ops.cu, gemv.cu,

@@ -147,7 +147,7 @@ struct kt_cuda_ffn_unit {
     uint32_t n_pairs;
 };
 
-/* The GPU counterpart of runtime/moe.c's units: for every unit u (a host
+/* The GPU counterpart of runtime/forward/moe.c's units: for every unit u (a host
  * array) and each of its pairs p,
  *     act[p]      = silu(gate_u . h[pair_token[p]]) * (up_u . h[pair_token[p]])
  *     pair_out[p] = down_u . act[p]
@@ -164,7 +164,7 @@ int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, co
 /*
  * One layer's MLA in the absorbed form (reference/deepseek2.md §4.2), for
  * decode and prefill alike, over a paged latent cache of F32 rows
- * [c (kv_rank) | k_pe (rope_dim)]: runtime/kv_cache.h's layout, blocks of
+ * [c (kv_rank) | k_pe (rope_dim)]: runtime/forward/kv_cache.h's layout, blocks of
  * block_tokens positions of one sequence for every layer.
  */
 struct kt_cuda_mla {
@@ -194,7 +194,7 @@ struct kt_cuda_mla_cache {
 /* The cache rows of n_tok tokens, each at its position n_kv[t] - 1 (tokens
  * with n_kv[t] == 0 are skipped) = [rmsnorm(kv_a[t][0:kvr]) * norm_w |
  * kv_a[t][kvr:] roped by cos_sin[t]]; kv_a (n_tok, kvr + dr), norm_w (kvr),
- * cos_sin (n_tok, dr) from kt_rope_angles.  As runtime/attention.c. */
+ * cos_sin (n_tok, dr) from kt_rope_angles.  As runtime/forward/attention.c. */
 int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
                            const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
                            void *stream, char *msg, size_t msg_bytes);
@@ -214,7 +214,7 @@ int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const s
 
 /* ---- one layer's attention block (attention.cu) ----------------------------------------
  *
- * x += W_o MLA(rmsnorm(x) * attn_norm) for n_tok tokens, as runtime/attention.c
+ * x += W_o MLA(rmsnorm(x) * attn_norm) for n_tok tokens, as runtime/forward/attention.c
  * computes it in the absorbed form:
  *     q = W_qb (rmsnorm(W_qa h) * q_a_norm)   (or W_q h when q_rank == 0)
  *     kv_a = W_kva h;  the token's cache row = [rmsnorm(kv_a[:kvr]) * kv_a_norm | roped kv_a[kvr:]]
@@ -259,7 +259,7 @@ struct kt_cuda_attention_step {
 int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
                             void *stream, char *msg, size_t msg_bytes);
 
-/* ---- device, stream and asynchronous copies (stream.cu), for runtime/backend.c ---------- */
+/* ---- device, stream and asynchronous copies (stream.cu), for runtime/forward/backend.c ---------- */
 
 int kt_cuda_set_device(int device, char *msg, size_t msg_bytes);
 int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes);

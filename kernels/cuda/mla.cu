@@ -1,13 +1,13 @@
 /*
  * mla.cu - MLA attention of one layer on the GPU, absorbed form, for decode
- * and prefill alike (reference/deepseek2.md §4.2; runtime/attention.c is
+ * and prefill alike (reference/deepseek2.md §4.2; runtime/forward/attention.c is
  * the CPU twin):
  *
  *     q_lat[t,h] = [W_UK,h^T q_nope[t,h] (kvr) | q_pe[t,h] (dr)]      per-head GEMV
  *     o_lat[t,h] = sum_j softmax_j(kq_scale q_lat[t,h] . row_j) c_j    rows j < n_kv[t]
  *     out[t,h]   = W_UV,h o_lat[t,h]                                   per-head GEMV
  *
- * The latent cache is F32 and paged as runtime/kv_cache.h pages it (struct
+ * The latent cache is F32 and paged as runtime/forward/kv_cache.h pages it (struct
  * kt_cuda_mla_cache): row j = position j = [c (kvr) | k_pe (dr)] sits in block
  * j / block_tokens of the token's table, so one launch serves tokens of many
  * sequences, each with its own table and context length.

@@ -1,5 +1,5 @@
 /*
- * stream.cu - what the cuda backend (runtime/backend.c) needs from the CUDA
+ * stream.cu - what the cuda backend (runtime/forward/backend.c) needs from the CUDA
  * runtime that C code cannot reach without CUDA's headers: choosing the
  * device, its free memory, one stream, asynchronous copies on it, host
  * functions in stream order, and waiting for the stream.  Errors come back

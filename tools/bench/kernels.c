@@ -9,7 +9,7 @@
  *            the FMA peak (float types); the table's gemm row where it has
  *            one, else gemv per token over blocks of rows
  *   float    F32 and BF16 prefill (T and 4T tokens): kt's gemm as kt_matmul_q
- *            runs it against oneDNN's sgemm (runtime/onednn_gemm.c), GFLOP/s
+ *            runs it against oneDNN's sgemm (runtime/forward/onednn_gemm.c), GFLOP/s
  *            and / the FMA peak
  *   packed   each level's packed expert layout (kernels/cpu/packed.h) at the
  *            decode shape (1 token, GB/s of packed weights, / triad) and at
@@ -297,7 +297,7 @@ static void float_task(void *ctx, int64_t begin, int64_t end, int thread)
 
 /*
  * F32 and BF16 weights at T and 4T tokens, both ways: kt's gemm row (the
- * selected level's) and oneDNN's sgemm (runtime/onednn_gemm.c), each in tasks
+ * selected level's) and oneDNN's sgemm (runtime/forward/onednn_gemm.c), each in tasks
  * of rows as kt_matmul_q runs it: printed,
  * and appended to jout.
  */

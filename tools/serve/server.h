@@ -3,7 +3,7 @@
  *
  * Threads: libmicrohttpd runs one thread per connection (plus its listening
  * thread); a handler thread parses and prepares its request, submits a job
- * to the scheduler (runtime/scheduler.h, one thread that owns the engine)
+ * to the scheduler (runtime/serve/scheduler.h, one thread that owns the engine)
  * and then waits on that job's condition variable, streaming what the
  * scheduler publishes.  Handlers never touch the engine.  While it waits a
  * handler polls its socket: a client that went away cancels its job, whose

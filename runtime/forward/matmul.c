@@ -146,7 +146,7 @@ static void matmul_task(void *ctx, int64_t begin, int64_t end, int thread)
 /*
  * F32 and BF16 products of at least this many activation rows, over at
  * least KT_MATMUL_ONEDNN_MIN_OUT weight rows, run oneDNN's sgemm
- * (runtime/onednn_gemm.c) instead of the table's gemm.  Measured with
+ * (runtime/forward/onednn_gemm.c) instead of the table's gemm.  Measured with
  * `kt-bench kernels` and alone on one core of a Sapphire Rapids VM, 2048 x
  * 7168: oneDNN 1.2-1.8x faster from 64 tokens on (1.3x held to AVX2), kt's
  * gemm faster at 16 tokens and below (oneDNN's packing outweighs it).

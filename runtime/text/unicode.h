@@ -2,7 +2,7 @@
  * unicode.h - the Unicode 15.0 character properties the pre-tokenizers need,
  * and strict UTF-8 decoding and encoding.
  *
- * Properties come from runtime/unicode_tables.c, generated from the Unicode
+ * Properties come from runtime/text/unicode_tables.c, generated from the Unicode
  * Character Database (Debian's unicode-data 15.0.0) by tools/gen-unicode-tables.c:
  * regenerate, never hand-edit.  Decoding follows the Unicode standard's
  * "U+FFFD substitution of maximal subparts" (ch. 3.9), the rule JavaScript's

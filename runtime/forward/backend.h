@@ -53,6 +53,10 @@ struct kt_backend_stats {
 kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err);
 void kt_backend_destroy(struct kt_backend *b); /* syncs first */
 
+/* Whether a backend of this kind can be created on this machine (the sim:
+ * always; cuda: a CUDA device is present); err says why not. */
+kt_status kt_backend_available(enum kt_backend_kind kind, kt_err *err);
+
 const char *kt_backend_name(const struct kt_backend *b);
 enum kt_backend_kind kt_backend_kind(const struct kt_backend *b);
 

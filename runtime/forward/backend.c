@@ -240,6 +240,16 @@ static void cuda_op_end(struct kt_backend *b, bool transfer)
     b->ev_transfer[b->n_timed++] = transfer;
 }
 
+kt_status kt_backend_available(enum kt_backend_kind kind, kt_err *err)
+{
+    if (kind == KT_BACKEND_SIM)
+        return KT_OK;
+    char why[256] = "";
+    if (kt_cuda_device_count(why, sizeof why) <= 0)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "no CUDA device (%s)", why);
+    return KT_OK;
+}
+
 kt_status kt_backend_create(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err)
 {
     *out = NULL;

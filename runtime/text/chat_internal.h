@@ -1,6 +1,6 @@
 /*
  * chat_internal.h - what chat.c shares with the per-family renderers
- * (chat_kimi.c, chat_deepseek.c); nothing outside runtime/chat*.c includes it.
+ * (chat_kimi.c, chat_deepseek.c); nothing outside runtime/text/chat*.c includes it.
  *
  * A renderer appends to a kt_chat_text and never fails on its own: input is
  * validated before it runs, and an allocation failure is recorded in the
