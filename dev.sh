@@ -40,8 +40,16 @@ install_missing() {
     done
     [ ${#missing[@]} -eq 0 ] && return 0
     log "installing ${missing[*]}"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    local out
+    out=$(mktemp)
+    if ! { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+           as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$out" 2>&1; then
+        tail -n 40 "$out" >&2
+        rm -f "$out"
+        echo "dev.sh: apt-get could not install ${missing[*]}" >&2
+        exit 1
+    fi
+    rm -f "$out"
 }
 
 BASE_PACKAGES=(build-essential cmake ninja-build pkg-config
@@ -64,7 +72,8 @@ build_release() {
     install_missing "${BASE_PACKAGES[@]}"
     mkdir -p build
     log "building kt (build/)"
-    configure_and_build build -DCMAKE_BUILD_TYPE=Release
+    # KT_CMAKE_ARGS: extra configure arguments (CI: -DKT_CUDA=ON with the host's nvcc).
+    configure_and_build build -DCMAKE_BUILD_TYPE=Release ${KT_CMAKE_ARGS:-}
 }
 
 run_tests() { # dir
@@ -141,7 +150,7 @@ asan)
     UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} run_tests build-asan
     ;;
 fuzz)
-    install_missing "${BASE_PACKAGES[@]}" clang libclang-rt-dev
+    install_missing "${BASE_PACKAGES[@]}" clang libclang-rt-dev libomp-dev
     mkdir -p build-fuzz
     log "building fuzz targets with clang (build-fuzz/)"
     CC=clang cmake -S . -B build-fuzz -G Ninja $(werror_flag) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKT_CUDA=OFF \
