@@ -172,11 +172,24 @@ struct graph {
 static struct graph *capturing; /* the stream being captured (there is one stream) */
 
 /* Runs a kernel entry point now, or records it with its arguments. */
+/* Tests arm a failure: the n-th kernel run from now (1: the next), directly
+ * or in a graph's replay, fails as a GPU launch would, once. */
+int kt_cuda_emulated_fail_call;
+
+static int run_kernel(int (*run)(const void *, char *, size_t), const void *args, char *msg, size_t msg_bytes)
+{
+    if (kt_cuda_emulated_fail_call > 0 && --kt_cuda_emulated_fail_call == 0) {
+        snprintf(msg, msg_bytes, "emulated kernel failure");
+        return -1;
+    }
+    return run(args, msg, msg_bytes);
+}
+
 static int submit(int (*run)(const void *, char *, size_t), const void *args, size_t args_bytes, char *msg,
                   size_t msg_bytes)
 {
     if (!capturing)
-        return run(args, msg, msg_bytes);
+        return run_kernel(run, args, msg, msg_bytes);
     struct graph *g = capturing;
     if (g->n == g->cap) {
         const size_t cap = g->cap ? 2 * g->cap : 16;
@@ -252,7 +265,7 @@ int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_b
     if (!g || refused_while_capturing("a graph launch", msg, msg_bytes))
         return -1;
     for (size_t i = 0; i < g->n; i++)
-        if (g->calls[i].run(g->calls[i].args, msg, msg_bytes))
+        if (run_kernel(g->calls[i].run, g->calls[i].args, msg, msg_bytes))
             return -1;
     return 0;
 }

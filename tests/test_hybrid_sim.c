@@ -396,11 +396,80 @@ static void placement_over_the_budget_is_refused(void)
     kt_test_synth_remove(m, path);
 }
 
+#ifdef KT_TEST_CUDA_EMULATED
+extern int kt_cuda_emulated_fail_call; /* cuda_emulated.c */
+
+/* One step of engine e: `n` tokens of seq 0 from position pos, the last one's logits. */
+static kt_status step_seq0(struct kt_engine *e, const int32_t *tok, uint32_t n, uint32_t pos, float *logits,
+                           kt_err *err)
+{
+    struct kt_batch_token bt[PROMPT_LEN];
+    for (uint32_t i = 0; i < n; i++)
+        bt[i] = (struct kt_batch_token){.token = tok[i], .seq = 0, .pos = pos + i, .want_logits = i + 1 == n};
+    return kt_engine_step(e, &(struct kt_batch){n, bt}, logits, err);
+}
+
+/* A step that fails on the device (a kernel launch fails in the middle of
+ * it) reports the device's error, leaves every sequence as it was (KV length
+ * included) and the engine usable: the same step again gives the logits of
+ * an engine that never failed, and so does the step after it. */
+static void failed_device_step_changes_nothing(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    const size_t V = m->hp.n_vocab;
+    struct expert_masks masks = make_masks(m);
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2, .device = &gpu,
+                                       .expert_on_device = masks.half, .shared_on_device = true,
+                                       .attention_on_device = true, .output_on_device = true};
+    struct kt_engine *e = NULL, *ref = NULL;
+    kt_err err = {0};
+    float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK || kt_engine_create(m, &p, &ref, &err) != KT_OK ||
+        kt_engine_seq_add(e, 0, &err) != KT_OK || kt_engine_seq_add(ref, 0, &err) != KT_OK) {
+        KT_CHECK(0, "engines: %s", err.msg);
+        goto done;
+    }
+    KT_CHECK(step_seq0(e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK, "prefill: %s", err.msg);
+    KT_CHECK(step_seq0(ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK, "prefill: %s", err.msg);
+    const int32_t next[2] = {7, 11};
+    for (uint32_t fail_at = 1; fail_at <= 3; fail_at++) { /* the first, second, third kernel of the step */
+        kt_cuda_emulated_fail_call = (int)fail_at;
+        err = (kt_err){0};
+        const kt_status st = step_seq0(e, next, 1, PROMPT_LEN, got, &err);
+        KT_CHECK(st != KT_OK && strstr(err.msg, "emulated kernel failure"),
+                 "kernel %u of the step fails: the step reports it (%s: %s)", fail_at, kt_status_name(st), err.msg);
+        KT_CHECK(kt_engine_seq_length(e, 0) == PROMPT_LEN, "after the failed step the sequence holds %u positions",
+                 kt_engine_seq_length(e, 0));
+    }
+    kt_cuda_emulated_fail_call = 0;
+    for (uint32_t i = 0; i < 2; i++) {
+        KT_CHECK(step_seq0(e, &next[i], 1, PROMPT_LEN + i, got, &err) == KT_OK, "the next step runs: %s", err.msg);
+        KT_CHECK(step_seq0(ref, &next[i], 1, PROMPT_LEN + i, want, &err) == KT_OK, "reference: %s", err.msg);
+        KT_CHECK(!memcmp(got, want, V * sizeof *got), "step %u after the failures gives the logits of an engine "
+                 "that never failed", i);
+    }
+    KT_CHECK(kt_engine_seq_length(e, 0) == PROMPT_LEN + 2, "the sequence grew by the two steps that ran");
+done:
+    kt_cuda_emulated_fail_call = 0;
+    kt_engine_destroy(e);
+    kt_engine_destroy(ref);
+    free(got);
+    free(want);
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
+#endif
+
 int main(void)
 {
 #ifdef KT_TEST_CUDA_EMULATED /* only the cuda cases, against tests/cuda_emulated.c */
     printf("kt_cuda.h emulated on the host: the engine's cuda path, not the GPU kernels\n");
     KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
+    KT_RUN(failed_device_step_changes_nothing);
     return kt_test_finish();
 #endif
     KT_RUN(tiny_hybrid_matches_cpu_only);

@@ -13,7 +13,7 @@
  * cudaMemcpyAsync on it, launches host functions in stream order, FFN units
  * kt_cuda_ffn_units; memory is cudaMalloc'd within the budget (at most the
  * device's free memory at creation).  The first failure is kept and
- * reported by kt_backend_status.  Each queued operation (copy, kernel
+ * reported by kt_backend_take_failure.  Each queued operation (copy, kernel
  * sequence, host function) is bracketed by a pair of CUDA events; at each
  * sync their elapsed times add up to busy_ns (and transfer_ns for copies),
  * the device's own clock, like the sim's queue time.
@@ -474,11 +474,13 @@ void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *
         submit(b, (struct op){.kind = OP_COPY_DEVICE, .dst = dst_device, .src = src_device, .bytes = bytes});
 }
 
-kt_status kt_backend_status(const struct kt_backend *b, kt_err *err)
+kt_status kt_backend_take_failure(struct kt_backend *b, kt_err *err)
 {
-    if (b->failed == KT_OK)
+    const kt_status st = b->failed;
+    if (st == KT_OK)
         return KT_OK;
-    return kt_err_set(err, b->failed, "device '%s': %s", b->name, b->failure);
+    b->failed = KT_OK;
+    return kt_err_set(err, st, "device '%s': %s", b->name, b->failure);
 }
 
 void kt_backend_sync(struct kt_backend *b)

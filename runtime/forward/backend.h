@@ -112,9 +112,11 @@ void kt_backend_graph_destroy(struct kt_backend_graph *g); /* NULL is fine; not 
 bool kt_backend_pin_host(struct kt_backend *b, void *ptr, size_t bytes);
 void kt_backend_unpin_host(struct kt_backend *b, void *ptr);
 
-/* KT_OK, or the first failure of the queue's work since creation (a cuda
- * copy or kernel launch); the step checks it after each sync. */
-kt_status kt_backend_status(const struct kt_backend *b, kt_err *err);
+/* KT_OK, or the first failure of the queue's work (a cuda copy or kernel
+ * launch) since creation or the last call, which forgets it: the step takes
+ * it when it ends, so a failed step does not fail the next by itself (a
+ * sticky CUDA error fails that one too). */
+kt_status kt_backend_take_failure(struct kt_backend *b, kt_err *err);
 
 void kt_backend_stats(const struct kt_backend *b, struct kt_backend_stats *out);
 void kt_backend_stats_reset(struct kt_backend *b);

@@ -1198,7 +1198,12 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         return st;
     }
 
-    /* From here on nothing can fail. */
+    /* From here on only the device can fail (a copy or kernel, or a graph
+     * replayed for the wrong batch): then every sequence goes back to its
+     * length before the step (its cache rows past it are never read) and the
+     * step's error state is cleared, so the next step runs as if this one
+     * had not been asked for. */
+    e->graph_mismatch = false;
     uint64_t t0 = kt_fwd_now_ns();
     const uint32_t T = b->n_tokens;
     e->tokens = b->tokens;
@@ -1294,12 +1299,17 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     e->stats.other_ns += t_head;
     e->stats.embed_head_ns += t_head;
 
+    st = e->device ? kt_backend_take_failure(e->device, err) : KT_OK;
+    if (st == KT_OK && e->graph_mismatch)
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: a device graph was replayed for another batch size");
+    if (st != KT_OK) { /* these logits are not to be trusted, nor the cache rows the step wrote */
+        for (uint32_t c = 0; c < e->n_chunks; c++)
+            kt_kv_cache_seq_truncate(e->kv, e->chunks[c].seq, e->chunks[c].start, NULL);
+        e->graph_mismatch = false;
+        forget_chunks(e);
+        return st;
+    }
     forget_chunks(e);
-    if (e->graph_mismatch)
-        return kt_err_set(err, KT_ERR_INVALID, "engine: a device graph was replayed for another batch size");
-    kt_status device_st = e->device ? kt_backend_status(e->device, err) : KT_OK;
-    if (device_st != KT_OK)
-        return device_st; /* a copy or kernel on the device failed: these logits are not to be trusted */
     e->stats.steps++;
     e->stats.tokens += T;
     return KT_OK;
