@@ -54,26 +54,6 @@ static void *carve(struct arena *a, size_t bytes)
     return a->base + offset;
 }
 
-uint64_t kt_fwd_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t *xq, int64_t n_rows, float *y)
-{
-    kt_matmul_q(e->pool, m, xq, n_rows, y, m->n_out);
-    e->stats.weight_bytes += kt_mat_bytes(m);
-}
-
-void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, int64_t n_rows, float *y,
-                   uint8_t *xq)
-{
-    kt_quantize_rows(e->pool, m->type, x, n_rows, m->n_in, xq);
-    kt_fwd_matmul_q(e, m, xq, n_rows, y);
-}
-
 /* ---- RoPE and scale from the hyperparameters ---------------------------------------- */
 
 void kt_engine_rope_params(const struct kt_hparams *hp, struct kt_rope_params *rp)

@@ -1,6 +1,6 @@
 /*
- * forward.h - what the pieces of the CPU forward step share (internal to
- * engine.c, attention.c and moe.c; callers use engine.h).
+ * forward.h - what the pieces of the forward step share (internal to
+ * engine.c, attention.c, moe.c and step_ops.c; callers use engine.h).
  *
  * The engine holds views of every weight (read in place from the mapped
  * GGUF; routed experts from the expert store unless experts_in_place), the step's activation buffers sized for max_batch_tokens, one
@@ -285,7 +285,7 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
  * h, out (n_tokens, E). */
 void kt_fwd_ffn(struct kt_engine *e, uint32_t il, const float *h, float *out);
 
-/* y = W x: quantizes x (n_rows, m.n_in) into xq and multiplies; y (n_rows, m.n_out). */
+/* y = W x: quantizes x (n_rows, m.n_in) into xq and multiplies; y (n_rows, m.n_out) (step_ops.c). */
 void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, int64_t n_rows, float *y,
                    uint8_t *xq);
 

@@ -1,0 +1,29 @@
+/*
+ * step_ops.c - what the forward step's blocks share: a matmul on the step's
+ * thread pool that counts the weight bytes it reads, and the clock.  Called by
+ * engine.c, attention.c and moe.c; it calls none of them, so the step's files
+ * form no circle (engine.c -> attention.c, moe.c -> step_ops.c).
+ */
+#include <time.h>
+
+#include "forward.h"
+
+uint64_t kt_fwd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t *xq, int64_t n_rows, float *y)
+{
+    kt_matmul_q(e->pool, m, xq, n_rows, y, m->n_out);
+    e->stats.weight_bytes += kt_mat_bytes(m);
+}
+
+void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, int64_t n_rows, float *y,
+                   uint8_t *xq)
+{
+    kt_quantize_rows(e->pool, m->type, x, n_rows, m->n_in, xq);
+    kt_fwd_matmul_q(e, m, xq, n_rows, y);
+}
