@@ -25,6 +25,7 @@
 
 #include "cpu/dispatch.h"
 #include "engine.h"
+#include "engine_test.h"
 #include "expert_store.h"
 #include "meminfo.h"
 #include "model.h"
@@ -226,12 +227,12 @@ static void packed_store_holds_q8_0_matrices_as_packed(void)
 static float *run_engine(struct kt_model *m, bool in_place, uint32_t n_threads, FILE *progress, uint64_t *store_bytes)
 {
     struct kt_engine_params p = {.n_ctx = 64, .n_threads = n_threads, .max_batch_tokens = 64,
-                                 .experts_in_place = in_place, .progress = progress};
+                                 .test = &(struct kt_engine_test_params){.experts_in_place = in_place}, .progress = progress};
     /* the store's size, from an engine of its own (cheap: tiny models) */
     struct kt_engine *e = NULL;
     kt_err err = {0};
     *store_bytes = 0;
-    if (kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 8, .experts_in_place = in_place}, &e, &err) == KT_OK)
+    if (kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 8, .test = &(struct kt_engine_test_params){.experts_in_place = in_place}}, &e, &err) == KT_OK)
         *store_bytes = kt_engine_expert_store_bytes(e);
     kt_engine_destroy(e);
     return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
@@ -305,9 +306,9 @@ static void repacked_host_weights_give_the_same_logits(void)
     const size_t n = (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab;
     for (uint32_t threads = 1; threads <= 2; threads++) {
         struct kt_engine_params gguf = {.n_ctx = 64, .n_threads = threads, .max_batch_tokens = 64,
-                                        .keep_gguf_layout = true};
+                                        .test = &(struct kt_engine_test_params){.keep_gguf_layout = true}};
         struct kt_engine_params packed = gguf;
-        packed.keep_gguf_layout = false;
+        packed.test = NULL;
         float *a = kt_test_engine_greedy(m, &gguf, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
         float *b = kt_test_engine_greedy(m, &packed, prompt, PROMPT_LEN, DECODE_STEPS, NULL, NULL, NULL);
         if (exact)
@@ -329,7 +330,8 @@ static void load_that_cannot_fit_is_refused_before_it_starts(void)
     if (!m)
         return;
     const char *mi = write_meminfo("meminfo-tiny", "MemTotal: 4096 kB\nMemFree: 1024 kB\nMemAvailable: 2048 kB\n");
-    struct kt_engine_params p = {.n_ctx = 64, .n_threads = 1, .max_batch_tokens = 64, .meminfo_path = mi};
+    struct kt_engine_test_params test = {.meminfo_path = mi};
+    struct kt_engine_params p = {.n_ctx = 64, .n_threads = 1, .max_batch_tokens = 64, .test = &test};
     struct kt_engine *e = NULL;
     kt_err err = {0};
     kt_status st = kt_engine_create(m, &p, &e, &err);
@@ -341,7 +343,7 @@ static void load_that_cannot_fit_is_refused_before_it_starts(void)
     /* The same file with room to spare loads. */
     unlink(mi);
     mi = write_meminfo("meminfo-roomy", "MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n");
-    p.meminfo_path = mi;
+    test.meminfo_path = mi;
     st = kt_engine_create(m, &p, &e, &err);
     KT_CHECK(st == KT_OK && kt_engine_expert_store_bytes(e) > 0, "%s", err.msg);
     kt_engine_destroy(e);

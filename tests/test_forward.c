@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "engine_test.h"
 #include "gguf.h"
 #include "model.h"
 #include "moe.h"
@@ -136,7 +137,8 @@ static uint32_t argmax_f(const float *x, uint32_t n)
 static struct kt_engine *engine(struct kt_model *m, enum kt_attention_form form, uint32_t n_threads, uint32_t max_seqs)
 {
     struct kt_engine_params p = {.n_ctx = 64, .max_seqs = max_seqs, .n_threads = n_threads, .kv_block_tokens = 8,
-                                 .max_batch_tokens = 64, .attention_form = form};
+                                 .max_batch_tokens = 64,
+                                 .test = &(struct kt_engine_test_params){.attention_form = form}};
     struct kt_engine *e = NULL;
     kt_err err = {0};
     kt_status st = kt_engine_create(m, &p, &e, &err);

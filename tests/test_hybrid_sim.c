@@ -27,6 +27,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "engine_test.h"
 #include "kt_cuda.h"
 #include "model.h"
 #include "testlib.h"
@@ -100,11 +101,11 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
           .dense_on_device = true, .output_on_device = true},
          true},
         {"sim, attention only", {.device = &sim, .attention_on_device = true}, false},
-        {"sim, attention only, no graphs", {.device = &sim, .attention_on_device = true, .no_device_graphs = true},
+        {"sim, attention only, no graphs", {.device = &sim, .attention_on_device = true, .test = &(struct kt_engine_test_params){.no_device_graphs = true}},
          false},
         {"sim, every expert + shared, 2 nodes",
          {.device = &sim, .expert_on_device = all, .shared_on_device = true, .topology = "package:2 numa:1 core:1 pu:1",
-          .experts_round_robin = true},
+          .test = &(struct kt_engine_test_params){.experts_round_robin = true}},
          true},
     };
     for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
@@ -130,7 +131,7 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
             /* decode steps after the first replay each layer's graph
              * (attention, then in MoE layers the FFN norm and router); the
              * first runs directly, and so does the prompt (12 tokens) */
-            const uint64_t graphs = cases[c].p.no_device_graphs ? 0 : (uint64_t)L * (DECODE_STEPS - 1);
+            const uint64_t graphs = cases[c].p.test && cases[c].p.test->no_device_graphs ? 0 : (uint64_t)L * (DECODE_STEPS - 1);
             KT_CHECK(dev.graph_launches == graphs, "%s, %s: %llu graph launches, %llu expected", preset,
                      cases[c].what, (unsigned long long)dev.graph_launches, (unsigned long long)graphs);
         }

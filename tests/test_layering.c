@@ -9,6 +9,7 @@
  *   runtime/forward              model, host
  *   runtime/serve                forward, text (and what they use)
  *   placement                    forward (and what it uses)
+ *   tools                        all of them, except the engine's test knobs (engine_test.h)
  *
  * The build already refuses an upward include (each library's only public include
  * path is its own folder); this also catches one spelled as a relative path
@@ -23,7 +24,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-enum { KERNELS, MODEL, HOST, TEXT, FORWARD, SERVE, PLACEMENT, N_SUBSYSTEMS };
+enum { KERNELS, MODEL, HOST, TEXT, FORWARD, SERVE, PLACEMENT, TOOLS, N_SUBSYSTEMS };
 
 static const struct subsystem {
     const char *dir;        /* relative to the source tree */
@@ -37,6 +38,7 @@ static const struct subsystem {
     [SERVE] = {"runtime/serve",
                1u << KERNELS | 1u << MODEL | 1u << HOST | 1u << TEXT | 1u << FORWARD | 1u << SERVE},
     [PLACEMENT] = {"placement", 1u << KERNELS | 1u << MODEL | 1u << HOST | 1u << FORWARD | 1u << PLACEMENT},
+    [TOOLS] = {"tools", ~0u},
 };
 
 #define MAX_HEADERS 512
@@ -140,6 +142,9 @@ static void check_file(const char *root, int subsystem, const char *rel)
         n_includes++;
         KT_CHECK(strstr(name, "..") == NULL, "%s/%s:%d includes \"%s\": a path through \"..\" skips the floors",
                      subsystems[subsystem].dir, rel, lineno, name);
+        KT_CHECK(subsystem == FORWARD || strcmp(name, "engine_test.h") != 0,
+                 "%s/%s:%d includes engine_test.h: its knobs are for tests only", subsystems[subsystem].dir, rel,
+                 lineno);
         const int owner = owner_of(name);
         if (owner == -1)
             continue; /* a header of no subsystem (a generated or system one): not ours to check */
@@ -177,8 +182,8 @@ static void floors_form_no_circle(void)
     KT_CHECK(!(subsystems[MODEL].may_use & (1u << SERVE)), "the model's floor may use the serving core");
     KT_CHECK(subsystems[SERVE].may_use & (1u << MODEL), "the serving core may not use the model");
     /* No pair of subsystems may use each other: the floors form no circle. */
-    for (int a = 0; a < N_SUBSYSTEMS; a++)
-        for (int b = 0; b < N_SUBSYSTEMS; b++)
+    for (int a = 0; a < TOOLS; a++)
+        for (int b = 0; b < TOOLS; b++)
             if (a != b)
                 KT_CHECK(!((subsystems[a].may_use >> b) & 1u && (subsystems[b].may_use >> a) & 1u),
                              "%s and %s may use each other", subsystems[a].dir, subsystems[b].dir);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "engine_test.h"
 #include "expert_store.h"
 #include "model.h"
 #include "testlib.h"
@@ -69,18 +70,18 @@ static void check_identical(const char *preset)
     uint16_t *replicas = calloc(n_experts, sizeof *replicas);
     for (size_t i = 0; replicas && i < n_experts; i++)
         replicas[i] = 1u << 1;
-    float *base = run(m, &(struct kt_engine_params){.n_threads = 2, .experts_on_threadpool = true});
+    float *base = run(m, &(struct kt_engine_params){.n_threads = 2, .test = &(struct kt_engine_test_params){.experts_on_threadpool = true}});
     const struct {
         const char *what;
         struct kt_engine_params p;
     } cases[] = {
         {"2 nodes, round-robin homes, 2 threads",
-         {.n_threads = 2, .topology = TWO_NODES, .experts_round_robin = true}},
+         {.n_threads = 2, .topology = TWO_NODES, .test = &(struct kt_engine_test_params){.experts_round_robin = true}}},
         {"2 nodes, round-robin homes, 5 threads",
-         {.n_threads = 5, .topology = "package:2 numa:1 core:3 pu:1", .experts_round_robin = true}},
+         {.n_threads = 5, .topology = "package:2 numa:1 core:3 pu:1", .test = &(struct kt_engine_test_params){.experts_round_robin = true}}},
         {"3 nodes, round-robin homes, 1 thread",
-         {.n_threads = 1, .topology = "package:3 numa:1 core:1 pu:1", .experts_round_robin = true}},
-        {"2 nodes, experts in place", {.n_threads = 2, .topology = TWO_NODES, .experts_in_place = true}},
+         {.n_threads = 1, .topology = "package:3 numa:1 core:1 pu:1", .test = &(struct kt_engine_test_params){.experts_round_robin = true}}},
+        {"2 nodes, experts in place", {.n_threads = 2, .topology = TWO_NODES, .test = &(struct kt_engine_test_params){.experts_in_place = true}}},
         {"2 nodes, homes on node 0, replicas on node 1",
          {.n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes, .expert_replica_nodes = replicas}},
         {"this machine", {.n_threads = 2}},
@@ -233,10 +234,10 @@ static void decode_speed_on_this_machine(void)
     struct kt_model *m = open_synth("tiny", path, sizeof path);
     if (!m)
         return;
-    const double pool = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2, .experts_on_threadpool = true});
+    const double pool = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2, .test = &(struct kt_engine_test_params){.experts_on_threadpool = true}});
     const double here = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2});
     const double two = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES,
-                                                                    .experts_round_robin = true});
+                                                                    .test = &(struct kt_engine_test_params){.experts_round_robin = true}});
     printf("tiny decode, 2 threads: experts on the thread pool %.1f tok/s, default (this machine) %.1f tok/s, "
            "synthetic 2-node pools %.1f tok/s\n",
            pool, here, two);

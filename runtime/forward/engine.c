@@ -282,7 +282,7 @@ static kt_status alloc_buffers(struct kt_engine *e, kt_err *err)
  * n_threads - 1 workers in all, at least one per pool (see engine.h). */
 static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
 {
-    if (d->experts_on_threadpool)
+    if (e->test.experts_on_threadpool)
         return KT_OK;
     kt_status st = kt_topology_create(d->topology, &e->topo, err);
     if (st != KT_OK)
@@ -429,12 +429,15 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         d.kv_blocks = (uint32_t)(((uint64_t)d.n_ctx + d.kv_block_tokens - 1) / d.kv_block_tokens * d.max_seqs);
     if (!d.max_batch_tokens)
         d.max_batch_tokens = DEFAULT_MAX_BATCH;
+    if (d.test)
+        e->test = *d.test;
+    d.test = &e->test;
     if (d.n_ctx > (1u << 24) || d.max_seqs > (1u << 16) || d.max_batch_tokens > (1u << 16) ||
-        d.attention_form > KT_ATTENTION_EXPANDED) {
+        e->test.attention_form > KT_ATTENTION_EXPANDED) {
         st = kt_err_set(err, KT_ERR_INVALID,
                         "engine: n_ctx %u (at most %u), max_seqs %u (at most %u), max_batch_tokens %u (at most %u), "
                         "attention form %d",
-                        d.n_ctx, 1u << 24, d.max_seqs, 1u << 16, d.max_batch_tokens, 1u << 16, (int)d.attention_form);
+                        d.n_ctx, 1u << 24, d.max_seqs, 1u << 16, d.max_batch_tokens, 1u << 16, (int)e->test.attention_form);
         goto fail;
     }
     e->params = d;
@@ -469,13 +472,13 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     if ((!kv_on_device && (st = kv_cache_create(e, NULL, err))) || (st = alloc_buffers(e, err)))
         goto fail;
     /* Last: the long step, after everything cheap that could fail. */
-    if (!d.experts_in_place) {
+    if (!e->test.experts_in_place) {
         struct kt_expert_store_params sp = {.progress = d.progress,
-                                            .meminfo_path = d.meminfo_path,
-                                            .keep_gguf_layout = d.keep_gguf_layout,
+                                            .meminfo_path = e->test.meminfo_path,
+                                            .keep_gguf_layout = e->test.keep_gguf_layout,
                                             .home_nodes = d.expert_home_nodes,
                                             .replica_nodes = d.expert_replica_nodes};
-        if (d.experts_round_robin && e->topo)
+        if (e->test.experts_round_robin && e->topo)
             sp.round_robin_nodes = e->topo->n_nodes;
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))
             goto fail;
@@ -485,7 +488,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     if (e->device) /* the step's buffers cross the link each layer; the threads' scratch (last, large) does not */
         e->buffers_pinned =
             kt_backend_pin_host(e->device, e->buffers, (size_t)((uint8_t *)e->scratch - (uint8_t *)e->buffers));
-    if (!d.keep_gguf_layout && (st = pack_host_weights(e, err)))
+    if (!e->test.keep_gguf_layout && (st = pack_host_weights(e, err)))
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
         e->seq_chunk[s] = UINT32_MAX;
@@ -744,7 +747,7 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
         const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
         const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_SLOTS;
         if (!(e->device_jobs = calloc(n_jobs, sizeof *e->device_jobs)) ||
-            (!e->params.no_device_graphs && (!(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs)) ||
+            (!e->test.no_device_graphs && (!(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs)) ||
                                              !(e->graph_seen = calloc(n_graphs, 1)))))
             return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
         for (size_t i = 0; i < n_jobs; i++)

@@ -39,15 +39,8 @@
 
 struct kt_backend_params;
 
-/* MLA attention has two exact forms (reference §4.2): "absorbed" attends
- * over the cached latent rows (cheap per context token: decode), "expanded"
- * rebuilds per-head keys and values for the context (cheap per query: long
- * prefill chunks).  AUTO picks per sequence and step by operation count. */
-enum kt_attention_form {
-    KT_ATTENTION_AUTO = 0,
-    KT_ATTENTION_ABSORBED = 1,
-    KT_ATTENTION_EXPANDED = 2,
-};
+struct kt_engine_test_params; /* engine_test.h: knobs only tests set */
+
 
 struct kt_engine_params {
     uint32_t n_ctx;             /* most positions per sequence; 0: min(context_length, 4096) */
@@ -56,8 +49,6 @@ struct kt_engine_params {
     uint32_t kv_block_tokens;   /* positions per KV block; 0: 16 */
     uint32_t kv_blocks;         /* blocks in the KV pool; 0: enough for every sequence at n_ctx */
     uint32_t max_batch_tokens;  /* most tokens per step; 0: 256 */
-    enum kt_attention_form attention_form; /* tests force one form; 0 (AUTO) otherwise */
-    bool experts_in_place;      /* read routed experts from the mapping instead of the expert store */
     /* Routed experts run on one worker pool per NUMA node (pool.h) of this
      * topology: NULL, this machine (or KT_TOPOLOGY_SYNTHETIC); else an hwloc
      * synthetic description ("package:2 numa:1 core:1 pu:1"), whose threads are
@@ -71,14 +62,6 @@ struct kt_engine_params {
      * the step's thread pool, whose threads would otherwise compete with the
      * pool's for the same cores. */
     const char *topology;
-    bool experts_on_threadpool; /* run routed experts on the step's thread pool instead (no NUMA pools) */
-    bool experts_round_robin;   /* home expert x of each layer on topology node x % n_nodes (tests and
-                                   benchmarks; default: node 0); ignored when experts_in_place */
-    /* Keep every weight in the file's GGUF rows instead of repacking the
-     * routed experts (expert store) and the host's attention, dense and
-     * shared-expert matrices (anonymous huge-page memory) into the kernel
-     * level's packed format: for tests and comparisons. */
-    bool keep_gguf_layout;
     /* [n_layer * n_expert] home node and replica nodes (bit i: node i) of each
      * routed expert, as a placement plan gives them (expert_store.h); NULL:
      * experts_round_robin or node 0, no replicas. */
@@ -107,12 +90,8 @@ struct kt_engine_params {
      * vocabulary matrix copied there; the embedding lookup, one row per
      * token, stays on the host. */
     bool output_on_device;
-    /* With attention on the device, decode batches (up to 8 tokens) replay
-     * each layer's attention from a graph recorded the first time (backend.h:
-     * a CUDA graph on cuda); this runs every batch directly instead. */
-    bool no_device_graphs;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
-    const char *meminfo_path;   /* memory check before the load; NULL: /proc/meminfo */
+    const struct kt_engine_test_params *test; /* NULL except in tests (engine_test.h) */
 };
 
 struct kt_batch_token {

@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "engine.h"
+#include "engine_test.h"
 #include "expert_store.h"
 #include "kt_cuda.h"
 #include "kv_cache.h"
@@ -146,6 +147,7 @@ struct kt_engine {
     struct kt_model *model;
     struct kt_hparams hp;
     struct kt_engine_params params;
+    struct kt_engine_test_params test; /* params.test's knobs (all off without one); params.test points here */
     struct kt_threadpool *pool;
     struct kt_kv_cache *kv;
     struct kt_layer_weights *layers; /* [n_layer] */

@@ -1,0 +1,40 @@
+/*
+ * engine_test.h - engine knobs that only tests set (kt_engine_params.test):
+ * they force one code path where the engine would choose, or stand in for the
+ * machine.  Programs never include this header; with test NULL every knob is
+ * off.  The engine copies the struct at creation.
+ */
+#ifndef KT_ENGINE_TEST_H
+#define KT_ENGINE_TEST_H
+
+#include <stdbool.h>
+
+/* MLA attention has two exact forms (docs/deepseek2.md, "Attention (MLA)"):
+ * "absorbed" attends over the cached latent rows (cheap per context token:
+ * decode), "expanded" rebuilds per-head keys and values for the context
+ * (cheap per query: long prefill chunks).  AUTO picks per sequence and step
+ * by operation count. */
+enum kt_attention_form {
+    KT_ATTENTION_AUTO = 0,
+    KT_ATTENTION_ABSORBED = 1,
+    KT_ATTENTION_EXPANDED = 2,
+};
+
+struct kt_engine_test_params {
+    enum kt_attention_form attention_form; /* force one form (AUTO: the engine picks) */
+    bool experts_in_place;      /* read routed experts from the mapping instead of the expert store */
+    bool experts_on_threadpool; /* run routed experts on the step's thread pool (no NUMA pools) */
+    bool experts_round_robin;   /* home expert x of each layer on topology node x % n_nodes (default:
+                                   node 0); ignored when experts_in_place */
+    /* Keep every weight in the file's GGUF rows instead of repacking the
+     * routed experts (expert store) and the host's attention, dense and
+     * shared-expert matrices (anonymous huge-page memory) into the kernel
+     * level's packed format. */
+    bool keep_gguf_layout;
+    /* With attention on the device, decode batches replay each layer's
+     * attention from a graph; this runs every batch directly instead. */
+    bool no_device_graphs;
+    const char *meminfo_path;   /* the memory check before the load reads this; NULL: /proc/meminfo */
+};
+
+#endif
