@@ -224,11 +224,10 @@ struct kt_engine {
     float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
     /* With attention, the FFN norm and router of MoE layers on the device:
      * h in dev_h, logits (T, Ne), experts and weights (T, k) there, and h,
-     * the experts and weights come back with x; h_on_device: dev_h holds
-     * this layer's h */
+     * the experts and weights come back with x (the layer's expert units
+     * then read h where it already is) */
     float *dev_router_logits, *dev_route_weights;
     uint32_t *dev_route_experts;
-    bool h_on_device;
     /* The device part of each layer (its attention, then in MoE layers the
      * FFN norm and the router), each job fixed to its layer and (for a
      * graph's recording) batch size, so a replay can tell it ran for the
@@ -268,8 +267,6 @@ struct kt_engine {
     float *dev_head_x, *dev_logits;
     uint32_t head_rows;         /* rows the device's head multiplies this step */
     struct kt_moe_bufs dev_bufs; /* on the device */
-    uint32_t device_unit0;      /* this step's first device unit (== n_units: none) */
-    struct kt_device_part device_part;
 
     struct kt_thread_scratch *scratch; /* [n_threads] */
     void *buffers;              /* every buffer above, one allocation (engine.c) */

@@ -454,15 +454,17 @@ static int cuda_device_part(void *ctx, void *stream, char *msg, size_t msg_bytes
 }
 
 /* Runs the step's n_units (planned): units [dev0, n_units) on the device -
- * queued first (h in, its units, their outputs back) - and [0, dev0) on the
- * CPU (`on`) while the device works; returns once both are done. */
-static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uint32_t dev0, enum units_on on)
+ * queued first (h in unless h_on_device, its units, their outputs back) -
+ * and [0, dev0) on the CPU (`on`) while the device works; returns once both
+ * are done (so the device's work may point at this frame). */
+static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uint32_t n_units, uint32_t dev0,
+                      enum units_on on)
 {
     const size_t T = e->n_tokens, E = e->hp.n_embd;
     const bool device_work = dev0 < n_units;
+    struct kt_device_part part = {e, dev0, n_units};
     if (device_work) {
         const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
-        e->device_part = (struct kt_device_part){e, dev0, n_units};
         for (uint32_t i = dev0; i < n_units; i++) { /* the same units as the CUDA kernels take them */
             const struct kt_ffn_unit *u = &e->units[i];
             e->cuda_units[i - dev0].gate = kt_fwd_cuda_mat(&u->w.gate);
@@ -471,10 +473,10 @@ static void run_split(struct kt_engine *e, const float *h, uint32_t n_units, uin
             e->cuda_units[i - dev0].first_pair = u->first_pair;
             e->cuda_units[i - dev0].n_pairs = u->n_pairs;
         }
-        if (!e->h_on_device)
+        if (!h_on_device)
             kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
         kt_backend_copy_in(e->device, e->dev_pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
-        kt_backend_run(e->device, kt_fwd_run_device_part, &e->device_part, cuda_device_part, &e->device_part);
+        kt_backend_run(e->device, kt_fwd_run_device_part, &part, cuda_device_part, &part);
         e->stats.device_pairs += n_pairs - p0;
     }
     run_units(e, &e->bufs, h, 0, dev0, n_units, on);
@@ -499,7 +501,7 @@ static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_we
         e->pair_token[t] = t;
     plan_items(e, 1);
     count_weight_bytes(e, 1);
-    run_split(e, h, 1, device ? 0 : 1, ON_THREADPOOL);
+    run_split(e, h, false, 1, device ? 0 : 1, ON_THREADPOOL);
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
@@ -549,9 +551,8 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     /* Router: logits (T, Ne) -> experts and weights (T, k); with attention
      * on the device it ran there, h and the routing came back with x. */
     uint64_t t0 = kt_fwd_now_ns();
-    if (e->device_layers)
-        e->h_on_device = true;
-    else
+    const bool routed_on_device = e->device_layers != NULL;
+    if (!routed_on_device)
         route(e, L, h, e->router_logits, e->route_experts, e->route_weights);
     uint64_t t1 = kt_fwd_now_ns();
     e->stats.router_ns += t1 - t0;
@@ -571,13 +572,13 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
         choose_pools(e, il);
     const bool shared = L->shared.n_ff > 0;
     const bool shared_on_device = shared && e->device_shared;
-    uint32_t n_units = 0, n_pairs = 0, shared_pair = 0;
+    uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0;
     for (int g = 0; g <= n_groups; g++) { /* g == n_groups: the device */
         const bool device = g == n_groups;
         if (on_pools && !device)
             e->pool_units[g] = n_units;
         if (device)
-            e->device_unit0 = n_units;
+            dev0 = n_units;
         for (uint32_t x = 0; x < Ne; x++) {
             if (!e->expert_pairs[x] || on_device(e, il, x) != device ||
                 (on_pools && !device && e->expert_pool_of[x] != g))
@@ -597,7 +598,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
         }
     }
     if (on_pools)
-        e->pool_units[n_groups] = e->device_unit0;
+        e->pool_units[n_groups] = dev0;
     for (uint32_t i = 0; i < T * k; i++) {
         struct kt_ffn_unit *u = &e->units[e->expert_unit[e->route_experts[i]]];
         uint32_t p = u->first_pair + u->n_pairs++;
@@ -607,8 +608,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     plan_items(e, n_units);
     count_weight_bytes(e, n_units);
 
-    run_split(e, h, n_units, e->device_unit0, on_pools ? ON_POOLS : ON_THREADPOOL);
-    e->h_on_device = false;
+    run_split(e, h, routed_on_device, n_units, dev0, on_pools ? ON_POOLS : ON_THREADPOOL);
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {
