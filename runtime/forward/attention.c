@@ -39,7 +39,7 @@ void kt_fwd_choose_attention_forms(struct kt_engine *e)
         double pairs = n * ch->start + n * (n + 1) / 2; /* (query, position) pairs, causal */
         double absorbed = n * w + pairs * (2 * kvr + dr);
         double expanded = w + n_ctx * w + pairs * (dk + dv);
-        switch (e->cuda_layers ? KT_ATTENTION_ABSORBED : e->test.attention_form) { /* the GPU has one form */
+        switch (e->dev.cuda_layers ? KT_ATTENTION_ABSORBED : e->test.attention_form) { /* the GPU has one form */
         case KT_ATTENTION_ABSORBED: ch->expanded = false; break;
         case KT_ATTENTION_EXPANDED: ch->expanded = true; break;
         default: ch->expanded = expanded < absorbed; break;

@@ -217,9 +217,9 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(e->kv_a, T * (kvr + dr));
     CARVE(e->o, T * H * dv);
     const size_t seqs_in_step = T < e->params.max_seqs ? T : e->params.max_seqs;
-    CARVE(e->step_block_ids, seqs_in_step * ((n_ctx + e->params.kv_block_tokens - 1) / e->params.kv_block_tokens));
-    CARVE(e->step_first_block, T);
-    CARVE(e->step_n_kv, T);
+    CARVE(e->dev.step_block_ids, seqs_in_step * ((n_ctx + e->params.kv_block_tokens - 1) / e->params.kv_block_tokens));
+    CARVE(e->dev.step_first_block, T);
+    CARVE(e->dev.step_n_kv, T);
     CARVE(e->xq, T * s.block_in);
     CARVE(e->router_logits, T * Ne);
     CARVE(e->route_experts, T * k);
@@ -361,11 +361,11 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
     e->packed_block_bytes = calloc(e->max_packed_blocks, sizeof *e->packed_block_bytes);
     if (!e->packed_blocks || !e->packed_block_bytes)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    kt_status st = e->device_output.data ? KT_OK : pack_host_mat(e, &e->output, err);
+    kt_status st = e->dev.output.data ? KT_OK : pack_host_mat(e, &e->output, err);
     for (uint32_t il = 0; il < n_layer && st == KT_OK; il++) {
         struct kt_layer_weights *L = &e->layers[il];
         /* what the device holds a copy of runs there: leave it in GGUF rows */
-        const bool attention = !e->device_layers, dense = !e->device_dense, shared = !e->device_shared;
+        const bool attention = !e->dev.layers, dense = !e->dev.dense, shared = !e->dev.shared;
         const struct {
             struct kt_mat *m;
             bool on_host;
@@ -485,9 +485,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     }
     if (d.device && (st = setup_device(e, &d, err)))
         goto fail;
-    if (e->device) /* the step's buffers cross the link each layer; the threads' scratch (last, large) does not */
-        e->buffers_pinned =
-            kt_backend_pin_host(e->device, e->buffers, (size_t)((uint8_t *)e->scratch - (uint8_t *)e->buffers));
+    if (e->dev.backend) /* the step's buffers cross the link each layer; the threads' scratch (last, large) does not */
+        e->dev.buffers_pinned =
+            kt_backend_pin_host(e->dev.backend, e->buffers, (size_t)((uint8_t *)e->scratch - (uint8_t *)e->buffers));
     if (!e->test.keep_gguf_layout && (st = pack_host_weights(e, err)))
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
@@ -505,28 +505,28 @@ void kt_engine_destroy(struct kt_engine *e)
 {
     if (!e)
         return;
-    if (e->device) {
-        kt_backend_sync(e->device);
+    if (e->dev.backend) {
+        kt_backend_sync(e->dev.backend);
         destroy_graphs(e);
-        if (e->buffers_pinned)
-            kt_backend_unpin_host(e->device, e->buffers);
-        for (uint32_t i = 0; i < e->n_device_blocks; i++)
-            kt_backend_free(e->device, e->device_blocks[i], e->device_block_bytes[i]);
-        kt_backend_destroy(e->device);
+        if (e->dev.buffers_pinned)
+            kt_backend_unpin_host(e->dev.backend, e->buffers);
+        for (uint32_t i = 0; i < e->dev.n_blocks; i++)
+            kt_backend_free(e->dev.backend, e->dev.blocks[i], e->dev.block_bytes[i]);
+        kt_backend_destroy(e->dev.backend);
     }
     for (uint32_t i = 0; e->packed_blocks && i < e->n_packed_blocks; i++)
         munmap(e->packed_blocks[i], e->packed_block_bytes[i]);
     free(e->packed_blocks);
     free(e->packed_block_bytes);
-    free(e->device_blocks);
-    free(e->device_block_bytes);
-    free(e->device_experts);
-    free(e->cuda_units);
-    free(e->device_shared);
-    free(e->device_layers);
-    free(e->cuda_layers);
-    free(e->device_jobs);
-    free(e->device_dense);
+    free(e->dev.blocks);
+    free(e->dev.block_bytes);
+    free(e->dev.experts);
+    free(e->dev.cuda_units);
+    free(e->dev.shared);
+    free(e->dev.layers);
+    free(e->dev.cuda_layers);
+    free(e->dev.jobs);
+    free(e->dev.dense);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
     kt_topology_destroy(e->topo);
@@ -549,17 +549,17 @@ void kt_engine_destroy(struct kt_engine *e)
 /* `bytes` of device memory, remembered for destroy. */
 static kt_status device_alloc(struct kt_engine *e, size_t bytes, void **ptr, kt_err *err)
 {
-    if (e->device_sizing) { /* the first pass only adds up what the second will take */
-        e->device_need_bytes += bytes;
+    if (e->dev.sizing) { /* the first pass only adds up what the second will take */
+        e->dev.need_bytes += bytes;
         *ptr = e; /* any non-NULL address: never read or written in this pass */
         return KT_OK;
     }
-    if (e->n_device_blocks == e->max_device_blocks)
+    if (e->dev.n_blocks == e->dev.max_blocks)
         return kt_err_set(err, KT_ERR_INVALID, "engine: device block table full");
-    kt_status st = kt_backend_alloc(e->device, bytes, ptr, err);
+    kt_status st = kt_backend_alloc(e->dev.backend, bytes, ptr, err);
     if (st == KT_OK) {
-        e->device_blocks[e->n_device_blocks] = *ptr;
-        e->device_block_bytes[e->n_device_blocks++] = bytes;
+        e->dev.blocks[e->dev.n_blocks] = *ptr;
+        e->dev.block_bytes[e->dev.n_blocks++] = bytes;
     }
     return st;
 }
@@ -571,12 +571,12 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
     const size_t bytes = (size_t)kt_mat_bytes(m);
     char msg[256];
     const struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
-    if (e->device_sizing && kt_backend_kind(e->device) == KT_BACKEND_CUDA && /* refused before anything is placed */
+    if (e->dev.sizing && kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA && /* refused before anything is placed */
         kt_cuda_mat_usable(&cm, kt_type_name(m->type), msg, sizeof msg))
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': %s", kt_backend_name(e->device), msg);
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': %s", kt_backend_name(e->dev.backend), msg);
     kt_status st = device_alloc(e, bytes, &p, err);
-    if (st == KT_OK && !e->device_sizing) {
-        kt_backend_copy_in(e->device, p, m->data, bytes);
+    if (st == KT_OK && !e->dev.sizing) {
+        kt_backend_copy_in(e->dev.backend, p, m->data, bytes);
         m->data = p;
     }
     return st;
@@ -589,8 +589,8 @@ static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, k
     if (!*v)
         return KT_OK;
     kt_status st = device_alloc(e, n * sizeof(float), &p, err);
-    if (st == KT_OK && !e->device_sizing) {
-        kt_backend_copy_in(e->device, p, *v, n * sizeof(float));
+    if (st == KT_OK && !e->dev.sizing) {
+        kt_backend_copy_in(e->dev.backend, p, *v, n * sizeof(float));
         *v = p;
     }
     return st;
@@ -600,7 +600,7 @@ static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, k
 static void device_copy_block(void *ctx, float *dst, const float *src, size_t bytes)
 {
     struct kt_engine *e = ctx;
-    kt_backend_copy_device(e->device, dst, src, bytes);
+    kt_backend_copy_device(e->dev.backend, dst, src, bytes);
 }
 
 /* What the cuda attention works in: per-step buffers for max_batch_tokens
@@ -622,7 +622,7 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
     }
     if (!mla_scratch)
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
-                          "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->device), hp->n_head, hp->kv_lora_rank,
+                          "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->dev.backend), hp->n_head, hp->kv_lora_rank,
                           hp->qk_rope_dim);
     /* cuBLASLt's scratch for the largest projection at a full batch (the
      * host's copies give the shapes; device copies are at least as aligned) */
@@ -636,7 +636,7 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
             lt_scratch = bytes > lt_scratch ? bytes : lt_scratch;
         }
     }
-    struct kt_cuda_attention_step *s = &e->cuda_step;
+    struct kt_cuda_attention_step *s = &e->dev.cuda_step;
     const struct {
         void **ptr;
         size_t bytes;
@@ -665,20 +665,20 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
         s->lt_scratch_bytes = lt_scratch;
     }
     s->mla_scratch_bytes = mla_scratch;
-    s->cache.pool = e->dev_kv_pool;
+    s->cache.pool = e->dev.kv_pool;
     s->cache.block_tokens = e->params.kv_block_tokens;
     s->cache.block_floats = (int64_t)hp->n_layer * e->params.kv_block_tokens * (int64_t)(kvr + dr);
-    s->x = e->dev_x;
-    if (e->device_sizing)
+    s->x = e->dev.x;
+    if (e->dev.sizing)
         return KT_OK;
-    if (!(e->cuda_layers = calloc(hp->n_layer, sizeof *e->cuda_layers)))
+    if (!(e->dev.cuda_layers = calloc(hp->n_layer, sizeof *e->dev.cuda_layers)))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->device_layers[il];
+        const struct kt_layer_weights *L = &e->dev.layers[il];
         struct kt_cuda_mla mla = shape;
         mla.w_uk = kt_fwd_cuda_mat(&L->uk);
         mla.w_uv = kt_fwd_cuda_mat(&L->uv);
-        e->cuda_layers[il] = (struct kt_cuda_attention_layer){
+        e->dev.cuda_layers[il] = (struct kt_cuda_attention_layer){
             .attn_norm = L->attn_norm, .q_a_norm = L->q_a_norm, .kv_a_norm = L->kv_a_norm,
             .q_a = kt_fwd_cuda_mat(&L->q_a), .q_b = kt_fwd_cuda_mat(&L->q_b), .q = kt_fwd_cuda_mat(&L->q),
             .kv_a = kt_fwd_cuda_mat(&L->kv_a), .out = kt_fwd_cuda_mat(&L->out), .mla = mla,
@@ -693,17 +693,17 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
 static kt_status device_attention(struct kt_engine *e, kt_err *err)
 {
     const struct kt_hparams *hp = &e->hp;
-    const bool cuda = kt_backend_kind(e->device) == KT_BACKEND_CUDA;
+    const bool cuda = kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA;
     if (cuda && e->layers[0].fused_kv_b)
         return kt_err_set(err, KT_ERR_UNSUPPORTED,
                           "device '%s': the GPU's MLA reads split attn_k_b / attn_v_b tensors and this file has "
                           "the fused attn_kv_b; place attention on the cpu or convert the file",
-                          kt_backend_name(e->device));
-    if (!e->device_layers && !(e->device_layers = calloc(hp->n_layer, sizeof *e->device_layers)))
+                          kt_backend_name(e->dev.backend));
+    if (!e->dev.layers && !(e->dev.layers = calloc(hp->n_layer, sizeof *e->dev.layers)))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     kt_status st = KT_OK;
     for (uint32_t il = 0; il < hp->n_layer && st == KT_OK; il++) {
-        struct kt_layer_weights *L = &e->device_layers[il];
+        struct kt_layer_weights *L = &e->dev.layers[il];
         *L = e->layers[il];
         const bool uv_is_uk = L->uv.data == L->uk.data; /* fused attn_kv_b: one tensor for both */
         struct kt_mat *mats[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->uk, &L->out};
@@ -729,29 +729,29 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
     }
     const size_t T = e->params.max_batch_tokens, k = hp->n_expert_used;
     if (st == KT_OK && hp->n_expert > 0 &&
-        ((st = device_alloc(e, T * hp->n_expert * sizeof(float), (void **)&e->dev_router_logits, err)) ||
-         (st = device_alloc(e, T * k * sizeof(uint32_t), (void **)&e->dev_route_experts, err)) ||
-         (st = device_alloc(e, T * k * sizeof(float), (void **)&e->dev_route_weights, err))))
+        ((st = device_alloc(e, T * hp->n_expert * sizeof(float), (void **)&e->dev.router_logits, err)) ||
+         (st = device_alloc(e, T * k * sizeof(uint32_t), (void **)&e->dev.route_experts, err)) ||
+         (st = device_alloc(e, T * k * sizeof(float), (void **)&e->dev.route_weights, err))))
         return st;
     if (st == KT_OK)
-        st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev_x,
+        st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev.x,
                           err);
     /* the KV cache's pool */
     uint64_t kv_bytes = 0;
     const struct kt_kv_cache_params kp = kv_params(e, NULL);
     if (st == KT_OK && (st = kt_kv_cache_pool_bytes(&kp, &kv_bytes, err)) == KT_OK)
-        st = device_alloc(e, (size_t)kv_bytes, (void **)&e->dev_kv_pool, err);
-    if (st == KT_OK && !e->device_sizing)
-        st = kv_cache_create(e, e->dev_kv_pool, err);
-    if (st == KT_OK && !e->device_sizing) { /* the jobs, and the graphs decode batches replay */
+        st = device_alloc(e, (size_t)kv_bytes, (void **)&e->dev.kv_pool, err);
+    if (st == KT_OK && !e->dev.sizing)
+        st = kv_cache_create(e, e->dev.kv_pool, err);
+    if (st == KT_OK && !e->dev.sizing) { /* the jobs, and the graphs decode batches replay */
         const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
         const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_SLOTS;
-        if (!(e->device_jobs = calloc(n_jobs, sizeof *e->device_jobs)) ||
-            (!e->test.no_device_graphs && (!(e->layer_graphs = calloc(n_graphs, sizeof *e->layer_graphs)) ||
-                                             !(e->graph_seen = calloc(n_graphs, 1)))))
+        if (!(e->dev.jobs = calloc(n_jobs, sizeof *e->dev.jobs)) ||
+            (!e->test.no_device_graphs && (!(e->dev.graphs = calloc(n_graphs, sizeof *e->dev.graphs)) ||
+                                             !(e->dev.graph_seen = calloc(n_graphs, 1)))))
             return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
         for (size_t i = 0; i < n_jobs; i++)
-            e->device_jobs[i] = (struct kt_device_job){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
+            e->dev.jobs[i] = (struct kt_device_job){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
                                                        (uint32_t)(i % (KT_GRAPH_TOKENS + 1))};
     }
     if (st == KT_OK && cuda)
@@ -764,14 +764,14 @@ static kt_status device_bufs(struct kt_engine *e, kt_err *err)
 {
     const size_t T = e->params.max_batch_tokens, E = e->hp.n_embd, pairs = T * (e->hp.n_expert_used + 1);
     const struct kt_moe_bufs *h = &e->bufs;
-    struct kt_moe_bufs *b = &e->dev_bufs;
+    struct kt_moe_bufs *b = &e->dev.bufs;
     *b = *h;
     struct {
         void **ptr;
         size_t bytes;
     } want[] = {
-        {(void **)&e->dev_h, T * E * sizeof(float)},
-        {(void **)&e->dev_pair_token, pairs * sizeof(uint32_t)},
+        {(void **)&e->dev.h, T * E * sizeof(float)},
+        {(void **)&e->dev.pair_token, pairs * sizeof(uint32_t)},
         {(void **)&b->act, pairs * h->act_stride * sizeof(float)},
         {(void **)&b->act_q, pairs * h->act_q_stride},
         {(void **)&b->pair_out, pairs * E * sizeof(float)},
@@ -799,40 +799,40 @@ static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params
 {
     const struct kt_hparams *hp = &e->hp;
     const size_t n_experts = (size_t)hp->n_layer * hp->n_expert;
-    kt_status st = kt_backend_create(d->device, &e->device, err);
+    kt_status st = kt_backend_create(d->device, &e->dev.backend, err);
     if (st)
         return st;
     /* 3 matrices per expert; per layer at most 3 dense or 3 shared matrices,
      * 7 attention matrices, 3 norms; the buffers, the KV pool and the attention buffers */
-    e->max_device_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 64);
-    e->device_blocks = calloc(e->max_device_blocks, sizeof *e->device_blocks);
-    e->device_block_bytes = calloc(e->max_device_blocks, sizeof *e->device_block_bytes);
-    e->device_experts = calloc(n_experts ? n_experts : 1, sizeof *e->device_experts);
-    e->cuda_units = calloc((size_t)hp->n_expert + 1, sizeof *e->cuda_units);
-    e->device_shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->device_shared) : NULL;
-    e->device_dense = d->dense_on_device ? calloc(hp->n_layer, sizeof *e->device_dense) : NULL;
-    if (!e->device_blocks || !e->device_block_bytes || !e->device_experts || !e->cuda_units ||
-        (d->shared_on_device && !e->device_shared) || (d->dense_on_device && !e->device_dense))
+    e->dev.max_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 64);
+    e->dev.blocks = calloc(e->dev.max_blocks, sizeof *e->dev.blocks);
+    e->dev.block_bytes = calloc(e->dev.max_blocks, sizeof *e->dev.block_bytes);
+    e->dev.experts = calloc(n_experts ? n_experts : 1, sizeof *e->dev.experts);
+    e->dev.cuda_units = calloc((size_t)hp->n_expert + 1, sizeof *e->dev.cuda_units);
+    e->dev.shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->dev.shared) : NULL;
+    e->dev.dense = d->dense_on_device ? calloc(hp->n_layer, sizeof *e->dev.dense) : NULL;
+    if (!e->dev.blocks || !e->dev.block_bytes || !e->dev.experts || !e->dev.cuda_units ||
+        (d->shared_on_device && !e->dev.shared) || (d->dense_on_device && !e->dev.dense))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
 
     /* First add up what the placement needs, so a budget it exceeds is
      * refused before anything is allocated, with the whole need in the message. */
-    e->device_sizing = true;
-    e->device_need_bytes = 0;
+    e->dev.sizing = true;
+    e->dev.need_bytes = 0;
     st = place_on_device(e, d, err);
-    e->device_sizing = false;
-    const uint64_t budget = kt_backend_budget_bytes(e->device);
-    if (st == KT_OK && budget && e->device_need_bytes > budget)
+    e->dev.sizing = false;
+    const uint64_t budget = kt_backend_budget_bytes(e->dev.backend);
+    if (st == KT_OK && budget && e->dev.need_bytes > budget)
         return kt_err_set(err, KT_ERR_NOMEM,
                           "device '%s': the placement needs %.1f MiB (the weights, KV cache and working buffers "
                           "it holds), its budget is %.1f MiB",
-                          kt_backend_name(e->device), e->device_need_bytes / 1048576.0, budget / 1048576.0);
+                          kt_backend_name(e->dev.backend), e->dev.need_bytes / 1048576.0, budget / 1048576.0);
     if (st == KT_OK)
         st = place_on_device(e, d, err);
     if (st != KT_OK)
         return st;
-    kt_backend_sync(e->device);
-    kt_backend_stats_reset(e->device); /* the stats count steps, not the load */
+    kt_backend_sync(e->dev.backend);
+    kt_backend_stats_reset(e->dev.backend); /* the stats count steps, not the load */
     return KT_OK;
 }
 
@@ -854,11 +854,11 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
     kt_status st = KT_OK;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
-        if (!L->is_moe && e->device_dense) {
+        if (!L->is_moe && e->dev.dense) {
             struct kt_ffn_weights w = L->dense;
             if ((st = device_ffn(e, &w, il, "dense FFN", err)))
                 return st;
-            e->device_dense[il] = w;
+            e->dev.dense[il] = w;
         }
         if (!L->is_moe)
             continue;
@@ -871,14 +871,14 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
             snprintf(what, sizeof what, "expert %u", x);
             if ((st = device_ffn(e, &w, il, what, err)))
                 return st;
-            if (!e->device_sizing)
-                e->device_experts[(size_t)il * hp->n_expert + x] = w;
+            if (!e->dev.sizing)
+                e->dev.experts[(size_t)il * hp->n_expert + x] = w;
         }
-        if (e->device_shared && L->shared.n_ff > 0) {
+        if (e->dev.shared && L->shared.n_ff > 0) {
             struct kt_ffn_weights w = L->shared;
             if ((st = device_ffn(e, &w, il, "shared experts", err)))
                 return st;
-            e->device_shared[il] = w;
+            e->dev.shared[il] = w;
         }
     }
     if (d->attention_on_device && (st = device_attention(e, err))) {
@@ -889,13 +889,13 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
         const size_t T = e->params.max_batch_tokens;
         struct kt_mat w = e->output;
         if ((st = device_mat(e, &w, err)) ||
-            (st = device_alloc(e, T * hp->n_embd * sizeof(float), (void **)&e->dev_head_x, err)) ||
-            (st = device_alloc(e, T * hp->n_vocab * sizeof(float), (void **)&e->dev_logits, err))) {
+            (st = device_alloc(e, T * hp->n_embd * sizeof(float), (void **)&e->dev.head_x, err)) ||
+            (st = device_alloc(e, T * hp->n_vocab * sizeof(float), (void **)&e->dev.logits, err))) {
             kt_err_prefix(err, "output head");
             return st;
         }
-        if (!e->device_sizing)
-            e->device_output = w;
+        if (!e->dev.sizing)
+            e->dev.output = w;
     }
     if ((st = device_bufs(e, err))) {
         kt_err_prefix(err, "its working buffers");
@@ -906,9 +906,9 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
 
 kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_stats *out)
 {
-    if (!e->device)
+    if (!e->dev.backend)
         return KT_ERR_NOT_FOUND;
-    kt_backend_stats(e->device, out);
+    kt_backend_stats(e->dev.backend, out);
     return KT_OK;
 }
 
@@ -1017,12 +1017,12 @@ static void attention_block(struct kt_engine *e, uint32_t il, float *x)
 /* The recorded layer graphs, dropped (none is queued: every layer part syncs). */
 static void destroy_graphs(struct kt_engine *e)
 {
-    for (size_t i = 0; e->layer_graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_SLOTS; i++)
-        kt_backend_graph_destroy(e->layer_graphs[i]);
-    free(e->layer_graphs);
-    free(e->graph_seen);
-    e->layer_graphs = NULL;
-    e->graph_seen = NULL;
+    for (size_t i = 0; e->dev.graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_SLOTS; i++)
+        kt_backend_graph_destroy(e->dev.graphs[i]);
+    free(e->dev.graphs);
+    free(e->dev.graph_seen);
+    e->dev.graphs = NULL;
+    e->dev.graph_seen = NULL;
 }
 
 /* The job a layer's host function got still fits the step: false (and the
@@ -1030,7 +1030,7 @@ static void destroy_graphs(struct kt_engine *e)
 static bool job_fits(const struct kt_device_job *job)
 {
     if (job->n_tok && job->n_tok != job->e->n_tokens) {
-        job->e->graph_mismatch = true;
+        job->e->dev.graph_mismatch = true;
         return false;
     }
     return true;
@@ -1044,7 +1044,7 @@ static void layer_on_device(void *ctx)
     const struct kt_device_job *a = ctx;
     if (!job_fits(a))
         return;
-    attention_block(a->e, a->il, a->e->dev_x);
+    attention_block(a->e, a->il, a->e->dev.x);
     if (a->e->layers[a->il].is_moe)
         kt_fwd_route_on_device(a->e, a->il);
 }
@@ -1055,8 +1055,8 @@ static int layer_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
     const struct kt_device_job *a = ctx;
     struct kt_engine *e = a->e;
     const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
-    e->cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
-    if (kt_cuda_attention_block(&e->cuda_layers[a->il], &e->cuda_step, stream, msg, msg_bytes))
+    e->dev.cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
+    if (kt_cuda_attention_block(&e->dev.cuda_layers[a->il], &e->dev.cuda_step, stream, msg, msg_bytes))
         return -1;
     return e->layers[a->il].is_moe ? kt_fwd_route_on_cuda(e, a->il, stream, msg, msg_bytes) : 0;
 }
@@ -1067,46 +1067,46 @@ static int layer_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
 static void run_device_layer(struct kt_engine *e, uint32_t il)
 {
     const uint32_t T = e->n_tokens;
-    const bool graph = e->layer_graphs && T <= KT_GRAPH_TOKENS;
-    struct kt_device_job *job = &e->device_jobs[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
+    const bool graph = e->dev.graphs && T <= KT_GRAPH_TOKENS;
+    struct kt_device_job *job = &e->dev.jobs[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
     if (!graph) {
-        kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
+        kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
         return;
     }
-    const size_t slot = (size_t)il * KT_GRAPH_SLOTS + e->graph_slot;
-    struct kt_backend_graph **g = &e->layer_graphs[slot];
-    if (!*g && !e->graph_seen[slot]) { /* the first time runs directly */
-        e->graph_seen[slot] = 1;
-        kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
+    const size_t slot = (size_t)il * KT_GRAPH_SLOTS + e->dev.graph_slot;
+    struct kt_backend_graph **g = &e->dev.graphs[slot];
+    if (!*g && !e->dev.graph_seen[slot]) { /* the first time runs directly */
+        e->dev.graph_seen[slot] = 1;
+        kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
         return;
     }
     kt_err err = {0};
-    if (!*g && kt_backend_graph_begin(e->device, &err) == KT_OK) {
-        kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
-        kt_backend_graph_end(e->device, g, &err);
+    if (!*g && kt_backend_graph_begin(e->dev.backend, &err) == KT_OK) {
+        kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
+        kt_backend_graph_end(e->dev.backend, g, &err);
     }
     if (*g) {
-        kt_backend_graph_launch(e->device, *g);
+        kt_backend_graph_launch(e->dev.backend, *g);
         return;
     }
     destroy_graphs(e); /* recording failed: from now on every batch runs directly */
-    job = &e->device_jobs[(size_t)il * (KT_GRAPH_TOKENS + 1)];
-    kt_backend_run(e->device, layer_on_device, job, layer_on_cuda, job);
+    job = &e->dev.jobs[(size_t)il * (KT_GRAPH_TOKENS + 1)];
+    kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
 }
 
 /* The output head on the sim device's queue, on the rows sent there. */
 static void head_on_device(void *ctx)
 {
     struct kt_engine *e = ctx;
-    kt_fwd_matmul(e, &e->device_output, e->dev_head_x, e->head_rows, e->dev_logits, e->xq);
+    kt_fwd_matmul(e, &e->dev.output, e->dev.head_x, e->dev.head_rows, e->dev.logits, e->xq);
 }
 
 /* The same on the GPU (a kt_backend_cuda_fn). */
 static int head_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
 {
     struct kt_engine *e = ctx;
-    const struct kt_cuda_mat w = kt_fwd_cuda_mat(&e->device_output);
-    return kt_cuda_matmul(&w, e->dev_head_x, e->head_rows, e->dev_logits, KT_CUDA_MATMUL_AUTO, stream, msg,
+    const struct kt_cuda_mat w = kt_fwd_cuda_mat(&e->dev.output);
+    return kt_cuda_matmul(&w, e->dev.head_x, e->dev.head_rows, e->dev.logits, KT_CUDA_MATMUL_AUTO, stream, msg,
                           msg_bytes);
 }
 
@@ -1120,8 +1120,8 @@ static void choose_graph_slot(struct kt_engine *e)
     uint32_t b = 0;
     while (b + 1 < KT_GRAPH_BUCKETS && (256u << b) < n_kv_max)
         b++;
-    e->graph_bound = (256u << b) < e->params.n_ctx ? (256u << b) : e->params.n_ctx;
-    e->graph_slot = b * KT_GRAPH_TOKENS + e->n_tokens - 1;
+    e->dev.graph_bound = (256u << b) < e->params.n_ctx ? (256u << b) : e->params.n_ctx;
+    e->dev.graph_slot = b * KT_GRAPH_TOKENS + e->n_tokens - 1;
 }
 
 /* cuda attention: the step's cache tables (each sequence's blocks, where
@@ -1135,23 +1135,23 @@ static void send_cache_tables(struct kt_engine *e)
         const struct kt_seq_chunk *ch = &e->chunks[c];
         const uint32_t *blocks = NULL;
         const uint32_t n = kt_kv_cache_seq_blocks(e->kv, ch->seq, &blocks);
-        memcpy(e->step_block_ids + n_ids, blocks, n * sizeof *blocks);
+        memcpy(e->dev.step_block_ids + n_ids, blocks, n * sizeof *blocks);
         for (uint32_t q = 0; q < ch->n; q++) {
             const uint32_t b = ch->tokens[q];
-            e->step_first_block[b] = n_ids;
-            e->step_n_kv[b] = e->tokens[b].pos + 1; /* causal: positions 0 .. pos */
-            n_kv_max = e->step_n_kv[b] > n_kv_max ? e->step_n_kv[b] : n_kv_max;
+            e->dev.step_first_block[b] = n_ids;
+            e->dev.step_n_kv[b] = e->tokens[b].pos + 1; /* causal: positions 0 .. pos */
+            n_kv_max = e->dev.step_n_kv[b] > n_kv_max ? e->dev.step_n_kv[b] : n_kv_max;
         }
         n_ids += n;
     }
-    struct kt_cuda_attention_step *s = &e->cuda_step;
+    struct kt_cuda_attention_step *s = &e->dev.cuda_step;
     s->n_tok = T;
     /* a graph replays the launch shapes it was recorded with: its bucket's bound */
-    s->n_kv_max = e->layer_graphs && T <= KT_GRAPH_TOKENS ? e->graph_bound : n_kv_max;
-    kt_backend_copy_in(e->device, (void *)s->cache.block_ids, e->step_block_ids, n_ids * sizeof(uint32_t));
-    kt_backend_copy_in(e->device, (void *)s->cache.first_block, e->step_first_block, T * sizeof(uint32_t));
-    kt_backend_copy_in(e->device, (void *)s->cache.n_kv, e->step_n_kv, T * sizeof(uint32_t));
-    kt_backend_copy_in(e->device, (void *)s->cos_sin, e->cos_sin, (size_t)T * e->hp.qk_rope_dim * sizeof(float));
+    s->n_kv_max = e->dev.graphs && T <= KT_GRAPH_TOKENS ? e->dev.graph_bound : n_kv_max;
+    kt_backend_copy_in(e->dev.backend, (void *)s->cache.block_ids, e->dev.step_block_ids, n_ids * sizeof(uint32_t));
+    kt_backend_copy_in(e->dev.backend, (void *)s->cache.first_block, e->dev.step_first_block, T * sizeof(uint32_t));
+    kt_backend_copy_in(e->dev.backend, (void *)s->cache.n_kv, e->dev.step_n_kv, T * sizeof(uint32_t));
+    kt_backend_copy_in(e->dev.backend, (void *)s->cos_sin, e->cos_sin, (size_t)T * e->hp.qk_rope_dim * sizeof(float));
 }
 
 static void add_rows(float *x, const float *y, size_t n)
@@ -1186,7 +1186,7 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
      * length before the step (its cache rows past it are never read) and the
      * step's error state is cleared, so the next step runs as if this one
      * had not been asked for. */
-    e->graph_mismatch = false;
+    e->dev.graph_mismatch = false;
     uint64_t t0 = kt_fwd_now_ns();
     const uint32_t T = b->n_tokens;
     e->tokens = b->tokens;
@@ -1208,31 +1208,31 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     uint64_t t_embed = kt_fwd_now_ns() - t0;
     e->stats.other_ns += t_embed;
     e->stats.embed_head_ns += t_embed;
-    if (e->layer_graphs && T <= KT_GRAPH_TOKENS)
+    if (e->dev.graphs && T <= KT_GRAPH_TOKENS)
         choose_graph_slot(e);
-    if (e->cuda_layers)
+    if (e->dev.cuda_layers)
         send_cache_tables(e);
 
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
         struct kt_backend_stats dev0 = {0}, dev1 = {0};
-        if (e->device)
-            kt_backend_stats(e->device, &dev0);
+        if (e->dev.backend)
+            kt_backend_stats(e->dev.backend, &dev0);
         uint64_t ta = kt_fwd_now_ns();
         /* x goes to the device, through attention there (and in MoE layers
          * the FFN norm and the router), and back with h and the routing */
-        const bool routed = e->device_layers && L->is_moe;
-        if (e->device_layers) {
+        const bool routed = e->dev.layers && L->is_moe;
+        if (e->dev.layers) {
             const size_t k = hp->n_expert_used;
-            kt_backend_copy_in(e->device, e->dev_x, e->x, (size_t)T * E * sizeof(float));
+            kt_backend_copy_in(e->dev.backend, e->dev.x, e->x, (size_t)T * E * sizeof(float));
             run_device_layer(e, il);
-            kt_backend_copy_out(e->device, e->x, e->dev_x, (size_t)T * E * sizeof(float));
+            kt_backend_copy_out(e->dev.backend, e->x, e->dev.x, (size_t)T * E * sizeof(float));
             if (routed) {
-                kt_backend_copy_out(e->device, e->h, e->dev_h, (size_t)T * E * sizeof(float));
-                kt_backend_copy_out(e->device, e->route_experts, e->dev_route_experts, T * k * sizeof(uint32_t));
-                kt_backend_copy_out(e->device, e->route_weights, e->dev_route_weights, T * k * sizeof(float));
+                kt_backend_copy_out(e->dev.backend, e->h, e->dev.h, (size_t)T * E * sizeof(float));
+                kt_backend_copy_out(e->dev.backend, e->route_experts, e->dev.route_experts, T * k * sizeof(uint32_t));
+                kt_backend_copy_out(e->dev.backend, e->route_weights, e->dev.route_weights, T * k * sizeof(float));
             }
-            kt_backend_sync(e->device);
+            kt_backend_sync(e->dev.backend);
         } else {
             attention_block(e, il, e->x);
         }
@@ -1256,8 +1256,8 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         ls->router_ns += router;
         ls->experts_ns += tc - tf > router ? tc - tf - router : 0;
         ls->combine_ns += (tf - tb) + (te - tc);
-        if (e->device) { /* the layer synced with the device: its queue time is counted */
-            kt_backend_stats(e->device, &dev1);
+        if (e->dev.backend) { /* the layer synced with the device: its queue time is counted */
+            kt_backend_stats(e->dev.backend, &dev1);
             ls->device_ns += dev1.busy_ns - dev0.busy_ns;
             ls->device_transfer_ns += dev1.transfer_ns - dev0.transfer_ns;
         }
@@ -1269,12 +1269,12 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     for (uint32_t t = 0; t < T; t++)
         if (b->tokens[t].want_logits)
             kt_rmsnorm(e->h + (size_t)w++ * E, e->x + (size_t)t * E, e->output_norm, E, hp->rms_eps);
-    if (n_wanted > 0 && e->device_output.data) { /* the normed rows go to the device, the logits come back */
-        e->head_rows = n_wanted;
-        kt_backend_copy_in(e->device, e->dev_head_x, e->h, (size_t)n_wanted * E * sizeof(float));
-        kt_backend_run(e->device, head_on_device, e, head_on_cuda, e);
-        kt_backend_copy_out(e->device, logits, e->dev_logits, (size_t)n_wanted * hp->n_vocab * sizeof(float));
-        kt_backend_sync(e->device);
+    if (n_wanted > 0 && e->dev.output.data) { /* the normed rows go to the device, the logits come back */
+        e->dev.head_rows = n_wanted;
+        kt_backend_copy_in(e->dev.backend, e->dev.head_x, e->h, (size_t)n_wanted * E * sizeof(float));
+        kt_backend_run(e->dev.backend, head_on_device, e, head_on_cuda, e);
+        kt_backend_copy_out(e->dev.backend, logits, e->dev.logits, (size_t)n_wanted * hp->n_vocab * sizeof(float));
+        kt_backend_sync(e->dev.backend);
     } else if (n_wanted > 0) {
         kt_fwd_matmul(e, &e->output, e->h, n_wanted, logits, e->xq);
     }
@@ -1282,13 +1282,13 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     e->stats.other_ns += t_head;
     e->stats.embed_head_ns += t_head;
 
-    st = e->device ? kt_backend_take_failure(e->device, err) : KT_OK;
-    if (st == KT_OK && e->graph_mismatch)
+    st = e->dev.backend ? kt_backend_take_failure(e->dev.backend, err) : KT_OK;
+    if (st == KT_OK && e->dev.graph_mismatch)
         st = kt_err_set(err, KT_ERR_INVALID, "engine: a device graph was replayed for another batch size");
     if (st != KT_OK) { /* these logits are not to be trusted, nor the cache rows the step wrote */
         for (uint32_t c = 0; c < e->n_chunks; c++)
             kt_kv_cache_seq_truncate(e->kv, e->chunks[c].seq, e->chunks[c].start, NULL);
-        e->graph_mismatch = false;
+        e->dev.graph_mismatch = false;
         forget_chunks(e);
         return st;
     }
@@ -1339,8 +1339,8 @@ void kt_engine_stats_reset(struct kt_engine *e)
 {
     memset(&e->stats, 0, sizeof e->stats);
     memset(e->layer_stats, 0, e->hp.n_layer * sizeof *e->layer_stats);
-    if (e->device)
-        kt_backend_stats_reset(e->device);
+    if (e->dev.backend)
+        kt_backend_stats_reset(e->dev.backend);
 }
 
 bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_engine_layer_stats *out)

@@ -127,6 +127,77 @@ struct kt_device_part {
  * latent row is read once for all of them (at most this many). */
 #define KT_ATTN_HEAD_GROUP 8
 
+/* The engine's accelerator (backend.h) and what lives on it: weights copied
+ * there, its step buffers, its graphs.  All zero without a device; device.c
+ * creates and destroys it, engine.c and moe.c read it.  Shapes as in struct
+ * kt_engine (T = max_batch_tokens). */
+struct kt_engine_device {
+    struct kt_backend *backend;         /* NULL: no device */
+    /* [n_layer * n_expert] an expert's gate, up and down (GGUF rows) in device
+     * memory; n_ff == 0: the expert is on the CPU */
+    struct kt_ffn_weights *experts;
+    struct kt_ffn_weights *shared;      /* [n_layer] shared experts on the device; NULL: on the CPU */
+    struct kt_ffn_weights *dense;       /* [n_layer] dense FFNs of the leading layers there; NULL: on the CPU */
+    void **blocks;                      /* [n_blocks] its allocations, freed at destroy */
+    size_t *block_bytes;                /* [n_blocks] */
+    uint32_t n_blocks, max_blocks;
+    bool sizing;                        /* setup's first pass: allocations only add up need_bytes */
+    uint64_t need_bytes;
+    float *h;                           /* (T, E) h sent each MoE layer */
+    uint32_t *pair_token;               /* (T*k + T) pair_token sent with it */
+    struct kt_cuda_ffn_unit *cuda_units; /* (Ne + 1) host: the device's units as kt_cuda_ffn_units takes them */
+    /* [n_layer] copies of each layer with its attention weights (norms, MLA
+     * projections) in device memory; NULL: attention on the CPU. */
+    struct kt_layer_weights *layers;
+    float *x;                           /* (T, E) the residual stream sent each layer */
+    /* With attention, the FFN norm and router of MoE layers on the device:
+     * h in h, logits (T, Ne), experts and weights (T, k) there, and h, the
+     * experts and weights come back with x (the layer's expert units then
+     * read h where it already is) */
+    float *router_logits, *route_weights;
+    uint32_t *route_experts;
+    /* The device part of each layer (its attention, then in MoE layers the
+     * FFN norm and the router), each job fixed to its layer and (for a
+     * graph's recording) batch size, so a replay can tell it ran for the
+     * wrong one: [n_layer * (KT_GRAPH_TOKENS + 1)], index
+     * il * (KT_GRAPH_TOKENS + 1) + n (n = 0: any batch, run directly). */
+    struct kt_device_job {
+        struct kt_engine *e;
+        uint32_t il, n_tok;
+    } *jobs;
+    /* Decode-sized batches replay each layer's device part from a graph
+     * (backend.h) recorded the second time that layer meets that batch size
+     * and context bucket (the first runs directly, so every kernel has been
+     * loaded before a capture): [n_layer * KT_GRAPH_SLOTS], index
+     * il * KT_GRAPH_SLOTS + bucket * KT_GRAPH_TOKENS + n_tok - 1, and
+     * graph_seen beside it; NULL: no graphs (none asked for, or a recording
+     * failed).  graph_slot: this step's bucket * KT_GRAPH_TOKENS + n_tok - 1;
+     * graph_bound: the context its graphs' MLA is sized for. */
+    struct kt_backend_graph **graphs;
+    uint8_t *graph_seen;
+    uint32_t graph_slot, graph_bound;
+    bool graph_mismatch;                /* this step: a replay ran for another batch size (the step fails) */
+    /* attention on the device: the KV cache's pool lives in its memory (e->kv
+     * addresses it; its copy-on-write copies run on the device's queue). */
+    float *kv_pool;
+    /* cuda attention (NULL otherwise): [n_layer] each layer's attention
+     * weights as kt_cuda_attention_block takes them, the step it runs (device
+     * buffers, this step's token count, cache tables), and the host copies
+     * of the step's cache tables sent there once per step. */
+    struct kt_cuda_attention_layer *cuda_layers;
+    struct kt_cuda_attention_step cuda_step;
+    uint32_t *step_block_ids;           /* (min(T, max_seqs) * blocks per sequence) the step's block tables */
+    uint32_t *step_first_block;         /* (T) where each token's table starts in step_block_ids */
+    uint32_t *step_n_kv;                /* (T) each token's context: its position + 1 */
+    /* The output head in device memory (data NULL: on the host), the normed
+     * rows sent there and the logits it returns (T, E), (T, V) */
+    struct kt_mat output;
+    float *head_x, *logits;
+    uint32_t head_rows;                 /* rows the device's head multiplies this step */
+    struct kt_moe_bufs bufs;            /* the FFN buffers, on the device */
+    bool buffers_pinned;                /* the engine's step buffers are page-locked for its copies (cuda) */
+};
+
 /* Per-thread scratch; sizes in comments. */
 struct kt_thread_scratch {
     const float **rows;         /* (n_ctx) cache rows of one sequence and layer */
@@ -203,75 +274,12 @@ struct kt_engine {
     uint32_t n_packed_blocks, max_packed_blocks;
     uint32_t n_items[3];        /* the step's pairs, gate/up tasks, down tasks (moe.c) */
 
-    /* The accelerator (NULL: none) and what lives on it. */
-    struct kt_backend *device;
-    /* [n_layer * n_expert] an expert's gate, up and down (GGUF rows) in device
-     * memory; n_ff == 0: the expert is on the CPU */
-    struct kt_ffn_weights *device_experts;
-    struct kt_ffn_weights *device_shared; /* [n_layer] shared experts on the device; NULL: on the CPU */
-    struct kt_ffn_weights *device_dense;  /* [n_layer] dense FFNs of the leading layers on the device; NULL: on the CPU */
-    void **device_blocks;       /* [n_device_blocks] its allocations, freed at destroy */
-    size_t *device_block_bytes; /* [n_device_blocks] */
-    uint32_t n_device_blocks, max_device_blocks;
-    bool device_sizing;         /* setup's first pass: device allocations only add up device_need_bytes */
-    uint64_t device_need_bytes;
-    float *dev_h;               /* (T, E) on the device: h sent each MoE layer */
-    uint32_t *dev_pair_token;   /* (T*k + T) on the device: pair_token sent with it */
-    struct kt_cuda_ffn_unit *cuda_units; /* (Ne + 1) host: the device's units as kt_cuda_ffn_units takes them */
-    /* [n_layer] copies of each layer with its attention weights (norms, MLA
-     * projections) in device memory; NULL: attention on the CPU. */
-    struct kt_layer_weights *device_layers;
-    float *dev_x;               /* (T, E) on the device: the residual stream sent each layer */
-    /* With attention, the FFN norm and router of MoE layers on the device:
-     * h in dev_h, logits (T, Ne), experts and weights (T, k) there, and h,
-     * the experts and weights come back with x (the layer's expert units
-     * then read h where it already is) */
-    float *dev_router_logits, *dev_route_weights;
-    uint32_t *dev_route_experts;
-    /* The device part of each layer (its attention, then in MoE layers the
-     * FFN norm and the router), each job fixed to its layer and (for a
-     * graph's recording) batch size, so a replay can tell it ran for the
-     * wrong one: [n_layer * (KT_GRAPH_TOKENS + 1)], index
-     * il * (KT_GRAPH_TOKENS + 1) + n (n = 0: any batch, run directly). */
-    struct kt_device_job {
-        struct kt_engine *e;
-        uint32_t il, n_tok;
-    } *device_jobs;
-    /* Decode-sized batches replay each layer's device part from a graph
-     * (backend.h) recorded the second time that layer meets that batch size
-     * and context bucket (the first runs directly, so every kernel has been
-     * loaded before a capture): [n_layer * KT_GRAPH_SLOTS], index
-     * il * KT_GRAPH_SLOTS + bucket * KT_GRAPH_TOKENS + n_tok - 1, and
-     * graph_seen beside it; NULL: no graphs (none asked for, or a recording
-     * failed).  graph_slot: this step's bucket * KT_GRAPH_TOKENS + n_tok - 1;
-     * graph_bound: the context its graphs' MLA is sized for. */
-    struct kt_backend_graph **layer_graphs;
-    uint8_t *graph_seen;
-    uint32_t graph_slot, graph_bound;
-    bool graph_mismatch;        /* a replay ran for another batch size than recorded (a bug: the step fails) */
-    /* attention_on_device: the KV cache's pool lives in device memory (e->kv
-     * addresses it; its copy-on-write copies run on the device's queue). */
-    float *dev_kv_pool;
-    /* cuda attention (NULL otherwise): [n_layer] each layer's attention
-     * weights as kt_cuda_attention_block takes them, the step it runs (device
-     * buffers, this step's token count, cache tables), and the host copies
-     * of the step's cache tables sent there once per step. */
-    struct kt_cuda_attention_layer *cuda_layers;
-    struct kt_cuda_attention_step cuda_step;
-    uint32_t *step_block_ids;   /* (min(T, max_seqs) * blocks per sequence) the step's block tables */
-    uint32_t *step_first_block; /* (T) where each token's table starts in step_block_ids */
-    uint32_t *step_n_kv;        /* (T) each token's context: its position + 1 */
-    /* output_on_device: the output head in device memory (data NULL: on the
-     * host), the normed rows sent there and the logits it returns (T, E), (T, V) */
-    struct kt_mat device_output;
-    float *dev_head_x, *dev_logits;
-    uint32_t head_rows;         /* rows the device's head multiplies this step */
-    struct kt_moe_bufs dev_bufs; /* on the device */
+    /* The accelerator and what lives on it (all zero without one). */
+    struct kt_engine_device dev;
 
     struct kt_thread_scratch *scratch; /* [n_threads] */
     void *buffers;              /* every buffer above, one allocation (engine.c) */
     uint64_t scratch_bytes;     /* its size */
-    bool buffers_pinned;        /* page-locked for the device's copies (cuda) */
     struct kt_engine_stats stats;
     struct kt_engine_layer_stats *layer_stats; /* [n_layer] */
 };
@@ -295,7 +303,7 @@ void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t 
  * when attention_on_device, else the host's. */
 static inline const struct kt_layer_weights *kt_fwd_attention_weights(const struct kt_engine *e, uint32_t il)
 {
-    return e->device_layers ? &e->device_layers[il] : &e->layers[il];
+    return e->dev.layers ? &e->dev.layers[il] : &e->layers[il];
 }
 
 /* m (in device memory) as the CUDA kernels take it. */

@@ -353,14 +353,14 @@ static void count_weight_bytes(struct kt_engine *e, uint32_t n_units)
 void kt_fwd_run_device_part(void *ctx)
 {
     const struct kt_device_part *d = ctx;
-    run_units(d->e, &d->e->dev_bufs, d->e->dev_h, d->u0, d->n_units, d->n_units, ON_THIS_THREAD);
+    run_units(d->e, &d->e->dev.bufs, d->e->dev.h, d->u0, d->n_units, d->n_units, ON_THIS_THREAD);
 }
 
 /* ---- the layer ---------------------------------------------------------------------- */
 
 static bool on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
 {
-    return e->device_experts && e->device_experts[(size_t)il * e->hp.n_expert + x].n_ff > 0;
+    return e->dev.experts && e->dev.experts[(size_t)il * e->hp.n_expert + x].n_ff > 0;
 }
 
 /* Expert x's slabs of the stacked tensors, or its buffer in the expert store
@@ -387,7 +387,7 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
 {
     struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
     if (on_device(e, il, x))
-        return e->device_experts[(size_t)il * e->hp.n_expert + x];
+        return e->dev.experts[(size_t)il * e->hp.n_expert + x];
     if (e->experts) {
         const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
         const uint8_t *data = node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node] : se->data;
@@ -448,9 +448,9 @@ static int cuda_device_part(void *ctx, void *stream, char *msg, size_t msg_bytes
 {
     const struct kt_device_part *d = ctx;
     struct kt_engine *e = d->e;
-    return kt_cuda_ffn_units(e->cuda_units, d->n_units - d->u0, e->dev_h, (int64_t)e->n_tokens, (int64_t)e->hp.n_embd,
-                             e->dev_pair_token, e->n_items[ITEMS_PAIRS], e->dev_bufs.act,
-                             (int64_t)e->dev_bufs.act_stride, e->dev_bufs.pair_out, stream, msg, msg_bytes);
+    return kt_cuda_ffn_units(e->dev.cuda_units, d->n_units - d->u0, e->dev.h, (int64_t)e->n_tokens, (int64_t)e->hp.n_embd,
+                             e->dev.pair_token, e->n_items[ITEMS_PAIRS], e->dev.bufs.act,
+                             (int64_t)e->dev.bufs.act_stride, e->dev.bufs.pair_out, stream, msg, msg_bytes);
 }
 
 /* Runs the step's n_units (planned): units [dev0, n_units) on the device -
@@ -467,16 +467,16 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
         const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
         for (uint32_t i = dev0; i < n_units; i++) { /* the same units as the CUDA kernels take them */
             const struct kt_ffn_unit *u = &e->units[i];
-            e->cuda_units[i - dev0].gate = kt_fwd_cuda_mat(&u->w.gate);
-            e->cuda_units[i - dev0].up = kt_fwd_cuda_mat(&u->w.up);
-            e->cuda_units[i - dev0].down = kt_fwd_cuda_mat(&u->w.down);
-            e->cuda_units[i - dev0].first_pair = u->first_pair;
-            e->cuda_units[i - dev0].n_pairs = u->n_pairs;
+            e->dev.cuda_units[i - dev0].gate = kt_fwd_cuda_mat(&u->w.gate);
+            e->dev.cuda_units[i - dev0].up = kt_fwd_cuda_mat(&u->w.up);
+            e->dev.cuda_units[i - dev0].down = kt_fwd_cuda_mat(&u->w.down);
+            e->dev.cuda_units[i - dev0].first_pair = u->first_pair;
+            e->dev.cuda_units[i - dev0].n_pairs = u->n_pairs;
         }
         if (!h_on_device)
-            kt_backend_copy_in(e->device, e->dev_h, h, T * E * sizeof(float));
-        kt_backend_copy_in(e->device, e->dev_pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
-        kt_backend_run(e->device, kt_fwd_run_device_part, &part, cuda_device_part, &part);
+            kt_backend_copy_in(e->dev.backend, e->dev.h, h, T * E * sizeof(float));
+        kt_backend_copy_in(e->dev.backend, e->dev.pair_token, e->pair_token, (size_t)n_pairs * sizeof *e->pair_token);
+        kt_backend_run(e->dev.backend, kt_fwd_run_device_part, &part, cuda_device_part, &part);
         e->stats.device_pairs += n_pairs - p0;
     }
     run_units(e, &e->bufs, h, 0, dev0, n_units, on);
@@ -484,10 +484,10 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
         /* queued after the CPU's units: a copy into pageable memory (if
          * page-locking was refused) holds the host until it is done */
         const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
-        kt_backend_copy_out(e->device, e->bufs.pair_out + (size_t)p0 * E, e->dev_bufs.pair_out + (size_t)p0 * E,
+        kt_backend_copy_out(e->dev.backend, e->bufs.pair_out + (size_t)p0 * E, e->dev.bufs.pair_out + (size_t)p0 * E,
                             (size_t)(n_pairs - p0) * E * sizeof(float));
         const uint64_t w0 = kt_fwd_now_ns();
-        kt_backend_sync(e->device);
+        kt_backend_sync(e->dev.backend);
         e->stats.device_wait_ns += kt_fwd_now_ns() - w0;
     }
 }
@@ -495,8 +495,8 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
 static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
 {
     const uint32_t T = e->n_tokens, E = e->hp.n_embd;
-    const bool device = e->device_dense != NULL;
-    e->units[0] = (struct kt_ffn_unit){.w = device ? e->device_dense[il] : L->dense, .first_pair = 0, .n_pairs = T};
+    const bool device = e->dev.dense != NULL;
+    e->units[0] = (struct kt_ffn_unit){.w = device ? e->dev.dense[il] : L->dense, .first_pair = 0, .n_pairs = T};
     for (uint32_t t = 0; t < T; t++)
         e->pair_token[t] = t;
     plan_items(e, 1);
@@ -518,11 +518,11 @@ static void route(struct kt_engine *e, const struct kt_layer_weights *L, const f
 
 void kt_fwd_route_on_device(struct kt_engine *e, uint32_t il)
 {
-    const struct kt_layer_weights *L = &e->device_layers[il];
+    const struct kt_layer_weights *L = &e->dev.layers[il];
     const uint32_t E = e->hp.n_embd;
     for (uint32_t t = 0; t < e->n_tokens; t++)
-        kt_rmsnorm(e->dev_h + (size_t)t * E, e->dev_x + (size_t)t * E, L->ffn_norm, E, e->hp.rms_eps);
-    route(e, L, e->dev_h, e->dev_router_logits, e->dev_route_experts, e->dev_route_weights);
+        kt_rmsnorm(e->dev.h + (size_t)t * E, e->dev.x + (size_t)t * E, L->ffn_norm, E, e->hp.rms_eps);
+    route(e, L, e->dev.h, e->dev.router_logits, e->dev.route_experts, e->dev.route_weights);
 }
 
 /* The router's logits take the GEMV path on the GPU (F32 activations and
@@ -530,15 +530,15 @@ void kt_fwd_route_on_device(struct kt_engine *e, uint32_t il)
  * others than the CPU does. */
 int kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, char *msg, size_t msg_bytes)
 {
-    const struct kt_layer_weights *L = &e->device_layers[il];
+    const struct kt_layer_weights *L = &e->dev.layers[il];
     const int64_t T = e->n_tokens, E = e->hp.n_embd;
     const struct kt_cuda_mat w = kt_fwd_cuda_mat(&L->router);
     const struct kt_router *r = &e->router;
     const struct kt_cuda_router cr = {r->n_expert, r->n_used, r->n_groups, r->n_group_used, (int)r->gating, r->norm,
                                       r->scale};
-    if (kt_cuda_rmsnorm(e->dev_h, E, e->dev_x, E, L->ffn_norm, T, E, e->hp.rms_eps, stream, msg, msg_bytes) ||
-        kt_cuda_matmul(&w, e->dev_h, T, e->dev_router_logits, KT_CUDA_MATMUL_GEMV, stream, msg, msg_bytes) ||
-        kt_cuda_route(&cr, e->dev_router_logits, L->exp_probs_b, T, e->dev_route_experts, e->dev_route_weights, stream,
+    if (kt_cuda_rmsnorm(e->dev.h, E, e->dev.x, E, L->ffn_norm, T, E, e->hp.rms_eps, stream, msg, msg_bytes) ||
+        kt_cuda_matmul(&w, e->dev.h, T, e->dev.router_logits, KT_CUDA_MATMUL_GEMV, stream, msg, msg_bytes) ||
+        kt_cuda_route(&cr, e->dev.router_logits, L->exp_probs_b, T, e->dev.route_experts, e->dev.route_weights, stream,
                       msg, msg_bytes))
         return -1;
     return 0;
@@ -551,7 +551,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     /* Router: logits (T, Ne) -> experts and weights (T, k); with attention
      * on the device it ran there, h and the routing came back with x. */
     uint64_t t0 = kt_fwd_now_ns();
-    const bool routed_on_device = e->device_layers != NULL;
+    const bool routed_on_device = e->dev.layers != NULL;
     if (!routed_on_device)
         route(e, L, h, e->router_logits, e->route_experts, e->route_weights);
     uint64_t t1 = kt_fwd_now_ns();
@@ -571,7 +571,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     if (on_pools)
         choose_pools(e, il);
     const bool shared = L->shared.n_ff > 0;
-    const bool shared_on_device = shared && e->device_shared;
+    const bool shared_on_device = shared && e->dev.shared;
     uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0;
     for (int g = 0; g <= n_groups; g++) { /* g == n_groups: the device */
         const bool device = g == n_groups;
@@ -591,7 +591,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
         if (shared && (device ? shared_on_device : g == 0 && !shared_on_device)) {
             shared_pair = n_pairs;
             e->units[n_units++] = (struct kt_ffn_unit){
-                .w = device ? e->device_shared[il] : L->shared, .first_pair = n_pairs, .n_pairs = T};
+                .w = device ? e->dev.shared[il] : L->shared, .first_pair = n_pairs, .n_pairs = T};
             for (uint32_t t = 0; t < T; t++)
                 e->pair_token[n_pairs + t] = t;
             n_pairs += T;
