@@ -251,3 +251,13 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
     /* a = W_o concat_h(o_h)   (T, E) */
     kt_fwd_matmul(e, &L->out, e->o, T, out, e->xq);
 }
+
+void kt_fwd_attention_block(struct kt_engine *e, uint32_t il, float *x)
+{
+    const uint32_t T = e->n_tokens, E = e->hp.n_embd;
+    const struct kt_layer_weights *L = kt_fwd_attention_weights(e, il);
+    for (uint32_t t = 0; t < T; t++)
+        kt_rmsnorm(e->h + (size_t)t * E, x + (size_t)t * E, L->attn_norm, E, e->hp.rms_eps);
+    kt_fwd_attention(e, il, e->h, e->y);
+    kt_fwd_add_rows(x, e->y, (size_t)T * E);
+}

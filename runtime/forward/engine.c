@@ -1,16 +1,18 @@
 /*
- * engine.c - the CPU forward step: batch checks, the KV reservation, and the
- * layer loop of reference/deepseek2.md §4.1:
+ * engine.c - the forward step: batch checks, the KV reservation, and the
+ * layer loop of docs/deepseek2.md (walked through in docs/forward-step.md):
  *
  *     x = token_embd[token]
  *     for each layer:  x += Attention(norm(x) attn_norm)      (attention.c)
  *                      x += FFN(norm(x) ffn_norm)             (moe.c)
  *     logits = output . (norm(x) output_norm)
  *
- * Creation checks every weight's type against the CPU kernels and sizes all
- * buffers, so a step never allocates and fails only on a bad batch, before
- * touching any state.  It never prints, never exits, and never writes to
- * the model's mapping.
+ * What a placement puts on an accelerator runs there (device.c); the time of
+ * each part is kept by step_clock.c.  Creation checks every weight's type
+ * against the CPU kernels and sizes all buffers, so a step never allocates;
+ * it fails on a bad batch before touching any state, or on a device failure,
+ * after which every sequence is as it was.  It never prints, never exits,
+ * and never writes to the model's mapping.
  */
 #include "engine.h"
 
@@ -311,8 +313,6 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
     return KT_OK;
 }
 
-static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
-static void destroy_graphs(struct kt_engine *e);
 
 /* ---- host weights repacked ------------------------------------------------------------------ */
 
@@ -382,28 +382,9 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
     return st;
 }
 
-/* The KV cache the params describe; its pool in device memory at storage
- * (then its copy-on-write copies run on the device's queue), else on the host. */
-static void device_copy_block(void *ctx, float *dst, const float *src, size_t bytes);
-
-static struct kt_kv_cache_params kv_params(struct kt_engine *e, float *storage)
+static kt_status kv_cache_create(struct kt_engine *e, kt_err *err)
 {
-    return (struct kt_kv_cache_params){
-        .n_layer = e->hp.n_layer,
-        .row_floats = e->hp.kv_lora_rank + e->hp.qk_rope_dim,
-        .block_tokens = e->params.kv_block_tokens,
-        .n_blocks = e->params.kv_blocks,
-        .max_seqs = e->params.max_seqs,
-        .n_ctx = e->params.n_ctx,
-        .storage = storage,
-        .copy_block = storage ? device_copy_block : NULL,
-        .copy_ctx = e,
-    };
-}
-
-static kt_status kv_cache_create(struct kt_engine *e, float *storage, kt_err *err)
-{
-    const struct kt_kv_cache_params kp = kv_params(e, storage);
+    const struct kt_kv_cache_params kp = kt_fwd_kv_params(e);
     return kt_kv_cache_create(&kp, &e->kv, err);
 }
 
@@ -469,7 +450,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         goto fail;
     /* with attention on a device the KV cache lives there (device_attention) */
     const bool kv_on_device = d.device && d.attention_on_device;
-    if ((!kv_on_device && (st = kv_cache_create(e, NULL, err))) || (st = alloc_buffers(e, err)))
+    if ((!kv_on_device && (st = kv_cache_create(e, err))) || (st = alloc_buffers(e, err)))
         goto fail;
     /* Last: the long step, after everything cheap that could fail. */
     if (!e->test.experts_in_place) {
@@ -483,7 +464,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))
             goto fail;
     }
-    if (d.device && (st = setup_device(e, &d, err)))
+    if (d.device && (st = kt_dev_create(e, &d, err)))
         goto fail;
     if (e->dev.backend) /* the step's buffers cross the link each layer; the threads' scratch (last, large) does not */
         e->dev.buffers_pinned =
@@ -505,28 +486,11 @@ void kt_engine_destroy(struct kt_engine *e)
 {
     if (!e)
         return;
-    if (e->dev.backend) {
-        kt_backend_sync(e->dev.backend);
-        destroy_graphs(e);
-        if (e->dev.buffers_pinned)
-            kt_backend_unpin_host(e->dev.backend, e->buffers);
-        for (uint32_t i = 0; i < e->dev.n_blocks; i++)
-            kt_backend_free(e->dev.backend, e->dev.blocks[i], e->dev.block_bytes[i]);
-        kt_backend_destroy(e->dev.backend);
-    }
+    kt_dev_destroy(e, e->buffers);
     for (uint32_t i = 0; e->packed_blocks && i < e->n_packed_blocks; i++)
         munmap(e->packed_blocks[i], e->packed_block_bytes[i]);
     free(e->packed_blocks);
     free(e->packed_block_bytes);
-    free(e->dev.blocks);
-    free(e->dev.block_bytes);
-    free(e->dev.experts);
-    free(e->dev.cuda_units);
-    free(e->dev.shared);
-    free(e->dev.layers);
-    free(e->dev.cuda_layers);
-    free(e->dev.jobs);
-    free(e->dev.dense);
     kt_threadpool_destroy(e->pool);
     kt_pools_destroy(e->pools);
     kt_topology_destroy(e->topo);
@@ -542,374 +506,6 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->layers);
     free(e->layer_stats);
     free(e);
-}
-
-/* ---- the device ---------------------------------------------------------------------------- */
-
-/* `bytes` of device memory, remembered for destroy. */
-static kt_status device_alloc(struct kt_engine *e, size_t bytes, void **ptr, kt_err *err)
-{
-    if (e->dev.sizing) { /* the first pass only adds up what the second will take */
-        e->dev.need_bytes += bytes;
-        *ptr = e; /* any non-NULL address: never read or written in this pass */
-        return KT_OK;
-    }
-    if (e->dev.n_blocks == e->dev.max_blocks)
-        return kt_err_set(err, KT_ERR_INVALID, "engine: device block table full");
-    kt_status st = kt_backend_alloc(e->dev.backend, bytes, ptr, err);
-    if (st == KT_OK) {
-        e->dev.blocks[e->dev.n_blocks] = *ptr;
-        e->dev.block_bytes[e->dev.n_blocks++] = bytes;
-    }
-    return st;
-}
-
-/* A copy of matrix m in device memory (rows as they are). */
-static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
-{
-    void *p = NULL;
-    const size_t bytes = (size_t)kt_mat_bytes(m);
-    char msg[256];
-    const struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
-    if (e->dev.sizing && kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA && /* refused before anything is placed */
-        kt_cuda_mat_usable(&cm, kt_type_name(m->type), msg, sizeof msg))
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': %s", kt_backend_name(e->dev.backend), msg);
-    kt_status st = device_alloc(e, bytes, &p, err);
-    if (st == KT_OK && !e->dev.sizing) {
-        kt_backend_copy_in(e->dev.backend, p, m->data, bytes);
-        m->data = p;
-    }
-    return st;
-}
-
-/* A copy of n floats in device memory. */
-static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, kt_err *err)
-{
-    void *p = NULL;
-    if (!*v)
-        return KT_OK;
-    kt_status st = device_alloc(e, n * sizeof(float), &p, err);
-    if (st == KT_OK && !e->dev.sizing) {
-        kt_backend_copy_in(e->dev.backend, p, *v, n * sizeof(float));
-        *v = p;
-    }
-    return st;
-}
-
-/* The KV cache's copy-on-write copy of a block, on the device's queue. */
-static void device_copy_block(void *ctx, float *dst, const float *src, size_t bytes)
-{
-    struct kt_engine *e = ctx;
-    kt_backend_copy_device(e->dev.backend, dst, src, bytes);
-}
-
-/* What the cuda attention works in: per-step buffers for max_batch_tokens
- * tokens, the step's cache tables, and MLA's scratch sized for the worst
- * token count at a full context. */
-static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
-{
-    const struct kt_hparams *hp = &e->hp;
-    const size_t T = e->params.max_batch_tokens, E = hp->n_embd, H = hp->n_head, dr = hp->qk_rope_dim;
-    const size_t dk = hp->qk_nope_dim + dr, kvr = hp->kv_lora_rank, n_ctx = e->params.n_ctx;
-    const size_t seqs = T < e->params.max_seqs ? T : e->params.max_seqs;
-    const size_t blocks = seqs * ((n_ctx + e->params.kv_block_tokens - 1) / e->params.kv_block_tokens);
-    const struct kt_cuda_mla shape = {.n_head = H, .nope_dim = hp->qk_nope_dim, .rope_dim = dr,
-                                      .v_dim = hp->v_head_dim, .kv_rank = kvr, .kq_scale = e->kq_scale};
-    size_t mla_scratch = 0;
-    for (size_t t = 1; t <= T; t++) { /* the split of the context, so the scratch, varies with the token count */
-        const size_t bytes = kt_cuda_mla_scratch_bytes(&shape, (int64_t)t, (int64_t)n_ctx);
-        mla_scratch = bytes > mla_scratch ? bytes : mla_scratch;
-    }
-    if (!mla_scratch)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
-                          "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->dev.backend), hp->n_head, hp->kv_lora_rank,
-                          hp->qk_rope_dim);
-    /* cuBLASLt's scratch for the largest projection at a full batch (the
-     * host's copies give the shapes; device copies are at least as aligned) */
-    size_t lt_scratch = 0;
-    for (uint32_t il = 0; T >= KT_CUDA_LT_MIN_TOKENS && il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->layers[il];
-        const struct kt_mat *mats[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->out};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-            const struct kt_cuda_mat w = kt_fwd_cuda_mat(mats[i]);
-            const size_t bytes = mats[i]->data ? kt_cuda_matmul_lt_scratch_bytes(&w, (int64_t)T) : 0;
-            lt_scratch = bytes > lt_scratch ? bytes : lt_scratch;
-        }
-    }
-    struct kt_cuda_attention_step *s = &e->dev.cuda_step;
-    const struct {
-        void **ptr;
-        size_t bytes;
-    } want[] = {
-        {(void **)&s->h, T * E * sizeof(float)},
-        {(void **)&s->qa, T * (hp->q_lora_rank ? hp->q_lora_rank : 1) * sizeof(float)},
-        {(void **)&s->q, T * H * dk * sizeof(float)},
-        {(void **)&s->kv_a, T * (kvr + dr) * sizeof(float)},
-        {(void **)&s->o, T * H * hp->v_head_dim * sizeof(float)},
-        {(void **)&s->y, T * E * sizeof(float)},
-        {(void **)&s->cos_sin, T * dr * sizeof(float)},
-        {(void **)&s->cache.block_ids, (blocks ? blocks : 1) * sizeof(uint32_t)},
-        {(void **)&s->cache.first_block, T * sizeof(uint32_t)},
-        {(void **)&s->cache.n_kv, T * sizeof(uint32_t)},
-        {&s->mla_scratch, mla_scratch},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
-        if (st)
-            return st;
-    }
-    if (lt_scratch) {
-        kt_status st = device_alloc(e, lt_scratch, &s->lt_scratch, err);
-        if (st)
-            return st;
-        s->lt_scratch_bytes = lt_scratch;
-    }
-    s->mla_scratch_bytes = mla_scratch;
-    s->cache.pool = e->dev.kv_pool;
-    s->cache.block_tokens = e->params.kv_block_tokens;
-    s->cache.block_floats = (int64_t)hp->n_layer * e->params.kv_block_tokens * (int64_t)(kvr + dr);
-    s->x = e->dev.x;
-    if (e->dev.sizing)
-        return KT_OK;
-    if (!(e->dev.cuda_layers = calloc(hp->n_layer, sizeof *e->dev.cuda_layers)))
-        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->dev.layers[il];
-        struct kt_cuda_mla mla = shape;
-        mla.w_uk = kt_fwd_cuda_mat(&L->uk);
-        mla.w_uv = kt_fwd_cuda_mat(&L->uv);
-        e->dev.cuda_layers[il] = (struct kt_cuda_attention_layer){
-            .attn_norm = L->attn_norm, .q_a_norm = L->q_a_norm, .kv_a_norm = L->kv_a_norm,
-            .q_a = kt_fwd_cuda_mat(&L->q_a), .q_b = kt_fwd_cuda_mat(&L->q_b), .q = kt_fwd_cuda_mat(&L->q),
-            .kv_a = kt_fwd_cuda_mat(&L->kv_a), .out = kt_fwd_cuda_mat(&L->out), .mla = mla,
-            .n_embd = hp->n_embd, .q_rank = hp->q_lora_rank, .eps = hp->rms_eps};
-    }
-    return KT_OK;
-}
-
-/* Every layer's attention weights copied to the device (device_layers),
- * the residual stream's buffer there, and the KV cache, whose pool lives in
- * device memory from here on; on cuda also what its kernels work in. */
-static kt_status device_attention(struct kt_engine *e, kt_err *err)
-{
-    const struct kt_hparams *hp = &e->hp;
-    const bool cuda = kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA;
-    if (cuda && e->layers[0].fused_kv_b)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED,
-                          "device '%s': the GPU's MLA reads split attn_k_b / attn_v_b tensors and this file has "
-                          "the fused attn_kv_b; place attention on the cpu or convert the file",
-                          kt_backend_name(e->dev.backend));
-    if (!e->dev.layers && !(e->dev.layers = calloc(hp->n_layer, sizeof *e->dev.layers)))
-        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    kt_status st = KT_OK;
-    for (uint32_t il = 0; il < hp->n_layer && st == KT_OK; il++) {
-        struct kt_layer_weights *L = &e->dev.layers[il];
-        *L = e->layers[il];
-        const bool uv_is_uk = L->uv.data == L->uk.data; /* fused attn_kv_b: one tensor for both */
-        struct kt_mat *mats[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->uk, &L->out};
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0] && st == KT_OK; i++)
-            if (mats[i]->data)
-                st = device_mat(e, mats[i], err);
-        if (st == KT_OK && L->uv.data)
-            L->uv.data = uv_is_uk ? L->uk.data : L->uv.data;
-        if (st == KT_OK && !uv_is_uk && L->uv.data)
-            st = device_mat(e, &L->uv, err);
-        if (st == KT_OK)
-            st = device_floats(e, &L->attn_norm, hp->n_embd, err);
-        if (st == KT_OK)
-            st = device_floats(e, &L->q_a_norm, hp->q_lora_rank, err);
-        if (st == KT_OK)
-            st = device_floats(e, &L->kv_a_norm, hp->kv_lora_rank, err);
-        if (st == KT_OK && L->is_moe) /* the FFN norm and router follow attention */
-            st = device_floats(e, &L->ffn_norm, hp->n_embd, err);
-        if (st == KT_OK && L->is_moe)
-            st = device_mat(e, &L->router, err);
-        if (st == KT_OK && L->is_moe)
-            st = device_floats(e, &L->exp_probs_b, hp->n_expert, err);
-    }
-    const size_t T = e->params.max_batch_tokens, k = hp->n_expert_used;
-    if (st == KT_OK && hp->n_expert > 0 &&
-        ((st = device_alloc(e, T * hp->n_expert * sizeof(float), (void **)&e->dev.router_logits, err)) ||
-         (st = device_alloc(e, T * k * sizeof(uint32_t), (void **)&e->dev.route_experts, err)) ||
-         (st = device_alloc(e, T * k * sizeof(float), (void **)&e->dev.route_weights, err))))
-        return st;
-    if (st == KT_OK)
-        st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev.x,
-                          err);
-    /* the KV cache's pool */
-    uint64_t kv_bytes = 0;
-    const struct kt_kv_cache_params kp = kv_params(e, NULL);
-    if (st == KT_OK && (st = kt_kv_cache_pool_bytes(&kp, &kv_bytes, err)) == KT_OK)
-        st = device_alloc(e, (size_t)kv_bytes, (void **)&e->dev.kv_pool, err);
-    if (st == KT_OK && !e->dev.sizing)
-        st = kv_cache_create(e, e->dev.kv_pool, err);
-    if (st == KT_OK && !e->dev.sizing) { /* the jobs, and the graphs decode batches replay */
-        const size_t n_jobs = (size_t)hp->n_layer * (KT_GRAPH_TOKENS + 1);
-        const size_t n_graphs = (size_t)hp->n_layer * KT_GRAPH_SLOTS;
-        if (!(e->dev.jobs = calloc(n_jobs, sizeof *e->dev.jobs)) ||
-            (!e->test.no_device_graphs && (!(e->dev.graphs = calloc(n_graphs, sizeof *e->dev.graphs)) ||
-                                             !(e->dev.graph_seen = calloc(n_graphs, 1)))))
-            return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-        for (size_t i = 0; i < n_jobs; i++)
-            e->dev.jobs[i] = (struct kt_device_job){e, (uint32_t)(i / (KT_GRAPH_TOKENS + 1)),
-                                                       (uint32_t)(i % (KT_GRAPH_TOKENS + 1))};
-    }
-    if (st == KT_OK && cuda)
-        st = cuda_attention_buffers(e, err);
-    return st;
-}
-
-/* The FFN buffers again, in device memory. */
-static kt_status device_bufs(struct kt_engine *e, kt_err *err)
-{
-    const size_t T = e->params.max_batch_tokens, E = e->hp.n_embd, pairs = T * (e->hp.n_expert_used + 1);
-    const struct kt_moe_bufs *h = &e->bufs;
-    struct kt_moe_bufs *b = &e->dev.bufs;
-    *b = *h;
-    struct {
-        void **ptr;
-        size_t bytes;
-    } want[] = {
-        {(void **)&e->dev.h, T * E * sizeof(float)},
-        {(void **)&e->dev.pair_token, pairs * sizeof(uint32_t)},
-        {(void **)&b->act, pairs * h->act_stride * sizeof(float)},
-        {(void **)&b->act_q, pairs * h->act_q_stride},
-        {(void **)&b->pair_out, pairs * E * sizeof(float)},
-        {(void **)&b->hq[0], T * h->hq_row_bytes},
-        {(void **)&b->hq[1], T * h->hq_row_bytes},
-        {(void **)&b->hq[2], T * h->hq_row_bytes},
-        {(void **)&b->hq[3], T * h->hq_row_bytes},
-        {(void **)&b->hq_pairs_gate, pairs * h->hq_row_bytes},
-        {(void **)&b->hq_pairs_up, pairs * h->hq_row_bytes},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
-        if (st)
-            return st;
-    }
-    return KT_OK;
-}
-
-/* Creates the device and copies in the experts (and shared experts) the
- * params put on it, then its working buffers; fails naming the device when
- * they do not fit its budget. */
-static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
-
-static kt_status setup_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
-{
-    const struct kt_hparams *hp = &e->hp;
-    const size_t n_experts = (size_t)hp->n_layer * hp->n_expert;
-    kt_status st = kt_backend_create(d->device, &e->dev.backend, err);
-    if (st)
-        return st;
-    /* 3 matrices per expert; per layer at most 3 dense or 3 shared matrices,
-     * 7 attention matrices, 3 norms; the buffers, the KV pool and the attention buffers */
-    e->dev.max_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 64);
-    e->dev.blocks = calloc(e->dev.max_blocks, sizeof *e->dev.blocks);
-    e->dev.block_bytes = calloc(e->dev.max_blocks, sizeof *e->dev.block_bytes);
-    e->dev.experts = calloc(n_experts ? n_experts : 1, sizeof *e->dev.experts);
-    e->dev.cuda_units = calloc((size_t)hp->n_expert + 1, sizeof *e->dev.cuda_units);
-    e->dev.shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->dev.shared) : NULL;
-    e->dev.dense = d->dense_on_device ? calloc(hp->n_layer, sizeof *e->dev.dense) : NULL;
-    if (!e->dev.blocks || !e->dev.block_bytes || !e->dev.experts || !e->dev.cuda_units ||
-        (d->shared_on_device && !e->dev.shared) || (d->dense_on_device && !e->dev.dense))
-        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-
-    /* First add up what the placement needs, so a budget it exceeds is
-     * refused before anything is allocated, with the whole need in the message. */
-    e->dev.sizing = true;
-    e->dev.need_bytes = 0;
-    st = place_on_device(e, d, err);
-    e->dev.sizing = false;
-    const uint64_t budget = kt_backend_budget_bytes(e->dev.backend);
-    if (st == KT_OK && budget && e->dev.need_bytes > budget)
-        return kt_err_set(err, KT_ERR_NOMEM,
-                          "device '%s': the placement needs %.1f MiB (the weights, KV cache and working buffers "
-                          "it holds), its budget is %.1f MiB",
-                          kt_backend_name(e->dev.backend), e->dev.need_bytes / 1048576.0, budget / 1048576.0);
-    if (st == KT_OK)
-        st = place_on_device(e, d, err);
-    if (st != KT_OK)
-        return st;
-    kt_backend_sync(e->dev.backend);
-    kt_backend_stats_reset(e->dev.backend); /* the stats count steps, not the load */
-    return KT_OK;
-}
-
-/* Copies of an FFN's gate, up and down in device memory; on failure err
- * names `what` of layer il. */
-static kt_status device_ffn(struct kt_engine *e, struct kt_ffn_weights *w, uint32_t il, const char *what, kt_err *err)
-{
-    kt_status st;
-    if ((st = device_mat(e, &w->gate, err)) || (st = device_mat(e, &w->up, err)) || (st = device_mat(e, &w->down, err)))
-        kt_err_prefix(err, "layer %u %s", il, what);
-    return st;
-}
-
-/* Allocates and copies in what the params put on the device (or, while
- * device_sizing, only adds up its bytes). */
-static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
-{
-    const struct kt_hparams *hp = &e->hp;
-    kt_status st = KT_OK;
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->layers[il];
-        if (!L->is_moe && e->dev.dense) {
-            struct kt_ffn_weights w = L->dense;
-            if ((st = device_ffn(e, &w, il, "dense FFN", err)))
-                return st;
-            e->dev.dense[il] = w;
-        }
-        if (!L->is_moe)
-            continue;
-        for (uint32_t x = 0; d->expert_on_device && x < hp->n_expert; x++) {
-            if (!d->expert_on_device[(size_t)il * hp->n_expert + x])
-                continue;
-            /* the file's rows (every backend's kernels read GGUF blocks) */
-            struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
-            char what[32];
-            snprintf(what, sizeof what, "expert %u", x);
-            if ((st = device_ffn(e, &w, il, what, err)))
-                return st;
-            if (!e->dev.sizing)
-                e->dev.experts[(size_t)il * hp->n_expert + x] = w;
-        }
-        if (e->dev.shared && L->shared.n_ff > 0) {
-            struct kt_ffn_weights w = L->shared;
-            if ((st = device_ffn(e, &w, il, "shared experts", err)))
-                return st;
-            e->dev.shared[il] = w;
-        }
-    }
-    if (d->attention_on_device && (st = device_attention(e, err))) {
-        kt_err_prefix(err, "attention weights");
-        return st;
-    }
-    if (d->output_on_device) {
-        const size_t T = e->params.max_batch_tokens;
-        struct kt_mat w = e->output;
-        if ((st = device_mat(e, &w, err)) ||
-            (st = device_alloc(e, T * hp->n_embd * sizeof(float), (void **)&e->dev.head_x, err)) ||
-            (st = device_alloc(e, T * hp->n_vocab * sizeof(float), (void **)&e->dev.logits, err))) {
-            kt_err_prefix(err, "output head");
-            return st;
-        }
-        if (!e->dev.sizing)
-            e->dev.output = w;
-    }
-    if ((st = device_bufs(e, err))) {
-        kt_err_prefix(err, "its working buffers");
-        return st;
-    }
-    return KT_OK;
-}
-
-kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_stats *out)
-{
-    if (!e->dev.backend)
-        return KT_ERR_NOT_FOUND;
-    kt_backend_stats(e->dev.backend, out);
-    return KT_OK;
 }
 
 /* ---- sequences ---------------------------------------------------------------------------- */
@@ -1000,177 +596,52 @@ static kt_status group_batch(struct kt_engine *e, const struct kt_batch *b, uint
     return KT_OK;
 }
 
-static void add_rows(float *x, const float *y, size_t n);
 
-/* x += Attention(RMSNorm(x)) for the step's tokens, with layer il's
- * attention weights where they live (host or device copies). */
-static void attention_block(struct kt_engine *e, uint32_t il, float *x)
+/* x (T, E) = token_embd[token] for the step's tokens, and their RoPE angles (T, dr). */
+static void embed(struct kt_engine *e)
 {
-    const uint32_t T = e->n_tokens, E = e->hp.n_embd;
-    const struct kt_layer_weights *L = kt_fwd_attention_weights(e, il);
-    for (uint32_t t = 0; t < T; t++)
-        kt_rmsnorm(e->h + (size_t)t * E, x + (size_t)t * E, L->attn_norm, E, e->hp.rms_eps);
-    kt_fwd_attention(e, il, e->h, e->y);
-    add_rows(x, e->y, (size_t)T * E);
-}
-
-/* The recorded layer graphs, dropped (none is queued: every layer part syncs). */
-static void destroy_graphs(struct kt_engine *e)
-{
-    for (size_t i = 0; e->dev.graphs && i < (size_t)e->hp.n_layer * KT_GRAPH_SLOTS; i++)
-        kt_backend_graph_destroy(e->dev.graphs[i]);
-    free(e->dev.graphs);
-    free(e->dev.graph_seen);
-    e->dev.graphs = NULL;
-    e->dev.graph_seen = NULL;
-}
-
-/* The job a layer's host function got still fits the step: false (and the
- * step fails) when a graph was replayed for another batch size. */
-static bool job_fits(const struct kt_device_job *job)
-{
-    if (job->n_tok && job->n_tok != job->e->n_tokens) {
-        job->e->dev.graph_mismatch = true;
-        return false;
+    const uint32_t E = e->hp.n_embd;
+    const kt_to_float_fn to_float = kt_type_traits(e->token_embd.type)->to_float;
+    for (uint32_t t = 0; t < e->n_tokens; t++) {
+        const struct kt_batch_token *tok = &e->tokens[t];
+        kt_rope_angles(&e->rope, tok->pos, e->cos_sin + (size_t)t * e->hp.qk_rope_dim);
+        to_float(e->token_embd.data + (size_t)tok->token * e->token_embd.row_bytes, e->x + (size_t)t * E, E);
     }
-    return true;
+    e->stats.weight_bytes += (uint64_t)e->n_tokens * e->token_embd.row_bytes;
 }
 
-/* A layer's device part on the sim's queue: attention_block on the residual
- * stream sent there (the stepping thread waits meanwhile, so the thread
- * pool is free), then in MoE layers the FFN norm and the router. */
-static void layer_on_device(void *ctx)
+/* logits (n_wanted, V) = output . RMSNorm(x) of the tokens that want them, in batch order. */
+static void head(struct kt_engine *e, uint32_t n_wanted, float *logits)
 {
-    const struct kt_device_job *a = ctx;
-    if (!job_fits(a))
-        return;
-    attention_block(a->e, a->il, a->e->dev.x);
-    if (a->e->layers[a->il].is_moe)
-        kt_fwd_route_on_device(a->e, a->il);
-}
-
-/* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
-static int layer_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
-{
-    const struct kt_device_job *a = ctx;
-    struct kt_engine *e = a->e;
-    const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
-    e->dev.cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
-    if (kt_cuda_attention_block(&e->dev.cuda_layers[a->il], &e->dev.cuda_step, stream, msg, msg_bytes))
-        return -1;
-    return e->layers[a->il].is_moe ? kt_fwd_route_on_cuda(e, a->il, stream, msg, msg_bytes) : 0;
-}
-
-/* Layer il's device part: a decode-sized batch replays the layer's graph for
- * its size (recorded now if it is the first), anything else runs directly.
- * A recording that fails turns graphs off. */
-static void run_device_layer(struct kt_engine *e, uint32_t il)
-{
-    const uint32_t T = e->n_tokens;
-    const bool graph = e->dev.graphs && T <= KT_GRAPH_TOKENS;
-    struct kt_device_job *job = &e->dev.jobs[(size_t)il * (KT_GRAPH_TOKENS + 1) + (graph ? T : 0)];
-    if (!graph) {
-        kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
-        return;
-    }
-    const size_t slot = (size_t)il * KT_GRAPH_SLOTS + e->dev.graph_slot;
-    struct kt_backend_graph **g = &e->dev.graphs[slot];
-    if (!*g && !e->dev.graph_seen[slot]) { /* the first time runs directly */
-        e->dev.graph_seen[slot] = 1;
-        kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
-        return;
-    }
-    kt_err err = {0};
-    if (!*g && kt_backend_graph_begin(e->dev.backend, &err) == KT_OK) {
-        kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
-        kt_backend_graph_end(e->dev.backend, g, &err);
-    }
-    if (*g) {
-        kt_backend_graph_launch(e->dev.backend, *g);
-        return;
-    }
-    destroy_graphs(e); /* recording failed: from now on every batch runs directly */
-    job = &e->dev.jobs[(size_t)il * (KT_GRAPH_TOKENS + 1)];
-    kt_backend_run(e->dev.backend, layer_on_device, job, layer_on_cuda, job);
-}
-
-/* The output head on the sim device's queue, on the rows sent there. */
-static void head_on_device(void *ctx)
-{
-    struct kt_engine *e = ctx;
-    kt_fwd_matmul(e, &e->dev.output, e->dev.head_x, e->dev.head_rows, e->dev.logits, e->xq);
-}
-
-/* The same on the GPU (a kt_backend_cuda_fn). */
-static int head_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
-{
-    struct kt_engine *e = ctx;
-    const struct kt_cuda_mat w = kt_fwd_cuda_mat(&e->dev.output);
-    return kt_cuda_matmul(&w, e->dev.head_x, e->dev.head_rows, e->dev.logits, KT_CUDA_MATMUL_AUTO, stream, msg,
-                          msg_bytes);
-}
-
-/* A decode batch's graph slot (its batch size and the bucket of its longest
- * context) and the context bound that bucket's graphs are sized for. */
-static void choose_graph_slot(struct kt_engine *e)
-{
-    uint32_t n_kv_max = 0;
+    const uint32_t E = e->hp.n_embd;
+    uint32_t w = 0;
     for (uint32_t t = 0; t < e->n_tokens; t++)
-        n_kv_max = e->tokens[t].pos + 1 > n_kv_max ? e->tokens[t].pos + 1 : n_kv_max;
-    uint32_t b = 0;
-    while (b + 1 < KT_GRAPH_BUCKETS && (256u << b) < n_kv_max)
-        b++;
-    e->dev.graph_bound = (256u << b) < e->params.n_ctx ? (256u << b) : e->params.n_ctx;
-    e->dev.graph_slot = b * KT_GRAPH_TOKENS + e->n_tokens - 1;
+        if (e->tokens[t].want_logits)
+            kt_rmsnorm(e->h + (size_t)w++ * E, e->x + (size_t)t * E, e->output_norm, E, e->hp.rms_eps);
+    if (n_wanted > 0 && e->dev.output.data)
+        kt_dev_head(e, n_wanted, logits);
+    else if (n_wanted > 0)
+        kt_fwd_matmul(e, &e->output, e->h, n_wanted, logits, e->xq);
 }
 
-/* cuda attention: the step's cache tables (each sequence's blocks, where
- * each token's table starts, each token's context) and RoPE angles go to
- * the device once per step; every layer reads them there. */
-static void send_cache_tables(struct kt_engine *e)
+/* h = RMSNorm(x) * ffn_norm for the step's tokens. */
+static void ffn_norm(struct kt_engine *e, const struct kt_layer_weights *L)
 {
-    const uint32_t T = e->n_tokens;
-    uint32_t n_ids = 0, n_kv_max = 0;
-    for (uint32_t c = 0; c < e->n_chunks; c++) {
-        const struct kt_seq_chunk *ch = &e->chunks[c];
-        const uint32_t *blocks = NULL;
-        const uint32_t n = kt_kv_cache_seq_blocks(e->kv, ch->seq, &blocks);
-        memcpy(e->dev.step_block_ids + n_ids, blocks, n * sizeof *blocks);
-        for (uint32_t q = 0; q < ch->n; q++) {
-            const uint32_t b = ch->tokens[q];
-            e->dev.step_first_block[b] = n_ids;
-            e->dev.step_n_kv[b] = e->tokens[b].pos + 1; /* causal: positions 0 .. pos */
-            n_kv_max = e->dev.step_n_kv[b] > n_kv_max ? e->dev.step_n_kv[b] : n_kv_max;
-        }
-        n_ids += n;
-    }
-    struct kt_cuda_attention_step *s = &e->dev.cuda_step;
-    s->n_tok = T;
-    /* a graph replays the launch shapes it was recorded with: its bucket's bound */
-    s->n_kv_max = e->dev.graphs && T <= KT_GRAPH_TOKENS ? e->dev.graph_bound : n_kv_max;
-    kt_backend_copy_in(e->dev.backend, (void *)s->cache.block_ids, e->dev.step_block_ids, n_ids * sizeof(uint32_t));
-    kt_backend_copy_in(e->dev.backend, (void *)s->cache.first_block, e->dev.step_first_block, T * sizeof(uint32_t));
-    kt_backend_copy_in(e->dev.backend, (void *)s->cache.n_kv, e->dev.step_n_kv, T * sizeof(uint32_t));
-    kt_backend_copy_in(e->dev.backend, (void *)s->cos_sin, e->cos_sin, (size_t)T * e->hp.qk_rope_dim * sizeof(float));
+    const uint32_t E = e->hp.n_embd;
+    for (uint32_t t = 0; t < e->n_tokens; t++)
+        kt_rmsnorm(e->h + (size_t)t * E, e->x + (size_t)t * E, L->ffn_norm, E, e->hp.rms_eps);
 }
 
-static void add_rows(float *x, const float *y, size_t n)
+/* Reserves the step's KV rows, after checking the batch; on error nothing changed. */
+static kt_status begin_step(struct kt_engine *e, const struct kt_batch *b, float *logits, uint32_t *n_wanted,
+                            kt_err *err)
 {
-    for (size_t i = 0; i < n; i++)
-        x[i] += y[i];
-}
-
-kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
-{
-    const struct kt_hparams *hp = &e->hp;
-    const uint32_t E = hp->n_embd;
-    uint32_t n_wanted = 0;
-    kt_status st = group_batch(e, b, &n_wanted, err);
+    kt_status st = group_batch(e, b, n_wanted, err);
     if (st != KT_OK)
         return st;
-    if (n_wanted > 0 && !logits) {
+    if (*n_wanted > 0 && !logits) {
         forget_chunks(e);
-        return kt_err_set(err, KT_ERR_INVALID, "%u tokens want logits but no logits buffer was given", n_wanted);
+        return kt_err_set(err, KT_ERR_INVALID, "%u tokens want logits but no logits buffer was given", *n_wanted);
     }
     for (uint32_t c = 0; c < e->n_chunks; c++) {
         e->reserve_seqs[c] = e->chunks[c].seq;
@@ -1180,17 +651,9 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         forget_chunks(e);
         return st;
     }
-
-    /* From here on only the device can fail (a copy or kernel, or a graph
-     * replayed for the wrong batch): then every sequence goes back to its
-     * length before the step (its cache rows past it are never read) and the
-     * step's error state is cleared, so the next step runs as if this one
-     * had not been asked for. */
-    e->dev.graph_mismatch = false;
-    uint64_t t0 = kt_fwd_now_ns();
-    const uint32_t T = b->n_tokens;
     e->tokens = b->tokens;
-    e->n_tokens = T;
+    e->n_tokens = b->n_tokens;
+    e->dev.graph_mismatch = false;
     kt_fwd_choose_attention_forms(e);
     for (uint32_t c = 0; c < e->n_chunks; c++) {
         if (e->chunks[c].expanded)
@@ -1198,103 +661,70 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         else
             e->stats.absorbed_tokens += e->chunks[c].n;
     }
-    for (uint32_t t = 0; t < T; t++) {
-        const struct kt_batch_token *tok = &b->tokens[t];
-        kt_rope_angles(&e->rope, tok->pos, e->cos_sin + (size_t)t * hp->qk_rope_dim);
-        const kt_to_float_fn to_float = kt_type_traits(e->token_embd.type)->to_float;
-        to_float(e->token_embd.data + (size_t)tok->token * e->token_embd.row_bytes, e->x + (size_t)t * E, E);
-    }
-    e->stats.weight_bytes += (uint64_t)T * e->token_embd.row_bytes;
-    uint64_t t_embed = kt_fwd_now_ns() - t0;
-    e->stats.other_ns += t_embed;
-    e->stats.embed_head_ns += t_embed;
-    if (e->dev.graphs && T <= KT_GRAPH_TOKENS)
-        choose_graph_slot(e);
-    if (e->dev.cuda_layers)
-        send_cache_tables(e);
+    return KT_OK;
+}
 
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->layers[il];
-        struct kt_backend_stats dev0 = {0}, dev1 = {0};
-        if (e->dev.backend)
-            kt_backend_stats(e->dev.backend, &dev0);
-        uint64_t ta = kt_fwd_now_ns();
-        /* x goes to the device, through attention there (and in MoE layers
-         * the FFN norm and the router), and back with h and the routing */
-        const bool routed = e->dev.layers && L->is_moe;
-        if (e->dev.layers) {
-            const size_t k = hp->n_expert_used;
-            kt_backend_copy_in(e->dev.backend, e->dev.x, e->x, (size_t)T * E * sizeof(float));
-            run_device_layer(e, il);
-            kt_backend_copy_out(e->dev.backend, e->x, e->dev.x, (size_t)T * E * sizeof(float));
-            if (routed) {
-                kt_backend_copy_out(e->dev.backend, e->h, e->dev.h, (size_t)T * E * sizeof(float));
-                kt_backend_copy_out(e->dev.backend, e->route_experts, e->dev.route_experts, T * k * sizeof(uint32_t));
-                kt_backend_copy_out(e->dev.backend, e->route_weights, e->dev.route_weights, T * k * sizeof(float));
-            }
-            kt_backend_sync(e->dev.backend);
-        } else {
-            attention_block(e, il, e->x);
-        }
-        uint64_t tb = kt_fwd_now_ns();
-        e->stats.attention_ns += tb - ta;
-
-        for (uint32_t t = 0; !routed && t < T; t++)
-            kt_rmsnorm(e->h + (size_t)t * E, e->x + (size_t)t * E, L->ffn_norm, E, hp->rms_eps);
-        uint64_t tf = kt_fwd_now_ns();
-        e->stats.other_ns += tf - tb;
-        const uint64_t router_before = e->stats.router_ns;
-        kt_fwd_ffn(e, il, e->h, e->y);
-        uint64_t tc = kt_fwd_now_ns();
-        add_rows(e->x, e->y, (size_t)T * E);
-        uint64_t te = kt_fwd_now_ns();
-        e->stats.other_ns += te - tc;
-
-        struct kt_engine_layer_stats *ls = &e->layer_stats[il];
-        const uint64_t router = e->stats.router_ns - router_before;
-        ls->attention_ns += tb - ta;
-        ls->router_ns += router;
-        ls->experts_ns += tc - tf > router ? tc - tf - router : 0;
-        ls->combine_ns += (tf - tb) + (te - tc);
-        if (e->dev.backend) { /* the layer synced with the device: its queue time is counted */
-            kt_backend_stats(e->dev.backend, &dev1);
-            ls->device_ns += dev1.busy_ns - dev0.busy_ns;
-            ls->device_transfer_ns += dev1.transfer_ns - dev0.transfer_ns;
-        }
-    }
-
-    /* Logits of the wanted tokens, in batch order: (n_wanted, V). */
-    uint64_t td = kt_fwd_now_ns();
-    uint32_t w = 0;
-    for (uint32_t t = 0; t < T; t++)
-        if (b->tokens[t].want_logits)
-            kt_rmsnorm(e->h + (size_t)w++ * E, e->x + (size_t)t * E, e->output_norm, E, hp->rms_eps);
-    if (n_wanted > 0 && e->dev.output.data) { /* the normed rows go to the device, the logits come back */
-        e->dev.head_rows = n_wanted;
-        kt_backend_copy_in(e->dev.backend, e->dev.head_x, e->h, (size_t)n_wanted * E * sizeof(float));
-        kt_backend_run(e->dev.backend, head_on_device, e, head_on_cuda, e);
-        kt_backend_copy_out(e->dev.backend, logits, e->dev.logits, (size_t)n_wanted * hp->n_vocab * sizeof(float));
-        kt_backend_sync(e->dev.backend);
-    } else if (n_wanted > 0) {
-        kt_fwd_matmul(e, &e->output, e->h, n_wanted, logits, e->xq);
-    }
-    uint64_t t_head = kt_fwd_now_ns() - td;
-    e->stats.other_ns += t_head;
-    e->stats.embed_head_ns += t_head;
-
-    st = e->dev.backend ? kt_backend_take_failure(e->dev.backend, err) : KT_OK;
+/* Only the device can fail a step that began (a copy or kernel, or a graph
+ * replayed for the wrong batch): then every sequence goes back to its length
+ * before the step (its cache rows past it are never read) and the step's
+ * error state is cleared, so the next step runs as if this one had not been
+ * asked for. */
+static kt_status end_step(struct kt_engine *e, kt_err *err)
+{
+    kt_status st = e->dev.backend ? kt_backend_take_failure(e->dev.backend, err) : KT_OK;
     if (st == KT_OK && e->dev.graph_mismatch)
         st = kt_err_set(err, KT_ERR_INVALID, "engine: a device graph was replayed for another batch size");
     if (st != KT_OK) { /* these logits are not to be trusted, nor the cache rows the step wrote */
         for (uint32_t c = 0; c < e->n_chunks; c++)
             kt_kv_cache_seq_truncate(e->kv, e->chunks[c].seq, e->chunks[c].start, NULL);
         e->dev.graph_mismatch = false;
-        forget_chunks(e);
-        return st;
     }
     forget_chunks(e);
+    return st;
+}
+
+kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
+{
+    uint32_t n_wanted = 0;
+    kt_status st = begin_step(e, b, logits, &n_wanted, err);
+    if (st != KT_OK)
+        return st;
+    const size_t TE = (size_t)e->n_tokens * e->hp.n_embd;
+    struct kt_step_clock clock;
+    kt_step_clock_start(e, &clock);
+
+    embed(e);                                           /* x = token_embd[token] */
+    kt_dev_begin_step(e);
+    kt_step_clock_lap(e, &clock, KT_PART_EMBED_HEAD);
+
+    for (uint32_t il = 0; il < e->hp.n_layer; il++) {
+        const struct kt_layer_weights *L = &e->layers[il];
+        kt_step_clock_begin_layer(e, &clock);
+        /* x += Attention(RMSNorm(x)); with attention on the device, a MoE
+         * layer's h = RMSNorm(x) and routing come back with x */
+        bool h_ready = false;
+        if (e->dev.layers)
+            h_ready = kt_dev_attention_layer(e, il);
+        else
+            kt_fwd_attention_block(e, il, e->x);
+        kt_step_clock_lap(e, &clock, KT_PART_ATTENTION);
+        if (!h_ready)
+            ffn_norm(e, L);                             /* h = RMSNorm(x) */
+        kt_step_clock_lap(e, &clock, KT_PART_COMBINE);
+        kt_fwd_ffn(e, il, e->h, e->y);                  /* y = FFN(h): dense, or MoE + shared experts */
+        kt_step_clock_lap(e, &clock, KT_PART_FFN);
+        kt_fwd_add_rows(e->x, e->y, TE);                /* x += y */
+        kt_step_clock_lap(e, &clock, KT_PART_COMBINE);
+        kt_step_clock_end_layer(e, &clock, il);
+    }
+
+    head(e, n_wanted, logits);                          /* logits = output . RMSNorm(x) */
+    kt_step_clock_lap(e, &clock, KT_PART_EMBED_HEAD);
+
+    if ((st = end_step(e, err)) != KT_OK)
+        return st;
     e->stats.steps++;
-    e->stats.tokens += T;
+    e->stats.tokens += b->n_tokens;
     return KT_OK;
 }
 

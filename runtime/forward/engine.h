@@ -1,7 +1,7 @@
 /*
- * engine.h - the CPU inference engine: runs forward steps of a deepseek2
- * model over batches of tokens from many sequences, with a paged latent KV
- * cache, and returns logits.
+ * engine.h - the inference engine: runs forward steps of a deepseek2 model
+ * over batches of tokens from many sequences, with a paged latent KV cache,
+ * on the CPU pools and optionally an accelerator, and returns logits.
  *
  * A step takes any mix of prefill chunks and decode tokens.  Each token
  * names its sequence and position; a sequence's tokens in a batch must
@@ -154,7 +154,8 @@ kt_status kt_engine_seq_truncate(struct kt_engine *e, uint32_t seq, uint32_t n_t
 uint32_t kt_engine_seq_length(const struct kt_engine *e, uint32_t seq); /* 0 if not in use */
 
 /* One forward step.  logits: (number of tokens with want_logits, n_vocab)
- * floats, may be NULL if none is wanted.  On error nothing changed. */
+ * floats, may be NULL if none is wanted.  On error every sequence is as it
+ * was (a failure of the device's work included) and the next step may run. */
 kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err);
 
 uint32_t kt_engine_n_vocab(const struct kt_engine *e);

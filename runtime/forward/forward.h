@@ -288,6 +288,10 @@ struct kt_engine {
  * h, out (n_tokens, E). */
 void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *out);
 
+/* x += Attention(RMSNorm(x)) for the step's tokens, with layer il's
+ * attention weights where they live (host or device copies) (attention.c). */
+void kt_fwd_attention_block(struct kt_engine *e, uint32_t il, float *x);
+
 /* out = FFN(h): dense SwiGLU or MoE + shared experts (moe.c):
  * h, out (n_tokens, E). */
 void kt_fwd_ffn(struct kt_engine *e, uint32_t il, const float *h, float *out);
@@ -327,6 +331,41 @@ void kt_fwd_run_device_part(void *ctx);
 /* Picks each chunk's attention form for this step. */
 void kt_fwd_choose_attention_forms(struct kt_engine *e);
 
+/* step_ops.c: the clock, x += y over n floats, and the KV cache's shape (its pool on the host). */
 uint64_t kt_fwd_now_ns(void);
+void kt_fwd_add_rows(float *x, const float *y, size_t n);
+struct kt_kv_cache_params kt_fwd_kv_params(const struct kt_engine *e);
+
+/* ---- step_clock.c: the step's time by part, for kt_engine_stats and the layers' stats -------- */
+
+enum kt_step_part { KT_PART_EMBED_HEAD, KT_PART_ATTENTION, KT_PART_COMBINE, KT_PART_FFN, KT_STEP_PARTS };
+
+struct kt_step_clock {
+    uint64_t last_ns;                   /* the last lap */
+    uint64_t part_ns[KT_STEP_PARTS];    /* this layer's time by part */
+    uint64_t router_ns_before;          /* stats.router_ns when the layer began */
+    struct kt_backend_stats device_before; /* the device's queue when the layer began */
+};
+
+void kt_step_clock_start(struct kt_engine *e, struct kt_step_clock *c);
+/* The time since the last lap (or the layer's start) goes to `part`. */
+void kt_step_clock_lap(struct kt_engine *e, struct kt_step_clock *c, enum kt_step_part part);
+void kt_step_clock_begin_layer(struct kt_engine *e, struct kt_step_clock *c);
+void kt_step_clock_end_layer(struct kt_engine *e, struct kt_step_clock *c, uint32_t il);
+
+/* ---- device.c: the accelerator's part of the engine ----------------------------------------- */
+
+/* Places on the device what the params ask for (weights, buffers, the KV
+ * cache with attention, graphs); fills e->dev. */
+kt_status kt_dev_create(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
+/* Frees e->dev (syncs first); pinned_buffers: what was page-locked for it. */
+void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers);
+/* Once per step before the layers: the graph slot, and cuda's cache tables and RoPE angles sent. */
+void kt_dev_begin_step(struct kt_engine *e);
+/* Layer il's attention on the device, on e->x; in MoE layers also the FFN
+ * norm and the router, whose h and routing come back: returns true then. */
+bool kt_dev_attention_layer(struct kt_engine *e, uint32_t il);
+/* logits (n_rows, V) of the n_rows normed rows in e->h, by the device's head. */
+void kt_dev_head(struct kt_engine *e, uint32_t n_rows, float *logits);
 
 #endif

@@ -1,8 +1,9 @@
 /*
- * step_ops.c - what the forward step's blocks share: a matmul on the step's
- * thread pool that counts the weight bytes it reads, and the clock.  Called by
+ * step_ops.c - what the forward step's pieces share: a matmul on the step's
+ * thread pool that counts the weight bytes it reads, the residual add, the
+ * KV cache's shape, and the clock.  Called by
  * engine.c, attention.c and moe.c; it calls none of them, so the step's files
- * form no circle (engine.c -> attention.c, moe.c -> step_ops.c).
+ * form no circle (engine.c -> device.c, attention.c, moe.c -> step_ops.c).
  */
 #include <time.h>
 
@@ -26,4 +27,22 @@ void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, 
 {
     kt_quantize_rows(e->pool, m->type, x, n_rows, m->n_in, xq);
     kt_fwd_matmul_q(e, m, xq, n_rows, y);
+}
+
+void kt_fwd_add_rows(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
+struct kt_kv_cache_params kt_fwd_kv_params(const struct kt_engine *e)
+{
+    return (struct kt_kv_cache_params){
+        .n_layer = e->hp.n_layer,
+        .row_floats = e->hp.kv_lora_rank + e->hp.qk_rope_dim,
+        .block_tokens = e->params.kv_block_tokens,
+        .n_blocks = e->params.kv_blocks,
+        .max_seqs = e->params.max_seqs,
+        .n_ctx = e->params.n_ctx,
+    };
 }
