@@ -3,11 +3,11 @@
  * (tiny: Kimi-K2 semantics, sigmoid routing with a selection bias; tiny-v3:
  * DeepSeek-V3's group-limited routing).
  *
- * The yardstick is a naive forward written plainly here from
- * reference/deepseek2.md §4: full recomputation of every position, HF-style
- * attention with keys and values expanded per head from attn_k_b / attn_v_b,
- * dequantized weights, double accumulation, routing by sorting.  It shares
- * no code with the engine but the GGUF reader and the dequantizers.
+ * The yardstick is tests/reference_forward.c (ref_forward): a naive forward
+ * written from docs/deepseek2.md, one function per block: full
+ * recomputation of every position, attention with keys and values expanded
+ * per head, dequantized weights, double accumulation, routing by sorting.
+ * It shares no code with the engine but the GGUF reader and the dequantizers.
  *
  * Tolerances (why):
  *  - engine vs naive reference, F32 weights: max |diff| <= 1e-4 x max |logit|.
@@ -39,6 +39,7 @@
 #include "model.h"
 #include "moe.h"
 #include "quant.h"
+#include "reference_forward.h"
 #include "testlib.h"
 
 #define PROMPT_LEN 12
@@ -166,259 +167,6 @@ static float *engine_logits(struct kt_model *m, const int32_t *toks, uint32_t n,
     return logits;
 }
 
-/* ---- the naive reference forward --------------------------------------------------------- */
-
-static float *deq(const struct kt_gguf_tensor *t)
-{
-    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    float *out = malloc((size_t)n * sizeof *out);
-    kt_type_traits(t->type)->to_float(t->data, out, n);
-    return out;
-}
-
-/* y (rows) = W (rows, cols) x (cols) */
-static void mv(double *y, const float *W, const double *x, int64_t rows, int64_t cols)
-{
-    for (int64_t o = 0; o < rows; o++) {
-        double s = 0.0;
-        for (int64_t i = 0; i < cols; i++)
-            s += (double)W[o * cols + i] * x[i];
-        y[o] = s;
-    }
-}
-
-static void norm(double *y, const double *x, const float *w, int64_t n, double eps)
-{
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        ss += x[i] * x[i];
-    double inv = 1.0 / sqrt(ss / n + eps);
-    for (int64_t i = 0; i < n; i++)
-        y[i] = x[i] * inv * w[i];
-}
-
-static double silu(double x)
-{
-    return x / (1.0 + exp(-x));
-}
-
-/* y (E) = W_down (silu(W_gate h) * W_up h) for one FFN of width f; gate/up (f, E), down (E, f). */
-static void ffn(double *y, const float *gate, const float *up, const float *down, const double *h, int64_t E,
-                int64_t f)
-{
-    double *g = malloc(f * sizeof *g), *u = malloc(f * sizeof *u);
-    mv(g, gate, h, f, E);
-    mv(u, up, h, f, E);
-    for (int64_t i = 0; i < f; i++)
-        g[i] = silu(g[i]) * u[i];
-    mv(y, down, g, E, f);
-    free(g), free(u);
-}
-
-/* RoPE of reference §4.3 on one dr-vector at position p, with the file's β. */
-static void rope(const struct kt_hparams *hp, double *x, int64_t p)
-{
-    const double R = hp->qk_rope_dim, b = hp->rope_freq_base, s = hp->rope_scaling_factor;
-    const double n_orig = hp->rope_orig_ctx, pi = 3.14159265358979323846;
-    double c_fast = R * log(n_orig / (2 * pi * hp->yarn_beta_fast)) / (2 * log(b));
-    double c_slow = R * log(n_orig / (2 * pi * hp->yarn_beta_slow)) / (2 * log(b));
-    double lo = fmax(0, floor(c_fast)), hi = fmin(R - 1, ceil(c_slow));
-    for (uint32_t i = 0; i < hp->qk_rope_dim / 2; i++) {
-        double th_ext = p * pow(b, -2.0 * i / R), th_int = th_ext / s;
-        double gamma = 1.0 - fmin(1.0, fmax(0.0, (i - lo) / fmax(0.001, hi - lo)));
-        double th = th_int * (1 - gamma) + th_ext * gamma;
-        double x0 = x[2 * i], x1 = x[2 * i + 1];
-        x[2 * i] = x0 * cos(th) - x1 * sin(th);
-        x[2 * i + 1] = x0 * sin(th) + x1 * cos(th);
-    }
-}
-
-/* Routing of reference §4.5 by sorting. */
-struct scored {
-    double v;
-    uint32_t i;
-};
-
-static int by_score_desc(const void *a, const void *b)
-{
-    const struct scored *x = a, *y = b;
-    if (x->v != y->v)
-        return x->v > y->v ? -1 : 1;
-    return x->i < y->i ? -1 : 1; /* ties: lower index first */
-}
-
-/* Returns the smallest gap between neighbours in the sorted orders that
- * decide the selection (groups around the cut, experts down to k+1): below
- * float resolution the engine's float arithmetic may order them either way. */
-static double naive_route(const struct kt_router *r, const double *z, const float *bias, uint32_t *idx, double *w)
-{
-    double margin = INFINITY;
-    const uint32_t Ne = r->n_expert, G = r->n_groups, per = Ne / G;
-    double *prob = malloc(Ne * sizeof *prob);
-    struct scored *sel = malloc(Ne * sizeof *sel), *grp = malloc(G * sizeof *grp), *tmp = malloc(per * sizeof *tmp);
-    double mx = -INFINITY, sum = 0.0;
-    for (uint32_t e = 0; e < Ne; e++)
-        mx = fmax(mx, z[e]);
-    for (uint32_t e = 0; e < Ne; e++)
-        sum += exp(z[e] - mx);
-    for (uint32_t e = 0; e < Ne; e++) {
-        prob[e] = r->gating == KT_GATING_SIGMOID ? 1.0 / (1.0 + exp(-z[e])) : exp(z[e] - mx) / sum;
-        sel[e] = (struct scored){prob[e] + (bias ? bias[e] : 0.0), e};
-    }
-    if (G > 1) {
-        for (uint32_t g = 0; g < G; g++) {
-            memcpy(tmp, sel + g * per, per * sizeof *tmp);
-            qsort(tmp, per, sizeof *tmp, by_score_desc);
-            grp[g] = (struct scored){tmp[0].v + (per > 1 ? tmp[1].v : 0.0), g};
-        }
-        qsort(grp, G, sizeof *grp, by_score_desc);
-        for (uint32_t k = 1; k < G; k++)
-            margin = fmin(margin, grp[k - 1].v - grp[k].v);
-        for (uint32_t k = r->n_group_used; k < G; k++)
-            for (uint32_t e = grp[k].i * per; e < (grp[k].i + 1) * per; e++)
-                sel[e].v = -INFINITY;
-    }
-    qsort(sel, Ne, sizeof *sel, by_score_desc);
-    for (uint32_t j = 1; j <= r->n_used && j < Ne; j++)
-        if (sel[j].v > -INFINITY)
-            margin = fmin(margin, sel[j - 1].v - sel[j].v);
-    double wsum = 0.0;
-    for (uint32_t j = 0; j < r->n_used; j++) {
-        idx[j] = sel[j].i;
-        w[j] = prob[sel[j].i];
-        wsum += w[j];
-    }
-    for (uint32_t j = 0; j < r->n_used; j++) {
-        if (r->norm)
-            w[j] /= fmax(wsum, 6.103515625e-5);
-        w[j] *= r->scale;
-    }
-    free(prob), free(sel), free(grp), free(tmp);
-    return margin;
-}
-
-/* logits (n, V) of every position of toks, recomputed from scratch. */
-static double *reference_forward(const struct kt_model *m, const int32_t *toks, int64_t n)
-{
-    const struct kt_hparams *hp = &m->hp;
-    const int64_t E = hp->n_embd, H = hp->n_head, qr = hp->q_lora_rank, kvr = hp->kv_lora_rank;
-    const int64_t dn = hp->qk_nope_dim, dr = hp->qk_rope_dim, dk = dn + dr, dv = hp->v_head_dim, V = hp->n_vocab;
-    const double eps = hp->rms_eps;
-    const double mscale = 1.0 + 0.1 * (hp->yarn_log_multiplier / 0.1) * log(hp->rope_scaling_factor);
-    const double kq_scale = mscale * mscale / sqrt((double)dk);
-    struct kt_router router;
-    kt_router_from_hparams(hp, &router);
-
-    double *x = calloc(n * E, sizeof *x), *h = malloc(E * sizeof *h), *y = malloc(E * sizeof *y);
-    double *q = malloc(n * H * dk * sizeof *q), *qa = malloc((qr ? qr : 1) * sizeof *qa);
-    double *kv = malloc((kvr + dr) * sizeof *kv), *c = malloc(kvr * sizeof *c);
-    double *k = malloc(n * H * dk * sizeof *k), *v = malloc(n * H * dv * sizeof *v);
-    double *o = malloc(H * dv * sizeof *o), *s = malloc(n * sizeof *s), *acc = malloc(E * sizeof *acc);
-    double *z = malloc((hp->n_expert + 1) * sizeof *z), *w = malloc(16 * sizeof *w);
-    uint32_t idx[16];
-
-    float *embd = deq(m->token_embd);
-    for (int64_t p = 0; p < n; p++)
-        for (int64_t i = 0; i < E; i++)
-            x[p * E + i] = embd[toks[p] * E + i];
-    free(embd);
-
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct kt_layer *L = &m->layers[il];
-        float *q_a = deq(L->attn_q_a), *q_b = deq(L->attn_q_b), *kv_a = deq(L->attn_kv_a_mqa);
-        float *k_b = deq(L->attn_k_b), *v_b = deq(L->attn_v_b), *wo = deq(L->attn_output);
-        /* queries, and keys/values expanded per head: k = [W_UK c | k_pe], v = W_UV c */
-        for (int64_t p = 0; p < n; p++) {
-            norm(h, x + p * E, L->attn_norm->data, E, eps);
-            mv(qa, q_a, h, qr, E);
-            norm(qa, qa, L->attn_q_a_norm->data, qr, eps);
-            mv(q + p * H * dk, q_b, qa, H * dk, qr);
-            mv(kv, kv_a, h, kvr + dr, E);
-            norm(c, kv, L->attn_kv_a_norm->data, kvr, eps);
-            rope(hp, kv + kvr, p);
-            for (int64_t hd = 0; hd < H; hd++) {
-                rope(hp, q + (p * H + hd) * dk + dn, p);
-                double *kh = k + (p * H + hd) * dk, *vh = v + (p * H + hd) * dv;
-                for (int64_t d = 0; d < dn; d++) { /* W_UK,h[d][r] = attn_k_b[h][r][d] */
-                    kh[d] = 0.0;
-                    for (int64_t r = 0; r < kvr; r++)
-                        kh[d] += (double)k_b[(hd * kvr + r) * dn + d] * c[r];
-                }
-                memcpy(kh + dn, kv + kvr, dr * sizeof *kh);
-                mv(vh, v_b + hd * dv * kvr, c, dv, kvr);
-            }
-        }
-        for (int64_t p = 0; p < n; p++) { /* causal multi-head attention, then the residual */
-            for (int64_t hd = 0; hd < H; hd++) {
-                const double *qh = q + (p * H + hd) * dk;
-                double mx = -INFINITY, sum = 0.0;
-                for (int64_t t = 0; t <= p; t++) {
-                    s[t] = 0.0;
-                    for (int64_t d = 0; d < dk; d++)
-                        s[t] += qh[d] * k[(t * H + hd) * dk + d];
-                    s[t] *= kq_scale;
-                    mx = fmax(mx, s[t]);
-                }
-                for (int64_t t = 0; t <= p; t++)
-                    sum += exp(s[t] - mx);
-                for (int64_t j = 0; j < dv; j++) {
-                    o[hd * dv + j] = 0.0;
-                    for (int64_t t = 0; t <= p; t++)
-                        o[hd * dv + j] += exp(s[t] - mx) / sum * v[(t * H + hd) * dv + j];
-                }
-            }
-            mv(y, wo, o, E, H * dv); /* q, k, v of every position are computed: x may change */
-            for (int64_t i = 0; i < E; i++)
-                x[p * E + i] += y[i];
-        }
-        free(q_a), free(q_b), free(kv_a), free(k_b), free(v_b), free(wo);
-
-        if (!L->is_moe) {
-            float *g = deq(L->ffn_gate), *u = deq(L->ffn_up), *d = deq(L->ffn_down);
-            for (int64_t p = 0; p < n; p++) {
-                norm(h, x + p * E, L->ffn_norm->data, E, eps);
-                ffn(y, g, u, d, h, E, hp->n_ff);
-                for (int64_t i = 0; i < E; i++)
-                    x[p * E + i] += y[i];
-            }
-            free(g), free(u), free(d);
-            continue;
-        }
-        const int64_t f = hp->n_ff_exp, fs = f * hp->n_expert_shared;
-        float *rw = deq(L->ffn_gate_inp), *g = deq(L->ffn_gate_exps), *u = deq(L->ffn_up_exps);
-        float *d = deq(L->ffn_down_exps), *gs = deq(L->ffn_gate_shexp), *us = deq(L->ffn_up_shexp);
-        float *ds = deq(L->ffn_down_shexp);
-        for (int64_t p = 0; p < n; p++) {
-            norm(h, x + p * E, L->ffn_norm->data, E, eps);
-            mv(z, rw, h, hp->n_expert, E);
-            naive_route(&router, z, L->exp_probs_b ? L->exp_probs_b->data : NULL, idx, w);
-            for (int64_t i = 0; i < E; i++)
-                acc[i] = 0.0;
-            for (uint32_t j = 0; j < router.n_used; j++) {
-                const int64_t e = idx[j];
-                ffn(y, g + e * f * E, u + e * f * E, d + e * E * f, h, E, f);
-                for (int64_t i = 0; i < E; i++)
-                    acc[i] += w[j] * y[i];
-            }
-            ffn(y, gs, us, ds, h, E, fs);
-            for (int64_t i = 0; i < E; i++)
-                x[p * E + i] += acc[i] + y[i];
-        }
-        free(rw), free(g), free(u), free(d), free(gs), free(us), free(ds);
-    }
-
-    double *logits = malloc(n * V * sizeof *logits);
-    float *out = deq(m->output);
-    for (int64_t p = 0; p < n; p++) {
-        norm(h, x + p * E, m->output_norm->data, E, eps);
-        mv(logits + p * V, out, h, V, E);
-    }
-    free(out);
-    free(x), free(h), free(y), free(q), free(qa), free(kv), free(c), free(k), free(v), free(o), free(s), free(acc);
-    free(z), free(w);
-    return logits;
-}
-
 /* ---- variants of a file: fused attn_kv_b, fused ffn_gate_up_exps -------------------------------- */
 
 static bool ends_with(const char *s, const char *suffix)
@@ -494,7 +242,8 @@ static bool make_variant(const struct kt_model *src, int which, const char *path
         while (!fused && !src->layers[layer].is_moe) /* the experts' layer of this tensor */
             layer++;
         const struct kt_layer *L = &src->layers[layer++];
-        float *a = deq(fused ? L->attn_k_b : L->ffn_gate_exps), *b = deq(fused ? L->attn_v_b : L->ffn_up_exps);
+        float *a = ref_dequantize(fused ? L->attn_k_b : L->ffn_gate_exps);
+        float *b = ref_dequantize(fused ? L->attn_v_b : L->ffn_up_exps);
         size_t n = fused ? (size_t)H * (dn + dv) * kvr : (size_t)2 * E * f * Ne;
         float *out = malloc(n * sizeof *out);
         if (fused) {
@@ -529,7 +278,7 @@ static void check_against_reference(int which, enum kt_attention_form form, cons
     if (!m)
         return;
     const uint32_t n = PROMPT_LEN, V = m->hp.n_vocab;
-    double *ref = reference_forward(m, prompt, n);
+    double *ref = ref_forward(m, prompt, n);
     float *got = engine_logits(m, prompt, n, form, 2);
     if (got) {
         for (uint32_t p = 0; p < n; p++) {
@@ -731,7 +480,7 @@ static void compare_twin(int which, struct agreement vs_f32, struct agreement vs
         return;
     const uint32_t n = PROMPT_LEN + 8, V = m->hp.n_vocab;
     float *f32 = engine_logits(ref_m, prompt, n, KT_ATTENTION_AUTO, 2);
-    double *ref = reference_forward(m, prompt, n);
+    double *ref = ref_forward(m, prompt, n);
     float *reff = malloc((size_t)n * V * sizeof *reff);
     for (size_t i = 0; i < (size_t)n * V; i++)
         reff[i] = (float)ref[i];
@@ -794,8 +543,8 @@ static uint32_t check_router(const char *what, const struct kt_router *r, const 
             zd[e] = zf[e];
         }
         kt_moe_route(r, zf, bias, got, weights, scratch);
-        double margin = naive_route(r, zd, bias, idx, w);
-        naive_route(&flat, zd, bias, idx_flat, w_flat);
+        double margin = ref_route(r, zd, bias, idx, w);
+        ref_route(&flat, zd, bias, idx_flat, w_flat);
         if (margin < 1e-6) { /* a near tie (float resolution near 1 is 6e-8): either order is right */
             near_ties++;
             continue;
@@ -837,7 +586,7 @@ static void group_limited_routing_matches_naive_selection(void)
         const struct kt_layer *L = &m->layers[il];
         if (!L->is_moe)
             continue;
-        float *W = deq(L->ffn_gate_inp);
+        float *W = ref_dequantize(L->ffn_gate_inp);
         char what[64];
         snprintf(what, sizeof what, "tiny-v3 layer %u", il);
         changed += check_router(what, &r, W, L->exp_probs_b->data, m->hp.n_embd, 300);
@@ -934,6 +683,13 @@ static void fused_kv_b_model_matches_split_model(void)
         KT_CHECK(d < 1e-4, "%s attention: fused vs split %g", i ? "expanded" : "absorbed", d);
         free(a), free(b);
     }
+    /* the reference reads attn_kv_b itself: the fused file is the same model to it */
+    double *rs = ref_forward(split, prompt, n), *rf = ref_forward(fused, prompt, n);
+    double d_ref = 0.0;
+    for (size_t i = 0; i < (size_t)n * V; i++)
+        d_ref = fmax(d_ref, fabs(rs[i] - rf[i]));
+    KT_CHECK(d_ref < 1e-9, "reference forward: fused vs split differ by %g", d_ref);
+    free(rs), free(rf);
 }
 
 static void fused_gate_up_exps_model_matches_separate_model(void)
@@ -950,6 +706,10 @@ static void fused_gate_up_exps_model_matches_separate_model(void)
              "ffn_gate_up_exps changes the logits (the same weights, read from other rows): %g",
              a && b ? rel_diff_f(b, a, (size_t)n * V) : INFINITY);
     free(a), free(b);
+    /* the reference reads ffn_gate_up_exps itself: the same logits */
+    double *rs = ref_forward(sep, prompt, n), *rf = ref_forward(fused, prompt, n);
+    KT_CHECK(memcmp(rs, rf, (size_t)n * V * sizeof *rs) == 0, "reference forward: ffn_gate_up_exps changes the logits");
+    free(rs), free(rf);
 }
 
 /* ---- bad batches ------------------------------------------------------------------------------- */

@@ -1,0 +1,33 @@
+/*
+ * reference_forward.h - a naive deepseek2 forward pass in double precision,
+ * the yardstick the engine is tested against (test_forward.c).
+ *
+ * It is written from docs/deepseek2.md, one function per block, and shares no
+ * code with the engine but the GGUF reader (runtime/model) and the
+ * dequantizers (kernels/quant.c).  Every position is recomputed from scratch;
+ * attention uses the expanded form (keys and values per head); routing sorts.
+ * Slow on purpose: it exists to be read and trusted.
+ */
+#ifndef KT_REFERENCE_FORWARD_H
+#define KT_REFERENCE_FORWARD_H
+
+#include <stdint.h>
+
+#include "gguf.h"
+#include "model.h"
+#include "moe.h"
+
+/* A tensor dequantized to a malloc'd float array (ne0*ne1*ne2*ne3 values). */
+float *ref_dequantize(const struct kt_gguf_tensor *t);
+
+/* Routing of one token (docs/deepseek2.md "MoE routing"): router logits z
+ * (n_expert), selection bias or NULL; idx and w (n_used) receive the experts
+ * in selection order and their weights.  Returns the smallest gap between
+ * neighbours in the sorted orders that decided the selection: below float
+ * resolution a float implementation may order them either way. */
+double ref_route(const struct kt_router *r, const double *z, const float *bias, uint32_t *idx, double *w);
+
+/* Logits (n, V) of every position of toks[0..n), malloc'd. */
+double *ref_forward(const struct kt_model *m, const int32_t *toks, int64_t n);
+
+#endif
