@@ -3,7 +3,7 @@
  * dequantization (to_float) and round-to-nearest quantization (from_float).
  *
  * Byte layouts are those of the GGUF specification (quant.h; facts sheet
- * reference/deepseek2.md §5): a bit here means what it means in a file from the
+ * the GGUF specification): a bit here means what it means in a file from the
  * wild.  This file must never change the meaning of a stored bit, never
  * allocate, never keep mutable state and never depend on the CPU it runs on:
  * portable scalar C only.  SIMD versions live in kernels/cpu/<isa>/ and must

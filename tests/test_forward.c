@@ -183,7 +183,7 @@ static void rename_tensor(char *out, size_t size, const char *name, const char *
 
 /*
  * Rewrites src (F32 attention and experts) as
- *  TINY_FUSED: a legacy MLA file, reference §3's split relation inverted:
+ *  TINY_FUSED: a legacy MLA file, the split relation of docs/deepseek2.md, Hyperparameters, inverted:
  *     attn_kv_b[h(dn+dv) + d][r] = attn_k_b[h][r][d],
  *     attn_kv_b[h(dn+dv) + dn + j][r] = attn_v_b[h][j][r],
  *   no *_mla keys, key_length dn+dr, value_length dv, head_count_kv H;

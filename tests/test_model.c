@@ -417,7 +417,7 @@ static void v3_like_hparams_and_table(void)
     KT_CHECK(hp->gating == KT_GATING_SIGMOID, "gating %d", hp->gating);
     KT_CHECK(hp->expert_weights_scale == 2.5f && hp->expert_weights_norm, "weights scale/norm");
     KT_CHECK(hp->n_vocab == 300, "vocab %u", hp->n_vocab);
-    /* s = 40, mscale_all_dim = 1: 1 + 0.1 ln 40 (reference §4.4 table) */
+    /* s = 40, mscale_all_dim = 1: 1 + 0.1 ln 40 (docs/deepseek2.md, RoPE/YaRN) */
     KT_CHECK(fabs(kt_hparams_yarn_mscale(hp) - 1.368888) < 1e-6, "mscale %.7f", kt_hparams_yarn_mscale(hp));
     KT_CHECK(fabs(kt_hparams_kq_scale(hp) - 1.368888 * 1.368888 / sqrt(24.0)) < 1e-5, "kq_scale %.7f",
              kt_hparams_kq_scale(hp));
@@ -578,7 +578,7 @@ static void per_layer_arrays_and_any_integer_width(void)
 
 static void reference_kq_scales(void)
 {
-    /* reference/deepseek2.md §4.4: kq_scale for the real models (dk = 192). */
+    /* docs/deepseek2.md, RoPE/YaRN: kq_scale for the real models (dk = 192). */
     static const struct { float s, log_mul; double kq; } rows[] = {
         {32.0f, 0.1f, 0.130861},   /* Kimi-K2 */
         {64.0f, 0.1f, 0.144680},   /* Kimi-K2-0905 */

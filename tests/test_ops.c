@@ -1,6 +1,6 @@
 /*
  * test_ops.c - the scalar reference ops (kernels/cpu/ref/ops.h) against the
- * formulas of reference/deepseek2.md §4 evaluated plainly in double, on
+ * formulas of docs/deepseek2.md evaluated plainly in double, on
  * random inputs and odd shapes; YaRN's ramp and the softmax scale against
  * the reference's tables.
  *

@@ -113,7 +113,7 @@ struct shape {
     int output_type;
 };
 
-/* Kimi-K2 and DeepSeek-V3 (DESIGN §1) as llama.cpp's Q4_K_M recipe stores them,
+/* Kimi-K2 and DeepSeek-V3 (docs/deepseek2.md, Hyperparameters) as llama.cpp's Q4_K_M recipe stores them,
  * rounded up: q4_K everywhere, attn_k_b q5_0 (its fallback), output q6_K, and
  * every ffn_down q6_K where the recipe gives q6_K to only some layers' - so a
  * Q4_K_M file is no larger than this in any part. */

@@ -5,9 +5,9 @@
  *
  * Files are read back with the GGUF reader and the model loader, never
  * through the generator's own tables: expected shapes, tensor order, key
- * values and stds are written out here from reference/deepseek2.md.  Router
+ * values and stds are written out here from docs/deepseek2.md.  Router
  * selection is recomputed here from the file's router weights and bias with
- * the routing of reference §4.5.  Everything runs on the tiny presets (plus
+ * the routing of docs/deepseek2.md, MoE routing.  Everything runs on the tiny presets (plus
  * plan-only checks of the real-dimension slices) so it takes seconds, also
  * under ASan.
  */
@@ -136,7 +136,7 @@ static struct stats tensor_stats(const struct kt_gguf_tensor *t)
     return s;
 }
 
-/* The tensor names of a deepseek2 file in reference §3 order. */
+/* The tensor names of a deepseek2 file in llama.cpp's converter's order. */
 static int expected_names(char names[][KT_GGUF_MAX_NAME], int n_layer, int n_dense)
 {
     static const char *const attn[] = {"attn_norm", "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa",
@@ -517,7 +517,7 @@ static void slice_plans_use_real_dimensions(void)
 /* ---- router skew ---------------------------------------------------------------------- */
 
 /* Selection counts of one MoE layer for n_tokens random RMS-normalised hidden
- * states (times ffn_norm), routed as reference §4.5: sigmoid scores, bias for
+ * states (times ffn_norm), routed as docs/deepseek2.md, MoE routing says: sigmoid scores, bias for
  * selection, group-limited top-k (group score = sum of its 2 best). */
 static bool route_counts(const struct kt_gguf *g, int layer, int n_tokens, uint64_t *counts)
 {

@@ -374,7 +374,7 @@ static void expect_split(enum kt_synth_family f, const char *text, const char *w
              j.buf, want);
 }
 
-/* The rows of reference §1.4's split table (DeepSeek-V3 column: its three passes). */
+/* The rows of the published pre-tokenizers' split table (DeepSeek-V3 column: its three passes). */
 static void pretokenizer_matches_reference_splits(void)
 {
     expect_split(KT_SYNTH_KIMI, "helloWorld fooBar", "hello|World| foo|Bar");

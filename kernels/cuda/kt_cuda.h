@@ -162,7 +162,7 @@ int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, co
 /* ---- MLA attention (mla.cu) ------------------------------------------------------------- */
 
 /*
- * One layer's MLA in the absorbed form (reference/deepseek2.md §4.2), for
+ * One layer's MLA in the absorbed form (docs/deepseek2.md, Attention (MLA)), for
  * decode and prefill alike, over a paged latent cache of F32 rows
  * [c (kv_rank) | k_pe (rope_dim)]: runtime/forward/kv_cache.h's layout, blocks of
  * block_tokens positions of one sequence for every layer.

@@ -1,6 +1,6 @@
 /*
  * mla.cu - MLA attention of one layer on the GPU, absorbed form, for decode
- * and prefill alike (reference/deepseek2.md §4.2; runtime/forward/attention.c is
+ * and prefill alike (docs/deepseek2.md, Attention (MLA); runtime/forward/attention.c is
  * the CPU twin):
  *
  *     q_lat[t,h] = [W_UK,h^T q_nope[t,h] (kvr) | q_pe[t,h] (dr)]      per-head GEMV

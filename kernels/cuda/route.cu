@@ -1,7 +1,7 @@
 /*
  * route.cu - DeepSeek MoE routing on the GPU: one block per token turns its
  * router logits into the k experts it uses and their weights, with exactly
- * runtime/forward/moe.c's kt_moe_route semantics (reference/deepseek2.md §4.5):
+ * runtime/forward/moe.c's kt_moe_route semantics (docs/deepseek2.md, MoE routing):
  *
  *     prob = sigmoid(z) or softmax(z);  sel = prob + bias
  *     groups: score = best + second best sel; keep the n_group_used best; sel = -inf elsewhere

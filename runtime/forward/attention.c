@@ -1,6 +1,6 @@
 /*
  * attention.c - MLA attention of one layer for every token of a step
- * (reference/deepseek2.md §4.2), on the latent KV cache.
+ * (docs/deepseek2.md, Attention (MLA)), on the latent KV cache.
  *
  * Per token at position p:
  *     q      = W_qb norm(W_qa h)   (or W_q h)      H heads of [q_nope (dn) | q_pe (dr)]

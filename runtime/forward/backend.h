@@ -1,6 +1,6 @@
 /*
  * backend.h - a place other than the host's NUMA pools that holds weights
- * and runs work in order on its own queue (DESIGN §2 "Backend").
+ * and runs work in order on its own queue (docs/architecture.md, Backends).
  *
  * Two kinds sit behind this header: `sim`, which executes on a host thread
  * of its own but behaves like a separate device - its own memory budget,

@@ -177,7 +177,7 @@ bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_eng
 
 /* The RoPE a model's hyperparameters define: the file's YaRN β (as HF and
  * DeepSeek's code use them; llama.cpp ignores them for deepseek2, which
- * differs for Kimi-K2's 1 / 1: reference §4.3), magnitude
+ * differs for Kimi-K2's 1 / 1: docs/deepseek2.md, RoPE/YaRN), magnitude
  * rope.scaling.attn_factor (times 1 + 0.1 ln s when a YaRN file has no
  * yarn_log_multiplier, as HF's get_mscale(s, 1) / get_mscale(s, 0)). */
 void kt_engine_rope_params(const struct kt_hparams *hp, struct kt_rope_params *rp);

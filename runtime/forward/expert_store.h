@@ -1,6 +1,6 @@
 /*
  * expert_store.h - the routed experts of every MoE layer, copied out of the
- * GGUF file into anonymous memory at load (DESIGN §2 "Expert store").
+ * GGUF file into anonymous memory at load (docs/architecture.md).
  *
  * Each (layer, expert) gets one contiguous buffer holding its three matrices:
  *

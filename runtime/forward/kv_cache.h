@@ -4,7 +4,7 @@
  *
  * What is cached per token and layer is MLA's one key row,
  * [c (kv_lora_rank) | k_pe (qk_rope_dim)]: the normalised latent and the
- * roped shared key (reference/deepseek2.md §4.2 step 6); values are the
+ * roped shared key (docs/deepseek2.md, Attention (MLA)); values are the
  * first kv_lora_rank floats of the same row.  Rows are F32 for now (F16
  * later, as llama.cpp's default).
  *

@@ -7,7 +7,7 @@
  * address one expert's slab of a stacked {n_in, n_out, n_expert} tensor or
  * one head's block of attn_k_b / attn_v_b without copying.
  *
- * Products follow llama.cpp's numerics (reference §5, §7): each activation
+ * Products follow llama.cpp's numerics (GGUF's activation formats): each activation
  * row is converted once to the weight type's vec_dot_type (Q8_0, Q8_K, F32
  * ...) and every output is one vec_dot of a weight row with it - bit for bit,
  * whether the row runs alone (gemv), tiled (gemm) or packed - with one

@@ -1,14 +1,14 @@
 /*
  * moe.c - the FFN half of a layer for every token of a step: the dense
  * SwiGLU of the leading layers, or DeepSeek MoE (router, routed experts,
- * shared experts) after them (reference/deepseek2.md §4.5).
+ * shared experts) after them (docs/deepseek2.md, MoE routing).
  *
  *     FFN(h)  = W_down (silu(W_gate h) * (W_up h))
  *     MoE(h)  = sum_j w_j Expert_{idx_j}(h)     (selection order)  + Shared(h)
  *
  * Tokens are grouped by expert before any weight is read, so an expert's
  * rows stream from memory once per step however many tokens chose it
- * (DESIGN §2).  Work is split into (expert, row-slice) tasks, each running
+ * (docs/architecture.md).  Work is split into (expert, row-slice) tasks, each running
  * its expert's whole token group through one tiled product (the packed
  * kernel when the expert store repacked the expert): gate and up together,
  * SiLU fused, then down.  Routed experts run on the NUMA pool of their home

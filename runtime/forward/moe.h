@@ -1,6 +1,6 @@
 /*
  * moe.h - DeepSeek MoE routing: from one token's router logits to the experts
- * it uses and their weights (reference/deepseek2.md §4.5).
+ * it uses and their weights (docs/deepseek2.md, MoE routing).
  *
  *     prob   = sigmoid(z) or softmax(z)                    (gating)
  *     sel    = prob + exp_probs_b                          (bias picks, never weighs)

@@ -1,7 +1,7 @@
 /*
  * peak.h - compute peaks measured on the caller's thread count: FMA (f32
  * GFLOP/s) and int8 dot (GOP/s) per SIMD level, so kernel speed can be
- * reported as a ratio taken in the same run on the same cores (DESIGN §5).
+ * reported as a ratio taken in the same run on the same cores (docs/architecture.md, Tests and CI).
  * Never prints; measures, never judges (no timed assertions in tests).
  */
 #ifndef KT_PEAK_H

@@ -220,7 +220,7 @@ static kt_status read_rope(const struct kt_gguf *g, struct kt_hparams *hp, kt_er
         KT_OK)
         return st;
     /* DeepSeek's definition defaults β to 32/1; a file's values are used when
-     * present, as HF does (llama.cpp ignores them for deepseek2: reference §4.3). */
+     * present, as HF does (llama.cpp ignores them for deepseek2: docs/deepseek2.md, RoPE/YaRN). */
     if ((st = read_f32(g, KEY("rope.scaling.yarn_beta_fast"), false, 32.0f, &hp->yarn_beta_fast, err)) != KT_OK)
         return st;
     if ((st = read_f32(g, KEY("rope.scaling.yarn_beta_slow"), false, 1.0f, &hp->yarn_beta_slow, err)) != KT_OK)

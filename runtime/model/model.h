@@ -47,7 +47,7 @@ struct kt_hparams {
     /* YaRN β: the file's values when present (as HF and DeepSeek's code use
      * the config's), else the DeepSeek definition's 32 / 1.  llama.cpp ignores
      * these keys for deepseek2 and always uses 32 / 1, which differs for
-     * Kimi-K2 (β 1 / 1): reference/deepseek2.md §4.3. */
+     * Kimi-K2 (β 1 / 1): docs/deepseek2.md, RoPE/YaRN. */
     float yarn_beta_fast;
     float yarn_beta_slow;
     float rope_attn_factor;     /* rope.scaling.attn_factor, 1 when absent */

@@ -1,7 +1,7 @@
 /*
  * serve_output.h - turns a chat model's generated text into the OpenAI
  * message parts: reasoning_content, content and tool_calls, as the text
- * streams in (reference/tokenizer-chat-api.md §2.4, §2.6).
+ * streams in (the families' published tool-call and reasoning formats; tests/golden/chat).
  *
  * Kimi-K2:  [<think> reasoning </think>] content
  *           [<|tool_calls_section_begin|> (<|tool_call_begin|> ID

@@ -239,7 +239,7 @@ bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_reque
             nomem(e);
             goto done;
         }
-        /* The render carries BOS itself where the family has one (reference §1.7). */
+        /* The render carries BOS itself where the family has one (as the published templates do). */
         if (!tokenize(m, kt_buf_str(&text), false, &out->ids, &out->n_ids, e))
             goto done;
     } else if (r->prompt_text) {

@@ -1,7 +1,7 @@
 /*
  * serve_response.h - a running job's output as OpenAI JSON: the streamed
  * chunks (server-sent events) and the final response object, for chat and
- * text completions (reference/tokenizer-chat-api.md §3.3, §3.4).
+ * text completions (OpenAI's API shapes).
  *
  * A kt_response belongs to the one HTTP thread that answers the request.  It
  * copies what the scheduler published under the job's lock and does all

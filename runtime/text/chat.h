@@ -50,7 +50,7 @@ const char *kt_chat_format_name(kt_chat_format format);
  * server must describe the tools in the system prompt or refuse the request. */
 bool kt_chat_format_renders_tools(kt_chat_format format);
 
-/* Texts that end a generation for the format's family (reference §2.8):
+/* Texts that end a generation for the format's family (their published generation configs):
  * Kimi "<|im_end|>", "[EOS]", "[EOT]" and "<|im_middle|>" (a new header
  * started); DeepSeek "<｜end▁of▁sentence｜>".  Static storage, *count set. */
 const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count);
@@ -116,7 +116,7 @@ typedef struct kt_chat_options {
      * in its later revision); it is accepted and changes nothing, as in HF. */
     kt_chat_thinking thinking;
     /* DeepSeek renders start with bos_token, as HF's do: tokenize the prompt
-     * without adding a second BOS (reference §1.7).  NULL: "<｜begin▁of▁sentence｜>". */
+     * without adding a second BOS (as the published templates do).  NULL: "<｜begin▁of▁sentence｜>". */
     const char *bos_token;
     const char *eos_token;    /* NULL: the family's own; no supported revision prints it */
 } kt_chat_options;

@@ -69,7 +69,7 @@ static kt_status build_prompt(const struct kt_run_options *o, const struct kt_mo
     msgs[n++] = (kt_chat_message){.role = KT_CHAT_USER, .content = o->chat};
     kt_chat_options opts = {.add_generation_prompt = true};
     st = kt_chat_render(format, msgs, n, &opts, text, err);
-    /* The render carries BOS itself where the family has one (reference §1.7). */
+    /* The render carries BOS itself where the family has one (as the published templates do). */
     *add_special = false;
     snprintf(format_name, format_size, "%s", kt_chat_format_name(format));
     return st;

@@ -1,6 +1,6 @@
 /*
  * endpoints.c - kt-serve's small endpoints: /health, /version, /v1/models,
- * /metrics, /tokenize, /detokenize (vLLM's shapes, reference §3.7).
+ * /metrics, /tokenize, /detokenize (vLLM's shapes).
  */
 #include <stdlib.h>
 #include <string.h>

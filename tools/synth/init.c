@@ -9,7 +9,7 @@
  * the residual stays O(1) through every layer (synth.c picks the stds).
  *
  * Skew.  The DeepSeek router selects the top-k of score + exp_probs_b (the
- * bias picks experts but does not weight them; reference §4.5).  For a random
+ * bias picks experts but does not weight them; docs/deepseek2.md, MoE routing).  For a random
  * RMS-normalised hidden state the router rows (std 1/sqrt(E)) give logits z_e
  * that are ~N(0, 1) and independent across experts, so exp_probs_b alone
  * decides how often each expert is picked.  --skew S asks that the expert of

@@ -3,7 +3,7 @@
  * given family has, in which order, with which shapes and types.
  *
  * The layout is that of llama.cpp's converter for the split-MLA form
- * (reference/deepseek2.md §2-§3); the quantizer's block-size fallback is
+ * (docs/deepseek2.md, Hyperparameters); the quantizer's block-size fallback is
  * llama.cpp's (a K-quant on a row that is not a multiple of 256 becomes the
  * legacy type of similar size).  Nothing here touches the disk (write.c does)
  * or draws a weight (init.c does); nothing here prints.
@@ -20,7 +20,7 @@
 
 /* ---- presets --------------------------------------------------------------------- */
 
-/* Kimi-K2-Instruct (0711) routing, RoPE and context (reference §6). */
+/* Kimi-K2-Instruct (0711) routing, RoPE and context (the published config.json). */
 static void kimi_semantics(struct kt_synth_config *c)
 {
     c->family = KT_SYNTH_KIMI;
@@ -41,7 +41,7 @@ static void kimi_semantics(struct kt_synth_config *c)
     c->n_dense_max = 1;
 }
 
-/* DeepSeek-V3/R1 routing, RoPE and context (reference §6). */
+/* DeepSeek-V3/R1 routing, RoPE and context (the published config.json). */
 static void deepseek_v3_semantics(struct kt_synth_config *c)
 {
     c->family = KT_SYNTH_DEEPSEEK;
@@ -168,7 +168,7 @@ int kt_synth_parse_type(const char *name, kt_err *err)
 }
 
 /* llama.cpp's quantizer fallback for a row length the type's block does not
- * divide (reference §3): K-quants become the legacy type of similar size, and
+ * divide (llama.cpp's converter does the same): K-quants become the legacy type of similar size, and
  * anything that still does not fit (a legacy 32-block on a row that is not a
  * multiple of 32) becomes F16, which fits every row. */
 static int fallback_type(int t, int64_t ne0)
@@ -334,7 +334,7 @@ static kt_status add(struct plan_builder *b, int32_t layer, const char *suffix, 
     return KT_OK;
 }
 
-/* Every tensor of the file, in the order of reference §3's table: token_embd,
+/* Every tensor of the file, in the order of llama.cpp's converter: token_embd,
  * output_norm, output, then per block attention, then the dense FFN or the
  * router, the routed experts and the shared expert. */
 static kt_status build_tensors(struct plan_builder *b)

@@ -17,7 +17,7 @@
  * literals are real newline characters, as in that GGUF.  It appends
  * "<｜Assistant｜>" to every user turn, unlike DeepSeek-R1's revision.
  * llama.cpp selects its DeepSeek handler by the marker <｜tool▁calls▁begin｜>;
- * "function<｜tool▁sep｜>" (reference §2.1) appears only in renders, where
+ * "function<｜tool▁sep｜>" (the published template) appears only in renders, where
  * tool['type'] is "function".
  */
 static const char deepseek_v3_template[] =
@@ -38,7 +38,7 @@ static const char deepseek_v3_template[] =
 
 /*
  * Kimi-K2-Instruct (first release, July 2025).  No verbatim copy of this
- * revision's chat_template.jinja was available; this text is reference §2.2's
+ * revision's chat_template.jinja was available; this text is the published
  * "Official Instruct template", whose opening bytes match the
  * tokenizer.chat_template of unsloth's Kimi-K2-Instruct GGUF
  * ("{%- if tools -%}\n  <|im_system|>tool_declare<|im_middle|>{{ "), with the

@@ -24,7 +24,7 @@
 
 /* ---- metadata -------------------------------------------------------------------- */
 
-/* The keys llama.cpp's converter writes for V3/R1/Kimi-K2 (reference §2), in
+/* The keys llama.cpp's converter writes for V3/R1/Kimi-K2 (docs/deepseek2.md, Hyperparameters), in
  * its order: general.*, the TextModel keys, the deepseek2 keys, the tokenizer,
  * and general.quantization_version last as llama-quantize appends it. */
 static kt_status write_metadata(struct kt_gguf_writer *w, const struct kt_synth_plan *p, kt_err *err)

@@ -2,7 +2,7 @@
  * ops.h - the scalar reference ops of a deepseek2 forward pass, written to be
  * read: RMSNorm, softmax, SiLU/SwiGLU, RoPE with YaRN (adjacent-pair, GPT-J
  * mode) and one attention head.  Each function is the formula of
- * reference/deepseek2.md §4 in plain loops; tests compare them with the
+ * docs/deepseek2.md in plain loops; tests compare them with the
  * formulas evaluated in double.
  *
  * These never allocate, never print, and never read past the lengths they
