@@ -34,33 +34,30 @@
 
 /* ---- device, memory, streams, events, graphs ------------------------------------- */
 
-static int refused_while_capturing(const char *what, char *msg, size_t msg_bytes);
+static kt_status refused_while_capturing(const char *what, kt_err *err);
 
-int kt_cuda_device_count(char *why, size_t why_bytes)
+int kt_cuda_device_count(kt_err *why)
 {
-    (void)why, (void)why_bytes;
+    (void)why;
     return 1;
 }
 
-int kt_cuda_set_device(int device, char *msg, size_t msg_bytes)
+kt_status kt_cuda_set_device(int device, kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
-    return device == 0 ? 0 : -1;
+    return device == 0 ? KT_OK : kt_err_set(err, KT_ERR_INVALID, "emulated device: only device 0");
 }
 
-int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes)
+kt_status kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
+    (void)err;
     *free_bytes = *total_bytes = (size_t)4 << 30;
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes)
+kt_status kt_cuda_alloc(void **d_ptr, size_t bytes, kt_err *err)
 {
     *d_ptr = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
-    if (!*d_ptr && msg && msg_bytes)
-        snprintf(msg, msg_bytes, "emulated device: out of memory");
-    return *d_ptr ? 0 : -1;
+    return *d_ptr ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "emulated device: out of memory");
 }
 
 void kt_cuda_free(void *d_ptr)
@@ -68,31 +65,31 @@ void kt_cuda_free(void *d_ptr)
     free(d_ptr);
 }
 
-int kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, char *msg, size_t msg_bytes)
+kt_status kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
+    (void)err;
     memcpy(d_dst, src, bytes);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, char *msg, size_t msg_bytes)
+kt_status kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, kt_err *err)
 {
-    return kt_cuda_copy_to_device(dst, d_src, bytes, msg, msg_bytes);
+    return kt_cuda_copy_to_device(dst, d_src, bytes, err);
 }
 
-int kt_cuda_synchronize(char *msg, size_t msg_bytes)
+kt_status kt_cuda_synchronize(kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
-    return 0;
+    (void)err;
+    return KT_OK;
 }
 
 static int stream_token;
 
-int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_stream_create(void **stream, kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
+    (void)err;
     *stream = &stream_token;
-    return 0;
+    return KT_OK;
 }
 
 void kt_cuda_stream_destroy(void *stream)
@@ -100,39 +97,38 @@ void kt_cuda_stream_destroy(void *stream)
     (void)stream;
 }
 
-int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, kt_err *err)
 {
     (void)stream;
-    if (refused_while_capturing("a copy", msg, msg_bytes))
-        return -1;
-    if (kind < KT_CUDA_TO_HOST || kind > KT_CUDA_ON_DEVICE || (bytes && (!dst || !src))) {
-        snprintf(msg, msg_bytes, "emulated copy: kind %d or NULL pointer", kind);
-        return -1;
-    }
+    kt_status st = refused_while_capturing("a copy", err);
+    if (st != KT_OK)
+        return st;
+    if (kind < KT_CUDA_TO_HOST || kind > KT_CUDA_ON_DEVICE || (bytes && (!dst || !src)))
+        return kt_err_set(err, KT_ERR_INVALID, "emulated copy: kind %d or NULL pointer", kind);
     memmove(dst, src, bytes);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes)
+kt_status kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, kt_err *err)
 {
     (void)stream;
-    if (refused_while_capturing("a host function", msg, msg_bytes))
-        return -1;
+    kt_status st = refused_while_capturing("a host function", err);
+    if (st != KT_OK)
+        return st;
     fn(ctx);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_stream_synchronize(void *stream, kt_err *err)
 {
-    (void)stream, (void)msg, (void)msg_bytes;
-    return 0;
+    (void)stream, (void)err;
+    return KT_OK;
 }
 
-int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes)
+kt_status kt_cuda_event_create(void **event, kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
     *event = calloc(1, sizeof(uint64_t));
-    return *event ? 0 : -1;
+    return *event ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "emulated event: out of memory");
 }
 
 void kt_cuda_event_destroy(void *event)
@@ -140,26 +136,26 @@ void kt_cuda_event_destroy(void *event)
     free(event);
 }
 
-int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_event_record(void *event, void *stream, kt_err *err)
 {
-    (void)stream, (void)msg, (void)msg_bytes;
+    (void)stream, (void)err;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     *(uint64_t *)event = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes)
+kt_status kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, kt_err *err)
 {
-    (void)msg, (void)msg_bytes;
+    (void)err;
     const uint64_t a = *(uint64_t *)start, b = *(uint64_t *)end;
     *ns = b > a ? b - a : 0;
-    return 0;
+    return KT_OK;
 }
 
 /* A recorded call: its runner and a copy of its arguments. */
 struct call {
-    int (*run)(const void *args, char *msg, size_t msg_bytes);
+    kt_status (*run)(const void *args, kt_err *err);
     void *args;
 };
 
@@ -176,28 +172,24 @@ static struct graph *capturing; /* the stream being captured (there is one strea
  * or in a graph's replay, fails as a GPU launch would, once. */
 int kt_cuda_emulated_fail_call;
 
-static int run_kernel(int (*run)(const void *, char *, size_t), const void *args, char *msg, size_t msg_bytes)
+static kt_status run_kernel(kt_status (*run)(const void *, kt_err *), const void *args, kt_err *err)
 {
-    if (kt_cuda_emulated_fail_call > 0 && --kt_cuda_emulated_fail_call == 0) {
-        snprintf(msg, msg_bytes, "emulated kernel failure");
-        return -1;
-    }
-    return run(args, msg, msg_bytes);
+    if (kt_cuda_emulated_fail_call > 0 && --kt_cuda_emulated_fail_call == 0)
+        return kt_err_set(err, KT_ERR_IO, "emulated kernel failure");
+    return run(args, err);
 }
 
-static int submit(int (*run)(const void *, char *, size_t), const void *args, size_t args_bytes, char *msg,
-                  size_t msg_bytes)
+static kt_status submit(kt_status (*run)(const void *, kt_err *), const void *args, size_t args_bytes, kt_err *err)
 {
     if (!capturing)
-        return run_kernel(run, args, msg, msg_bytes);
+        return run_kernel(run, args, err);
     struct graph *g = capturing;
     if (g->n == g->cap) {
         const size_t cap = g->cap ? 2 * g->cap : 16;
         struct call *calls = realloc(g->calls, cap * sizeof *calls);
         if (!calls) {
             g->failed = true;
-            snprintf(msg, msg_bytes, "emulated capture: out of memory");
-            return -1;
+            return kt_err_set(err, KT_ERR_NOMEM, "emulated capture: out of memory");
         }
         g->calls = calls;
         g->cap = cap;
@@ -205,22 +197,20 @@ static int submit(int (*run)(const void *, char *, size_t), const void *args, si
     void *copy = malloc(args_bytes);
     if (!copy) {
         g->failed = true;
-        snprintf(msg, msg_bytes, "emulated capture: out of memory");
-        return -1;
+        return kt_err_set(err, KT_ERR_NOMEM, "emulated capture: out of memory");
     }
     memcpy(copy, args, args_bytes);
     g->calls[g->n++] = (struct call){run, copy};
-    return 0;
+    return KT_OK;
 }
 
 /* Copies and host functions do not belong in the engine's graphs. */
-static int refused_while_capturing(const char *what, char *msg, size_t msg_bytes)
+static kt_status refused_while_capturing(const char *what, kt_err *err)
 {
     if (!capturing)
-        return 0;
+        return KT_OK;
     capturing->failed = true;
-    snprintf(msg, msg_bytes, "emulated capture: %s while capturing", what);
-    return -1;
+    return kt_err_set(err, KT_ERR_INVALID, "emulated capture: %s while capturing", what);
 }
 
 static void graph_free(struct graph *g)
@@ -232,18 +222,16 @@ static void graph_free(struct graph *g)
     free(g);
 }
 
-int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_capture_begin(void *stream, kt_err *err)
 {
     (void)stream;
-    if (capturing) {
-        snprintf(msg, msg_bytes, "emulated capture: already capturing");
-        return -1;
-    }
+    if (capturing)
+        return kt_err_set(err, KT_ERR_INVALID, "emulated capture: already capturing");
     capturing = calloc(1, sizeof *capturing);
-    return capturing ? 0 : -1;
+    return capturing ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "emulated capture: out of memory");
 }
 
-int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes)
+kt_status kt_cuda_capture_end(void *stream, void **graph_exec, kt_err *err)
 {
     (void)stream;
     struct graph *g = capturing;
@@ -251,23 +239,23 @@ int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_b
     *graph_exec = NULL;
     if (!g || g->failed) {
         graph_free(g);
-        snprintf(msg, msg_bytes, "emulated capture: %s", g ? "a call failed while capturing" : "not capturing");
-        return -1;
+        return kt_err_set(err, KT_ERR_INVALID, "emulated capture: %s",
+                          g ? "a call failed while capturing" : "not capturing");
     }
     *graph_exec = g;
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_graph_launch(void *graph_exec, void *stream, kt_err *err)
 {
     (void)stream;
     const struct graph *g = graph_exec;
-    if (!g || refused_while_capturing("a graph launch", msg, msg_bytes))
-        return -1;
-    for (size_t i = 0; i < g->n; i++)
-        if (run_kernel(g->calls[i].run, g->calls[i].args, msg, msg_bytes))
-            return -1;
-    return 0;
+    if (!g)
+        return kt_err_set(err, KT_ERR_INVALID, "emulated graph launch: no graph");
+    kt_status st = refused_while_capturing("a graph launch", err);
+    for (size_t i = 0; i < g->n && st == KT_OK; i++)
+        st = run_kernel(g->calls[i].run, g->calls[i].args, err);
+    return st;
 }
 
 void kt_cuda_graph_destroy(void *graph_exec)
@@ -275,11 +263,10 @@ void kt_cuda_graph_destroy(void *graph_exec)
     graph_free(graph_exec);
 }
 
-int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes)
+kt_status kt_cuda_host_register(void *ptr, size_t bytes, kt_err *err)
 {
     (void)ptr, (void)bytes;
-    snprintf(msg, msg_bytes, "page-locking is not emulated");
-    return -1;
+    return kt_err_set(err, KT_ERR_UNSUPPORTED, "page-locking is not emulated");
 }
 
 void kt_cuda_host_unregister(void *ptr)
@@ -299,24 +286,22 @@ struct rmsnorm_args {
     float eps;
 };
 
-static int rmsnorm_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status rmsnorm_run(const void *p, kt_err *err)
 {
     const struct rmsnorm_args *a = p;
-    if (!a->y || !a->x || !a->w || a->x_stride < a->n || a->y_stride < a->n) {
-        snprintf(msg, msg_bytes, "emulated rmsnorm: bad arguments");
-        return -1;
-    }
+    if (!a->y || !a->x || !a->w || a->x_stride < a->n || a->y_stride < a->n)
+        return kt_err_set(err, KT_ERR_INVALID, "emulated rmsnorm: bad arguments");
     for (int64_t r = 0; r < a->rows; r++)
         kt_rmsnorm(a->y + r * a->y_stride, a->x + r * a->x_stride, a->w, a->n, a->eps);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
-                    int64_t n, float eps, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w,
+                          int64_t rows, int64_t n, float eps, void *stream, kt_err *err)
 {
     (void)stream;
     const struct rmsnorm_args a = {d_y, y_stride, d_x, x_stride, d_w, rows, n, eps};
-    return submit(rmsnorm_run, &a, sizeof a, msg, msg_bytes);
+    return submit(rmsnorm_run, &a, sizeof a, err);
 }
 
 struct rope_args {
@@ -326,26 +311,24 @@ struct rope_args {
     int64_t n_dims;
 };
 
-static int rope_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status rope_run(const void *p, kt_err *err)
 {
     const struct rope_args *a = p;
-    if (a->n_heads > 1 && a->head_stride < a->offset + a->n_dims) {
-        snprintf(msg, msg_bytes, "emulated rope: heads overlap");
-        return -1;
-    }
+    if (a->n_heads > 1 && a->head_stride < a->offset + a->n_dims)
+        return kt_err_set(err, KT_ERR_INVALID, "emulated rope: heads overlap");
     for (int64_t r = 0; r < a->rows; r++)
         for (int64_t h = 0; h < a->n_heads; h++)
             kt_rope_apply(a->x + r * a->row_stride + h * a->head_stride + a->offset, a->cos_sin + r * a->n_dims,
                           (uint32_t)a->n_dims);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride, int64_t offset,
-                 const float *d_cos_sin, int64_t n_dims, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride,
+                       int64_t offset, const float *d_cos_sin, int64_t n_dims, void *stream, kt_err *err)
 {
     (void)stream;
     const struct rope_args a = {d_x, rows, row_stride, n_heads, head_stride, offset, d_cos_sin, n_dims};
-    return submit(rope_run, &a, sizeof a, msg, msg_bytes);
+    return submit(rope_run, &a, sizeof a, err);
 }
 
 struct elementwise_args {
@@ -354,52 +337,51 @@ struct elementwise_args {
     int64_t n, rows;
 };
 
-static int swiglu_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status swiglu_run(const void *p, kt_err *err)
 {
     const struct elementwise_args *a = p;
-    (void)msg, (void)msg_bytes;
+    (void)err;
     kt_swiglu(a->y, a->a, a->b, a->n);
-    return 0;
+    return KT_OK;
 }
 
-static int add_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status add_run(const void *p, kt_err *err)
 {
     const struct elementwise_args *a = p;
-    (void)msg, (void)msg_bytes;
+    (void)err;
     for (int64_t i = 0; i < a->n; i++)
         a->y[i] = a->a[i] + a->b[i];
-    return 0;
+    return KT_OK;
 }
 
-static int softmax_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status softmax_run(const void *p, kt_err *err)
 {
     const struct elementwise_args *a = p;
-    (void)msg, (void)msg_bytes;
+    (void)err;
     for (int64_t r = 0; r < a->rows; r++)
         kt_softmax(a->y + r * a->n, a->n);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
-                   size_t msg_bytes)
+kt_status kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, kt_err *err)
 {
     (void)stream;
     const struct elementwise_args a = {d_out, d_gate, d_up, n, 1};
-    return submit(swiglu_run, &a, sizeof a, msg, msg_bytes);
+    return submit(swiglu_run, &a, sizeof a, err);
 }
 
-int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, kt_err *err)
 {
     (void)stream;
     const struct elementwise_args a = {d_y, d_a, d_b, n, 1};
-    return submit(add_run, &a, sizeof a, msg, msg_bytes);
+    return submit(add_run, &a, sizeof a, err);
 }
 
-int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, kt_err *err)
 {
     (void)stream;
     const struct elementwise_args a = {d_x, NULL, NULL, n, rows};
-    return submit(softmax_run, &a, sizeof a, msg, msg_bytes);
+    return submit(softmax_run, &a, sizeof a, err);
 }
 
 struct route_args {
@@ -410,48 +392,42 @@ struct route_args {
     float *weights;
 };
 
-static int route_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status route_run(const void *p, kt_err *err)
 {
     const struct route_args *a = p;
     const struct kt_router kr = {a->r.n_expert, a->r.n_used, a->r.n_groups, a->r.n_group_used,
                                  (enum kt_gating)a->r.gating, a->r.norm != 0, a->r.scale};
     float *scratch = malloc(kt_router_scratch_floats(&kr) * sizeof(float) + sizeof(float));
-    if (!scratch) {
-        snprintf(msg, msg_bytes, "emulated route: out of memory");
-        return -1;
-    }
+    if (!scratch)
+        return kt_err_set(err, KT_ERR_NOMEM, "emulated route: out of memory");
     for (int64_t t = 0; t < a->n_tok; t++)
         kt_moe_route(&kr, a->logits + t * a->r.n_expert, a->bias, a->experts + t * a->r.n_used,
                      a->weights + t * a->r.n_used, scratch);
     free(scratch);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
-                  uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
+                        uint32_t *d_experts, float *d_weights, void *stream, kt_err *err)
 {
     (void)stream;
     const struct route_args a = {*r, d_logits, d_bias, n_tok, d_experts, d_weights};
-    return submit(route_run, &a, sizeof a, msg, msg_bytes);
+    return submit(route_run, &a, sizeof a, err);
 }
 
 /* ---- matmul --------------------------------------------------------------------------- */
 
 /* y (n_tok, n_out) = x (n_tok, n_in) . W^T, rows of W dequantized, F32 activations, double sums. */
-static int matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
-                  int64_t y_stride, char *msg, size_t msg_bytes)
+static kt_status matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
+                        int64_t y_stride, kt_err *err)
 {
     const struct kt_type_traits *tr = kt_type_traits(w->type);
-    if (!w->data || !tr || !tr->to_float || !x || !y || w->n_in <= 0) {
-        snprintf(msg, msg_bytes, "emulated matmul: bad weight or pointer");
-        return -1;
-    }
+    if (!w->data || !tr || !tr->to_float || !x || !y || w->n_in <= 0)
+        return kt_err_set(err, KT_ERR_INVALID, "emulated matmul: bad weight or pointer");
     const size_t row_bytes = w->row_bytes ? w->row_bytes : kt_type_row_bytes(w->type, w->n_in);
     float *row = malloc((size_t)w->n_in * sizeof *row);
-    if (!row) {
-        snprintf(msg, msg_bytes, "emulated matmul: out of memory");
-        return -1;
-    }
+    if (!row)
+        return kt_err_set(err, KT_ERR_NOMEM, "emulated matmul: out of memory");
     for (int64_t o = 0; o < w->n_out; o++) {
         tr->to_float((const uint8_t *)w->data + (size_t)o * row_bytes, row, w->n_in);
         for (int64_t t = 0; t < n_tok; t++) {
@@ -462,17 +438,15 @@ static int matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_stride,
         }
     }
     free(row);
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes)
+kt_status kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, kt_err *err)
 {
     const struct kt_type_traits *tr = w ? kt_type_traits(w->type) : NULL;
-    if (!w || !w->data || !tr || !tr->to_float || w->n_in <= 0 || w->n_out <= 0) {
-        snprintf(msg, msg_bytes, "%s: not usable by the emulated GPU", what);
-        return -1;
-    }
-    return 0;
+    if (!w || !w->data || !tr || !tr->to_float || w->n_in <= 0 || w->n_out <= 0)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: not usable by the emulated GPU", what);
+    return KT_OK;
 }
 
 struct matmul_args {
@@ -482,18 +456,18 @@ struct matmul_args {
     float *y;
 };
 
-static int matmul_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status matmul_run(const void *p, kt_err *err)
 {
     const struct matmul_args *a = p;
-    return matmul(&a->w, a->x, a->w.n_in, a->n_tok, a->y, a->w.n_out, msg, msg_bytes);
+    return matmul(&a->w, a->x, a->w.n_in, a->n_tok, a->y, a->w.n_out, err);
 }
 
-int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
-                   char *msg, size_t msg_bytes)
+kt_status kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path,
+                         void *stream, kt_err *err)
 {
     (void)path, (void)stream;
     const struct matmul_args a = {*w, d_x, n_tok, d_y};
-    return submit(matmul_run, &a, sizeof a, msg, msg_bytes);
+    return submit(matmul_run, &a, sizeof a, err);
 }
 
 size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
@@ -501,54 +475,48 @@ size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_to
     return w && n_tok > 0 ? 256 : 0;
 }
 
-int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
-                      size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
+                            size_t scratch_bytes, void *stream, kt_err *err)
 {
-    if (!d_scratch || scratch_bytes < kt_cuda_matmul_lt_scratch_bytes(w, n_tok)) {
-        snprintf(msg, msg_bytes, "emulated matmul_lt: scratch");
-        return -1;
-    }
-    return kt_cuda_matmul(w, d_x, n_tok, d_y, KT_CUDA_MATMUL_AUTO, stream, msg, msg_bytes);
+    if (!d_scratch || scratch_bytes < kt_cuda_matmul_lt_scratch_bytes(w, n_tok))
+        return kt_err_set(err, KT_ERR_INVALID, "emulated matmul_lt: scratch");
+    return kt_cuda_matmul(w, d_x, n_tok, d_y, KT_CUDA_MATMUL_AUTO, stream, err);
 }
 
-int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
-                      int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
-                      int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
+                            int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
+                            int64_t act_stride, float *d_pair_out, void *stream, kt_err *err)
 {
     (void)stream;
-    if (refused_while_capturing("FFN units (their unit list changes every step)", msg, msg_bytes))
-        return -1;
+    kt_status st = refused_while_capturing("FFN units (their unit list changes every step)", err);
+    if (st != KT_OK)
+        return st;
     for (uint32_t u = 0; u < n_units; u++) {
         const struct kt_cuda_ffn_unit *un = &units[u];
         const int64_t n_ff = un->gate.n_out;
-        if (un->first_pair + un->n_pairs > n_pairs || n_ff > act_stride || un->gate.n_in != n_embd) {
-            snprintf(msg, msg_bytes, "emulated ffn units: unit %u out of range", u);
-            return -1;
-        }
+        if (un->first_pair + un->n_pairs > n_pairs || n_ff > act_stride || un->gate.n_in != n_embd)
+            return kt_err_set(err, KT_ERR_INVALID, "emulated ffn units: unit %u out of range", u);
         float *gate = malloc((size_t)(n_ff * 2) * sizeof *gate), *hx = malloc((size_t)n_embd * sizeof *hx);
         if (!gate || !hx) {
             free(gate), free(hx);
-            snprintf(msg, msg_bytes, "emulated ffn units: out of memory");
-            return -1;
+            return kt_err_set(err, KT_ERR_NOMEM, "emulated ffn units: out of memory");
         }
-        int rc = 0;
-        for (uint32_t p = un->first_pair; p < un->first_pair + un->n_pairs && rc == 0; p++) {
+        for (uint32_t p = un->first_pair; p < un->first_pair + un->n_pairs && st == KT_OK; p++) {
             const uint32_t t = d_pair_token[p];
             for (int64_t i = 0; i < n_embd; i++) /* a token >= n_tok reads zeros */
                 hx[i] = t < n_tok ? d_h[(int64_t)t * n_embd + i] : 0.0f;
             float *act = d_act + (int64_t)p * act_stride;
-            rc = matmul(&un->gate, hx, n_embd, 1, gate, n_ff, msg, msg_bytes) ||
-                 matmul(&un->up, hx, n_embd, 1, gate + n_ff, n_ff, msg, msg_bytes);
-            if (rc == 0) {
+            if ((st = matmul(&un->gate, hx, n_embd, 1, gate, n_ff, err)) == KT_OK &&
+                (st = matmul(&un->up, hx, n_embd, 1, gate + n_ff, n_ff, err)) == KT_OK) {
                 kt_swiglu(act, gate, gate + n_ff, n_ff);
-                rc = matmul(&un->down, act, n_ff, 1, d_pair_out + (int64_t)p * n_embd, n_embd, msg, msg_bytes);
+                st = matmul(&un->down, act, n_ff, 1, d_pair_out + (int64_t)p * n_embd, n_embd, err);
             }
         }
         free(gate), free(hx);
-        if (rc)
-            return -1;
+        if (st != KT_OK)
+            return st;
     }
-    return 0;
+    return KT_OK;
 }
 
 /* ---- MLA -------------------------------------------------------------------------------- */
@@ -560,13 +528,11 @@ static float *cache_row(const struct kt_cuda_mla_cache *c, int64_t t, int64_t j,
     return c->pool + block * c->block_floats + c->layer_offset + (j % c->block_tokens) * D;
 }
 
-static int check_cache(const struct kt_cuda_mla_cache *c, char *msg, size_t msg_bytes)
+static kt_status check_cache(const struct kt_cuda_mla_cache *c, kt_err *err)
 {
-    if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv || c->block_tokens < 1) {
-        snprintf(msg, msg_bytes, "emulated mla: bad cache");
-        return -1;
-    }
-    return 0;
+    if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv || c->block_tokens < 1)
+        return kt_err_set(err, KT_ERR_INVALID, "emulated mla: bad cache");
+    return KT_OK;
 }
 
 /* The GPU path's own sizing (mla_plan.h), so the engine's scratch is checked as a GPU would. */
@@ -590,11 +556,12 @@ struct mla_args {
     float *out;
 };
 
-static int mla_rows_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status mla_rows_run(const void *p, kt_err *err)
 {
     const struct mla_args *a = p;
-    if (check_cache(&a->cache, msg, msg_bytes))
-        return -1;
+    const kt_status st = check_cache(&a->cache, err);
+    if (st != KT_OK)
+        return st;
     const int64_t kvr = a->m.kv_rank, dr = a->m.rope_dim, D = kvr + dr;
     for (int64_t t = 0; t < a->n_tok; t++) {
         if (a->cache.n_kv[t] == 0)
@@ -604,22 +571,23 @@ static int mla_rows_run(const void *p, char *msg, size_t msg_bytes)
         memcpy(row + kvr, a->kv_a + t * D + kvr, (size_t)dr * sizeof *row);
         kt_rope_apply(row + kvr, a->cos_sin + t * dr, (uint32_t)dr);
     }
-    return 0;
+    return KT_OK;
 }
 
-int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
-                           const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
-                           void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
+                                 const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
+                                 void *stream, kt_err *err)
 {
     (void)stream;
-    if (check_cache(cache, msg, msg_bytes))
-        return -1;
+    const kt_status st = check_cache(cache, err);
+    if (st != KT_OK)
+        return st;
     const struct mla_args a = {.m = *m, .cache = *cache, .kv_a = d_kv_a, .norm_w = d_norm_w, .cos_sin = d_cos_sin,
                                .eps = eps, .n_tok = n_tok};
-    return submit(mla_rows_run, &a, sizeof a, msg, msg_bytes);
+    return submit(mla_rows_run, &a, sizeof a, err);
 }
 
-static int mla_attention_run(const void *p, char *msg, size_t msg_bytes)
+static kt_status mla_attention_run(const void *p, kt_err *err)
 {
     const struct mla_args *a = p;
     const struct kt_cuda_mla *m = &a->m;
@@ -630,23 +598,22 @@ static int mla_attention_run(const void *p, char *msg, size_t msg_bytes)
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank, D = kvr + dr;
     float *query = malloc((size_t)D * sizeof *query), *o_lat = malloc((size_t)kvr * sizeof *o_lat);
     float *scores = malloc((size_t)(n_kv_max > 0 ? n_kv_max : 1) * sizeof *scores);
-    int rc = query && o_lat && scores ? 0 : -1;
-    for (int64_t t = 0; t < n_tok && rc == 0; t++) {
+    kt_status st = query && o_lat && scores ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "emulated mla: out of memory");
+    for (int64_t t = 0; t < n_tok && st == KT_OK; t++) {
         const int64_t n_kv = cache->n_kv[t];
         if (n_kv > n_kv_max) {
-            snprintf(msg, msg_bytes, "emulated mla: token %lld has %lld rows, more than n_kv_max %lld", (long long)t,
-                     (long long)n_kv, (long long)n_kv_max);
-            rc = -1;
+            st = kt_err_set(err, KT_ERR_INVALID, "emulated mla: token %lld has %lld rows, more than n_kv_max %lld",
+                            (long long)t, (long long)n_kv, (long long)n_kv_max);
             break;
         }
-        for (int64_t h = 0; h < H && rc == 0; h++) {
+        for (int64_t h = 0; h < H && st == KT_OK; h++) {
             const float *q = d_q + (t * H + h) * (dn + dr);
             /* q_abs[r] = W_UK,h column r . q_nope: attn_k_b's row h*kvr + r */
             struct kt_cuda_mat uk = m->w_uk;
             const size_t uk_row = uk.row_bytes ? uk.row_bytes : kt_type_row_bytes(uk.type, dn);
             uk.data = (const uint8_t *)uk.data + (size_t)(h * kvr) * uk_row;
             uk.n_out = kvr;
-            rc = matmul(&uk, q, dn, 1, query, kvr, msg, msg_bytes);
+            st = matmul(&uk, q, dn, 1, query, kvr, err);
             memcpy(query + kvr, q + dn, (size_t)dr * sizeof *query);
             for (int64_t j = 0; j < n_kv; j++) {
                 const float *row = cache_row(cache, t, j, D);
@@ -667,25 +634,24 @@ static int mla_attention_run(const void *p, char *msg, size_t msg_bytes)
             const size_t uv_row = uv.row_bytes ? uv.row_bytes : kt_type_row_bytes(uv.type, kvr);
             uv.data = (const uint8_t *)uv.data + (size_t)(h * dv) * uv_row;
             uv.n_out = dv;
-            if (rc == 0)
-                rc = matmul(&uv, o_lat, kvr, 1, d_out + (t * H + h) * dv, dv, msg, msg_bytes);
+            if (st == KT_OK)
+                st = matmul(&uv, o_lat, kvr, 1, d_out + (t * H + h) * dv, dv, err);
         }
     }
     free(query), free(o_lat), free(scores);
-    return rc;
+    return st;
 }
 
-int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
-                          int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes, float *d_out,
-                          void *stream, char *msg, size_t msg_bytes)
+kt_status kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
+                                int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes, float *d_out,
+                                void *stream, kt_err *err)
 {
     (void)stream;
-    if (check_cache(cache, msg, msg_bytes))
-        return -1;
-    if (!d_scratch || scratch_bytes < kt_cuda_mla_scratch_bytes(m, n_tok, n_kv_max)) {
-        snprintf(msg, msg_bytes, "emulated mla: scratch");
-        return -1;
-    }
+    const kt_status st = check_cache(cache, err);
+    if (st != KT_OK)
+        return st;
+    if (!d_scratch || scratch_bytes < kt_cuda_mla_scratch_bytes(m, n_tok, n_kv_max))
+        return kt_err_set(err, KT_ERR_INVALID, "emulated mla: scratch");
     const struct mla_args a = {.m = *m, .cache = *cache, .q = d_q, .n_tok = n_tok, .n_kv_max = n_kv_max, .out = d_out};
-    return submit(mla_attention_run, &a, sizeof a, msg, msg_bytes);
+    return submit(mla_attention_run, &a, sizeof a, err);
 }

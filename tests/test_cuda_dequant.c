@@ -28,9 +28,9 @@ static void cuda_dequant_matches_reference(void)
                 x[i] = kt_test_rand_normal(&rng) * (i % 97 == 0 ? 8.0f : 1.0f);
             tr->from_float(x, q, n);
             tr->to_float(q, want, n);
-            char msg[256] = "";
-            int rc = kt_cuda_dequantize_host(types[t], q, got, n, msg, sizeof msg);
-            KT_CHECK(rc == 0, "%s n=%lld: %s", tr->name, (long long)n, msg);
+            kt_err err = {0};
+            kt_status rc = kt_cuda_dequantize_host(types[t], q, got, n, &err);
+            KT_CHECK(rc == 0, "%s n=%lld: %s", tr->name, (long long)n, err.msg);
             int64_t bad = 0;
             for (int64_t i = 0; rc == 0 && i < n; i++)
                 bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
@@ -43,11 +43,11 @@ static void cuda_dequant_matches_reference(void)
 
 static void cuda_dequant_rejects_unsupported_type(void)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     struct kt_block_q4_0 blk = {0};
     float out[32];
-    KT_CHECK(kt_cuda_dequantize_host(KT_TYPE_Q4_0, &blk, out, 32, msg, sizeof msg) != 0, "q4_0 accepted");
-    KT_CHECK(msg[0] != 0, "no message");
+    KT_CHECK(kt_cuda_dequantize_host(KT_TYPE_Q4_0, &blk, out, 32, &err) == KT_ERR_UNSUPPORTED, "q4_0 accepted");
+    KT_CHECK(err.msg[0] != 0, "no message");
 }
 
 int main(void)

@@ -123,17 +123,17 @@ static void check_matmul_padded(int type, int64_t n_out, int64_t n_in, size_t ro
             const int judged = path == KT_CUDA_MATMUL_GEMV || (path == KT_CUDA_MATMUL_AUTO && T <= 8)
                                    ? KT_CUDA_MATMUL_GEMV
                                    : KT_CUDA_MATMUL_TENSOR;
-            char msg[256] = "";
+            kt_err err = {0};
             for (int64_t k = 0; k < T * n_out; k++)
                 y[k] = NAN; /* poison: an output never written fails */
-            int rc = kt_cuda_copy_to_device(d_y, y, (size_t)(T * n_out) * sizeof *y, msg, sizeof msg);
-            KT_CHECK(rc == 0, "%s", msg);
+            kt_status rc = kt_cuda_copy_to_device(d_y, y, (size_t)(T * n_out) * sizeof *y, &err);
+            KT_CHECK(rc == 0, "%s", err.msg);
             if (path == LT_PATH)
-                rc = kt_cuda_matmul_lt(&mat, d_x, T, d_y, d_scratch, scratch_bytes, NULL, msg, sizeof msg);
+                rc = kt_cuda_matmul_lt(&mat, d_x, T, d_y, d_scratch, scratch_bytes, NULL, &err);
             else
-                rc = kt_cuda_matmul(&mat, d_x, T, d_y, path, NULL, msg, sizeof msg);
+                rc = kt_cuda_matmul(&mat, d_x, T, d_y, path, NULL, &err);
             KT_CHECK(rc == 0, "%s %lldx%lld (+%zu) T=%lld %s: %s", kt_type_name(type), (long long)n_out,
-                     (long long)n_in, row_pad, (long long)T, path_name(path), msg);
+                     (long long)n_in, row_pad, (long long)T, path_name(path), err.msg);
             kt_test_cuda_copy_out(y, d_y, (size_t)(T * n_out) * sizeof *y);
             int64_t bad = 0, worst = 0;
             double worst_ratio = 0.0;
@@ -258,10 +258,10 @@ static void check_ffn_units(int64_t n_embd, int64_t T, const struct test_unit *s
         units[u].n_pairs = s->n_pairs;
         first += s->n_pairs;
     }
-    char msg[256] = "";
-    int rc = kt_cuda_ffn_units(units, n_units, d_h, T, n_embd, d_pair_token, n_pairs, d_act, act_stride, d_out, NULL,
-                               msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
+    kt_err err = {0};
+    kt_status rc = kt_cuda_ffn_units(units, n_units, d_h, T, n_embd, d_pair_token, n_pairs, d_act, act_stride, d_out,
+                                     NULL, &err);
+    KT_CHECK(rc == 0, "%s", err.msg);
     kt_test_cuda_copy_out(out, d_out, (size_t)n_pairs * n_embd * sizeof *out);
 
     /* reference, pair by pair */
@@ -281,15 +281,15 @@ static void check_ffn_units(int64_t n_embd, int64_t T, const struct test_unit *s
             for (int64_t r = 0; r < f; r++)
                 act[r] = kt_silu((float)g[r]) * (float)v[r];
             reference_product(s->down_type, w[3 * u + 2], n_embd, f, act, 1, ref, scratch, scratch);
-            double rms = 0.0, err = 0.0;
+            double rms = 0.0, worst = 0.0;
             for (int64_t r = 0; r < n_embd; r++) {
                 rms += ref[r] * ref[r];
                 const double e = fabs((double)out[(size_t)p * n_embd + r] - ref[r]);
-                err = e > err || e != e ? e : err;
+                worst = e > worst || e != e ? e : worst;
             }
             rms = sqrt(rms / (double)n_embd);
             const double tol = (s->n_pairs <= 8 ? 1e-4 : 5e-2) * rms + 1e-30;
-            if (!(err <= tol))
+            if (!(worst <= tol))
                 bad_pairs++;
         }
         KT_CHECK(bad_pairs == 0, "unit %u (%s/%s, n_ff %lld, %u pairs): %lld pairs off", u,
@@ -323,26 +323,27 @@ static void cuda_ffn_units_match_reference(void)
 
 static void cuda_matmul_rejects_bad_weights(void)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     float *d = kt_test_cuda_copy_in(NULL, 4096);
     const struct kt_cuda_mat q4_0 = {KT_TYPE_Q4_0, d, 32, 1, 0}, q4_k_short = {KT_TYPE_Q4_K, d, 100, 1, 0},
                              misaligned = {KT_TYPE_F32, (const char *)d + 2, 4, 1, 0},
                              row_too_small = {KT_TYPE_F32, d, 8, 2, 16};
-    KT_CHECK(kt_cuda_matmul(&q4_0, d, 1, d, 0, NULL, msg, sizeof msg) != 0 && msg[0], "q4_0 accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul(&q4_k_short, d, 1, d, 0, NULL, msg, sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_matmul(&q4_0, d, 1, d, 0, NULL, &err) == KT_ERR_UNSUPPORTED && err.msg[0], "q4_0 accepted");
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul(&q4_k_short, d, 1, d, 0, NULL, &err) == KT_ERR_INVALID && err.msg[0],
              "q4_K with 100 columns accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul(&misaligned, d, 1, d, 0, NULL, msg, sizeof msg) != 0 && msg[0], "misaligned f32 accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul(&row_too_small, d, 1, d, 0, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul(&misaligned, d, 1, d, 0, NULL, &err) == KT_ERR_INVALID && err.msg[0],
+             "misaligned f32 accepted");
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul(&row_too_small, d, 1, d, 0, NULL, &err) == KT_ERR_INVALID && err.msg[0],
              "rows shorter than their values accepted");
     kt_cuda_free(d);
 }
 
 static void cuda_matmul_lt_rejects_bad_arguments(void)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     float *d = kt_test_cuda_copy_in(NULL, 4096);
     const struct kt_cuda_mat q4_0 = {KT_TYPE_Q4_0, d, 32, 1, 0}, f32 = {KT_TYPE_F32, d, 8, 4, 0};
     const size_t need = kt_cuda_matmul_lt_scratch_bytes(&f32, 2);
@@ -350,17 +351,19 @@ static void cuda_matmul_lt_rejects_bad_arguments(void)
     KT_CHECK(need > 0 && kt_cuda_matmul_lt_scratch_bytes(&q4_0, 2) == 0 && kt_cuda_matmul_lt_scratch_bytes(&f32, 0) == 0,
              "scratch sizes: %zu for f32, %zu for q4_0, %zu for no tokens", need,
              kt_cuda_matmul_lt_scratch_bytes(&q4_0, 2), kt_cuda_matmul_lt_scratch_bytes(&f32, 0));
-    KT_CHECK(kt_cuda_matmul_lt(&q4_0, d, 2, d, scratch, need, NULL, msg, sizeof msg) != 0 && msg[0], "q4_0 accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 0, d, scratch, need, NULL, msg, sizeof msg) != 0 && msg[0], "0 tokens accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul_lt(&f32, NULL, 2, d, scratch, need, NULL, msg, sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_matmul_lt(&q4_0, d, 2, d, scratch, need, NULL, &err) == KT_ERR_UNSUPPORTED && err.msg[0],
+             "q4_0 accepted");
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 0, d, scratch, need, NULL, &err) == KT_ERR_INVALID && err.msg[0],
+             "0 tokens accepted");
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, NULL, 2, d, scratch, need, NULL, &err) == KT_ERR_INVALID && err.msg[0],
              "NULL x accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 2, d, scratch, need - 1, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 2, d, scratch, need - 1, NULL, &err) == KT_ERR_INVALID && err.msg[0],
              "short scratch accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 2, d, scratch + 128, need - 128, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_matmul_lt(&f32, d, 2, d, scratch + 128, need - 128, NULL, &err) == KT_ERR_INVALID && err.msg[0],
              "misaligned scratch accepted");
     kt_cuda_free(scratch), kt_cuda_free(d);
 }

@@ -152,8 +152,8 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
 {
     const int64_t H = s->H, dn = s->dn, dr = s->dr, dk = dn + dr, dv = s->dv, kvr = s->kvr, D = kvr + dr;
     const float eps = 1e-6f;
-    char msg[256] = "";
-    int rc;
+    kt_err err = {0};
+    kt_status rc;
 
     /* weights: attn_k_b (H*kvr rows of dn), attn_v_b (H*dv rows of kvr), kv_a_norm */
     uint8_t *w_uk = random_weights(s->w_type, H * kvr, dn, rng);
@@ -219,8 +219,8 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     uint32_t *d_row_n_kv = kt_test_cuda_copy_in(row_n_kv, (size_t)n_rows * sizeof *row_n_kv);
     struct kt_cuda_mla_cache cache = {d_pool, block_floats, BLOCK_TOKENS, layer_offset, d_block_ids, d_row_first,
                                       d_row_n_kv};
-    rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, &cache, n_rows, NULL, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s %s rows: %s", s->name, c->name, msg);
+    rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, &cache, n_rows, NULL, &err);
+    KT_CHECK(rc == 0, "%s %s rows: %s", s->name, c->name, err.msg);
     kt_test_cuda_copy_out(pool, d_pool, (size_t)(n_blocks * block_floats) * sizeof *pool);
     int64_t bad = 0;
     for (int q = 0; q < c->n_seqs; q++)
@@ -261,8 +261,8 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     void *d_scratch = kt_test_cuda_copy_in(NULL, scratch_bytes);
     cache.first_block = d_first;
     cache.n_kv = d_n_kv;
-    rc = kt_cuda_mla_attention(&m, d_q, &cache, T, n_kv_max, d_scratch, scratch_bytes, d_out, NULL, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s %s: %s", s->name, c->name, msg);
+    rc = kt_cuda_mla_attention(&m, d_q, &cache, T, n_kv_max, d_scratch, scratch_bytes, d_out, NULL, &err);
+    KT_CHECK(rc == 0, "%s %s: %s", s->name, c->name, err.msg);
     kt_test_cuda_copy_out(got, d_out, (size_t)(T * H * dv) * sizeof *got);
 
     /* the CPU, on its own rows */
@@ -297,33 +297,33 @@ static void cuda_mla_matches_cpu_attention(void)
 
 static void cuda_mla_rejects_bad_shapes(void)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     float *d = kt_test_cuda_copy_in(NULL, 1 << 16);
     const uint32_t *u = (const uint32_t *)d;
     struct kt_cuda_mla m = {8, 32, 16, 32, 2048, 0.2f, {KT_TYPE_F32, d, 32, 8 * 2048, 0}, {KT_TYPE_F32, d, 2048, 256, 0}};
     struct kt_cuda_mla_cache cache = {d, 16 * 144, 16, 0, u, u, u};
     KT_CHECK(kt_cuda_mla_scratch_bytes(&m, 1, 10) == 0, "kv rank 2048 sized");
-    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, msg, sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, &err) != KT_OK && err.msg[0],
              "kv rank 2048 accepted");
     m.kv_rank = 128;
     m.w_uk.n_out = 8 * 128;
     m.w_uv.n_in = 128;
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 16, d, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 16, d, NULL, &err) != KT_OK && err.msg[0],
              "a 16-byte scratch accepted");
     cache.block_tokens = 0;
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, &err) != KT_OK && err.msg[0],
              "blocks of 0 positions accepted");
     cache.block_tokens = 16;
     cache.block_ids = NULL;
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, &err) != KT_OK && err.msg[0],
              "a cache without block tables accepted");
     cache.block_ids = u;
     m.rope_dim = 15;
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, &err) != KT_OK && err.msg[0],
              "odd rope dims accepted");
     kt_cuda_free(d);
 }

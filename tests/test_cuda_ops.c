@@ -54,16 +54,16 @@ static void cuda_rmsnorm_matches_cpu(void)
             float *d_x = kt_test_cuda_copy_in(x, (size_t)(rows * x_stride) * sizeof *x);
             float *d_w = kt_test_cuda_copy_in(w, (size_t)n * sizeof *w);
             float *d_y = kt_test_cuda_copy_in(NULL, (size_t)(rows * n) * sizeof *d_y);
-            char msg[256] = "";
-            int rc = kt_cuda_rmsnorm(d_y, n, d_x, x_stride, d_w, rows, n, 1e-6f, NULL, msg, sizeof msg);
-            KT_CHECK(rc == 0, "rows %lld n %lld: %s", (long long)rows, (long long)n, msg);
+            kt_err err = {0};
+            kt_status rc = kt_cuda_rmsnorm(d_y, n, d_x, x_stride, d_w, rows, n, 1e-6f, NULL, &err);
+            KT_CHECK(rc == 0, "rows %lld n %lld: %s", (long long)rows, (long long)n, err.msg);
             kt_test_cuda_copy_out(got, d_y, (size_t)(rows * n) * sizeof *got);
             int64_t bad = count_far(got, want, rows * n, 1e-6f, 0.0f);
             KT_CHECK(bad == 0, "rows %lld n %lld: %lld values differ", (long long)rows, (long long)n, (long long)bad);
 
             /* in place on the strided rows */
-            rc = kt_cuda_rmsnorm(d_x, x_stride, d_x, x_stride, d_w, rows, n, 1e-6f, NULL, msg, sizeof msg);
-            KT_CHECK(rc == 0, "in place: %s", msg);
+            rc = kt_cuda_rmsnorm(d_x, x_stride, d_x, x_stride, d_w, rows, n, 1e-6f, NULL, &err);
+            KT_CHECK(rc == 0, "in place: %s", err.msg);
             float *xin = kt_test_xmalloc((size_t)(rows * x_stride) * sizeof *xin);
             kt_test_cuda_copy_out(xin, d_x, (size_t)(rows * x_stride) * sizeof *xin);
             bad = 0;
@@ -106,9 +106,9 @@ static void cuda_rope_matches_cpu_bit_for_bit(void)
         }
         float *d_q = kt_test_cuda_copy_in(q, (size_t)(T * H * dk) * sizeof *q);
         float *d_cs = kt_test_cuda_copy_in(cs, (size_t)(T * dr) * sizeof *cs);
-        char msg[256] = "";
-        int rc = kt_cuda_rope(d_q, T, H * dk, H, dk, dn, d_cs, dr, NULL, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
+        kt_err err = {0};
+        kt_status rc = kt_cuda_rope(d_q, T, H * dk, H, dk, dn, d_cs, dr, NULL, &err);
+        KT_CHECK(rc == 0, "%s", err.msg);
         kt_test_cuda_copy_out(got, d_q, (size_t)(T * H * dk) * sizeof *got);
         KT_CHECK(memcmp(got, want, (size_t)(T * H * dk) * sizeof *got) == 0, "T %lld H %lld: differs from kt_rope_apply",
                  (long long)T, (long long)H);
@@ -136,19 +136,19 @@ static void cuda_swiglu_and_add_match_cpu(void)
         for (int64_t k = 0; k < n; k++)
             sum[k] = g[k] + u[k];
         float *d_g = kt_test_cuda_copy_in(g, bytes), *d_u = kt_test_cuda_copy_in(u, bytes), *d_o = kt_test_cuda_copy_in(NULL, bytes);
-        char msg[256] = "";
-        int rc = kt_cuda_swiglu(d_o, d_g, d_u, n, NULL, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
+        kt_err err = {0};
+        kt_status rc = kt_cuda_swiglu(d_o, d_g, d_u, n, NULL, &err);
+        KT_CHECK(rc == 0, "%s", err.msg);
         kt_test_cuda_copy_out(got, d_o, bytes);
         int64_t bad = count_far(got, want, n, 1e-6f, 1e-30f);
         KT_CHECK(bad == 0, "swiglu n %lld: %lld values differ", (long long)n, (long long)bad);
 
-        rc = kt_cuda_add(d_o, d_g, d_u, n, NULL, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
+        rc = kt_cuda_add(d_o, d_g, d_u, n, NULL, &err);
+        KT_CHECK(rc == 0, "%s", err.msg);
         kt_test_cuda_copy_out(got, d_o, bytes);
         KT_CHECK(memcmp(got, sum, bytes) == 0, "add n %lld differs", (long long)n);
-        rc = kt_cuda_add(d_g, d_g, d_u, n, NULL, msg, sizeof msg); /* y aliasing a: the residual add */
-        KT_CHECK(rc == 0, "%s", msg);
+        rc = kt_cuda_add(d_g, d_g, d_u, n, NULL, &err); /* y aliasing a: the residual add */
+        KT_CHECK(rc == 0, "%s", err.msg);
         kt_test_cuda_copy_out(got, d_g, bytes);
         KT_CHECK(memcmp(got, sum, bytes) == 0, "in-place add n %lld differs", (long long)n);
         kt_cuda_free(d_g), kt_cuda_free(d_u), kt_cuda_free(d_o);
@@ -176,9 +176,9 @@ static void cuda_softmax_matches_cpu(void)
             for (int64_t r = 0; r < rows; r++)
                 kt_softmax(want + r * n, n);
             float *d_x = kt_test_cuda_copy_in(x, bytes);
-            char msg[256] = "";
-            int rc = kt_cuda_softmax(d_x, rows, n, NULL, msg, sizeof msg);
-            KT_CHECK(rc == 0, "%s", msg);
+            kt_err err = {0};
+            kt_status rc = kt_cuda_softmax(d_x, rows, n, NULL, &err);
+            KT_CHECK(rc == 0, "%s", err.msg);
             kt_test_cuda_copy_out(got, d_x, bytes);
             int64_t bad = count_far(got, want, rows * n, 1e-6f, 1e-30f);
             KT_CHECK(bad == 0, "rows %lld n %lld: %lld values differ", (long long)rows, (long long)n, (long long)bad);
@@ -190,17 +190,17 @@ static void cuda_softmax_matches_cpu(void)
 
 static void cuda_ops_reject_bad_arguments(void)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     float *d = kt_test_cuda_copy_in(NULL, 64 * sizeof(float));
-    KT_CHECK(kt_cuda_rope(d, 1, 64, 1, 64, 0, d, 7, NULL, msg, sizeof msg) != 0 && msg[0], "odd rope dims accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_rmsnorm(d, 4, d, 4, d, 2, 8, 1e-6f, NULL, msg, sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_rope(d, 1, 64, 1, 64, 0, d, 7, NULL, &err) != KT_OK && err.msg[0], "odd rope dims accepted");
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_rmsnorm(d, 4, d, 4, d, 2, 8, 1e-6f, NULL, &err) != KT_OK && err.msg[0],
              "stride below the row length accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_softmax(d, -1, 4, NULL, msg, sizeof msg) != 0 && msg[0], "negative rows accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_add(NULL, d, d, 4, NULL, msg, sizeof msg) != 0 && msg[0], "NULL output accepted");
-    KT_CHECK(kt_cuda_synchronize(msg, sizeof msg) == 0, "%s", msg);
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_softmax(d, -1, 4, NULL, &err) != KT_OK && err.msg[0], "negative rows accepted");
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_add(NULL, d, d, 4, NULL, &err) != KT_OK && err.msg[0], "NULL output accepted");
+    KT_CHECK(kt_cuda_synchronize(&err) == 0, "%s", err.msg);
     kt_cuda_free(d);
 }
 

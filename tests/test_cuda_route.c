@@ -64,9 +64,9 @@ static void route_both_ways(const struct router_case *c, int64_t T, bool ties, u
     float *d_bias = c->bias ? kt_test_cuda_copy_in(bias, (size_t)Ne * sizeof *bias) : NULL;
     uint32_t *d_e = kt_test_cuda_copy_in(NULL, (size_t)T * k * sizeof *d_e);
     float *d_w = kt_test_cuda_copy_in(NULL, (size_t)T * k * sizeof *d_w);
-    char msg[256] = "";
-    int rc = kt_cuda_route(&cr, d_logits, d_bias, T, d_e, d_w, NULL, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s: %s", c->name, msg);
+    kt_err err = {0};
+    kt_status rc = kt_cuda_route(&cr, d_logits, d_bias, T, d_e, d_w, NULL, &err);
+    KT_CHECK(rc == 0, "%s: %s", c->name, err.msg);
     kt_test_cuda_copy_out(got_e, d_e, (size_t)T * k * sizeof *got_e);
     kt_test_cuda_copy_out(got_w, d_w, (size_t)T * k * sizeof *got_w);
     int64_t bad_e = 0, bad_w = 0;
@@ -100,17 +100,17 @@ static void cuda_route_breaks_ties_like_the_cpu(void)
 
 static void cuda_route_rejects_bad_routers(void)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     float *d = kt_test_cuda_copy_in(NULL, 64 * sizeof(float));
     const struct kt_cuda_router not_divisible = {10, 2, 3, 1, 2, 1, 1.0f}, k_too_big = {8, 9, 1, 1, 2, 1, 1.0f},
                                 bad_gating = {8, 2, 1, 1, 7, 1, 1.0f};
-    KT_CHECK(kt_cuda_route(&not_divisible, d, NULL, 1, (uint32_t *)d, d, NULL, msg, sizeof msg) != 0 && msg[0],
+    KT_CHECK(kt_cuda_route(&not_divisible, d, NULL, 1, (uint32_t *)d, d, NULL, &err) != KT_OK && err.msg[0],
              "10 experts in 3 groups accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_route(&k_too_big, d, NULL, 1, (uint32_t *)d, d, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_route(&k_too_big, d, NULL, 1, (uint32_t *)d, d, NULL, &err) != KT_OK && err.msg[0],
              "top-9 of 8 accepted");
-    msg[0] = 0;
-    KT_CHECK(kt_cuda_route(&bad_gating, d, NULL, 1, (uint32_t *)d, d, NULL, msg, sizeof msg) != 0 && msg[0],
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_route(&bad_gating, d, NULL, 1, (uint32_t *)d, d, NULL, &err) != KT_OK && err.msg[0],
              "gating 7 accepted");
     kt_cuda_free(d);
 }

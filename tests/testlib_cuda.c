@@ -11,29 +11,30 @@
 
 int kt_test_skip_without_cuda(void)
 {
-    char why[256] = "", reason[320];
-    if (kt_cuda_device_count(why, sizeof why) > 0)
+    kt_err why = {0};
+    char reason[sizeof why.msg + 32];
+    if (kt_cuda_device_count(&why) > 0)
         return 0;
-    snprintf(reason, sizeof reason, "no CUDA device (%s)", why);
+    snprintf(reason, sizeof reason, "no CUDA device (%s)", why.msg);
     return kt_test_skip(reason);
 }
 
 void *kt_test_cuda_copy_in(const void *host, size_t bytes)
 {
-    char msg[256] = "";
+    kt_err err = {0};
     void *d = NULL;
-    int rc = kt_cuda_alloc(&d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
-    if (rc == 0 && host) {
-        rc = kt_cuda_copy_to_device(d, host, bytes, msg, sizeof msg);
-        KT_CHECK(rc == 0, "%s", msg);
+    kt_status st = kt_cuda_alloc(&d, bytes, &err);
+    KT_CHECK(st == KT_OK, "%s", err.msg);
+    if (st == KT_OK && host) {
+        st = kt_cuda_copy_to_device(d, host, bytes, &err);
+        KT_CHECK(st == KT_OK, "%s", err.msg);
     }
-    return rc == 0 ? d : NULL;
+    return st == KT_OK ? d : NULL;
 }
 
 void kt_test_cuda_copy_out(void *host, const void *d, size_t bytes)
 {
-    char msg[256] = "";
-    int rc = kt_cuda_copy_to_host(host, d, bytes, msg, sizeof msg);
-    KT_CHECK(rc == 0, "%s", msg);
+    kt_err err = {0};
+    kt_status st = kt_cuda_copy_to_host(host, d, bytes, &err);
+    KT_CHECK(st == KT_OK, "%s", err.msg);
 }

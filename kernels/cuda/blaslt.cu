@@ -25,13 +25,17 @@
 static pthread_mutex_t lt_lock = PTHREAD_MUTEX_INITIALIZER;
 static cublasLtHandle_t lt_handle;
 
-/* "matmul_lt: what: <cuBLASLt's text> (status)"; returns -1. */
-static int lt_fail(char *msg, size_t msg_bytes, const char *what, cublasStatus_t st)
+/* "matmul_lt: what: <cuBLASLt's text> (status)" into err; returns its status
+ * (never KT_ERR_UNSUPPORTED: that one means "no algorithm, take another path"). */
+static kt_status lt_fail(kt_err *err, const char *what, cublasStatus_t st)
 {
-    return kt_cuda_failf(msg, msg_bytes, "matmul_lt: %s: %s (%d)", what, cublasLtGetStatusString(st), (int)st);
+    const kt_status status = st == CUBLAS_STATUS_ALLOC_FAILED    ? KT_ERR_NOMEM
+                             : st == CUBLAS_STATUS_INVALID_VALUE ? KT_ERR_INVALID
+                                                                 : KT_ERR_IO;
+    return kt_err_set(err, status, "matmul_lt: %s: %s (%d)", what, cublasLtGetStatusString(st), (int)st);
 }
 
-static int lt_get_handle(cublasLtHandle_t *handle, char *msg, size_t msg_bytes)
+static kt_status lt_get_handle(cublasLtHandle_t *handle, kt_err *err)
 {
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     pthread_mutex_lock(&lt_lock);
@@ -43,7 +47,7 @@ static int lt_get_handle(cublasLtHandle_t *handle, char *msg, size_t msg_bytes)
     }
     *handle = lt_handle;
     pthread_mutex_unlock(&lt_lock);
-    return st == CUBLAS_STATUS_SUCCESS ? 0 : lt_fail(msg, msg_bytes, "create handle", st);
+    return st == CUBLAS_STATUS_SUCCESS ? KT_OK : lt_fail(err, "create handle", st);
 }
 
 /* ---- scratch ------------------------------------------------------------------------ */
@@ -90,22 +94,23 @@ static uint32_t alignment_of(const void *p)
 #define LT_TRY(call, what)                                                                                             \
     do {                                                                                                               \
         if ((st = (call)) != CUBLAS_STATUS_SUCCESS) {                                                                  \
-            lt_fail(msg, msg_bytes, what, st);                                                                         \
+            rc = lt_fail(err, what, st);                                                                               \
             goto done;                                                                                                 \
         }                                                                                                              \
     } while (0)
 
 /* D (m, n) = A^T B, column-major: A (k, m) BF16 with stride lda, B (k, n) BF16
  * with stride ldb, D F32 with stride m; fp32 sums, alpha 1, beta 0. */
-static int lt_gemm(cublasLtHandle_t handle, const void *a, int64_t lda, const void *b, int64_t ldb, float *d,
-                   int64_t m, int64_t n, int64_t k, void *workspace, cudaStream_t s, char *msg, size_t msg_bytes)
+static kt_status lt_gemm(cublasLtHandle_t handle, const void *a, int64_t lda, const void *b, int64_t ldb, float *d,
+                         int64_t m, int64_t n, int64_t k, void *workspace, cudaStream_t s, kt_err *err)
 {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t a_layout = NULL, b_layout = NULL, d_layout = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t best = {};
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    int n_algos = 0, rc = -1;
+    int n_algos = 0;
+    kt_status rc = KT_OK;
     const int32_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
     const uint64_t workspace_bytes = LT_WORKSPACE_BYTES;
     const uint32_t align_a = alignment_of(a), align_b = alignment_of(b), align_d = alignment_of(d);
@@ -139,17 +144,15 @@ static int lt_gemm(cublasLtHandle_t handle, const void *a, int64_t lda, const vo
                                           &n_algos),
            "heuristic");
     if (n_algos < 1 || best.state != CUBLAS_STATUS_SUCCESS) {
-        kt_cuda_failf(msg, msg_bytes,
-                      "matmul_lt: cuBLASLt has no algorithm for m %lld, n %lld, k %lld (A %u-, B %u-, D %u-byte "
-                      "aligned)",
-                      (long long)m, (long long)n, (long long)k, align_a, align_b, align_d);
-        rc = KT_CUDA_LT_NO_ALGORITHM; /* nothing queued: the caller may take another path */
+        /* nothing queued: the caller may take another path */
+        rc = kt_err_set(err, KT_ERR_UNSUPPORTED,
+                        "matmul_lt: cuBLASLt has no algorithm for m %lld, n %lld, k %lld (A %u-, B %u-, D %u-byte "
+                        "aligned)", (long long)m, (long long)n, (long long)k, align_a, align_b, align_d);
         goto done;
     }
     LT_TRY(cublasLtMatmul(handle, op, &alpha, a, a_layout, b, b_layout, &beta, d, d_layout, d, d_layout, &best.algo,
                           workspace, LT_WORKSPACE_BYTES, s),
            "matmul");
-    rc = 0;
 done: /* host objects, no longer needed once the GEMM is enqueued */
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
@@ -170,31 +173,32 @@ done: /* host objects, no longer needed once the GEMM is enqueued */
 
 extern "C" size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
 {
-    if (kt_cuda_mat_check(w, "matmul_lt", NULL, 0) != 0 || n_tok <= 0)
+    if (kt_cuda_mat_check(w, "matmul_lt", NULL) != KT_OK || n_tok <= 0)
         return 0;
     size_t part[3];
     scratch_parts(w, n_tok, part);
     return part[0] + part[1] + part[2];
 }
 
-extern "C" int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y,
-                                 void *d_scratch, size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y,
+                                       void *d_scratch, size_t scratch_bytes, void *stream, kt_err *err)
 {
-    if (kt_cuda_mat_check(w, "matmul_lt", msg, msg_bytes) != 0)
-        return -1;
+    kt_status st = kt_cuda_mat_check(w, "matmul_lt", err);
+    if (st != KT_OK)
+        return st;
     if (n_tok <= 0 || !d_x || !d_y || !d_scratch)
-        return kt_cuda_failf(msg, msg_bytes, "matmul_lt: bad token count %lld, or NULL x, y or scratch",
-                             (long long)n_tok);
+        return kt_err_set(err, KT_ERR_INVALID, "matmul_lt: bad token count %lld, or NULL x, y or scratch",
+                          (long long)n_tok);
     if ((uintptr_t)d_scratch % 256 != 0)
-        return kt_cuda_failf(msg, msg_bytes, "matmul_lt: scratch must be 256-byte aligned");
+        return kt_err_set(err, KT_ERR_INVALID, "matmul_lt: scratch must be 256-byte aligned");
     size_t part[3];
     scratch_parts(w, n_tok, part);
     if (scratch_bytes < part[0] + part[1] + part[2])
-        return kt_cuda_failf(msg, msg_bytes, "matmul_lt: scratch of %zu bytes, %zu needed", scratch_bytes,
-                             part[0] + part[1] + part[2]);
+        return kt_err_set(err, KT_ERR_INVALID, "matmul_lt: scratch of %zu bytes, %zu needed", scratch_bytes,
+                          part[0] + part[1] + part[2]);
     cublasLtHandle_t handle;
-    if (lt_get_handle(&handle, msg, msg_bytes) != 0)
-        return -1;
+    if ((st = lt_get_handle(&handle, err)) != KT_OK)
+        return st;
 
     cudaStream_t s = (cudaStream_t)stream;
     uint8_t *base = (uint8_t *)d_scratch;
@@ -204,14 +208,14 @@ extern "C" int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, 
     int64_t ldw = (int64_t)(kt_cuda_mat_row_bytes(w) / sizeof(__nv_bfloat16));
     if (!weight_in_place(w)) {
         __nv_bfloat16 *copy = (__nv_bfloat16 *)(base + part[0] + part[1]);
-        if (kt_cuda_mat_to_bf16(w, copy, ld, s, msg, msg_bytes) != 0)
-            return -1;
+        if ((st = kt_cuda_mat_to_bf16(w, copy, ld, s, err)) != KT_OK)
+            return st;
         wb = copy;
         ldw = ld;
     }
     const struct kt_cuda_mat x_rows = {KT_TYPE_F32, d_x, w->n_in, n_tok, 0}; /* x read as n_tok F32 rows */
-    if (kt_cuda_mat_to_bf16(&x_rows, xb, ld, s, msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_mat_to_bf16(&x_rows, xb, ld, s, err)) != KT_OK)
+        return st;
 
     /*
      * cuBLASLt is column-major: a row-major (r, c) array with row stride ld is
@@ -222,5 +226,5 @@ extern "C" int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, 
      * and y = x W^T  <=>  y^T = W x^T = A^T B: TRANSA = T, TRANSB = N,
      * m = n_out, n = n_tok, k = n_in.
      */
-    return lt_gemm(handle, wb, ldw, xb, ld, d_y, w->n_out, n_tok, w->n_in, base, s, msg, msg_bytes);
+    return lt_gemm(handle, wb, ldw, xb, ld, d_y, w->n_out, n_tok, w->n_in, base, s, err);
 }

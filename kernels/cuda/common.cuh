@@ -1,6 +1,6 @@
 /*
- * common.cuh - what kt's CUDA files share: error reporting into the
- * caller's message buffer, scalar conversions and the libm-faithful exp the
+ * common.cuh - what kt's CUDA files share: CUDA's errors as a kt_status
+ * with a message in the caller's kt_err, scalar conversions and the libm-faithful exp the
  * element-wise ops use, warp and block reductions, and the internal matmul
  * that gemv.cu implements for ffn units and mla.cu (and its BF16 weight copy,
  * for blaslt.cu).
@@ -15,7 +15,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -27,35 +26,39 @@
 
 /* ---- errors -------------------------------------------------------------------- */
 
-static inline int kt_cuda_failf(char *msg, size_t msg_bytes, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* Formats a message into msg (if any); returns -1. */
-static inline int kt_cuda_failf(char *msg, size_t msg_bytes, const char *fmt, ...)
+/* The kt_status of a CUDA error: out of memory, no usable device or driver,
+ * a value CUDA refused, else an i/o failure of the device. */
+static inline kt_status kt_cuda_status(cudaError_t e)
 {
-    if (msg && msg_bytes) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(msg, msg_bytes, fmt, ap);
-        va_end(ap);
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return KT_ERR_NOMEM;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return KT_ERR_UNSUPPORTED;
+    case cudaErrorInvalidValue:
+        return KT_ERR_INVALID;
+    default:
+        return KT_ERR_IO;
     }
-    return -1;
 }
 
-/* "what: <CUDA's text for e>"; returns -1.  Also clears the thread's last
- * CUDA error: cudaGetLastError reports the last failure of any runtime call,
- * so a refused non-launch call (a page-lock, a capture) left there would
- * make the next kernel launch look failed (a sticky kernel fault stays). */
-static inline int kt_cuda_fail(char *msg, size_t msg_bytes, const char *what, cudaError_t e)
+/* "what: <CUDA's text for e>" into err; returns its status.  Also clears the
+ * thread's last CUDA error: cudaGetLastError reports the last failure of any
+ * runtime call, so a refused non-launch call (a page-lock, a capture) left
+ * there would make the next kernel launch look failed (a sticky kernel fault
+ * stays). */
+static inline kt_status kt_cuda_fail(kt_err *err, const char *what, cudaError_t e)
 {
     (void)cudaGetLastError();
-    return kt_cuda_failf(msg, msg_bytes, "%s: %s", what, cudaGetErrorString(e));
+    return kt_err_set(err, kt_cuda_status(e), "%s: %s", what, cudaGetErrorString(e));
 }
 
-/* 0 if the launch just made was accepted, else -1 with a message. */
-static inline int kt_cuda_launched(const char *what, char *msg, size_t msg_bytes)
+/* KT_OK if the launch just made was accepted, else its failure in err. */
+static inline kt_status kt_cuda_launched(const char *what, kt_err *err)
 {
     cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? 0 : kt_cuda_fail(msg, msg_bytes, what, e);
+    return e == cudaSuccess ? KT_OK : kt_cuda_fail(err, what, e);
 }
 
 static inline unsigned kt_cuda_blocks(int64_t items, int threads)
@@ -191,10 +194,10 @@ struct kt_cuda_mm_args {
 };
 
 /* path: KT_CUDA_MATMUL_*.  Checks every argument; enqueues on s. */
-int kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, char *msg, size_t msg_bytes);
+kt_status kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, kt_err *err);
 
 /* 0 if the weights can be read as given (type supported, shape, alignment), else -1 with a message. */
-int kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes);
+kt_status kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, kt_err *err);
 
 /* Bytes of one row of w (row_bytes, or the packed size when 0). */
 size_t kt_cuda_mat_row_bytes(const struct kt_cuda_mat *w);
@@ -202,7 +205,7 @@ size_t kt_cuda_mat_row_bytes(const struct kt_cuda_mat *w);
 /* dst (n_out, ld) BF16 = w's values as the matmul reads them, rounded to
  * nearest even; columns n_in..ld-1 become 0.  ld >= n_in, a multiple of 8;
  * dst 16-byte aligned.  An F32 w with n_out = n_tok converts activations. */
-int kt_cuda_mat_to_bf16(const struct kt_cuda_mat *w, __nv_bfloat16 *d_dst, int64_t ld, cudaStream_t s, char *msg,
-                        size_t msg_bytes);
+kt_status kt_cuda_mat_to_bf16(const struct kt_cuda_mat *w, __nv_bfloat16 *d_dst, int64_t ld, cudaStream_t s,
+                              kt_err *err);
 
 #endif

@@ -7,12 +7,9 @@
  * two on odd shapes.  Must never assume a device exists: every entry point
  * reports errors instead of aborting.
  */
-#include <cuda_runtime.h>
-#include <stdio.h>
 #include <string.h>
 
-#include "kt_cuda.h"
-#include "quant.h"
+#include "common.cuh"
 
 static __device__ float fp16_to_f32(kt_fp16 h)
 {
@@ -138,24 +135,16 @@ __global__ static void dequant_q6_K(const struct kt_block_q6_K *x, float *y, int
 
 /* ---- host entry points ------------------------------------------------------- */
 
-static int fail(char *msg, size_t msg_bytes, const char *what, cudaError_t e)
-{
-    if (msg && msg_bytes)
-        snprintf(msg, msg_bytes, "%s: %s", what, cudaGetErrorString(e));
-    return -1;
-}
-
-extern "C" int kt_cuda_device_count(char *why, size_t why_bytes)
+extern "C" int kt_cuda_device_count(kt_err *why)
 {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
-        if (why && why_bytes)
-            snprintf(why, why_bytes, "%s", cudaGetErrorString(e));
+        kt_err_set(why, KT_ERR_UNSUPPORTED, "%s", cudaGetErrorString(e));
         return 0;
     }
-    if (n == 0 && why && why_bytes)
-        snprintf(why, why_bytes, "no CUDA device present");
+    if (n == 0)
+        kt_err_set(why, KT_ERR_UNSUPPORTED, "no CUDA device present");
     return n;
 }
 
@@ -164,22 +153,20 @@ static unsigned grid_for(int64_t runs, int threads)
     return (unsigned)((runs + threads - 1) / threads);
 }
 
-extern "C" int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, char *msg,
-                                  size_t msg_bytes)
+extern "C" kt_status kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, kt_err *err)
 {
     const struct kt_type_traits *tr = kt_type_traits(type);
-    if (!tr || n < 0 || n % tr->block_elems != 0) {
-        if (msg && msg_bytes)
-            snprintf(msg, msg_bytes, "dequantize: bad type %d or length %lld", type, (long long)n);
-        return -1;
-    }
+    if (!tr || n < 0 || n % tr->block_elems != 0)
+        return kt_err_set(err, KT_ERR_INVALID, "dequantize: bad type %d or length %lld", type, (long long)n);
     cudaStream_t s = (cudaStream_t)stream;
     const int threads = 256;
     if (n == 0)
-        return 0;
+        return KT_OK;
+    cudaError_t e;
     switch (type) {
     case KT_TYPE_F32:
-        return cudaMemcpyAsync(d_dst, d_src, (size_t)n * 4, cudaMemcpyDeviceToDevice, s) == cudaSuccess ? 0 : -1;
+        e = cudaMemcpyAsync(d_dst, d_src, (size_t)n * 4, cudaMemcpyDeviceToDevice, s);
+        return e == cudaSuccess ? KT_OK : kt_cuda_fail(err, "dequantize copy", e);
     case KT_TYPE_F16:
         dequant_f16<<<grid_for(n, threads), threads, 0, s>>>((const kt_fp16 *)d_src, d_dst, n);
         break;
@@ -200,45 +187,36 @@ extern "C" int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int
         dequant_q6_K<<<grid_for(n / 32, threads), threads, 0, s>>>((const struct kt_block_q6_K *)d_src, d_dst, n / 32);
         break;
     default:
-        if (msg && msg_bytes)
-            snprintf(msg, msg_bytes, "dequantize: type %s not supported on CUDA", tr->name);
-        return -1;
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "dequantize: type %s not supported on CUDA", tr->name);
     }
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? 0 : fail(msg, msg_bytes, "dequantize launch", e);
+    return kt_cuda_launched("dequantize launch", err);
 }
 
-extern "C" int kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, kt_err *err)
 {
     size_t in_bytes = kt_type_row_bytes(type, n);
-    if (in_bytes == 0 && n != 0) {
-        if (msg && msg_bytes)
-            snprintf(msg, msg_bytes, "dequantize: bad type %d or length %lld", type, (long long)n);
-        return -1;
-    }
+    if (in_bytes == 0 && n != 0)
+        return kt_err_set(err, KT_ERR_INVALID, "dequantize: bad type %d or length %lld", type, (long long)n);
     void *d_src = NULL;
     float *d_dst = NULL;
-    int rc = -1;
+    kt_status st = KT_OK;
     cudaError_t e;
     if ((e = cudaMalloc(&d_src, in_bytes ? in_bytes : 1)) != cudaSuccess)
-        return fail(msg, msg_bytes, "cudaMalloc", e);
+        return kt_cuda_fail(err, "cudaMalloc", e);
     if ((e = cudaMalloc((void **)&d_dst, n ? (size_t)n * sizeof(float) : 1)) != cudaSuccess) {
-        fail(msg, msg_bytes, "cudaMalloc", e);
+        st = kt_cuda_fail(err, "cudaMalloc", e);
         goto done;
     }
     if ((e = cudaMemcpy(d_src, src, in_bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
-        fail(msg, msg_bytes, "copy to device", e);
+        st = kt_cuda_fail(err, "copy to device", e);
         goto done;
     }
-    if (kt_cuda_dequantize(type, d_src, d_dst, n, NULL, msg, msg_bytes) != 0)
+    if ((st = kt_cuda_dequantize(type, d_src, d_dst, n, NULL, err)) != KT_OK)
         goto done;
-    if ((e = cudaMemcpy(dst, d_dst, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess) {
-        fail(msg, msg_bytes, "copy to host", e);
-        goto done;
-    }
-    rc = 0;
+    if ((e = cudaMemcpy(dst, d_dst, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess)
+        st = kt_cuda_fail(err, "copy to host", e);
 done:
     cudaFree(d_src);
     cudaFree(d_dst);
-    return rc;
+    return st;
 }

@@ -329,73 +329,74 @@ size_t kt_cuda_mat_row_bytes(const struct kt_cuda_mat *w)
     return w->row_bytes ? w->row_bytes : kt_type_row_bytes(w->type, w->n_in);
 }
 
-int kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes)
+kt_status kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, kt_err *err)
 {
     if (!w || !w->data)
-        return kt_cuda_failf(msg, msg_bytes, "%s: no weights", what);
+        return kt_err_set(err, KT_ERR_INVALID, "%s: no weights", what);
     if (!type_supported(w->type))
-        return kt_cuda_failf(msg, msg_bytes,
-                             "%s: type %s not supported on CUDA (f32, f16, bf16, q8_0, q5_0, q4_K, q5_K, q6_K)", what,
-                             kt_type_name(w->type));
+        return kt_err_set(err, KT_ERR_UNSUPPORTED,
+                          "%s: type %s not supported on CUDA (f32, f16, bf16, q8_0, q5_0, q4_K, q5_K, q6_K)", what,
+                          kt_type_name(w->type));
     const size_t packed = kt_type_row_bytes(w->type, w->n_in);
     if (w->n_in <= 0 || w->n_out <= 0 || packed == 0)
-        return kt_cuda_failf(msg, msg_bytes, "%s: bad shape %lld x %lld for %s", what, (long long)w->n_out,
-                             (long long)w->n_in, kt_type_name(w->type));
+        return kt_err_set(err, KT_ERR_INVALID, "%s: bad shape %lld x %lld for %s", what, (long long)w->n_out,
+                          (long long)w->n_in, kt_type_name(w->type));
     const size_t row_bytes = kt_cuda_mat_row_bytes(w), align = w->type == KT_TYPE_F32 ? 4 : 2;
     if (row_bytes < packed)
-        return kt_cuda_failf(msg, msg_bytes, "%s: rows of %zu bytes hold fewer than %lld %s values", what, row_bytes,
-                             (long long)w->n_in, kt_type_name(w->type));
+        return kt_err_set(err, KT_ERR_INVALID, "%s: rows of %zu bytes hold fewer than %lld %s values", what, row_bytes,
+                          (long long)w->n_in, kt_type_name(w->type));
     if ((uintptr_t)w->data % align != 0 || row_bytes % align != 0)
-        return kt_cuda_failf(msg, msg_bytes, "%s: %s rows must be %zu-byte aligned", what, kt_type_name(w->type),
-                             align);
-    return 0;
+        return kt_err_set(err, KT_ERR_INVALID, "%s: %s rows must be %zu-byte aligned", what, kt_type_name(w->type),
+                          align);
+    return KT_OK;
 }
 
-extern "C" int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, kt_err *err)
 {
-    return kt_cuda_mat_check(w, what, msg, msg_bytes);
+    return kt_cuda_mat_check(w, what, err);
 }
 
-int kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, char *msg, size_t msg_bytes)
+kt_status kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, kt_err *err)
 {
     struct kt_cuda_mat w = {a->type, a->w, a->n_in, a->n_out, a->row_bytes};
-    if (kt_cuda_mat_check(&w, "matmul", msg, msg_bytes) != 0)
-        return -1;
+    kt_status st = kt_cuda_mat_check(&w, "matmul", err);
+    if (st != KT_OK)
+        return st;
     if (a->n_tok < 0 || a->n_batch < 1 || a->n_batch > KT_CUDA_MAX_GRID_YZ)
-        return kt_cuda_failf(msg, msg_bytes, "matmul: bad token count %lld or batch count %lld", (long long)a->n_tok,
-                             (long long)a->n_batch);
+        return kt_err_set(err, KT_ERR_INVALID, "matmul: bad token count %lld or batch count %lld", (long long)a->n_tok,
+                          (long long)a->n_batch);
     if (a->n_tok == 0)
-        return 0;
+        return KT_OK;
     if (!a->x || !a->y || a->y_stride < a->n_out || (!a->x_rows && a->x_stride < a->n_in && a->n_tok > 1))
-        return kt_cuda_failf(msg, msg_bytes, "matmul: NULL activations or output, or rows overlapping");
+        return kt_err_set(err, KT_ERR_INVALID, "matmul: NULL activations or output, or rows overlapping");
     if (a->epilogue != KT_CUDA_MM_STORE && a->epilogue != KT_CUDA_MM_SILU_MUL)
-        return kt_cuda_failf(msg, msg_bytes, "matmul: unknown epilogue %d", a->epilogue);
+        return kt_err_set(err, KT_ERR_INVALID, "matmul: unknown epilogue %d", a->epilogue);
     if (path == KT_CUDA_MATMUL_AUTO)
         path = a->n_tok <= GEMV_TOKENS ? KT_CUDA_MATMUL_GEMV : KT_CUDA_MATMUL_TENSOR;
     if (path == KT_CUDA_MATMUL_GEMV) {
         const int64_t gx = (a->n_out + GEMV_WARPS - 1) / GEMV_WARPS, gy = (a->n_tok + GEMV_TOKENS - 1) / GEMV_TOKENS;
         if (gx > KT_CUDA_MAX_GRID_X || gy > KT_CUDA_MAX_GRID_YZ)
-            return kt_cuda_failf(msg, msg_bytes, "matmul: %lld rows x %lld tokens exceed the GEMV grid",
-                                 (long long)a->n_out, (long long)a->n_tok);
+            return kt_err_set(err, KT_ERR_INVALID, "matmul: %lld rows x %lld tokens exceed the GEMV grid",
+                              (long long)a->n_out, (long long)a->n_tok);
         mm_gemv<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)a->n_batch), GEMV_WARPS * 32, 0, s>>>(*a);
-        return kt_cuda_launched("matmul (gemv) launch", msg, msg_bytes);
+        return kt_cuda_launched("matmul (gemv) launch", err);
     }
     if (path == KT_CUDA_MATMUL_TENSOR) {
         const int64_t gx = (a->n_out + TC_ROWS - 1) / TC_ROWS, gy = (a->n_tok + TC_TOKENS - 1) / TC_TOKENS;
         if (gx > KT_CUDA_MAX_GRID_X || gy > KT_CUDA_MAX_GRID_YZ)
-            return kt_cuda_failf(msg, msg_bytes, "matmul: %lld rows x %lld tokens exceed the tensor grid",
-                                 (long long)a->n_out, (long long)a->n_tok);
+            return kt_err_set(err, KT_ERR_INVALID, "matmul: %lld rows x %lld tokens exceed the tensor grid",
+                              (long long)a->n_out, (long long)a->n_tok);
         mm_tensor<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)a->n_batch), TC_THREADS, 0, s>>>(*a);
-        return kt_cuda_launched("matmul (tensor) launch", msg, msg_bytes);
+        return kt_cuda_launched("matmul (tensor) launch", err);
     }
-    return kt_cuda_failf(msg, msg_bytes, "matmul: unknown path %d", path);
+    return kt_err_set(err, KT_ERR_INVALID, "matmul: unknown path %d", path);
 }
 
-extern "C" int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path,
-                              void *stream, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path,
+                                    void *stream, kt_err *err)
 {
     if (!w)
-        return kt_cuda_failf(msg, msg_bytes, "matmul: no weights");
+        return kt_err_set(err, KT_ERR_INVALID, "matmul: no weights");
     struct kt_cuda_mm_args a = {};
     a.type = w->type;
     a.w = (const uint8_t *)w->data;
@@ -409,7 +410,7 @@ extern "C" int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int
     a.n_tok = n_tok;
     a.n_batch = 1;
     a.epilogue = KT_CUDA_MM_STORE;
-    return kt_cuda_mm(&a, path, (cudaStream_t)stream, msg, msg_bytes);
+    return kt_cuda_mm(&a, path, (cudaStream_t)stream, err);
 }
 
 /* ---- BF16 copies for cuBLASLt (blaslt.cu) ------------------------------------------------ */
@@ -432,70 +433,72 @@ __global__ static void mat_to_bf16(int type, const uint8_t *w, size_t row_bytes,
     *(uint4 *)(dst + r * ld + k) = make_uint4(pair[0], pair[1], pair[2], pair[3]);
 }
 
-int kt_cuda_mat_to_bf16(const struct kt_cuda_mat *w, __nv_bfloat16 *d_dst, int64_t ld, cudaStream_t s, char *msg,
-                        size_t msg_bytes)
+kt_status kt_cuda_mat_to_bf16(const struct kt_cuda_mat *w, __nv_bfloat16 *d_dst, int64_t ld, cudaStream_t s,
+                              kt_err *err)
 {
-    if (kt_cuda_mat_check(w, "bf16 copy", msg, msg_bytes) != 0)
-        return -1;
+    kt_status st = kt_cuda_mat_check(w, "bf16 copy", err);
+    if (st != KT_OK)
+        return st;
     if (!d_dst || (uintptr_t)d_dst % 16 != 0 || ld < w->n_in || ld % 8 != 0)
-        return kt_cuda_failf(msg, msg_bytes, "bf16 copy: destination NULL, not 16-byte aligned, or bad ld %lld",
-                             (long long)ld);
+        return kt_err_set(err, KT_ERR_INVALID, "bf16 copy: destination NULL, not 16-byte aligned, or bad ld %lld",
+                          (long long)ld);
     const int threads = 256;
     const int64_t blocks = (w->n_out * (ld / 8) + threads - 1) / threads;
     if (blocks > KT_CUDA_MAX_GRID_X)
-        return kt_cuda_failf(msg, msg_bytes, "bf16 copy: %lld rows of %lld exceed the grid", (long long)w->n_out,
-                             (long long)ld);
+        return kt_err_set(err, KT_ERR_INVALID, "bf16 copy: %lld rows of %lld exceed the grid", (long long)w->n_out,
+                          (long long)ld);
     mat_to_bf16<<<(unsigned)blocks, threads, 0, s>>>(w->type, (const uint8_t *)w->data, kt_cuda_mat_row_bytes(w),
                                                      w->n_in, w->n_out, d_dst, ld);
-    return kt_cuda_launched("bf16 copy launch", msg, msg_bytes);
+    return kt_cuda_launched("bf16 copy launch", err);
 }
 
 /* ---- grouped expert FFN ------------------------------------------------------------------ */
 
-static int check_unit(const struct kt_cuda_ffn_unit *u, uint32_t i, int64_t n_embd, uint32_t n_pairs,
-                      int64_t act_stride, char *msg, size_t msg_bytes)
+static kt_status check_unit(const struct kt_cuda_ffn_unit *u, uint32_t i, int64_t n_embd, uint32_t n_pairs,
+                            int64_t act_stride, kt_err *err)
 {
     char what[64];
+    kt_status st;
     snprintf(what, sizeof what, "ffn unit %u gate", i);
-    if (kt_cuda_mat_check(&u->gate, what, msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_mat_check(&u->gate, what, err)) != KT_OK)
+        return st;
     snprintf(what, sizeof what, "ffn unit %u up", i);
-    if (kt_cuda_mat_check(&u->up, what, msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_mat_check(&u->up, what, err)) != KT_OK)
+        return st;
     snprintf(what, sizeof what, "ffn unit %u down", i);
-    if (kt_cuda_mat_check(&u->down, what, msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_mat_check(&u->down, what, err)) != KT_OK)
+        return st;
     const int64_t n_ff = u->gate.n_out;
     if (u->gate.n_in != n_embd || u->up.n_in != n_embd || u->up.n_out != n_ff || u->down.n_in != n_ff ||
         u->down.n_out != n_embd)
-        return kt_cuda_failf(msg, msg_bytes,
-                             "ffn unit %u: shapes gate %lldx%lld, up %lldx%lld, down %lldx%lld do not chain over "
-                             "n_embd %lld",
-                             i, (long long)u->gate.n_out, (long long)u->gate.n_in, (long long)u->up.n_out,
-                             (long long)u->up.n_in, (long long)u->down.n_out, (long long)u->down.n_in,
-                             (long long)n_embd);
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "ffn unit %u: shapes gate %lldx%lld, up %lldx%lld, down %lldx%lld do not chain over "
+                          "n_embd %lld",
+                          i, (long long)u->gate.n_out, (long long)u->gate.n_in, (long long)u->up.n_out,
+                          (long long)u->up.n_in, (long long)u->down.n_out, (long long)u->down.n_in,
+                          (long long)n_embd);
     if (n_ff > act_stride)
-        return kt_cuda_failf(msg, msg_bytes, "ffn unit %u: n_ff %lld exceeds the act stride %lld", i, (long long)n_ff,
-                             (long long)act_stride);
+        return kt_err_set(err, KT_ERR_INVALID, "ffn unit %u: n_ff %lld exceeds the act stride %lld", i, (long long)n_ff,
+                          (long long)act_stride);
     if ((uint64_t)u->first_pair + u->n_pairs > n_pairs)
-        return kt_cuda_failf(msg, msg_bytes, "ffn unit %u: pairs [%u, %llu) past the %u pairs", i, u->first_pair,
-                             (unsigned long long)u->first_pair + u->n_pairs, n_pairs);
-    return 0;
+        return kt_err_set(err, KT_ERR_INVALID, "ffn unit %u: pairs [%u, %llu) past the %u pairs", i, u->first_pair,
+                          (unsigned long long)u->first_pair + u->n_pairs, n_pairs);
+    return KT_OK;
 }
 
-extern "C" int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h,
-                                 int64_t n_tok, int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs,
-                                 float *d_act, int64_t act_stride, float *d_pair_out, void *stream, char *msg,
-                                 size_t msg_bytes)
+extern "C" kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h,
+                                       int64_t n_tok, int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs,
+                                       float *d_act, int64_t act_stride, float *d_pair_out, void *stream, kt_err *err)
 {
     if (n_units == 0)
-        return 0;
+        return KT_OK;
     if (!units || !d_h || !d_pair_token || !d_act || !d_pair_out || n_embd <= 0 || n_tok < 0 || n_tok > UINT32_MAX)
-        return kt_cuda_failf(msg, msg_bytes, "ffn units: NULL buffer or bad shape (n_embd %lld, n_tok %lld)",
-                             (long long)n_embd, (long long)n_tok);
+        return kt_err_set(err, KT_ERR_INVALID, "ffn units: NULL buffer or bad shape (n_embd %lld, n_tok %lld)",
+                          (long long)n_embd, (long long)n_tok);
+    kt_status st;
     for (uint32_t i = 0; i < n_units; i++)
-        if (check_unit(&units[i], i, n_embd, n_pairs, act_stride, msg, msg_bytes) != 0)
-            return -1;
+        if ((st = check_unit(&units[i], i, n_embd, n_pairs, act_stride, err)) != KT_OK)
+            return st;
     cudaStream_t s = (cudaStream_t)stream;
     for (uint32_t i = 0; i < n_units; i++) {
         const struct kt_cuda_ffn_unit *u = &units[i];
@@ -522,8 +525,8 @@ extern "C" int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t 
             a.n_in = in[j]->n_in;
             a.n_out = in[j]->n_out;
             a.epilogue = j == 0 ? KT_CUDA_MM_STORE : KT_CUDA_MM_SILU_MUL;
-            if (kt_cuda_mm(&a, path, s, msg, msg_bytes) != 0)
-                return -1;
+            if ((st = kt_cuda_mm(&a, path, s, err)) != KT_OK)
+                return st;
         }
 
         /* pair_out = down . act */
@@ -539,8 +542,8 @@ extern "C" int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t 
         a.y = d_pair_out + (size_t)u->first_pair * n_embd;
         a.y_stride = n_embd;
         a.epilogue = KT_CUDA_MM_STORE;
-        if (kt_cuda_mm(&a, path, s, msg, msg_bytes) != 0)
-            return -1;
+        if ((st = kt_cuda_mm(&a, path, s, err)) != KT_OK)
+            return st;
     }
-    return 0;
+    return KT_OK;
 }

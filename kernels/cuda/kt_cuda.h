@@ -3,8 +3,11 @@
  *
  * Callable from C whether or not kt was built with CUDA: without it,
  * kt_cuda_device_count() returns 0 and every other entry point fails.  These
- * functions never exit or print; failures come back as a negative value with
- * a message in the caller's buffer.
+ * functions never exit or print; they return a kt_status and, on failure,
+ * fill the caller's kt_err (which may be NULL): KT_ERR_INVALID for an
+ * argument out of range, KT_ERR_UNSUPPORTED for what the kernels do not
+ * read (or no usable device), KT_ERR_NOMEM when device memory runs out,
+ * KT_ERR_IO for any other failure CUDA reports.
  */
 #ifndef KT_CUDA_H
 #define KT_CUDA_H
@@ -16,34 +19,35 @@
 extern "C" {
 #endif
 
+#include "status.h" /* inside the extern "C": nvcc compiles the .cu files as C++ */
+
 /* Number of usable CUDA devices; 0 when built without CUDA, when no driver is
- * loaded or no device is present.  why (may be NULL) gets the reason for 0. */
-int kt_cuda_device_count(char *why, size_t why_bytes);
+ * loaded or no device is present.  why (may be NULL) gets the reason for 0
+ * (KT_ERR_UNSUPPORTED). */
+int kt_cuda_device_count(kt_err *why);
 
 /* Dequantizes n elements of a GGML type (enum kt_type) on device 0:
  * host src (kt_type_row_bytes(type, n) bytes) -> host dst (n floats), through
- * device memory.  Supported: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K.
- * Returns 0, or -1 with a message in msg. */
-int kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, char *msg, size_t msg_bytes);
+ * device memory.  Supported: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K. */
+kt_status kt_cuda_dequantize_host(int type, const void *src, float *dst, int64_t n, kt_err *err);
 
 /* The same on device pointers, enqueued on stream (a cudaStream_t, NULL = default). */
-int kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, char *msg,
-                       size_t msg_bytes);
+kt_status kt_cuda_dequantize(int type, const void *d_src, float *d_dst, int64_t n, void *stream, kt_err *err);
 
 /* ---- device memory ------------------------------------------------------------
  * For callers that must not include CUDA's headers (tests, C hosts).  Copies
  * are synchronous: they wait for work queued on the default stream. */
 
-int kt_cuda_alloc(void **d_ptr, size_t bytes, char *msg, size_t msg_bytes);
+kt_status kt_cuda_alloc(void **d_ptr, size_t bytes, kt_err *err);
 void kt_cuda_free(void *d_ptr); /* NULL is fine */
-int kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, char *msg, size_t msg_bytes);
-int kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, char *msg, size_t msg_bytes);
+kt_status kt_cuda_copy_to_device(void *d_dst, const void *src, size_t bytes, kt_err *err);
+kt_status kt_cuda_copy_to_host(void *dst, const void *d_src, size_t bytes, kt_err *err);
 /* Waits for all queued work; reports a kernel's asynchronous failure. */
-int kt_cuda_synchronize(char *msg, size_t msg_bytes);
+kt_status kt_cuda_synchronize(kt_err *err);
 
 /*
  * Every entry point below takes device pointers, enqueues on stream (a
- * cudaStream_t, NULL = default) and returns 0, or -1 with a message when an
+ * cudaStream_t, NULL = default) and returns KT_OK, or fails when an
  * argument is out of range or CUDA refuses the launch; a kernel's own
  * failure surfaces at the next synchronizing call.  Shapes in comments are
  * (rows, columns) of row-major float arrays unless stated otherwise.
@@ -55,27 +59,26 @@ int kt_cuda_synchronize(char *msg, size_t msg_bytes);
  * rows x_stride / y_stride floats apart; y is x or does not overlap it.  As
  * kt_rmsnorm: sum of squares in double, so results match it to the last bit
  * except in rare double-rounding cases (<= 1 ulp). */
-int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w, int64_t rows,
-                    int64_t n, float eps, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w,
+                          int64_t rows, int64_t n, float eps, void *stream, kt_err *err);
 
 /* In place, for every row r < rows and head h < n_heads, the n_dims values at
  * x + r*row_stride + h*head_stride + offset are rotated in adjacent pairs by
  * cos_sin (rows, n_dims), the table kt_rope_angles gives for row r's
  * position (computed on the host: the same float angles as the CPU, so the
  * result is bit-identical to kt_rope_apply). */
-int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride, int64_t offset,
-                 const float *d_cos_sin, int64_t n_dims, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride,
+                       int64_t offset, const float *d_cos_sin, int64_t n_dims, void *stream, kt_err *err);
 
 /* out[i] = silu(gate[i]) * up[i] (n); out may alias either.  As kt_swiglu. */
-int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, char *msg,
-                   size_t msg_bytes);
+kt_status kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream, kt_err *err);
 
 /* y[i] = a[i] + b[i] (n); y may alias either (the residual add). */
-int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, kt_err *err);
 
 /* In place, each of rows contiguous rows of n values = softmax(row), as
  * kt_softmax: -inf entries become 0, an all -inf row becomes all 0. */
-int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, kt_err *err);
 
 /* ---- MoE routing (route.cu) -------------------------------------------------------- */
 
@@ -92,8 +95,8 @@ struct kt_cuda_router {
 /* For each token t < n_tok: experts (n_tok, k) and weights (n_tok, k) from
  * logits (n_tok, Ne) and the selection bias (Ne, or NULL) - kt_moe_route's
  * selection exactly (ties: lowest expert id) for logits without NaN. */
-int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
-                  uint32_t *d_experts, float *d_weights, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias, int64_t n_tok,
+                        uint32_t *d_experts, float *d_weights, void *stream, kt_err *err);
 
 /* ---- quantized matmul (gemv.cu, blaslt.cu) ------------------------------------------ */
 
@@ -111,14 +114,15 @@ enum kt_cuda_matmul_path {
     KT_CUDA_MATMUL_TENSOR = 2, /* 64x64 tiles dequantized to BF16, tensor cores, fp32 sums (sm_80+) */
 };
 
-/* 0 when the GPU's matmul reads w (its type, shape and alignment), else -1
- * with a message naming `what`: to refuse weights when they are placed
- * rather than at the first step. */
-int kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, char *msg, size_t msg_bytes);
+/* KT_OK when the GPU's matmul reads w, else why not, naming `what`
+ * (KT_ERR_UNSUPPORTED: its type; KT_ERR_INVALID: no data, a bad shape or
+ * alignment): to refuse weights when they are placed rather than at the
+ * first step. */
+kt_status kt_cuda_mat_usable(const struct kt_cuda_mat *w, const char *what, kt_err *err);
 
 /* y (n_tok, n_out) = x (n_tok, n_in) . W^T. */
-int kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path, void *stream,
-                   char *msg, size_t msg_bytes);
+kt_status kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path,
+                         void *stream, kt_err *err);
 
 /* Scratch bytes kt_cuda_matmul_lt needs for w and n_tok tokens: cuBLASLt's
  * workspace (32 MiB), x in BF16 (n_tok rows of n_in padded to 8) and W in
@@ -132,12 +136,11 @@ size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_to
  * (nearest even) in scratch, then one BF16 GEMM with fp32 sums - the TENSOR
  * path's numerics.  scratch: device, 256-byte aligned, at least
  * kt_cuda_matmul_lt_scratch_bytes(w, n_tok), busy until the stream has run
- * this product.  n_tok >= 1.  Returns KT_CUDA_LT_NO_ALGORITHM (and a
- * message) when cuBLASLt offers no algorithm for the shape: the product was
- * not queued, and kt_cuda_matmul can take it instead. */
-#define KT_CUDA_LT_NO_ALGORITHM (-2)
-int kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
-                      size_t scratch_bytes, void *stream, char *msg, size_t msg_bytes);
+ * this product.  n_tok >= 1.  For weights kt_cuda_matmul reads,
+ * KT_ERR_UNSUPPORTED means cuBLASLt offers no algorithm for the shape: the
+ * product was not queued, and kt_cuda_matmul can take it instead. */
+kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, void *d_scratch,
+                            size_t scratch_bytes, void *stream, kt_err *err);
 
 /* One expert (or the shared experts) and the (token, expert) pairs it serves. */
 struct kt_cuda_ffn_unit {
@@ -155,9 +158,9 @@ struct kt_cuda_ffn_unit {
  * reads zeros); act (n_pairs, act_stride) scratch, act_stride >= every n_ff;
  * pair_out (n_pairs, n_embd).  Units with up to 8 pairs take the GEMV path,
  * larger ones the tensor path. */
-int kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
-                      int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
-                      int64_t act_stride, float *d_pair_out, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
+                            int64_t n_embd, const uint32_t *d_pair_token, uint32_t n_pairs, float *d_act,
+                            int64_t act_stride, float *d_pair_out, void *stream, kt_err *err);
 
 /* ---- MLA attention (mla.cu) ------------------------------------------------------------- */
 
@@ -195,9 +198,9 @@ struct kt_cuda_mla_cache {
  * with n_kv[t] == 0 are skipped) = [rmsnorm(kv_a[t][0:kvr]) * norm_w |
  * kv_a[t][kvr:] roped by cos_sin[t]]; kv_a (n_tok, kvr + dr), norm_w (kvr),
  * cos_sin (n_tok, dr) from kt_rope_angles.  As runtime/forward/attention.c. */
-int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
-                           const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
-                           void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w, float eps,
+                                 const float *d_cos_sin, const struct kt_cuda_mla_cache *cache, int64_t n_tok,
+                                 void *stream, kt_err *err);
 
 /* Scratch bytes kt_cuda_mla_attention needs for n_tok queries whose contexts
  * are at most n_kv_max rows. */
@@ -208,9 +211,9 @@ size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int
  * n_kv_max: rows past n_kv_max are never read).  q (n_tok, H*(dn+dr)) holds
  * roped queries [q_nope | q_pe] per head.  fp32 throughout; W_UK/W_UV
  * products take F32 activations. */
-int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
-                          int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes,
-                          float *d_out, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, const struct kt_cuda_mla_cache *cache,
+                                int64_t n_tok, int64_t n_kv_max, void *d_scratch, size_t scratch_bytes, float *d_out,
+                                void *stream, kt_err *err);
 
 /* ---- one layer's attention block (attention.cu) ----------------------------------------
  *
@@ -256,42 +259,42 @@ struct kt_cuda_attention_step {
     size_t lt_scratch_bytes;
 };
 
-int kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
-                            void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_attention_block(const struct kt_cuda_attention_layer *L, const struct kt_cuda_attention_step *s,
+                                  void *stream, kt_err *err);
 
 /* ---- device, stream and asynchronous copies (stream.cu), for runtime/forward/backend.c ---------- */
 
-int kt_cuda_set_device(int device, char *msg, size_t msg_bytes);
-int kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, char *msg, size_t msg_bytes);
-int kt_cuda_stream_create(void **stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_set_device(int device, kt_err *err);
+kt_status kt_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, kt_err *err);
+kt_status kt_cuda_stream_create(void **stream, kt_err *err);
 void kt_cuda_stream_destroy(void *stream);
 enum kt_cuda_copy_kind { KT_CUDA_TO_HOST = 0, KT_CUDA_TO_DEVICE = 1, KT_CUDA_ON_DEVICE = 2 };
 /* A copy on stream of the given kind (enum kt_cuda_copy_kind): host to
  * device, device to host, or within the device. */
-int kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_copy_async(void *dst, const void *src, size_t bytes, int kind, void *stream, kt_err *err);
 /* fn(ctx) on a host thread once the stream's earlier work is done; fn must not call CUDA. */
-int kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, char *msg, size_t msg_bytes);
-int kt_cuda_stream_synchronize(void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_launch_host(void *stream, void (*fn)(void *), void *ctx, kt_err *err);
+kt_status kt_cuda_stream_synchronize(void *stream, kt_err *err);
 
 /* Timing events (for the backend's busy and transfer times): recorded on a
  * stream; the time between two of them once both have completed. */
-int kt_cuda_event_create(void **event, char *msg, size_t msg_bytes);
+kt_status kt_cuda_event_create(void **event, kt_err *err);
 void kt_cuda_event_destroy(void *event);
-int kt_cuda_event_record(void *event, void *stream, char *msg, size_t msg_bytes);
-int kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, char *msg, size_t msg_bytes);
+kt_status kt_cuda_event_record(void *event, void *stream, kt_err *err);
+kt_status kt_cuda_event_elapsed_ns(void *start, void *end, uint64_t *ns, kt_err *err);
 
 /* Stream capture into a CUDA graph: between begin and end, work queued on
  * stream is recorded instead of run (kernels and device-to-device copies;
  * host copies and host functions do not belong in it); end instantiates
  * the executable graph, which launch queues again as one operation. */
-int kt_cuda_capture_begin(void *stream, char *msg, size_t msg_bytes);
-int kt_cuda_capture_end(void *stream, void **graph_exec, char *msg, size_t msg_bytes);
-int kt_cuda_graph_launch(void *graph_exec, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_cuda_capture_begin(void *stream, kt_err *err);
+kt_status kt_cuda_capture_end(void *stream, void **graph_exec, kt_err *err);
+kt_status kt_cuda_graph_launch(void *graph_exec, void *stream, kt_err *err);
 void kt_cuda_graph_destroy(void *graph_exec);
 
 /* Page-locks host memory the stream copies to and from (so they are real
  * asynchronous DMA, not staged); unregister before freeing it. */
-int kt_cuda_host_register(void *ptr, size_t bytes, char *msg, size_t msg_bytes);
+kt_status kt_cuda_host_register(void *ptr, size_t bytes, kt_err *err);
 void kt_cuda_host_unregister(void *ptr);
 
 #ifdef __cplusplus

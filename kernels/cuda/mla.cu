@@ -233,44 +233,44 @@ __global__ static void __launch_bounds__(MLA_THREADS)
 /* ---- host side ------------------------------------------------------------------------ */
 
 /* The cache description's own fields (the arrays are on the device). */
-static int check_cache(const struct kt_cuda_mla_cache *c, char *msg, size_t msg_bytes)
+static kt_status check_cache(const struct kt_cuda_mla_cache *c, kt_err *err)
 {
     if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv)
-        return kt_cuda_failf(msg, msg_bytes, "mla: cache pointer missing");
+        return kt_err_set(err, KT_ERR_INVALID, "mla: cache pointer missing");
     if (c->block_tokens < 1 || c->block_floats < 0 || c->layer_offset < 0)
-        return kt_cuda_failf(msg, msg_bytes, "mla: bad cache layout (%lld positions per block, %lld floats per block, "
-                             "layer offset %lld)", (long long)c->block_tokens, (long long)c->block_floats,
-                             (long long)c->layer_offset);
-    return 0;
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "mla: bad cache layout (%lld positions per block, %lld floats per block, layer offset %lld)",
+                          (long long)c->block_tokens, (long long)c->block_floats, (long long)c->layer_offset);
+    return KT_OK;
 }
 
-static int check_shape(const struct kt_cuda_mla *m, bool weights, char *msg, size_t msg_bytes)
+static kt_status check_shape(const struct kt_cuda_mla *m, bool weights, kt_err *err)
 {
     if (!m)
-        return kt_cuda_failf(msg, msg_bytes, "mla: no shape");
+        return kt_err_set(err, KT_ERR_INVALID, "mla: no shape");
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank;
     if (H <= 0 || H > KT_CUDA_MAX_GRID_YZ * MLA_HEADS || dn <= 0 || dr <= 0 || dr % 2 != 0 || dv <= 0 || kvr <= 0 ||
         kvr > MLA_MAX_COLS * MLA_THREADS || mla_smem_bytes(kvr + dr) + MLA_STATIC_SMEM > MLA_MAX_SMEM)
-        return kt_cuda_failf(msg, msg_bytes,
-                             "mla: unsupported shape (%lld heads, nope %lld, rope %lld, v %lld, kv rank %lld; "
-                             "kv rank <= %d, kv rank + rope <= 760)",
-                             (long long)H, (long long)dn, (long long)dr, (long long)dv, (long long)kvr,
-                             MLA_MAX_COLS * MLA_THREADS);
+        return kt_err_set(err, KT_ERR_UNSUPPORTED,
+                          "mla: unsupported shape (%lld heads, nope %lld, rope %lld, v %lld, kv rank %lld; "
+                          "kv rank <= %d, kv rank + rope <= 760)", (long long)H, (long long)dn, (long long)dr,
+                          (long long)dv, (long long)kvr, MLA_MAX_COLS * MLA_THREADS);
     if (!weights)
-        return 0;
-    if (kt_cuda_mat_check(&m->w_uk, "mla w_uk", msg, msg_bytes) != 0 ||
-        kt_cuda_mat_check(&m->w_uv, "mla w_uv", msg, msg_bytes) != 0)
-        return -1;
+        return KT_OK;
+    kt_status st;
+    if ((st = kt_cuda_mat_check(&m->w_uk, "mla w_uk", err)) != KT_OK ||
+        (st = kt_cuda_mat_check(&m->w_uv, "mla w_uv", err)) != KT_OK)
+        return st;
     if (m->w_uk.n_in != dn || m->w_uk.n_out != H * kvr || m->w_uv.n_in != kvr || m->w_uv.n_out != H * dv)
-        return kt_cuda_failf(msg, msg_bytes, "mla: w_uk %lldx%lld / w_uv %lldx%lld do not match the shape",
-                             (long long)m->w_uk.n_out, (long long)m->w_uk.n_in, (long long)m->w_uv.n_out,
-                             (long long)m->w_uv.n_in);
-    return 0;
+        return kt_err_set(err, KT_ERR_INVALID, "mla: w_uk %lldx%lld / w_uv %lldx%lld do not match the shape",
+                          (long long)m->w_uk.n_out, (long long)m->w_uk.n_in, (long long)m->w_uv.n_out,
+                          (long long)m->w_uv.n_in);
+    return KT_OK;
 }
 
 extern "C" size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
 {
-    if (check_shape(m, false, NULL, 0) != 0 || n_tok <= 0 || n_kv_max < 0)
+    if (check_shape(m, false, NULL) != KT_OK || n_tok <= 0 || n_kv_max < 0)
         return 0;
     size_t part[4];
     int64_t n_split, split_rows;
@@ -278,47 +278,49 @@ extern "C" size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t
     return part[0] + part[1] + part[2] + part[3];
 }
 
-extern "C" int kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w,
-                                      float eps, const float *d_cos_sin, const struct kt_cuda_mla_cache *cache,
-                                      int64_t n_tok, void *stream, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w,
+                                            float eps, const float *d_cos_sin, const struct kt_cuda_mla_cache *cache,
+                                            int64_t n_tok, void *stream, kt_err *err)
 {
-    if (check_shape(m, false, msg, msg_bytes) != 0)
-        return -1;
+    kt_status st = check_shape(m, false, err);
+    if (st != KT_OK)
+        return st;
     if (n_tok < 0 || n_tok > KT_CUDA_MAX_GRID_X)
-        return kt_cuda_failf(msg, msg_bytes, "mla rows: bad token count %lld", (long long)n_tok);
+        return kt_err_set(err, KT_ERR_INVALID, "mla rows: bad token count %lld", (long long)n_tok);
     if (n_tok == 0)
-        return 0;
+        return KT_OK;
     if (!d_kv_a || !d_norm_w || !d_cos_sin)
-        return kt_cuda_failf(msg, msg_bytes, "mla rows: NULL pointer");
-    if (check_cache(cache, msg, msg_bytes) != 0)
-        return -1;
+        return kt_err_set(err, KT_ERR_INVALID, "mla rows: NULL pointer");
+    if ((st = check_cache(cache, err)) != KT_OK)
+        return st;
     mla_rows<<<(unsigned)n_tok, MLA_THREADS, 0, (cudaStream_t)stream>>>(d_kv_a, d_norm_w, eps, d_cos_sin, *cache,
                                                                          m->kv_rank, m->rope_dim);
-    return kt_cuda_launched("mla rows launch", msg, msg_bytes);
+    return kt_cuda_launched("mla rows launch", err);
 }
 
-extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q,
-                                     const struct kt_cuda_mla_cache *cache, int64_t n_tok, int64_t n_kv_max,
-                                     void *d_scratch, size_t scratch_bytes, float *d_out, void *stream, char *msg,
-                                     size_t msg_bytes)
+extern "C" kt_status kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q,
+                                           const struct kt_cuda_mla_cache *cache, int64_t n_tok, int64_t n_kv_max,
+                                           void *d_scratch, size_t scratch_bytes, float *d_out, void *stream,
+                                           kt_err *err)
 {
-    if (check_shape(m, true, msg, msg_bytes) != 0)
-        return -1;
+    kt_status st = check_shape(m, true, err);
+    if (st != KT_OK)
+        return st;
     if (n_tok < 0 || n_tok > KT_CUDA_MAX_GRID_X / m->n_head || n_kv_max < 0 || n_kv_max > UINT32_MAX)
-        return kt_cuda_failf(msg, msg_bytes, "mla: bad token count %lld or context %lld", (long long)n_tok,
-                             (long long)n_kv_max);
+        return kt_err_set(err, KT_ERR_INVALID, "mla: bad token count %lld or context %lld", (long long)n_tok,
+                          (long long)n_kv_max);
     if (n_tok == 0)
-        return 0;
+        return KT_OK;
     if (!d_q || !d_scratch || !d_out)
-        return kt_cuda_failf(msg, msg_bytes, "mla: NULL pointer");
-    if (check_cache(cache, msg, msg_bytes) != 0)
-        return -1;
+        return kt_err_set(err, KT_ERR_INVALID, "mla: NULL pointer");
+    if ((st = check_cache(cache, err)) != KT_OK)
+        return st;
     size_t part[4];
     int64_t n_split, split_rows;
     mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
     if (scratch_bytes < part[0] + part[1] + part[2] + part[3])
-        return kt_cuda_failf(msg, msg_bytes, "mla: scratch of %zu bytes, %zu needed", scratch_bytes,
-                             part[0] + part[1] + part[2] + part[3]);
+        return kt_err_set(err, KT_ERR_INVALID, "mla: scratch of %zu bytes, %zu needed", scratch_bytes,
+                          part[0] + part[1] + part[2] + part[3]);
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank;
     const int64_t D = kvr + dr;
     cudaStream_t s = (cudaStream_t)stream;
@@ -354,22 +356,22 @@ extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d
     mm.n_tok = n_tok;
     mm.n_batch = H;
     mm.epilogue = KT_CUDA_MM_STORE;
-    if (kt_cuda_mm(&mm, KT_CUDA_MATMUL_GEMV, s, msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_mm(&mm, KT_CUDA_MATMUL_GEMV, s, err)) != KT_OK)
+        return st;
     const int64_t n_pe = n_tok * H * dr, pe_blocks = (n_pe + MLA_THREADS - 1) / MLA_THREADS;
     mla_copy_pe<<<(unsigned)(pe_blocks < 65535 ? pe_blocks : 65535), MLA_THREADS, 0, s>>>((float *)a.q_lat, d_q,
                                                                                            n_tok, H, dn, dr, kvr);
-    if (kt_cuda_launched("mla q_pe copy launch", msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_launched("mla q_pe copy launch", err)) != KT_OK)
+        return st;
 
     const dim3 grid((unsigned)n_tok, (unsigned)((H + MLA_HEADS - 1) / MLA_HEADS), (unsigned)n_split);
     mla_attend<<<grid, MLA_THREADS, mla_smem_bytes(D), s>>>(a);
-    if (kt_cuda_launched("mla attention launch", msg, msg_bytes) != 0)
-        return -1;
+    if ((st = kt_cuda_launched("mla attention launch", err)) != KT_OK)
+        return st;
     if (n_split > 1) {
         mla_combine<<<(unsigned)(n_tok * H), MLA_THREADS, 0, s>>>(a);
-        if (kt_cuda_launched("mla combine launch", msg, msg_bytes) != 0)
-            return -1;
+        if ((st = kt_cuda_launched("mla combine launch", err)) != KT_OK)
+            return st;
     }
 
     /* out[t,h] = W_UV,h o_lat[t,h]: head h's dv rows of attn_v_b */
@@ -385,5 +387,5 @@ extern "C" int kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d
     mm.y = d_out;
     mm.y_stride = H * dv;
     mm.y_batch = dv;
-    return kt_cuda_mm(&mm, KT_CUDA_MATMUL_GEMV, s, msg, msg_bytes);
+    return kt_cuda_mm(&mm, KT_CUDA_MATMUL_GEMV, s, err);
 }

@@ -13,13 +13,12 @@
 #define OPS_THREADS 256
 #define OPS_MAX_BLOCKS 65535 /* grid-stride loops cover the rest */
 
-static bool rows_fit(int64_t rows, int64_t n, const char *what, char *msg, size_t msg_bytes)
+static kt_status check_rows(int64_t rows, int64_t n, const char *what, kt_err *err)
 {
-    if (rows < 0 || n < 0 || rows > KT_CUDA_MAX_GRID_X) {
-        kt_cuda_failf(msg, msg_bytes, "%s: bad shape (%lld rows of %lld)", what, (long long)rows, (long long)n);
-        return false;
-    }
-    return true;
+    if (rows < 0 || n < 0 || rows > KT_CUDA_MAX_GRID_X)
+        return kt_err_set(err, KT_ERR_INVALID, "%s: bad shape (%lld rows of %lld)", what, (long long)rows,
+                          (long long)n);
+    return KT_OK;
 }
 
 /* ---- RMSNorm: one block per row ---------------------------------------------------- */
@@ -38,18 +37,19 @@ __global__ static void __launch_bounds__(OPS_THREADS)
         yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
-extern "C" int kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w,
-                               int64_t rows, int64_t n, float eps, void *stream, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_rmsnorm(float *d_y, int64_t y_stride, const float *d_x, int64_t x_stride, const float *d_w,
+                                     int64_t rows, int64_t n, float eps, void *stream, kt_err *err)
 {
-    if (!rows_fit(rows, n, "rmsnorm", msg, msg_bytes))
-        return -1;
+    const kt_status st = check_rows(rows, n, "rmsnorm", err);
+    if (st != KT_OK)
+        return st;
     if (rows == 0 || n == 0)
-        return 0;
+        return KT_OK;
     if (!d_y || !d_x || !d_w || x_stride < n || y_stride < n)
-        return kt_cuda_failf(msg, msg_bytes, "rmsnorm: NULL pointer or stride below the row length");
+        return kt_err_set(err, KT_ERR_INVALID, "rmsnorm: NULL pointer or stride below the row length");
     rmsnorm_rows<<<(unsigned)rows, OPS_THREADS, 0, (cudaStream_t)stream>>>(d_y, y_stride, d_x, x_stride, d_w, n,
                                                                           eps);
-    return kt_cuda_launched("rmsnorm launch", msg, msg_bytes);
+    return kt_cuda_launched("rmsnorm launch", err);
 }
 
 /* ---- RoPE: one thread per rotated pair --------------------------------------------- */
@@ -70,25 +70,24 @@ __global__ static void __launch_bounds__(OPS_THREADS)
     }
 }
 
-extern "C" int kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride,
-                            int64_t offset, const float *d_cos_sin, int64_t n_dims, void *stream, char *msg,
-                            size_t msg_bytes)
+extern "C" kt_status kt_cuda_rope(float *d_x, int64_t rows, int64_t row_stride, int64_t n_heads, int64_t head_stride,
+                                  int64_t offset, const float *d_cos_sin, int64_t n_dims, void *stream, kt_err *err)
 {
     if (rows < 0 || n_heads < 0 || n_dims < 0 || n_dims % 2 != 0 || offset < 0)
-        return kt_cuda_failf(msg, msg_bytes, "rope: bad shape (%lld rows, %lld heads, %lld dims, offset %lld)",
-                             (long long)rows, (long long)n_heads, (long long)n_dims, (long long)offset);
+        return kt_err_set(err, KT_ERR_INVALID, "rope: bad shape (%lld rows, %lld heads, %lld dims, offset %lld)",
+                          (long long)rows, (long long)n_heads, (long long)n_dims, (long long)offset);
     if (rows == 0 || n_heads == 0 || n_dims == 0)
-        return 0;
+        return KT_OK;
     if (!d_x || !d_cos_sin)
-        return kt_cuda_failf(msg, msg_bytes, "rope: NULL pointer");
+        return kt_err_set(err, KT_ERR_INVALID, "rope: NULL pointer");
     if (head_stride < 0 || row_stride < 0 || (n_heads > 1 && head_stride < offset + n_dims))
-        return kt_cuda_failf(msg, msg_bytes, "rope: heads overlap (head stride %lld < offset %lld + %lld dims)",
-                             (long long)head_stride, (long long)offset, (long long)n_dims);
+        return kt_err_set(err, KT_ERR_INVALID, "rope: heads overlap (head stride %lld < offset %lld + %lld dims)",
+                          (long long)head_stride, (long long)offset, (long long)n_dims);
     const int64_t n_pairs = rows * n_heads * (n_dims / 2);
     const int64_t blocks = (n_pairs + OPS_THREADS - 1) / OPS_THREADS;
     rope_pairs<<<(unsigned)(blocks < OPS_MAX_BLOCKS ? blocks : OPS_MAX_BLOCKS), OPS_THREADS, 0,
                  (cudaStream_t)stream>>>(d_x, rows, row_stride, n_heads, head_stride, offset, d_cos_sin, n_dims);
-    return kt_cuda_launched("rope launch", msg, msg_bytes);
+    return kt_cuda_launched("rope launch", err);
 }
 
 /* ---- SwiGLU and add: grid-stride over elements -------------------------------------- */
@@ -112,30 +111,29 @@ static unsigned elem_blocks(int64_t n)
     return (unsigned)(b < OPS_MAX_BLOCKS ? b : OPS_MAX_BLOCKS);
 }
 
-extern "C" int kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream,
-                              char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_swiglu(float *d_out, const float *d_gate, const float *d_up, int64_t n, void *stream,
+                                    kt_err *err)
 {
     if (n < 0)
-        return kt_cuda_failf(msg, msg_bytes, "swiglu: negative length");
+        return kt_err_set(err, KT_ERR_INVALID, "swiglu: negative length");
     if (n == 0)
-        return 0;
+        return KT_OK;
     if (!d_out || !d_gate || !d_up)
-        return kt_cuda_failf(msg, msg_bytes, "swiglu: NULL pointer");
+        return kt_err_set(err, KT_ERR_INVALID, "swiglu: NULL pointer");
     swiglu_elems<<<elem_blocks(n), OPS_THREADS, 0, (cudaStream_t)stream>>>(d_out, d_gate, d_up, n);
-    return kt_cuda_launched("swiglu launch", msg, msg_bytes);
+    return kt_cuda_launched("swiglu launch", err);
 }
 
-extern "C" int kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, char *msg,
-                           size_t msg_bytes)
+extern "C" kt_status kt_cuda_add(float *d_y, const float *d_a, const float *d_b, int64_t n, void *stream, kt_err *err)
 {
     if (n < 0)
-        return kt_cuda_failf(msg, msg_bytes, "add: negative length");
+        return kt_err_set(err, KT_ERR_INVALID, "add: negative length");
     if (n == 0)
-        return 0;
+        return KT_OK;
     if (!d_y || !d_a || !d_b)
-        return kt_cuda_failf(msg, msg_bytes, "add: NULL pointer");
+        return kt_err_set(err, KT_ERR_INVALID, "add: NULL pointer");
     add_elems<<<elem_blocks(n), OPS_THREADS, 0, (cudaStream_t)stream>>>(d_y, d_a, d_b, n);
-    return kt_cuda_launched("add launch", msg, msg_bytes);
+    return kt_cuda_launched("add launch", err);
 }
 
 /* ---- softmax: one block per row ------------------------------------------------------ */
@@ -164,14 +162,15 @@ __global__ static void __launch_bounds__(OPS_THREADS) softmax_rows(float *x, int
         row[i] = __fmul_rn(row[i], inv);
 }
 
-extern "C" int kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, char *msg, size_t msg_bytes)
+extern "C" kt_status kt_cuda_softmax(float *d_x, int64_t rows, int64_t n, void *stream, kt_err *err)
 {
-    if (!rows_fit(rows, n, "softmax", msg, msg_bytes))
-        return -1;
+    const kt_status st = check_rows(rows, n, "softmax", err);
+    if (st != KT_OK)
+        return st;
     if (rows == 0 || n == 0)
-        return 0;
+        return KT_OK;
     if (!d_x)
-        return kt_cuda_failf(msg, msg_bytes, "softmax: NULL pointer");
+        return kt_err_set(err, KT_ERR_INVALID, "softmax: NULL pointer");
     softmax_rows<<<(unsigned)rows, OPS_THREADS, 0, (cudaStream_t)stream>>>(d_x, n);
-    return kt_cuda_launched("softmax launch", msg, msg_bytes);
+    return kt_cuda_launched("softmax launch", err);
 }

@@ -166,27 +166,26 @@ __global__ static void __launch_bounds__(ROUTE_THREADS) route_tokens(const struc
     }
 }
 
-extern "C" int kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias,
-                             int64_t n_tok, uint32_t *d_experts, float *d_weights, void *stream, char *msg,
-                             size_t msg_bytes)
+extern "C" kt_status kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, const float *d_bias,
+                                   int64_t n_tok, uint32_t *d_experts, float *d_weights, void *stream, kt_err *err)
 {
     if (!r)
-        return kt_cuda_failf(msg, msg_bytes, "route: no router");
+        return kt_err_set(err, KT_ERR_INVALID, "route: no router");
     const uint32_t Ne = r->n_expert, G = r->n_groups;
     if (Ne == 0 || Ne > ROUTE_MAX_EXPERTS || r->n_used == 0 || r->n_used > Ne || G == 0 || Ne % G != 0 ||
         r->n_group_used > G || (r->gating != 1 && r->gating != 2))
-        return kt_cuda_failf(msg, msg_bytes,
-                             "route: bad router (%u experts (at most %d), top-%u, %u of %u groups, gating %d)", Ne,
-                             ROUTE_MAX_EXPERTS, r->n_used, r->n_group_used, G, r->gating);
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "route: bad router (%u experts (at most %d), top-%u, %u of %u groups, gating %d)", Ne,
+                          ROUTE_MAX_EXPERTS, r->n_used, r->n_group_used, G, r->gating);
     if (n_tok < 0 || n_tok > KT_CUDA_MAX_GRID_X)
-        return kt_cuda_failf(msg, msg_bytes, "route: bad token count %lld", (long long)n_tok);
+        return kt_err_set(err, KT_ERR_INVALID, "route: bad token count %lld", (long long)n_tok);
     if (n_tok == 0)
-        return 0;
+        return KT_OK;
     if (!d_logits || !d_experts || !d_weights)
-        return kt_cuda_failf(msg, msg_bytes, "route: NULL pointer");
+        return kt_err_set(err, KT_ERR_INVALID, "route: NULL pointer");
     struct route_args a = {d_logits, d_bias, d_experts, d_weights, Ne, r->n_used, G, r->n_group_used,
                            r->gating == 2, r->norm != 0, r->scale};
     const size_t smem = (2 * (size_t)Ne + G) * sizeof(float) + Ne + G;
     route_tokens<<<(unsigned)n_tok, ROUTE_THREADS, smem, (cudaStream_t)stream>>>(a);
-    return kt_cuda_launched("route launch", msg, msg_bytes);
+    return kt_cuda_launched("route launch", err);
 }

@@ -12,8 +12,9 @@
  * cuda: one non-blocking stream on the chosen device; copies are
  * cudaMemcpyAsync on it, launches host functions in stream order, FFN units
  * kt_cuda_ffn_units; memory is cudaMalloc'd within the budget (at most the
- * device's free memory at creation).  The first failure is kept and
- * reported by kt_backend_take_failure.  Each queued operation (copy, kernel
+ * device's free memory at creation).  The first failure (the kt_err a
+ * kt_cuda_* call filled) is kept and reported by kt_backend_take_failure.
+ * Each queued operation (copy, kernel
  * sequence, host function) is bracketed by a pair of CUDA events; at each
  * sync their elapsed times add up to busy_ns (and transfer_ns for copies),
  * the device's own clock, like the sim's queue time.
@@ -47,8 +48,7 @@ struct op {
 struct kt_backend_graph {
     struct op *ops;
     size_t n, cap;
-    bool failed;                    /* a call refused, or out of memory, while recording */
-    char failure[256];
+    kt_err failure;                 /* a call refused, or out of memory, while recording (KT_OK: none) */
     void *exec;                     /* cuda */
 };
 
@@ -57,8 +57,7 @@ struct kt_backend {
     char name[64];
     uint64_t used_bytes;
     void *stream;                   /* cuda */
-    kt_status failed;               /* cuda: the first failure of queued work */
-    char failure[256];
+    kt_err failure;                 /* cuda: the first failure of queued work (KT_OK: none) */
     void *ev_start[CUDA_TIMED_OPS], *ev_end[CUDA_TIMED_OPS]; /* cuda: events around queued ops (NULL: untimed) */
     bool ev_transfer[CUDA_TIMED_OPS]; /* ... that op was a copy over the link */
     uint32_t n_timed;               /* ops recorded since the last sync */
@@ -134,16 +133,20 @@ static void *queue_main(void *arg)
 static kt_status create_cuda(const struct kt_backend_params *p, struct kt_backend **out, kt_err *err)
 {
     const char *name = p->name ? p->name : "cuda";
-    char why[256] = "";
-    const int n = kt_cuda_device_count(why, sizeof why);
+    kt_err why = {0};
+    const int n = kt_cuda_device_count(&why);
     if (n <= 0)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': no CUDA device (%s)", name, why);
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': no CUDA device (%s)", name, why.msg);
     if (p->device < 0 || p->device >= n)
         return kt_err_set(err, KT_ERR_INVALID, "device '%s': CUDA device %d does not exist (%d found)", name,
                           p->device, n);
     size_t free_bytes = 0, total_bytes = 0;
-    if (kt_cuda_set_device(p->device, why, sizeof why) || kt_cuda_mem_info(&free_bytes, &total_bytes, why, sizeof why))
-        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", name, why);
+    kt_status st;
+    if ((st = kt_cuda_set_device(p->device, err)) != KT_OK ||
+        (st = kt_cuda_mem_info(&free_bytes, &total_bytes, err)) != KT_OK) {
+        kt_err_prefix(err, "device '%s'", name);
+        return st;
+    }
     struct kt_backend *b = calloc(1, sizeof *b);
     if (!b)
         return kt_err_set(err, KT_ERR_NOMEM, "backend: out of memory");
@@ -154,13 +157,14 @@ static kt_status create_cuda(const struct kt_backend_params *p, struct kt_backen
         b->p.memory_bytes = free_bytes;
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->changed, NULL);
-    if (kt_cuda_stream_create(&b->stream, why, sizeof why)) {
+    if ((st = kt_cuda_stream_create(&b->stream, err)) != KT_OK) {
         kt_backend_destroy(b);
-        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", name, why);
+        kt_err_prefix(err, "device '%s'", name);
+        return st;
     }
     for (int i = 0; i < CUDA_TIMED_OPS; i++) /* without every event the ops go untimed */
-        if (kt_cuda_event_create(&b->ev_start[i], why, sizeof why) ||
-            kt_cuda_event_create(&b->ev_end[i], why, sizeof why)) {
+        if (kt_cuda_event_create(&b->ev_start[i], NULL) != KT_OK ||
+            kt_cuda_event_create(&b->ev_end[i], NULL) != KT_OK) {
             for (int j = 0; j <= i; j++) {
                 kt_cuda_event_destroy(b->ev_start[j]);
                 kt_cuda_event_destroy(b->ev_end[j]);
@@ -172,19 +176,16 @@ static kt_status create_cuda(const struct kt_backend_params *p, struct kt_backen
     return KT_OK;
 }
 
-/* Keeps the first failure of the cuda queue's work (msg from kt_cuda_*). */
-static void cuda_failed(struct kt_backend *b, const char *msg)
+/* Keeps the first failure of the cuda queue's work: st and the err a
+ * kt_cuda_* call filled (nothing when st is KT_OK).  While recording, the
+ * recording's: it is discarded and the caller runs the work directly. */
+static void cuda_keep_failure(struct kt_backend *b, kt_status st, const kt_err *err)
 {
-    if (b->recording) { /* the recording is discarded; the caller runs the work directly */
-        if (!b->recording->failed)
-            snprintf(b->recording->failure, sizeof b->recording->failure, "%s", msg);
-        b->recording->failed = true;
+    kt_err *kept = b->recording ? &b->recording->failure : &b->failure;
+    if (st == KT_OK || kept->status != KT_OK)
         return;
-    }
-    if (b->failed == KT_OK) {
-        b->failed = KT_ERR_IO;
-        snprintf(b->failure, sizeof b->failure, "%s", msg);
-    }
+    *kept = *err;
+    kept->status = st;
 }
 
 /* cuda: makes the backend's device current on the calling thread (CUDA
@@ -192,9 +193,8 @@ static void cuda_failed(struct kt_backend *b, const char *msg)
  * another thread than the one that created it). */
 static void cuda_current(struct kt_backend *b)
 {
-    char msg[256];
-    if (kt_cuda_set_device(b->p.device, msg, sizeof msg))
-        cuda_failed(b, msg);
+    kt_err err;
+    cuda_keep_failure(b, kt_cuda_set_device(b->p.device, &err), &err);
 }
 
 /* cuda: sums the timed ops' event pairs into the stats; the stream is idle. */
@@ -203,8 +203,7 @@ static void cuda_collect(struct kt_backend *b)
     uint64_t busy = 0, transfer = 0;
     for (uint32_t i = 0; i < b->n_timed; i++) {
         uint64_t ns = 0;
-        char msg[256];
-        if (kt_cuda_event_elapsed_ns(b->ev_start[i], b->ev_end[i], &ns, msg, sizeof msg) == 0) {
+        if (kt_cuda_event_elapsed_ns(b->ev_start[i], b->ev_end[i], &ns, NULL) == KT_OK) {
             busy += ns;
             transfer += b->ev_transfer[i] ? ns : 0;
         }
@@ -224,9 +223,8 @@ static void cuda_op_begin(struct kt_backend *b)
         return;
     if (b->n_timed == CUDA_TIMED_OPS)
         kt_backend_sync(b);
-    char msg[256];
-    if (kt_cuda_event_record(b->ev_start[b->n_timed], b->stream, msg, sizeof msg))
-        cuda_failed(b, msg);
+    kt_err err;
+    cuda_keep_failure(b, kt_cuda_event_record(b->ev_start[b->n_timed], b->stream, &err), &err);
 }
 
 /* cuda: the event after it; transfer: the op was a copy over the link. */
@@ -234,9 +232,8 @@ static void cuda_op_end(struct kt_backend *b, bool transfer)
 {
     if (!b->ev_start[0] || b->recording)
         return;
-    char msg[256];
-    if (kt_cuda_event_record(b->ev_end[b->n_timed], b->stream, msg, sizeof msg))
-        cuda_failed(b, msg);
+    kt_err err;
+    cuda_keep_failure(b, kt_cuda_event_record(b->ev_end[b->n_timed], b->stream, &err), &err);
     b->ev_transfer[b->n_timed++] = transfer;
 }
 
@@ -244,9 +241,9 @@ kt_status kt_backend_available(enum kt_backend_kind kind, kt_err *err)
 {
     if (kind == KT_BACKEND_SIM)
         return KT_OK;
-    char why[256] = "";
-    if (kt_cuda_device_count(why, sizeof why) <= 0)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "no CUDA device (%s)", why);
+    kt_err why = {0};
+    if (kt_cuda_device_count(&why) <= 0)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "no CUDA device (%s)", why.msg);
     return KT_OK;
 }
 
@@ -284,8 +281,7 @@ void kt_backend_destroy(struct kt_backend *b)
     if (b->p.kind == KT_BACKEND_CUDA) {
         cuda_current(b);
         if (b->stream) {
-            char msg[256];
-            kt_cuda_stream_synchronize(b->stream, msg, sizeof msg);
+            kt_cuda_stream_synchronize(b->stream, NULL);
             kt_cuda_stream_destroy(b->stream);
         }
         for (int i = 0; i < CUDA_TIMED_OPS; i++) {
@@ -327,10 +323,12 @@ kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_er
                           (double)bytes / (1u << 20), (double)b->used_bytes / (1u << 20), (double)budget / (1u << 20));
     void *p = NULL;
     if (b->p.kind == KT_BACKEND_CUDA) {
-        char msg[256];
         cuda_current(b);
-        if (kt_cuda_alloc(&p, bytes, msg, sizeof msg))
-            return kt_err_set(err, KT_ERR_NOMEM, "device '%s': %s", b->name, msg);
+        const kt_status st = kt_cuda_alloc(&p, bytes, err);
+        if (st != KT_OK) {
+            kt_err_prefix(err, "device '%s'", b->name);
+            return st;
+        }
     } else {
         const size_t rounded = (bytes + 63) / 64 * 64;
         p = aligned_alloc(64, rounded ? rounded : 64);
@@ -373,9 +371,8 @@ static void submit(struct kt_backend *b, struct op o)
             const size_t cap = g->cap ? 2 * g->cap : 16;
             struct op *ops = realloc(g->ops, cap * sizeof *ops);
             if (!ops) {
-                if (!g->failed)
-                    snprintf(g->failure, sizeof g->failure, "out of memory recording a graph");
-                g->failed = true;
+                if (g->failure.status == KT_OK)
+                    kt_err_set(&g->failure, KT_ERR_NOMEM, "out of memory recording a graph");
                 return;
             }
             g->ops = ops;
@@ -396,11 +393,10 @@ static void submit(struct kt_backend *b, struct op o)
 /* A copy on the cuda stream (enum kt_cuda_copy_kind), counted. */
 static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t bytes, int kind)
 {
-    char msg[256];
+    kt_err err;
     cuda_current(b);
     cuda_op_begin(b);
-    if (kt_cuda_copy_async(dst, src, bytes, kind, b->stream, msg, sizeof msg))
-        cuda_failed(b, msg);
+    cuda_keep_failure(b, kt_cuda_copy_async(dst, src, bytes, kind, b->stream, &err), &err);
     cuda_op_end(b, kind != KT_CUDA_ON_DEVICE);
     pthread_mutex_lock(&b->mu);
     if (kind == KT_CUDA_TO_DEVICE)
@@ -430,23 +426,21 @@ void kt_backend_copy_out(struct kt_backend *b, void *dst_host, const void *src_d
 void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
 {
     if (b->p.kind == KT_BACKEND_CUDA) {
-        char msg[256];
+        kt_err err;
         cuda_current(b);
         cuda_op_begin(b);
-        if (kt_cuda_launch_host(b->stream, fn, ctx, msg, sizeof msg))
-            cuda_failed(b, msg);
+        cuda_keep_failure(b, kt_cuda_launch_host(b->stream, fn, ctx, &err), &err);
         cuda_op_end(b, false);
         return;
     }
     submit(b, (struct op){.kind = OP_LAUNCH, .fn = fn, .ctx = ctx});
 }
 
-/* A cuda kernel sequence was enqueued (rc 0) or refused (rc != 0, msg says
- * why), after cuda_op_begin. */
-static void cuda_enqueued(struct kt_backend *b, int rc, const char *msg)
+/* A cuda kernel sequence was enqueued (KT_OK) or refused (err says why),
+ * after cuda_op_begin. */
+static void cuda_enqueued(struct kt_backend *b, kt_status st, const kt_err *err)
 {
-    if (rc)
-        cuda_failed(b, msg);
+    cuda_keep_failure(b, st, err);
     cuda_op_end(b, false);
     pthread_mutex_lock(&b->mu);
     b->stats.ops++;
@@ -460,10 +454,10 @@ void kt_backend_run(struct kt_backend *b, kt_backend_fn host_fn, void *host_ctx,
         kt_backend_launch(b, host_fn, host_ctx);
         return;
     }
-    char msg[256] = "";
+    kt_err err = {0};
     cuda_current(b);
     cuda_op_begin(b);
-    cuda_enqueued(b, cuda_fn(cuda_ctx, b->stream, msg, sizeof msg), msg);
+    cuda_enqueued(b, cuda_fn(cuda_ctx, b->stream, &err), &err);
 }
 
 void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *src_device, size_t bytes)
@@ -476,20 +470,19 @@ void kt_backend_copy_device(struct kt_backend *b, void *dst_device, const void *
 
 kt_status kt_backend_take_failure(struct kt_backend *b, kt_err *err)
 {
-    const kt_status st = b->failed;
+    const kt_status st = b->failure.status;
     if (st == KT_OK)
         return KT_OK;
-    b->failed = KT_OK;
-    return kt_err_set(err, st, "device '%s': %s", b->name, b->failure);
+    b->failure.status = KT_OK;
+    return kt_err_set(err, st, "device '%s': %s", b->name, b->failure.msg);
 }
 
 void kt_backend_sync(struct kt_backend *b)
 {
     if (b->p.kind == KT_BACKEND_CUDA) {
-        char msg[256];
+        kt_err err;
         cuda_current(b);
-        if (kt_cuda_stream_synchronize(b->stream, msg, sizeof msg))
-            cuda_failed(b, msg);
+        cuda_keep_failure(b, kt_cuda_stream_synchronize(b->stream, &err), &err);
         cuda_collect(b);
         return;
     }
@@ -521,12 +514,14 @@ kt_status kt_backend_graph_begin(struct kt_backend *b, kt_err *err)
     struct kt_backend_graph *g = calloc(1, sizeof *g);
     if (!g)
         return kt_err_set(err, KT_ERR_NOMEM, "backend: out of memory");
-    char msg[256];
-    if (b->p.kind == KT_BACKEND_CUDA)
+    if (b->p.kind == KT_BACKEND_CUDA) {
         cuda_current(b);
-    if (b->p.kind == KT_BACKEND_CUDA && kt_cuda_capture_begin(b->stream, msg, sizeof msg)) {
-        free(g);
-        return kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, msg);
+        const kt_status st = kt_cuda_capture_begin(b->stream, err);
+        if (st != KT_OK) {
+            free(g);
+            kt_err_prefix(err, "device '%s'", b->name);
+            return st;
+        }
     }
     b->recording = g;
     return KT_OK;
@@ -539,13 +534,15 @@ kt_status kt_backend_graph_end(struct kt_backend *b, struct kt_backend_graph **o
     if (!g)
         return kt_err_set(err, KT_ERR_INVALID, "device '%s': no graph is being recorded", b->name);
     b->recording = NULL;
-    char msg[256] = "";
     /* cuda: the capture ends even when a call in it failed, so the stream runs work again */
-    const int ended = b->p.kind == KT_BACKEND_CUDA ? kt_cuda_capture_end(b->stream, &g->exec, msg, sizeof msg) : 0;
-    if (g->failed || ended) {
-        kt_err_set(err, KT_ERR_IO, "device '%s': %s", b->name, g->failed ? g->failure : msg);
+    kt_err ended = {0};
+    if (b->p.kind == KT_BACKEND_CUDA)
+        ended.status = kt_cuda_capture_end(b->stream, &g->exec, &ended);
+    const kt_err *why = g->failure.status != KT_OK ? &g->failure : &ended;
+    if (why->status != KT_OK) {
+        const kt_status st = kt_err_set(err, why->status, "device '%s': %s", b->name, why->msg);
         kt_backend_graph_destroy(g);
-        return KT_ERR_IO;
+        return st;
     }
     *out = g;
     return KT_OK;
@@ -561,10 +558,10 @@ void kt_backend_graph_launch(struct kt_backend *b, const struct kt_backend_graph
             submit(b, g->ops[i]);
         return;
     }
-    char msg[256];
+    kt_err err;
     cuda_current(b);
     cuda_op_begin(b);
-    cuda_enqueued(b, kt_cuda_graph_launch(g->exec, b->stream, msg, sizeof msg), msg);
+    cuda_enqueued(b, kt_cuda_graph_launch(g->exec, b->stream, &err), &err);
 }
 
 void kt_backend_graph_destroy(struct kt_backend_graph *g)
@@ -578,11 +575,10 @@ void kt_backend_graph_destroy(struct kt_backend_graph *g)
 
 bool kt_backend_pin_host(struct kt_backend *b, void *ptr, size_t bytes)
 {
-    char msg[256];
     if (b->p.kind != KT_BACKEND_CUDA || !ptr || !bytes)
         return false;
     cuda_current(b);
-    return kt_cuda_host_register(ptr, bytes, msg, sizeof msg) == 0;
+    return kt_cuda_host_register(ptr, bytes, NULL) == KT_OK;
 }
 
 void kt_backend_unpin_host(struct kt_backend *b, void *ptr)

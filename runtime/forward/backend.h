@@ -81,12 +81,12 @@ void kt_backend_sync(struct kt_backend *b);
 
 /* Work that each kind runs its own way: sim calls host_fn(host_ctx) on its
  * queue (kt's CPU code on device-resident copies); cuda calls
- * cuda_fn(cuda_ctx, stream, msg, msg_bytes) right away, which enqueues its
- * kernels on the stream and returns 0, or -1 with a message that becomes
+ * cuda_fn(cuda_ctx, stream, err) right away, which enqueues its kernels on
+ * the stream and returns KT_OK, or a failure (err says why) that becomes
  * the queue's failure.  The step code writes both halves of each piece of
  * work (an FFN's units, a layer's attention, the router, the output head);
  * the backend never knows which it runs. */
-typedef int (*kt_backend_cuda_fn)(void *ctx, void *stream, char *msg, size_t msg_bytes);
+typedef kt_status (*kt_backend_cuda_fn)(void *ctx, void *stream, kt_err *err);
 void kt_backend_run(struct kt_backend *b, kt_backend_fn host_fn, void *host_ctx, kt_backend_cuda_fn cuda_fn,
                     void *cuda_ctx);
 

@@ -41,12 +41,14 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
 {
     void *p = NULL;
     const size_t bytes = (size_t)kt_mat_bytes(m);
-    char msg[256];
     const struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
+    kt_status st;
     if (e->dev.sizing && kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA && /* refused before anything is placed */
-        kt_cuda_mat_usable(&cm, kt_type_name(m->type), msg, sizeof msg))
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': %s", kt_backend_name(e->dev.backend), msg);
-    kt_status st = device_alloc(e, bytes, &p, err);
+        (st = kt_cuda_mat_usable(&cm, kt_type_name(m->type), err)) != KT_OK) {
+        kt_err_prefix(err, "device '%s'", kt_backend_name(e->dev.backend));
+        return st;
+    }
+    st = device_alloc(e, bytes, &p, err);
     if (st == KT_OK && !e->dev.sizing) {
         kt_backend_copy_in(e->dev.backend, p, m->data, bytes);
         m->data = p;
@@ -426,15 +428,16 @@ static void layer_on_device(void *ctx)
 }
 
 /* The same on the GPU (a kt_backend_cuda_fn): ctx is the layer's job. */
-static int layer_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+static kt_status layer_on_cuda(void *ctx, void *stream, kt_err *err)
 {
     const struct kt_device_job *a = ctx;
     struct kt_engine *e = a->e;
     const int64_t row = (int64_t)e->hp.kv_lora_rank + e->hp.qk_rope_dim;
     e->dev.cuda_step.cache.layer_offset = (int64_t)a->il * e->params.kv_block_tokens * row;
-    if (kt_cuda_attention_block(&e->dev.cuda_layers[a->il], &e->dev.cuda_step, stream, msg, msg_bytes))
-        return -1;
-    return e->layers[a->il].is_moe ? kt_fwd_route_on_cuda(e, a->il, stream, msg, msg_bytes) : 0;
+    const kt_status st = kt_cuda_attention_block(&e->dev.cuda_layers[a->il], &e->dev.cuda_step, stream, err);
+    if (st != KT_OK)
+        return st;
+    return e->layers[a->il].is_moe ? kt_fwd_route_on_cuda(e, a->il, stream, err) : KT_OK;
 }
 
 /* Layer il's device part: a decode-sized batch replays the layer's graph for
@@ -478,12 +481,11 @@ static void head_on_device(void *ctx)
 }
 
 /* The same on the GPU (a kt_backend_cuda_fn). */
-static int head_on_cuda(void *ctx, void *stream, char *msg, size_t msg_bytes)
+static kt_status head_on_cuda(void *ctx, void *stream, kt_err *err)
 {
     struct kt_engine *e = ctx;
     const struct kt_cuda_mat w = kt_fwd_cuda_mat(&e->dev.output);
-    return kt_cuda_matmul(&w, e->dev.head_x, e->dev.head_rows, e->dev.logits, KT_CUDA_MATMUL_AUTO, stream, msg,
-                          msg_bytes);
+    return kt_cuda_matmul(&w, e->dev.head_x, e->dev.head_rows, e->dev.logits, KT_CUDA_MATMUL_AUTO, stream, err);
 }
 
 /* A decode batch's graph slot (its batch size and the bucket of its longest

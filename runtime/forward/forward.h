@@ -323,7 +323,7 @@ struct kt_ffn_weights kt_fwd_expert_gguf(const struct kt_engine *e, const struct
  * dev_h = rmsnorm(dev_x), then experts and weights into dev_route_*; the
  * sim's half (runs kt's CPU code) and the GPU's (enqueues kernels). */
 void kt_fwd_route_on_device(struct kt_engine *e, uint32_t il);
-int kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, char *msg, size_t msg_bytes);
+kt_status kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, kt_err *err);
 
 /* Runs the device's units of the step (a kt_backend_fn). */
 void kt_fwd_run_device_part(void *ctx);

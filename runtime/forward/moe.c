@@ -444,13 +444,13 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
 }
 
 /* The device part's units on the GPU (a kt_backend_cuda_fn). */
-static int cuda_device_part(void *ctx, void *stream, char *msg, size_t msg_bytes)
+static kt_status cuda_device_part(void *ctx, void *stream, kt_err *err)
 {
     const struct kt_device_part *d = ctx;
     struct kt_engine *e = d->e;
     return kt_cuda_ffn_units(e->dev.cuda_units, d->n_units - d->u0, e->dev.h, (int64_t)e->n_tokens, (int64_t)e->hp.n_embd,
                              e->dev.pair_token, e->n_items[ITEMS_PAIRS], e->dev.bufs.act,
-                             (int64_t)e->dev.bufs.act_stride, e->dev.bufs.pair_out, stream, msg, msg_bytes);
+                             (int64_t)e->dev.bufs.act_stride, e->dev.bufs.pair_out, stream, err);
 }
 
 /* Runs the step's n_units (planned): units [dev0, n_units) on the device -
@@ -528,7 +528,7 @@ void kt_fwd_route_on_device(struct kt_engine *e, uint32_t il)
 /* The router's logits take the GEMV path on the GPU (F32 activations and
  * sums): a BF16 product would move near-tied experts' logits enough to pick
  * others than the CPU does. */
-int kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, char *msg, size_t msg_bytes)
+kt_status kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, kt_err *err)
 {
     const struct kt_layer_weights *L = &e->dev.layers[il];
     const int64_t T = e->n_tokens, E = e->hp.n_embd;
@@ -536,12 +536,12 @@ int kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, char *m
     const struct kt_router *r = &e->router;
     const struct kt_cuda_router cr = {r->n_expert, r->n_used, r->n_groups, r->n_group_used, (int)r->gating, r->norm,
                                       r->scale};
-    if (kt_cuda_rmsnorm(e->dev.h, E, e->dev.x, E, L->ffn_norm, T, E, e->hp.rms_eps, stream, msg, msg_bytes) ||
-        kt_cuda_matmul(&w, e->dev.h, T, e->dev.router_logits, KT_CUDA_MATMUL_GEMV, stream, msg, msg_bytes) ||
-        kt_cuda_route(&cr, e->dev.router_logits, L->exp_probs_b, T, e->dev.route_experts, e->dev.route_weights, stream,
-                      msg, msg_bytes))
-        return -1;
-    return 0;
+    kt_status st;
+    if ((st = kt_cuda_rmsnorm(e->dev.h, E, e->dev.x, E, L->ffn_norm, T, E, e->hp.rms_eps, stream, err)) != KT_OK ||
+        (st = kt_cuda_matmul(&w, e->dev.h, T, e->dev.router_logits, KT_CUDA_MATMUL_GEMV, stream, err)) != KT_OK)
+        return st;
+    return kt_cuda_route(&cr, e->dev.router_logits, L->exp_probs_b, T, e->dev.route_experts, e->dev.route_weights,
+                         stream, err);
 }
 
 static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
