@@ -196,7 +196,8 @@ struct kt_cuda_mm_args {
 /* path: KT_CUDA_MATMUL_*.  Checks every argument; enqueues on s. */
 kt_status kt_cuda_mm(const struct kt_cuda_mm_args *a, int path, cudaStream_t s, kt_err *err);
 
-/* 0 if the weights can be read as given (type supported, shape, alignment), else -1 with a message. */
+/* KT_OK if the weights can be read as given, else KT_ERR_UNSUPPORTED (type)
+ * or KT_ERR_INVALID (no data, shape, alignment) with a message. */
 kt_status kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, kt_err *err);
 
 /* Bytes of one row of w (row_bytes, or the packed size when 0). */

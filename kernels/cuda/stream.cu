@@ -3,7 +3,7 @@
  * runtime that C code cannot reach without CUDA's headers: choosing the
  * device, its free memory, one stream, asynchronous copies on it, host
  * functions in stream order, and waiting for the stream.  Errors come back
- * as -1 with CUDA's text; nothing here aborts.
+ * as a kt_status with CUDA's text (kt_cuda_fail); nothing here aborts.
  */
 #include "common.cuh"
 

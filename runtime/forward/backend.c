@@ -14,10 +14,10 @@
  * kt_cuda_ffn_units; memory is cudaMalloc'd within the budget (at most the
  * device's free memory at creation).  The first failure (the kt_err a
  * kt_cuda_* call filled) is kept and reported by kt_backend_take_failure.
- * Each queued operation (copy, kernel
- * sequence, host function) is bracketed by a pair of CUDA events; at each
- * sync their elapsed times add up to busy_ns (and transfer_ns for copies),
- * the device's own clock, like the sim's queue time.
+ * Each queued operation (copy, kernel sequence, host function) is bracketed
+ * by a pair of CUDA events; at each sync their elapsed times add up to
+ * busy_ns (and transfer_ns for copies), the device's own clock, like the
+ * sim's queue time.
  */
 #include "backend.h"
 
