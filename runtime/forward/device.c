@@ -474,18 +474,26 @@ static void run_device_layer(struct kt_engine *e, uint32_t il)
 }
 
 /* The output head on the sim device's queue, on the rows sent there. */
+/* The head's work: the engine and the rows it multiplies this step. */
+struct head_job {
+    struct kt_engine *e;
+    uint32_t n_rows;
+};
+
 static void head_on_device(void *ctx)
 {
-    struct kt_engine *e = ctx;
-    kt_fwd_matmul(e, &e->dev.output, e->dev.head_x, e->dev.head_rows, e->dev.logits, e->xq);
+    const struct head_job *j = ctx;
+    struct kt_engine *e = j->e;
+    kt_fwd_matmul(e, &e->dev.output, e->dev.head_x, j->n_rows, e->dev.logits, e->xq);
 }
 
 /* The same on the GPU (a kt_backend_cuda_fn). */
 static kt_status head_on_cuda(void *ctx, void *stream, kt_err *err)
 {
-    struct kt_engine *e = ctx;
+    const struct head_job *j = ctx;
+    struct kt_engine *e = j->e;
     const struct kt_cuda_mat w = kt_fwd_cuda_mat(&e->dev.output);
-    return kt_cuda_matmul(&w, e->dev.head_x, e->dev.head_rows, e->dev.logits, KT_CUDA_MATMUL_AUTO, stream, err);
+    return kt_cuda_matmul(&w, e->dev.head_x, j->n_rows, e->dev.logits, KT_CUDA_MATMUL_AUTO, stream, err);
 }
 
 /* A decode batch's graph slot (its batch size and the bucket of its longest
@@ -561,9 +569,9 @@ bool kt_dev_attention_layer(struct kt_engine *e, uint32_t il)
 void kt_dev_head(struct kt_engine *e, uint32_t n_rows, float *logits)
 {
     const size_t E = e->hp.n_embd;
-    e->dev.head_rows = n_rows;
+    struct head_job job = {e, n_rows}; /* lives until the sync below */
     kt_backend_copy_in(e->dev.backend, e->dev.head_x, e->h, n_rows * E * sizeof(float));
-    kt_backend_run(e->dev.backend, head_on_device, e, head_on_cuda, e);
+    kt_backend_run(e->dev.backend, head_on_device, &job, head_on_cuda, &job);
     kt_backend_copy_out(e->dev.backend, logits, e->dev.logits, n_rows * e->hp.n_vocab * sizeof(float));
     kt_backend_sync(e->dev.backend);
 }

@@ -171,8 +171,9 @@ struct kt_engine_device {
      * loaded before a capture): [n_layer * KT_GRAPH_SLOTS], index
      * il * KT_GRAPH_SLOTS + bucket * KT_GRAPH_TOKENS + n_tok - 1, and
      * graph_seen beside it; NULL: no graphs (none asked for, or a recording
-     * failed).  graph_slot: this step's bucket * KT_GRAPH_TOKENS + n_tok - 1;
-     * graph_bound: the context its graphs' MLA is sized for. */
+     * failed).  The step's key, set by kt_dev_begin_step: graph_slot, its
+     * bucket * KT_GRAPH_TOKENS + n_tok - 1; graph_bound, the context its
+     * graphs' MLA is sized for. */
     struct kt_backend_graph **graphs;
     uint8_t *graph_seen;
     uint32_t graph_slot, graph_bound;
@@ -193,7 +194,6 @@ struct kt_engine_device {
      * rows sent there and the logits it returns (T, E), (T, V) */
     struct kt_mat output;
     float *head_x, *logits;
-    uint32_t head_rows;                 /* rows the device's head multiplies this step */
     struct kt_moe_bufs bufs;            /* the FFN buffers, on the device */
     bool buffers_pinned;                /* the engine's step buffers are page-locked for its copies (cuda) */
 };
