@@ -1,11 +1,12 @@
 /*
  * test_moe_pools.c - routed experts dispatched to per-NUMA-node pools
  * (engine.h `topology`, moe.c): the logits are bit-identical to the routed
- * experts run on the step's thread pool, on kt-synth's tiny and tiny-v3, for
- * prefill and decode, with experts homed round-robin over a synthetic
- * two-node topology, and with every expert homed on node 0 but replicated on
- * node 1 (then node 1's pool must take a share of the pairs: replicas
- * spread the work); and decode speed on this machine, printed both ways.
+ * experts run on one pool (a synthetic one-node topology: the step's pool),
+ * on kt-synth's tiny and tiny-v3, for prefill and decode, with experts homed
+ * round-robin over a synthetic two-node topology, and with every expert homed
+ * on node 0 but replicated on node 1 (then node 1's pool must take a share of
+ * the pairs: replicas spread the work); and decode speed on this machine,
+ * printed each way.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@
 #define DECODE_STEPS 8
 static const int32_t prompt[PROMPT_LEN] = {1, 17, 300, 42, 999, 5, 77, 512, 3, 1000, 64, 128};
 
+static const char *const ONE_NODE = "package:1 numa:1 core:2 pu:1";
 static const char *const TWO_NODES = "package:2 numa:1 core:1 pu:1";
 
 static struct kt_model *open_synth(const char *preset, char *path, size_t path_size)
@@ -70,7 +72,7 @@ static void check_identical(const char *preset)
     uint16_t *replicas = calloc(n_experts, sizeof *replicas);
     for (size_t i = 0; replicas && i < n_experts; i++)
         replicas[i] = 1u << 1;
-    float *base = run(m, &(struct kt_engine_params){.n_threads = 2, .test = &(struct kt_engine_test_params){.experts_on_threadpool = true}});
+    float *base = run(m, &(struct kt_engine_params){.n_threads = 2, .topology = ONE_NODE});
     const struct {
         const char *what;
         struct kt_engine_params p;
@@ -94,7 +96,7 @@ static void check_identical(const char *preset)
         for (size_t i = 0; i < n && first == n; i++)
             if (memcmp(&got[i], &base[i], sizeof got[i]) != 0)
                 first = i;
-        KT_CHECK(first == n, "%s, %s: logits differ from the thread-pool run at position %zu, token %zu (%.9g vs %.9g)",
+        KT_CHECK(first == n, "%s, %s: logits differ from the one-pool run at position %zu, token %zu (%.9g vs %.9g)",
                  preset, cases[c].what, first / m->hp.n_vocab, first % m->hp.n_vocab, first < n ? got[first] : 0.0,
                  first < n ? base[first] : 0.0);
         free(got);
@@ -234,11 +236,11 @@ static void decode_speed_on_this_machine(void)
     struct kt_model *m = open_synth("tiny", path, sizeof path);
     if (!m)
         return;
-    const double pool = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2, .test = &(struct kt_engine_test_params){.experts_on_threadpool = true}});
+    const double pool = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2, .topology = ONE_NODE});
     const double here = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2});
     const double two = decode_tok_s(m, &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES,
                                                                     .test = &(struct kt_engine_test_params){.experts_round_robin = true}});
-    printf("tiny decode, 2 threads: experts on the thread pool %.1f tok/s, default (this machine) %.1f tok/s, "
+    printf("tiny decode, 2 threads: one pool (synthetic 1 node) %.1f tok/s, default (this machine) %.1f tok/s, "
            "synthetic 2-node pools %.1f tok/s\n",
            pool, here, two);
     KT_CHECK(pool > 0.0 && here > 0.0 && two > 0.0, "no decode speed measured");

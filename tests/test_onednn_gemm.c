@@ -15,7 +15,7 @@
 #include "matmul.h"
 #include "onednn_gemm.h"
 #include "quant.h"
-#include "threadpool.h"
+#include "pool.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -165,9 +165,9 @@ static void matmul_sends_large_float_products_to_onednn(void)
     const int64_t n_in = 333, n_out = 2048 + 77, n_tok = 70;
     const bool scalar = kt_cpu_kernels()->isa == KT_ISA_SCALAR;
     const int threads_before = thread_count();
-    struct kt_threadpool *one = NULL, *three = NULL;
+    struct kt_pool *one = NULL, *three = NULL;
     kt_err err = {0};
-    KT_CHECK(kt_threadpool_create(1, &one, &err) == KT_OK && kt_threadpool_create(3, &three, &err) == KT_OK, "%s",
+    KT_CHECK(kt_pool_create(1, &one, &err) == KT_OK && kt_pool_create(3, &three, &err) == KT_OK, "%s",
              err.msg);
     if (!one || !three)
         goto done;
@@ -220,8 +220,8 @@ static void matmul_sends_large_float_products_to_onednn(void)
         free(wf), free(wb), free(x), free(xq), free(y1), free(y3);
     }
 done:
-    kt_threadpool_destroy(one);
-    kt_threadpool_destroy(three);
+    kt_pool_destroy(one);
+    kt_pool_destroy(three);
     KT_CHECK(thread_count() == threads_before, "threads before %d, after the pools are gone %d: oneDNN started its own",
              threads_before, thread_count());
 }

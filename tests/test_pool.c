@@ -1,10 +1,11 @@
 /*
- * test_pool.c - NUMA pools run every item of every job exactly once, on a
- * worker index in range and never on the submitting thread unless it helps;
+ * test_pool.c - worker pools (the step's, and one per NUMA node) run every
+ * item of every job exactly once, on a worker index in range and never on
+ * the submitting thread unless it helps (kt_pool_parallel_for always does);
  * several pools run at once; thousands of tiny back-to-back jobs lose no
  * wakeup; sleeping workers wake for a job and shut down; the default and
  * capped thread counts follow the documented rule; workers on this machine
- * are pinned to one PU each.
+ * are pinned to one PU each, a pool without a node's are not.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -71,6 +72,13 @@ static struct kt_topology *topology(const char *synthetic)
     return t;
 }
 
+/* A job on p's workers alone: the caller submits and waits, never helps. */
+static void run_on_workers(struct kt_pool *p, int64_t n, int64_t grain, kt_pool_fn fn, void *ctx)
+{
+    kt_pool_submit(p, n, grain, fn, ctx);
+    kt_pool_wait(p);
+}
+
 static struct kt_pools *pools(const struct kt_topology *t, int per_node, int cap)
 {
     struct kt_pools *ps = NULL;
@@ -134,7 +142,7 @@ static void every_item_runs_exactly_once_for_any_threads_and_grain(void)
         for (size_t b = 0; b < sizeof sizes / sizeof sizes[0]; b++)
             for (size_t c = 0; c < sizeof grains / sizeof grains[0]; c++) {
                 struct count_job *j = count_job_new(sizes[b], threads[a] - 1);
-                kt_pool_parallel_for(p, sizes[b], grains[c], count_items, j);
+                run_on_workers(p, sizes[b], grains[c], count_items, j);
                 KT_CHECK(count_job_wrong(j, sizes[b], 1) == 0 && atomic_load(&j->bad) == 0,
                          "%d threads, n %lld, grain %lld: %lld items wrong, %d bad calls", threads[a],
                          (long long)sizes[b], (long long)grains[c], (long long)count_job_wrong(j, sizes[b], 1),
@@ -247,7 +255,7 @@ static void sleeping_workers_wake_for_a_job_and_shut_down(void)
             continue;
         usleep(5000); /* well past the spin: every worker is asleep */
         struct count_job *j = count_job_new(100, 2);
-        kt_pool_parallel_for(kt_pools_get(ps, round % 2), 100, 1, count_items, j);
+        run_on_workers(kt_pools_get(ps, round % 2), 100, 1, count_items, j);
         KT_CHECK(count_job_wrong(j, 100, 1) == 0, "round %d: %lld wrong after waking", round,
                  (long long)count_job_wrong(j, 100, 1));
         count_job_free(j);
@@ -279,7 +287,7 @@ static void create_and_destroy_a_hundred_times(void)
             ok++;
             if (i % 2) {
                 struct count_job *j = count_job_new(10, 4);
-                kt_pool_parallel_for(kt_pools_get(ps, i % 2), 10, 1, count_items, j);
+                run_on_workers(kt_pools_get(ps, i % 2), 10, 1, count_items, j);
                 ok -= count_job_wrong(j, 10, 1) != 0;
                 count_job_free(j);
             }
@@ -288,6 +296,77 @@ static void create_and_destroy_a_hundred_times(void)
     }
     KT_CHECK(ok == 100, "%d of 100 create/run/destroy rounds succeeded", ok);
     kt_topology_destroy(t);
+}
+
+/* ---- a pool without a node (the step's) ---------------------------------------------- */
+
+/* kt_pool_parallel_for: every item once, on a worker index below
+ * kt_pool_n_threads (the caller works too), for any size and grain; on a
+ * node's pool as on the step's. */
+static void parallel_for_runs_every_item_once_with_the_caller_working(void)
+{
+    struct kt_topology *t = topology(SYNTH_2X4);
+    const int threads[] = {1, 2, 3, 8};
+    const int64_t sizes[] = {0, 1, 2, 7, 64, 1000, 4099};
+    const int64_t grains[] = {0, 1, 3, 64, 5000};
+    for (size_t a = 0; a < sizeof threads / sizeof threads[0]; a++) {
+        struct kt_pool *own = NULL;
+        kt_err err = {0};
+        KT_CHECK(kt_pool_create(threads[a], &own, &err) == KT_OK, "%s", err.msg);
+        struct kt_pools *ps = t && threads[a] > 1 ? pools(t, threads[a] - 1, 0) : NULL;
+        struct kt_pool *each[2] = {own, ps ? kt_pools_get(ps, 1) : NULL};
+        if (own) {
+            KT_CHECK(kt_pool_n_threads(own) == threads[a] && kt_pool_n_workers(own) == threads[a] - 1,
+                     "%d threads, %d workers; asked %d threads", kt_pool_n_threads(own), kt_pool_n_workers(own),
+                     threads[a]);
+            KT_CHECK(kt_pool_node(own) == -1 && kt_pool_bind_failures(own) == 0, "node %d", kt_pool_node(own));
+        }
+        for (int k = 0; k < 2; k++)
+            for (size_t b = 0; each[k] && b < sizeof sizes / sizeof sizes[0]; b++)
+                for (size_t c = 0; c < sizeof grains / sizeof grains[0]; c++) {
+                    struct count_job *j = count_job_new(sizes[b], kt_pool_n_threads(each[k]) - 1);
+                    kt_pool_parallel_for(each[k], sizes[b], grains[c], count_items, j);
+                    KT_CHECK(count_job_wrong(j, sizes[b], 1) == 0 && atomic_load(&j->bad) == 0,
+                             "%s, %d threads, n %lld, grain %lld: %lld items wrong, %d bad calls",
+                             k ? "node pool" : "own pool", threads[a], (long long)sizes[b], (long long)grains[c],
+                             (long long)count_job_wrong(j, sizes[b], 1), atomic_load(&j->bad));
+                    count_job_free(j);
+                }
+        kt_pool_destroy(own);
+        kt_pools_destroy(ps);
+    }
+    kt_topology_destroy(t);
+}
+
+/* A job posted before the workers reach their wait must still be seen by
+ * them (this deadlocked once). */
+static void jobs_posted_at_creation_are_not_lost(void)
+{
+    for (int round = 0; round < 200; round++) {
+        struct kt_pool *p = NULL;
+        kt_err err = {0};
+        if (kt_pool_create(4, &p, &err) != KT_OK) {
+            KT_CHECK(false, "%s", err.msg);
+            return;
+        }
+        struct count_job *j = count_job_new(16, 3);
+        run_on_workers(p, 16, 1, count_items, j);
+        kt_pool_parallel_for(p, 16, 1, count_items, j);
+        KT_CHECK(count_job_wrong(j, 16, 2) == 0, "round %d: %lld items not run twice", round,
+                 (long long)count_job_wrong(j, 16, 2));
+        count_job_free(j);
+        kt_pool_destroy(p);
+    }
+}
+
+static void bad_thread_counts_are_rejected(void)
+{
+    struct kt_pool *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_pool_create(-1, &p, &err) == KT_ERR_INVALID && !p, "-1 threads accepted");
+    KT_CHECK(kt_pool_create(0, &p, &err) == KT_OK && p && kt_pool_n_threads(p) >= 1, "0 (online CPUs): %s",
+             err.msg);
+    kt_pool_destroy(p);
 }
 
 /* ---- this machine ---------------------------------------------------------------- */
@@ -318,7 +397,7 @@ static void workers_on_this_machine_are_pinned_to_one_pu(void)
             KT_CHECK(kt_pool_bind_failures(p) == 0, "pool %d: %d workers could not be bound", i,
                      kt_pool_bind_failures(p));
             struct pin_job j = {0};
-            kt_pool_parallel_for(p, 64, 1, check_pinned, &j);
+            run_on_workers(p, 64, 1, check_pinned, &j);
             KT_CHECK(atomic_load(&j.calls) == 64 && atomic_load(&j.not_pinned) == 0,
                      "pool %d: %d calls, %d on unpinned threads", i, atomic_load(&j.calls),
                      atomic_load(&j.not_pinned));
@@ -329,6 +408,25 @@ static void workers_on_this_machine_are_pinned_to_one_pu(void)
         kt_pools_destroy(ps);
     }
     kt_topology_destroy(t);
+}
+
+/* A pool made without a node (the step's) binds nothing: its workers keep
+ * the caller's CPUs. */
+static void a_pool_without_a_node_pins_nothing(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) < 2)
+        return; /* one CPU: a worker could not tell */
+    struct kt_pool *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_pool_create(3, &p, &err) == KT_OK, "%s", err.msg);
+    if (p) {
+        struct pin_job j = {0};
+        run_on_workers(p, 64, 1, check_pinned, &j);
+        KT_CHECK(atomic_load(&j.calls) == 64 && atomic_load(&j.not_pinned) == 64, "%d calls, %d on pinned threads",
+                 atomic_load(&j.calls), 64 - atomic_load(&j.not_pinned));
+    }
+    kt_pool_destroy(p);
 }
 
 struct alloc_job {
@@ -360,7 +458,7 @@ static void workers_allocate_node_local_buffers_at_once(void)
     if (ps && kt_numa_mem_create(t, &m, NULL) == KT_OK) {
         for (int i = 0; i < kt_pools_count(ps); i++) {
             struct alloc_job j = {.mem = m, .node = kt_pool_node(kt_pools_get(ps, i))};
-            kt_pool_parallel_for(kt_pools_get(ps, i), 512, 1, alloc_node_local, &j);
+            run_on_workers(kt_pools_get(ps, i), 512, 1, alloc_node_local, &j);
             KT_CHECK(atomic_load(&j.failures) == 0, "%d allocations failed", atomic_load(&j.failures));
             KT_CHECK(kt_numa_mem_bytes(m, j.node) == 0, "node %d holds %llu after all frees", j.node,
                      (unsigned long long)kt_numa_mem_bytes(m, j.node));
@@ -375,6 +473,7 @@ static void workers_allocate_node_local_buffers_at_once(void)
 
 int main(void)
 {
+    alarm(300); /* a lost wake-up hangs: fail instead of waiting for ctest's timeout */
     main_thread = pthread_self();
     unsetenv("KT_TOPOLOGY_SYNTHETIC");
     KT_RUN(default_threads_leave_one_core_of_the_first_node_to_the_caller);
@@ -384,7 +483,11 @@ int main(void)
     KT_RUN(tiny_jobs_back_to_back_on_all_pools_lose_nothing);
     KT_RUN(sleeping_workers_wake_for_a_job_and_shut_down);
     KT_RUN(create_and_destroy_a_hundred_times);
+    KT_RUN(parallel_for_runs_every_item_once_with_the_caller_working);
+    KT_RUN(jobs_posted_at_creation_are_not_lost);
+    KT_RUN(bad_thread_counts_are_rejected);
     KT_RUN(workers_on_this_machine_are_pinned_to_one_pu);
+    KT_RUN(a_pool_without_a_node_pins_nothing);
     KT_RUN(workers_allocate_node_local_buffers_at_once);
     return kt_test_finish();
 }

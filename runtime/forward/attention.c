@@ -238,15 +238,15 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
                 items[n_absorbed++] = e->chunks[c].tokens[q];
     /* Heads per absorbed item: as many as share a row read, while leaving
      * at least two items per thread. */
-    const uint32_t threads = (uint32_t)kt_threadpool_n_threads(e->pool);
+    const uint32_t threads = (uint32_t)kt_pool_n_threads(e->pool);
     uint32_t group = n_absorbed ? (uint32_t)(((uint64_t)n_absorbed * H) / (2u * threads)) : 1;
     group = group < 1 ? 1 : group > KT_ATTN_HEAD_GROUP ? KT_ATTN_HEAD_GROUP : group;
     struct attention_job job = {e, il, items, group};
-    kt_threadpool_parallel_for(e->pool, (int64_t)n_absorbed * ((H + group - 1) / group), 1, absorbed_task, &job);
+    kt_pool_parallel_for(e->pool, (int64_t)n_absorbed * ((H + group - 1) / group), 1, absorbed_task, &job);
     for (uint32_t c = 0; c < e->n_chunks; c++)
         if (e->chunks[c].expanded)
             items[n_expanded++] = c;
-    kt_threadpool_parallel_for(e->pool, (int64_t)n_expanded * H, 1, expanded_task, &job);
+    kt_pool_parallel_for(e->pool, (int64_t)n_expanded * H, 1, expanded_task, &job);
 
     /* a = W_o concat_h(o_h)   (T, E) */
     kt_fwd_matmul(e, &L->out, e->o, T, out, e->xq);

@@ -246,7 +246,7 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(b->hq_pairs_gate, pairs * b->hq_row_bytes);
     CARVE(b->hq_pairs_up, pairs * b->hq_row_bytes);
 
-    const int n_threads = kt_threadpool_n_threads(e->pool);
+    const int n_threads = kt_pool_n_threads(e->pool);
     CARVE(e->scratch, (size_t)n_threads);
     for (int i = 0; i < n_threads; i++) {
         struct kt_thread_scratch measuring, *ts = a->base ? &e->scratch[i] : &measuring;
@@ -280,36 +280,34 @@ static kt_status alloc_buffers(struct kt_engine *e, kt_err *err)
     return KT_OK;
 }
 
-/* The NUMA node pools for the routed experts (none if experts_on_threadpool):
- * n_threads - 1 workers in all, at least one per pool (see engine.h). */
+/* The routed experts' pools (engine.h `topology`): one per NUMA node with
+ * cores, n_threads - 1 workers in all, at least one per pool; with one such
+ * node, the step's pool alone. */
 static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
 {
-    if (e->test.experts_on_threadpool)
-        return KT_OK;
     kt_status st = kt_topology_create(d->topology, &e->topo, err);
     if (st != KT_OK)
         return st;
     int n_with_cores = 0;
     for (int i = 0; i < e->topo->n_nodes; i++)
         n_with_cores += e->topo->nodes[i].n_cores > 0;
-    if (n_with_cores <= 1) { /* one node: its pool would be the thread pool again, competing with it */
-        kt_topology_destroy(e->topo);
-        e->topo = NULL;
-        return KT_OK;
-    }
-    const int n_threads = kt_threadpool_n_threads(e->pool);
+    const int n_threads = kt_pool_n_threads(e->pool);
     struct kt_pools_config cfg = {.max_threads = n_threads - 1 > n_with_cores ? n_threads - 1 : n_with_cores};
-    if ((st = kt_pools_create(e->topo, &cfg, &e->pools, err)) != KT_OK)
+    if (n_with_cores > 1 && (st = kt_pools_create(e->topo, &cfg, &e->pools, err)) != KT_OK)
         return st;
-    const int n_pools = kt_pools_count(e->pools);
+    e->n_pools = e->pools ? kt_pools_count(e->pools) : 1;
+    e->expert_pools = calloc((size_t)e->n_pools, sizeof *e->expert_pools);
     e->node_pool = calloc((size_t)e->topo->n_nodes, sizeof *e->node_pool);
-    e->pool_units = calloc((size_t)n_pools + 1, sizeof *e->pool_units);
-    e->pool_jobs = calloc((size_t)n_pools, sizeof *e->pool_jobs);
-    e->pool_load = calloc((size_t)n_pools, sizeof *e->pool_load);
-    if (!e->node_pool || !e->pool_units || !e->pool_jobs || !e->pool_load)
+    e->pool_units = calloc((size_t)e->n_pools + 1, sizeof *e->pool_units);
+    e->pool_jobs = calloc((size_t)e->n_pools, sizeof *e->pool_jobs);
+    e->pool_load = calloc((size_t)e->n_pools, sizeof *e->pool_load);
+    if (!e->expert_pools || !e->node_pool || !e->pool_units || !e->pool_jobs || !e->pool_load)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    for (int i = 0; i < n_pools; i++)
-        e->node_pool[kt_pool_node(kt_pools_get(e->pools, i))] = i;
+    for (int i = 0; i < e->n_pools; i++) {
+        e->expert_pools[i] = e->pools ? kt_pools_get(e->pools, i) : e->pool;
+        if (kt_pool_node(e->expert_pools[i]) >= 0)
+            e->node_pool[kt_pool_node(e->expert_pools[i])] = i;
+    }
     return KT_OK;
 }
 
@@ -446,7 +444,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         if ((st = build_layer(&m->layers[il], &e->layers[il], err)))
             goto fail;
 
-    if ((st = kt_threadpool_create((int)d.n_threads, &e->pool, err)) || (st = create_pools(e, &d, err)))
+    if ((st = kt_pool_create((int)d.n_threads, &e->pool, err)) || (st = create_pools(e, &d, err)))
         goto fail;
     /* with attention on a device the KV cache lives there (device_attention) */
     const bool kv_on_device = d.device && d.attention_on_device;
@@ -459,7 +457,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                                             .keep_gguf_layout = e->test.keep_gguf_layout,
                                             .home_nodes = d.expert_home_nodes,
                                             .replica_nodes = d.expert_replica_nodes};
-        if (e->test.experts_round_robin && e->topo)
+        if (e->test.experts_round_robin && e->pools)
             sp.round_robin_nodes = e->topo->n_nodes;
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))
             goto fail;
@@ -473,7 +471,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         goto fail;
     for (uint32_t s = 0; s < d.max_seqs; s++)
         e->seq_chunk[s] = UINT32_MAX;
-    e->params.n_threads = (uint32_t)kt_threadpool_n_threads(e->pool);
+    e->params.n_threads = (uint32_t)kt_pool_n_threads(e->pool);
     *out = e;
     return KT_OK;
 
@@ -491,8 +489,9 @@ void kt_engine_destroy(struct kt_engine *e)
         munmap(e->packed_blocks[i], e->packed_block_bytes[i]);
     free(e->packed_blocks);
     free(e->packed_block_bytes);
-    kt_threadpool_destroy(e->pool);
+    kt_pool_destroy(e->pool);
     kt_pools_destroy(e->pools);
+    free(e->expert_pools);
     kt_topology_destroy(e->topo);
     free(e->node_pool);
     free(e->pool_load);

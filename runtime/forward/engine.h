@@ -58,9 +58,9 @@ struct kt_engine_params {
      * n_threads - 1 workers in all (at least one per pool, at most one per
      * physical core of a real node, and one core of the first node left to the
      * stepping thread), so n_threads still counts every thread that works.
-     * A topology with one node (with cores) gets no pools: its experts run on
-     * the step's thread pool, whose threads would otherwise compete with the
-     * pool's for the same cores. */
+     * A topology with one node (with cores) has one pool: the step's own
+     * (n_threads - 1 workers, not pinned), as a second pool's threads would
+     * compete with it for the same cores. */
     const char *topology;
     /* [n_layer * n_expert] home node and replica nodes (bit i: node i) of each
      * routed expert, as a placement plan gives them (expert_store.h); NULL:

@@ -23,7 +23,6 @@ enum kt_attention_form {
 struct kt_engine_test_params {
     enum kt_attention_form attention_form; /* force one form (AUTO: the engine picks) */
     bool experts_in_place;      /* read routed experts from the mapping instead of the expert store */
-    bool experts_on_threadpool; /* run routed experts on the step's thread pool (no NUMA pools) */
     bool experts_round_robin;   /* home expert x of each layer on topology node x % n_nodes (default:
                                    node 0); ignored when experts_in_place */
     /* Keep every weight in the file's GGUF rows instead of repacking the

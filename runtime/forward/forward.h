@@ -23,7 +23,6 @@
 #include "moe.h"
 #include "cpu/ref/ops.h"
 #include "pool.h"
-#include "threadpool.h"
 
 /* One FFN (dense layer, shared experts, or one routed expert once sliced). */
 struct kt_ffn_weights {
@@ -219,12 +218,17 @@ struct kt_engine {
     struct kt_hparams hp;
     struct kt_engine_params params;
     struct kt_engine_test_params test; /* params.test's knobs (all off without one); params.test points here */
-    struct kt_threadpool *pool;
+    struct kt_pool *pool;       /* the step's: attention, matmuls, dense FFNs (never bound) */
     struct kt_kv_cache *kv;
     struct kt_layer_weights *layers; /* [n_layer] */
     struct kt_expert_store *experts; /* routed experts copied out of the file; NULL: read in place */
-    struct kt_topology *topo;   /* NULL: routed experts on `pool` (experts_on_threadpool) */
-    struct kt_pools *pools;     /* one per NUMA node with cores, for the routed experts */
+    struct kt_topology *topo;
+    struct kt_pools *pools;     /* one per NUMA node with cores, if more than one node has cores */
+    /* [n_pools] where the routed experts run: the node pools, or with one
+     * node with cores the step's `pool` alone (a second pool there would
+     * compete with it for the same cores) */
+    struct kt_pool **expert_pools;
+    int n_pools;
     int *node_pool;             /* [topo->n_nodes] pool of each node (0 for nodes without cores) */
     uint32_t *pool_units;       /* [n_pools + 1] the units of pool i this step: [pool_units[i], pool_units[i+1]) */
     struct kt_units_job *pool_jobs; /* [n_pools] */
@@ -264,8 +268,8 @@ struct kt_engine {
     uint32_t *pair_of;          /* (T, k) pair index of token t's j-th expert */
     uint32_t *expert_pairs;     /* (Ne) pairs routed to each expert */
     uint32_t *expert_unit;      /* (Ne) unit of each expert this step */
-    uint32_t *active_experts;   /* (Ne) experts with pairs this step, largest group first (with pools) */
-    int *expert_pool_of;        /* (Ne) the pool running each active expert (with pools) */
+    uint32_t *active_experts;   /* (Ne) experts with pairs this step, largest group first */
+    int *expert_pool_of;        /* (Ne) the pool running each active expert */
     uint64_t *pool_load;        /* [n_pools] pairs given to each pool so far this step */
     struct kt_ffn_unit *units;  /* (Ne + 1) the step's active experts, then the shared one */
     struct kt_moe_bufs bufs;    /* the host's FFN buffers */

@@ -90,7 +90,7 @@ static void quantize_task(void *ctx, int64_t begin, int64_t end, int thread)
         j->quantize(j->x + t * j->n, j->xq + (size_t)t * j->row_bytes, j->n);
 }
 
-void kt_quantize_rows(struct kt_threadpool *pool, int weight_type, const float *x, int64_t n_rows, int64_t n,
+void kt_quantize_rows(struct kt_pool *pool, int weight_type, const float *x, int64_t n_rows, int64_t n,
                       void *xq)
 {
     const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(weight_type);
@@ -98,7 +98,7 @@ void kt_quantize_rows(struct kt_threadpool *pool, int weight_type, const float *
     if (n_rows < 8 || !pool) /* a handful of rows: not worth a hand-off */
         quantize_task(&j, 0, n_rows, 0);
     else
-        kt_threadpool_parallel_for(pool, n_rows, 4, quantize_task, &j);
+        kt_pool_parallel_for(pool, n_rows, 4, quantize_task, &j);
 }
 
 /* ---- products --------------------------------------------------------------------- */
@@ -199,18 +199,18 @@ static void onednn_task(void *ctx, int64_t begin, int64_t end, int thread)
     }
 }
 
-void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
+void kt_matmul_q(struct kt_pool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
                  int64_t y_stride)
 {
     const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m->type);
     struct matmul_job j = {m, k->gemv, k->gemm, xq, kt_type_row_bytes(k->vec_dot_type, m->n_in), n_rows, y, y_stride};
-    int n_threads = pool ? kt_threadpool_n_threads(pool) : 1;
+    int n_threads = pool ? kt_pool_n_threads(pool) : 1;
     if (onednn_runs(m, n_rows)) {
         const int64_t slices = (m->n_out + KT_MATMUL_ONEDNN_SLICE_ROWS - 1) / KT_MATMUL_ONEDNN_SLICE_ROWS;
         if (n_threads == 1)
             onednn_task(&j, 0, slices, 0);
         else
-            kt_threadpool_parallel_for(pool, slices, 1, onednn_task, &j);
+            kt_pool_parallel_for(pool, slices, 1, onednn_task, &j);
         return;
     }
     /* About 8 slices per thread balance uneven progress without much claiming;
@@ -222,7 +222,7 @@ void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void 
     if (n_threads == 1)
         matmul_task(&j, 0, m->n_out, 0);
     else
-        kt_threadpool_parallel_for(pool, m->n_out, grain, matmul_task, &j);
+        kt_pool_parallel_for(pool, m->n_out, grain, matmul_task, &j);
 }
 
 void kt_matvec_q(const struct kt_mat *m, const void *xq, float *y)

@@ -27,7 +27,7 @@
 #include "cpu/dispatch.h"
 #include "gguf.h"
 #include "quant.h"
-#include "threadpool.h"
+#include "pool.h"
 
 struct kt_mat {
     /* row o at data + o * row_bytes; packed: groups of packed->rows rows (kernels/cpu/packed.h) */
@@ -63,12 +63,12 @@ size_t kt_act_row_bytes(int weight_type, int64_t n);
 
 /* xq[t] = x[t] converted to the vec_dot_type of weight_type, t < n_rows.
  * x (n_rows, n) floats; xq (n_rows, kt_act_row_bytes(weight_type, n)) bytes. */
-void kt_quantize_rows(struct kt_threadpool *pool, int weight_type, const float *x, int64_t n_rows, int64_t n,
+void kt_quantize_rows(struct kt_pool *pool, int weight_type, const float *x, int64_t n_rows, int64_t n,
                       void *xq);
 
 /* y[t][o] = W[o] . xq[t] for o < m.n_out, t < n_rows, parallel over output rows.
  * xq as kt_quantize_rows wrote it for m.type; y (n_rows, y_stride) floats. */
-void kt_matmul_q(struct kt_threadpool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
+void kt_matmul_q(struct kt_pool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
                  int64_t y_stride);
 
 /* The single-thread product of one row (used inside parallel tasks):

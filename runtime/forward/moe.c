@@ -11,12 +11,13 @@
  * (docs/architecture.md).  Work is split into (expert, row-slice) tasks, each running
  * its expert's whole token group through one tiled product (the packed
  * kernel when the expert store repacked the expert): gate and up together,
- * SiLU fused, then down.  Routed experts run on the NUMA pool of their home
- * node, all pools at once, the stepping thread helping the first (or on the
- * step's thread pool, experts_on_threadpool); the shared experts go with the
- * first pool, dense FFNs stay on the thread pool.  Every (token, expert) product is computed the same
- * way whatever else is in the batch, and sums run in selection order, so a
- * token's output never depends on its batch.  Nothing here allocates.
+ * SiLU fused, then down.  Routed experts run on the least loaded NUMA pool
+ * holding a copy, all pools at once, the stepping thread helping the first
+ * (one node: the step's pool is the one pool); the shared experts go with the
+ * first pool, dense FFNs stay on the step's pool.  Every (token, expert)
+ * product is computed the same way whatever else is in the batch, and sums
+ * run in selection order, so a token's output never depends on its batch.
+ * Nothing here allocates.
  */
 #include <math.h>
 #include <string.h>
@@ -260,7 +261,7 @@ static void down_task(void *ctx, int64_t begin, int64_t end, int thread)
 /* h (T, E) quantized for weight type `type` (rows packed at that format's
  * size) into one of b->hq, once per activation format per step (gate and up
  * of routed and shared experts take at most four formats). */
-static const uint8_t *quantized_h(struct kt_engine *e, struct kt_threadpool *pool, const struct kt_moe_bufs *b,
+static const uint8_t *quantized_h(struct kt_engine *e, struct kt_pool *pool, const struct kt_moe_bufs *b,
                                   const float *h, int type, int *slot_types, int *n_slots)
 {
     const int act_type = kt_mat_kernels_for(type)->vec_dot_type;
@@ -273,13 +274,16 @@ static const uint8_t *quantized_h(struct kt_engine *e, struct kt_threadpool *poo
     return b->hq[i];
 }
 
-/* Where a range of units runs. */
-enum units_on { ON_THREADPOOL, ON_POOLS, ON_THIS_THREAD };
+/* Where a range of units runs: group g's units [first[g], first[g + 1]) on
+ * pool[g], all groups at once, the calling thread helping group 0's pool;
+ * pool NULL: one group, on the calling thread alone (a device's queue). */
+struct unit_groups {
+    int n;
+    struct kt_pool *const *pool; /* [n] */
+    const uint32_t *first;       /* [n + 1] */
+    struct kt_units_job *jobs;   /* [n] */
+};
 
-/* One phase over the items of units [u0, u1): on the step's thread pool; on
- * this thread alone (a device's queue); or with pools, pool i taking the
- * items of its units [pool_units[i], pool_units[i+1]), all pools at once,
- * this thread helping pool 0. */
 /* fn on its items, the time it took added to the step's CPU expert busy
  * time (every CPU thread's, so a fully busy step of n threads counts n x its
  * wall time). */
@@ -291,40 +295,37 @@ static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
     __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, kt_fwd_now_ns() - t0, __ATOMIC_RELAXED);
 }
 
-static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, enum units_on on, uint32_t u0, uint32_t u1,
-                      uint32_t n_units, enum item_kind kind, kt_pool_fn fn)
+/* One phase over the items of every group's units. */
+static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, const struct unit_groups *g, uint32_t n_units,
+                      enum item_kind kind, kt_pool_fn fn)
 {
-    uint32_t begin, end;
-    if (on != ON_POOLS) {
-        unit_items(e, u0, u1, n_units, kind, &begin, &end);
-        struct kt_units_job j = {e, b, n_units, begin, fn};
-        if (on == ON_THIS_THREAD)
-            fn(&j, 0, (int64_t)end - begin, 0); /* the device's thread: not a CPU pool */
+    for (int i = 0; i < g->n; i++) {
+        uint32_t begin, end;
+        unit_items(e, g->first[i], g->first[i + 1], n_units, kind, &begin, &end);
+        g->jobs[i] = (struct kt_units_job){e, b, n_units, begin, fn};
+        if (g->pool)
+            kt_pool_submit(g->pool[i], (int64_t)end - begin, 1, timed_task, &g->jobs[i]);
         else
-            kt_threadpool_parallel_for(e->pool, (int64_t)end - begin, 1, timed_task, &j);
+            fn(&g->jobs[i], 0, (int64_t)end - begin, 0); /* the device's thread: not a CPU pool */
+    }
+    if (!g->pool)
         return;
-    }
-    const int n_pools = kt_pools_count(e->pools);
-    for (int i = 0; i < n_pools; i++) {
-        unit_items(e, e->pool_units[i], e->pool_units[i + 1], n_units, kind, &begin, &end);
-        e->pool_jobs[i] = (struct kt_units_job){e, b, n_units, begin, fn};
-        kt_pool_submit(kt_pools_get(e->pools, i), (int64_t)end - begin, 1, timed_task, &e->pool_jobs[i]);
-    }
-    kt_pool_help(kt_pools_get(e->pools, 0));
-    for (int i = 0; i < n_pools; i++)
-        kt_pool_wait(kt_pools_get(e->pools, i));
+    kt_pool_help(g->pool[0]);
+    for (int i = 0; i < g->n; i++)
+        kt_pool_wait(g->pool[i]);
 }
 
-/* Runs units [u0, u1) of the step's n_units (planned by plan_items):
+/* Runs the groups' units of the step's n_units (planned by plan_items):
  * b->pair_out[p] = FFN_unit(h[pair_token[p]]) for their pairs, with h and
  * every buffer in b. */
-static void run_units(struct kt_engine *e, const struct kt_moe_bufs *b, const float *h, uint32_t u0, uint32_t u1,
-                      uint32_t n_units, enum units_on on)
+static void run_units(struct kt_engine *e, const struct kt_moe_bufs *b, const float *h, const struct unit_groups *g,
+                      uint32_t n_units)
 {
+    const uint32_t u0 = g->first[0], u1 = g->first[g->n];
     if (u0 >= u1)
         return;
     int slot_types[4], n_slots = 0;
-    struct kt_threadpool *pool = on == ON_THIS_THREAD ? NULL : e->pool;
+    struct kt_pool *pool = g->pool ? e->pool : NULL;
     for (uint32_t i = u0; i < u1; i++) {
         struct kt_ffn_unit *u = &e->units[i];
         u->hq_gate = quantized_h(e, pool, b, h, u->w.gate.type, slot_types, &n_slots);
@@ -333,10 +334,10 @@ static void run_units(struct kt_engine *e, const struct kt_moe_bufs *b, const fl
         u->hq_up_row_bytes = kt_act_row_bytes(u->w.up.type, e->hp.n_embd);
         u->up_shares_gate_rows = u->hq_up == u->hq_gate;
     }
-    run_phase(e, b, on, u0, u1, n_units, ITEMS_PAIRS, gather_task);
-    run_phase(e, b, on, u0, u1, n_units, ITEMS_GATE_UP, gate_up_task);
-    run_phase(e, b, on, u0, u1, n_units, ITEMS_PAIRS, quantize_act_task);
-    run_phase(e, b, on, u0, u1, n_units, ITEMS_DOWN, down_task);
+    run_phase(e, b, g, n_units, ITEMS_PAIRS, gather_task);
+    run_phase(e, b, g, n_units, ITEMS_GATE_UP, gate_up_task);
+    run_phase(e, b, g, n_units, ITEMS_PAIRS, quantize_act_task);
+    run_phase(e, b, g, n_units, ITEMS_DOWN, down_task);
 }
 
 /* Weight bytes the units [0, n_units) read this step. */
@@ -353,7 +354,9 @@ static void count_weight_bytes(struct kt_engine *e, uint32_t n_units)
 void kt_fwd_run_device_part(void *ctx)
 {
     const struct kt_device_part *d = ctx;
-    run_units(d->e, &d->e->dev.bufs, d->e->dev.h, d->u0, d->n_units, d->n_units, ON_THIS_THREAD);
+    const uint32_t first[2] = {d->u0, d->n_units};
+    struct kt_units_job job;
+    run_units(d->e, &d->e->dev.bufs, d->e->dev.h, &(struct unit_groups){1, NULL, first, &job}, d->n_units);
 }
 
 /* ---- the layer ---------------------------------------------------------------------- */
@@ -410,7 +413,7 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
 static void choose_pools(struct kt_engine *e, uint32_t il)
 {
     const uint32_t Ne = e->hp.n_expert;
-    const int n_pools = kt_pools_count(e->pools);
+    const int n_pools = e->n_pools;
     uint32_t n_active = 0;
     for (uint32_t x = 0; x < Ne; x++)
         if (e->expert_pairs[x] && !on_device(e, il, x))
@@ -431,13 +434,13 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
         const int home = se && se->home_node >= 0 && se->home_node < e->topo->n_nodes ? se->home_node : 0;
         int best = e->node_pool[home];
         for (int g = 0; se && g < n_pools; g++) {
-            const int node = kt_pool_node(kt_pools_get(e->pools, g));
+            const int node = kt_pool_node(e->expert_pools[g]);
             if (node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] && e->pool_load[g] < e->pool_load[best])
                 best = g;
         }
         e->expert_pool_of[x] = best;
         e->pool_load[best] += e->expert_pairs[x];
-        const int node = kt_pool_node(kt_pools_get(e->pools, best));
+        const int node = kt_pool_node(e->expert_pools[best]);
         if (node >= 0 && node < 16)
             e->stats.node_pairs[node] += e->expert_pairs[x];
     }
@@ -455,11 +458,12 @@ static kt_status cuda_device_part(void *ctx, void *stream, kt_err *err)
 
 /* Runs the step's n_units (planned): units [dev0, n_units) on the device -
  * queued first (h in unless h_on_device, its units, their outputs back) -
- * and [0, dev0) on the CPU (`on`) while the device works; returns once both
- * are done (so the device's work may point at this frame). */
-static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uint32_t n_units, uint32_t dev0,
-                      enum units_on on)
+ * and the CPU's units [0, dev0) in `cpu`'s groups while the device works;
+ * returns once both are done (so the device's work may point at this frame). */
+static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uint32_t n_units,
+                      const struct unit_groups *cpu)
 {
+    const uint32_t dev0 = cpu->first[cpu->n];
     const size_t T = e->n_tokens, E = e->hp.n_embd;
     const bool device_work = dev0 < n_units;
     struct kt_device_part part = {e, dev0, n_units};
@@ -479,7 +483,7 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
         kt_backend_run(e->dev.backend, kt_fwd_run_device_part, &part, cuda_device_part, &part);
         e->stats.device_pairs += n_pairs - p0;
     }
-    run_units(e, &e->bufs, h, 0, dev0, n_units, on);
+    run_units(e, &e->bufs, h, cpu, n_units);
     if (device_work) {
         /* queued after the CPU's units: a copy into pageable memory (if
          * page-locking was refused) holds the host until it is done */
@@ -501,7 +505,9 @@ static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_we
         e->pair_token[t] = t;
     plan_items(e, 1);
     count_weight_bytes(e, 1);
-    run_split(e, h, false, 1, device ? 0 : 1, ON_THREADPOOL);
+    const uint32_t first[2] = {0, device ? 0 : 1};
+    struct kt_units_job job;
+    run_split(e, h, false, 1, &(struct unit_groups){1, &e->pool, first, &job});
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
@@ -558,32 +564,30 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     e->stats.router_ns += t1 - t0;
 
     /* Group (token, expert) pairs by expert, tokens in batch order within
-     * each; experts by the pool that runs them (one group without pools),
-     * in id order within it, the device's experts last; the shared experts
-     * serve every token after the first group's experts, or the device's.
+     * each; experts by the pool that runs them, in id order within it, the
+     * device's experts last; the shared experts serve every token after the
+     * first group's experts, or the device's.
      * The order of units changes no sum: the combine below follows pair_of
      * in selection order. */
     memset(e->expert_pairs, 0, Ne * sizeof *e->expert_pairs);
     for (uint32_t i = 0; i < T * k; i++)
         e->expert_pairs[e->route_experts[i]]++;
-    const bool on_pools = e->pools != NULL;
-    const int n_groups = on_pools ? kt_pools_count(e->pools) : 1;
-    if (on_pools)
-        choose_pools(e, il);
+    const int n_groups = e->n_pools;
+    choose_pools(e, il);
     const bool shared = L->shared.n_ff > 0;
     const bool shared_on_device = shared && e->dev.shared;
     uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0;
     for (int g = 0; g <= n_groups; g++) { /* g == n_groups: the device */
         const bool device = g == n_groups;
-        if (on_pools && !device)
-            e->pool_units[g] = n_units;
         if (device)
             dev0 = n_units;
+        else
+            e->pool_units[g] = n_units;
         for (uint32_t x = 0; x < Ne; x++) {
             if (!e->expert_pairs[x] || on_device(e, il, x) != device ||
-                (on_pools && !device && e->expert_pool_of[x] != g))
+                (!device && e->expert_pool_of[x] != g))
                 continue;
-            const int node = on_pools && !device ? kt_pool_node(kt_pools_get(e->pools, g)) : -1;
+            const int node = device ? -1 : kt_pool_node(e->expert_pools[g]);
             e->expert_unit[x] = n_units;
             e->units[n_units++] = (struct kt_ffn_unit){.w = expert_weights(e, il, L, x, node), .first_pair = n_pairs};
             n_pairs += e->expert_pairs[x];
@@ -597,8 +601,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
             n_pairs += T;
         }
     }
-    if (on_pools)
-        e->pool_units[n_groups] = dev0;
+    e->pool_units[n_groups] = dev0;
     for (uint32_t i = 0; i < T * k; i++) {
         struct kt_ffn_unit *u = &e->units[e->expert_unit[e->route_experts[i]]];
         uint32_t p = u->first_pair + u->n_pairs++;
@@ -608,7 +611,8 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     plan_items(e, n_units);
     count_weight_bytes(e, n_units);
 
-    run_split(e, h, routed_on_device, n_units, dev0, on_pools ? ON_POOLS : ON_THREADPOOL);
+    run_split(e, h, routed_on_device, n_units,
+              &(struct unit_groups){n_groups, e->expert_pools, e->pool_units, e->pool_jobs});
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {

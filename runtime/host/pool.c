@@ -1,5 +1,7 @@
 /*
- * pool.c - NUMA node worker pools: start-up binding, job hand-off, shutdown.
+ * pool.c - worker pools: start-up binding, job hand-off, shutdown; the step's
+ * pool (kt_pool_create, never bound) and the NUMA node pools (kt_pools_create)
+ * are the same thing, started with or without a node to bind to.
  *
  * A job is published by bumping the pool's generation under its mutex after
  * the job fields are written; idle workers spin on the generation for a short
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* How long an idle worker (or a waiting caller) spins before it sleeps. */
 #define SPIN_NS 50000
@@ -30,13 +33,13 @@ struct worker_arg {
 };
 
 struct kt_pool {
-    const struct kt_topology *topo;
-    int node;      /* index into topo->nodes */
+    const struct kt_topology *topo; /* NULL: never bound (kt_pool_create) */
+    int node;      /* index into topo->nodes; -1 without a topology */
     int n_workers;
     int n_started; /* threads created, joined at destroy */
     pthread_t *threads;       /* [n_workers] */
     struct worker_arg *args;  /* [n_workers] */
-    int *worker_pu;           /* [n_workers] OS PU to pin to */
+    int *worker_pu;           /* [n_workers] OS PU to pin to (with a topology) */
 
     pthread_mutex_t mutex;
     pthread_cond_t wake; /* workers wait for a new generation or stop */
@@ -94,7 +97,7 @@ static void run_items(struct kt_pool *p, int worker)
 static void bind_worker(struct kt_pool *p, int worker)
 {
     const struct kt_topology *t = p->topo;
-    if (t->synthetic)
+    if (!t || t->synthetic)
         return;
     hwloc_topology_t hw = t->hwloc;
     hwloc_bitmap_t cpus = hwloc_bitmap_alloc();
@@ -177,17 +180,18 @@ static void pool_stop(struct kt_pool *p)
     free(p->worker_pu);
 }
 
-/* Starts n_workers on node `node`, pinned from core `first_core` on, and
- * waits until all are past start-up (bound and listening). */
+/* Starts n_workers (>= 0) on node `node` of t, pinned from core `first_core`
+ * on (t NULL: node -1, never bound), and waits until all are past start-up
+ * (bound and listening). */
 static kt_status pool_start(struct kt_pool *p, const struct kt_topology *t, int node, int n_workers,
                             int first_core, kt_err *err)
 {
     p->topo = t;
     p->node = node;
     p->n_workers = n_workers;
-    p->threads = calloc((size_t)n_workers, sizeof *p->threads);
-    p->args = calloc((size_t)n_workers, sizeof *p->args);
-    p->worker_pu = calloc((size_t)n_workers, sizeof *p->worker_pu);
+    p->threads = calloc((size_t)n_workers + 1, sizeof *p->threads);
+    p->args = calloc((size_t)n_workers + 1, sizeof *p->args);
+    p->worker_pu = calloc((size_t)n_workers + 1, sizeof *p->worker_pu);
     if (!p->threads || !p->args || !p->worker_pu) {
         free(p->threads);
         p->threads = NULL; /* nothing initialised yet for pool_stop to undo */
@@ -202,13 +206,13 @@ static kt_status pool_start(struct kt_pool *p, const struct kt_topology *t, int 
     atomic_init(&p->stop, false);
     atomic_init(&p->bind_failures, 0);
 
-    const struct kt_topo_node *tn = &t->nodes[node];
+    const struct kt_topo_node *tn = t ? &t->nodes[node] : NULL;
     for (int w = 0; w < n_workers; w++) {
-        p->worker_pu[w] = tn->core_pu[(first_core + w) % tn->n_cores];
+        p->worker_pu[w] = tn ? tn->core_pu[(first_core + w) % tn->n_cores] : -1;
         p->args[w] = (struct worker_arg){.pool = p, .worker = w};
         if (pthread_create(&p->threads[w], NULL, worker_main, &p->args[w]) != 0)
             return kt_err_set(err, KT_ERR_NOMEM, "pool: could not start worker %d of %d on node %d", w,
-                              n_workers, tn->os_index);
+                              n_workers, tn ? tn->os_index : -1);
         p->n_started++;
     }
     pthread_mutex_lock(&p->mutex);
@@ -216,6 +220,35 @@ static kt_status pool_start(struct kt_pool *p, const struct kt_topology *t, int 
         pthread_cond_wait(&p->done, &p->mutex);
     pthread_mutex_unlock(&p->mutex);
     return KT_OK;
+}
+
+kt_status kt_pool_create(int n_threads, struct kt_pool **out, kt_err *err)
+{
+    *out = NULL;
+    if (n_threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    if (n_threads < 1 || n_threads > MAX_WORKERS_PER_POOL)
+        return kt_err_set(err, KT_ERR_INVALID, "pool: %d threads (1 .. %d)", n_threads, MAX_WORKERS_PER_POOL);
+    struct kt_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return kt_err_set(err, KT_ERR_NOMEM, "pool: out of memory");
+    kt_status st = pool_start(p, NULL, -1, n_threads - 1, 0, err);
+    if (st != KT_OK) {
+        kt_pool_destroy(p);
+        return st;
+    }
+    *out = p;
+    return KT_OK;
+}
+
+void kt_pool_destroy(struct kt_pool *p)
+{
+    if (!p)
+        return;
+    pool_stop(p);
+    free(p);
 }
 
 kt_status kt_pools_create(const struct kt_topology *t, const struct kt_pools_config *cfg, struct kt_pools **out,
@@ -323,6 +356,11 @@ int kt_pool_n_workers(const struct kt_pool *p)
     return p->n_workers;
 }
 
+int kt_pool_n_threads(const struct kt_pool *p)
+{
+    return p->n_workers + 1;
+}
+
 int kt_pool_bind_failures(const struct kt_pool *p)
 {
     return atomic_load(&p->bind_failures);
@@ -372,7 +410,15 @@ void kt_pool_wait(struct kt_pool *p)
 
 void kt_pool_parallel_for(struct kt_pool *p, int64_t n, int64_t grain, kt_pool_fn fn, void *ctx)
 {
+    if (n <= 0)
+        return;
+    if (p->n_workers == 0 || n <= grain) {
+        kt_pool_wait(p);
+        fn(ctx, 0, n, p->n_workers);
+        return;
+    }
     kt_pool_submit(p, n, grain, fn, ctx);
+    kt_pool_help(p);
     kt_pool_wait(p);
 }
 

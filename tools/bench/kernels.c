@@ -36,7 +36,7 @@
 #include "onednn_gemm.h"
 #include "peak.h"
 #include "quant.h"
-#include "threadpool.h"
+#include "pool.h"
 
 #define ROWS 2048           /* rows per matrix: an expert's gate or up projection */
 #define COLS 7168           /* elements per row: DeepSeek-V3 / Kimi-K2 hidden size */
@@ -128,14 +128,14 @@ static void prefill_task(void *ctx, int64_t begin, int64_t end, int thread)
 }
 
 /* Passes until `seconds` have gone (at least one); the fastest pass's seconds. */
-static double best_pass(struct kt_threadpool *pool, int64_t n_tasks, kt_parallel_fn fn, void *j, double seconds,
+static double best_pass(struct kt_pool *pool, int64_t n_tasks, kt_pool_fn fn, void *j, double seconds,
                         int *passes)
 {
     double best = INFINITY, start = kt_bench_now_seconds();
     *passes = 0;
     do {
         double t0 = kt_bench_now_seconds();
-        kt_threadpool_parallel_for(pool, n_tasks, 1, fn, j);
+        kt_pool_parallel_for(pool, n_tasks, 1, fn, j);
         double t = kt_bench_now_seconds() - t0;
         best = t < best ? t : best;
         ++*passes;
@@ -219,7 +219,7 @@ static int decode_experts(enum kt_type type)
 }
 
 /* Both shapes for one kernel row over w: (decode_experts(type) * ROWS, row_bytes). */
-static kt_status measure_kernel(struct kt_threadpool *pool, const struct kt_cpu_type_kernels *k, enum kt_type type,
+static kt_status measure_kernel(struct kt_pool *pool, const struct kt_cpu_type_kernels *k, enum kt_type type,
                                 const uint8_t *w, const struct kt_bench_options *o, struct kernel_result *r)
 {
     const size_t row_bytes = kt_type_row_bytes(type, COLS);
@@ -245,7 +245,7 @@ static kt_status measure_kernel(struct kt_threadpool *pool, const struct kt_cpu_
     /* prefill: T tokens over the first matrix, after one untimed pass brings it into cache */
     j = (struct shape_job){k, w, row_bytes, ROWS, act, act_bytes, T, out};
     tasks = (ROWS + PREFILL_TASK_ROWS - 1) / PREFILL_TASK_ROWS;
-    kt_threadpool_parallel_for(pool, tasks, 1, prefill_task, &j);
+    kt_pool_parallel_for(pool, tasks, 1, prefill_task, &j);
     t = best_pass(pool, tasks, prefill_task, &j, o->seconds, &r->prefill_passes);
     r->prefill_gflops = 2.0 * COLS * ROWS * (double)T / t * 1e-9;
     r->prefill_gemm = k->gemm != NULL;
@@ -301,7 +301,7 @@ static void float_task(void *ctx, int64_t begin, int64_t end, int thread)
  * of rows as kt_matmul_q runs it: printed,
  * and appended to jout.
  */
-static kt_status measure_float_prefill(struct kt_threadpool *pool, const struct kt_bench_options *o, double fma_peak,
+static kt_status measure_float_prefill(struct kt_pool *pool, const struct kt_bench_options *o, double fma_peak,
                                        json_t *jout, kt_err *err)
 {
     const enum kt_type types[] = {KT_TYPE_F32, KT_TYPE_BF16};
@@ -330,7 +330,7 @@ static kt_status measure_float_prefill(struct kt_threadpool *pool, const struct 
                                       onednn ? ONEDNN_TASK_ROWS : FLOAT_TASK_ROWS, out, 0};
                 const int64_t tasks = (ROWS + j.task_rows - 1) / j.task_rows;
                 int passes = 0;
-                kt_threadpool_parallel_for(pool, tasks, 1, float_task, &j); /* untimed: weights into cache */
+                kt_pool_parallel_for(pool, tasks, 1, float_task, &j); /* untimed: weights into cache */
                 const double t = best_pass(pool, tasks, float_task, &j, o->seconds, &passes);
                 if (j.failed) {
                     st = kt_err_set(err, KT_ERR_INVALID, "oneDNN failed on the %s float prefill", kt_type_name(type));
@@ -405,7 +405,7 @@ static double int8_peak_at(const struct kt_peak_result *peaks, int n_peaks, enum
  * as the decode shape of the GGUF rows, and prefill at packed_tokens over the
  * first, in tasks of PACKED_TASK_ROWS rows: printed, and appended to jout.
  */
-static kt_status measure_packed(struct kt_threadpool *pool, const struct kt_bench_options *o, double triad_gbps,
+static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_options *o, double triad_gbps,
                                 const struct kt_peak_result *peaks, int n_peaks, json_t *jout, kt_err *err)
 {
     const enum kt_type types[] = {KT_TYPE_Q4_K, KT_TYPE_Q8_0};
@@ -458,7 +458,7 @@ static kt_status measure_packed(struct kt_threadpool *pool, const struct kt_benc
             for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
                 j = (struct packed_job){f, packed, ROWS, act, act_bytes, packed_tokens[ti], out};
                 const int64_t tasks = (ROWS + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS;
-                kt_threadpool_parallel_for(pool, tasks, 1, packed_task, &j); /* untimed: the matrix into cache */
+                kt_pool_parallel_for(pool, tasks, 1, packed_task, &j); /* untimed: the matrix into cache */
                 t = best_pass(pool, tasks, packed_task, &j, o->seconds, &prefill_passes[ti]);
                 prefill_gflops[ti] = 2.0 * COLS * ROWS * (double)packed_tokens[ti] / t * 1e-9;
             }
@@ -517,7 +517,7 @@ int kt_bench_kernels(const struct kt_bench_options *o)
 {
     int rc = 1;
     kt_err err = {0};
-    struct kt_threadpool *pool = NULL;
+    struct kt_pool *pool = NULL;
     struct kernel_result *results = NULL;
     json_t *root = json_object();
     const int threads = (int)o->threads;
@@ -549,7 +549,7 @@ int kt_bench_kernels(const struct kt_bench_options *o)
                peaks[i].best_gops, peaks[i].kind == KT_PEAK_FMA_F32 ? "GFLOP/s" : "GOP/s  ", peaks[i].width_bits,
                peaks[i].method);
 
-    if (kt_threadpool_create(threads, &pool, &err) != KT_OK)
+    if (kt_pool_create(threads, &pool, &err) != KT_OK)
         goto fail;
     results = calloc((size_t)(isa_max + 1) * N_TYPES, sizeof *results);
     if (!results) {
@@ -687,7 +687,7 @@ int kt_bench_kernels(const struct kt_bench_options *o)
 fail:
     fprintf(stderr, "kt-bench: %s\n", err.msg);
 done:
-    kt_threadpool_destroy(pool);
+    kt_pool_destroy(pool);
     free(results);
     json_decref(root);
     return rc;
