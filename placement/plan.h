@@ -68,6 +68,11 @@ struct kt_placement_layer {
     int dense_ffn;               /* dense layers; -1 in MoE layers */
     int shared_experts;          /* MoE layers with shared experts; else -1 */
     struct kt_expert_home *experts; /* [n_expert] in MoE layers; NULL in dense ones */
+    /* The layer's CPU experts are row-sliced over every node of expert_nodes
+     * (config cpu.sliced): each node holds and runs its share of the rows of
+     * every such expert, so every step is balanced; their home node is then
+     * only where the bytes are counted from.  Bit-identical to unsliced. */
+    bool cpu_sliced;
 };
 
 struct kt_placement {

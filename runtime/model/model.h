@@ -151,6 +151,19 @@ struct kt_model {
 /* Reads hyperparameters only (no tensor checks). */
 kt_status kt_hparams_read(const struct kt_gguf *g, struct kt_hparams *hp, kt_err *err);
 
+/* Which model a file holds, for profiles and plans made on one file and used
+ * with another: name and shape, and a fingerprint of the hyperparameters and
+ * the tensor table (names and shapes, not types, so a profile holds across
+ * quantizations of one model; never 0, which means unknown).  Reads only the
+ * header. */
+struct kt_model_identity {
+    char name[128];             /* general.name; "" when absent */
+    char arch[32];
+    uint32_t n_layer, n_expert, n_expert_used, n_embd, n_ff_exp;
+    uint64_t fingerprint;
+};
+void kt_model_identity(const struct kt_model *m, struct kt_model_identity *out);
+
 /* Opens a GGUF file, reads hyperparameters and builds the checked tensor
  * table.  The first missing tensor, wrong type or wrong shape fails with a
  * message naming the tensor, what was expected and what the file has.  Every

@@ -1,0 +1,95 @@
+/*
+ * machine.h - the machine file: what the cost model needs to know about the
+ * host it predicts for, measured by `kt-bench machine`.  Per NUMA node the
+ * memory bandwidth and the kernels' real throughput per weight format, per
+ * accelerator its memory, link and kernel throughput.  Entries the file
+ * lacks get stated defaults, each named in `defaulted` so callers can warn.
+ *
+ * File format (JSON, version 1), written atomically:
+ *
+ *     {"version": 1, "kind": "Intel Xeon ... | 2 nodes | avx512", "topology": "",
+ *      "nodes": [{"node": 0, "threads": 32, "memory_gib": 503.8, "triad_gbps": 180.1,
+ *                 "fma_gflops": 2900, "int8_gops": 11000,
+ *                 "decode": {"q4_K": {"gbps": 150.2, "overhead_us": 6.1}, ...},
+ *                 "prefill_gflops": {"q4_K": 2100, ...}}, ...],
+ *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0.5,
+ *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
+ *                        "decode": {...}, "prefill_gflops": {...}}]}
+ *
+ * Type names are GGUF's (kt_type_name).  Unknown keys are refused.
+ */
+#ifndef KT_PLACEMENT_MACHINE_H
+#define KT_PLACEMENT_MACHINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plan.h"
+#include "quant.h"
+#include "status.h"
+
+#define KT_MACHINE_MAX_NODES KT_PLACEMENT_MAX_NODES
+#define KT_MACHINE_MAX_ACCEL (KT_PLACEMENT_MAX_DEVICES - 1)
+
+/* A kernel's time for one call (one matrix or one expert at decode shapes):
+ * overhead_us + bytes / gbps.  gbps 0: not measured. */
+struct kt_machine_rate {
+    double gbps;                 /* weight bytes read per second, in 1e9 */
+    double overhead_us;
+};
+
+struct kt_machine_node {
+    int node;                    /* topology index */
+    uint32_t threads;            /* threads the figures were taken with */
+    uint64_t memory_bytes;       /* RAM of the node */
+    double triad_gbps;           /* STREAM triad, every node busy at once */
+    double fma_gflops, int8_gops; /* peaks of the node's threads */
+    struct kt_machine_rate decode[KT_TYPE_COUNT]; /* matrices and experts at decode shapes */
+    double prefill_gflops[KT_TYPE_COUNT];         /* packed kernels at prefill shapes; 0: not measured */
+};
+
+struct kt_machine_accel {
+    char name[32];               /* "sim", "cuda0", ... */
+    enum kt_place_backend backend;
+    uint64_t memory_bytes;
+    double h2d_gbps, d2h_gbps, latency_us;
+    struct kt_machine_rate decode[KT_TYPE_COUNT];
+    double prefill_gflops[KT_TYPE_COUNT];
+};
+
+#define KT_MACHINE_MAX_DEFAULTED 32
+
+struct kt_machine {
+    char kind[160];              /* kt_machine_this_kind() where it was measured */
+    char topology[128];          /* the KT_TOPOLOGY_SYNTHETIC it was measured under; "" for the real one */
+    int n_nodes;
+    struct kt_machine_node nodes[KT_MACHINE_MAX_NODES];
+    int n_accel;
+    struct kt_machine_accel accel[KT_MACHINE_MAX_ACCEL];
+    /* Entries that were missing and got defaults ("nodes[0].decode.q6_K: 20 GB/s assumed"). */
+    uint32_t n_defaulted;
+    char defaulted[KT_MACHINE_MAX_DEFAULTED][96];
+};
+
+/* Reads a machine file (at most 16 MiB).  KT_ERR_IO unreadable, KT_ERR_FORMAT
+ * "FILE: where: problem" malformed (NaN, negative or non-numeric figures,
+ * unknown keys or types, too many nodes). */
+kt_status kt_machine_load(const char *path, struct kt_machine **out, kt_err *err);
+kt_status kt_machine_parse(const char *text, size_t len, const char *name, struct kt_machine **out, kt_err *err);
+kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *err); /* atomic */
+
+/* "CPU model | N nodes | best ISA" of this host, as kind. */
+void kt_machine_this_kind(char *buf, size_t size);
+
+/* KT_OK when m was measured on a machine of this kind; else KT_ERR_INVALID
+ * "NAME: measured on KIND, this machine is KIND". */
+kt_status kt_machine_check_kind(const struct kt_machine *m, const char *name, kt_err *err);
+
+/* Default figures for a machine nobody measured (every entry defaulted). */
+void kt_machine_defaults(struct kt_machine *m, int n_nodes);
+
+/* Seconds one call of a type-t matrix of `bytes` bytes takes on a rate table
+ * (a type without figures: the nearest measured type's per-byte figures). */
+double kt_machine_decode_seconds(const struct kt_machine_rate *rates, int type, uint64_t bytes);
+
+#endif
