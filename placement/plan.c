@@ -212,7 +212,7 @@ static void sort_by_heat(struct resolver *r, uint32_t il)
     const struct kt_profile *prof = r->profile;
     for (uint32_t x = 0; x < n; x++) {
         r->order[x].x = x;
-        r->order[x].tokens = prof && prof->n_expert ? prof->tokens[(size_t)il * prof->n_expert + x] : 0;
+        r->order[x].tokens = prof && prof->n_expert ? kt_profile_count(prof, il, x) : 0;
     }
     qsort(r->order, n, sizeof *r->order, hottest_first);
 }

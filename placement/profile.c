@@ -22,28 +22,32 @@ void kt_profile_destroy(struct kt_profile *p)
 {
     if (!p)
         return;
-    free(p->tokens);
+    free(p->counts[0]);
+    free(p->counts[1]);
     free(p);
 }
 
-kt_status kt_profile_create(uint32_t n_layer, uint32_t n_expert, const char *model, struct kt_profile **out,
-                            kt_err *err)
+kt_status kt_profile_create(uint32_t n_layer, uint32_t n_expert, const struct kt_model_identity *id,
+                            struct kt_profile **out, kt_err *err)
 {
     *out = NULL;
     if (n_layer > PROFILE_MAX_DIM || n_expert > PROFILE_MAX_DIM)
         return kt_err_set(err, KT_ERR_INVALID, "profile of %u layers x %u experts is too large", n_layer, n_expert);
     struct kt_profile *p = calloc(1, sizeof *p);
     size_t cells = (size_t)n_layer * n_expert;
-    double *tokens = calloc(cells ? cells : 1, sizeof *tokens);
-    if (!p || !tokens) {
+    double *decode = calloc(cells ? cells : 1, sizeof *decode), *prefill = calloc(cells ? cells : 1, sizeof *prefill);
+    if (!p || !decode || !prefill) {
         free(p);
-        free(tokens);
+        free(decode);
+        free(prefill);
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory for a profile of %u x %u", n_layer, n_expert);
     }
-    snprintf(p->model, sizeof p->model, "%s", model ? model : "");
+    if (id)
+        p->model = *id;
     p->n_layer = n_layer;
     p->n_expert = n_expert;
-    p->tokens = tokens;
+    p->counts[KT_PROFILE_DECODE] = decode;
+    p->counts[KT_PROFILE_PREFILL] = prefill;
     *out = p;
     return KT_OK;
 }
@@ -113,9 +117,9 @@ kt_status kt_profile_parse(const char *text, size_t len, const char *name, struc
     }
     if ((st = row_width(layers, name, &width, err)))
         goto done;
-    if ((st = kt_profile_create((uint32_t)json_array_size(layers), width, model ? json_string_value(model) : "", &p,
-                                err)))
+    if ((st = kt_profile_create((uint32_t)json_array_size(layers), width, NULL, &p, err)))
         goto done;
+    snprintf(p->model.name, sizeof p->model.name, "%s", model ? json_string_value(model) : "");
     for (size_t i = 0; i < p->n_layer; i++) {
         json_t *row = json_array_get(layers, i);
         for (size_t j = 0; j < json_array_size(row); j++) {
@@ -126,7 +130,7 @@ kt_status kt_profile_parse(const char *text, size_t len, const char *name, struc
                                 name, i, j);
                 goto done;
             }
-            p->tokens[i * p->n_expert + j] = t;
+            p->counts[KT_PROFILE_DECODE][i * p->n_expert + j] = t;
         }
     }
 done:
@@ -162,12 +166,12 @@ kt_status kt_profile_save(const struct kt_profile *p, const char *path, kt_err *
     kt_status st = KT_OK;
     json_t *root = json_object(), *layers = json_array();
     bool ok = root && layers && json_object_set_new(root, "version", json_integer(1)) == 0 &&
-              json_object_set_new(root, "model", json_string(p->model)) == 0;
+              json_object_set_new(root, "model", json_string(p->model.name)) == 0;
     for (uint32_t il = 0; ok && il < p->n_layer; il++) {
         json_t *row = json_array();
         ok = row && json_array_append_new(layers, row) == 0;
         for (uint32_t x = 0; ok && x < p->n_expert; x++)
-            ok = json_array_append_new(row, token_count(p->tokens[(size_t)il * p->n_expert + x])) == 0;
+            ok = json_array_append_new(row, token_count(kt_profile_count(p, il, x))) == 0;
     }
     ok = ok && json_object_set(root, "layers", layers) == 0;
     if (!ok)
@@ -177,4 +181,12 @@ kt_status kt_profile_save(const struct kt_profile *p, const char *path, kt_err *
     json_decref(layers);
     json_decref(root);
     return st;
+}
+
+double kt_profile_count(const struct kt_profile *p, uint32_t il, uint32_t x)
+{
+    if (!p->n_expert || il >= p->n_layer || x >= p->n_expert)
+        return 0;
+    size_t i = (size_t)il * p->n_expert + x;
+    return p->counts[KT_PROFILE_DECODE][i] + p->counts[KT_PROFILE_PREFILL][i];
 }

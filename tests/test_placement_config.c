@@ -546,12 +546,12 @@ static const char *write_profile(const char *name, double tokens[4][32])
 {
     struct kt_profile *prof = NULL;
     kt_err err = {0};
-    KT_CHECK(kt_profile_create(4, 32, "tiny", &prof, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_profile_create(4, 32, NULL, &prof, &err) == KT_OK, "%s", err.msg);
     if (!prof)
         return NULL;
     for (uint32_t il = 0; il < 4; il++)
         for (uint32_t x = 0; x < 32; x++)
-            prof->tokens[il * 32 + x] = il == 0 ? 0 : tokens[il][x];
+            prof->counts[KT_PROFILE_DECODE][il * 32 + x] = il == 0 ? 0 : tokens[il][x];
     const char *path = kt_test_path(name);
     KT_CHECK(kt_profile_save(prof, path, &err) == KT_OK, "%s", err.msg);
     kt_profile_destroy(prof);
@@ -598,7 +598,7 @@ static void profile_picks_the_hottest_and_breaks_ties_by_index(void)
     /* a profile of another shape is refused */
     struct kt_profile *small = NULL;
     kt_err err = {0};
-    KT_CHECK(kt_profile_create(3, 32, "x", &small, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_profile_create(3, 32, NULL, &small, &err) == KT_OK, "%s", err.msg);
     const char *bad = kt_test_path("profile-small");
     KT_CHECK(small && kt_profile_save(small, bad, &err) == KT_OK, "%s", err.msg);
     kt_profile_destroy(small);
@@ -723,14 +723,14 @@ static void profile_files_round_trip_and_bad_ones_are_refused(void)
     kt_err err = {0};
     const char *good = "{\"version\": 1, \"model\": \"m\", \"layers\": [[], [1, 2.5, 0], [3, 0, 1e3]]}";
     KT_CHECK(kt_profile_parse(good, strlen(good), "p.json", &p, &err) == KT_OK, "%s", err.msg);
-    KT_CHECK(p && p->n_layer == 3 && p->n_expert == 3 && p->tokens[0] == 0 && p->tokens[4] == 2.5 &&
-                 p->tokens[8] == 1000 && strcmp(p->model, "m") == 0,
+    KT_CHECK(p && p->n_layer == 3 && p->n_expert == 3 && p->counts[0][0] == 0 && p->counts[0][4] == 2.5 &&
+                 p->counts[0][8] == 1000 && strcmp(p->model.name, "m") == 0,
              "values");
     const char *path = kt_test_path("roundtrip.json");
     struct kt_profile *q = NULL;
     KT_CHECK(p && kt_profile_save(p, path, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(kt_profile_load(path, &q, &err) == KT_OK, "%s", err.msg);
-    KT_CHECK(q && p && q->n_layer == 3 && q->n_expert == 3 && memcmp(p->tokens, q->tokens, 9 * sizeof *p->tokens) == 0,
+    KT_CHECK(q && p && q->n_layer == 3 && q->n_expert == 3 && memcmp(p->counts[0], q->counts[0], 9 * sizeof *p->counts[0]) == 0,
              "round trip");
     unlink(path);
     kt_profile_destroy(p);

@@ -774,3 +774,39 @@ struct kt_memory_need kt_model_memory_need(const struct kt_model *m, int gpu_exp
         need.gpu_bytes = UINT64_MAX;
     return need;
 }
+
+/* FNV-1a, 64-bit. */
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+void kt_model_identity(const struct kt_model *m, struct kt_model_identity *out)
+{
+    const struct kt_hparams *hp = &m->hp;
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", m->name);
+    snprintf(out->arch, sizeof out->arch, "%s", m->arch);
+    out->n_layer = hp->n_layer;
+    out->n_expert = hp->n_expert;
+    out->n_expert_used = hp->n_expert_used;
+    out->n_embd = hp->n_embd;
+    out->n_ff_exp = hp->n_ff_exp;
+    /* The shape-defining hyperparameters, then every tensor's name and
+     * dimensions in table order; types are left out on purpose. */
+    const uint32_t shape[] = {hp->n_layer,   hp->n_embd,        hp->n_ff,        hp->n_head,
+                              hp->n_head_kv, hp->q_lora_rank,   hp->kv_lora_rank, hp->qk_nope_dim,
+                              hp->qk_rope_dim, hp->v_head_dim,  hp->n_dense_lead, hp->n_expert,
+                              hp->n_expert_used, hp->n_expert_shared, hp->n_ff_exp, hp->n_vocab};
+    uint64_t h = fnv1a(14695981039346656037ull, m->arch, strlen(m->arch));
+    h = fnv1a(h, shape, sizeof shape);
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++) {
+        const struct kt_gguf_tensor *t = &m->gguf->tensors[i];
+        h = fnv1a(h, t->name, strlen(t->name) + 1);
+        h = fnv1a(h, t->ne, sizeof t->ne);
+    }
+    out->fingerprint = h ? h : 1;
+}
