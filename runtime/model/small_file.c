@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 kt_status kt_read_small_file(const char *path, size_t max_bytes, char **text, size_t *len, kt_err *err)
 {
@@ -37,4 +38,52 @@ kt_status kt_read_small_file(const char *path, size_t max_bytes, char **text, si
     *text = buf;
     *len = n;
     return KT_OK;
+}
+
+kt_status kt_write_file_atomic(const char *path, const void *data, size_t len, kt_err *err)
+{
+    size_t n = strlen(path);
+    char *tmp = malloc(n + 16);
+    if (!tmp)
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
+    snprintf(tmp, n + 16, "%s.tmp-XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        kt_status st = kt_err_set(err, KT_ERR_IO, "%s: cannot create a temporary file beside it: %s", path,
+                                  strerror(errno));
+        free(tmp);
+        return st;
+    }
+    const char *p = data;
+    size_t left = len;
+    bool ok = true;
+    while (ok && left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        ok = w > 0;
+        if (ok) {
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    int saved = errno;
+    ok = ok && fchmod(fd, 0644) == 0 && fsync(fd) == 0;
+    if (!ok)
+        saved = errno;
+    if (close(fd) != 0 && ok) {
+        ok = false;
+        saved = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = false;
+        saved = errno;
+    }
+    kt_status st = KT_OK;
+    if (!ok) {
+        unlink(tmp);
+        st = kt_err_set(err, KT_ERR_IO, "%s: cannot write: %s", path, strerror(saved));
+    }
+    free(tmp);
+    return st;
 }
