@@ -16,6 +16,7 @@
  * replicas copy the hottest CPU experts to the other nodes.
  */
 #include <dirent.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -724,8 +725,9 @@ static void profile_files_round_trip_and_bad_ones_are_refused(void)
     const char *good = "{\"version\": 1, \"model\": \"m\", \"layers\": [[], [1, 2.5, 0], [3, 0, 1e3]]}";
     KT_CHECK(kt_profile_parse(good, strlen(good), "p.json", &p, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(p && p->n_layer == 3 && p->n_expert == 3 && p->counts[0][0] == 0 && p->counts[0][4] == 2.5 &&
-                 p->counts[0][8] == 1000 && strcmp(p->model.name, "m") == 0,
-             "values");
+                 p->counts[0][8] == 1000 && strcmp(p->model.name, "m") == 0 && p->model.fingerprint == 0 &&
+                 p->tokens[0] == 0 && p->tokens[1] == 0 && p->counts[1][4] == 0,
+             "version 1: decode counts, no totals, unknown identity");
     const char *path = kt_test_path("roundtrip.json");
     struct kt_profile *q = NULL;
     KT_CHECK(p && kt_profile_save(p, path, &err) == KT_OK, "%s", err.msg);
@@ -736,18 +738,96 @@ static void profile_files_round_trip_and_bad_ones_are_refused(void)
     kt_profile_destroy(p);
     kt_profile_destroy(q);
 
+    /* version 2: both phases, totals, decay and identity survive a save and a load */
+    const char *v2 = "{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"deepseek2\", \"n_layer\": 2, "
+                     "\"n_expert\": 3, \"n_expert_used\": 2, \"n_embd\": 64, \"n_ff_exp\": 32, "
+                     "\"fingerprint\": \"00ff00ff00ff00fA\"}, \"half_life_tokens\": 1000, "
+                     "\"tokens\": {\"decode\": 4, \"prefill\": 2.5}, \"decode\": [[], [4, 3, 1]], "
+                     "\"prefill\": [[], [0.5, 2, 2.5]]}";
+    p = q = NULL;
+    KT_CHECK(kt_profile_parse(v2, strlen(v2), "v2.json", &p, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && p->n_layer == 2 && p->n_expert == 3 && p->model.fingerprint == 0x00ff00ff00ff00faull &&
+                 strcmp(p->model.name, "K") == 0 && strcmp(p->model.arch, "deepseek2") == 0 &&
+                 p->model.n_expert_used == 2 && p->model.n_embd == 64 && p->model.n_ff_exp == 32 &&
+                 p->half_life_tokens == 1000 && p->tokens[0] == 4 && p->tokens[1] == 2.5 && p->counts[0][3] == 4 &&
+                 p->counts[1][5] == 2.5 && p->counts[1][0] == 0,
+             "version 2 values");
+    KT_CHECK(p && kt_profile_save(p, path, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_profile_load(path, &q, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && q && memcmp(&p->model, &q->model, sizeof p->model) == 0 && q->half_life_tokens == 1000 &&
+                 q->tokens[0] == 4 && q->tokens[1] == 2.5 && memcmp(p->counts[0], q->counts[0], 6 * sizeof(double)) == 0 &&
+                 memcmp(p->counts[1], q->counts[1], 6 * sizeof(double)) == 0,
+             "version 2 round trip");
+    char *dumped = p ? kt_profile_dump(p) : NULL;
+    size_t n_file = 0;
+    char *file = kt_test_read_file(path, &n_file);
+    KT_CHECK(dumped && file && n_file == strlen(dumped) + 1 && memcmp(file, dumped, n_file - 1) == 0 &&
+                 file[n_file - 1] == '\n' && strstr(dumped, "\"version\":2") &&
+                 strstr(dumped, "\"fingerprint\":\"00ff00ff00ff00fa\""),
+             "the dump is the file: %s", dumped ? dumped : "(null)");
+    free(dumped);
+    free(file);
+    /* probabilities: count / tokens per phase and both together */
+    KT_CHECK(p && kt_profile_probability(p, KT_PROFILE_DECODE, 1, 0, 2) == 1.0 &&
+                 kt_profile_probability(p, KT_PROFILE_PREFILL, 1, 2, 2) == 1.0 &&
+                 fabs(kt_profile_probability(p, KT_PROFILE_PHASES, 1, 1, 2) - 5.0 / 6.5) < 1e-15 &&
+                 kt_profile_probability(p, KT_PROFILE_DECODE, 0, 0, 2) == 0 &&
+                 kt_profile_probability(p, KT_PROFILE_DECODE, 7, 0, 2) == 0 && kt_profile_count(p, 1, 2) == 3.5,
+             "probabilities and counts");
+    unlink(path);
+    kt_profile_destroy(p);
+    kt_profile_destroy(q);
+
     static const struct {
         const char *text, *needle;
     } bad[] = {
         {"{\"version\": 1, \"layers\": [[1, 2], [1]]}", "p.json: layers[1]: 1 experts, but earlier rows have 2"},
         {"{\"version\": 1, \"layers\": [[1, -2]]}", "p.json: layers[0][1]: expected a non-negative number"},
         {"{\"version\": 1, \"layers\": [[1, \"2\"]]}", "p.json: layers[0][1]: expected a non-negative number"},
-        {"{\"version\": 2, \"layers\": []}", "p.json: version: expected 1"},
+        {"{\"version\": 3, \"layers\": []}", "p.json: version: 3 is not one this kt reads (1 or 2)"},
+        {"{\"version\": \"2\"}", "p.json: version: expected 1 or 2"},
         {"{\"version\": 1, \"layers\": {}}", "p.json: layers: expected an array"},
         {"{\"version\": 1, \"layers\": [], \"extra\": 1}", "p.json: unknown key 'extra'"},
         {"{\"version\": 1, \"layers\": [7]}", "p.json: layers[0]: expected an array"},
         {"{\"version\": 1, \"version\": 1}", "p.json:1:"},
         {"[1, 2", "p.json:1:"},
+        {"[1, 2]", "p.json: expected a JSON object"},
+#define M2 "{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"deepseek2\", \"n_layer\": 2, \"n_expert\": 2, " \
+           "\"n_expert_used\": 1, \"n_embd\": 8, \"n_ff_exp\": 4, \"fingerprint\": \"0123456789abcdef\"}, "
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], [1, 2]], \"prefill\": [[], [1]]}",
+         "p.json: prefill[1]: 1 experts, but earlier rows have 2"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], [1, 2, 3]], \"prefill\": [[], []]}",
+         "p.json: decode: rows of 3 experts, but model.n_expert is 2"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[1, 2]], \"prefill\": [[], []]}",
+         "p.json: decode: 1 rows, but model.n_layer is 2"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], [1, 2]], \"prefill\": [[], [1, -0.5]]}",
+         "p.json: prefill[1][1]: expected a non-negative number"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], [1, null]], \"prefill\": [[], []]}",
+         "p.json: decode[1][1]: expected a non-negative number"},
+        {M2 "\"tokens\": {\"decode\": -1, \"prefill\": 0}, \"decode\": [[], []], \"prefill\": [[], []]}",
+         "p.json: tokens: decode: expected a non-negative number"},
+        {M2 "\"tokens\": {\"decode\": 1}, \"decode\": [[], []], \"prefill\": [[], []]}",
+         "p.json: tokens: prefill: expected a non-negative number"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0, \"x\": 0}, \"decode\": [[], []], \"prefill\": [[], []]}",
+         "p.json: tokens: unknown key 'x'"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], []]}", "p.json: prefill: expected an array"},
+        {M2 "\"half_life_tokens\": -5, \"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], []], "
+            "\"prefill\": [[], []]}",
+         "p.json: half_life_tokens: expected a non-negative number"},
+        {M2 "\"tokens\": {\"decode\": 1, \"prefill\": 0}, \"decode\": [[], []], \"prefill\": [[], []], \"co\": 1}",
+         "p.json: unknown key 'co'"},
+        {"{\"version\": 2, \"model\": \"K\"}", "p.json: model: expected an object"},
+        {"{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"d\", \"n_layer\": 1, \"n_expert\": 1, "
+         "\"n_expert_used\": 1, \"n_embd\": 1, \"n_ff_exp\": 1, \"fingerprint\": \"0123456789abcdeg\"}}",
+         "p.json: model: fingerprint: expected 16 hexadecimal digits"},
+        {"{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"d\", \"n_layer\": 1, \"n_expert\": 1, "
+         "\"n_expert_used\": 1, \"n_embd\": 1, \"n_ff_exp\": 1, \"fingerprint\": \"123\"}}",
+         "p.json: model: fingerprint: expected 16 hexadecimal digits"},
+        {"{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"d\", \"n_layer\": -1, \"n_expert\": 1, "
+         "\"n_expert_used\": 1, \"n_embd\": 1, \"n_ff_exp\": 1, \"fingerprint\": \"0123456789abcdef\"}}",
+         "p.json: model: n_layer: expected a whole number"},
+        {"{\"version\": 2, \"model\": {\"name\": \"K\", \"size\": 1}}", "p.json: model: unknown key 'size'"},
+#undef M2
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         p = NULL;
@@ -756,6 +836,96 @@ static void profile_files_round_trip_and_bad_ones_are_refused(void)
                  "case %zu: want '%s', got '%s'", i, bad[i].needle, err.msg);
         kt_profile_destroy(p);
     }
+    /* a NaN cannot be written in JSON; a huge number is refused as not finite */
+    const char *inf = "{\"version\": 1, \"layers\": [[1e999]]}";
+    p = NULL;
+    KT_CHECK(kt_profile_parse(inf, strlen(inf), "p.json", &p, &err) == KT_ERR_FORMAT && !p &&
+                 strstr(err.msg, "p.json"),
+             "1e999: %s", err.msg);
+    kt_profile_destroy(p);
+    /* a failed save leaves the earlier file as it was */
+    struct kt_profile *z = NULL;
+    KT_CHECK(kt_profile_create(1, 2, NULL, &z, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(z && kt_profile_save(z, "/nonexistent-dir/p.json", &err) == KT_ERR_IO && strstr(err.msg, "/nonexistent-dir/p.json"),
+             "%s", err.msg);
+    kt_profile_destroy(z);
+}
+
+static void profile_decays_by_half_life_in_tokens(void)
+{
+    struct kt_profile *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_profile_create(2, 4, NULL, &p, &err) == KT_OK, "%s", err.msg);
+    if (!p)
+        return;
+    const uint64_t a[8] = {0, 0, 0, 0, 8, 0, 4, 4}, b[8] = {0, 0, 0, 0, 0, 16, 0, 0};
+    kt_profile_add(p, KT_PROFILE_DECODE, a, 8); /* no decay: plain sums */
+    kt_profile_add(p, KT_PROFILE_DECODE, a, 8);
+    KT_CHECK(p->counts[0][4] == 16 && p->tokens[0] == 16 && p->tokens[1] == 0, "sums without decay");
+    p->half_life_tokens = 100;
+    kt_profile_add(p, KT_PROFILE_PREFILL, b, 100); /* one half-life: everything before halves */
+    KT_CHECK(fabs(p->counts[0][4] - 8) < 1e-12 && fabs(p->tokens[0] - 8) < 1e-12 && p->counts[1][5] == 16 &&
+                 p->tokens[1] == 100,
+             "one half-life: %g %g", p->counts[0][4], p->tokens[0]);
+    kt_profile_add(p, KT_PROFILE_DECODE, NULL, 200); /* two more: a quarter */
+    KT_CHECK(fabs(p->counts[0][4] - 2) < 1e-12 && fabs(p->counts[1][5] - 4) < 1e-12 && fabs(p->tokens[1] - 25) < 1e-12 &&
+                 fabs(p->tokens[0] - 202) < 1e-12,
+             "three half-lives: %g %g %g", p->counts[0][4], p->counts[1][5], p->tokens[0]);
+    /* decay keeps probabilities of an unchanged mix */
+    double before = kt_profile_probability(p, KT_PROFILE_PREFILL, 1, 1, 2);
+    kt_profile_add(p, KT_PROFILE_DECODE, NULL, 0);
+    KT_CHECK(kt_profile_probability(p, KT_PROFILE_PREFILL, 1, 1, 2) == before, "no tokens: no decay");
+    kt_profile_destroy(p);
+}
+
+/* kt_model_identity: the shape and tensor table, not the weights' types or values. */
+/* The identity of a kt-synth model (the file is gone afterwards); fingerprint 0 after a failed check. */
+static struct kt_model_identity synth_identity(const char *extra)
+{
+    char path[1024] = "";
+    struct kt_model_identity id = {0};
+    struct kt_model *m = kt_test_synth_model("kimi-k2-slice", extra, path, sizeof path);
+    if (m)
+        kt_model_identity(m, &id);
+    kt_test_synth_remove(m, path);
+    return id;
+}
+
+static void profile_refuses_another_model_by_fingerprint(void)
+{
+    struct kt_model_identity ia = synth_identity("--layers 2 --experts 16 --experts-type q4_k");
+    struct kt_model_identity ib = synth_identity("--layers 2 --experts 16 --experts-type q8_0 --seed 7");
+    struct kt_model_identity ic = synth_identity("--layers 2 --experts 32");
+    if (!ia.fingerprint || !ib.fingerprint || !ic.fingerprint)
+        return;
+    KT_CHECK(ia.fingerprint != 0 && ia.fingerprint == ib.fingerprint, "q4_k and q8_0 of one shape: %llx %llx",
+             (unsigned long long)ia.fingerprint, (unsigned long long)ib.fingerprint);
+    KT_CHECK(ia.fingerprint != ic.fingerprint, "16 and 32 experts differ");
+    KT_CHECK(ia.n_layer == 2 && ia.n_expert == 16 && ic.n_expert == 32 && ia.n_expert_used == 8, "shape");
+
+    struct kt_profile *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_profile_create(ia.n_layer, ia.n_expert, &ia, &p, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && kt_profile_check_model(p, &ib, "p.json", &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && kt_profile_check_model(p, &ic, "p.json", &err) == KT_ERR_INVALID &&
+                 strstr(err.msg, "p.json: a profile of '") == err.msg && strstr(err.msg, "(2 layers x 16 experts") &&
+                 strstr(err.msg, "not of this model '") && strstr(err.msg, "(2 layers x 32 experts"),
+             "%s", err.msg);
+    /* the same shape with another tensor table is still another model */
+    struct kt_model_identity forged = ic;
+    forged.n_expert = 16;
+    KT_CHECK(p && kt_profile_check_model(p, &forged, "p.json", &err) == KT_ERR_INVALID, "fingerprint, not shape");
+    kt_profile_destroy(p);
+    /* version 1: shape only */
+    const char *v1 = "{\"version\": 1, \"model\": \"old\", \"layers\": [[], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, "
+                     "14, 15, 16]]}";
+    p = NULL;
+    KT_CHECK(kt_profile_parse(v1, strlen(v1), "v1.json", &p, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && kt_profile_check_model(p, &ia, "v1.json", &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && kt_profile_check_model(p, &ic, "v1.json", &err) == KT_ERR_INVALID &&
+                 strstr(err.msg, "v1.json: a profile of 'old' (2 layers x 16 experts), not of this model"),
+             "%s", err.msg);
+    kt_profile_destroy(p);
 }
 
 static void describe_summarises_each_device(void)
@@ -797,6 +967,8 @@ int main(void)
     KT_RUN(cpu_spread_balances_load_and_keeps_counts_even);
     KT_RUN(replicas_copy_the_hottest_cpu_experts_to_other_nodes);
     KT_RUN(profile_files_round_trip_and_bad_ones_are_refused);
+    KT_RUN(profile_decays_by_half_life_in_tokens);
+    KT_RUN(profile_refuses_another_model_by_fingerprint);
     KT_RUN(describe_summarises_each_device);
     unlink(g_tiny_path[0]);
     unlink(g_tiny_path[1]);

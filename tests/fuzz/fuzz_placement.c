@@ -194,7 +194,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     s = kt_profile_parse(copy, size, "fuzz.json", &prof, &err);
     require((s == KT_OK) == (prof != NULL), "profile set exactly on success");
     for (size_t i = 0; prof && i < (size_t)prof->n_layer * prof->n_expert; i++)
-        require(prof->tokens[i] >= 0 && isfinite(prof->tokens[i]), "token counts");
+        for (int ph = 0; ph < KT_PROFILE_PHASES; ph++)
+            require(prof->counts[ph][i] >= 0 && isfinite(prof->counts[ph][i]), "token counts");
+    for (int ph = 0; prof && ph < KT_PROFILE_PHASES; ph++)
+        require(prof->tokens[ph] >= 0 && isfinite(prof->tokens[ph]), "token totals");
+    if (prof) { /* what was accepted writes and reads back */
+        char *text = kt_profile_dump(prof);
+        struct kt_profile *again = NULL;
+        require(text && kt_profile_parse(text, strlen(text), "dump", &again, &err) == KT_OK, "a dump parses");
+        require(again->n_layer == prof->n_layer && again->n_expert == prof->n_expert &&
+                    again->model.fingerprint == prof->model.fingerprint,
+                "a dump keeps the shape and identity");
+        kt_profile_destroy(again);
+        free(text);
+    }
     kt_profile_destroy(prof);
     free(copy);
     return 0;
@@ -213,6 +226,10 @@ static const char *const SEEDS[] = {
     "  replicas: {hot_per_layer: 2}\n",
     "version: 1\nattention: cpu\ncpu: {nodes: [0], assign: {0: {per_layer: all}}}\n",
     "{\"version\": 1, \"model\": \"m\", \"layers\": [[], [1, 2.5, 0], [3, 0, 1e3]]}",
+    "{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"deepseek2\", \"n_layer\": 2, \"n_expert\": 3, "
+    "\"n_expert_used\": 2, \"n_embd\": 64, \"n_ff_exp\": 32, \"fingerprint\": \"00ff00ff00ff00fa\"}, "
+    "\"half_life_tokens\": 1000, \"tokens\": {\"decode\": 4, \"prefill\": 2.5}, \"decode\": [[], [4, 3, 1]], "
+    "\"prefill\": [[], [0.5, 2, 2.5]]}",
 };
 
 void kt_fuzz_seeds(kt_fuzz_emit_fn emit)
