@@ -314,7 +314,8 @@ double ref_route(const struct kt_router *r, const double *z, const float *bias, 
  *   idx, w (k)      = ref_route(z)
  *   expert e        = SwiGLU of width f with slices e of gate/up {E, f, Ne}, down {f, E, Ne}
  *   shared          = SwiGLU of width f*Ns, weight 1 */
-static void moe_block(const struct kt_model *m, const struct kt_layer *L, double *x, int64_t n)
+static void moe_block(const struct kt_model *m, const struct kt_layer *L, double *x, int64_t n, uint32_t *routes,
+                      double *margin)
 {
     const struct kt_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, f = hp->n_ff_exp, fs = f * hp->n_expert_shared;
@@ -343,7 +344,11 @@ static void moe_block(const struct kt_model *m, const struct kt_layer *L, double
     for (int64_t p = 0; p < n; p++) {
         rmsnorm(h, x + p * E, L->ffn_norm->data, E, hp->rms_eps);
         matvec(z, rw, h, hp->n_expert, E);
-        ref_route(&router, z, L->exp_probs_b ? L->exp_probs_b->data : NULL, idx, w);
+        double gap = ref_route(&router, z, L->exp_probs_b ? L->exp_probs_b->data : NULL, idx, w);
+        if (margin && gap < *margin)
+            *margin = gap;
+        if (routes)
+            memcpy(routes + p * router.n_used, idx, router.n_used * sizeof *idx);
         for (int64_t i = 0; i < E; i++)
             acc[i] = 0.0;
         for (uint32_t j = 0; j < router.n_used; j++) { /* summed in selection order */
@@ -383,6 +388,12 @@ static void head(const struct kt_model *m, const double *x, int64_t n, double *l
 
 double *ref_forward(const struct kt_model *m, const int32_t *toks, int64_t n)
 {
+    return ref_forward_routed(m, toks, n, NULL, NULL);
+}
+
+double *ref_forward_routed(const struct kt_model *m, const int32_t *toks, int64_t n, uint32_t *routes, double *margin)
+{
+    const int64_t k = m->hp.n_expert_used;
     const int64_t E = m->hp.n_embd, V = m->hp.n_vocab;
     double *x = malloc(n * E * sizeof *x); /* (n, E) the residual stream */
     float *embd = ref_dequantize(m->token_embd);
@@ -394,7 +405,7 @@ double *ref_forward(const struct kt_model *m, const int32_t *toks, int64_t n)
         const struct kt_layer *L = &m->layers[il];
         mla_attention(m, L, x, n);
         if (L->is_moe)
-            moe_block(m, L, x, n);
+            moe_block(m, L, x, n, routes ? routes + il * n * k : NULL, margin);
         else
             dense_ffn_block(m, L, x, n);
     }

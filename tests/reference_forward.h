@@ -30,4 +30,9 @@ double ref_route(const struct kt_router *r, const double *z, const float *bias, 
 /* Logits (n, V) of every position of toks[0..n), malloc'd. */
 double *ref_forward(const struct kt_model *m, const int32_t *toks, int64_t n);
 
+/* The same, also giving each MoE layer's routing: routes (n_layer, n, n_expert_used)
+ * the experts of position p in selection order (dense layers' rows untouched), and
+ * *margin lowered to the smallest ref_route margin met (may both be NULL). */
+double *ref_forward_routed(const struct kt_model *m, const int32_t *toks, int64_t n, uint32_t *routes, double *margin);
+
 #endif

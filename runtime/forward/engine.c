@@ -229,6 +229,7 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(e->router_scratch, kt_router_scratch_floats(&e->router));
     CARVE(e->pair_token, pairs);
     CARVE(e->pair_of, T * k);
+    CARVE(e->token_prefill, T);
     CARVE(e->expert_pairs, Ne);
     CARVE(e->expert_unit, Ne);
     CARVE(e->active_experts, Ne);
@@ -436,10 +437,12 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     e->output_norm = m->output_norm->data;
     e->layers = calloc(hp->n_layer, sizeof *e->layers);
     e->layer_stats = calloc(hp->n_layer, sizeof *e->layer_stats);
-    if (!e->layers || !e->layer_stats) {
+    e->route_counts[KT_ROUTE_DECODE] = calloc(2 * (size_t)hp->n_layer * hp->n_expert + 1, sizeof(uint64_t));
+    if (!e->layers || !e->layer_stats || !e->route_counts[KT_ROUTE_DECODE]) {
         st = kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
         goto fail;
     }
+    e->route_counts[KT_ROUTE_PREFILL] = e->route_counts[KT_ROUTE_DECODE] + (size_t)hp->n_layer * hp->n_expert;
     for (uint32_t il = 0; il < hp->n_layer; il++)
         if ((st = build_layer(&m->layers[il], &e->layers[il], err)))
             goto fail;
@@ -503,6 +506,7 @@ void kt_engine_destroy(struct kt_engine *e)
         ASAN_UNPOISON_MEMORY_REGION(e->buffers, e->scratch_bytes);
     free(e->buffers);
     free(e->layers);
+    free(e->route_counts[KT_ROUTE_DECODE]);
     free(e->layer_stats);
     free(e);
 }
@@ -660,7 +664,28 @@ static kt_status begin_step(struct kt_engine *e, const struct kt_batch *b, float
         else
             e->stats.absorbed_tokens += e->chunks[c].n;
     }
+    for (uint32_t c = 0; c < e->n_chunks; c++) { /* routing counts: prefill is a sequence's tokens in a step, > 1 */
+        const struct kt_seq_chunk *ch = &e->chunks[c];
+        const bool prefill = ch->n > 1;
+        for (uint32_t i = 0; i < ch->n; i++)
+            e->token_prefill[ch->tokens[i]] = prefill;
+        e->route_tokens[prefill] += ch->n;
+    }
     return KT_OK;
+}
+
+/* Adds layer il's routing (e->route_experts, computed here or by the device)
+ * to the counts of each token's phase: T * k increments, a few ns per token. */
+static void count_routes(struct kt_engine *e, uint32_t il)
+{
+    const size_t k = e->hp.n_expert_used, Ne = e->hp.n_expert;
+    uint64_t *rows[2] = {e->route_counts[KT_ROUTE_DECODE] + il * Ne, e->route_counts[KT_ROUTE_PREFILL] + il * Ne};
+    for (uint32_t t = 0; t < e->n_tokens; t++) {
+        uint64_t *row = rows[e->token_prefill[t]];
+        const uint32_t *x = e->route_experts + t * k;
+        for (size_t j = 0; j < k; j++)
+            row[x[j]]++;
+    }
 }
 
 /* Only the device can fail a step that began (a copy or kernel, or a graph
@@ -711,6 +736,8 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
             ffn_norm(e, L);                             /* h = RMSNorm(x) */
         kt_step_clock_lap(e, &clock, KT_PART_COMBINE);
         kt_fwd_ffn(e, il, e->h, e->y);                  /* y = FFN(h): dense, or MoE + shared experts */
+        if (L->is_moe)
+            count_routes(e, il);
         kt_step_clock_lap(e, &clock, KT_PART_FFN);
         kt_fwd_add_rows(e->x, e->y, TE);                /* x += y */
         kt_step_clock_lap(e, &clock, KT_PART_COMBINE);
@@ -768,6 +795,8 @@ void kt_engine_stats_reset(struct kt_engine *e)
 {
     memset(&e->stats, 0, sizeof e->stats);
     memset(e->layer_stats, 0, e->hp.n_layer * sizeof *e->layer_stats);
+    memset(e->route_counts[KT_ROUTE_DECODE], 0, 2 * (size_t)e->hp.n_layer * e->hp.n_expert * sizeof(uint64_t));
+    e->route_tokens[KT_ROUTE_DECODE] = e->route_tokens[KT_ROUTE_PREFILL] = 0;
     if (e->dev.backend)
         kt_backend_stats_reset(e->dev.backend);
 }
@@ -778,4 +807,13 @@ bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_eng
         return false;
     *out = e->layer_stats[il];
     return true;
+}
+
+const uint64_t *kt_engine_route_counts(const struct kt_engine *e, int phase, uint64_t *n_tokens)
+{
+    if (phase != KT_ROUTE_DECODE && phase != KT_ROUTE_PREFILL)
+        return NULL;
+    if (n_tokens)
+        *n_tokens = e->route_tokens[phase];
+    return e->route_counts[phase];
 }

@@ -166,7 +166,19 @@ uint64_t kt_engine_scratch_bytes(const struct kt_engine *e);                /* a
 uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0 when experts_in_place */
 
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
-void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats */
+void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats and the routing counts */
+
+/* Routing, counted every step for routing profiles (placement/profile.h).  A
+ * token is a prefill token when its sequence has more than one token in the
+ * step (a prompt chunk), else a decode token (one new token of a sequence).
+ * Returns the (n_layer, n_expert) counts of phase's tokens routed to each
+ * (layer, expert) since creation or the last kt_engine_stats_reset (dense
+ * layers' rows stay 0; each token adds n_expert_used to each MoE layer's
+ * row) and in *n_tokens (may be NULL) that phase's tokens; NULL for another
+ * phase.  The routing is wherever the router ran, the device included.  The
+ * array is the engine's: read it between steps, never during one. */
+enum { KT_ROUTE_DECODE, KT_ROUTE_PREFILL };
+const uint64_t *kt_engine_route_counts(const struct kt_engine *e, int phase, uint64_t *n_tokens);
 
 /* The device's queue statistics (busy, transfer time and bytes); KT_ERR_NOT_FOUND without one. */
 struct kt_backend_stats;

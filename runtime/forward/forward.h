@@ -286,6 +286,13 @@ struct kt_engine {
     uint64_t scratch_bytes;     /* its size */
     struct kt_engine_stats stats;
     struct kt_engine_layer_stats *layer_stats; /* [n_layer] */
+    /* Routed tokens since creation or the last stats reset (kt_engine_route_counts):
+     * route_counts[phase] (n_layer, Ne), KT_ROUTE_DECODE then KT_ROUTE_PREFILL, one
+     * allocation; route_tokens[phase] the tokens; token_prefill (T) this step's
+     * tokens' phase (1: prefill), set when the step begins. */
+    uint64_t *route_counts[2];
+    uint64_t route_tokens[2];
+    uint8_t *token_prefill;
 };
 
 /* out = Attention(h) for every token of the step (attention.c):
