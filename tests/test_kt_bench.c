@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
+#include "profile.h"
 #include "testlib.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -94,6 +96,29 @@ static void kernels_json_has_every_field_positive_and_ratios_in_range(void)
     remove(json_path);
 }
 
+/* kt-bench model --json's "routing": rows per layer (tiny: layer 0 dense, 32
+ * experts top-8), each MoE layer's row summing to its phase's tokens x 8. */
+static void check_routing(json_t *routing, double decode_tokens, double prefill_tokens)
+{
+    KT_CHECK(json_is_object(routing), "no routing object");
+    const char *phases[] = {"decode", "prefill"};
+    for (int ph = 0; ph < 2; ph++) {
+        json_t *rows = json_object_get(routing, phases[ph]);
+        KT_CHECK(json_array_size(rows) == 4, "routing.%s: %zu rows", phases[ph], json_array_size(rows));
+        for (size_t il = 0; il < json_array_size(rows); il++) {
+            json_t *row = json_array_get(rows, il);
+            KT_CHECK(json_array_size(row) == (il == 0 ? 0 : 32), "routing.%s[%zu]: %zu experts", phases[ph], il,
+                     json_array_size(row));
+            double sum = 0;
+            for (size_t x = 0; x < json_array_size(row); x++)
+                sum += json_integer_value(json_array_get(row, x));
+            if (il > 0)
+                KT_CHECK(sum == 8 * (ph ? prefill_tokens : decode_tokens), "routing.%s[%zu] sums to %g",
+                         phases[ph], il, sum);
+        }
+    }
+}
+
 static void model_reports_every_layer_and_splits_add_up(void)
 {
     const char *model = kt_test_path("tiny.gguf"), *json_path = kt_test_path("model.json");
@@ -106,6 +131,11 @@ static void model_reports_every_layer_and_splits_add_up(void)
     json_t *root = json_load_file(json_path, 0, &je);
     KT_CHECK(root != NULL, "cannot parse %s: %s", json_path, je.text);
     if (root) {
+        /* routing counts may be 0: checked on their own */
+        json_t *routing = json_incref(json_object_get(root, "routing"));
+        json_object_del(root, "routing");
+        check_routing(routing, 4, 16);
+        json_decref(routing);
         check_numbers(root, NULL, "model");
         const double n_layer = num(root, "n_layer");
         KT_CHECK(n_layer == 4, "tiny has 4 layers, JSON says %g", n_layer);
@@ -148,12 +178,104 @@ static void model_reports_every_layer_and_splits_add_up(void)
     remove(json_path);
 }
 
+/* kt-bench profile: prompt lines of every kind through prefill and greedy
+ * decode, batch 2; the profile file carries the model's identity and counts
+ * that add up to its token totals (tiny: layer 0 dense, 32 experts top-8). */
+static void profile_writes_counts_that_add_up_to_the_tokens(void)
+{
+    const char *model = kt_test_path("tiny-profile.gguf"), *prompts = kt_test_path("prompts.txt"),
+               *out = kt_test_path("profile.json"), *decayed = kt_test_path("profile-decayed.json");
+    int rc = kt_test_system("'%s' --preset tiny -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), model);
+    KT_CHECK(rc == 0, "kt-synth exited %d", rc);
+    FILE *f = fopen(prompts, "w");
+    KT_CHECK(f != NULL, "cannot write %s", prompts);
+    if (!f)
+        return;
+    fputs("Hello there, how are you?\n\n"
+          "{\"messages\": [{\"role\": \"system\", \"content\": \"Be terse.\"}, {\"role\": \"user\", \"content\": \"A poem.\"}]}\n"
+          "[{\"role\": \"user\", \"content\": \"def f(x): return x * 2\"}]\n"
+          "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82\n",
+          f);
+    fclose(f);
+    rc = kt_test_system("'%s' profile -m '%s' --prompts '%s' --max-tokens 5 --batch 2 --threads 2 -o '%s' > /dev/null",
+                        kt_test_tool("kt-bench"), model, prompts, out);
+    KT_CHECK(rc == 0, "kt-bench profile exited %d", rc);
+    struct kt_profile *p = NULL;
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_profile_load(out, &p, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_model_open(model, &m, &err) == KT_OK, "%s", err.msg);
+    if (p && m) {
+        struct kt_model_identity id;
+        kt_model_identity(m, &id);
+        KT_CHECK(p->model.fingerprint == id.fingerprint && kt_profile_check_model(p, &id, out, &err) == KT_OK,
+                 "the profile names its model: %s", err.msg);
+        KT_CHECK(p->n_layer == 4 && p->n_expert == 32 && p->half_life_tokens == 0, "shape");
+        /* 4 prompts x 5 new tokens, the last of each never stepped: 16 decode tokens */
+        KT_CHECK(p->tokens[KT_PROFILE_DECODE] == 16, "decode tokens %g", p->tokens[KT_PROFILE_DECODE]);
+        KT_CHECK(p->tokens[KT_PROFILE_PREFILL] > 4 * 5, "prefill tokens %g", p->tokens[KT_PROFILE_PREFILL]);
+        for (int ph = 0; ph < 2; ph++)
+            for (uint32_t il = 0; il < 4; il++) {
+                double sum = 0;
+                for (uint32_t x = 0; x < 32; x++)
+                    sum += p->counts[ph][il * 32 + x];
+                KT_CHECK(sum == (il == 0 ? 0 : 8 * p->tokens[ph]), "phase %d layer %u: %g routed", ph, il, sum);
+            }
+    }
+    /* with a half-life the totals decay below the plain ones */
+    rc = kt_test_system("'%s' profile -m '%s' --prompts '%s' --max-tokens 5 --batch 2 --threads 2 --half-life 50 "
+                        "-o '%s' > /dev/null",
+                        kt_test_tool("kt-bench"), model, prompts, decayed);
+    KT_CHECK(rc == 0, "kt-bench profile --half-life exited %d", rc);
+    struct kt_profile *q = NULL;
+    KT_CHECK(kt_profile_load(decayed, &q, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(p && q && q->half_life_tokens == 50 && q->tokens[KT_PROFILE_DECODE] < p->tokens[KT_PROFILE_DECODE] &&
+                 q->tokens[KT_PROFILE_DECODE] > 0,
+             "decayed decode tokens %g", q ? q->tokens[KT_PROFILE_DECODE] : -1);
+    kt_profile_destroy(p);
+    kt_profile_destroy(q);
+    kt_model_close(m);
+
+    /* bad prompt files: a message naming the file (and line), nothing written */
+    const char *bad = kt_test_path("bad-prompts.txt"), *msg = kt_test_path("profile-msg.txt"),
+               *none = kt_test_path("none.json");
+    static const struct {
+        const char *text, *needle;
+    } cases[] = {
+        {NULL, ": cannot open"},
+        {"\n   \n", ": no prompts"},
+        {"fine\n{\"messages\": [}\n", ":2:"},
+        {"[{\"role\": \"robot\", \"content\": \"x\"}]\n", ":1: messages[0].role"},
+        {"{\"prompt\": \"x\"}\n", ":1: expected {\"messages\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        remove(bad);
+        if (cases[i].text && (f = fopen(bad, "w")) != NULL) {
+            fputs(cases[i].text, f);
+            fclose(f);
+        }
+        rc = kt_test_system("'%s' profile -m '%s' --prompts '%s' -o '%s' > /dev/null 2> '%s'",
+                            kt_test_tool("kt-bench"), model, bad, none, msg);
+        size_t n = 0;
+        char *text = kt_test_read_file(msg, &n);
+        char want[2048];
+        snprintf(want, sizeof want, "kt-bench: %s%s", bad, cases[i].needle);
+        KT_CHECK(rc == 1 && text && strstr(text, want), "case %zu: rc %d, message %s, want %s", i, rc,
+                 text ? text : "(none)", want);
+        KT_CHECK(!kt_test_read_file(none, &n), "case %zu: a profile was written", i);
+        free(text);
+    }
+    remove(bad), remove(msg), remove(model), remove(prompts), remove(out), remove(decayed);
+}
+
 static void bad_arguments_exit_2_with_usage(void)
 {
     const char *out = kt_test_path("usage.txt");
     const char *bench = kt_test_tool("kt-bench");
     const char *cases[] = {"", "frobnicate", "kernels --seconds abc", "kernels --threads 0", "kernels --isa sse9",
-                           "kernels -m x.gguf", "model", "model -m a.gguf --gen-tokens", "kernels --bogus"};
+                           "kernels -m x.gguf", "model", "model -m a.gguf --gen-tokens", "kernels --bogus",
+                           "profile -m a.gguf -o p.json", "profile --prompts p.txt -o p.json",
+                           "profile -m a.gguf --prompts p.txt", "profile -m a.gguf --prompts p.txt -o p.json --batch 0"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = kt_test_system("'%s' %s > /dev/null 2> '%s'", bench, cases[i], out);
         KT_CHECK(rc == 2, "'kt-bench %s' exited %d, want 2", cases[i], rc);
@@ -184,6 +306,7 @@ int main(void)
     KT_RUN(bad_arguments_exit_2_with_usage);
     KT_RUN(missing_model_exits_1_with_a_message);
     KT_RUN(model_reports_every_layer_and_splits_add_up);
+    KT_RUN(profile_writes_counts_that_add_up_to_the_tokens);
     KT_RUN(kernels_json_has_every_field_positive_and_ratios_in_range);
     return kt_test_finish();
 }

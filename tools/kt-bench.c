@@ -19,7 +19,7 @@
 
 /* ---- arguments ------------------------------------------------------------------ */
 
-enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3 };
+enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_PROFILE = 8 };
 
 static bool opt_threads(void *opts, const char *arg, char *why, size_t why_size)
 {
@@ -106,18 +106,60 @@ static bool opt_placement(void *opts, const char *arg, char *why, size_t why_siz
     return true;
 }
 
+static bool opt_prompts(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->prompts = arg;
+    return true;
+}
+
+static bool opt_output(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->output = arg;
+    return true;
+}
+
+static bool opt_max_tokens(void *opts, const char *arg, char *why, size_t why_size)
+{
+    struct kt_bench_options *o = opts;
+    return kt_cli_parse_u32(arg, 1, 1u << 20, &o->max_tokens) || kt_cli_invalid(why, why_size, "--max-tokens", arg);
+}
+
+static bool opt_batch(void *opts, const char *arg, char *why, size_t why_size)
+{
+    struct kt_bench_options *o = opts;
+    return kt_cli_parse_u32(arg, 1, 256, &o->batch) || kt_cli_invalid(why, why_size, "--batch (1 to 256)", arg);
+}
+
+static bool opt_half_life(void *opts, const char *arg, char *why, size_t why_size)
+{
+    struct kt_bench_options *o = opts;
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e18)
+        return kt_cli_invalid(why, why_size, "--half-life (tokens, 0: no decay)", arg);
+    o->half_life = v;
+    return true;
+}
+
 static const struct kt_cli_option options_table[] = {
-    {"--threads", "-t", "N", FOR_BOTH, "threads (default: online CPUs)", opt_threads},
+    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE, "threads (default: online CPUs)", opt_threads},
     {"--json", NULL, "FILE", FOR_BOTH, "also write the results as JSON to FILE", opt_json},
     {"--seconds", NULL, "S", FOR_KERNELS, "time per measurement (default 1)", opt_seconds},
     {"--prefill-tokens", NULL, "N", FOR_KERNELS, "tokens of the prefill shape (default 128)", opt_prefill_tokens},
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
-    {"--model", "-m", "MODEL", FOR_MODEL, "GGUF model file", opt_model},
+    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE, "GGUF model file", opt_model},
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
     {"--gen-tokens", NULL, "N", FOR_MODEL, "tokens to decode greedily (default 32)", opt_gen_tokens},
     {"--seed", NULL, "S", FOR_MODEL, "seed of the random prompt (default 1)", opt_seed},
-    {"--placement", NULL, "FILE", FOR_MODEL, "placement config v1 (configs/*.yaml)", opt_placement},
+    {"--placement", NULL, "FILE", FOR_MODEL | FOR_PROFILE, "placement config v1 (configs/*.yaml)", opt_placement},
+    {"--prompts", NULL, "FILE", FOR_PROFILE, "prompts, one a line: text, or JSON chat messages", opt_prompts},
+    {"--max-tokens", NULL, "N", FOR_PROFILE, "new tokens per prompt, greedy (default 64)", opt_max_tokens},
+    {"--batch", NULL, "N", FOR_PROFILE, "prompts decoding at once (default 1)", opt_batch},
+    {"--half-life", NULL, "T", FOR_PROFILE, "decay counts with this half-life in tokens (default 0: none)",
+     opt_half_life},
+    {"--output", "-o", "FILE", FOR_PROFILE, "the routing profile to write (JSON)", opt_output},
 };
 #define N_OPTIONS (sizeof options_table / sizeof options_table[0])
 
@@ -133,7 +175,13 @@ static const struct kt_cli cli = {
 
 static const char *command_label(unsigned commands)
 {
-    return commands == FOR_BOTH ? "" : commands == FOR_KERNELS ? "kernels" : "model";
+    switch (commands) {
+    case FOR_KERNELS: return "kernels";
+    case FOR_MODEL: return "model";
+    case FOR_PROFILE: return "profile";
+    case FOR_MODEL | FOR_PROFILE: return "mod/prof";
+    default: return "";
+    }
 }
 
 static void usage(FILE *f)
@@ -141,11 +189,15 @@ static void usage(FILE *f)
     fprintf(f, "usage: kt-bench kernels [--threads N] [--json FILE] [--seconds S] [--prefill-tokens N]\n"
                "       kt-bench model -m MODEL [--placement FILE] [--prompt-tokens N] [--gen-tokens N] [--threads N]\n"
                "                      [--json FILE]\n"
+               "       kt-bench profile -m MODEL --prompts FILE [--max-tokens N] [--batch N] [--half-life T]\n"
+               "                        -o PROFILE.json\n"
                "\n  kernels  STREAM triad, FMA and int8 dot peaks, then every CPU kernel per weight type\n"
                "           and instruction set at a decode shape (GB/s, / triad) and a prefill shape\n"
                "           (GFLOP/s, / peak)\n"
                "  model    prefill and greedy decode speed, weight bytes per token / triad, and each\n"
-               "           layer's time split into attention, router, experts and combine\n\noptions:\n");
+               "           layer's time split into attention, router, experts and combine\n"
+               "  profile  prompts through prefill and greedy decode; writes the routing the engine\n"
+               "           counted (tokens per layer and expert, decode and prefill apart) as a profile\n\noptions:\n");
     kt_cli_print_options(f, &cli, command_label);
 }
 
@@ -153,26 +205,30 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, struct kt_bench_options *o)
 {
     *o = (struct kt_bench_options){.seconds = 1.0, .prefill_tokens = 128, .prompt_tokens = 128, .gen_tokens = 32,
-                                   .seed = 1};
+                                   .seed = 1, .max_tokens = 64, .batch = 1};
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         usage(stdout);
         return 0;
     }
     if (argc < 2)
-        return kt_cli_usage_error(&cli, "%s", "no command given (kernels or model)");
+        return kt_cli_usage_error(&cli, "%s", "no command given (kernels, model or profile)");
     unsigned which;
     if (!strcmp(argv[1], "kernels"))
         which = FOR_KERNELS;
     else if (!strcmp(argv[1], "model"))
         which = FOR_MODEL;
+    else if (!strcmp(argv[1], "profile"))
+        which = FOR_PROFILE;
     else
-        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels or model)", argv[1]);
+        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels, model or profile)", argv[1]);
     o->command = argv[1];
     int rc = kt_cli_parse(&cli, argc, argv, 2, which, o);
     if (rc >= 0)
         return rc;
     if (which == FOR_MODEL && !o->model)
         return kt_cli_usage_error(&cli, "%s", "model: no model given (-m MODEL)");
+    if (which == FOR_PROFILE && (!o->model || !o->prompts || !o->output))
+        return kt_cli_usage_error(&cli, "%s", "profile: needs -m MODEL, --prompts FILE and -o PROFILE.json");
     return -1;
 }
 
@@ -184,5 +240,7 @@ int main(int argc, char **argv)
         return rc;
     if (!o.threads)
         o.threads = kt_bench_online_cpus();
+    if (!strcmp(o.command, "profile"))
+        return kt_bench_profile(&o);
     return !strcmp(o.command, "kernels") ? kt_bench_kernels(&o) : kt_bench_model(&o);
 }

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 struct kt_bench_options {
-    const char *command;        /* "kernels" or "model" */
+    const char *command;        /* "kernels", "model" or "profile" */
     uint32_t threads;           /* 0: online CPUs */
     const char *json;           /* write results here too; NULL: table only */
 
@@ -26,11 +26,19 @@ struct kt_bench_options {
     uint32_t gen_tokens;        /* default 32 */
     uint64_t seed;              /* prompt tokens' seed (default 1) */
     const char *placement;      /* placement config v1; NULL: CPU only */
+
+    /* profile (model, threads and placement too) */
+    const char *prompts;        /* prompt lines: text or JSON chat messages */
+    const char *output;         /* the profile file (-o) */
+    uint32_t max_tokens;        /* new tokens per prompt (default 64) */
+    uint32_t batch;             /* prompts at once (default 1) */
+    double half_life;           /* decay half-life in tokens; 0: none */
 };
 
 /* Exit status: 0 done, 1 the run failed (one line "kt-bench: why" on stderr). */
 int kt_bench_kernels(const struct kt_bench_options *o);
 int kt_bench_model(const struct kt_bench_options *o);
+int kt_bench_profile(const struct kt_bench_options *o);
 
 /* Shared helpers (bench/common.c). */
 double kt_bench_now_seconds(void);

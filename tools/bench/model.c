@@ -38,9 +38,15 @@ static uint64_t layer_total_ns(const struct kt_engine_layer_stats *l)
     return l->attention_ns + l->router_ns + l->experts_ns + l->combine_ns;
 }
 
-/* Copies the engine's counters into ph, then resets them for the next phase. */
-static void take_stats(struct kt_engine *e, uint32_t n_layer, struct phase *ph)
+/* Copies the engine's counters into ph and adds its routing counts to
+ * routes[KT_ROUTE_DECODE / PREFILL] (n_layer, n_expert), then resets them for the next phase. */
+static void take_stats(struct kt_engine *e, uint32_t n_layer, struct phase *ph, uint64_t *routes[2], size_t cells)
 {
+    for (int r = 0; r < 2; r++) {
+        const uint64_t *c = kt_engine_route_counts(e, r, NULL);
+        for (size_t i = 0; i < cells; i++)
+            routes[r][i] += c[i];
+    }
     kt_engine_stats(e, &ph->stats);
     ph->has_device = kt_engine_device_stats(e, &ph->device) == KT_OK;
     for (uint32_t il = 0; il < n_layer; il++)
@@ -111,6 +117,25 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
     return j;
 }
 
+/* {"decode": [[...], ...], "prefill": [...]}: tokens routed to each (layer, expert)
+ * over the whole run, a token being prefill when its step had more of its
+ * sequence (engine.h); dense layers' rows are empty. */
+static json_t *routing_json(const struct kt_model *m, uint64_t *const routes[2])
+{
+    json_t *j = json_object();
+    for (int r = 0; r < 2; r++) {
+        json_t *rows = json_array();
+        for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+            json_t *row = json_array();
+            for (uint32_t x = 0; m->layers[il].is_moe && x < m->hp.n_expert; x++)
+                json_array_append_new(row, json_integer((json_int_t)routes[r][(size_t)il * m->hp.n_expert + x]));
+            json_array_append_new(rows, row);
+        }
+        json_object_set_new(j, r == KT_ROUTE_DECODE ? "decode" : "prefill", rows);
+    }
+    return j;
+}
+
 static void print_phase(const struct phase *ph, uint32_t n_layer)
 {
     uint64_t sum[6] = {0}, layers_ns = 0;
@@ -152,11 +177,13 @@ int kt_bench_model(const struct kt_bench_options *o)
     struct kt_batch_token *batch = NULL;
     float *logits = NULL;
     struct phase pre = {.name = "prefill"}, dec = {.name = "decode"};
+    uint64_t *routes[2] = {NULL, NULL}; /* (n_layer, n_expert) routed tokens, decode and prefill */
     json_t *root = NULL;
 
     if (kt_model_open(o->model, &m, &err) != KT_OK)
         goto fail;
     const uint32_t n_layer = m->hp.n_layer;
+    const size_t cells = (size_t)n_layer * m->hp.n_expert;
     const uint64_t n_ctx = (uint64_t)o->prompt_tokens + o->gen_tokens;
     if (n_ctx > (1u << 24)) {
         kt_err_set(&err, KT_ERR_INVALID, "--prompt-tokens + --gen-tokens = %llu is too long",
@@ -187,7 +214,9 @@ int kt_bench_model(const struct kt_bench_options *o)
     const uint32_t chunk = kt_engine_max_batch_tokens(e);
     batch = malloc(chunk * sizeof *batch);
     logits = malloc((size_t)n_vocab * sizeof *logits);
-    if (!pre.layers || !dec.layers || !prompt || !batch || !logits) {
+    routes[0] = calloc(cells + 1, sizeof *routes[0]);
+    routes[1] = calloc(cells + 1, sizeof *routes[1]);
+    if (!pre.layers || !dec.layers || !prompt || !batch || !logits || !routes[0] || !routes[1]) {
         kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -211,7 +240,7 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     pre.seconds = kt_bench_now_seconds() - t0;
     pre.tokens = o->prompt_tokens;
-    take_stats(e, n_layer, &pre);
+    take_stats(e, n_layer, &pre, routes, cells);
 
     /* Greedy decode, one token per step, in blocks of DECODE_BLOCK tokens
      * with a short triad before each block and after the last: each block's
@@ -245,7 +274,7 @@ int kt_bench_model(const struct kt_bench_options *o)
         before = after;
     }
     dec.tokens = o->gen_tokens;
-    take_stats(e, n_layer, &dec);
+    take_stats(e, n_layer, &dec, routes, cells);
     /* median block ratio */
     for (uint32_t a = 1; a < n_blocks; a++)
         for (uint32_t b = a; b > 0 && block_ratio[b] < block_ratio[b - 1]; b--) {
@@ -304,6 +333,7 @@ int kt_bench_model(const struct kt_bench_options *o)
     json_object_set_new(root, "prefill", phase_json(&pre, n_layer, triad.best_gbps, false));
     json_object_set_new(root, "decode", phase_json(&dec, n_layer, triad.best_gbps, true));
     json_object_set_new(json_object_get(root, "decode"), "ratio_to_adjacent_triads_median", json_real(median_ratio));
+    json_object_set_new(root, "routing", routing_json(m, routes));
     rc = o->json ? kt_bench_write_json(root, o->json) : 0;
     goto done;
 fail:
@@ -312,6 +342,7 @@ done:
     json_decref(root);
     free(pre.layers), free(dec.layers);
     free(prompt), free(batch), free(logits);
+    free(routes[0]), free(routes[1]);
     kt_engine_destroy(e);
     kt_model_close(m);
     return rc;

@@ -1,0 +1,391 @@
+/*
+ * profile.c - `kt-bench profile`: real prompts through the engine, prefill and
+ * greedy decode, and the routing the engine counted written as a routing
+ * profile (placement/profile.h) with the model's identity.
+ *
+ * Prompts: one per line of --prompts.  A line starting with '{' or '[' is
+ * JSON: {"messages": [...]} or a bare array of OpenAI chat messages; any
+ * other line is the text of one user message; blank lines are skipped.  Each
+ * is rendered with the model's chat template (generation prompt added),
+ * prefilled in chunks and decoded greedily for up to --max-tokens new tokens
+ * (an end-of-generation token ends it sooner), --batch prompts at once: a
+ * slot that finishes takes the next prompt at once (continuous batching).
+ * Every bad input (a missing file, a bad JSON line, no prompts, a model
+ * without a chat template) is reported before the model is loaded where it
+ * can be, and nothing is written then.  It drives the runtime and prints; it
+ * computes no model math itself.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "chat.h"
+#include "engine.h"
+#include "placement_opt.h"
+#include "model.h"
+#include "profile.h"
+#include "tokenizer.h"
+
+/* One prompt: its messages (parsed before the model is loaded), then its tokens. */
+struct prompt {
+    kt_chat_messages messages;
+    int32_t *ids;
+    size_t n_ids;
+    unsigned line;
+};
+
+struct prompt_set {
+    struct prompt *items;
+    size_t n, cap;
+};
+
+static void prompt_set_free(struct prompt_set *s)
+{
+    for (size_t i = 0; i < s->n; i++) {
+        kt_chat_messages_free(&s->items[i].messages);
+        free(s->items[i].ids);
+    }
+    free(s->items);
+}
+
+/* A plain text line: one user message owning a copy of the text. */
+static kt_status text_message(const char *text, size_t len, kt_chat_messages *out, kt_err *err)
+{
+    json_t *arr = json_pack("[{s:s, s:s%}]", "role", "user", "content", text, len);
+    if (!arr)
+        return kt_err_set(err, KT_ERR_FORMAT, "not valid UTF-8 text");
+    kt_status st = kt_chat_messages_from_json(arr, out, err);
+    json_decref(arr);
+    return st;
+}
+
+/* Reads every prompt line of path into s (messages only). */
+static kt_status read_prompts(const char *path, struct prompt_set *s, kt_err *err)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return kt_err_set(err, KT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    kt_status st = KT_OK;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    for (unsigned no = 1; st == KT_OK && (len = getline(&line, &cap, f)) >= 0; no++) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = 0;
+        size_t lead = strspn(line, " \t");
+        if ((size_t)len == lead)
+            continue; /* blank */
+        if (strlen(line) != (size_t)len) {
+            st = kt_err_set(err, KT_ERR_FORMAT, "%s:%u: a NUL byte in the line", path, no);
+            break;
+        }
+        kt_chat_messages msgs = {0};
+        if (line[lead] == '{' || line[lead] == '[') {
+            json_error_t jerr;
+            json_t *j = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &jerr);
+            json_t *arr = json_is_array(j) ? j : json_object_get(j, "messages");
+            if (!j)
+                st = kt_err_set(err, KT_ERR_FORMAT, "%s:%u:%d: bad JSON: %s", path, no, jerr.column, jerr.text);
+            else if (!json_is_array(arr) || json_array_size(arr) == 0)
+                st = kt_err_set(err, KT_ERR_FORMAT,
+                                "%s:%u: expected {\"messages\": [...]} or an array of chat messages, not empty", path,
+                                no);
+            else if ((st = kt_chat_messages_from_json(arr, &msgs, err)) != KT_OK)
+                kt_err_prefix(err, "%s:%u", path, no);
+            json_decref(j);
+        } else if ((st = text_message(line, (size_t)len, &msgs, err)) != KT_OK) {
+            kt_err_prefix(err, "%s:%u", path, no);
+        }
+        if (st != KT_OK)
+            break;
+        if (s->n == s->cap) {
+            size_t ncap = s->cap ? 2 * s->cap : 64;
+            struct prompt *p = realloc(s->items, ncap * sizeof *p);
+            if (!p) {
+                kt_chat_messages_free(&msgs);
+                st = kt_err_set(err, KT_ERR_NOMEM, "out of memory reading %s", path);
+                break;
+            }
+            s->items = p, s->cap = ncap;
+        }
+        s->items[s->n++] = (struct prompt){.messages = msgs, .line = no};
+    }
+    if (st == KT_OK && ferror(f))
+        st = kt_err_set(err, KT_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+    if (st == KT_OK && s->n == 0)
+        st = kt_err_set(err, KT_ERR_FORMAT, "%s: no prompts (one per line: text, or JSON chat messages)", path);
+    free(line);
+    fclose(f);
+    return st;
+}
+
+/* Renders and tokenizes every prompt with the model's chat template. */
+static kt_status tokenize_prompts(const struct kt_model *m, const struct kt_tokenizer *tok, const char *path,
+                                  struct prompt_set *s, kt_err *err)
+{
+    struct kt_gguf_str tmpl;
+    kt_status st = kt_gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl, err);
+    if (st != KT_OK) {
+        kt_err_prefix(err, "the prompts are chat messages, but the model has no chat template");
+        return st;
+    }
+    char *tmpl_text = strndup(tmpl.ptr, tmpl.len);
+    if (!tmpl_text)
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    kt_chat_format format;
+    st = kt_chat_format_detect(tmpl_text, &format, err);
+    free(tmpl_text);
+    for (size_t i = 0; st == KT_OK && i < s->n; i++) {
+        struct prompt *p = &s->items[i];
+        char *text = NULL;
+        kt_chat_options opts = {.add_generation_prompt = true};
+        /* the render carries BOS itself where the family has one */
+        if ((st = kt_chat_render(format, p->messages.items, p->messages.count, &opts, &text, err)) == KT_OK)
+            st = kt_tokenize(tok, text, strlen(text), false, true, &p->ids, &p->n_ids, err);
+        free(text);
+        if (st != KT_OK)
+            kt_err_prefix(err, "%s:%u", path, p->line);
+        else if (p->n_ids == 0)
+            st = kt_err_set(err, KT_ERR_INVALID, "%s:%u: the prompt has no tokens", path, p->line);
+    }
+    return st;
+}
+
+/* ---- the run ------------------------------------------------------------------------- */
+
+/* A sequence slot of the batch. */
+struct slot {
+    const struct prompt *p;     /* NULL: idle */
+    uint32_t pos;               /* tokens in the engine's sequence */
+    uint32_t generated;         /* new tokens chosen so far */
+    int32_t next;               /* the token to decode next (when pos >= n_ids) */
+};
+
+struct progress {
+    bool tty;
+    double t0, last_draw;
+};
+
+static void draw(struct progress *pr, size_t done, size_t total, uint64_t tokens, bool final)
+{
+    double now = kt_bench_now_seconds();
+    if (!pr->tty || (!final && now - pr->last_draw < 0.1))
+        return;
+    pr->last_draw = now;
+    const int width = 30;
+    int fill = total ? (int)(width * done / total) : width;
+    fprintf(stderr, "\rprofile [%.*s%*s] %zu/%zu prompts, %llu tokens, %.1f tok/s%s", fill,
+            "##############################", width - fill, "", done, total, (unsigned long long)tokens,
+            tokens / (now - pr->t0 > 0 ? now - pr->t0 : 1), final ? "\n" : "");
+    fflush(stderr);
+}
+
+/* Adds the engine's counts since the last call (last: the counts then) to prof. */
+static void add_routing(struct kt_engine *e, struct kt_profile *prof, uint64_t *last[2], uint64_t last_tokens[2],
+                        uint64_t *delta, size_t cells)
+{
+    for (int ph = 0; ph < 2; ph++) {
+        uint64_t n = 0;
+        const uint64_t *c = kt_engine_route_counts(e, ph, &n);
+        if (n == last_tokens[ph])
+            continue;
+        for (size_t i = 0; i < cells; i++)
+            delta[i] = c[i] - last[ph][i], last[ph][i] = c[i];
+        kt_profile_add(prof, ph == KT_ROUTE_DECODE ? KT_PROFILE_DECODE : KT_PROFILE_PREFILL, delta,
+                       n - last_tokens[ph]);
+        last_tokens[ph] = n;
+    }
+}
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Share of a layer's routed tokens that went to its hottest eighth of experts. */
+static double top_share(const struct kt_profile *p, uint32_t il)
+{
+    const uint32_t n = p->n_expert, top = n / 8 ? n / 8 : 1;
+    double *v = malloc(n * sizeof *v), total = 0, hot = 0;
+    if (!v)
+        return 0;
+    for (uint32_t x = 0; x < n; x++)
+        total += v[x] = kt_profile_count(p, il, x);
+    for (uint32_t t = 0; t < top; t++) { /* selection of the top counts; n is small */
+        uint32_t best = t;
+        for (uint32_t x = t + 1; x < n; x++)
+            if (v[x] > v[best])
+                best = x;
+        double swap = v[t];
+        v[t] = v[best], v[best] = swap;
+        hot += v[t];
+    }
+    free(v);
+    return total > 0 ? hot / total : 0;
+}
+
+int kt_bench_profile(const struct kt_bench_options *o)
+{
+    int rc = 1;
+    kt_err err = {0};
+    struct prompt_set set = {0};
+    struct kt_model *m = NULL;
+    struct kt_tokenizer *tok = NULL;
+    struct kt_engine *e = NULL;
+    struct kt_profile *prof = NULL;
+    struct slot *slots = NULL;
+    struct kt_batch_token *batch = NULL;
+    float *logits = NULL;
+    uint64_t *last[2] = {NULL, NULL}, *delta = NULL, last_tokens[2] = {0, 0};
+    uint32_t *row_slot = NULL; /* [batch] the slot of each logits row of a step */
+
+    /* what can be checked without the model first: the output's folder, the prompts */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", o->output);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[slash == dir] = 0;
+    if (access(slash ? dir : ".", W_OK) != 0) {
+        kt_err_set(&err, KT_ERR_IO, "%s: cannot write there: %s", o->output, strerror(errno));
+        goto fail;
+    }
+    if (read_prompts(o->prompts, &set, &err) != KT_OK)
+        goto fail;
+    if (kt_model_open(o->model, &m, &err) != KT_OK)
+        goto fail;
+    if (kt_tokenizer_create(m->gguf, &tok, &err) != KT_OK) {
+        kt_err_prefix(&err, "%s", o->model);
+        goto fail;
+    }
+    if (tokenize_prompts(m, tok, o->prompts, &set, &err) != KT_OK)
+        goto fail;
+    size_t longest = 0;
+    for (size_t i = 0; i < set.n; i++)
+        longest = set.items[i].n_ids > longest ? set.items[i].n_ids : longest;
+    const uint64_t n_ctx = longest + o->max_tokens;
+    if (n_ctx > (1u << 24)) {
+        kt_err_set(&err, KT_ERR_INVALID, "the longest prompt (%zu tokens) + --max-tokens is too long", longest);
+        goto fail;
+    }
+    struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = o->batch, .n_threads = o->threads,
+                                  .progress = isatty(2) ? stderr : NULL};
+    struct kt_engine_plan plan = {0};
+    if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
+        goto fail;
+    kt_status created = kt_engine_create(m, &ep, &e, &err);
+    kt_engine_plan_free(&plan);
+    if (created != KT_OK)
+        goto fail;
+
+    struct kt_model_identity id;
+    kt_model_identity(m, &id);
+    if (kt_profile_create(m->hp.n_layer, m->hp.n_expert, &id, &prof, &err) != KT_OK)
+        goto fail;
+    prof->half_life_tokens = o->half_life;
+    const size_t cells = (size_t)m->hp.n_layer * m->hp.n_expert;
+    const uint32_t n_vocab = kt_engine_n_vocab(e), budget = kt_engine_max_batch_tokens(e);
+    slots = calloc(o->batch, sizeof *slots);
+    batch = malloc(budget * sizeof *batch);
+    logits = malloc((size_t)o->batch * n_vocab * sizeof *logits);
+    last[0] = calloc(cells + 1, sizeof *last[0]);
+    last[1] = calloc(cells + 1, sizeof *last[1]);
+    delta = calloc(cells + 1, sizeof *delta);
+    row_slot = malloc(o->batch * sizeof *row_slot);
+    if (!row_slot || !slots || !batch || !logits || !last[0] || !last[1] || !delta) {
+        kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    kt_engine_stats_reset(e);
+
+    struct progress pr = {.tty = isatty(2), .t0 = kt_bench_now_seconds()};
+    size_t next_prompt = 0, done = 0;
+    uint64_t generated = 0;
+    while (done < set.n) {
+        /* refill idle slots with the next prompts */
+        for (uint32_t s = 0; s < o->batch && next_prompt < set.n; s++)
+            if (!slots[s].p) {
+                if (kt_engine_seq_add(e, s, &err) != KT_OK)
+                    goto fail;
+                slots[s] = (struct slot){.p = &set.items[next_prompt++]};
+            }
+        /* decode tokens first, then prefill chunks within the step's budget */
+        uint32_t n = 0, n_rows = 0;
+        for (uint32_t s = 0; s < o->batch; s++)
+            if (slots[s].p && slots[s].pos >= slots[s].p->n_ids) {
+                row_slot[n_rows++] = s;
+                batch[n++] = (struct kt_batch_token){slots[s].next, s, slots[s].pos++, true};
+            }
+        for (uint32_t s = 0; s < o->batch && n < budget; s++) {
+            struct slot *sl = &slots[s];
+            if (!sl->p || sl->pos >= sl->p->n_ids)
+                continue;
+            uint32_t take = (uint32_t)(sl->p->n_ids - sl->pos) < budget - n ? (uint32_t)(sl->p->n_ids - sl->pos)
+                                                                          : budget - n;
+            for (uint32_t i = 0; i < take; i++, sl->pos++)
+                batch[n++] = (struct kt_batch_token){sl->p->ids[sl->pos], s, sl->pos, sl->pos + 1 == sl->p->n_ids};
+            if (sl->pos == sl->p->n_ids)
+                row_slot[n_rows++] = s;
+        }
+        if (kt_engine_step(e, &(struct kt_batch){n, batch}, logits, &err) != KT_OK)
+            goto fail;
+        if (o->half_life > 0) /* decay follows the order of the steps */
+            add_routing(e, prof, last, last_tokens, delta, cells);
+        /* rows come back in batch order: decode rows, then the prefills that ended */
+        for (uint32_t r = 0; r < n_rows; r++) {
+            struct slot *sl = &slots[row_slot[r]];
+            sl->next = (int32_t)argmax(logits + (size_t)r * n_vocab, n_vocab);
+            sl->generated++;
+            generated++;
+            if (sl->generated >= o->max_tokens || kt_token_is_eog(tok, sl->next)) {
+                if (kt_engine_seq_remove(e, row_slot[r], &err) != KT_OK)
+                    goto fail;
+                sl->p = NULL;
+                done++;
+            }
+        }
+        struct kt_engine_stats st;
+        kt_engine_stats(e, &st);
+        draw(&pr, done, set.n, st.tokens, false);
+    }
+    add_routing(e, prof, last, last_tokens, delta, cells);
+    const double seconds = kt_bench_now_seconds() - pr.t0;
+    struct kt_engine_stats st;
+    kt_engine_stats(e, &st);
+    draw(&pr, done, set.n, st.tokens, true);
+    if (kt_profile_save(prof, o->output, &err) != KT_OK)
+        goto fail;
+
+    printf("kt-bench profile: %s, %zu prompts from %s, up to %u new tokens each, batch %u\n", o->model, set.n,
+           o->prompts, o->max_tokens, o->batch);
+    printf("routed tokens: %.0f prefill, %.0f decode (%llu generated) in %.2f s (%.1f tok/s)%s\n",
+           (double)last_tokens[KT_ROUTE_PREFILL], (double)last_tokens[KT_ROUTE_DECODE],
+           (unsigned long long)generated, seconds, (double)st.tokens / seconds,
+           o->half_life > 0 ? "; counts decayed" : "");
+    printf("share of each MoE layer's routed tokens on its hottest 1/8 of experts:\n");
+    for (uint32_t il = 0; il < m->hp.n_layer; il++)
+        if (m->layers[il].is_moe)
+            printf("  layer %3u  %5.1f%%\n", il, 100.0 * top_share(prof, il));
+    printf("wrote %s\n", o->output);
+    rc = 0;
+    goto done;
+fail:
+    fprintf(stderr, "kt-bench: %s\n", err.msg);
+done:
+    free(last[0]), free(last[1]), free(delta), free(row_slot);
+    free(slots), free(batch), free(logits);
+    kt_profile_destroy(prof);
+    kt_engine_destroy(e);
+    kt_tokenizer_destroy(tok);
+    kt_model_close(m);
+    prompt_set_free(&set);
+    return rc;
+}
