@@ -8,9 +8,11 @@
  * cancelled; SIGTERM lets a running stream finish and exits 0.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "profile.h"
 #include "serve_harness.h"
 
 static char kimi[1024], deepseek[1024], big[1024];
@@ -392,6 +394,93 @@ static void sigterm_finishes_the_running_stream_and_exits_0(void)
     unlink(out_file);
 }
 
+/* Sums a profile JSON's token totals; NAN when it is not one. */
+static double profile_tokens(const char *text, const char *where)
+{
+    struct kt_profile *p = NULL;
+    kt_err err = {0};
+    KT_CHECK(text && kt_profile_parse(text, strlen(text), where, &p, &err) == KT_OK, "%s", err.msg);
+    double t = p ? p->tokens[KT_PROFILE_DECODE] + p->tokens[KT_PROFILE_PREFILL] : NAN;
+    for (uint32_t il = 0; p && il < p->n_layer; il++) /* each MoE layer routes every token to 8 experts */
+        for (int ph = 0; ph < 2; ph++) {
+            double sum = 0;
+            for (uint32_t x = 0; x < p->n_expert; x++)
+                sum += p->counts[ph][il * p->n_expert + x];
+            KT_CHECK(sum == (il == 0 ? 0 : 8 * p->tokens[ph]), "%s: phase %d layer %u: %g routed of %g tokens", where,
+                     ph, il, sum, p->tokens[ph]);
+        }
+    kt_profile_destroy(p);
+    return t;
+}
+
+/* GET /kt/profile counts what was served (every prompt token and every
+ * generated one but the last, which is never stepped); --profile-out writes
+ * the same every interval and at exit. */
+static void profile_endpoint_and_file_count_what_was_served(void)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s", kt_test_path("served-profile.json"));
+    unlink(path);
+    char args[1400];
+    snprintf(args, sizeof args, "-t 2 -q --max-batch-tokens 16 --profile-out %s --profile-interval 0.2 "
+             "--profile-half-life 0", path);
+    struct test_server s;
+    if (!server_start(&s, kimi, args, true))
+        return;
+    struct kt_buf out = {0};
+    KT_CHECK(http(&s, NULL, "/kt/profile", NULL, &out, NULL) == 200, "before any request: %s", kt_buf_str(&out));
+    KT_CHECK(profile_tokens(kt_buf_str(&out), "GET /kt/profile") == 0, "nothing served yet");
+    long served = 0;
+    for (int r = 0; r < 2; r++) {
+        int code = http(&s, NULL, "/v1/completions",
+                        r ? "{\"prompt\": \"A longer prompt: the river runs past the old mill and on to the sea\", "
+                            "\"max_tokens\": 3, \"temperature\": 0, \"ignore_eos\": true}"
+                          : "{\"prompt\": \"The river\", \"max_tokens\": 5, \"temperature\": 0, \"ignore_eos\": true}",
+                        &out, NULL);
+        json_t *j = parse(&out);
+        json_t *usage = json_object_get(j, "usage");
+        KT_CHECK(code == 200 && usage, "completion: %s", kt_buf_str(&out));
+        served += (long)json_integer_value(json_object_get(usage, "prompt_tokens")) +
+                  (long)json_integer_value(json_object_get(usage, "completion_tokens")) - 1;
+        json_decref(j);
+    }
+    KT_CHECK(http(&s, NULL, "/kt/profile", NULL, &out, NULL) == 200, "%s", kt_buf_str(&out));
+    double live = profile_tokens(kt_buf_str(&out), "GET /kt/profile");
+    KT_CHECK(live == (double)served, "the profile counts %g tokens, %ld were served", live, served);
+    KT_CHECK(strstr(kt_buf_str(&out), "\"version\":2") && strstr(kt_buf_str(&out), "\"fingerprint\":"),
+             "a version 2 profile with the model's identity: %.200s", kt_buf_str(&out));
+    expect_error(&s, "-X POST", "/kt/profile", NULL, 405, NULL, NULL);
+    /* the interval's write, while it runs */
+    size_t len = 0;
+    char *text = NULL;
+    for (double t0 = harness_now(); !text && harness_now() - t0 < 10; usleep(50000)) {
+        text = kt_test_read_file(path, &len);
+        if (text && profile_tokens(text, path) != (double)served) /* an earlier write: wait for the next */
+            free(text), text = NULL;
+    }
+    KT_CHECK(text != NULL, "%s was not written while serving", path);
+    free(text);
+    unlink(path);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    text = kt_test_read_file(path, &len);
+    KT_CHECK(text && profile_tokens(text, path) == (double)served, "%s after exit: %.200s", path, text ? text : "(none)");
+    free(text);
+    unlink(path);
+    kt_buf_free(&out);
+
+    /* a place the profile cannot go: refused before loading */
+    char log[1024];
+    snprintf(log, sizeof log, "%s", kt_test_path("profile-out.log"));
+    int rc = kt_test_system("%s -m %s --port 0 -q --profile-out /nonexistent-dir/p.json 2> %s", kt_test_tool("kt-serve"),
+                            kimi, log);
+    KT_CHECK(rc == 1, "--profile-out into a missing folder: exit %d", rc);
+    text = kt_test_read_file(log, &len);
+    KT_CHECK(text && strstr(text, "--profile-out /nonexistent-dir/p.json: cannot write there"), "log: %s",
+             text ? text : "(none)");
+    free(text);
+    unlink(log);
+}
+
 int main(void)
 {
     if (!have_curl())
@@ -422,6 +511,7 @@ int main(void)
     KT_RUN(deepseek_tool_calls);
     KT_RUN(request_timeout_ends_long_requests);
     KT_RUN(sigterm_finishes_the_running_stream_and_exits_0);
+    KT_RUN(profile_endpoint_and_file_count_what_was_served);
     unlink(kimi), unlink(deepseek), unlink(big);
     return kt_test_finish();
 }

@@ -6,6 +6,8 @@
  * rest, exit 0.  Exit status 1: could not listen or load (one line saying
  * why); 2: usage.  See tools/serve/server.h for the threads.
  */
+#include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -37,6 +39,7 @@ KT_CLI_STRING_OPTION(opt_placement, placement)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
 KT_CLI_STRING_OPTION(opt_name, served_name)
+KT_CLI_STRING_OPTION(opt_profile_out, profile_out)
 KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port")
 KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
 KT_CLI_U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
@@ -53,6 +56,24 @@ static bool opt_prefix_cache(void *o, const char *arg, char *why, size_t ws)
 {
     OPTS(o)->prefix_cache_given = true;
     return kt_cli_parse_u32(arg, 0, 4096, &OPTS(o)->prefix_cache) || kt_cli_invalid(why, ws, "--prefix-cache", arg);
+}
+
+static bool opt_profile_half_life(void *o, const char *arg, char *why, size_t ws)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e18)
+        return kt_cli_invalid(why, ws, "--profile-half-life (tokens, 0: no decay)", arg);
+    OPTS(o)->profile_half_life = v;
+    return true;
+}
+
+static bool opt_profile_interval(void *o, const char *arg, char *why, size_t ws)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v >= 0.01) || v > 1e6)
+        return kt_cli_invalid(why, ws, "--profile-interval (seconds, at least 0.01)", arg);
+    OPTS(o)->profile_interval_s = v;
+    return true;
 }
 
 static bool opt_forced(void *o, const char *arg, char *why, size_t ws)
@@ -93,6 +114,12 @@ static const struct kt_cli_option options_table[] = {
      opt_ping},
     {"--max-body-bytes", NULL, "N", 0, "larger request bodies get 413 (default 8 MiB)", opt_body},
     {"--max-connections", NULL, "N", 0, "open connections at most (default 512)", opt_connections},
+    {"--profile-out", NULL, "FILE", 0, "keep writing the routing profile of what is served here (atomically)",
+     opt_profile_out},
+    {"--profile-half-life", NULL, "T", 0, "the profile's counts halve every T tokens (default 1000000; 0: never)",
+     opt_profile_half_life},
+    {"--profile-interval", NULL, "S", 0, "seconds between profile writes (default 60; also at exit)",
+     opt_profile_interval},
     {"--quiet", "-q", NULL, 0, "no log line per request", opt_quiet},
     {"--test-forced-output", NULL, NULL, 0, "tests only: honour the request field kt_test_forced_output",
      opt_forced},
@@ -108,7 +135,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"
                "                [--api-key KEY] [--served-model-name NAME] [options]\n\n"
                "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health,\n"
-               "/metrics, /tokenize, /detokenize, /version.\n\noptions:\n");
+               "/metrics, /tokenize, /detokenize, /version, /kt/profile (routing counts).\n\noptions:\n");
     kt_cli_print_options(f, &cli, NULL);
 }
 
@@ -205,9 +232,12 @@ static bool load(struct kt_server *s, kt_err *err)
     const struct kt_hparams *hp = &s->model->hp;
     s->metrics.routed_pairs_per_token =
         hp->n_layer > hp->n_dense_lead ? (uint64_t)(hp->n_layer - hp->n_dense_lead) * hp->n_expert_used : 0;
+    if (kt_serve_profile_create(s, err) != KT_OK)
+        return false;
     struct kt_sched_params sp = {.engine = s->engine, .tok = s->tok, .max_running_seqs = o->max_seqs,
                                  .max_waiting = o->max_waiting, .max_batch_tokens = o->max_batch_tokens,
-                                 .prefix_cache_entries = o->prefix_cache, .metrics = &s->metrics};
+                                 .prefix_cache_entries = o->prefix_cache, .metrics = &s->metrics,
+                                 .after_step = kt_serve_profile_after_step, .after_step_ctx = s->profile};
     return kt_sched_create(&sp, &s->sched, err) == KT_OK;
 }
 
@@ -234,9 +264,17 @@ static void *loader_main(void *arg)
 
 /* ---- main -------------------------------------------------------------------------------------------- */
 
+static void write_profile(struct kt_server *s)
+{
+    kt_err err = {0};
+    if (kt_serve_profile_write(s, &err) != KT_OK)
+        fprintf(stderr, "kt-serve: the routing profile: %s\n", err.msg);
+}
+
 static void teardown(struct kt_server *s)
 {
     kt_sched_destroy(s->sched);
+    kt_serve_profile_destroy(s);
     kt_engine_destroy(s->engine);
     kt_tokenizer_destroy(s->tok);
     kt_model_close(s->model);
@@ -249,7 +287,8 @@ int main(int argc, char **argv)
     struct kt_server *s = &server;
     s->o = (struct kt_serve_options){.host = "127.0.0.1", .port = 8080, .max_seqs = 8, .max_waiting = 64,
                                      .request_timeout_s = 600, .shutdown_timeout_s = 30, .ping_interval_s = 10,
-                                     .max_body_bytes = 8u << 20, .max_connections = 512};
+                                     .max_body_bytes = 8u << 20, .max_connections = 512,
+                                     .profile_half_life = 1e6, .profile_interval_s = 60};
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &s->o);
     if (rc >= 0)
         return rc;
@@ -261,6 +300,17 @@ int main(int argc, char **argv)
         s->o.max_batch_tokens = s->o.max_seqs > 256 ? s->o.max_seqs : 256;
     if (s->o.max_batch_tokens < s->o.max_seqs)
         return kt_cli_usage_error(&cli, "%s", "--max-batch-tokens must be at least --max-seqs");
+    if (s->o.profile_out) { /* refuse a place the profile could never be written to before loading */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", s->o.profile_out);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash[slash == dir] = 0;
+        if (access(slash ? dir : ".", W_OK) != 0) {
+            fprintf(stderr, "kt-serve: --profile-out %s: cannot write there: %s\n", s->o.profile_out, strerror(errno));
+            return 1;
+        }
+    }
     file_stem(s->o.model, s->served_name, sizeof s->served_name);
     if (s->o.served_name)
         snprintf(s->served_name, sizeof s->served_name, "%s", s->o.served_name);
@@ -289,8 +339,20 @@ int main(int argc, char **argv)
         fprintf(stderr, "kt-serve: cannot start the loader thread\n");
         return 1;
     }
-    int sig = 0;
-    sigwait(&set, &sig);
+    /* with --profile-out, wake every interval to write the profile */
+    int sig = -1;
+    while (sig < 0) {
+        if (!s->o.profile_out) {
+            if (sigwait(&set, &sig) != 0)
+                sig = -1;
+            continue;
+        }
+        double whole = floor(s->o.profile_interval_s);
+        struct timespec interval = {(time_t)whole, (long)((s->o.profile_interval_s - whole) * 1e9)};
+        sig = sigtimedwait(&set, NULL, &interval);
+        if (sig < 0 && atomic_load(&s->state) == KT_SERVER_READY)
+            write_profile(s);
+    }
     if (sig == SIGUSR1) {
         pthread_join(loader, NULL);
         fprintf(stderr, "kt-serve: %s\n", s->load_error);
@@ -313,6 +375,7 @@ int main(int argc, char **argv)
     /* the jobs are done; let their responses reach the clients before closing connections */
     for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
         usleep(10000);
+    write_profile(s); /* what was served, all of it */
     kt_http_stop(s);
     teardown(s);
     fprintf(stderr, "kt-serve: stopped\n");

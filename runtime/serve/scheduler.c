@@ -718,6 +718,8 @@ static void step(struct kt_sched *s)
             settle_run(s, r);
     }
     publish_engine_metrics(s);
+    if (s->p.after_step)
+        s->p.after_step(s->p.after_step_ctx, s->engine);
 }
 
 /* ---- the thread ----------------------------------------------------------------------------------- */

@@ -106,6 +106,11 @@ struct kt_sched_params {
     uint32_t max_batch_tokens;         /* per-step token budget; 0: the engine's */
     uint32_t prefix_cache_entries;     /* 0: no prefix cache */
     struct kt_serve_metrics *metrics;  /* may be NULL */
+    /* Called on the scheduler thread after every step that ran, while no step
+     * runs: the one moment another part may read the engine's counters
+     * (kt_engine_route_counts).  NULL: none. */
+    void (*after_step)(void *ctx, const struct kt_engine *e);
+    void *after_step_ctx;
 };
 
 /* Engine sequences and KV blocks the scheduler needs from the engine. */

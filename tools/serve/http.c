@@ -142,7 +142,7 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
     const char *path = strncmp(url, "/v1/", 4) == 0 ? url + 3 : url;
     bool api = strncmp(url, "/v1/", 4) == 0 || strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0 ||
                strcmp(path, "/chat/completions") == 0 || strcmp(path, "/completions") == 0 ||
-               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0;
+               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strcmp(url, "/kt/profile") == 0;
 
     if (strcmp(url, "/health") == 0)
         return get ? kt_serve_health(rq) : wrong_method(rq, method, url, "GET");
@@ -184,6 +184,8 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         return post ? kt_serve_tokenize(rq) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/detokenize") == 0)
         return post ? kt_serve_detokenize(rq) : wrong_method(rq, method, url, "POST");
+    if (strcmp(url, "/kt/profile") == 0)
+        return get ? kt_serve_profile_endpoint(rq) : wrong_method(rq, method, url, "GET");
     return not_found(rq, method, url);
 }
 

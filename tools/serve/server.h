@@ -48,6 +48,9 @@ struct kt_serve_options {
     double ping_interval_s;       /* ": ping" comments on quiet streams */
     bool test_forced_output;      /* honour kt_test_forced_output (tests only) */
     bool quiet;                   /* no per-request log lines */
+    const char *profile_out;      /* write the live routing profile here; NULL: only GET /kt/profile */
+    double profile_half_life;     /* tokens (default 1e6); 0: no decay */
+    double profile_interval_s;    /* seconds between writes (default 60) */
 };
 
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
@@ -68,6 +71,7 @@ struct kt_server {
     struct kt_engine *engine;
     struct kt_sched *sched;
     struct kt_serve_model sm;
+    struct kt_serve_profile *profile; /* the live routing profile (profile.c) */
 
     struct kt_serve_metrics metrics;
     atomic_int in_flight;         /* generation responses not yet fully sent */
@@ -106,6 +110,14 @@ enum MHD_Result kt_serve_models(struct kt_http_request *rq, const char *id);
 enum MHD_Result kt_serve_metrics_endpoint(struct kt_http_request *rq);
 enum MHD_Result kt_serve_tokenize(struct kt_http_request *rq);
 enum MHD_Result kt_serve_detokenize(struct kt_http_request *rq);
+
+/* profile.c: the live routing profile, GET /kt/profile; write: atomically to --profile-out (KT_OK without one) */
+struct kt_serve_profile;
+kt_status kt_serve_profile_create(struct kt_server *s, kt_err *err); /* s->model loaded; sets s->profile */
+void kt_serve_profile_destroy(struct kt_server *s);
+void kt_serve_profile_after_step(void *ctx, const struct kt_engine *e); /* a kt_sched_params.after_step */
+kt_status kt_serve_profile_write(struct kt_server *s, kt_err *err);
+enum MHD_Result kt_serve_profile_endpoint(struct kt_http_request *rq);
 
 /* generate.c: /v1/chat/completions and /v1/completions */
 enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);
