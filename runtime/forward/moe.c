@@ -14,7 +14,11 @@
  * SiLU fused, then down.  Routed experts run on the least loaded NUMA pool
  * holding a copy, all pools at once, the stepping thread helping the first
  * (one node: the step's pool is the one pool); the shared experts go with the
- * first pool, dense FFNs stay on the step's pool.  Every (token, expert)
+ * first pool, dense FFNs stay on the step's pool.  In a row-sliced layer
+ * (expert_store.h) every pool runs its node's rows of every CPU unit - the
+ * same 64-row tasks, on its node's share of the bytes - and an even share of
+ * the per-pair work, so each output is still computed by the same call on
+ * the same inputs.  Every (token, expert)
  * product is computed the same way whatever else is in the batch, and sums
  * run in selection order, so a token's output never depends on its batch.
  * Nothing here allocates.
