@@ -139,6 +139,7 @@ struct kt_engine_stats {
     uint64_t device_pairs;      /* (token, FFN) pairs run on the device, shared experts' included */
     uint64_t device_wait_ns;    /* time the step waited for the device after its own expert work */
     uint64_t cpu_experts_busy_ns; /* CPU threads' time in expert and dense FFN tasks, summed over threads */
+    uint64_t node_busy_ns[16];  /* ... of it, the threads of topology node i's pool (with pools) */
 };
 
 /* One layer's share of the steps since creation or the last reset; the four

@@ -108,13 +108,14 @@ struct kt_units_job {
     uint32_t n_units;
     int64_t offset;
     void (*fn)(void *ctx, int64_t begin, int64_t end, int thread); /* the phase's task (timed_task runs it) */
+    int node;                   /* the topology node of the pool running it; -1: none */
     /* A row-sliced layer's tasks (slice_first not NULL): item l is in unit
      * u0 + k, the last k < n_sliced_units with slice_first[k] <= l, where
      * this job runs part `slice` of each unit's tasks with node `node`'s
      * shares; offset is unused then. */
     const uint32_t *slice_first;
     uint32_t u0, n_sliced_units;
-    int slice, node;
+    int slice;
 };
 
 /* What the device's queue runs in a step (kt_fwd_run_device_part): units

@@ -352,13 +352,16 @@ struct unit_groups {
 
 /* fn on its items, the time it took added to the step's CPU expert busy
  * time (every CPU thread's, so a fully busy step of n threads counts n x its
- * wall time). */
+ * wall time) and to its node's. */
 static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct kt_units_job *j = ctx;
     const uint64_t t0 = kt_fwd_now_ns();
     j->fn(ctx, begin, end, thread);
-    __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, kt_fwd_now_ns() - t0, __ATOMIC_RELAXED);
+    const uint64_t ns = kt_fwd_now_ns() - t0;
+    __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, ns, __ATOMIC_RELAXED);
+    if (j->node >= 0 && j->node < 16)
+        __atomic_add_fetch(&j->e->stats.node_busy_ns[j->node], ns, __ATOMIC_RELAXED);
 }
 
 /* Group i's job in a row-sliced layer, its item count returned: an even
@@ -390,8 +393,7 @@ static int64_t sliced_job(struct kt_engine *e, const struct kt_moe_bufs *b, cons
     j->slice_first = first;
     j->u0 = u0;
     j->n_sliced_units = u1 - u0;
-    j->slice = slice;
-    j->node = kt_pool_node(g->pool[i]);
+    j->slice = slice; /* run_phase sets j->node: the pool's, whose shares it reads */
     return items;
 }
 
@@ -409,6 +411,7 @@ static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, const st
             g->jobs[i] = (struct kt_units_job){.e = e, .b = b, .n_units = n_units, .offset = begin, .fn = fn};
             n_items = (int64_t)end - begin;
         }
+        g->jobs[i].node = g->pool ? kt_pool_node(g->pool[i]) : -1;
         if (g->pool)
             kt_pool_submit(g->pool[i], n_items, 1, timed_task, &g->jobs[i]);
         else
