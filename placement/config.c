@@ -556,9 +556,52 @@ static kt_status parse_assign(struct parser *p, const struct kt_ynode *n)
     return st;
 }
 
+/* cpu.sliced: all, or a list of layer numbers and N-M ranges (kept sorted and disjoint). */
+static kt_status parse_sliced(struct parser *p, const struct kt_ynode *n)
+{
+    struct kt_cfg_sliced *s = &p->c->sliced;
+    char got[64];
+    if (kt_yscalar_is(n, "all")) {
+        s->all = true;
+        return KT_OK;
+    }
+    if (n->kind != KT_YSEQ)
+        return fail(p, n, "cpu.sliced", "expected all or a list of layers and N-M ranges, got %s",
+                    describe(n, got, sizeof got));
+    if (n->n == 0)
+        return KT_OK;
+    struct ranged *items = malloc(n->n * sizeof *items);
+    s->ranges = malloc(n->n * sizeof *s->ranges);
+    s->where = malloc(n->n * sizeof *s->where);
+    if (!items || !s->ranges || !s->where) {
+        free(items);
+        return kt_err_set(p->err, KT_ERR_NOMEM, "%s: out of memory", p->name);
+    }
+    kt_status st = KT_OK;
+    for (uint32_t i = 0; i < n->n && !st; i++) {
+        const char *bad;
+        items[i].at = n->items[i];
+        if (!parse_range(n->items[i], MAX_INDEX, &items[i].r, &bad))
+            st = fail(p, n->items[i], "cpu.sliced", "expected a layer number or a range N-M, got %s (%s)",
+                      describe(n->items[i], got, sizeof got), bad);
+    }
+    if (!st) {
+        qsort(items, n->n, sizeof *items, by_first);
+        for (uint32_t i = 0; i < n->n && !st; i++) {
+            if (i > 0 && items[i].r.first <= items[i - 1].r.last)
+                st = fail(p, items[i].at, "cpu.sliced", "layer %u is listed twice", items[i].r.first);
+            s->ranges[i] = items[i].r;
+            set_where(&s->where[i], items[i].at, "cpu.sliced");
+        }
+        s->n_ranges = n->n;
+    }
+    free(items);
+    return st;
+}
+
 static kt_status parse_cpu(struct parser *p, const struct kt_ynode *n)
 {
-    static const char *const known[] = {"nodes", "assign", "replicas", NULL};
+    static const char *const known[] = {"nodes", "assign", "replicas", "sliced", NULL};
     static const char *const replica_keys[] = {"hot_per_layer", NULL};
     struct kt_placement_config *c = p->c;
     kt_status st = expect(p, n, "cpu", KT_YMAP);
@@ -571,6 +614,8 @@ static kt_status parse_cpu(struct parser *p, const struct kt_ynode *n)
             st = parse_nodes(p, v);
         } else if (k == 1) {
             st = parse_assign(p, v);
+        } else if (k == 3) {
+            st = parse_sliced(p, v);
         } else if (!(st = expect(p, v, "cpu.replicas", KT_YMAP))) {
             for (uint32_t j = 0; j < kt_ymap_size(v) && !st; j++)
                 if (!(st = which_key(p, kt_ymap_key(v, j), "cpu.replicas", replica_keys, &k)))
@@ -689,6 +734,8 @@ void kt_placement_config_destroy(struct kt_placement_config *c)
         free_rules(&c->devices[d].experts);
     for (int a = 0; a < c->n_assign; a++)
         free_rules(&c->assign[a].experts);
+    free(c->sliced.ranges);
+    free(c->sliced.where);
     free(c->description);
     free(c->profile);
     free(c);

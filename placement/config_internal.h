@@ -75,6 +75,14 @@ struct kt_cfg_use {              /* attention: gpu */
     struct kt_cfg_where where;
 };
 
+/* cpu.sliced: the MoE layers whose CPU experts are row-sliced over cpu.nodes. */
+struct kt_cfg_sliced {
+    bool all;                    /* every MoE layer */
+    uint32_t n_ranges;           /* sorted, disjoint */
+    struct kt_id_range *ranges;
+    struct kt_cfg_where *where;  /* [n_ranges] where each range was written */
+};
+
 struct kt_placement_config {
     char name[256];              /* as given, for messages */
     char *description;           /* may be NULL */
@@ -92,6 +100,7 @@ struct kt_placement_config {
     int n_assign;
     struct kt_cfg_node_rules assign[KT_PLACEMENT_MAX_NODES];
     uint32_t replicas_hot_per_layer;
+    struct kt_cfg_sliced sliced;
 };
 
 #endif

@@ -13,6 +13,7 @@ void kt_engine_plan_free(struct kt_engine_plan *out)
     free(out->home_nodes);
     free(out->replica_nodes);
     free(out->on_device);
+    free(out->layer_sliced);
     memset(out, 0, sizeof *out);
 }
 
@@ -34,16 +35,20 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
     out->home_nodes = calloc(n ? n : 1, sizeof *out->home_nodes);
     out->replica_nodes = calloc(n ? n : 1, sizeof *out->replica_nodes);
     out->on_device = calloc(n ? n : 1, 1);
-    if (!out->home_nodes || !out->replica_nodes || !out->on_device) {
+    out->layer_sliced = calloc(p->n_layer ? p->n_layer : 1, 1);
+    if (!out->home_nodes || !out->replica_nodes || !out->on_device || !out->layer_sliced) {
         kt_engine_plan_free(out);
         return kt_err_set(err, KT_ERR_NOMEM, "placement: out of memory");
     }
     int device = 0;              /* the one accelerator with attention, experts or shared experts */
     int shared_layers = 0, shared_on_device = 0;
     uint32_t attention_on_device = 0, dense_layers = 0, dense_on_device = 0;
+    uint32_t sliced_layers = 0;
     kt_status st = KT_OK;
     for (uint32_t il = 0; il < p->n_layer && st == KT_OK; il++) {
         const struct kt_placement_layer *L = &p->layers[il];
+        out->layer_sliced[il] = L->is_moe && L->cpu_sliced;
+        sliced_layers += out->layer_sliced[il];
         if (!L->is_moe) {
             dense_layers++;
             if (L->dense_ffn > 0 && (st = use_device(p, il, &device, L->dense_ffn, err)) == KT_OK)
@@ -72,6 +77,9 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
             out->replica_nodes[at] = (uint16_t)h->replica_nodes;
         }
     }
+    if (st == KT_OK && sliced_layers && (p->expert_nodes >> KT_EXPERT_MAX_NODES) != 0)
+        st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: %u layers row-sliced over NUMA nodes beyond %d", p->source,
+                        sliced_layers, KT_EXPERT_MAX_NODES - 1);
     if (st == KT_OK && p->embeddings > 0) /* the output head goes there; the lookup stays on the host */
         st = use_device(p, p->n_layer - 1, &device, p->embeddings, err);
     if (st == KT_OK && attention_on_device && attention_on_device != p->n_layer)
@@ -92,6 +100,8 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
 
     ep->expert_home_nodes = out->home_nodes;
     ep->expert_replica_nodes = out->replica_nodes;
+    ep->layer_sliced = out->layer_sliced;
+    ep->expert_slice_nodes = (uint16_t)p->expert_nodes;
     kt_err why = {0};
     if (device && p->devices[device].backend == KT_PLACE_CUDA && kt_backend_available(KT_BACKEND_CUDA, &why) != KT_OK) {
         /* what the plan gives the GPU runs on the CPU: experts at home on node 0 */

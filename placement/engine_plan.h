@@ -9,7 +9,8 @@
  * embeddings, and one log line says so.  A plan using more than one
  * accelerator, or attention, dense FFNs or shared experts on a device in
  * some layers only, is refused.  It never changes what the plan says about
- * experts.
+ * experts.  Row-sliced layers (cpu_sliced) are sliced over the plan's
+ * expert_nodes.
  */
 #ifndef KT_PLACEMENT_ENGINE_PLAN_H
 #define KT_PLACEMENT_ENGINE_PLAN_H
@@ -28,6 +29,7 @@ struct kt_engine_plan {
     int *home_nodes;            /* [n_layer * n_expert] */
     uint16_t *replica_nodes;    /* [n_layer * n_expert] */
     uint8_t *on_device;         /* [n_layer * n_expert]; NULL when no expert is on a device */
+    uint8_t *layer_sliced;      /* [n_layer] the plan's cpu_sliced */
     struct kt_backend_params device;
     char device_name[32];
 };

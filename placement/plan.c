@@ -12,6 +12,9 @@
  *      nodes holding fewest so far), and hottest first each expert goes to the
  *      node under its share with the least routed load this layer.  Memory
  *      stays balanced to one expert, load as well as the shares allow.
+ * A layer of cpu.sliced keeps these homes (they say where its bytes are
+ * counted) but its CPU experts run row-sliced over every expert node, so it
+ * takes no replicas.
  * It must never allocate anything sized by the config rather than the model.
  */
 #include "plan.h"
@@ -345,7 +348,9 @@ static void home_layer(struct resolver *r, uint32_t il)
     for (uint32_t x = 0; x < n_expert; x++)
         if (homes[x].device == 0 && r->claim[x] >= c->n_devices)
             p->node_experts[homes[x].node]++;
-    uint32_t replicas = __builtin_popcountll(p->expert_nodes) > 1 ? c->replicas_hot_per_layer : 0;
+    /* a sliced layer takes none: every node already holds a share of every expert */
+    uint32_t replicas =
+        __builtin_popcountll(p->expert_nodes) > 1 && !p->layers[il].cpu_sliced ? c->replicas_hot_per_layer : 0;
     for (uint32_t i = 0; i < n_expert && replicas > 0; i++) {
         struct kt_expert_home *h = &homes[r->order[i].x];
         if (h->device == 0) {
@@ -507,6 +512,29 @@ static void fill_devices(struct resolver *r)
     }
 }
 
+/* cpu.sliced: which MoE layers have their CPU experts row-sliced. */
+static kt_status mark_sliced(struct resolver *r)
+{
+    const struct kt_cfg_sliced *s = &r->c->sliced;
+    struct kt_placement *p = r->p;
+    const struct kt_hparams *hp = &r->m->hp;
+    for (uint32_t i = 0; i < s->n_ranges; i++) {
+        if (s->ranges[i].last >= hp->n_layer)
+            return fail(r, &s->where[i], "layer %u does not exist (the model has %u, 0-%u)", s->ranges[i].last,
+                        hp->n_layer, hp->n_layer - 1);
+        for (uint32_t il = s->ranges[i].first; il <= s->ranges[i].last; il++) {
+            if (!p->layers[il].is_moe)
+                return fail(r, &s->where[i],
+                            "layer %u is dense: it has no routed experts to slice (the first %u layers are dense)",
+                            il, hp->n_dense_lead);
+            p->layers[il].cpu_sliced = true;
+        }
+    }
+    for (uint32_t il = 0; s->all && il < p->n_layer; il++)
+        p->layers[il].cpu_sliced = p->layers[il].is_moe;
+    return KT_OK;
+}
+
 kt_status kt_placement_resolve(const struct kt_placement_config *c, const struct kt_model *m, int n_numa_nodes,
                                const char *profile_override, struct kt_placement **out, kt_err *err)
 {
@@ -526,6 +554,8 @@ kt_status kt_placement_resolve(const struct kt_placement_config *c, const struct
         st = check_rules(&r, owner_rules(&r, o));
     if (!st)
         fill_devices(&r);
+    if (!st)
+        st = mark_sliced(&r);
     for (uint32_t il = 0; il < m->hp.n_layer && !st; il++) {
         if (!r.p->layers[il].experts)
             continue;
@@ -555,10 +585,12 @@ kt_status kt_placement_resolve(const struct kt_placement_config *c, const struct
 
 /* ---- description ----------------------------------------------------------------- */
 
-enum layer_part { LP_ATTENTION, LP_DENSE, LP_SHARED };
+enum layer_part { LP_ATTENTION, LP_DENSE, LP_SHARED, LP_SLICED };
 
 static int layer_device(const struct kt_placement_layer *pl, enum layer_part which)
 {
+    if (which == LP_SLICED) /* the cpu's, when its experts are row-sliced */
+        return pl->cpu_sliced ? 0 : -1;
     return which == LP_ATTENTION ? pl->attention : which == LP_DENSE ? pl->dense_ffn : pl->shared_experts;
 }
 
@@ -643,4 +675,11 @@ void kt_placement_describe(const struct kt_placement *p, FILE *out)
         for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
             replicated += p->layers[il].experts[x].replica_nodes != 0;
     fprintf(out, " %u experts replicated\n", replicated);
+    char runs[512], nodes[256] = "";
+    layer_runs(p, 0, LP_SLICED, runs, sizeof runs);
+    for (int n = 0; runs[0] && n < p->n_nodes; n++)
+        if (p->expert_nodes >> n & 1)
+            snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s%d", nodes[0] ? ", " : "", n);
+    if (runs[0])
+        fprintf(out, "  row-sliced CPU experts: layers %s, each expert's rows split over nodes %s\n", runs, nodes);
 }

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "engine_plan.h"
 #include "model.h"
 #include "plan.h"
 #include "profile.h"
@@ -368,6 +369,14 @@ static const struct bad_doc BAD_DOCS[] = {
      "cpu.assign.1: node 1 is not in cpu.nodes"},
     {V1 "attention: cpu\ncpu:\n  assign:\n    x: {per_layer: 2}\n", 5, "cpu.assign: expected a NUMA node number"},
     {V1 "attention: cpu\ncpu:\n  replicas: {hot: 2}\n", 4, "cpu.replicas: unknown key 'hot'"},
+    {V1 "attention: cpu\ncpu:\n  sliced: some\n", 4,
+     "cpu.sliced: expected all or a list of layers and N-M ranges, got 'some'"},
+    {V1 "attention: cpu\ncpu:\n  sliced: 3\n", 4, "cpu.sliced: expected all or a list of layers"},
+    {V1 "attention: cpu\ncpu:\n  sliced: [1-3, 2]\n", 4, "cpu.sliced: layer 2 is listed twice"},
+    {V1 "attention: cpu\ncpu:\n  sliced: [3-1]\n", 4,
+     "cpu.sliced: expected a layer number or a range N-M, got '3-1' (the first number is above the last)"},
+    {V1 "attention: cpu\ncpu:\n  sliced: [1, x]\n", 4, "cpu.sliced: expected a layer number or a range N-M, got 'x'"},
+    {V1 "attention: cpu\ncpu:\n  sliced: all\n  sliced: all\n", 5, "duplicate key"},
     {V1 "attention: cpu\nkv_cache: {tokens: 0}\n", 3, "kv_cache.tokens: must be at least 1"},
     {V1 "attention: cpu\nkv_cache: {type: f8}\n", 3, "kv_cache.type: expected f16 or f32, got 'f8'"},
     {V1 "attention: cpu\ndescription:\n", 3, "description: expected a string"},
@@ -504,6 +513,10 @@ static const struct bad_plan BAD_PLANS[] = {
     {V1 SIM "cpu:\n  nodes: [0, 3]\n", 2, "t.yaml:7:14: cpu.nodes: NUMA node 3 does not exist (this machine has 2)"},
     {V1 SIM "cpu:\n  assign:\n    2: {per_layer: 1}\n", 2,
      "t.yaml:8:5: cpu.assign.2: NUMA node 2 does not exist (this machine has 2)"},
+    {V1 "attention: cpu\ncpu:\n  sliced: [0-2]\n", 2,
+     "t.yaml:4:12: cpu.sliced: layer 0 is dense: it has no routed experts to slice (the first 1 layers are dense)"},
+    {V1 "attention: cpu\ncpu:\n  sliced: [1, 2-7]\n", 2,
+     "t.yaml:4:15: cpu.sliced: layer 7 does not exist (the model has 4, 0-3)"},
     {V1 "profile: no-such-profile.json\nattention: cpu\n", 1,
      "t.yaml:2:10: profile: no-such-profile.json: No such file"},
 };
@@ -714,6 +727,62 @@ static void replicas_copy_the_hottest_cpu_experts_to_other_nodes(void)
     kt_placement_destroy(p);
     p = resolve(text, m, 1, NULL);
     KT_CHECK(p && p->devices[0].part_bytes[KT_PART_REPLICAS] == 0, "one node: nowhere to replicate to");
+    kt_placement_destroy(p);
+    kt_model_close(m);
+}
+
+/* cpu.sliced marks MoE layers, keeps their homes balanced, gives them no
+ * replicas, shows in the description and reaches the engine's parameters. */
+static void sliced_layers_are_marked_take_no_replicas_and_reach_the_engine(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    const char *some = V1 "attention: cpu\ncpu:\n  sliced: [2-3]\n  replicas: {hot_per_layer: 2}\n";
+    struct kt_placement *p = resolve(some, m, 2, NULL);
+    for (uint32_t il = 0; p && il < 4; il++) {
+        KT_CHECK(p->layers[il].cpu_sliced == (il >= 2), "layer %u sliced: %d", il, p->layers[il].cpu_sliced);
+        uint32_t replicated = 0, on[2] = {0};
+        for (uint32_t x = 0; il > 0 && x < 32; x++) {
+            replicated += kt_placement_expert(p, il, x)->replica_nodes != 0;
+            on[kt_placement_expert(p, il, x)->node & 1]++;
+        }
+        KT_CHECK(replicated == (il == 1 ? 2u : 0u), "layer %u: %u replicated", il, replicated);
+        KT_CHECK(il == 0 || (on[0] == 16 && on[1] == 16), "layer %u: homes %u / %u", il, on[0], on[1]);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (p && f)
+        kt_placement_describe(p, f);
+    if (f)
+        fclose(f);
+    KT_CHECK(text && strstr(text, "  row-sliced CPU experts: layers 2-3, each expert's rows split over nodes 0, 1\n"),
+             "%s", text ? text : "");
+    free(text);
+
+    struct kt_engine_plan ep_arrays;
+    struct kt_engine_params ep = {0};
+    kt_err err = {0};
+    KT_CHECK(p && kt_engine_plan_apply(p, &ep_arrays, &ep, NULL, &err) == KT_OK, "%s", err.msg);
+    if (p && ep.layer_sliced) {
+        KT_CHECK(!ep.layer_sliced[0] && !ep.layer_sliced[1] && ep.layer_sliced[2] && ep.layer_sliced[3] &&
+                     ep.expert_slice_nodes == 0x3,
+                 "engine params: sliced %d%d%d%d over 0x%x", ep.layer_sliced[0], ep.layer_sliced[1],
+                 ep.layer_sliced[2], ep.layer_sliced[3], ep.expert_slice_nodes);
+        kt_engine_plan_free(&ep_arrays);
+    }
+    kt_placement_destroy(p);
+
+    p = resolve(V1 "attention: cpu\ncpu:\n  sliced: all\n  nodes: [1]\n", m, 2, NULL);
+    for (uint32_t il = 0; p && il < 4; il++)
+        KT_CHECK(p->layers[il].cpu_sliced == (il > 0), "all: layer %u sliced: %d", il, p->layers[il].cpu_sliced);
+    if (p && kt_engine_plan_apply(p, &ep_arrays, &ep, NULL, &err) == KT_OK) {
+        KT_CHECK(ep.expert_slice_nodes == 0x2, "sliced over the expert nodes only: 0x%x", ep.expert_slice_nodes);
+        kt_engine_plan_free(&ep_arrays);
+    }
+    kt_placement_destroy(p);
+    p = resolve(V1 "attention: cpu\ncpu:\n  sliced: []\n", m, 2, NULL);
+    for (uint32_t il = 0; p && il < 4; il++)
+        KT_CHECK(!p->layers[il].cpu_sliced, "[]: layer %u not sliced", il);
     kt_placement_destroy(p);
     kt_model_close(m);
 }
@@ -966,6 +1035,7 @@ int main(void)
     KT_RUN(config_profile_is_relative_to_the_config_and_override_wins);
     KT_RUN(cpu_spread_balances_load_and_keeps_counts_even);
     KT_RUN(replicas_copy_the_hottest_cpu_experts_to_other_nodes);
+    KT_RUN(sliced_layers_are_marked_take_no_replicas_and_reach_the_engine);
     KT_RUN(profile_files_round_trip_and_bad_ones_are_refused);
     KT_RUN(profile_decays_by_half_life_in_tokens);
     KT_RUN(profile_refuses_another_model_by_fingerprint);

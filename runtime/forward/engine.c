@@ -312,6 +312,42 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
     return KT_OK;
 }
 
+/* The parts of row-sliced layers (engine.h layer_sliced): the nodes of
+ * expert_slice_nodes (0: every node with a pool), each with its pool; fewer
+ * than two leave every layer whole (n_slices 0, *nodes 0). */
+static kt_status plan_slices(struct kt_engine *e, const struct kt_engine_params *d, uint16_t *nodes, kt_err *err)
+{
+    *nodes = 0;
+    if (!d->layer_sliced || !e->pools || e->test.experts_in_place)
+        return KT_OK;
+    uint32_t with_pool = 0;
+    for (int g = 0; g < e->n_pools; g++)
+        if (kt_pool_node(e->expert_pools[g]) >= 0 && kt_pool_node(e->expert_pools[g]) < KT_EXPERT_MAX_NODES)
+            with_pool |= 1u << kt_pool_node(e->expert_pools[g]);
+    const uint32_t want = d->expert_slice_nodes ? d->expert_slice_nodes : with_pool;
+    if (want & ~with_pool)
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "engine: expert_slice_nodes 0x%x names node %d, which has no worker pool (nodes with pools: "
+                          "0x%x)",
+                          want, __builtin_ctz(want & ~with_pool), with_pool);
+    if (__builtin_popcount(want) < 2)
+        return KT_OK;
+    const size_t per_pool = (size_t)e->hp.n_expert + 2;
+    e->pool_slice = malloc((size_t)e->n_pools * sizeof *e->pool_slice);
+    e->slice_first = malloc((size_t)e->n_pools * per_pool * sizeof *e->slice_first);
+    if (!e->pool_slice || !e->slice_first)
+        return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
+    for (int g = 0; g < e->n_pools; g++) {
+        const int node = kt_pool_node(e->expert_pools[g]);
+        e->pool_slice[g] = node >= 0 && node < KT_EXPERT_MAX_NODES && (want >> node & 1)
+                               ? __builtin_popcount(want & ((1u << node) - 1))
+                               : -1;
+    }
+    e->n_slices = __builtin_popcount(want);
+    *nodes = (uint16_t)want;
+    return KT_OK;
+}
+
 
 /* ---- host weights repacked ------------------------------------------------------------------ */
 
@@ -447,7 +483,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
         if ((st = build_layer(&m->layers[il], &e->layers[il], err)))
             goto fail;
 
-    if ((st = kt_pool_create((int)d.n_threads, &e->pool, err)) || (st = create_pools(e, &d, err)))
+    uint16_t slice_nodes = 0;
+    if ((st = kt_pool_create((int)d.n_threads, &e->pool, err)) || (st = create_pools(e, &d, err)) ||
+        (st = plan_slices(e, &d, &slice_nodes, err)))
         goto fail;
     /* with attention on a device the KV cache lives there (device_attention) */
     const bool kv_on_device = d.device && d.attention_on_device;
@@ -459,7 +497,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                                             .meminfo_path = e->test.meminfo_path,
                                             .keep_gguf_layout = e->test.keep_gguf_layout,
                                             .home_nodes = d.expert_home_nodes,
-                                            .replica_nodes = d.expert_replica_nodes};
+                                            .replica_nodes = d.expert_replica_nodes,
+                                            .sliced_layers = slice_nodes ? d.layer_sliced : NULL,
+                                            .slice_nodes = slice_nodes};
         if (e->test.experts_round_robin && e->pools)
             sp.round_robin_nodes = e->topo->n_nodes;
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))
@@ -500,6 +540,8 @@ void kt_engine_destroy(struct kt_engine *e)
     free(e->pool_load);
     free(e->pool_units);
     free(e->pool_jobs);
+    free(e->pool_slice);
+    free(e->slice_first);
     kt_kv_cache_destroy(e->kv);
     kt_expert_store_destroy(e->experts);
     if (e->buffers)

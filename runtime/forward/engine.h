@@ -67,6 +67,21 @@ struct kt_engine_params {
      * experts_round_robin or node 0, no replicas. */
     const int *expert_home_nodes;
     const uint16_t *expert_replica_nodes;
+    /* [n_layer] 1: layer il's routed CPU experts are row-sliced
+     * (expert_store.h) over the nodes of expert_slice_nodes (0: every node
+     * with a pool; each must have one): every node holds its share of every
+     * expert's rows in its own memory, and its pool computes only those rows
+     * of every active expert (gate and up: its part of the intermediate;
+     * then down: its part of the outputs, from the whole intermediate), so
+     * every node works on every active expert and the logits are
+     * bit-identical to whole experts.  The layer's shared experts (on the
+     * CPU) are split over the same pools by rows, read where they lie; its
+     * experts on the device stay whole there; replicas in it are refused;
+     * home nodes only label it.  NULL, one pool (one node with cores) or one
+     * slice node: every layer runs whole experts; dense layers' entries and
+     * experts_in_place ignore it. */
+    const uint8_t *layer_sliced;
+    uint16_t expert_slice_nodes;
     /* An accelerator (backend.h) holding the routed experts marked in
      * expert_on_device ([n_layer * n_expert], 1: on it) and, with
      * shared_on_device, every layer's shared experts; it runs them on its
@@ -117,10 +132,14 @@ struct kt_engine_stats {
     uint64_t absorbed_tokens;   /* tokens whose attention ran in the absorbed form */
     uint64_t expanded_tokens;   /* ... in the expanded form */
     uint64_t embed_head_ns;     /* embedding lookup, final norm and output head (also in other_ns) */
-    uint64_t node_pairs[16];    /* routed (token, expert) pairs run by the pool of topology node i (with pools) */
+    /* routed (token, expert) pairs run by the pool of topology node i (with
+     * pools); in a row-sliced layer every slice node counts every pair of a
+     * CPU expert (it runs its share of each) */
+    uint64_t node_pairs[16];
     uint64_t device_pairs;      /* (token, FFN) pairs run on the device, shared experts' included */
     uint64_t device_wait_ns;    /* time the step waited for the device after its own expert work */
     uint64_t cpu_experts_busy_ns; /* CPU threads' time in expert and dense FFN tasks, summed over threads */
+    uint64_t node_busy_ns[16];  /* ... of it, the threads of topology node i's pool (with pools) */
 };
 
 /* One layer's share of the steps since creation or the last reset; the four

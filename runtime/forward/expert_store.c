@@ -10,7 +10,9 @@
  * or, when the kernel level repacks that type, into a staging buffer that a
  * packer thread packs into place while the next slab is read
  * (pack_pipeline.h; packing on this thread if no packer can be had); every 64 MiB read is dropped from
- * the page cache with POSIX_FADV_DONTNEED.  It never touches the model's mapping of the file and
+ * the page cache with POSIX_FADV_DONTNEED.  A row-sliced layer's slabs all
+ * go through staging: each slice node's rows are packed or copied from there
+ * into its share.  It never touches the model's mapping of the file and
  * never writes to the file.
  */
 #ifndef _GNU_SOURCE
@@ -47,6 +49,7 @@ struct slab_part {
     int64_t first_row, n_rows;
     uint64_t dst_offset;
     const struct kt_packed_format *packed;
+    int matrix;                     /* 0 gate, 1 up, 2 down: which rows of a slice it keeps */
 };
 
 /* One expert tensor of a layer in file order and the matrices its slab holds. */
@@ -63,6 +66,7 @@ struct store_layer {
     struct slab slabs[3];           /* file order */
     int n_slabs;
     uint64_t stride;                /* expert_bytes rounded up to EXPERT_ALIGN */
+    uint64_t slice_stride[KT_EXPERT_MAX_NODES]; /* sliced: node n's share bytes rounded up to EXPERT_ALIGN */
     bool moe;
     uint32_t copies_on[KT_EXPERT_MAX_NODES]; /* expert copies (homes + replicas) on each node */
     uint8_t *base[KT_EXPERT_MAX_NODES];      /* (copies_on[n], stride) bound to node n; NULL if none */
@@ -136,22 +140,22 @@ static void plan_layer(const struct kt_model *m, uint32_t il, struct store_layer
         struct slab *s = &sl->slabs[n++];
         *s = make_slab(gate_t, Ne);
         s->n_parts = 2;
-        s->part[0] = (struct slab_part){0, f, lay->gate_offset, lay->gate_packed};
-        s->part[1] = (struct slab_part){f, f, lay->up_offset, lay->up_packed};
+        s->part[0] = (struct slab_part){0, f, lay->gate_offset, lay->gate_packed, 0};
+        s->part[1] = (struct slab_part){f, f, lay->up_offset, lay->up_packed, 1};
     } else {
         struct slab *s = &sl->slabs[n++];
         *s = make_slab(gate_t, Ne);
         s->n_parts = 1;
-        s->part[0] = (struct slab_part){0, f, lay->gate_offset, lay->gate_packed};
+        s->part[0] = (struct slab_part){0, f, lay->gate_offset, lay->gate_packed, 0};
         s = &sl->slabs[n++];
         *s = make_slab(up_t, Ne);
         s->n_parts = 1;
-        s->part[0] = (struct slab_part){0, f, lay->up_offset, lay->up_packed};
+        s->part[0] = (struct slab_part){0, f, lay->up_offset, lay->up_packed, 1};
     }
     struct slab *s = &sl->slabs[n++];
     *s = make_slab(down_t, Ne);
     s->n_parts = 1;
-    s->part[0] = (struct slab_part){0, E, lay->down_offset, lay->down_packed};
+    s->part[0] = (struct slab_part){0, E, lay->down_offset, lay->down_packed, 2};
     sl->n_slabs = n;
     for (int i = 1; i < n; i++) /* insertion sort by file offset */
         for (int j = i; j > 0 && sl->slabs[j].t->offset < sl->slabs[j - 1].t->offset; j--) {
@@ -159,6 +163,47 @@ static void plan_layer(const struct kt_model *m, uint32_t il, struct store_layer
             sl->slabs[j] = sl->slabs[j - 1];
             sl->slabs[j - 1] = tmp;
         }
+}
+
+void kt_expert_slice_rows(int64_t n_rows, int n_parts, int part, int64_t *first, int64_t *n)
+{
+    const int64_t blocks = (n_rows + KT_EXPERT_SLICE_ROWS - 1) / KT_EXPERT_SLICE_ROWS;
+    const int64_t b0 = blocks * part / n_parts, b1 = blocks * (part + 1) / n_parts;
+    const int64_t r0 = b0 * KT_EXPERT_SLICE_ROWS, r1 = b1 * KT_EXPERT_SLICE_ROWS < n_rows ? b1 * KT_EXPERT_SLICE_ROWS
+                                                                                          : n_rows;
+    *first = r0 < n_rows ? r0 : n_rows;
+    *n = r1 > *first ? r1 - *first : 0;
+}
+
+/* Each slice node's share of the layer's experts: rows of the intermediate
+ * (gate and up) and of the outputs (down), laid out like a whole expert. */
+static void plan_slices(const struct kt_model *m, struct store_layer *sl, uint16_t slice_nodes)
+{
+    struct kt_expert_layout *lay = &sl->layout;
+    const int64_t f = m->hp.n_ff_exp, E = m->hp.n_embd;
+    const int n_parts = __builtin_popcount(slice_nodes);
+    lay->sliced = true;
+    lay->slice_nodes = slice_nodes;
+    int part = 0;
+    for (int node = 0; node < KT_EXPERT_MAX_NODES; node++) {
+        if (!(slice_nodes >> node & 1))
+            continue;
+        struct kt_expert_slice *s = &lay->slice[node];
+        kt_expert_slice_rows(f, n_parts, part, &s->ff_first, &s->n_ff);
+        kt_expert_slice_rows(E, n_parts, part, &s->out_first, &s->n_out);
+        part++;
+        uint64_t rows_bytes[3] = {0};
+        for (int i = 0; i < sl->n_slabs; i++)
+            for (int p = 0; p < sl->slabs[i].n_parts; p++) {
+                const struct slab_part *sp = &sl->slabs[i].part[p];
+                rows_bytes[sp->matrix] = matrix_bytes(sl->slabs[i].t, sp->packed, sp->matrix == 2 ? s->n_out : s->n_ff);
+            }
+        s->gate_offset = 0;
+        s->up_offset = round_up(rows_bytes[0], 64);
+        s->down_offset = s->up_offset + round_up(rows_bytes[1], 64);
+        s->bytes = s->down_offset + rows_bytes[2];
+        sl->slice_stride[node] = round_up(s->bytes ? s->bytes : 1, EXPERT_ALIGN);
+    }
 }
 
 /* Each expert's home and replica nodes, and the copies each node holds. */
@@ -173,11 +218,17 @@ static kt_status place_copies(struct store_layer *sl, uint32_t il, uint32_t n_ex
         const int home = d->home_nodes               ? d->home_nodes[at]
                          : d->round_robin_nodes > 1 ? (int)(x % (uint32_t)d->round_robin_nodes)
                                                      : 0;
+        const uint16_t replicas = d->replica_nodes ? (uint16_t)(d->replica_nodes[at] & ~(1u << (home & 15))) : 0;
         if (home < 0 || home >= KT_EXPERT_MAX_NODES)
             return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u expert %u: home node %d is not 0..%d", il,
                               x, home, KT_EXPERT_MAX_NODES - 1);
+        if (sl->layout.sliced && replicas)
+            return kt_err_set(err, KT_ERR_INVALID,
+                              "expert store: layer %u expert %u: replicas in a row-sliced layer (every node already "
+                              "holds a share of every expert)",
+                              il, x);
         se->home_node = home;
-        se->nodes = (uint16_t)((d->replica_nodes ? d->replica_nodes[at] : 0) | 1u << home);
+        se->nodes = sl->layout.sliced ? sl->layout.slice_nodes : (uint16_t)(replicas | 1u << home);
         for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
             sl->copies_on[n] += se->nodes >> n & 1;
     }
@@ -191,6 +242,12 @@ static bool slab_packs(const struct slab *s)
         if (s->part[i].packed)
             return true;
     return false;
+}
+
+/* True if the slab is read into staging first: it is repacked, or sliced over nodes. */
+static bool slab_staged(const struct store_layer *sl, const struct slab *s)
+{
+    return sl->layout.sliced || slab_packs(s);
 }
 
 /* A 2 MiB-aligned anonymous mapping of `bytes`, huge pages advised, bound to
@@ -240,24 +297,48 @@ static kt_status read_full(int fd, const char *path, const struct kt_gguf_tensor
     return KT_OK;
 }
 
-/* A staged slab and the expert buffer its matrices go to. */
+/* A staged slab and the expert whose buffer (or, sliced, whose shares) its matrices go to. */
 struct pack_job {
     const struct slab *sb;
-    uint8_t *dst;
+    const struct store_layer *sl;
+    uint32_t x;
 };
 
-/* Turns one staged file slab into its matrices (packed or copied). */
+/* rows (n_rows of the slab's tensor) into dst, packed or copied. */
+static void put_rows(const struct slab *sb, const struct slab_part *part, const uint8_t *rows, int64_t n_rows,
+                     uint8_t *dst)
+{
+    if (part->packed)
+        part->packed->pack(sb->t->ne[0], rows, sb->row_bytes, n_rows, dst);
+    else
+        memcpy(dst, rows, (size_t)n_rows * sb->row_bytes);
+}
+
+/* Turns one staged file slab into its matrices (packed or copied): into the
+ * expert's buffer, or each slice node's rows into that node's share. */
 static void pack_slab(const void *ctx, const uint8_t *staged)
 {
     const struct pack_job *j = ctx;
     const struct slab *sb = j->sb;
+    const struct kt_expert_layout *lay = &j->sl->layout;
+    const struct kt_stored_expert *se = &j->sl->experts[j->x];
     for (int p = 0; p < sb->n_parts; p++) {
         const struct slab_part *part = &sb->part[p];
         const uint8_t *rows = staged + (size_t)part->first_row * sb->row_bytes;
-        if (part->packed)
-            part->packed->pack(sb->t->ne[0], rows, sb->row_bytes, part->n_rows, j->dst + part->dst_offset);
-        else
-            memcpy(j->dst + part->dst_offset, rows, (size_t)part->n_rows * sb->row_bytes);
+        if (!lay->sliced) {
+            put_rows(sb, part, rows, part->n_rows, (uint8_t *)se->data + part->dst_offset);
+            continue;
+        }
+        for (int node = 0; node < KT_EXPERT_MAX_NODES; node++) {
+            const struct kt_expert_slice *s = &lay->slice[node];
+            if (!se->slice[node])
+                continue;
+            const int64_t first = part->matrix == 2 ? s->out_first : s->ff_first;
+            const int64_t n = part->matrix == 2 ? s->n_out : s->n_ff;
+            const uint64_t at = part->matrix == 0 ? s->gate_offset : part->matrix == 1 ? s->up_offset : s->down_offset;
+            if (n > 0)
+                put_rows(sb, part, rows + (size_t)first * sb->row_bytes, n, (uint8_t *)se->slice[node] + at);
+        }
     }
 }
 
@@ -270,21 +351,21 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
     const struct kt_gguf *g = m->gguf;
     for (int i = 0; i < sl->n_slabs; i++) {
         const struct slab *sb = &sl->slabs[i];
-        const bool packs = slab_packs(sb);
+        const bool packs = slab_staged(sl, sb);
         const uint64_t slab = sb->slab_bytes;
         const uint64_t start = g->data_offset + sb->t->offset;
         const uint64_t end = start + sb->t->nbytes;
         uint64_t drop_from = start, ahead_to = start;
         for (uint32_t x = 0; x < m->hp.n_expert; x++) {
             const uint64_t off = start + x * slab;
-            const struct pack_job job = {sb, (uint8_t *)sl->experts[x].data};
+            const struct pack_job job = {sb, sl, x};
             /* Keep READ_AHEAD bytes of the tensor in flight while we copy. */
             while (ahead_to < end && ahead_to < off + slab + READ_AHEAD / 2) {
                 const uint64_t ahead = end - ahead_to < READ_AHEAD ? end - ahead_to : READ_AHEAD;
                 posix_fadvise(fd, (off_t)ahead_to, (off_t)ahead, POSIX_FADV_WILLNEED);
                 ahead_to += ahead;
             }
-            uint8_t *into = !packs ? job.dst + sb->part[0].dst_offset
+            uint8_t *into = !packs ? (uint8_t *)sl->experts[x].data + sb->part[0].dst_offset
                             : packers ? kt_pack_pipeline_acquire(packers)
                                       : staging;
             kt_status st = read_full(fd, g->path, sb->t, x, into, slab, off, prog, err);
@@ -338,17 +419,28 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
             continue;
         struct store_layer *sl = &s->layers[il];
         plan_layer(m, il, sl, d.keep_gguf_layout);
+        if (d.sliced_layers && d.sliced_layers[il]) {
+            if (__builtin_popcount(d.slice_nodes) < 2) {
+                st = kt_err_set(err, KT_ERR_INVALID,
+                                "expert store: layer %u is row-sliced over %d node(s): it needs two or more",
+                                il, __builtin_popcount(d.slice_nodes));
+                goto fail;
+            }
+            plan_slices(m, sl, d.slice_nodes);
+        }
         if ((st = place_copies(sl, il, s->n_expert, &d, err)) != KT_OK)
             goto fail;
         for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
-            sl->map_bytes[n] = (size_t)round_up(sl->copies_on[n] * sl->stride, LAYER_ALIGN);
+            const uint64_t stride = sl->layout.sliced ? sl->slice_stride[n] : sl->stride;
+            const uint64_t bytes = sl->layout.sliced ? sl->layout.slice[n].bytes : sl->layout.expert_bytes;
+            sl->map_bytes[n] = (size_t)round_up(sl->copies_on[n] * stride, LAYER_ALIGN);
             s->bytes += sl->map_bytes[n];
-            s->data_bytes += sl->layout.expert_bytes * sl->copies_on[n];
+            s->data_bytes += bytes * sl->copies_on[n];
         }
         for (int i = 0; i < sl->n_slabs; i++)
             s->file_bytes += sl->slabs[i].t->nbytes;
         for (int i = 0; i < sl->n_slabs; i++)
-            if (slab_packs(&sl->slabs[i]) && sl->slabs[i].slab_bytes > s->staging_bytes)
+            if (slab_staged(sl, &sl->slabs[i]) && sl->slabs[i].slab_bytes > s->staging_bytes)
                 s->staging_bytes = sl->slabs[i].slab_bytes;
     }
     if (s->bytes == 0) {
@@ -395,10 +487,15 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         }
         for (uint32_t x = 0; x < s->n_expert; x++) {
             struct kt_stored_expert *se = &sl->experts[x];
-            for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
-                if (se->nodes >> n & 1)
+            for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+                if (!(se->nodes >> n & 1))
+                    continue;
+                if (sl->layout.sliced)
+                    se->slice[n] = sl->base[n] + (size_t)used[n]++ * sl->slice_stride[n];
+                else
                     se->copy[n] = sl->base[n] + (size_t)used[n]++ * sl->stride;
-            se->data = se->copy[se->home_node];
+            }
+            se->data = sl->layout.sliced ? NULL : se->copy[se->home_node];
         }
         if ((st = load_layer(m, sl, fd, packers, staging, prog, err)) != KT_OK)
             goto fail;

@@ -19,7 +19,17 @@
  * Every expert has a home NUMA node (params: home_nodes, else round_robin_nodes,
  * else 0) and optional replicas on other nodes (replica_nodes); each copy
  * lives in a per-(layer, node) mapping bound to that node, so a node's pool
- * reads node-local memory.  Replicas are byte-identical copies of the home
+ * reads node-local memory.
+ *
+ * A row-sliced layer (sliced_layers) holds no whole expert: each node of
+ * slice_nodes holds, in its own mapping, its share of every expert's rows
+ *
+ *     node share = [gate rows ff_first.. (n_ff) | up rows ff_first.. (n_ff) | down rows out_first.. (n_out)]
+ *
+ * (kt_expert_slice_rows: whole blocks of KT_EXPERT_SLICE_ROWS rows, so a
+ * share's packed groups are the same bytes as the whole matrix's), and the
+ * node's pool computes only those rows of each expert: every node works on
+ * every active expert, so a step is as balanced as the shares.  Replicas are byte-identical copies of the home
  * buffer, made once the layer is loaded.  Moves to GPUs are later work and
  * will switch an expert's copies between steps.
  *
@@ -61,14 +71,42 @@ struct kt_expert_store_params {
     /* Keep every expert in the GGUF layout even where the level has a
      * packed format (for tests and for comparing the two). */
     bool keep_gguf_layout;
+    /* [n_layer] 1: layer il is row-sliced over the nodes of slice_nodes
+     * (entries of dense layers ignored); NULL: none.  A sliced layer takes
+     * no replicas (KT_ERR_INVALID: every node already holds a share of every
+     * expert); its home nodes are kept as given, for reports only. */
+    const uint8_t *sliced_layers;
+    uint16_t slice_nodes;       /* bit i: node i holds a share; at least two bits when sliced_layers is set */
 };
+
+/* Rows are sliced in whole blocks of this many (moe.c's rows per task, a
+ * multiple of every packed group), so a node's share of a matrix runs the
+ * same kernel calls on the same bytes as the whole matrix does. */
+#define KT_EXPERT_SLICE_ROWS 64
+
+/* Rows [*first, *first + *n) of n_rows that part `part` of n_parts holds:
+ * whole blocks of KT_EXPERT_SLICE_ROWS (the last block may be short), split
+ * as evenly as blocks allow, in order; *n is 0 for a part left without a
+ * block (more parts than blocks). */
+void kt_expert_slice_rows(int64_t n_rows, int n_parts, int part, int64_t *first, int64_t *n);
 
 /* One (layer, expert). */
 struct kt_stored_expert {
-    const uint8_t *data;        /* (expert_bytes) [gate | up | down], in home_node's memory */
+    const uint8_t *data;        /* (expert_bytes) [gate | up | down], in home_node's memory; NULL when sliced */
     int home_node;
-    uint16_t nodes;             /* bit i: a copy on node i (the home's bit included) */
+    uint16_t nodes;             /* bit i: a copy on node i (the home's bit included); sliced: a share */
     const uint8_t *copy[KT_EXPERT_MAX_NODES]; /* the copy on node i, NULL if none; copy[home_node] == data */
+    /* Sliced layers: node i's share ([gate | up | down] as layout.slice[i]
+     * says), in node i's memory; NULL where it holds none. */
+    const uint8_t *slice[KT_EXPERT_MAX_NODES];
+};
+
+/* Node i's share of each expert of a row-sliced layer. */
+struct kt_expert_slice {
+    int64_t ff_first, n_ff;     /* rows [ff_first, ff_first + n_ff) of gate and of up (the intermediate) */
+    int64_t out_first, n_out;   /* rows [out_first, out_first + n_out) of down (the outputs) */
+    uint64_t gate_offset, up_offset, down_offset; /* in the share, each 64-byte aligned */
+    uint64_t bytes;             /* down_offset + down bytes */
 };
 
 /* Where the slabs lie inside every expert buffer of one layer. */
@@ -79,6 +117,12 @@ struct kt_expert_layout {
     uint64_t expert_bytes;      /* down_offset + down bytes */
     /* The format each matrix was repacked into; NULL: GGUF rows. */
     const struct kt_packed_format *gate_packed, *up_packed, *down_packed;
+    /* Row-sliced: no expert buffer (offsets above unused); node i of
+     * slice_nodes (its part, in node order, of popcount(slice_nodes)) holds
+     * slice[i] of every expert. */
+    bool sliced;
+    uint16_t slice_nodes;
+    struct kt_expert_slice slice[KT_EXPERT_MAX_NODES];
 };
 
 struct kt_expert_store;
@@ -86,7 +130,8 @@ struct kt_expert_store;
 /* Copies every routed expert of m out of m->gguf->path.  KT_ERR_NOMEM (with
  * needed and free GiB) if it cannot fit (replicas counted); KT_ERR_IO naming
  * the tensor, expert and byte offset if the file cannot be read in full;
- * KT_ERR_INVALID for a home or replica node >= KT_EXPERT_MAX_NODES. */
+ * KT_ERR_INVALID for a home or replica node >= KT_EXPERT_MAX_NODES, sliced
+ * layers with fewer than two slice nodes, or replicas in a sliced layer. */
 kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_expert_store_params *p,
                                  struct kt_expert_store **out, kt_err *err);
 void kt_expert_store_destroy(struct kt_expert_store *s);

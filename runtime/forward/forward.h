@@ -79,6 +79,10 @@ struct kt_ffn_unit {
     const uint8_t *hq_gate, *hq_up; /* h quantized for gate and for up: (T, *_row_bytes) */
     size_t hq_gate_row_bytes, hq_up_row_bytes;
     bool up_shares_gate_rows;       /* up reads gate's format: hq_pairs_up is not filled */
+    /* A row-sliced expert (w's data NULL): node n's rows in
+     * sliced->slice[n], as layout->slice[n] says; NULL: w holds it whole */
+    const struct kt_stored_expert *sliced;
+    const struct kt_expert_layout *layout;
 };
 
 /* The buffers FFN units compute in (moe.c): the host's, or the device's
@@ -104,6 +108,14 @@ struct kt_units_job {
     uint32_t n_units;
     int64_t offset;
     void (*fn)(void *ctx, int64_t begin, int64_t end, int thread); /* the phase's task (timed_task runs it) */
+    int node;                   /* the topology node of the pool running it; -1: none */
+    /* A row-sliced layer's tasks (slice_first not NULL): item l is in unit
+     * u0 + k, the last k < n_sliced_units with slice_first[k] <= l, where
+     * this job runs part `slice` of each unit's tasks with node `node`'s
+     * shares; offset is unused then. */
+    const uint32_t *slice_first;
+    uint32_t u0, n_sliced_units;
+    int slice;
 };
 
 /* What the device's queue runs in a step (kt_fwd_run_device_part): units
@@ -232,6 +244,12 @@ struct kt_engine {
     int *node_pool;             /* [topo->n_nodes] pool of each node (0 for nodes without cores) */
     uint32_t *pool_units;       /* [n_pools + 1] the units of pool i this step: [pool_units[i], pool_units[i+1]) */
     struct kt_units_job *pool_jobs; /* [n_pools] */
+    /* Row-sliced layers (engine.h layer_sliced) run on n_slices > 1 parts:
+     * pool g computes part pool_slice[g] (-1: none; parts in node order) and
+     * numbers its share of a step's tasks in slice_first[g * (Ne + 2) ..] */
+    int n_slices;
+    int *pool_slice;            /* [n_pools] */
+    uint32_t *slice_first;      /* [n_pools * (Ne + 2)] */
     struct kt_mat token_embd;   /* {E -> V} rows are embeddings */
     const float *output_norm;   /* (E) */
     struct kt_mat output;       /* {E -> V} */

@@ -14,7 +14,11 @@
  * SiLU fused, then down.  Routed experts run on the least loaded NUMA pool
  * holding a copy, all pools at once, the stepping thread helping the first
  * (one node: the step's pool is the one pool); the shared experts go with the
- * first pool, dense FFNs stay on the step's pool.  Every (token, expert)
+ * first pool, dense FFNs stay on the step's pool.  In a row-sliced layer
+ * (expert_store.h) every pool runs its node's rows of every CPU unit - the
+ * same 64-row tasks, on its node's share of the bytes - and an even share of
+ * the per-pair work, so each output is still computed by the same call on
+ * the same inputs.  Every (token, expert)
  * product is computed the same way whatever else is in the batch, and sums
  * run in selection order, so a token's output never depends on its batch.
  * Nothing here allocates.
@@ -171,6 +175,64 @@ static void unit_items(const struct kt_engine *e, uint32_t u0, uint32_t u1, uint
     *end = u1 < n_units ? first_item(&e->units[u1], kind) : e->n_items[kind];
 }
 
+/* Rows are sliced over nodes in whole tasks (expert_store.h). */
+_Static_assert(GATE_UP_ROWS_PER_TASK == KT_EXPERT_SLICE_ROWS && DOWN_ROWS_PER_TASK == KT_EXPERT_SLICE_ROWS,
+               "a node's share of an expert's rows is whole tasks");
+
+/* The unit's tasks of `kind` (gate/up or down) that part `slice` of a
+ * row-sliced layer computes: [*t0, *t0 + returned). */
+static int64_t slice_tasks(const struct kt_engine *e, const struct kt_ffn_unit *u, enum item_kind kind, int slice,
+                           int64_t *t0)
+{
+    int64_t first, n;
+    kt_expert_slice_rows(kind == ITEMS_GATE_UP ? u->w.n_ff : (int64_t)e->hp.n_embd, e->n_slices, slice, &first, &n);
+    *t0 = first / KT_EXPERT_SLICE_ROWS;
+    return (n + KT_EXPERT_SLICE_ROWS - 1) / KT_EXPERT_SLICE_ROWS;
+}
+
+/* Item l of job j's `kind` items: its unit, and in *at the item's index
+ * among that unit's pairs or tasks. */
+static const struct kt_ffn_unit *job_item(const struct kt_units_job *j, int64_t l, enum item_kind kind, int64_t *at)
+{
+    const struct kt_ffn_unit *units = j->e->units;
+    if (!j->slice_first) {
+        const uint32_t i = (uint32_t)(l + j->offset);
+        const struct kt_ffn_unit *u = &units[unit_holding(units, j->n_units, i, kind)];
+        *at = (int64_t)i - first_item(u, kind);
+        return u;
+    }
+    uint32_t lo = 0, hi = j->n_sliced_units; /* the last unit whose first item is <= l */
+    while (hi - lo > 1) {
+        uint32_t mid = (lo + hi) / 2;
+        if (j->slice_first[mid] <= l)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    const struct kt_ffn_unit *u = &units[j->u0 + lo];
+    int64_t t0;
+    slice_tasks(j->e, u, kind, j->slice, &t0);
+    *at = t0 + (l - j->slice_first[lo]);
+    return u;
+}
+
+/* Rows [r0, r0 + n) of the unit's gate (matrix 0), up (1) or down (2):
+ * from the job's node's share when the expert is row-sliced. */
+static struct kt_mat unit_rows(const struct kt_units_job *j, const struct kt_ffn_unit *u, int matrix, int64_t r0,
+                               int64_t n)
+{
+    const struct kt_mat *whole = matrix == 0 ? &u->w.gate : matrix == 1 ? &u->w.up : &u->w.down;
+    if (!u->sliced)
+        return kt_mat_rows(*whole, r0, n);
+    const struct kt_expert_slice *s = &u->layout->slice[j->node];
+    struct kt_mat share = *whole;
+    share.data = u->sliced->slice[j->node] + (matrix == 0   ? s->gate_offset
+                                              : matrix == 1 ? s->up_offset
+                                                            : s->down_offset);
+    share.n_out = matrix == 2 ? s->n_out : s->n_ff;
+    return kt_mat_rows(share, r0 - (matrix == 2 ? s->out_first : s->ff_first), n);
+}
+
 /* Tokens per gemm call of gate and up: the task's 16 rows of gate and of up
  * stay in L1/L2 while blocks of this many tokens pass over them. */
 #define GATE_UP_TOKENS_PER_CALL 16
@@ -182,15 +244,15 @@ static void gate_up_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    const struct kt_engine *e = j->e;
     const struct kt_moe_bufs *b = j->b;
     const size_t stride = b->hq_row_bytes;
     float g[GATE_UP_TOKENS_PER_CALL * GATE_UP_ROWS_PER_TASK], v[GATE_UP_TOKENS_PER_CALL * GATE_UP_ROWS_PER_TASK];
-    for (int64_t i = begin + j->offset; i < end + j->offset; i++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, ITEMS_GATE_UP)];
-        const int64_t r0 = ((int64_t)i - u->first_gate_up_task) * GATE_UP_ROWS_PER_TASK;
+    for (int64_t l = begin; l < end; l++) {
+        int64_t task;
+        const struct kt_ffn_unit *u = job_item(j, l, ITEMS_GATE_UP, &task);
+        const int64_t r0 = task * GATE_UP_ROWS_PER_TASK;
         const int64_t n = r0 + GATE_UP_ROWS_PER_TASK < u->w.n_ff ? GATE_UP_ROWS_PER_TASK : u->w.n_ff - r0;
-        const struct kt_mat gate = kt_mat_rows(u->w.gate, r0, n), up = kt_mat_rows(u->w.up, r0, n);
+        const struct kt_mat gate = unit_rows(j, u, 0, r0, n), up = unit_rows(j, u, 1, r0, n);
         const uint8_t *pairs_up = u->up_shares_gate_rows ? b->hq_pairs_gate : b->hq_pairs_up;
         const uint32_t p_end = u->first_pair + u->n_pairs;
         for (uint32_t p0 = u->first_pair; p0 < p_end; p0 += GATE_UP_TOKENS_PER_CALL) {
@@ -215,14 +277,14 @@ static void gather_task(void *ctx, int64_t begin, int64_t end, int thread)
     const struct kt_engine *e = j->e;
     const struct kt_moe_bufs *b = j->b;
     const size_t stride = b->hq_row_bytes;
-    for (int64_t p = begin + j->offset; p < end + j->offset; p++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, ITEMS_PAIRS)];
+    for (int64_t l = begin; l < end; l++) {
+        int64_t at;
+        const struct kt_ffn_unit *u = job_item(j, l, ITEMS_PAIRS, &at);
+        const size_t p = u->first_pair + (size_t)at;
         const uint32_t t = e->pair_token[p];
-        memcpy(b->hq_pairs_gate + (size_t)p * stride, u->hq_gate + (size_t)t * u->hq_gate_row_bytes,
-               u->hq_gate_row_bytes);
+        memcpy(b->hq_pairs_gate + p * stride, u->hq_gate + (size_t)t * u->hq_gate_row_bytes, u->hq_gate_row_bytes);
         if (!u->up_shares_gate_rows)
-            memcpy(b->hq_pairs_up + (size_t)p * stride, u->hq_up + (size_t)t * u->hq_up_row_bytes,
-                   u->hq_up_row_bytes);
+            memcpy(b->hq_pairs_up + p * stride, u->hq_up + (size_t)t * u->hq_up_row_bytes, u->hq_up_row_bytes);
     }
 }
 
@@ -231,12 +293,13 @@ static void quantize_act_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    const struct kt_engine *e = j->e;
     const struct kt_moe_bufs *b = j->b;
-    for (int64_t p = begin + j->offset; p < end + j->offset; p++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)p, ITEMS_PAIRS)];
-        kt_quantize_rows(NULL, u->w.down.type, b->act + (size_t)p * b->act_stride, 1, u->w.n_ff,
-                         b->act_q + (size_t)p * b->act_q_stride);
+    for (int64_t l = begin; l < end; l++) {
+        int64_t at;
+        const struct kt_ffn_unit *u = job_item(j, l, ITEMS_PAIRS, &at);
+        const size_t p = u->first_pair + (size_t)at;
+        kt_quantize_rows(NULL, u->w.down.type, b->act + p * b->act_stride, 1, u->w.n_ff,
+                         b->act_q + p * b->act_q_stride);
     }
 }
 
@@ -245,14 +308,14 @@ static void down_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
     const struct kt_units_job *j = ctx;
-    const struct kt_engine *e = j->e;
     const struct kt_moe_bufs *b = j->b;
-    const int64_t E = e->hp.n_embd;
-    for (int64_t i = begin + j->offset; i < end + j->offset; i++) {
-        const struct kt_ffn_unit *u = &e->units[unit_holding(e->units, j->n_units, (uint32_t)i, ITEMS_DOWN)];
-        const int64_t r0 = ((int64_t)i - u->first_down_task) * DOWN_ROWS_PER_TASK;
+    const int64_t E = j->e->hp.n_embd;
+    for (int64_t l = begin; l < end; l++) {
+        int64_t task;
+        const struct kt_ffn_unit *u = job_item(j, l, ITEMS_DOWN, &task);
+        const int64_t r0 = task * DOWN_ROWS_PER_TASK;
         const int64_t n = r0 + DOWN_ROWS_PER_TASK < E ? DOWN_ROWS_PER_TASK : E - r0;
-        const struct kt_mat down = kt_mat_rows(u->w.down, r0, n);
+        const struct kt_mat down = unit_rows(j, u, 2, r0, n);
         kt_mat_gemm(&down, b->act_q + (size_t)u->first_pair * b->act_q_stride, b->act_q_stride, u->n_pairs,
                     b->pair_out + (size_t)u->first_pair * E + r0, E);
     }
@@ -276,23 +339,62 @@ static const uint8_t *quantized_h(struct kt_engine *e, struct kt_pool *pool, con
 
 /* Where a range of units runs: group g's units [first[g], first[g + 1]) on
  * pool[g], all groups at once, the calling thread helping group 0's pool;
- * pool NULL: one group, on the calling thread alone (a device's queue). */
+ * pool NULL: one group, on the calling thread alone (a device's queue).
+ * sliced (a row-sliced layer): every group works on units [first[0],
+ * first[n]): an even share of their pairs, and its part of each one's tasks. */
 struct unit_groups {
     int n;
     struct kt_pool *const *pool; /* [n] */
     const uint32_t *first;       /* [n + 1] */
     struct kt_units_job *jobs;   /* [n] */
+    bool sliced;
 };
 
 /* fn on its items, the time it took added to the step's CPU expert busy
  * time (every CPU thread's, so a fully busy step of n threads counts n x its
- * wall time). */
+ * wall time) and to its node's. */
 static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct kt_units_job *j = ctx;
     const uint64_t t0 = kt_fwd_now_ns();
     j->fn(ctx, begin, end, thread);
-    __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, kt_fwd_now_ns() - t0, __ATOMIC_RELAXED);
+    const uint64_t ns = kt_fwd_now_ns() - t0;
+    __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, ns, __ATOMIC_RELAXED);
+    if (j->node >= 0 && j->node < 16)
+        __atomic_add_fetch(&j->e->stats.node_busy_ns[j->node], ns, __ATOMIC_RELAXED);
+}
+
+/* Group i's job in a row-sliced layer, its item count returned: an even
+ * share of the units' pairs, or its part of each unit's tasks (numbered in
+ * its slice_first). */
+static int64_t sliced_job(struct kt_engine *e, const struct kt_moe_bufs *b, const struct unit_groups *g, int i,
+                          uint32_t n_units, enum item_kind kind, kt_pool_fn fn)
+{
+    const uint32_t u0 = g->first[0], u1 = g->first[g->n];
+    struct kt_units_job *j = &g->jobs[i];
+    uint32_t begin, end;
+    unit_items(e, u0, u1, n_units, kind, &begin, &end);
+    *j = (struct kt_units_job){.e = e, .b = b, .n_units = n_units, .offset = begin, .fn = fn};
+    if (kind == ITEMS_PAIRS) {
+        const int64_t n = (int64_t)end - begin;
+        j->offset = begin + n * i / g->n;
+        return begin + n * (i + 1) / g->n - j->offset;
+    }
+    const int slice = e->pool_slice[i];
+    if (slice < 0)
+        return 0;
+    uint32_t *first = e->slice_first + (size_t)i * (e->hp.n_expert + 2);
+    int64_t items = 0;
+    for (uint32_t u = u0; u < u1; u++) {
+        int64_t t0;
+        first[u - u0] = (uint32_t)items;
+        items += slice_tasks(e, &e->units[u], kind, slice, &t0);
+    }
+    j->slice_first = first;
+    j->u0 = u0;
+    j->n_sliced_units = u1 - u0;
+    j->slice = slice; /* run_phase sets j->node: the pool's, whose shares it reads */
+    return items;
 }
 
 /* One phase over the items of every group's units. */
@@ -300,13 +402,20 @@ static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, const st
                       enum item_kind kind, kt_pool_fn fn)
 {
     for (int i = 0; i < g->n; i++) {
-        uint32_t begin, end;
-        unit_items(e, g->first[i], g->first[i + 1], n_units, kind, &begin, &end);
-        g->jobs[i] = (struct kt_units_job){e, b, n_units, begin, fn};
+        int64_t n_items;
+        if (g->sliced) {
+            n_items = sliced_job(e, b, g, i, n_units, kind, fn);
+        } else {
+            uint32_t begin, end;
+            unit_items(e, g->first[i], g->first[i + 1], n_units, kind, &begin, &end);
+            g->jobs[i] = (struct kt_units_job){.e = e, .b = b, .n_units = n_units, .offset = begin, .fn = fn};
+            n_items = (int64_t)end - begin;
+        }
+        g->jobs[i].node = g->pool ? kt_pool_node(g->pool[i]) : -1;
         if (g->pool)
-            kt_pool_submit(g->pool[i], (int64_t)end - begin, 1, timed_task, &g->jobs[i]);
+            kt_pool_submit(g->pool[i], n_items, 1, timed_task, &g->jobs[i]);
         else
-            fn(&g->jobs[i], 0, (int64_t)end - begin, 0); /* the device's thread: not a CPU pool */
+            fn(&g->jobs[i], 0, n_items, 0); /* the device's thread: not a CPU pool */
     }
     if (!g->pool)
         return;
@@ -356,7 +465,8 @@ void kt_fwd_run_device_part(void *ctx)
     const struct kt_device_part *d = ctx;
     const uint32_t first[2] = {d->u0, d->n_units};
     struct kt_units_job job;
-    run_units(d->e, &d->e->dev.bufs, d->e->dev.h, &(struct unit_groups){1, NULL, first, &job}, d->n_units);
+    run_units(d->e, &d->e->dev.bufs, d->e->dev.h, &(struct unit_groups){.n = 1, .first = first, .jobs = &job},
+              d->n_units);
 }
 
 /* ---- the layer ---------------------------------------------------------------------- */
@@ -395,9 +505,9 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
         const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
         const uint8_t *data = node >= 0 && node < KT_EXPERT_MAX_NODES && se->copy[node] ? se->copy[node] : se->data;
         const struct kt_expert_layout *lay = kt_expert_store_layout(e->experts, il);
-        w.gate.data = data + lay->gate_offset;
-        w.up.data = data + lay->up_offset;
-        w.down.data = data + lay->down_offset;
+        w.gate.data = data ? data + lay->gate_offset : NULL; /* NULL: sliced, the unit reads each node's share */
+        w.up.data = data ? data + lay->up_offset : NULL;
+        w.down.data = data ? data + lay->down_offset : NULL;
         w.gate.packed = lay->gate_packed;
         w.up.packed = lay->up_packed;
         w.down.packed = lay->down_packed;
@@ -443,6 +553,27 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
         const int node = kt_pool_node(e->expert_pools[best]);
         if (node >= 0 && node < 16)
             e->stats.node_pairs[node] += e->expert_pairs[x];
+    }
+}
+
+/* True if layer il's CPU experts are row-sliced over the node pools. */
+static bool layer_sliced(const struct kt_engine *e, uint32_t il)
+{
+    return e->n_slices > 1 && e->experts && kt_expert_store_layout(e->experts, il)->sliced;
+}
+
+/* A row-sliced layer's pair counts: every slice node runs its share of
+ * every pair of the step's CPU experts. */
+static void count_sliced_pairs(struct kt_engine *e, uint32_t il)
+{
+    uint64_t pairs = 0;
+    for (uint32_t x = 0; x < e->hp.n_expert; x++)
+        if (!on_device(e, il, x))
+            pairs += e->expert_pairs[x];
+    for (int g = 0; g < e->n_pools; g++) {
+        const int node = kt_pool_node(e->expert_pools[g]);
+        if (e->pool_slice[g] >= 0 && node >= 0 && node < 16)
+            e->stats.node_pairs[node] += pairs;
     }
 }
 
@@ -507,7 +638,7 @@ static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_we
     count_weight_bytes(e, 1);
     const uint32_t first[2] = {0, device ? 0 : 1};
     struct kt_units_job job;
-    run_split(e, h, false, 1, &(struct unit_groups){1, &e->pool, first, &job});
+    run_split(e, h, false, 1, &(struct unit_groups){.n = 1, .pool = &e->pool, .first = first, .jobs = &job});
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
@@ -567,13 +698,19 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
      * each; experts by the pool that runs them, in id order within it, the
      * device's experts last; the shared experts serve every token after the
      * first group's experts, or the device's.
+     * A row-sliced layer has one group of CPU units, which every pool runs
+     * its part of.
      * The order of units changes no sum: the combine below follows pair_of
      * in selection order. */
     memset(e->expert_pairs, 0, Ne * sizeof *e->expert_pairs);
     for (uint32_t i = 0; i < T * k; i++)
         e->expert_pairs[e->route_experts[i]]++;
-    const int n_groups = e->n_pools;
-    choose_pools(e, il);
+    const bool sliced = layer_sliced(e, il);
+    const int n_groups = sliced ? 1 : e->n_pools;
+    if (sliced)
+        count_sliced_pairs(e, il);
+    else
+        choose_pools(e, il);
     const bool shared = L->shared.n_ff > 0;
     const bool shared_on_device = shared && e->dev.shared;
     uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0;
@@ -585,11 +722,15 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
             e->pool_units[g] = n_units;
         for (uint32_t x = 0; x < Ne; x++) {
             if (!e->expert_pairs[x] || on_device(e, il, x) != device ||
-                (!device && e->expert_pool_of[x] != g))
+                (!device && !sliced && e->expert_pool_of[x] != g))
                 continue;
-            const int node = device ? -1 : kt_pool_node(e->expert_pools[g]);
+            const int node = device || sliced ? -1 : kt_pool_node(e->expert_pools[g]);
             e->expert_unit[x] = n_units;
-            e->units[n_units++] = (struct kt_ffn_unit){.w = expert_weights(e, il, L, x, node), .first_pair = n_pairs};
+            e->units[n_units++] = (struct kt_ffn_unit){
+                .w = expert_weights(e, il, L, x, node),
+                .first_pair = n_pairs,
+                .sliced = sliced && !device ? kt_expert_store_expert(e->experts, il, x) : NULL,
+                .layout = sliced && !device ? kt_expert_store_layout(e->experts, il) : NULL};
             n_pairs += e->expert_pairs[x];
         }
         if (shared && (device ? shared_on_device : g == 0 && !shared_on_device)) {
@@ -601,7 +742,8 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
             n_pairs += T;
         }
     }
-    e->pool_units[n_groups] = dev0;
+    for (int g = n_groups; g <= e->n_pools; g++)
+        e->pool_units[g] = dev0;
     for (uint32_t i = 0; i < T * k; i++) {
         struct kt_ffn_unit *u = &e->units[e->expert_unit[e->route_experts[i]]];
         uint32_t p = u->first_pair + u->n_pairs++;
@@ -612,7 +754,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     count_weight_bytes(e, n_units);
 
     run_split(e, h, routed_on_device, n_units,
-              &(struct unit_groups){n_groups, e->expert_pools, e->pool_units, e->pool_jobs});
+              &(struct unit_groups){e->n_pools, e->expert_pools, e->pool_units, e->pool_jobs, sliced});
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {

@@ -130,6 +130,7 @@ static void check_plan(const struct kt_placement *p, const struct kt_model *m, i
         const struct kt_placement_layer *pl = &p->layers[il];
         require(pl->attention >= 0 && pl->attention < p->n_devices, "attention device");
         require(pl->is_moe == (il > 0), "layer kind");
+        require(!pl->cpu_sliced || pl->is_moe, "only MoE layers are row-sliced");
         require(pl->is_moe ? pl->dense_ffn == -1 && pl->shared_experts >= 0 && pl->experts
                            : pl->dense_ffn >= 0 && pl->shared_experts == -1 && !pl->experts,
                 "layer parts");
@@ -143,6 +144,7 @@ static void check_plan(const struct kt_placement *p, const struct kt_model *m, i
                 require(h->node == -1 && h->replica_nodes == 0, "accelerator homes have no node");
             require(h->device != 0 || !(h->replica_nodes >> h->node & 1), "a replica is never the home");
             require((h->replica_nodes & ~p->expert_nodes) == 0, "replicas on allowed nodes");
+            require(!pl->cpu_sliced || h->replica_nodes == 0, "no replicas in a row-sliced layer");
         }
     }
     require(kt_placement_expert(p, 0, 0) == NULL && kt_placement_expert(p, 1, N_EXPERT) == NULL, "out of range");
@@ -225,6 +227,8 @@ static const char *const SEEDS[] = {
     "cpu:\n  nodes: [0, 1]\n  assign:\n    1: {layers: {1: [10, 12-14]}, per_layer: 1}\n"
     "  replicas: {hot_per_layer: 2}\n",
     "version: 1\nattention: cpu\ncpu: {nodes: [0], assign: {0: {per_layer: all}}}\n",
+    "version: 1\nattention: cpu\ncpu: {sliced: [1, 2-3], replicas: {hot_per_layer: 2}}\n",
+    "version: 1\nattention: cpu\ncpu:\n  nodes: [0, 1]\n  sliced: all\n",
     "{\"version\": 1, \"model\": \"m\", \"layers\": [[], [1, 2.5, 0], [3, 0, 1e3]]}",
     "{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"deepseek2\", \"n_layer\": 2, \"n_expert\": 3, "
     "\"n_expert_used\": 2, \"n_embd\": 64, \"n_ff_exp\": 32, \"fingerprint\": \"00ff00ff00ff00fa\"}, "

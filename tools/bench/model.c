@@ -63,6 +63,16 @@ static uint32_t argmax(const float *x, uint32_t n)
     return best;
 }
 
+/* Nodes whose pools ran routed experts in a phase: 1 + the last with pairs or busy time; 0: none. */
+static int nodes_used(const struct phase *ph)
+{
+    int n = 0;
+    for (int i = 0; i < 16; i++)
+        if (ph->stats.node_pairs[i] || ph->stats.node_busy_ns[i])
+            n = i + 1;
+    return n;
+}
+
 static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad_gbps, bool decode)
 {
     json_t *j = json_object();
@@ -96,6 +106,15 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
     json_object_set_new(j, "experts_ns", json_integer((json_int_t)ph->stats.experts_ns));
     json_object_set_new(j, "weight_bytes", json_integer((json_int_t)ph->stats.weight_bytes));
     json_object_set_new(j, "cpu_ffn_busy_ns", json_integer((json_int_t)ph->stats.cpu_experts_busy_ns));
+    if (nodes_used(ph)) { /* per NUMA node pool: routed pairs (row-sliced: each node counts every pair) and busy time */
+        json_t *pairs = json_array(), *busy = json_array();
+        for (int i = 0; i < nodes_used(ph); i++) {
+            json_array_append_new(pairs, json_integer((json_int_t)ph->stats.node_pairs[i]));
+            json_array_append_new(busy, json_integer((json_int_t)ph->stats.node_busy_ns[i]));
+        }
+        json_object_set_new(j, "node_pairs", pairs);
+        json_object_set_new(j, "node_busy_ns", busy);
+    }
     if (ph->has_device) {
         json_t *d = json_object();
         json_object_set_new(d, "busy_ns", json_integer((json_int_t)ph->device.busy_ns));
@@ -304,6 +323,13 @@ int kt_bench_model(const struct kt_bench_options *o)
     printf("CPU FFN threads busy     %10.1f%% of decode wall time x %u threads (%.1f%% in prefill)\n",
            100.0 * dec.stats.cpu_experts_busy_ns / (1e9 * dec.seconds * threads), threads,
            100.0 * pre.stats.cpu_experts_busy_ns / (1e9 * pre.seconds * threads));
+    for (int i = 0; i < 2; i++) {
+        const struct phase *ph = i ? &dec : &pre;
+        for (int n = 0; n < nodes_used(ph); n++)
+            printf("node %d pool, %-7s    %10.1f ms busy (%.1f%% of wall time, summed over its threads), %llu routed pairs\n", n,
+                   i ? "decode" : "prefill", ph->stats.node_busy_ns[n] / 1e6,
+                   100.0 * ph->stats.node_busy_ns[n] / (1e9 * ph->seconds), (unsigned long long)ph->stats.node_pairs[n]);
+    }
     for (int i = 0; i < 2; i++) {
         const struct phase *ph = i ? &dec : &pre;
         if (!ph->has_device)

@@ -1,0 +1,348 @@
+/*
+ * test_moe_sliced.c - row-sliced routed experts (engine.h layer_sliced,
+ * expert_store.h): every node holds its share of every expert's rows and
+ * computes only those, so both nodes of a synthetic two-node topology work
+ * on every active expert.
+ *
+ * Proves: the shares partition each matrix in whole 64-row blocks and are
+ * byte for byte the rows (or packed groups) of the whole expert; the logits
+ * of a prefill and greedy decode are bit-identical (memcmp) to whole experts
+ * on one pool, on kt-synth's tiny and tiny-v3 and on tiny with q4_k experts
+ * (packed), with 2 and 5 threads, over 3 nodes (one node's share empty), in
+ * some layers only, in the GGUF layout, on a one-node topology (ignored),
+ * and with half of every layer's experts and the shared experts on the sim
+ * device; each slice node counts every CPU pair (node_pairs equal, their
+ * sum twice the whole-expert run's); replicas in a sliced layer and slice
+ * nodes without a pool are refused at creation.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "engine_test.h"
+#include "expert_store.h"
+#include "model.h"
+#include "quant.h"
+#include "testlib.h"
+
+#define PROMPT_LEN 12
+#define DECODE_STEPS 6
+static const int32_t prompt[PROMPT_LEN] = {1, 17, 300, 42, 999, 5, 77, 512, 3, 1000, 64, 128};
+
+static const char *const ONE_NODE = "package:1 numa:1 core:2 pu:1";
+static const char *const TWO_NODES = "package:2 numa:1 core:1 pu:1";
+
+/* (PROMPT_LEN + DECODE_STEPS, V) logits of a prefill and greedy decode. */
+static float *run(struct kt_model *m, const struct kt_engine_params *extra, struct kt_engine_stats *stats)
+{
+    struct kt_engine_params p = *extra;
+    p.n_ctx = 64;
+    p.kv_block_tokens = 8;
+    p.max_batch_tokens = 64;
+    return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, NULL, stats, NULL);
+}
+
+/* [n_layer] 1 for the MoE layers in [first, last]. */
+static uint8_t *sliced_layers(const struct kt_model *m, uint32_t first, uint32_t last)
+{
+    uint8_t *s = kt_test_xmalloc(m->hp.n_layer);
+    for (uint32_t il = 0; il < m->hp.n_layer; il++)
+        s[il] = m->layers[il].is_moe && il >= first && il <= last;
+    return s;
+}
+
+static void slices_partition_rows_in_whole_blocks(void)
+{
+    const int64_t sizes[] = {1, 63, 64, 65, 128, 130, 512, 2048, 7168};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        for (int parts = 1; parts <= 5; parts++) {
+            int64_t next = 0, biggest = 0, smallest = INT64_MAX;
+            for (int part = 0; part < parts; part++) {
+                int64_t first, n;
+                kt_expert_slice_rows(sizes[i], parts, part, &first, &n);
+                KT_CHECK(first == next && n >= 0, "%lld rows, part %d of %d: starts at %lld, not %lld",
+                         (long long)sizes[i], part, parts, (long long)first, (long long)next);
+                KT_CHECK(first % KT_EXPERT_SLICE_ROWS == 0 &&
+                             (n % KT_EXPERT_SLICE_ROWS == 0 || first + n == sizes[i]),
+                         "%lld rows, part %d of %d: [%lld, +%lld) is not whole blocks", (long long)sizes[i], part,
+                         parts, (long long)first, (long long)n);
+                next = first + n;
+                const int64_t blocks = (n + KT_EXPERT_SLICE_ROWS - 1) / KT_EXPERT_SLICE_ROWS;
+                biggest = blocks > biggest ? blocks : biggest;
+                smallest = blocks < smallest ? blocks : smallest;
+            }
+            KT_CHECK(next == sizes[i], "%lld rows in %d parts: the parts cover %lld", (long long)sizes[i], parts,
+                     (long long)next);
+            KT_CHECK(biggest - smallest <= 1, "%lld rows in %d parts: %lld to %lld blocks", (long long)sizes[i],
+                     parts, (long long)smallest, (long long)biggest);
+        }
+}
+
+/* Bytes of rows [first, first + n) of a matrix of n_in-element rows laid
+ * out as `packed` (NULL: GGUF rows of row_bytes) at base. */
+static const uint8_t *rows_at(const uint8_t *base, const struct kt_packed_format *packed, int64_t n_in,
+                              size_t row_bytes, int64_t first)
+{
+    return packed ? kt_packed_rows(packed, base, n_in, first) : base + (size_t)first * row_bytes;
+}
+
+static uint64_t rows_bytes(const struct kt_packed_format *packed, int64_t n_in, size_t row_bytes, int64_t n)
+{
+    return packed ? kt_packed_bytes(packed, n_in, n) : (uint64_t)n * row_bytes;
+}
+
+static void shares_are_the_whole_experts_rows(const char *extra)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", extra, path, sizeof path);
+    if (!m)
+        return;
+    const int64_t f = m->hp.n_ff_exp, E = m->hp.n_embd;
+    uint8_t *all = sliced_layers(m, 0, m->hp.n_layer);
+    struct kt_expert_store *whole = NULL, *sliced = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_expert_store_create(m, NULL, &whole, &err) == KT_OK, "whole store: %s", err.msg);
+    KT_CHECK(kt_expert_store_create(m, &(struct kt_expert_store_params){.sliced_layers = all, .slice_nodes = 0x5},
+                                    &sliced, &err) == KT_OK,
+             "sliced store: %s", err.msg);
+    for (uint32_t il = 0; whole && sliced && il < m->hp.n_layer; il++) {
+        if (!m->layers[il].is_moe)
+            continue;
+        const struct kt_expert_layout *wl = kt_expert_store_layout(whole, il);
+        const struct kt_expert_layout *sl = kt_expert_store_layout(sliced, il);
+        KT_CHECK(sl->sliced && sl->slice_nodes == 0x5 && !wl->sliced, "layer %u: sliced over nodes 0 and 2", il);
+        const size_t gate_row = kt_type_row_bytes(m->layers[il].ffn_gate_exps->type, E);
+        const size_t up_row = kt_type_row_bytes(m->layers[il].ffn_up_exps->type, E);
+        const size_t down_row = kt_type_row_bytes(m->layers[il].ffn_down_exps->type, f);
+        int64_t ff_rows = 0, out_rows = 0;
+        for (int node = 0; node < KT_EXPERT_MAX_NODES; node++) {
+            const struct kt_expert_slice *s = &sl->slice[node];
+            if (!(sl->slice_nodes >> node & 1)) {
+                KT_CHECK(s->n_ff == 0 && s->n_out == 0, "layer %u: node %d holds no share", il, node);
+                continue;
+            }
+            ff_rows += s->n_ff;
+            out_rows += s->n_out;
+            for (uint32_t x = 0; x < m->hp.n_expert; x++) {
+                const struct kt_stored_expert *we = kt_expert_store_expert(whole, il, x);
+                const struct kt_stored_expert *se = kt_expert_store_expert(sliced, il, x);
+                KT_CHECK(se->data == NULL && se->slice[node] && se->nodes == 0x5, "layer %u expert %u: shares only",
+                         il, x);
+                if (!se->slice[node] || !we->data)
+                    continue;
+                const bool same =
+                    !memcmp(se->slice[node] + s->gate_offset,
+                            rows_at(we->data + wl->gate_offset, wl->gate_packed, E, gate_row, s->ff_first),
+                            rows_bytes(wl->gate_packed, E, gate_row, s->n_ff)) &&
+                    !memcmp(se->slice[node] + s->up_offset,
+                            rows_at(we->data + wl->up_offset, wl->up_packed, E, up_row, s->ff_first),
+                            rows_bytes(wl->up_packed, E, up_row, s->n_ff)) &&
+                    !memcmp(se->slice[node] + s->down_offset,
+                            rows_at(we->data + wl->down_offset, wl->down_packed, f, down_row, s->out_first),
+                            rows_bytes(wl->down_packed, f, down_row, s->n_out));
+                KT_CHECK(same, "%s layer %u expert %u: node %d's share differs from the whole expert's rows",
+                         extra, il, x, node);
+            }
+        }
+        KT_CHECK(ff_rows == f && out_rows == E, "layer %u: shares hold %lld of %lld and %lld of %lld rows", il,
+                 (long long)ff_rows, (long long)f, (long long)out_rows, (long long)E);
+    }
+    KT_CHECK(!sliced || kt_expert_store_bytes(sliced) > 0, "the sliced store holds bytes");
+    kt_expert_store_destroy(whole);
+    kt_expert_store_destroy(sliced);
+
+    /* replicas make no sense in a sliced layer; one slice node is no slicing */
+    const size_t n_experts = (size_t)m->hp.n_layer * m->hp.n_expert;
+    uint16_t *replicas = kt_test_xmalloc(n_experts * sizeof *replicas);
+    for (size_t i = 0; i < n_experts; i++)
+        replicas[i] = 1u << 1;
+    struct kt_expert_store *bad = NULL;
+    kt_status st = kt_expert_store_create(
+        m, &(struct kt_expert_store_params){.sliced_layers = all, .slice_nodes = 0x3, .replica_nodes = replicas},
+        &bad, &err);
+    KT_CHECK(st == KT_ERR_INVALID && bad == NULL && strstr(err.msg, "replicas in a row-sliced layer"),
+             "replicas in a sliced layer are refused (%d: %s)", st, err.msg);
+    st = kt_expert_store_create(m, &(struct kt_expert_store_params){.sliced_layers = all, .slice_nodes = 0x2}, &bad,
+                                &err);
+    KT_CHECK(st == KT_ERR_INVALID && bad == NULL && strstr(err.msg, "two or more"),
+             "a sliced layer over one node is refused (%d: %s)", st, err.msg);
+    free(replicas);
+    free(all);
+    kt_test_synth_remove(m, path);
+}
+
+static void shares_are_whole_rows_f32(void)
+{
+    shares_are_the_whole_experts_rows("");
+}
+
+static void shares_are_whole_rows_q4_k(void)
+{
+    shares_are_the_whole_experts_rows("--experts-type q4_k");
+}
+
+static void check_identical(const char *preset, const char *extra)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model(preset, extra, path, sizeof path);
+    if (!m)
+        return;
+    const size_t n = (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab;
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+    uint8_t *all = sliced_layers(m, 0, m->hp.n_layer), *some = sliced_layers(m, 2, 2);
+    uint8_t *half = kt_test_xmalloc(LE);
+    for (size_t i = 0; i < LE; i++)
+        half[i] = (i % m->hp.n_expert) % 2 == 1;
+    const struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0", .transfer_gbps = 25,
+                                          .latency_us = 5};
+    struct kt_engine_stats st;
+    float *base = run(m, &(struct kt_engine_params){.n_threads = 2, .topology = ONE_NODE}, &st);
+    const struct {
+        const char *what;
+        struct kt_engine_params p;
+    } cases[] = {
+        {"2 nodes, every MoE layer sliced, 2 threads", {.n_threads = 2, .topology = TWO_NODES, .layer_sliced = all}},
+        {"2 nodes, every MoE layer sliced, 5 threads",
+         {.n_threads = 5, .topology = "package:2 numa:1 core:3 pu:1", .layer_sliced = all}},
+        {"3 nodes (one share of gate/up empty), sliced, 1 thread",
+         {.n_threads = 1, .topology = "package:3 numa:1 core:1 pu:1", .layer_sliced = all}},
+        {"2 nodes, layer 2 sliced, the others round-robin",
+         {.n_threads = 2, .topology = TWO_NODES, .layer_sliced = some,
+          .test = &(struct kt_engine_test_params){.experts_round_robin = true}}},
+        {"2 nodes, sliced, GGUF layout",
+         {.n_threads = 2, .topology = TWO_NODES, .layer_sliced = all,
+          .test = &(struct kt_engine_test_params){.keep_gguf_layout = true}}},
+        {"1 node, sliced (ignored)", {.n_threads = 2, .topology = ONE_NODE, .layer_sliced = all}},
+        {"2 nodes, sliced, half the experts + shared on the sim device",
+         {.n_threads = 2, .topology = TWO_NODES, .layer_sliced = all, .device = &sim, .expert_on_device = half,
+          .shared_on_device = true}},
+        {"2 nodes, sliced, half the experts on the sim device, shared on the CPU",
+         {.n_threads = 2, .topology = TWO_NODES, .layer_sliced = all, .device = &sim, .expert_on_device = half}},
+    };
+    for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
+        float *got = run(m, &cases[c].p, &st);
+        if (!got)
+            continue;
+        size_t first = n;
+        for (size_t i = 0; i < n && first == n; i++)
+            if (memcmp(&got[i], &base[i], sizeof got[i]) != 0)
+                first = i;
+        KT_CHECK(first == n, "%s %s, %s: logits differ from whole experts on one pool at position %zu, token %zu "
+                             "(%.9g vs %.9g)",
+                 preset, extra, cases[c].what, first / m->hp.n_vocab, first % m->hp.n_vocab,
+                 first < n ? got[first] : 0.0, first < n ? base[first] : 0.0);
+        if (cases[c].p.device)
+            KT_CHECK(st.device_pairs > 0, "%s, %s: the device ran its experts", preset, cases[c].what);
+        printf("  %s %s, %s: node pairs %llu / %llu / %llu, device %llu\n", preset, extra, cases[c].what,
+               (unsigned long long)st.node_pairs[0], (unsigned long long)st.node_pairs[1],
+               (unsigned long long)st.node_pairs[2], (unsigned long long)st.device_pairs);
+        free(got);
+    }
+    free(base);
+    free(all);
+    free(some);
+    free(half);
+    kt_test_synth_remove(m, path);
+}
+
+static void tiny_sliced_logits_identical(void)
+{
+    check_identical("tiny", "");
+}
+
+static void tiny_v3_sliced_logits_identical(void)
+{
+    check_identical("tiny-v3", "");
+}
+
+static void tiny_q4_k_sliced_logits_identical(void)
+{
+    check_identical("tiny", "--experts-type q4_k --shared-type q8_0");
+}
+
+/* Both nodes run a share of every CPU pair, in prefill and in decode. */
+static void both_nodes_work_on_every_active_expert(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    uint8_t *all = sliced_layers(m, 0, m->hp.n_layer);
+    struct kt_engine_stats whole, sliced;
+    float *a = run(m,
+                   &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES,
+                                              .test = &(struct kt_engine_test_params){.experts_round_robin = true}},
+                   &whole);
+    float *b = run(m, &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES, .layer_sliced = all}, &sliced);
+    const uint64_t pairs = whole.node_pairs[0] + whole.node_pairs[1];
+    uint32_t moe_layers = 0;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++)
+        moe_layers += m->layers[il].is_moe;
+    const uint64_t routed = (uint64_t)moe_layers * m->hp.n_expert_used * (PROMPT_LEN + DECODE_STEPS);
+    printf("  whole experts: node 0 ran %llu pairs, node 1 %llu; sliced: %llu and %llu (of %llu routed)\n",
+           (unsigned long long)whole.node_pairs[0], (unsigned long long)whole.node_pairs[1],
+           (unsigned long long)sliced.node_pairs[0], (unsigned long long)sliced.node_pairs[1],
+           (unsigned long long)routed);
+    KT_CHECK(pairs == routed, "whole experts: the nodes ran every routed pair once (%llu of %llu)",
+             (unsigned long long)pairs, (unsigned long long)routed);
+    KT_CHECK(sliced.node_pairs[0] == routed && sliced.node_pairs[1] == routed,
+             "sliced: each node ran its share of every routed pair (%llu and %llu of %llu)",
+             (unsigned long long)sliced.node_pairs[0], (unsigned long long)sliced.node_pairs[1],
+             (unsigned long long)routed);
+    KT_CHECK(sliced.cpu_experts_busy_ns > 0, "the pools were busy");
+    free(a);
+    free(b);
+    free(all);
+    kt_test_synth_remove(m, path);
+}
+
+static void bad_slicing_is_refused(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    uint8_t *all = sliced_layers(m, 0, m->hp.n_layer);
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+    uint16_t *replicas = kt_test_xmalloc(LE * sizeof *replicas);
+    for (size_t i = 0; i < LE; i++)
+        replicas[i] = 1u << 1;
+    const struct {
+        const char *what, *says;
+        struct kt_engine_params p;
+    } cases[] = {
+        {"replicas in a sliced layer", "replicas in a row-sliced layer",
+         {.topology = TWO_NODES, .layer_sliced = all, .expert_replica_nodes = replicas}},
+        {"a slice node without a pool", "no worker pool",
+         {.topology = TWO_NODES, .layer_sliced = all, .expert_slice_nodes = 0x5}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        struct kt_engine_params p = cases[c].p;
+        p.n_threads = 2;
+        p.n_ctx = 64;
+        struct kt_engine *e = NULL;
+        kt_err err = {0};
+        kt_status st = kt_engine_create(m, &p, &e, &err);
+        KT_CHECK(st == KT_ERR_INVALID && e == NULL && strstr(err.msg, cases[c].says), "%s: refused (%d: %s)",
+                 cases[c].what, st, err.msg);
+        kt_engine_destroy(e);
+    }
+    free(replicas);
+    free(all);
+    kt_test_synth_remove(m, path);
+}
+
+int main(void)
+{
+    KT_RUN(slices_partition_rows_in_whole_blocks);
+    KT_RUN(shares_are_whole_rows_f32);
+    KT_RUN(shares_are_whole_rows_q4_k);
+    KT_RUN(tiny_sliced_logits_identical);
+    KT_RUN(tiny_v3_sliced_logits_identical);
+    KT_RUN(tiny_q4_k_sliced_logits_identical);
+    KT_RUN(both_nodes_work_on_every_active_expert);
+    KT_RUN(bad_slicing_is_refused);
+    return kt_test_finish();
+}
