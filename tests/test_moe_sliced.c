@@ -334,6 +334,50 @@ static void bad_slicing_is_refused(void)
     kt_test_synth_remove(m, path);
 }
 
+/* Per layer, each node pool's pairs add up to the step totals, and the
+ * busiest / mean balance is recorded for MoE layers (>= 1 by definition). */
+static void layer_stats_split_pairs_and_balance_by_node(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    const struct kt_engine_params p = {.n_ctx = 64, .kv_block_tokens = 8, .max_batch_tokens = 64, .n_threads = 2,
+                                       .topology = TWO_NODES};
+    KT_CHECK(kt_engine_create(m, &p, &e, &err) == KT_OK, "%s", err.msg);
+    struct kt_batch_token toks[PROMPT_LEN];
+    for (uint32_t i = 0; i < PROMPT_LEN; i++)
+        toks[i] = (struct kt_batch_token){prompt[i], 0, i, false};
+    KT_CHECK(e && kt_engine_seq_add(e, 0, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(e && kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, toks}, NULL, &err) == KT_OK, "%s", err.msg);
+    struct kt_engine_stats st;
+    if (e) {
+        kt_engine_stats(e, &st);
+        uint64_t sum[16] = {0};
+        for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+            struct kt_engine_layer_stats ls;
+            KT_CHECK(kt_engine_layer_stats(e, il, &ls), "layer %u", il);
+            for (int n = 0; n < 16; n++)
+                sum[n] += ls.node_pairs[n];
+            if (m->layers[il].is_moe) {
+                KT_CHECK(ls.node_pairs[0] + ls.node_pairs[1] == (uint64_t)PROMPT_LEN * m->hp.n_expert_used,
+                         "layer %u: the nodes ran %llu + %llu pairs", il, (unsigned long long)ls.node_pairs[0],
+                         (unsigned long long)ls.node_pairs[1]);
+                KT_CHECK(ls.node_busy_max_ns >= ls.node_busy_mean_ns && ls.node_busy_mean_ns > 0,
+                         "layer %u: busiest %llu ns, mean %llu ns", il, (unsigned long long)ls.node_busy_max_ns,
+                         (unsigned long long)ls.node_busy_mean_ns);
+            } else {
+                KT_CHECK(ls.node_busy_max_ns == 0 && ls.node_pairs[0] == 0, "dense layer %u has node stats", il);
+            }
+        }
+        KT_CHECK(sum[0] == st.node_pairs[0] && sum[1] == st.node_pairs[1], "layers' pairs add up to the step's");
+    }
+    kt_engine_destroy(e);
+    kt_test_synth_remove(m, path);
+}
+
 int main(void)
 {
     KT_RUN(slices_partition_rows_in_whole_blocks);
@@ -343,6 +387,7 @@ int main(void)
     KT_RUN(tiny_v3_sliced_logits_identical);
     KT_RUN(tiny_q4_k_sliced_logits_identical);
     KT_RUN(both_nodes_work_on_every_active_expert);
+    KT_RUN(layer_stats_split_pairs_and_balance_by_node);
     KT_RUN(bad_slicing_is_refused);
     return kt_test_finish();
 }

@@ -154,6 +154,14 @@ struct kt_engine_layer_stats {
      * overlaps the parts above: its kernels or sim work, and its copies */
     uint64_t device_ns;
     uint64_t device_transfer_ns; /* ... of it in copies over the link */
+    /* With more than one node pool: each node pool's routed (token, expert)
+     * pairs and threads' busy time in this layer (as kt_engine_stats' node_*),
+     * and per step the busiest pool's busy time and the pools' mean, summed
+     * over steps: node_busy_max_ns / node_busy_mean_ns is the layer's
+     * busiest / mean node balance as the steps measured it. */
+    uint64_t node_pairs[16];
+    uint64_t node_busy_ns[16];
+    uint64_t node_busy_max_ns, node_busy_mean_ns;
 };
 
 struct kt_engine;

@@ -304,6 +304,7 @@ struct kt_engine {
     uint64_t scratch_bytes;     /* its size */
     struct kt_engine_stats stats;
     struct kt_engine_layer_stats *layer_stats; /* [n_layer] */
+    uint64_t step_node_busy[16]; /* the current layer's busy time per node pool (moe.c) */
     /* Routed tokens since creation or the last stats reset (kt_engine_route_counts):
      * route_counts[phase] (n_layer, Ne), KT_ROUTE_DECODE then KT_ROUTE_PREFILL, one
      * allocation; route_tokens[phase] the tokens; token_prefill (T) this step's

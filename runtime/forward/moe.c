@@ -360,8 +360,10 @@ static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
     j->fn(ctx, begin, end, thread);
     const uint64_t ns = kt_fwd_now_ns() - t0;
     __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, ns, __ATOMIC_RELAXED);
-    if (j->node >= 0 && j->node < 16)
+    if (j->node >= 0 && j->node < 16) {
         __atomic_add_fetch(&j->e->stats.node_busy_ns[j->node], ns, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&j->e->step_node_busy[j->node], ns, __ATOMIC_RELAXED);
+    }
 }
 
 /* Group i's job in a row-sliced layer, its item count returned: an even
@@ -551,8 +553,33 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
         e->expert_pool_of[x] = best;
         e->pool_load[best] += e->expert_pairs[x];
         const int node = kt_pool_node(e->expert_pools[best]);
-        if (node >= 0 && node < 16)
+        if (node >= 0 && node < 16) {
             e->stats.node_pairs[node] += e->expert_pairs[x];
+            e->layer_stats[il].node_pairs[node] += e->expert_pairs[x];
+        }
+    }
+}
+
+/* This step's busiest node pool and the pools' mean busy time in layer il,
+ * added to its stats (every pool with a node counts, idle ones too). */
+static void note_node_balance(struct kt_engine *e, uint32_t il)
+{
+    struct kt_engine_layer_stats *ls = &e->layer_stats[il];
+    uint64_t max = 0, sum = 0;
+    int n = 0;
+    for (int g = 0; g < e->n_pools; g++) {
+        const int node = kt_pool_node(e->expert_pools[g]);
+        if (node < 0 || node >= 16)
+            continue;
+        const uint64_t ns = e->step_node_busy[node];
+        ls->node_busy_ns[node] += ns;
+        max = ns > max ? ns : max;
+        sum += ns;
+        n++;
+    }
+    if (n > 0) {
+        ls->node_busy_max_ns += max;
+        ls->node_busy_mean_ns += sum / (uint64_t)n;
     }
 }
 
@@ -572,8 +599,10 @@ static void count_sliced_pairs(struct kt_engine *e, uint32_t il)
             pairs += e->expert_pairs[x];
     for (int g = 0; g < e->n_pools; g++) {
         const int node = kt_pool_node(e->expert_pools[g]);
-        if (e->pool_slice[g] >= 0 && node >= 0 && node < 16)
+        if (e->pool_slice[g] >= 0 && node >= 0 && node < 16) {
             e->stats.node_pairs[node] += pairs;
+            e->layer_stats[il].node_pairs[node] += pairs;
+        }
     }
 }
 
@@ -753,8 +782,11 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     plan_items(e, n_units);
     count_weight_bytes(e, n_units);
 
+    memset(e->step_node_busy, 0, sizeof e->step_node_busy);
     run_split(e, h, routed_on_device, n_units,
               &(struct unit_groups){e->n_pools, e->expert_pools, e->pool_units, e->pool_jobs, sliced});
+    if (e->n_pools > 1)
+        note_node_balance(e, il);
 
     /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
     for (uint32_t t = 0; t < T; t++) {
