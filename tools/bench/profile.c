@@ -242,6 +242,9 @@ int kt_bench_profile(const struct kt_bench_options *o)
     struct kt_tokenizer *tok = NULL;
     struct kt_engine *e = NULL;
     struct kt_profile *prof = NULL;
+    uint8_t *on_device = NULL;
+    uint64_t decode_steps = 0, decode_tokens = 0;
+    double decode_seconds = 0;
     struct slot *slots = NULL;
     struct kt_batch_token *batch = NULL;
     float *logits = NULL;
@@ -281,6 +284,11 @@ int kt_bench_profile(const struct kt_bench_options *o)
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
         goto fail;
+    /* which routed experts the accelerator holds, for the share of routed
+     * pairs it served (the plan goes once the engine has copied it) */
+    const size_t n_cells = (size_t)m->hp.n_layer * m->hp.n_expert;
+    if (ep.expert_on_device && (on_device = malloc(n_cells ? n_cells : 1)) != NULL)
+        memcpy(on_device, ep.expert_on_device, n_cells);
     kt_status created = kt_engine_create(m, &ep, &e, &err);
     kt_engine_plan_free(&plan);
     if (created != KT_OK)
@@ -324,6 +332,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
                 row_slot[n_rows++] = s;
                 batch[n++] = (struct kt_batch_token){slots[s].next, s, slots[s].pos++, true};
             }
+        const uint32_t n_decode = n;
         for (uint32_t s = 0; s < o->batch && n < budget; s++) {
             struct slot *sl = &slots[s];
             if (!sl->p || sl->pos >= sl->p->n_ids)
@@ -335,8 +344,15 @@ int kt_bench_profile(const struct kt_bench_options *o)
             if (sl->pos == sl->p->n_ids)
                 row_slot[n_rows++] = s;
         }
+        const bool decode_only = n > 0 && n == n_decode;
+        const double step_t0 = kt_bench_now_seconds();
         if (kt_engine_step(e, &(struct kt_batch){n, batch}, logits, &err) != KT_OK)
             goto fail;
+        if (decode_only) { /* every token of the step a decode token */
+            decode_seconds += kt_bench_now_seconds() - step_t0;
+            decode_steps++;
+            decode_tokens += n;
+        }
         if (o->half_life > 0) /* decay follows the order of the steps */
             add_routing(e, prof, last, last_tokens, delta, cells);
         /* rows come back in batch order: decode rows, then the prefills that ended */
@@ -370,6 +386,21 @@ int kt_bench_profile(const struct kt_bench_options *o)
            (double)last_tokens[KT_ROUTE_PREFILL], (double)last_tokens[KT_ROUTE_DECODE],
            (unsigned long long)generated, seconds, (double)st.tokens / seconds,
            o->half_life > 0 ? "; counts decayed" : "");
+    if (decode_steps)
+        printf("decode: %llu steps of only decode tokens, %.2f ms a step, %.1f tok/s\n",
+               (unsigned long long)decode_steps, 1e3 * decode_seconds / (double)decode_steps,
+               (double)decode_tokens / decode_seconds);
+    if (on_device) {
+        for (int ph = 0; ph < KT_PROFILE_PHASES; ph++) {
+            double dev = 0, all = 0;
+            for (size_t i = 0; i < (size_t)m->hp.n_layer * m->hp.n_expert; i++) {
+                all += prof->counts[ph][i];
+                dev += on_device[i] ? prof->counts[ph][i] : 0;
+            }
+            printf("routed pairs on the accelerator, %s: %.2f%% (%.0f of %.0f)\n",
+                   ph == KT_PROFILE_DECODE ? "decode" : "prefill", all > 0 ? 100.0 * dev / all : 0.0, dev, all);
+        }
+    }
     printf("share of each MoE layer's routed tokens on its hottest 1/8 of experts:\n");
     for (uint32_t il = 0; il < m->hp.n_layer; il++)
         if (m->layers[il].is_moe)
@@ -380,7 +411,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
 fail:
     fprintf(stderr, "kt-bench: %s\n", err.msg);
 done:
-    free(last[0]), free(last[1]), free(delta), free(row_slot);
+    free(last[0]), free(last[1]), free(delta), free(row_slot), free(on_device);
     free(slots), free(batch), free(logits);
     kt_profile_destroy(prof);
     kt_engine_destroy(e);
