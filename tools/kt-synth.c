@@ -45,6 +45,13 @@ static void usage(FILE *out)
             "  --skew S              Zipf exponent of router preference: the rank-r expert is picked\n"
             "                        ~ r^-S as often (default %.1f for tiny presets, %.1f for slices;\n"
             "                        0 = uniform)\n"
+            "  --route-skew MIN:MAX  layers differ in concentration: the MoE layers' Zipf exponents are\n"
+            "                        spread evenly over MIN..MAX and dealt to the layers in a seeded\n"
+            "                        order (e.g. 0.2:1.5); replaces --skew\n"
+            "  --route-input R       routing depends on the input: a share R in [0, 1) of each token\n"
+            "                        embedding is the direction of its class (prose words, code symbols\n"
+            "                        and indentation, digits, non-ASCII scripts), so code, prose and\n"
+            "                        other languages prefer different experts (e.g. 0.5; default 0)\n"
             "  --threads N           generator threads (default: online CPUs)\n"
             "  --vocab-merges N      BPE merges in the vocabulary (default %d)\n"
             "  --experts-type T      routed experts (ffn_*_exps)\n"
@@ -94,7 +101,7 @@ static double now_s(void)
 }
 
 enum {
-    OPT_PRESET = 256, OPT_LAYERS, OPT_EXPERTS, OPT_SEED, OPT_SKEW, OPT_THREADS, OPT_MERGES,
+    OPT_PRESET = 256, OPT_LAYERS, OPT_EXPERTS, OPT_SEED, OPT_SKEW, OPT_THREADS, OPT_MERGES, OPT_ROUTE_SKEW, OPT_ROUTE_INPUT,
     OPT_EXPERTS_TYPE, OPT_SHARED_TYPE, OPT_ATTN_TYPE, OPT_FFN_TYPE, OPT_EMBD_TYPE, OPT_OUTPUT_TYPE, OPT_DENSE_TYPE,
 };
 
@@ -107,6 +114,8 @@ int main(int argc, char **argv)
         {"experts", required_argument, NULL, OPT_EXPERTS},
         {"seed", required_argument, NULL, OPT_SEED},
         {"skew", required_argument, NULL, OPT_SKEW},
+        {"route-skew", required_argument, NULL, OPT_ROUTE_SKEW},
+        {"route-input", required_argument, NULL, OPT_ROUTE_INPUT},
         {"threads", required_argument, NULL, OPT_THREADS},
         {"vocab-merges", required_argument, NULL, OPT_MERGES},
         {"experts-type", required_argument, NULL, OPT_EXPERTS_TYPE},
@@ -121,7 +130,7 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *preset = NULL, *output = NULL, *layers = NULL, *experts = NULL, *seed = NULL, *skew = NULL;
-    const char *threads = NULL, *merges = NULL, *dense_type = NULL;
+    const char *threads = NULL, *merges = NULL, *dense_type = NULL, *route_skew = NULL, *route_input = NULL;
     const char *role_type[KT_SYNTH_ROLE_COUNT] = {0};
     bool quiet = false;
     int opt;
@@ -134,6 +143,8 @@ int main(int argc, char **argv)
         case OPT_EXPERTS: experts = optarg; break;
         case OPT_SEED: seed = optarg; break;
         case OPT_SKEW: skew = optarg; break;
+        case OPT_ROUTE_SKEW: route_skew = optarg; break;
+        case OPT_ROUTE_INPUT: route_input = optarg; break;
         case OPT_THREADS: threads = optarg; break;
         case OPT_MERGES: merges = optarg; break;
         case OPT_EXPERTS_TYPE: role_type[KT_SYNTH_ROLE_EXPERTS] = optarg; break;
@@ -182,6 +193,33 @@ int main(int argc, char **argv)
         if (errno || *end || !*skew || !isfinite(s))
             return usage_error("--skew '%s': expected a number", skew);
         cfg.skew = s;
+    }
+    if (route_skew) {
+        if (skew)
+            return usage_error("%s", "--skew and --route-skew both set the router skew: give one");
+        char *colon = strchr(route_skew, ':'), *end;
+        double lo = NAN, hi = NAN;
+        if (colon) {
+            errno = 0;
+            lo = strtod(route_skew, &end);
+            if (errno || end != colon || end == route_skew)
+                lo = NAN;
+            hi = strtod(colon + 1, &end);
+            if (errno || *end || end == colon + 1)
+                hi = NAN;
+        }
+        if (!(lo >= 0 && hi >= lo && hi <= 16))
+            return usage_error("--route-skew '%s': expected MIN:MAX with 0 <= MIN <= MAX <= 16", route_skew);
+        cfg.skew = lo;
+        cfg.skew_max = hi;
+    }
+    if (route_input) {
+        char *end;
+        errno = 0;
+        double r = strtod(route_input, &end);
+        if (errno || *end || !*route_input || !(r >= 0 && r < 1))
+            return usage_error("--route-input '%s': expected a number in [0, 1)", route_input);
+        cfg.route_input = r;
     }
     if (threads) {
         if (!parse_u64(threads, 1024, &v) || v == 0)

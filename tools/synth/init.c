@@ -26,8 +26,17 @@
  * flattens the realised skew somewhat; the ranking still holds.  The router
  * rows themselves stay unskewed, so the routing weights (the unbiased
  * scores) keep their scale.
+ *
+ * Per layer.  --route-skew MIN:MAX gives each MoE layer its own exponent
+ * (kt_synth_layer_skews); each distinct exponent is fitted once.
+ *
+ * Input.  --route-input R mixes each token's embedding with its class's
+ * direction (route.h, fill_class_embedding); router rows are untouched, so
+ * the class fixes a share R of every router logit's variance.  The skew fit
+ * still assumes N(0, 1) logits, which holds over a mix of classes.
  */
 #include "init.h"
+#include "route.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -217,12 +226,12 @@ static float select_nth(float *x, uint32_t n, uint32_t i)
     return x[lo];
 }
 
-kt_status kt_synth_fit_skew(struct kt_synth_plan *plan, kt_err *err)
+/* out[r - 1]: the bias of the expert of rank r for one exponent (see above). */
+static kt_status fit_one(const struct kt_synth_config *c, double skew, float *out, kt_err *err)
 {
-    const struct kt_synth_config *c = &plan->cfg;
     const uint32_t n = c->n_expert, k = c->n_expert_used;
-    memset(plan->skew_bias, 0, n * sizeof *plan->skew_bias);
-    if (c->skew == 0 || k >= n)
+    memset(out, 0, n * sizeof *out);
+    if (skew == 0 || k >= n)
         return KT_OK;
     struct skew_fit f = {.n = n, .k = k};
     f.T = 128 * n / k; /* ~128 picks per expert on average */
@@ -263,7 +272,7 @@ kt_status kt_synth_fit_skew(struct kt_synth_plan *plan, kt_err *err)
      * expert's best response to the others' biases: in token t it is picked
      * iff score + b beats the k-th largest of the others, i.e. iff b exceeds
      * gap_t; the bias picking it in target*T tokens is that quantile of gap. */
-    zipf_targets(n, k, c->skew, target);
+    zipf_targets(n, k, skew, target);
     for (int round = 0; round < FIT_ROUNDS; round++) {
         thresholds(&f, b);
         for (uint32_t e = 0; e < n; e++) {
@@ -295,7 +304,7 @@ kt_status kt_synth_fit_skew(struct kt_synth_plan *plan, kt_err *err)
     for (uint32_t e = 0; e < n; e++)
         mean += b[e] / n;
     for (uint32_t e = 0; e < n; e++)
-        plan->skew_bias[e] = (float)(b[e] - mean);
+        out[e] = (float)(b[e] - mean);
 done:
     free(f.score);
     free(f.kth);
@@ -309,6 +318,84 @@ done:
     return s;
 }
 
+
+kt_status kt_synth_fit_skew(struct kt_synth_plan *plan, kt_err *err)
+{
+    const struct kt_synth_config *c = &plan->cfg;
+    const uint32_t n = c->n_expert;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        float *out = plan->skew_bias + (size_t)l * n;
+        uint32_t same = 0; /* an earlier MoE layer fitted to the same exponent: the fit is deterministic */
+        while (same < l && (same < plan->n_dense_lead || plan->layer_skew[same] != plan->layer_skew[l]))
+            same++;
+        if (l < plan->n_dense_lead) {
+            memset(out, 0, n * sizeof *out);
+        } else if (same < l) {
+            memcpy(out, plan->skew_bias + (size_t)same * n, n * sizeof *out);
+        } else {
+            kt_status s = fit_one(c, plan->layer_skew[l], out, err);
+            if (s != KT_OK)
+                return s;
+        }
+    }
+    return KT_OK;
+}
+
+#define LAYER_SKEW_STREAM 0x4c534b57ULL /* "LSKW" */
+
+void kt_synth_layer_skews(struct kt_synth_plan *plan)
+{
+    const struct kt_synth_config *c = &plan->cfg;
+    const uint32_t L = c->n_layer, D = plan->n_dense_lead, M = L - D;
+    uint32_t order[KT_SYNTH_MAX_LAYERS];
+    for (uint32_t j = 0; j < M; j++)
+        order[j] = j;
+    struct rng r;
+    rng_init(&r, c->seed ^ LAYER_SKEW_STREAM, UINT64_MAX - 2, 0);
+    for (uint32_t i = M; i > 1; i--) { /* Fisher-Yates */
+        uint32_t j = (uint32_t)(rng_next(&r) % i), t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+    for (uint32_t l = 0; l < L; l++) {
+        if (l < D)
+            plan->layer_skew[l] = 0;
+        else if (c->skew_max <= c->skew || M == 1)
+            plan->layer_skew[l] = c->skew;
+        else
+            plan->layer_skew[l] = c->skew + (c->skew_max - c->skew) * order[l - D] / (M - 1);
+    }
+}
+
+#define CLASS_STREAM 0x434c4153ULL /* "CLAS" */
+
+void kt_synth_class_directions(struct kt_synth_plan *plan)
+{
+    const uint32_t E = plan->cfg.n_embd;
+    struct rng r;
+    rng_init(&r, plan->cfg.seed ^ CLASS_STREAM, UINT64_MAX - 3, 0);
+    for (uint32_t c = 0; c < KT_SYNTH_CLASS_COUNT; c++) {
+        float *u = plan->class_dir + (size_t)c * E;
+        for (uint32_t i = 0; i < E; i++)
+            u[i] = (float)rng_normal(&r);
+        for (int pass = 0; pass < 2; pass++) /* Gram-Schmidt, twice for float accuracy */
+            for (uint32_t p = 0; p < c; p++) {
+                const float *v = plan->class_dir + (size_t)p * E;
+                double dot = 0;
+                for (uint32_t i = 0; i < E; i++)
+                    dot += (double)u[i] * v[i];
+                for (uint32_t i = 0; i < E; i++)
+                    u[i] -= (float)(dot * v[i]);
+            }
+        double ss = 0;
+        for (uint32_t i = 0; i < E; i++)
+            ss += (double)u[i] * u[i];
+        const double inv = 1.0 / sqrt(ss);
+        for (uint32_t i = 0; i < E; i++)
+            u[i] = (float)(u[i] * inv);
+    }
+}
+
 static void fill_router_bias(const struct kt_synth_plan *plan, uint32_t layer, struct rng *r, float *out,
                              float noise_std)
 {
@@ -316,8 +403,28 @@ static void fill_router_bias(const struct kt_synth_plan *plan, uint32_t layer, s
     uint32_t rank[KT_SYNTH_MAX_EXPERTS];
     kt_synth_rank_experts(plan->cfg.seed, layer, n, rank);
     fill_uniform(r, out, n, noise_std, 0.0f);
+    const float *bias = plan->skew_bias + (size_t)layer * n;
     for (uint32_t e = 0; e < n; e++)
-        out[e] += plan->skew_bias[rank[e] - 1];
+        out[e] += bias[rank[e] - 1];
+}
+
+/* Token `token`'s embedding: sqrt(1 - R) parts uniform noise of std `std` and
+ * sqrt(R) parts its class direction scaled to the same RMS (std sqrt(E) * u
+ * has RMS std), R = route_input; a token without a class is noise alone. */
+static void fill_class_embedding(const struct kt_synth_plan *plan, uint64_t token, struct rng *r, float *out,
+                                 int64_t n, float std)
+{
+    const unsigned c = token < plan->vocab.n_tokens ? plan->token_class[token] : KT_SYNTH_CLASS_NONE;
+    if (c >= KT_SYNTH_CLASS_COUNT) {
+        fill_uniform(r, out, n, std, 0.0f);
+        return;
+    }
+    const double R = plan->cfg.route_input;
+    fill_uniform(r, out, n, (float)(std * sqrt(1.0 - R)), 0.0f);
+    const float *u = plan->class_dir + (size_t)c * (size_t)n;
+    const float a = (float)(std * sqrt(R * (double)n));
+    for (int64_t i = 0; i < n; i++)
+        out[i] += a * u[i];
 }
 
 /* ---- rows ------------------------------------------------------------------------ */
@@ -336,6 +443,9 @@ void kt_synth_init_row(const struct kt_synth_plan *plan, uint32_t tensor_index, 
         break;
     case KT_SYNTH_INIT_ROUTER_BIAS:
         fill_router_bias(plan, (uint32_t)t->layer, &r, out, t->init_std);
+        break;
+    case KT_SYNTH_INIT_EMBED_CLASS:
+        fill_class_embedding(plan, row, &r, out, t->ne[0], t->init_std);
         break;
     }
 }

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "init.h"
+#include "route.h"
 #include "quant.h"
 
 /* ---- presets --------------------------------------------------------------------- */
@@ -252,6 +253,10 @@ static kt_status check_config(const struct kt_synth_config *c, kt_err *err)
         return kt_err_set(err, KT_ERR_INVALID, "gating function %u: 1 (softmax) or 2 (sigmoid)", c->gating);
     if (!(c->skew >= 0 && c->skew <= 16))
         return kt_err_set(err, KT_ERR_INVALID, "--skew %g: must be in [0, 16]", c->skew);
+    if (!(c->skew_max <= 16))
+        return kt_err_set(err, KT_ERR_INVALID, "--route-skew maximum %g: must be at most 16", c->skew_max);
+    if (!(c->route_input >= 0 && c->route_input < 1))
+        return kt_err_set(err, KT_ERR_INVALID, "--route-input %g: must be in [0, 1)", c->route_input);
     if (c->n_threads > 1024)
         return kt_err_set(err, KT_ERR_INVALID, "--threads %u: at most 1024", c->n_threads);
     for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++) {
@@ -356,7 +361,9 @@ static kt_status build_tensors(struct plan_builder *b)
             return s;                                                                                              \
     } while (0)
 
-    ADD(-1, "token_embd.weight", KT_SYNTH_ROLE_EMBD, KT_SYNTH_INIT_UNIFORM, 1.0f, 2, E, V, 1);
+    /* With --route-input the embedding carries the token's class (route.h); without, plain noise. */
+    const enum kt_synth_init embd_init = c->route_input > 0 ? KT_SYNTH_INIT_EMBED_CLASS : KT_SYNTH_INIT_UNIFORM;
+    ADD(-1, "token_embd.weight", KT_SYNTH_ROLE_EMBD, embd_init, 1.0f, 2, E, V, 1);
     ADD(-1, "output_norm.weight", KT_SYNTH_ROLE_F32, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, E, 1, 1);
     ADD(-1, "output.weight", KT_SYNTH_ROLE_OUTPUT, KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, V, 1);
     for (int32_t l = 0; l < (int32_t)c->n_layer; l++) {
@@ -418,10 +425,23 @@ kt_status kt_synth_plan_create(const struct kt_synth_config *cfg, struct kt_synt
         free(p);
         return s;
     }
-    p->skew_bias = malloc(cfg->n_expert * sizeof *p->skew_bias);
-    if (!p->skew_bias) {
+    p->layer_skew = malloc(cfg->n_layer * sizeof *p->layer_skew);
+    p->skew_bias = malloc((size_t)cfg->n_layer * cfg->n_expert * sizeof *p->skew_bias);
+    if (!p->layer_skew || !p->skew_bias) {
         kt_synth_plan_destroy(p);
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory planning %s", cfg->preset);
+    }
+    kt_synth_layer_skews(p);
+    if (cfg->route_input > 0) {
+        p->token_class = malloc(p->vocab.n_tokens);
+        p->class_dir = malloc((size_t)KT_SYNTH_CLASS_COUNT * cfg->n_embd * sizeof *p->class_dir);
+        if (!p->token_class || !p->class_dir) {
+            kt_synth_plan_destroy(p);
+            return kt_err_set(err, KT_ERR_NOMEM, "out of memory planning %s", cfg->preset);
+        }
+        for (uint32_t t = 0; t < p->vocab.n_tokens; t++)
+            p->token_class[t] = (uint8_t)kt_synth_token_class(p->vocab.tokens[t], p->vocab.token_types[t]);
+        kt_synth_class_directions(p);
     }
     s = kt_synth_fit_skew(p, err);
     if (s != KT_OK) {
@@ -445,6 +465,9 @@ void kt_synth_plan_destroy(struct kt_synth_plan *plan)
     kt_synth_vocab_free(&plan->vocab);
     free(plan->tensors);
     free(plan->skew_bias);
+    free(plan->layer_skew);
+    free(plan->token_class);
+    free(plan->class_dir);
     free(plan);
 }
 

@@ -69,6 +69,10 @@ struct kt_synth_config {
 
     uint64_t seed;
     double skew;                  /* Zipf exponent of router preference; 0 = uniform */
+    double skew_max;              /* above skew: the MoE layers' exponents spread over [skew, skew_max]
+                                     in a seeded order (route.h); otherwise every layer has skew */
+    double route_input;           /* 0 .. 1: share of a token embedding along its class direction,
+                                     so routing depends on the kind of text (route.h); 0 = none */
     uint32_t n_threads;           /* 0: online CPUs */
 };
 
@@ -114,7 +118,10 @@ struct kt_synth_plan {
     uint64_t data_bytes;            /* tensor bytes, padding excluded */
     uint32_t n_fallbacks;
     struct kt_synth_fallback fallbacks[KT_SYNTH_MAX_FALLBACKS];
-    float *skew_bias;               /* [n_expert] exp_probs_b by rank - 1, before noise (init.c) */
+    double *layer_skew;             /* [n_layer] each layer's Zipf exponent (0 for dense layers) */
+    float *skew_bias;               /* [n_layer][n_expert] exp_probs_b by rank - 1, before noise (init.c) */
+    uint8_t *token_class;           /* [vocab.n_tokens] enum kt_synth_token_class; NULL at route_input 0 */
+    float *class_dir;               /* [KT_SYNTH_CLASS_COUNT][n_embd] orthonormal; NULL at route_input 0 */
 };
 
 /* Checks the configuration (KT_ERR_INVALID with a message a user can act on:
