@@ -427,6 +427,48 @@ static void fill_class_embedding(const struct kt_synth_plan *plan, uint64_t toke
         out[i] += a * u[i];
 }
 
+
+#define AFFINITY_STREAM 0x41464654ULL /* "AFFT" */
+
+/* Router row of expert `expert` in `layer`: sqrt(1 - R) parts the usual noise
+ * (std `std` = 1/sqrt(E)) plus sum_c a_c u_c / sqrt(E), a_c ~ N(0, 1) seeded
+ * per (layer, expert, class).  For a state sqrt(1-R) n + sqrt(R E) u_c the
+ * logit is sqrt(1-R)^2 noise + a class-fixed part of variance R (2 - R):
+ * still ~N(0, 1) over tokens (the skew fit's assumption), but a share
+ * R (2 - R) of it is decided by the class. */
+static void fill_class_router(const struct kt_synth_plan *plan, uint32_t layer, uint64_t expert, struct rng *r,
+                              float *out, int64_t n, float std)
+{
+    const double R = plan->cfg.route_input;
+    fill_uniform(r, out, n, (float)(std * sqrt(1.0 - R)), 0.0f);
+    struct rng ra;
+    rng_init(&ra, plan->cfg.seed ^ AFFINITY_STREAM, layer, expert);
+    for (uint32_t c = 0; c < KT_SYNTH_CLASS_COUNT; c++) {
+        const float a = (float)(rng_normal(&ra) / sqrt((double)n));
+        const float *u = plan->class_dir + (size_t)c * (size_t)n;
+        for (int64_t i = 0; i < n; i++)
+            out[i] += a * u[i];
+    }
+}
+
+/* Output row of token `token`: the usual noise plus a pull of
+ * KT_SYNTH_OUTPUT_CLASS_BOOST logits toward tokens of the state's class
+ * (u_c / sqrt(R E) scaled: the state has sqrt(R E) along u_c), so generated
+ * text stays in its prompt's class and decode routes like the prompt. */
+#define KT_SYNTH_OUTPUT_CLASS_BOOST 3.0
+static void fill_class_output(const struct kt_synth_plan *plan, uint64_t token, struct rng *r, float *out,
+                              int64_t n, float std)
+{
+    fill_uniform(r, out, n, std, 0.0f);
+    const unsigned c = token < plan->vocab.n_tokens ? plan->token_class[token] : KT_SYNTH_CLASS_NONE;
+    if (c >= KT_SYNTH_CLASS_COUNT)
+        return;
+    const float *u = plan->class_dir + (size_t)c * (size_t)n;
+    const float a = (float)(KT_SYNTH_OUTPUT_CLASS_BOOST / sqrt(plan->cfg.route_input * (double)n));
+    for (int64_t i = 0; i < n; i++)
+        out[i] += a * u[i];
+}
+
 /* ---- rows ------------------------------------------------------------------------ */
 
 void kt_synth_init_row(const struct kt_synth_plan *plan, uint32_t tensor_index, uint64_t row, float *out)
@@ -446,6 +488,12 @@ void kt_synth_init_row(const struct kt_synth_plan *plan, uint32_t tensor_index, 
         break;
     case KT_SYNTH_INIT_EMBED_CLASS:
         fill_class_embedding(plan, row, &r, out, t->ne[0], t->init_std);
+        break;
+    case KT_SYNTH_INIT_ROUTER_CLASS:
+        fill_class_router(plan, (uint32_t)t->layer, row, &r, out, t->ne[0], t->init_std);
+        break;
+    case KT_SYNTH_INIT_OUTPUT_CLASS:
+        fill_class_output(plan, row, &r, out, t->ne[0], t->init_std);
         break;
     }
 }

@@ -18,6 +18,8 @@ enum kt_synth_init {
     KT_SYNTH_INIT_NORM,        /* 1 + uniform noise of std init_std (RMSNorm weights) */
     KT_SYNTH_INIT_ROUTER_BIAS, /* exp_probs_b: the skew's preference + uniform noise of std init_std */
     KT_SYNTH_INIT_EMBED_CLASS, /* token_embd with --route-input: noise of std init_std mixed with the class direction */
+    KT_SYNTH_INIT_ROUTER_CLASS, /* ffn_gate_inp with --route-input: noise plus per-class affinities (init.c) */
+    KT_SYNTH_INIT_OUTPUT_CLASS, /* output with --route-input: noise plus a pull toward the class of the state */
 };
 
 #define KT_SYNTH_NORM_NOISE_STD 0.02f

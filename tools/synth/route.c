@@ -32,12 +32,32 @@ static bool is_code_symbol(unsigned char b)
     return b && strchr("{}()[];=<>*&|#\\/%^~`$@_+", b) != NULL;
 }
 
+/* Words that in the training text (corpus.c) and in practice mean code:
+ * type and declaration keywords and the C library's names, not English words
+ * ("for", "if", "return" stay prose: prose uses them as much). */
+static bool is_code_word(const unsigned char *w, size_t n)
+{
+    static const char *const words[] = {
+        "int",    "char",   "void",    "const",  "struct",  "static", "include", "define", "sizeof", "unsigned",
+        "size_t", "uint",   "uint8_t", "uint32_t", "uint64_t", "int8_t", "def",   "self",   "None",   "NULL",
+        "malloc", "printf",  "fopen",  "fclose",  "strlen", "strcpy",  "memcpy", "typedef", "enum",
+        "bool",   "elif",   "argc",    "argv",   "stdio",   "stdlib", "len",    "str",
+        "double", "float",  "int32_t", "int64_t", "uint16_t", "snprintf", "realloc", "qsort", "errno", "xs",
+    };
+    for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+        if (strlen(words[i]) == n && memcmp(words[i], w, n) == 0)
+            return true;
+    return false;
+}
+
 enum kt_synth_token_class kt_synth_token_class(const char *text, int32_t token_type)
 {
     if (!text || token_type != KT_TOKEN_NORMAL)
         return KT_SYNTH_CLASS_NONE;
     bool letters = false, digits = false, code = false, script = false, other = false;
     unsigned spaces = 0, run = 0, tabs = 0;
+    unsigned char word[24]; /* the token's bytes without a leading space, when short */
+    size_t n_word = 0, n_bytes = 0;
     const unsigned char *s = (const unsigned char *)text;
     while (*s) {
         uint32_t c = *s++;
@@ -46,6 +66,11 @@ enum kt_synth_token_class kt_synth_token_class(const char *text, int32_t token_t
         int b = byte_of_code_point(c);
         if (b < 0)
             return KT_SYNTH_CLASS_NONE;
+        if (!(n_bytes++ == 0 && b == ' ')) {
+            if (n_word < sizeof word)
+                word[n_word] = (unsigned char)b;
+            n_word++;
+        }
         run = b == ' ' ? run + 1 : 0;
         spaces = run > spaces ? run : spaces;
         if (b >= 0x80)
@@ -63,7 +88,7 @@ enum kt_synth_token_class kt_synth_token_class(const char *text, int32_t token_t
     }
     if (script)
         return KT_SYNTH_CLASS_SCRIPT;
-    if (code || tabs || spaces >= 2)
+    if (code || tabs || spaces >= 2 || (n_word <= sizeof word && is_code_word(word, n_word)))
         return KT_SYNTH_CLASS_CODE;
     if (letters)
         return KT_SYNTH_CLASS_PROSE;

@@ -365,7 +365,8 @@ static kt_status build_tensors(struct plan_builder *b)
     const enum kt_synth_init embd_init = c->route_input > 0 ? KT_SYNTH_INIT_EMBED_CLASS : KT_SYNTH_INIT_UNIFORM;
     ADD(-1, "token_embd.weight", KT_SYNTH_ROLE_EMBD, embd_init, 1.0f, 2, E, V, 1);
     ADD(-1, "output_norm.weight", KT_SYNTH_ROLE_F32, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, E, 1, 1);
-    ADD(-1, "output.weight", KT_SYNTH_ROLE_OUTPUT, KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, V, 1);
+    ADD(-1, "output.weight", KT_SYNTH_ROLE_OUTPUT, c->route_input > 0 ? KT_SYNTH_INIT_OUTPUT_CLASS : KT_SYNTH_INIT_UNIFORM,
+        IN(E), 2, E, V, 1);
     for (int32_t l = 0; l < (int32_t)c->n_layer; l++) {
         const enum kt_synth_role A = KT_SYNTH_ROLE_ATTN, N = KT_SYNTH_ROLE_F32;
         ADD(l, "attn_norm.weight", N, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, E, 1, 1);
@@ -388,7 +389,8 @@ static kt_status build_tensors(struct plan_builder *b)
             continue;
         }
         const enum kt_synth_role X = KT_SYNTH_ROLE_EXPERTS, S = KT_SYNTH_ROLE_SHARED;
-        ADD(l, "ffn_gate_inp.weight", N, KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, Ne, 1);
+        ADD(l, "ffn_gate_inp.weight", N, c->route_input > 0 ? KT_SYNTH_INIT_ROUTER_CLASS : KT_SYNTH_INIT_UNIFORM, IN(E), 2,
+            E, Ne, 1);
         ADD(l, "exp_probs_b.bias", N, KT_SYNTH_INIT_ROUTER_BIAS, KT_SYNTH_BIAS_NOISE_STD, 1, Ne, 1, 1);
         ADD(l, "ffn_gate_exps.weight", X, KT_SYNTH_INIT_UNIFORM, IN(E), 3, E, f, Ne);
         ADD(l, "ffn_up_exps.weight", X, KT_SYNTH_INIT_UNIFORM, IN(E), 3, E, f, Ne);
