@@ -314,6 +314,26 @@ static void api_key_is_required_when_set(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+static void metrics_name_the_sim_device_by_its_config_name(void)
+{
+    struct test_server s;
+    char args[1200];
+    snprintf(args, sizeof args, "-t 2 -q --served-model-name kimi --placement '%s/configs/tiny-sim.yaml'",
+             getenv("KT_SOURCE_DIR") ? getenv("KT_SOURCE_DIR") : ".");
+    if (!server_start(&s, kimi, args, true))
+        return;
+    struct kt_buf out = {0};
+    KT_CHECK(http(&s, NULL, "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                  "\"max_tokens\": 2}", &out, NULL) == 200, "chat: %s", kt_buf_str(&out));
+    KT_CHECK(http(&s, NULL, "/metrics", NULL, &out, NULL) == 200, "metrics");
+    KT_CHECK(strstr(kt_buf_str(&out), "kt:device_busy_seconds_total{model_name=\"kimi\",device=\"sim\"}") &&
+                 strstr(kt_buf_str(&out), "kt:routed_share{model_name=\"kimi\",device=\"sim\"}") &&
+                 !strstr(kt_buf_str(&out), "device=\"device\""),
+             "the sim device is not labelled \"sim\":\n%s", kt_buf_str(&out));
+    kt_buf_free(&out);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
 static void deepseek_tool_calls(void)
 {
     struct test_server s;
@@ -508,6 +528,7 @@ int main(void)
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
     KT_RUN(api_key_is_required_when_set);
+    KT_RUN(metrics_name_the_sim_device_by_its_config_name);
     KT_RUN(deepseek_tool_calls);
     KT_RUN(request_timeout_ends_long_requests);
     KT_RUN(sigterm_finishes_the_running_stream_and_exits_0);

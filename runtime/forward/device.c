@@ -390,6 +390,11 @@ kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_st
     return KT_OK;
 }
 
+const char *kt_engine_device_name(const struct kt_engine *e)
+{
+    return e->dev.backend ? kt_backend_name(e->dev.backend) : NULL;
+}
+
 /* ---- graphs and the layer parts ------------------------------------------------------------ */
 
 /* The recorded layer graphs, dropped (none is queued: every layer part syncs). */

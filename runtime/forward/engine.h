@@ -210,6 +210,8 @@ const uint64_t *kt_engine_route_counts(const struct kt_engine *e, int phase, uin
 /* The device's queue statistics (busy, transfer time and bytes); KT_ERR_NOT_FOUND without one. */
 struct kt_backend_stats;
 kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_stats *out);
+/* The device's name as its placement config names it ("sim", "gpu0"); NULL without one. */
+const char *kt_engine_device_name(const struct kt_engine *e);
 
 /* Layer il's counters (il < n_layer); false if il is out of range. */
 bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_engine_layer_stats *out);

@@ -648,7 +648,8 @@ static void publish_engine_metrics(struct kt_sched *s)
     m->have_device = have_device;
     if (have_device) {
         m->device = ds;
-        snprintf(m->device_name, sizeof m->device_name, "device");
+        const char *name = kt_engine_device_name(s->engine);
+        snprintf(m->device_name, sizeof m->device_name, "%s", name ? name : "device");
     }
     m->kv_cache_usage = ks.n_blocks ? (double)ks.blocks_used / (double)ks.n_blocks : 0;
     m->requests_running = s->n_runs;
