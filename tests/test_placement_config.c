@@ -257,7 +257,44 @@ static void shaped_model_matches_a_kt_synth_file(void)
 
 /* ---- the shipped configs ------------------------------------------------------------- */
 
-static void resolve_file(const char *path, const char *base, const struct kt_model *m, int n_nodes)
+/* configs/README.md's table row for a config that puts routed experts on a
+ * device ("N experts/layer: X of Y GiB") states what resolution gives. */
+static void readme_row_matches(const char *dir, const char *base, const struct kt_placement *p, const struct kt_model *m)
+{
+    char path[2048], key[256];
+    snprintf(path, sizeof path, "%s/README.md", dir);
+    snprintf(key, sizeof key, "| `%s` |", base);
+    size_t n = 0;
+    char *text = kt_test_read_file(path, &n), *row = NULL;
+    if (text) {
+        char *z = realloc(text, n + 1);
+        z[n] = 0;
+        text = z;
+        row = strstr(text, key);
+    }
+    const char *cell = row ? strstr(row, " experts/layer: ") : NULL, *eol = row ? strchr(row, '\n') : NULL;
+    if (p->n_devices < 2 || !cell || (eol && cell > eol)) {
+        free(text);
+        return; /* no device, or a row in another form (cpu-only, tiny-sim) */
+    }
+    const char *num = cell;
+    while (num > row && num[-1] >= '0' && num[-1] <= '9')
+        num--;
+    unsigned per_layer = 0;
+    double used = 0, budget = 0;
+    int got = sscanf(num, "%u experts/layer: %lf of %lf GiB", &per_layer, &used, &budget);
+    const uint32_t n_moe = m->hp.n_layer - m->hp.n_dense_lead;
+    const struct kt_placement_device *d = &p->devices[1];
+    const double gib = (double)(1ull << 30);
+    KT_CHECK(got == 3 && per_layer * n_moe == d->n_experts && fabs(used - (double)d->bytes / gib) < 0.051 &&
+                 fabs(budget - (double)d->budget_bytes / gib) < 0.051,
+             "configs/README.md says %s puts %u experts/layer, %.1f of %.1f GiB; resolution: %u, %.2f of %.2f GiB",
+             base, per_layer, used, budget, d->n_experts / n_moe, (double)d->bytes / gib,
+             (double)d->budget_bytes / gib);
+    free(text);
+}
+
+static void resolve_file(const char *dir, const char *path, const char *base, const struct kt_model *m, int n_nodes)
 {
     struct kt_placement_config *c = NULL;
     struct kt_placement *p = NULL;
@@ -267,6 +304,7 @@ static void resolve_file(const char *path, const char *base, const struct kt_mod
         KT_CHECK(kt_placement_resolve(c, m, n_nodes, NULL, &p, &err) == KT_OK, "%s", err.msg);
     if (p) {
         check_totals(p, m);
+        readme_row_matches(dir, base, p, m);
         printf("%s on %d NUMA node(s):\n", base, n_nodes);
         kt_placement_describe(p, stdout);
     }
@@ -292,12 +330,12 @@ static void every_shipped_config_parses_and_fits_its_model(void)
             snprintf(path, sizeof path, "%s/%s", dir, base);
             int nodes = strstr(base, "2socket") ? 2 : 1;
             if (strncmp(base, "kimi-k2", 7) == 0) {
-                resolve_file(path, base, &kimi->m, nodes);
+                resolve_file(dir, path, base, &kimi->m, nodes);
             } else if (strncmp(base, "deepseek-v3", 11) == 0) {
-                resolve_file(path, base, &v3->m, nodes);
+                resolve_file(dir, path, base, &v3->m, nodes);
             } else if (tiny && tiny_v3) {
-                resolve_file(path, base, tiny, 1);
-                resolve_file(path, base, tiny_v3, 2);
+                resolve_file(dir, path, base, tiny, 1);
+                resolve_file(dir, path, base, tiny_v3, 2);
             }
         }
         free(entries[i]);
