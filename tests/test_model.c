@@ -926,7 +926,7 @@ static void kt_run_info_reports_the_model(void)
     static const char *expect[] = {
         "GGUF version", "tiny-v3-like", "deepseek2", "gpt2, pre deepseek-v3", "tokenizer tokens", "300",
         "kv LoRA rank", "split (attn_k_b, attn_v_b)", "yarn", "sigmoid", "kq_scale", "routed experts",
-        "q8_0", "attention", "f32", "memory at context 4096", "all on CPU", "attention+shared on GPU",
+        "q8_0", "attention", "f32", "memory at context 4096 (KV cache f32", "all on CPU", "attention+shared on GPU",
         "+ 3 experts/layer on GPU",
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)

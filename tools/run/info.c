@@ -19,7 +19,10 @@
 #include "status.h"
 
 #define DEFAULT_CTX 4096u
-#define KV_BYTES_PER_VALUE 2u /* the latent cache is f16, as llama.cpp's default */
+/* The engine's latent KV cache stores F32 rows (runtime/forward/kv_cache.h; F16 is not built
+ * yet), so memory needs are counted at 4 bytes a value. */
+#define KV_BYTES_PER_VALUE 4u
+#define KV_TYPE_NAME "f32"
 
 
 static double gib(uint64_t bytes)
@@ -177,7 +180,7 @@ static void print_memory_row(const struct kt_model *m, const char *label, int gp
 static void print_memory(const struct kt_model *m, const struct kt_run_options *o)
 {
     uint32_t ctx = o->ctx ? o->ctx : (m->hp.n_ctx_train < DEFAULT_CTX ? m->hp.n_ctx_train : DEFAULT_CTX);
-    printf("memory at context %u (KV cache f16: %.2f GiB)\n", ctx,
+    printf("memory at context %u (KV cache " KV_TYPE_NAME ", as the engine stores it: %.2f GiB)\n", ctx,
            gib(kt_model_memory_need(m, -1, ctx, KV_BYTES_PER_VALUE).kv_cache_bytes));
     printf("  %-36s %10s %10s\n", "placement", "GPU GiB", "CPU GiB");
     print_memory_row(m, "all on CPU", -1, ctx);
