@@ -247,6 +247,10 @@ static void usage(FILE *f)
     fprintf(f, "usage: kt-run -m MODEL (-p TEXT | --chat TEXT) [options]\n"
                "       kt-run --info [options] MODEL\n\noptions:\n");
     kt_cli_print_options(f, &cli, NULL);
+    fprintf(f, "\nenvironment:\n"
+               "  KT_TOPOLOGY_SYNTHETIC=DESC  see NUMA nodes and cores as hwloc's synthetic description DESC says,\n"
+               "                              e.g. \"numa:2 core:4 pu:1\": try a 2-socket --placement on one socket\n"
+               "                              (nothing is pinned; README.md, \"Trying a 2-socket plan\")\n");
 }
 
 /* Returns -1 to go on, else the exit status. */

@@ -137,6 +137,10 @@ static void usage(FILE *f)
                "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health,\n"
                "/metrics, /tokenize, /detokenize, /version, /kt/profile (routing counts).\n\noptions:\n");
     kt_cli_print_options(f, &cli, NULL);
+    fprintf(f, "\nenvironment:\n"
+               "  KT_TOPOLOGY_SYNTHETIC=DESC  see NUMA nodes and cores as hwloc's synthetic description DESC says,\n"
+               "                              e.g. \"numa:2 core:4 pu:1\": try a 2-socket --placement on one socket\n"
+               "                              (nothing is pinned; README.md, \"Trying a 2-socket plan\")\n");
 }
 
 /* ---- loading ----------------------------------------------------------------------------------------- */
