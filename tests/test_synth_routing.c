@@ -26,6 +26,7 @@
 
 #define N_LAYER 5        /* tiny with one dense layer: four MoE layers */
 #define N_EXPERT 32
+#define N_SETS 3         /* prose, code, chinese */
 #define N_PROMPTS 8      /* per set: enough tokens (~300) for stable hot sets, quick under ASan */
 
 /* ---- token classes ------------------------------------------------------------------ */
@@ -176,12 +177,6 @@ static bool route_prompt_set(const struct routed_model *r, const char *set, uint
         if (ok) {
             for (size_t i = 0; i < n; i++)
                 class_tokens[r->plan->token_class ? r->plan->token_class[ids[i]] : KT_SYNTH_CLASS_NONE]++;
-            if (getenv("DUMP") && done == 0)
-                for (size_t i = 0; i < n; i++) {
-                    size_t len;
-                    const char *t = kt_token_text(r->tok, ids[i], &len);
-                    fprintf(stderr, "[%.*s|%d]", (int)len, t, r->plan->token_class ? r->plan->token_class[ids[i]] : 9);
-                }
             free(ref_forward_routed(r->model, ids, (int64_t)n, counts));
             done++;
         }
@@ -230,6 +225,30 @@ static int hot_overlap(const uint64_t *a, const uint64_t *b)
     return both;
 }
 
+/* A planner's view: the share of set b's selections, summed over MoE layers,
+ * that land on set a's 8 hottest experts of each layer, over the share on
+ * b's own 8 hottest (1: a's profile places b's hot experts as well as b's own). */
+static double transfer_ratio(uint64_t counts[N_SETS][N_LAYER * N_EXPERT], int a, int b)
+{
+    double on_a = 0, on_b = 0;
+    for (int l = 1; l < N_LAYER; l++) {
+        const uint64_t *ca = counts[a] + l * N_EXPERT, *cb = counts[b] + l * N_EXPERT;
+        for (int pass = 0; pass < 2; pass++) {
+            const uint64_t *by = pass ? cb : ca;
+            bool hot[N_EXPERT] = {false};
+            for (int k = 0; k < 8; k++) {
+                int best = -1;
+                for (int e = 0; e < N_EXPERT; e++)
+                    if (!hot[e] && (best < 0 || by[e] > by[best]))
+                        best = e;
+                hot[best] = true;
+                *(pass ? &on_b : &on_a) += (double)cb[best];
+            }
+        }
+    }
+    return on_b > 0 ? on_a / on_b : 0;
+}
+
 /* Share of a layer's selections that its top quarter of experts take. */
 static double top_quarter(const uint64_t *c)
 {
@@ -250,7 +269,7 @@ static double top_quarter(const uint64_t *c)
 }
 
 static const char *const sets[] = {"prose", "code", "chinese"};
-#define N_SETS 3
+
 
 /* Mean over MoE layers of the distance between set a's and set b's shares. */
 static double mean_distance(uint64_t counts[N_SETS][N_LAYER * N_EXPERT], int a, int b, int *overlap_sum)
@@ -271,7 +290,7 @@ static void prompt_sets_route_to_different_experts_and_layers_differ(void)
     struct routed_model m[2];
     memset(m, 0, sizeof m);
     /* 0: both knobs; 1: the same model without them (the tiny preset's skew 1 on every layer) */
-    bool ok = open_routed(&m[0], 0.0, 1.5, getenv("RI") ? atof(getenv("RI")) : 0.5, "routed.gguf") && open_routed(&m[1], 1.0, 0, 0, "plain.gguf");
+    bool ok = open_routed(&m[0], 0.0, 1.5, 0.5, "routed.gguf") && open_routed(&m[1], 1.0, 0, 0, "plain.gguf");
     for (int i = 0; ok && i < 2; i++)
         for (int s = 0; ok && s < N_SETS; s++)
             ok = route_prompt_set(&m[i], sets[s], counts[i][s], classes[i][s]);
@@ -300,13 +319,17 @@ static void prompt_sets_route_to_different_experts_and_layers_differ(void)
         printf("  %s vs %s: selection shares differ by %.3f (hot-8 overlap %d of %d) with --route-input 0.5, "
                "%.3f (%d of %d) without\n",
                sets[a], sets[b], d_routed, ov_routed, 8 * (N_LAYER - 1), d_plain, ov_plain, 8 * (N_LAYER - 1));
-        /* Thresholds from the seeded models (deterministic): code shares its ~40 template tokens and its
-         * identifiers' word pieces with prose, so only ~20% of its tokens are code-class. */
-        KT_CHECK(d_routed > (pair == 0 ? 0.07 : 0.2), "%s vs %s: distance %.3f with --route-input", sets[a], sets[b],
-                 d_routed);
-        KT_CHECK(d_routed > (pair == 0 ? 2 : 4) * d_plain, "%s vs %s: distance %.3f with, %.3f without", sets[a], sets[b], d_routed,
-                 d_plain);
-        KT_CHECK(pair == 0 || ov_routed < ov_plain, "%s vs %s: hot overlap %d with, %d without", sets[a], sets[b], ov_routed,
+        const double t_routed = transfer_ratio(counts[0], a, b), t_plain = transfer_ratio(counts[1], a, b);
+        printf("  a plan from %s's hot 8 catches %.3f of what %s's own would with --route-input, %.3f without\n",
+               sets[a], t_routed, sets[b], t_plain);
+        /* Thresholds from the seeded models (deterministic, measured 0.134 / 0.971 for code and 0.217 /
+         * 0.886 for Chinese): code shares its ~40 template tokens and its identifiers' word pieces with
+         * prose, so only ~20% of its tokens are code-class and context carries the rest part way. */
+        KT_CHECK(t_routed < t_plain - (pair == 0 ? 0.015 : 0.05), "%s -> %s: transfer %.3f with, %.3f without",
+                 sets[a], sets[b], t_routed, t_plain);
+        KT_CHECK(d_routed > (pair == 0 ? 0.1 : 0.18) && d_routed > (pair == 0 ? 2.5 : 4) * d_plain,
+                 "%s vs %s: distance %.3f with --route-input, %.3f without", sets[a], sets[b], d_routed, d_plain);
+        KT_CHECK(ov_routed < ov_plain, "%s vs %s: hot overlap %d with, %d without", sets[a], sets[b], ov_routed,
                  ov_plain);
     }
 

@@ -31,9 +31,10 @@
  * (kt_synth_layer_skews); each distinct exponent is fitted once.
  *
  * Input.  --route-input R mixes each token's embedding with its class's
- * direction (route.h, fill_class_embedding); router rows are untouched, so
- * the class fixes a share R of every router logit's variance.  The skew fit
- * still assumes N(0, 1) logits, which holds over a mix of classes.
+ * direction (route.h, fill_class_embedding) and gives router rows per-class
+ * affinities (fill_class_router), scaled so logits stay ~N(0, 1) over a mix
+ * of classes: the skew fit's assumption holds; attention carries the
+ * context's non-prose classes (fill_attn_class).
  */
 #include "init.h"
 #include "route.h"
@@ -451,22 +452,48 @@ static void fill_class_router(const struct kt_synth_plan *plan, uint32_t layer, 
     }
 }
 
-/* Output row of token `token`: the usual noise plus a pull of
- * KT_SYNTH_OUTPUT_CLASS_BOOST logits toward tokens of the state's class
- * (u_c / sqrt(R E) scaled: the state has sqrt(R E) along u_c), so generated
- * text stays in its prompt's class and decode routes like the prompt. */
-#define KT_SYNTH_OUTPUT_CLASS_BOOST 3.0
-static void fill_class_output(const struct kt_synth_plan *plan, uint64_t token, struct rng *r, float *out,
-                              int64_t n, float std)
+
+/* Attention carries the context's non-prose classes (route.h, Context):
+ * latent dim c (c = code, digits, script) of attn_kv_a_mqa reads u_c
+ * (KV_CLASS_LATENT for a token of class c, ~0 otherwise), value dim c of
+ * every head copies latent dim c, and attn_output writes value dim c of
+ * every head along u_c, so each position's residual gains up to
+ * CONTEXT_CLASS_SHARE x sqrt(R E) u_c per layer (a context all of class c;
+ * its attention-weighted share otherwise): half of a token's own class.
+ * Stronger sharing made every position alike (measured in
+ * test_synth_routing: 1.0 and 2.0 set the sets closer, 0.3 code too close to
+ * prose).  Prose is not carried: it is what the chat template speaks. */
+#define KV_CLASS_LATENT 3.0
+#define CONTEXT_CLASS_SHARE 0.5
+static void fill_attn_class(const struct kt_synth_plan *plan, const struct kt_synth_tensor *t, uint64_t row,
+                            struct rng *r, float *out)
 {
-    fill_uniform(r, out, n, std, 0.0f);
-    const unsigned c = token < plan->vocab.n_tokens ? plan->token_class[token] : KT_SYNTH_CLASS_NONE;
-    if (c >= KT_SYNTH_CLASS_COUNT)
-        return;
-    const float *u = plan->class_dir + (size_t)c * (size_t)n;
-    const float a = (float)(KT_SYNTH_OUTPUT_CLASS_BOOST / sqrt(plan->cfg.route_input * (double)n));
-    for (int64_t i = 0; i < n; i++)
-        out[i] += a * u[i];
+    const struct kt_synth_config *c = &plan->cfg;
+    const int64_t n = t->ne[0];
+    const double R = c->route_input, E = c->n_embd;
+    fill_uniform(r, out, n, t->init_std, 0.0f);
+    switch ((enum kt_synth_init)t->init) {
+    case KT_SYNTH_INIT_KV_A_CLASS: /* row = latent dim, n = E */
+        if (row < KT_SYNTH_CLASS_COUNT && row != KT_SYNTH_CLASS_PROSE) {
+            const float *u = plan->class_dir + row * (uint64_t)n, a = (float)(KV_CLASS_LATENT / sqrt(R * E));
+            for (int64_t i = 0; i < n; i++)
+                out[i] += a * u[i];
+        }
+        break;
+    case KT_SYNTH_INIT_V_B_CLASS: /* row = head * dv + value dim, n = kvr */
+        if (row % c->v_head_dim < KT_SYNTH_CLASS_COUNT && row % c->v_head_dim != KT_SYNTH_CLASS_PROSE)
+            out[row % c->v_head_dim] += 1.0f;
+        break;
+    case KT_SYNTH_INIT_OUT_CLASS: { /* row = residual dim, n = H * dv */
+        const float a = (float)(CONTEXT_CLASS_SHARE * sqrt(R * E) / (c->n_head * KV_CLASS_LATENT));
+        for (uint32_t h = 0; h < c->n_head; h++)
+            for (uint32_t k = KT_SYNTH_CLASS_PROSE + 1; k < KT_SYNTH_CLASS_COUNT; k++)
+                out[(size_t)h * c->v_head_dim + k] += a * plan->class_dir[(size_t)k * (size_t)E + row];
+        break;
+    }
+    default:
+        break;
+    }
 }
 
 /* ---- rows ------------------------------------------------------------------------ */
@@ -492,8 +519,10 @@ void kt_synth_init_row(const struct kt_synth_plan *plan, uint32_t tensor_index, 
     case KT_SYNTH_INIT_ROUTER_CLASS:
         fill_class_router(plan, (uint32_t)t->layer, row, &r, out, t->ne[0], t->init_std);
         break;
-    case KT_SYNTH_INIT_OUTPUT_CLASS:
-        fill_class_output(plan, row, &r, out, t->ne[0], t->init_std);
+    case KT_SYNTH_INIT_KV_A_CLASS:
+    case KT_SYNTH_INIT_V_B_CLASS:
+    case KT_SYNTH_INIT_OUT_CLASS:
+        fill_attn_class(plan, t, row, &r, out);
         break;
     }
 }

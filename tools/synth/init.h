@@ -19,7 +19,9 @@ enum kt_synth_init {
     KT_SYNTH_INIT_ROUTER_BIAS, /* exp_probs_b: the skew's preference + uniform noise of std init_std */
     KT_SYNTH_INIT_EMBED_CLASS, /* token_embd with --route-input: noise of std init_std mixed with the class direction */
     KT_SYNTH_INIT_ROUTER_CLASS, /* ffn_gate_inp with --route-input: noise plus per-class affinities (init.c) */
-    KT_SYNTH_INIT_OUTPUT_CLASS, /* output with --route-input: noise plus a pull toward the class of the state */
+    KT_SYNTH_INIT_KV_A_CLASS,   /* attn_kv_a_mqa with --route-input: latent dims 1..3 read the class directions */
+    KT_SYNTH_INIT_V_B_CLASS,    /* attn_v_b with --route-input: value dims 1..3 copy latent dims 1..3 */
+    KT_SYNTH_INIT_OUT_CLASS,    /* attn_output with --route-input: value dims 1..3 write the class directions */
 };
 
 #define KT_SYNTH_NORM_NOISE_STD 0.02f

@@ -9,13 +9,21 @@
  * exp_probs_b to it.
  *
  * Input.  Every normal token belongs to a class by its bytes (prose words,
- * code symbols and indentation, digits, other scripts).  With route_input R
- * a token's embedding row is sqrt(1-R) parts noise and sqrt(R) parts its
- * class's direction (orthonormal seeded vectors), so a share R of a router
- * logit's variance is fixed by the token's class (router rows stay random:
- * w.u_c differs per expert, class and layer).  Tokens of a class therefore
- * prefer the same experts, and a prompt set made of code routes to other
- * experts than one of prose.  R = 0 leaves token_embd as it always was.
+ * code symbols, code words and indentation, digits, other scripts).  With
+ * route_input R a token's embedding row is sqrt(1-R) parts noise and sqrt(R)
+ * parts its class's direction (orthonormal seeded vectors), and each router
+ * row gains a seeded affinity of its expert for each class along those
+ * directions, so a share R (2 - R) of a router logit's variance is fixed by
+ * the token's class (0.75 at R = 0.5) while the logit stays ~N(0, 1) over
+ * tokens.  Tokens of a class therefore prefer the same experts, per layer,
+ * and a prompt set of code routes to other experts than one of prose.
+ *
+ * Context.  Attention carries the context's non-prose classes part way into
+ * each position (attn_kv_a_mqa reads them into three latent dims, attn_v_b
+ * copies them, attn_output writes them back along the class directions), so
+ * a word in a code prompt routes partly like code.  Prose is the default and
+ * is not carried, or the chat template's system text would wash the rest
+ * out.  R = 0 leaves every tensor as it always was.
  */
 #ifndef KT_SYNTH_ROUTE_H
 #define KT_SYNTH_ROUTE_H

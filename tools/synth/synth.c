@@ -257,6 +257,9 @@ static kt_status check_config(const struct kt_synth_config *c, kt_err *err)
         return kt_err_set(err, KT_ERR_INVALID, "--route-skew maximum %g: must be at most 16", c->skew_max);
     if (!(c->route_input >= 0 && c->route_input < 1))
         return kt_err_set(err, KT_ERR_INVALID, "--route-input %g: must be in [0, 1)", c->route_input);
+    if (c->route_input > 0 && (c->kv_lora_rank < KT_SYNTH_CLASS_COUNT || c->v_head_dim < KT_SYNTH_CLASS_COUNT))
+        return kt_err_set(err, KT_ERR_INVALID, "--route-input needs kv_lora_rank and v_head_dim of at least %d",
+                          KT_SYNTH_CLASS_COUNT);
     if (c->n_threads > 1024)
         return kt_err_set(err, KT_ERR_INVALID, "--threads %u: at most 1024", c->n_threads);
     for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++) {
@@ -365,21 +368,23 @@ static kt_status build_tensors(struct plan_builder *b)
     const enum kt_synth_init embd_init = c->route_input > 0 ? KT_SYNTH_INIT_EMBED_CLASS : KT_SYNTH_INIT_UNIFORM;
     ADD(-1, "token_embd.weight", KT_SYNTH_ROLE_EMBD, embd_init, 1.0f, 2, E, V, 1);
     ADD(-1, "output_norm.weight", KT_SYNTH_ROLE_F32, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, E, 1, 1);
-    ADD(-1, "output.weight", KT_SYNTH_ROLE_OUTPUT, c->route_input > 0 ? KT_SYNTH_INIT_OUTPUT_CLASS : KT_SYNTH_INIT_UNIFORM,
-        IN(E), 2, E, V, 1);
+    ADD(-1, "output.weight", KT_SYNTH_ROLE_OUTPUT, KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, V, 1);
     for (int32_t l = 0; l < (int32_t)c->n_layer; l++) {
         const enum kt_synth_role A = KT_SYNTH_ROLE_ATTN, N = KT_SYNTH_ROLE_F32;
         ADD(l, "attn_norm.weight", N, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, E, 1, 1);
         ADD(l, "attn_q_a.weight", A, KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, qr, 1);
         ADD(l, "attn_q_a_norm.weight", N, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, qr, 1, 1);
         ADD(l, "attn_q_b.weight", A, KT_SYNTH_INIT_UNIFORM, IN(qr), 2, qr, H * (dn + dr), 1);
-        ADD(l, "attn_kv_a_mqa.weight", A, KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, kvr + dr, 1);
+        /* With --route-input attention carries the context's token classes (init.c, fill_attn_class). */
+        const bool cls = c->route_input > 0;
+        ADD(l, "attn_kv_a_mqa.weight", A, cls ? KT_SYNTH_INIT_KV_A_CLASS : KT_SYNTH_INIT_UNIFORM, IN(E), 2, E, kvr + dr, 1);
         ADD(l, "attn_kv_a_norm.weight", N, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, kvr, 1, 1);
         /* k_b is kv_b_proj's key half transposed: its fan-in in the model is the
          * latent (kvr), although its rows are dn wide. */
         ADD(l, "attn_k_b.weight", A, KT_SYNTH_INIT_UNIFORM, IN(kvr), 3, dn, kvr, H);
-        ADD(l, "attn_v_b.weight", A, KT_SYNTH_INIT_UNIFORM, IN(kvr), 3, kvr, dv, H);
-        ADD(l, "attn_output.weight", A, KT_SYNTH_INIT_UNIFORM, OUT(H * dv), 2, H * dv, E, 1);
+        ADD(l, "attn_v_b.weight", A, cls ? KT_SYNTH_INIT_V_B_CLASS : KT_SYNTH_INIT_UNIFORM, IN(kvr), 3, kvr, dv, H);
+        ADD(l, "attn_output.weight", A, cls ? KT_SYNTH_INIT_OUT_CLASS : KT_SYNTH_INIT_UNIFORM, OUT(H * dv), 2, H * dv, E,
+            1);
         ADD(l, "ffn_norm.weight", N, KT_SYNTH_INIT_NORM, KT_SYNTH_NORM_NOISE_STD, 1, E, 1, 1);
         if ((uint32_t)l < b->plan->n_dense_lead) {
             const enum kt_synth_role D = KT_SYNTH_ROLE_FFN;
