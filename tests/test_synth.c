@@ -693,6 +693,14 @@ static void invalid_options_fail_cleanly(void)
         {"--preset tiny --layers 0", 2},
         {"--preset tiny --threads 0", 2},
         {"--preset tiny --skew -1", 2},
+        {"--preset tiny --route-skew 1", 2},
+        {"--preset tiny --route-skew 2:1", 2},
+        {"--preset tiny --route-skew a:b", 2},
+        {"--preset tiny --route-skew 0:17", 2},
+        {"--preset tiny --skew 1 --route-skew 0:1", 2},
+        {"--preset tiny --route-input 1", 2},
+        {"--preset tiny --route-input -0.1", 2},
+        {"--preset tiny --route-input x", 2},
         {"--preset tiny --seed abc", 2},
         {"--preset tiny --bogus", 2},
         {"--preset tiny --layers", 2},
@@ -705,7 +713,11 @@ static void invalid_options_fail_cleanly(void)
     }
     int rc = kt_test_system("%s --preset tiny -q -o /nonexistent-dir/x.gguf > /dev/null 2>&1", tool);
     KT_CHECK(rc == 1, "unwritable path exited %d, expected 1", rc);
-    rc = kt_test_system("%s --help | grep -q -- --experts-type", tool);
+    rc = kt_test_system("%s --preset tiny --layers 3 --route-skew 0.5:1.5 --route-input 0.5 -q -o %s > /dev/null", tool,
+                        path);
+    KT_CHECK(rc == 0 && file_exists(path), "--route-skew and --route-input: exit %d", rc);
+    unlink(path);
+    rc = kt_test_system("%s --help | grep -q -- --route-input", tool);
     KT_CHECK(rc == 0, "--help lists the options (%d)", rc);
     const char *err_log = kt_test_path("bad.log");
     kt_test_system("%s --preset deepseek-v3-slice --experts 60 -o %s 2> %s", tool, path, err_log);
