@@ -177,7 +177,13 @@ static bool route_prompt_set(const struct routed_model *r, const char *set, uint
         if (ok) {
             for (size_t i = 0; i < n; i++)
                 class_tokens[r->plan->token_class ? r->plan->token_class[ids[i]] : KT_SYNTH_CLASS_NONE]++;
-            free(ref_forward_routed(r->model, ids, (int64_t)n, counts));
+            const uint32_t k = r->model->hp.n_expert_used; /* routes (n_layer, n, k) */
+            uint32_t *routes = kt_test_xmalloc((size_t)N_LAYER * n * k * sizeof *routes);
+            free(ref_forward_routed(r->model, ids, (int64_t)n, routes, NULL));
+            for (uint32_t l = r->model->hp.n_dense_lead; l < N_LAYER; l++)
+                for (size_t j = 0; j < n * k; j++)
+                    counts[l * N_EXPERT + routes[(size_t)l * n * k + j]]++;
+            free(routes);
             done++;
         }
         free(ids);
