@@ -61,7 +61,7 @@ static void token_classes_follow_the_bytes(void)
 
 /* ---- layer skews -------------------------------------------------------------------- */
 
-static struct kt_synth_plan *tiny_plan(double skew, double skew_max, double route_input)
+static struct kt_synth_plan *tiny_plan_threads(double skew, double skew_max, double route_input, uint32_t threads)
 {
     kt_err err = {0};
     struct kt_synth_config cfg;
@@ -71,9 +71,14 @@ static struct kt_synth_plan *tiny_plan(double skew, double skew_max, double rout
     cfg.skew = skew;
     cfg.skew_max = skew_max;
     cfg.route_input = route_input;
-    cfg.n_threads = 2;
+    cfg.n_threads = threads;
     KT_CHECK(kt_synth_plan_create(&cfg, &plan, &err) == KT_OK, "plan: %s", err.msg);
     return plan;
+}
+
+static struct kt_synth_plan *tiny_plan(double skew, double skew_max, double route_input)
+{
+    return tiny_plan_threads(skew, skew_max, route_input, 2);
 }
 
 static void route_skew_spreads_over_the_moe_layers(void)
@@ -96,6 +101,14 @@ static void route_skew_spreads_over_the_moe_layers(void)
     KT_CHECK(memcmp(b1, b2, N_EXPERT * sizeof *b1) == 0, "equal skews, different biases");
     const float *s1 = spread->skew_bias + N_EXPERT, *s2 = spread->skew_bias + 2 * N_EXPERT;
     KT_CHECK(memcmp(s1, s2, N_EXPERT * sizeof *s1) != 0, "different skews, equal biases");
+    /* The layers' fits run on threads; the thread count never changes a value. */
+    struct kt_synth_plan *one = tiny_plan_threads(0.25, 1.75, 0, 1), *three = tiny_plan_threads(0.25, 1.75, 0, 3);
+    KT_CHECK(one && three &&
+                 memcmp(one->skew_bias, three->skew_bias, (size_t)N_LAYER * N_EXPERT * sizeof *one->skew_bias) == 0 &&
+                 memcmp(one->skew_bias, spread->skew_bias, (size_t)N_LAYER * N_EXPERT * sizeof *one->skew_bias) == 0,
+             "1, 2 and 3 threads fit different biases");
+    kt_synth_plan_destroy(one);
+    kt_synth_plan_destroy(three);
 done:
     kt_synth_plan_destroy(spread);
     kt_synth_plan_destroy(flat);

@@ -40,8 +40,11 @@
 #include "route.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- random numbers -------------------------------------------------------------- */
 
@@ -320,26 +323,71 @@ done:
 }
 
 
+/* Layers whose exponent no earlier MoE layer has: each is fitted once, on
+ * fit_workers threads taking them in turn (fits are independent and each is
+ * deterministic, so the thread count never changes a byte). */
+struct fit_work {
+    struct kt_synth_plan *plan;
+    const uint32_t *layers;     /* [n_layers] to fit */
+    uint32_t n_layers, stride, first;
+    kt_status status;
+    kt_err err;
+};
+
+static void *fit_worker(void *arg)
+{
+    struct fit_work *w = arg;
+    const uint32_t n = w->plan->cfg.n_expert;
+    for (uint32_t i = w->first; i < w->n_layers && w->status == KT_OK; i += w->stride) {
+        const uint32_t l = w->layers[i];
+        w->status = fit_one(&w->plan->cfg, w->plan->layer_skew[l], w->plan->skew_bias + (size_t)l * n, &w->err);
+    }
+    return NULL;
+}
+
 kt_status kt_synth_fit_skew(struct kt_synth_plan *plan, kt_err *err)
 {
     const struct kt_synth_config *c = &plan->cfg;
     const uint32_t n = c->n_expert;
+    uint32_t fit[KT_SYNTH_MAX_LAYERS], n_fit = 0, same_as[KT_SYNTH_MAX_LAYERS];
+    for (uint32_t l = plan->n_dense_lead; l < c->n_layer; l++) {
+        uint32_t same = plan->n_dense_lead; /* the first MoE layer of the same exponent */
+        while (same < l && plan->layer_skew[same] != plan->layer_skew[l])
+            same++;
+        same_as[l] = same;
+        if (same == l)
+            fit[n_fit++] = l;
+    }
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    uint32_t n_threads = c->n_threads ? c->n_threads : online > 0 ? (uint32_t)online : 1;
+    n_threads = n_threads < n_fit ? n_threads : n_fit;
+    struct fit_work work[64];
+    pthread_t threads[64];
+    n_threads = n_threads > 64 ? 64 : n_threads < 1 ? 1 : n_threads;
+    bool started[64] = {false};
+    for (uint32_t t = 0; t < n_threads; t++)
+        work[t] = (struct fit_work){.plan = plan, .layers = fit, .n_layers = n_fit, .stride = n_threads, .first = t};
+    for (uint32_t t = 1; t < n_threads; t++)
+        started[t] = pthread_create(&threads[t], NULL, fit_worker, &work[t]) == 0;
+    fit_worker(&work[0]);
+    for (uint32_t t = 1; t < n_threads; t++) {
+        if (started[t])
+            pthread_join(threads[t], NULL);
+        else
+            fit_worker(&work[t]); /* it could not start: this thread does its share */
+    }
+    kt_status s = KT_OK;
+    for (uint32_t t = 0; t < n_threads && s == KT_OK; t++)
+        if (work[t].status != KT_OK)
+            s = kt_err_set(err, work[t].status, "%s", work[t].err.msg);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         float *out = plan->skew_bias + (size_t)l * n;
-        uint32_t same = 0; /* an earlier MoE layer fitted to the same exponent: the fit is deterministic */
-        while (same < l && (same < plan->n_dense_lead || plan->layer_skew[same] != plan->layer_skew[l]))
-            same++;
-        if (l < plan->n_dense_lead) {
+        if (l < plan->n_dense_lead)
             memset(out, 0, n * sizeof *out);
-        } else if (same < l) {
-            memcpy(out, plan->skew_bias + (size_t)same * n, n * sizeof *out);
-        } else {
-            kt_status s = fit_one(c, plan->layer_skew[l], out, err);
-            if (s != KT_OK)
-                return s;
-        }
+        else if (same_as[l] != l)
+            memcpy(out, plan->skew_bias + (size_t)same_as[l] * n, n * sizeof *out);
     }
-    return KT_OK;
+    return s;
 }
 
 #define LAYER_SKEW_STREAM 0x4c534b57ULL /* "LSKW" */
