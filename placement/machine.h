@@ -31,6 +31,24 @@
 #define KT_MACHINE_MAX_NODES KT_PLACEMENT_MAX_NODES
 #define KT_MACHINE_MAX_ACCEL (KT_PLACEMENT_MAX_DEVICES - 1)
 
+/* The stated defaults for figures a file lacks (placement/README.md): a
+ * node's triad, peaks and expert overhead; a missing decode rate is
+ * DECODE_SHARE x the node's triad, a missing prefill figure PREFILL_SHARE x
+ * its int8 (quantized types) or FMA (float types) peak; an accelerator's link
+ * is the sim's default (PCIe 4.0 x16 as measured, placement/config.c). */
+#define KT_MACHINE_DEFAULT_TRIAD_GBPS 20.0
+#define KT_MACHINE_DEFAULT_FMA_GFLOPS 100.0
+#define KT_MACHINE_DEFAULT_INT8_GOPS 400.0
+#define KT_MACHINE_DEFAULT_DECODE_SHARE 0.7
+#define KT_MACHINE_DEFAULT_PREFILL_SHARE 0.25
+#define KT_MACHINE_DEFAULT_OVERHEAD_US 20.0
+#define KT_MACHINE_DEFAULT_LINK_GBPS 25.0
+#define KT_MACHINE_DEFAULT_LINK_LATENCY_US 10.0
+#define KT_MACHINE_DEFAULT_SIM_DECODE_GBPS 5.0       /* one host thread */
+#define KT_MACHINE_DEFAULT_GPU_DECODE_GBPS 1000.0
+#define KT_MACHINE_DEFAULT_GPU_OVERHEAD_US 10.0
+#define KT_MACHINE_DEFAULT_GPU_PREFILL_GFLOPS 50000.0
+
 /* A kernel's time for one call (one matrix or one expert at decode shapes):
  * overhead_us + bytes / gbps.  gbps 0: not measured. */
 struct kt_machine_rate {
