@@ -25,6 +25,7 @@
 #define MAX_FIGURE 1e9           /* GB/s, GFLOP/s, us: anything above is a broken file */
 #define MAX_MEMORY_GIB 1048576.0 /* 1 PiB */
 #define MAX_THREADS 65536
+#define MIN_RATE_GBPS 1e-3       /* a rate below it would make a prediction overflow */
 
 /* The weight formats the engine runs experts in and kt-bench machine measures. */
 static const enum kt_type machine_types[] = {KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K, KT_TYPE_Q8_0,
@@ -242,8 +243,8 @@ static kt_status parse_decode(const struct parser *p, json_t *obj, const char *p
                 return st;
             got_gbps = got_gbps || which == 0;
         }
-        if (!got_gbps || r.gbps <= 0)
-            return bad(p, sub, "gbps: expected a positive number (GB/s of weights read)");
+        if (!got_gbps || r.gbps < MIN_RATE_GBPS)
+            return bad(p, sub, "gbps: expected a number of at least 0.001 (GB/s of weights read)");
         rates[t] = r;
         have[t] = true;
     }
@@ -333,6 +334,9 @@ static kt_status parse_node(const struct parser *p, struct kt_machine *m, json_t
             return bad(p, sub, what);
         }
     /* a zero figure is as good as missing: nothing can be predicted from it */
+    if ((n->triad_gbps > 0 && n->triad_gbps < MIN_RATE_GBPS) || (n->fma_gflops > 0 && n->fma_gflops < MIN_RATE_GBPS) ||
+        (n->int8_gops > 0 && n->int8_gops < MIN_RATE_GBPS))
+        return bad(p, path, "triad_gbps, fma_gflops, int8_gops: expected 0 (unknown) or at least 0.001");
     have &= ~(unsigned)((n->triad_gbps > 0 ? 0 : HAVE_TRIAD) | (n->fma_gflops > 0 ? 0 : HAVE_FMA) |
                         (n->int8_gops > 0 ? 0 : HAVE_INT8));
     default_node(m, n, have, have_decode, have_prefill);
@@ -406,6 +410,8 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
             return bad(p, sub, what);
         }
     /* a link of 0 GB/s would make every transfer infinite: treat as missing */
+    if ((a->h2d_gbps > 0 && a->h2d_gbps < MIN_RATE_GBPS) || (a->d2h_gbps > 0 && a->d2h_gbps < MIN_RATE_GBPS))
+        return bad(p, path, "h2d_gbps, d2h_gbps: expected 0 (unknown) or at least 0.001");
     have &= ~(unsigned)((a->h2d_gbps > 0 ? 0 : HAVE_H2D) | (a->d2h_gbps > 0 ? 0 : HAVE_D2H));
     default_accel(m, a, have, have_decode, have_prefill);
     return KT_OK;
