@@ -21,6 +21,7 @@
  * not from the L3.  It never writes a figure it did not measure in this run
  * (the file leaves out what it could not take; loading it says so).
  */
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -84,8 +85,19 @@ static void random_floats(float *x, size_t n, uint64_t *s)
         x[i] = (float)((double)(xorshift(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
+/* The L3 of the cores we run on: sysfs first (in a VM, sysconf may report the
+ * whole host's, 384 MiB where the guest's cores share 32), else sysconf. */
 static size_t l3_bytes(void)
 {
+    FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+    unsigned long kib = 0;
+    if (f) {
+        if (fscanf(f, "%luK", &kib) != 1)
+            kib = 0;
+        fclose(f);
+    }
+    if (kib)
+        return (size_t)kib << 10;
     long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
     return v > 0 ? (size_t)v : (size_t)32 << 20;
 }
@@ -530,6 +542,34 @@ struct type_result {
     int points;
 };
 
+/* Bytes of the slots type t's points need on one place (and their counts). */
+static size_t region_need(enum kt_type t, bool packed, int *n_big, int *n_small)
+{
+    struct expert_slots big, small;
+    slots_create(&big, t, expert_width(t), packed, 1, NULL, NULL); /* sizes only */
+    slots_create(&small, t, SMALL_FF, packed, 1, NULL, NULL);
+    *n_big = slots_needed(big.expert_bytes, MAX_UNITS);
+    *n_small = slots_needed(small.expert_bytes, 1);
+    return round_up(big.stride * (size_t)*n_big + small.stride * (size_t)*n_small, (size_t)2 << 20);
+}
+
+/* Grows p's mapping to `need` bytes (the page faults are paid once, not per type). */
+static kt_status place_region(struct place *p, size_t need, kt_err *err)
+{
+    if (need <= p->region_bytes)
+        return KT_OK;
+    if (p->region)
+        munmap(p->region, p->region_bytes);
+    p->region_bytes = 0;
+    void *r = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    p->region = r == MAP_FAILED ? NULL : r;
+    if (!p->region)
+        return kt_err_set(err, KT_ERR_NOMEM, "cannot map %zu MiB for the experts", need >> 20);
+    p->region_bytes = need;
+    madvise(p->region, need, MADV_HUGEPAGE); /* a hint, as the expert store gives it */
+    return KT_OK;
+}
+
 /* Decode fit and prefill figure of type t on places [0, n) at once (packed:
  * the expert store's layout; the sim's places take GGUF rows). */
 static kt_status measure_type(struct place *places, int n, enum kt_type t, bool packed, double seconds,
@@ -542,25 +582,9 @@ static kt_status measure_type(struct place *places, int n, enum kt_type t, bool 
     for (int i = 0; i < n; i++) {
         struct place *p = &places[i];
         p->next_slot = 0;
-        struct expert_slots big, small;
-        slots_create(&big, t, f, packed, 1, NULL, err); /* sizes only */
-        slots_create(&small, t, SMALL_FF, packed, 1, NULL, err);
-        const int n_big = slots_needed(big.expert_bytes, MAX_UNITS), n_small = slots_needed(small.expert_bytes, 1);
-        const size_t need = round_up(big.stride * (size_t)n_big + small.stride * (size_t)n_small, (size_t)2 << 20);
-        if (need > p->region_bytes) { /* grow: the page faults are paid once, not per type */
-            if (p->region)
-                munmap(p->region, p->region_bytes);
-            p->region_bytes = 0;
-            void *r = mmap(NULL, need, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-            p->region = r == MAP_FAILED ? NULL : r;
-            if (!p->region) {
-                st = kt_err_set(err, KT_ERR_NOMEM, "cannot map %zu MiB of %s experts", need >> 20, kt_type_name(t));
-                goto done;
-            }
-            p->region_bytes = need;
-            madvise(p->region, need, MADV_HUGEPAGE); /* a hint, as the expert store gives it */
-        }
-        if ((st = slots_create(&p->big, t, f, packed, n_big, p->region, err)) ||
+        int n_big, n_small;
+        if ((st = place_region(p, region_need(t, packed, &n_big, &n_small), err)) ||
+            (st = slots_create(&p->big, t, f, packed, n_big, p->region, err)) ||
             (st = slots_create(&p->small, t, SMALL_FF, packed, n_small, p->region + p->big.bytes, err)))
             goto done;
     }
@@ -661,6 +685,18 @@ static kt_status measure_cuda(struct kt_machine_accel *a, double seconds, kt_err
     return st;
 }
 
+/* Whether the machine file can be written where asked: its folder exists and is writable. */
+static bool output_writable(const char *path, kt_err *err)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
+    if (access(dir, W_OK) == 0)
+        return true;
+    kt_err_set(err, KT_ERR_IO, "%s: cannot write in %s: %s", path, dir, strerror(errno));
+    return false;
+}
+
 /* ---- the job ---------------------------------------------------------------------------- */
 
 int kt_bench_machine(const struct kt_bench_options *o)
@@ -678,6 +714,8 @@ int kt_bench_machine(const struct kt_bench_options *o)
         goto fail;
     }
     const int threads = (int)o->threads;
+    if (o->output && !output_writable(o->output, &err)) /* before a minute of measuring, not after */
+        goto fail;
     if (kt_topology_create(o->topology, &topo, &err) != KT_OK)
         goto fail;
     const char *synthetic = o->topology ? o->topology : topo->synthetic ? getenv("KT_TOPOLOGY_SYNTHETIC") : "";
@@ -727,6 +765,18 @@ int kt_bench_machine(const struct kt_bench_options *o)
         if (place_scratch(&places[i], &err) != KT_OK)
             goto fail;
     }
+    /* one mapping per node for every type's slots; node 0's passes to the sim after */
+    size_t need_nodes = 0, need_sim = 0;
+    for (size_t k = 0; k < N_TYPES; k++) {
+        int nb, ns;
+        const size_t a = region_need(machine_types[k], kt_cpu_kernels()->type[machine_types[k]].packed != NULL, &nb, &ns);
+        const size_t b = region_need(machine_types[k], false, &nb, &ns);
+        need_nodes = a > need_nodes ? a : need_nodes;
+        need_sim = b > need_sim ? b : need_sim;
+    }
+    for (int i = 0; i < m->n_nodes; i++)
+        if (place_region(&places[i], i == 0 && need_sim > need_nodes ? need_sim : need_nodes, &err) != KT_OK)
+            goto fail;
     struct place *sim = &places[m->n_nodes];
     sim->threads = 1;
     if (place_scratch(sim, &err) != KT_OK)
