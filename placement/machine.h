@@ -3,7 +3,8 @@
  * host it predicts for, measured by `kt-bench machine`.  Per NUMA node the
  * memory bandwidth and the kernels' real throughput per weight format, per
  * accelerator its memory, link and kernel throughput.  Entries the file
- * lacks get stated defaults, each named in `defaulted` so callers can warn.
+ * lacks get stated defaults (KT_MACHINE_DEFAULT_*), each named in
+ * `defaulted` so callers can warn.
  *
  * File format (JSON, version 1), written atomically:
  *
@@ -12,11 +13,53 @@
  *                 "fma_gflops": 2900, "int8_gops": 11000,
  *                 "decode": {"q4_K": {"gbps": 150.2, "overhead_us": 6.1}, ...},
  *                 "prefill_gflops": {"q4_K": 2100, ...}}, ...],
- *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0.5,
+ *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0,
  *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
  *                        "decode": {...}, "prefill_gflops": {...}}]}
  *
- * Type names are GGUF's (kt_type_name).  Unknown keys are refused.
+ * Type names are GGUF's (kt_type_name).  Unknown keys, unknown types, a
+ * figure that is not a finite non-negative number, a node given twice and
+ * more than KT_MACHINE_MAX_NODES nodes are refused.
+ *
+ * How `kt-bench machine -t THREADS [--topology SYNTH]` takes each figure
+ * (placement/README.md has the long form).  Nodes are the engine's expert
+ * pools for that thread count (runtime/forward/engine.c): with one node with
+ * cores, the step's pool of THREADS threads; with more, one pool per node,
+ * THREADS - 1 workers in all, the stepping thread helping the first (so
+ * `threads` counts it there).  Every node's figures are taken with all nodes
+ * busy at once, as the engine runs them; on a synthetic topology the nodes
+ * share this machine's cores.
+ *   triad_gbps      STREAM triad (runtime/host/membw.h) on the node's threads,
+ *                   arrays of 2 x L3, median of 5.
+ *   fma_gflops,     runtime/host/peak.h's loops at the best level the kernels
+ *   int8_gops       use, on the node's threads, median of 3.
+ *   decode[t]       the engine's expert path (runtime/forward/moe.c's four
+ *                   phases - gather, gate/up with SiLU, quantize, down - in its
+ *                   task sizes, submitted to the pools as run_phase does, weights
+ *                   in the expert store's layout: packed where the level has a
+ *                   format) for one token over experts of 7168 x F (F: the
+ *                   largest power of two <= 2048 whose expert is under 26 MB;
+ *                   2048 for q4_K): calls of 1 expert of F = 256 and 1, 2, 4, 8
+ *                   of F, weights read from memory (4 x L3 of copies in
+ *                   rotation), medians of calls in interleaved rounds, fitted
+ *                   to time = overhead_us + bytes / gbps by least squares of the
+ *                   relative error.  A "call" is one group of units on one
+ *                   node in one MoE step: bytes are the GGUF bytes of all the
+ *                   experts it runs (gate, up, down), the overhead is paid once.
+ *   prefill_gflops[t] the same path, 4 experts of F with 16 and with 48
+ *                   tokens each: 2 x 3 x 7168 x F FLOPs per (token, expert)
+ *                   pair over the time the 128 extra pairs add (the weights
+ *                   are read either way).  So a node's expert time for a step
+ *                   is overhead + bytes / gbps + pair FLOPs / prefill_gflops.
+ *   sim             decode and prefill_gflops as above on one thread (the sim
+ *                   runs device work on its own host thread) over GGUF rows
+ *                   (what the sim holds); the link is its modelled one
+ *                   (25 GB/s, 10 us unless --sim-transfer-gbps/--sim-latency-us);
+ *                   memory 0: the plan's budget decides.
+ *   cuda0           memory: the backend's budget (free device memory); h2d and
+ *                   d2h: 256 MiB copies with the backend's copy functions from
+ *                   page-locked memory, median; latency_us: 64-byte copies.
+ *                   Its kernel figures are not measured yet (defaulted).
  */
 #ifndef KT_PLACEMENT_MACHINE_H
 #define KT_PLACEMENT_MACHINE_H
@@ -96,7 +139,9 @@ kt_status kt_machine_load(const char *path, struct kt_machine **out, kt_err *err
 kt_status kt_machine_parse(const char *text, size_t len, const char *name, struct kt_machine **out, kt_err *err);
 kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *err); /* atomic */
 
-/* "CPU model | N nodes | best ISA" of this host, as kind. */
+/* "CPU model | N nodes | best ISA" of this host, as kind: the model from
+ * /proc/cpuinfo (else CPUID's brand string), the node count of the topology
+ * kt runs on (KT_TOPOLOGY_SYNTHETIC's when set), the CPU's best kernel level. */
 void kt_machine_this_kind(char *buf, size_t size);
 
 /* KT_OK when m was measured on a machine of this kind; else KT_ERR_INVALID

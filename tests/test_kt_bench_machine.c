@@ -3,7 +3,7 @@
  * 2-node topology it writes a machine file that loads without a defaulted
  * entry, with both nodes, the topology it ran under, the sim's link as
  * given and a positive figure for every expert weight type, of this
- * machine's kind; bad arguments exit 2, an unwritable output or a bad
+ * machine's kind under that topology; bad arguments exit 2, an unwritable output or a bad
  * topology exit 1 before measuring and write nothing.  It checks shapes,
  * never a speed (no timed assertions).
  */
@@ -37,7 +37,10 @@ static void machine_file_of_two_synthetic_nodes_loads_complete(void)
         KT_CHECK(m->n_defaulted == 0, "%u entries defaulted, first: %s", m->n_defaulted, m->defaulted[0]);
         KT_CHECK(m->n_nodes == 2 && m->nodes[0].node != m->nodes[1].node, "%d nodes", m->n_nodes);
         KT_CHECK(!strcmp(m->topology, "package:2 numa:1 core:1 pu:1"), "topology '%s'", m->topology);
+        KT_CHECK(strstr(m->kind, " | 2 nodes | ") != NULL, "kind '%s' names the 2 nodes measured", m->kind);
+        setenv("KT_TOPOLOGY_SYNTHETIC", "package:2 numa:1 core:1 pu:1", 1); /* as the planner would run */
         KT_CHECK(kt_machine_check_kind(m, path, &err) == KT_OK, "%s", err.msg);
+        unsetenv("KT_TOPOLOGY_SYNTHETIC");
         for (int i = 0; i < m->n_nodes; i++) {
             const struct kt_machine_node *nd = &m->nodes[i];
             KT_CHECK(nd->threads >= 1 && nd->memory_bytes > 0 && nd->triad_gbps > 0 && nd->fma_gflops > 0 &&

@@ -111,7 +111,8 @@ struct expert_slots {
     int64_t n_ff;
     const struct kt_packed_format *packed; /* NULL: GGUF rows */
     size_t gate_off, up_off, down_off, stride, bytes;
-    uint64_t expert_bytes;                 /* weight bytes one call of this expert reads */
+    uint64_t expert_bytes;                 /* bytes of one expert in this layout */
+    uint64_t gguf_bytes;                   /* ... in the GGUF file: what the rates are per */
     int n;
     uint8_t *base;
 };
@@ -124,6 +125,12 @@ static size_t round_up(size_t x, size_t a)
 static size_t mat_bytes(const struct kt_packed_format *f, enum kt_type t, int64_t n_in, int64_t n_out)
 {
     return f ? kt_packed_bytes(f, n_in, n_out) : (size_t)n_out * kt_type_row_bytes(t, n_in);
+}
+
+/* GGUF bytes of an (n_out, n_in) matrix. */
+static uint64_t gguf_matrix_bytes(enum kt_type t, int64_t n_in, int64_t n_out)
+{
+    return (uint64_t)n_out * kt_type_row_bytes(t, n_in);
 }
 
 /* GGUF rows of an (n_out, n_in) matrix: FILL_ROWS random rows quantized, tiled. */
@@ -161,6 +168,7 @@ static kt_status slots_create(struct expert_slots *s, enum kt_type t, int64_t n_
     s->up_off = round_up(gu, 64);
     s->down_off = s->up_off + round_up(gu, 64);
     s->expert_bytes = 2 * (uint64_t)gu + down;
+    s->gguf_bytes = 2 * (uint64_t)gguf_matrix_bytes(t, HIDDEN, n_ff) + gguf_matrix_bytes(t, n_ff, HIDDEN);
     s->stride = round_up(s->down_off + down, 4096);
     s->bytes = s->stride * (size_t)n;
     if (!base)
@@ -325,7 +333,7 @@ static void place_free(struct place *p)
 }
 
 /* Sets up p's call: k experts of s, the next slots in rotation, each with
- * tokens_per_expert pairs; returns the weight bytes it reads. */
+ * tokens_per_expert pairs; returns the GGUF bytes of its weights. */
 static uint64_t plan_call(struct place *p, struct expert_slots *s, int k, int tokens_per_expert, const uint8_t *hq,
                           size_t hq_bytes)
 {
@@ -348,7 +356,7 @@ static uint64_t plan_call(struct place *p, struct expert_slots *s, int k, int to
         c->n_gate_up += (uint32_t)((s->n_ff + GATE_UP_ROWS_PER_TASK - 1) / GATE_UP_ROWS_PER_TASK);
         c->n_down += (HIDDEN + DOWN_ROWS_PER_TASK - 1) / DOWN_ROWS_PER_TASK;
     }
-    return (uint64_t)k * s->expert_bytes;
+    return (uint64_t)k * s->gguf_bytes;
 }
 
 /* Runs every place's planned call at once, phase by phase as run_phase does
@@ -714,6 +722,13 @@ int kt_bench_machine(const struct kt_bench_options *o)
         goto fail;
     }
     const int threads = (int)o->threads;
+    /* --topology stands for KT_TOPOLOGY_SYNTHETIC for the whole run, so the kind
+     * recorded names the nodes measured (and a planner under the same
+     * environment sees the same kind) */
+    if (o->topology && setenv("KT_TOPOLOGY_SYNTHETIC", o->topology, 1) != 0) {
+        kt_err_set(&err, KT_ERR_NOMEM, "cannot set KT_TOPOLOGY_SYNTHETIC");
+        goto fail;
+    }
     if (o->output && !output_writable(o->output, &err)) /* before a minute of measuring, not after */
         goto fail;
     if (kt_topology_create(o->topology, &topo, &err) != KT_OK)
