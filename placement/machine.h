@@ -12,7 +12,8 @@
  *      "nodes": [{"node": 0, "threads": 32, "memory_gib": 503.8, "triad_gbps": 180.1,
  *                 "fma_gflops": 2900, "int8_gops": 11000,
  *                 "decode": {"q4_K": {"gbps": 150.2, "overhead_us": 6.1}, ...},
- *                 "prefill_gflops": {"q4_K": 2100, ...}}, ...],
+ *                 "prefill_gflops": {"q4_K": 2100, ...}, "f32_cached_gbps": 400,
+ *                 "decode_rows": {"q8_0": {"gbps": 90, "overhead_us": 8}, ...}}, ...],
  *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0,
  *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
  *                        "decode": {...}, "prefill_gflops": {...}}]}
@@ -51,6 +52,16 @@
  *                   pair over the time the 128 extra pairs add (the weights
  *                   are read either way).  So a node's expert time for a step
  *                   is overhead + bytes / gbps + pair FLOPs / prefill_gflops.
+ *   decode_rows[t]  (node 0 only: host matrices run on the step's pool) one
+ *                   token's absorbed attention heads as attention.c runs them -
+ *                   items of up to 8 heads on the step's pool, each W_UK,h (512
+ *                   rows of 128) and W_UV,h (128 rows of 512) in GGUF rows times
+ *                   its quantized vector - for 8, 32, 64 and 128 heads a call,
+ *                   weights from memory, fitted as decode[] is; types whose
+ *                   128-wide rows are whole blocks (q8_0, bf16, f16, f32).
+ *   f32_cached_gbps (node 0 only) every thread of the step's pool multiplying
+ *                   its own pair of 128 x 512 f32 matrices (in cache) by a
+ *                   vector, over and over: GB/s of matrix read, median of calls.
  *   sim             decode and prefill_gflops as above on one thread (the sim
  *                   runs device work on its own host thread) over GGUF rows
  *                   (what the sim holds); the link is its modelled one
@@ -107,6 +118,15 @@ struct kt_machine_node {
     double fma_gflops, int8_gops; /* peaks of the node's threads */
     struct kt_machine_rate decode[KT_TYPE_COUNT]; /* matrices and experts at decode shapes */
     double prefill_gflops[KT_TYPE_COUNT];         /* packed kernels at prefill shapes; 0: not measured */
+    /* f32 matrix-vector products over a matrix that stays in cache (one
+     * attention head's 128 x 512 W_UK), every thread at once, in GB/s of
+     * matrix read: the attention heads' work (expanded keys and values per
+     * position, scores and weighted sums).  0: not measured (decode[f32] then). */
+    double f32_cached_gbps;
+    /* gemv over matrices kept in GGUF rows (not repacked), at decode shapes:
+     * the per-head W_UK / W_UV reads of the absorbed attention form.  gbps
+     * 0: not measured (decode[] then). */
+    struct kt_machine_rate decode_rows[KT_TYPE_COUNT];
 };
 
 struct kt_machine_accel {

@@ -58,6 +58,9 @@ static void machine_file_of_two_synthetic_nodes_loads_complete(void)
         for (size_t k = 0; k < sizeof expert_types / sizeof expert_types[0]; k++)
             KT_CHECK(m->accel[0].decode[expert_types[k]].gbps > 0 && m->accel[0].prefill_gflops[expert_types[k]] > 0,
                      "sim %s", kt_type_name(expert_types[k]));
+        KT_CHECK(m->nodes[0].decode_rows[KT_TYPE_Q8_0].gbps > 0 && m->nodes[0].decode_rows[KT_TYPE_F32].gbps > 0 &&
+                     m->nodes[0].decode_rows[KT_TYPE_Q4_K].gbps == 0 && m->nodes[0].f32_cached_gbps > 0,
+                 "node 0's attention figures");
     }
     free(m);
     unlink(path);

@@ -32,6 +32,8 @@ static void example(struct kt_machine *m)
         n->triad_gbps = 31.25 + i;
         n->fma_gflops = 410.5 + i;
         n->int8_gops = 1650.75 + i;
+        n->f32_cached_gbps = 120.25 + i;
+        n->decode_rows[KT_TYPE_Q8_0] = (struct kt_machine_rate){21.5 + i, 3.25};
         for (int t = 0; t < KT_TYPE_COUNT; t++)
             if (n->decode[t].gbps > 0) {
                 n->decode[t] = (struct kt_machine_rate){17.125 + t + i, 11.5 + t};
@@ -73,6 +75,11 @@ static void round_trip_keeps_every_figure(void)
                              close_to(b->decode[t].overhead_us, a->decode[t].overhead_us) &&
                              close_to(b->prefill_gflops[t], a->prefill_gflops[t]),
                          "node %d type %d", i, t);
+            KT_CHECK(close_to(b->f32_cached_gbps, a->f32_cached_gbps) &&
+                         close_to(b->decode_rows[KT_TYPE_Q8_0].gbps, a->decode_rows[KT_TYPE_Q8_0].gbps) &&
+                         close_to(b->decode_rows[KT_TYPE_Q8_0].overhead_us, a->decode_rows[KT_TYPE_Q8_0].overhead_us) &&
+                         b->decode_rows[KT_TYPE_F32].gbps == 0,
+                     "node %d attention figures", i);
         }
         for (int i = 0; i < 2; i++) {
             const struct kt_machine_accel *a = &m->accel[i], *b = &back->accel[i];
@@ -123,6 +130,8 @@ static void bad_inputs_are_refused_with_file_and_path(void)
         {HEAD "\"nodes\": [{\"node\": 0, \"decode\": {\"q4_K\": {\"gbps\": 1}, \"Q4_k\": {\"gbps\": 2}}}]}",
          "type given twice"},
         {HEAD "\"nodes\": [{\"node\": 0, \"prefill_gflops\": {\"f32\": -3}}]}", "nodes[0].prefill_gflops.f32"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"f32_cached_gbps\": -3}]}", "nodes[0].f32_cached_gbps"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"decode_rows\": {\"q8_0\": {\"gbps\": 0.0001}}}]}", "nodes[0].decode_rows.q8_0: gbps"},
         {HEAD "\"nodes\": [{\"node\": 0}, {\"node\": 0}]}", "nodes[1].node: node 0 is also nodes[0]"},
         {HEAD "\"nodes\": [{\"threads\": 2}]}", "nodes[0]: node: missing"},
         {HEAD "\"nodes\": [{\"node\": 1.5}]}", "nodes[0].node: expected an integer"},

@@ -61,6 +61,11 @@ static void check_machine(const struct kt_machine *m)
                     isfinite(n->fma_gflops) && isfinite(n->int8_gops),
                 "node peaks");
         check_kernels(n->decode, n->prefill_gflops);
+        require(figure(n->f32_cached_gbps), "f32_cached_gbps");
+        for (int t = 0; t < KT_TYPE_COUNT; t++)
+            require(figure(n->decode_rows[t].gbps) && figure(n->decode_rows[t].overhead_us) &&
+                        (n->decode_rows[t].gbps == 0 || n->decode_rows[t].gbps >= 1e-3),
+                    "decode_rows");
     }
     for (int i = 0; i < m->n_accel; i++) {
         const struct kt_machine_accel *a = &m->accel[i];
@@ -100,7 +105,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 static const char *const SEEDS[] = {
     "{\"version\": 1, \"kind\": \"AMD EPYC | 1 node | avx512\", \"topology\": \"\",\n"
     " \"nodes\": [{\"node\": 0, \"threads\": 2, \"memory_gib\": 23.4, \"triad_gbps\": 14.5, \"fma_gflops\": 190,\n"
-    "  \"int8_gops\": 800, \"decode\": {\"q4_K\": {\"gbps\": 11.5, \"overhead_us\": 31},\n"
+    "  \"int8_gops\": 800, \"f32_cached_gbps\": 90, \"decode_rows\": {\"q8_0\": {\"gbps\": 20, \"overhead_us\": 3}},\n  \"decode\": {\"q4_K\": {\"gbps\": 11.5, \"overhead_us\": 31},\n"
     "  \"f32\": {\"gbps\": 12, \"overhead_us\": 25}}, \"prefill_gflops\": {\"q4_K\": 150, \"bf16\": 90}}],\n"
     " \"accelerators\": [{\"name\": \"sim\", \"backend\": \"sim\", \"memory_gib\": 0, \"h2d_gbps\": 25,\n"
     "  \"d2h_gbps\": 25, \"latency_us\": 10, \"decode\": {\"q8_0\": {\"gbps\": 6, \"overhead_us\": 4}},\n"

@@ -642,6 +642,162 @@ done:
     return st;
 }
 
+/* ---- attention's per-head products, on the step's pool --------------------------------------- */
+
+#define HEAD_DIM 128    /* qk_nope_dim = v_head_dim of V3 and Kimi-K2 */
+#define HEAD_KVR 512    /* kv_lora_rank */
+#define HEAD_MAX_THREADS 4096
+
+/* One token's absorbed heads as attention.c runs them: items of `group`
+ * heads on the step's pool, each head W_UK,h (kvr rows of dn) times its
+ * quantized query, then W_UV,h (dv rows of kvr) times its quantized latent,
+ * in GGUF rows; head h's pair at base + slot * stride. */
+struct heads_call {
+    const uint8_t *base;
+    size_t stride, uv_off;
+    enum kt_type type;
+    int first_slot, n_slots, n_heads, group;
+    const float *q, *o_lat;  /* (HEAD_DIM), (HEAD_KVR) */
+    uint8_t *act_q;          /* (threads, act_stride) */
+    size_t act_stride;
+    float *y;                /* (threads, HEAD_KVR) */
+};
+
+static void heads_task(void *ctx, int64_t begin, int64_t end, int worker)
+{
+    const struct heads_call *c = ctx;
+    uint8_t *act_q = c->act_q + (size_t)worker * c->act_stride;
+    float *y = c->y + (size_t)worker * HEAD_KVR;
+    for (int64_t i = begin; i < end; i++)
+        for (int g = 0; g < c->group && i * c->group + g < c->n_heads; g++) {
+            const uint8_t *w = c->base + (size_t)((c->first_slot + i * c->group + g) % c->n_slots) * c->stride;
+            const struct kt_mat uk = {.data = w, .type = c->type, .n_in = HEAD_DIM, .n_out = HEAD_KVR,
+                                      .row_bytes = kt_type_row_bytes(c->type, HEAD_DIM)};
+            const struct kt_mat uv = {.data = w + c->uv_off, .type = c->type, .n_in = HEAD_KVR, .n_out = HEAD_DIM,
+                                      .row_bytes = kt_type_row_bytes(c->type, HEAD_KVR)};
+            kt_quantize_rows(NULL, c->type, c->q, 1, HEAD_DIM, act_q);
+            kt_matvec_q(&uk, act_q, y);
+            kt_quantize_rows(NULL, c->type, c->o_lat, 1, HEAD_KVR, act_q);
+            kt_matvec_q(&uv, act_q, y);
+        }
+}
+
+/* decode_rows[t]: calls of 8, 32, 64 and 128 heads (the weights read from
+ * memory, copies of 4 x L3 in rotation) in interleaved rounds, fitted as the
+ * experts are.  region: at least region_bytes of mapped memory. */
+static kt_status measure_rows(struct kt_pool *pool, uint8_t *region, size_t region_bytes, enum kt_type t,
+                              double seconds, struct kt_machine_rate *rate, double *max_err, kt_err *err)
+{
+    static const int heads[] = {8, 32, 64, 128};
+    enum { N_HEAD_POINTS = sizeof heads / sizeof heads[0] };
+    const size_t uk = (size_t)HEAD_KVR * kt_type_row_bytes(t, HEAD_DIM), uv = (size_t)HEAD_DIM * kt_type_row_bytes(t, HEAD_KVR);
+    const size_t stride = round_up(round_up(uk, 64) + uv, 64);
+    int n_slots = (int)((4 * l3_bytes() + 128 * stride) / stride);
+    if ((size_t)n_slots * stride > region_bytes)
+        n_slots = (int)(region_bytes / stride);
+    const int threads = kt_pool_n_threads(pool);
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)t;
+    uint8_t *wk = gguf_matrix(t, HEAD_DIM, HEAD_KVR, &seed), *wv = gguf_matrix(t, HEAD_KVR, HEAD_DIM, &seed);
+    const size_t act_stride = round_up(HEAD_KVR * sizeof(float), 64);
+    uint8_t *act_q = malloc((size_t)threads * act_stride);
+    float *y = malloc((size_t)threads * HEAD_KVR * sizeof(float)), q[HEAD_DIM], o_lat[HEAD_KVR];
+    double (*samples)[MAX_SAMPLES] = NULL;
+    kt_status st = KT_OK;
+    if (!wk || !wv || !act_q || !y || n_slots < 2 * 128) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the %s attention heads", kt_type_name(t));
+        goto done;
+    }
+    memcpy(region, wk, uk);
+    memcpy(region + round_up(uk, 64), wv, uv);
+    for (int i = 1; i < n_slots; i++)
+        memcpy(region + (size_t)i * stride, region, stride);
+    random_floats(q, HEAD_DIM, &seed);
+    random_floats(o_lat, HEAD_KVR, &seed);
+    samples = malloc(sizeof(double[N_HEAD_POINTS][MAX_SAMPLES]));
+    if (!samples) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    int rounds = 0, next = 0;
+    const double start = now_s();
+    do {
+        for (int p = 0; p < N_HEAD_POINTS; p++) {
+            int group = heads[p] / (2 * threads); /* attention.c: heads per item, two items a thread */
+            group = group < 1 ? 1 : group > 8 ? 8 : group;
+            struct heads_call c = {region, stride, round_up(uk, 64), t, next, n_slots, heads[p], group, q, o_lat,
+                                   act_q, act_stride, y};
+            next = (next + heads[p]) % n_slots;
+            const double t0 = now_s();
+            kt_pool_parallel_for(pool, (heads[p] + group - 1) / group, 1, heads_task, &c);
+            samples[p][rounds] = now_s() - t0;
+        }
+        rounds++;
+    } while (rounds < MAX_SAMPLES && (rounds < MIN_CALLS || now_s() - start < seconds * N_HEAD_POINTS));
+    double xs[N_HEAD_POINTS], ts[N_HEAD_POINTS];
+    for (int p = 0; p < N_HEAD_POINTS; p++) {
+        qsort(samples[p], (size_t)rounds, sizeof(double), cmp_double);
+        ts[p] = samples[p][rounds / 2];
+        xs[p] = (double)heads[p] * (double)(uk + uv);
+    }
+    *rate = fit_rate(xs, ts, N_HEAD_POINTS, max_err);
+done:
+    free(wk), free(wv), free(act_q), free(y);
+    free(samples);
+    return st;
+}
+
+/* f32_cached_gbps: every thread of the pool multiplies its own head pair
+ * (two 128 x 512 f32 matrices, 512 KiB: they stay in cache) by a vector,
+ * over and over; GB/s of matrix read, median of calls. */
+struct cached_call {
+    const struct kt_cpu_type_kernels *k;
+    float *w;                   /* (threads, 2, HEAD_DIM, HEAD_KVR) */
+    float *y;                   /* (threads, HEAD_DIM) */
+    const float *x;             /* (HEAD_KVR) */
+};
+
+static void cached_task(void *ctx, int64_t begin, int64_t end, int worker)
+{
+    const struct cached_call *c = ctx;
+    const float *w = c->w + (size_t)worker * 2 * HEAD_DIM * HEAD_KVR;
+    for (int64_t i = begin; i < end; i++)
+        for (int m = 0; m < 2; m++)
+            c->k->gemv(HEAD_KVR, c->y + (size_t)worker * HEAD_DIM, w + (size_t)m * HEAD_DIM * HEAD_KVR,
+                       HEAD_KVR * sizeof(float), c->x, HEAD_DIM);
+}
+
+static kt_status measure_cached(struct kt_pool *pool, double seconds, double *gbps, kt_err *err)
+{
+    const int threads = kt_pool_n_threads(pool), items = 16 * threads;
+    struct cached_call c = {kt_mat_kernels_for(KT_TYPE_F32), malloc((size_t)threads * 2 * HEAD_DIM * HEAD_KVR * sizeof(float)),
+                            malloc((size_t)threads * HEAD_DIM * sizeof(float)), NULL};
+    float *x = malloc(HEAD_KVR * sizeof(float));
+    double *samples = malloc(MAX_SAMPLES * sizeof(double));
+    kt_status st = KT_OK;
+    if (!c.k || !c.w || !c.y || !x || !samples) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the cached f32 products");
+        goto done;
+    }
+    uint64_t seed = 0x3c6ef372fe94f82bull;
+    random_floats(c.w, (size_t)threads * 2 * HEAD_DIM * HEAD_KVR, &seed);
+    random_floats(x, HEAD_KVR, &seed);
+    c.x = x;
+    int n = 0;
+    kt_pool_parallel_for(pool, items, 1, cached_task, &c); /* untimed: the pairs into cache */
+    const double start = now_s();
+    do {
+        const double t0 = now_s();
+        kt_pool_parallel_for(pool, items, 1, cached_task, &c);
+        samples[n++] = now_s() - t0;
+    } while (n < MAX_SAMPLES && (n < MIN_CALLS || now_s() - start < seconds));
+    qsort(samples, (size_t)n, sizeof(double), cmp_double);
+    *gbps = (double)items * 2 * HEAD_DIM * HEAD_KVR * sizeof(float) / samples[n / 2] * 1e-9;
+done:
+    free(c.w), free(c.y), free(x);
+    free(samples);
+    return st;
+}
+
 /* ---- CUDA: memory and link ---------------------------------------------------------------- */
 
 static kt_status measure_cuda(struct kt_machine_accel *a, double seconds, kt_err *err)
@@ -855,6 +1011,30 @@ int kt_bench_machine(const struct kt_bench_options *o)
             fflush(stdout);
         }
     }
+
+    /* host matrices (attention heads) run on the step's pool and read the
+     * first node's memory: node 0's figures, with the node pools idle as
+     * they are during attention */
+    printf("\nattention heads on the step's pool (%d threads): W_UK,h and W_UV,h (512 x 128, 128 x 512) in GGUF\n"
+           "rows, one token, 8 to 128 heads a call, fitted as above; f32 products over a head pair in cache\n\n",
+           kt_pool_n_threads(step_pool));
+    printf("%-6s %-6s %10s %10s %7s\n", "place", "type", "rate", "overhead", "err");
+    printf("%-6s %-6s %10s %10s %7s\n", "", "", "GB/s", "us", "");
+    for (size_t k = 0; k < N_TYPES; k++) {
+        const enum kt_type t = machine_types[k];
+        if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float || !kt_type_row_bytes(t, HEAD_DIM))
+            continue; /* K-quants: a head's 128-wide rows are not whole blocks */
+        double e = 0;
+        if (measure_rows(step_pool, sim->region, sim->region_bytes, t, o->seconds, &m->nodes[0].decode_rows[t], &e,
+                         &err) != KT_OK)
+            goto fail;
+        printf("node%-2d %-6s %10.2f %10.1f %7.3f\n", m->nodes[0].node, kt_type_name(t), m->nodes[0].decode_rows[t].gbps,
+               m->nodes[0].decode_rows[t].overhead_us, e);
+    }
+    if (measure_cached(step_pool, o->seconds, &m->nodes[0].f32_cached_gbps, &err) != KT_OK)
+        goto fail;
+    printf("node%-2d %-6s %10.2f   (head pair in cache, every thread)\n", m->nodes[0].node, "f32", m->nodes[0].f32_cached_gbps);
+    fflush(stdout);
 
     /* accelerators: the sim's modelled link, then CUDA if there is one */
     m->n_accel = 1;
