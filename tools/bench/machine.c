@@ -10,11 +10,13 @@
  * gate/up with SiLU, quantize, down) in its task sizes, on the engine's
  * pools with its thread split, over weights in the expert store's layout
  * (packed where the kernel level has a format) - at decode (1 token, 1 to 8
- * experts per call, fitted to overhead + bytes / rate) and at prefill (128
- * tokens top-8 over 64 experts: 16 tokens per expert).  The sim accelerator's
- * kernels are the same calls on one thread over GGUF rows, as the sim runs
- * device work on its own host thread; its link is the modelled one.  A CUDA
- * device's memory and link are measured with the backend's copies.
+ * experts per call, fitted to overhead + bytes / rate) and at prefill (the
+ * FLOP rate of 4 experts' tokens going from 16 to 48 each).  On the step's
+ * pool, node 0's attention figures: absorbed heads in GGUF rows, f32
+ * products in cache.  The sim accelerator's kernels are the same expert
+ * calls on one thread over GGUF rows, as the sim runs device work on its
+ * own host thread; its link is the modelled one.  A CUDA device's memory
+ * and link are measured with the backend's copies.
  *
  * Weights are real blocks (random rows quantized by the type's reference
  * quantizer, tiled) in enough copies that every call reads them from memory,
@@ -46,9 +48,9 @@
 #define SMALL_FF 256             /* the smallest expert of the fit (a K-quant block of down's row) */
 #define EXPERT_TARGET_BYTES 26e6 /* the largest F whose expert stays under this (24.8 MB for q4_K at 2048) */
 #define MAX_UNITS 8
-#define PREFILL_TOKENS 256       /* rows of h; the most pairs a call has */
+#define PREFILL_TOKENS 256       /* rows of h; at least the most pairs a call has (4 x 48) */
 #define PREFILL_EXPERTS 4
-#define PREFILL_FEW 16           /* tokens per expert: 128 tokens x top-8 / 64 experts */
+#define PREFILL_FEW 16           /* tokens per expert of a 128-token prefill, top-8 of 64 experts */
 #define PREFILL_MANY 48
 #define FILL_ROWS 16
 #define GATE_UP_ROWS_PER_TASK 64 /* runtime/forward/moe.c's task sizes */
