@@ -3,7 +3,8 @@
  * host it predicts for, measured by `kt-bench machine`.  Per NUMA node the
  * memory bandwidth and the kernels' real throughput per weight format, per
  * accelerator its memory, link and kernel throughput.  Entries the file
- * lacks get stated defaults, each named in `defaulted` so callers can warn.
+ * lacks get stated defaults (KT_MACHINE_DEFAULT_*), each named in
+ * `defaulted` so callers can warn.
  *
  * File format (JSON, version 1), written atomically:
  *
@@ -11,12 +12,65 @@
  *      "nodes": [{"node": 0, "threads": 32, "memory_gib": 503.8, "triad_gbps": 180.1,
  *                 "fma_gflops": 2900, "int8_gops": 11000,
  *                 "decode": {"q4_K": {"gbps": 150.2, "overhead_us": 6.1}, ...},
- *                 "prefill_gflops": {"q4_K": 2100, ...}}, ...],
- *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0.5,
+ *                 "prefill_gflops": {"q4_K": 2100, ...}, "f32_cached_gbps": 400,
+ *                 "decode_rows": {"q8_0": {"gbps": 90, "overhead_us": 8}, ...}}, ...],
+ *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0,
  *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
  *                        "decode": {...}, "prefill_gflops": {...}}]}
  *
- * Type names are GGUF's (kt_type_name).  Unknown keys are refused.
+ * Type names are GGUF's (kt_type_name).  Unknown keys, unknown types, a
+ * figure that is not a finite non-negative number, a node given twice and
+ * more than KT_MACHINE_MAX_NODES nodes are refused.
+ *
+ * How `kt-bench machine -t THREADS [--topology SYNTH]` takes each figure
+ * (placement/README.md has the long form).  Nodes are the engine's expert
+ * pools for that thread count (runtime/forward/engine.c): with one node with
+ * cores, the step's pool of THREADS threads; with more, one pool per node,
+ * THREADS - 1 workers in all, the stepping thread helping the first (so
+ * `threads` counts it there).  Every node's figures are taken with all nodes
+ * busy at once, as the engine runs them; on a synthetic topology the nodes
+ * share this machine's cores.
+ *   triad_gbps      STREAM triad (runtime/host/membw.h) on the node's threads,
+ *                   arrays of 2 x L3, median of 5.
+ *   fma_gflops,     runtime/host/peak.h's loops at the best level the kernels
+ *   int8_gops       use, on the node's threads, median of 3.
+ *   decode[t]       the engine's expert path (runtime/forward/moe.c's four
+ *                   phases - gather, gate/up with SiLU, quantize, down - in its
+ *                   task sizes, submitted to the pools as run_phase does, weights
+ *                   in the expert store's layout: packed where the level has a
+ *                   format) for one token over experts of 7168 x F (F: the
+ *                   largest power of two <= 2048 whose expert is under 26 MB;
+ *                   2048 for q4_K): calls of 1 expert of F = 256 and 1, 2, 4, 8
+ *                   of F, weights read from memory (4 x L3 of copies in
+ *                   rotation), medians of calls in interleaved rounds, fitted
+ *                   to time = overhead_us + bytes / gbps by least squares of the
+ *                   relative error.  A "call" is one group of units on one
+ *                   node in one MoE step: bytes are the GGUF bytes of all the
+ *                   experts it runs (gate, up, down), the overhead is paid once.
+ *   prefill_gflops[t] the same path, 4 experts of F with 16 and with 48
+ *                   tokens each: 2 x 3 x 7168 x F FLOPs per (token, expert)
+ *                   pair over the time the 128 extra pairs add (the weights
+ *                   are read either way).  So a node's expert time for a step
+ *                   is overhead + bytes / gbps + pair FLOPs / prefill_gflops.
+ *   decode_rows[t]  (node 0 only: host matrices run on the step's pool) one
+ *                   token's absorbed attention heads as attention.c runs them -
+ *                   items of up to 8 heads on the step's pool, each W_UK,h (512
+ *                   rows of 128) and W_UV,h (128 rows of 512) in GGUF rows times
+ *                   its quantized vector - for 8, 32, 64 and 128 heads a call,
+ *                   weights from memory, fitted as decode[] is; types whose
+ *                   128-wide rows are whole blocks (q8_0, bf16, f16, f32).
+ *   f32_cached_gbps (node 0 only) every thread of the step's pool multiplying
+ *                   its own pair of 128 x 512 f32 matrices (in cache) by a
+ *                   vector, over and over: GB/s of matrix read, median of calls.
+ *   sim             decode and prefill_gflops as above on one thread (the sim
+ *                   runs device work on its own host thread) over GGUF rows
+ *                   (what the sim holds); the link is its modelled one
+ *                   (25 GB/s, 10 us unless --sim-transfer-gbps/--sim-latency-us);
+ *                   memory 0: the plan's budget decides.
+ *   cuda0           memory: the backend's budget (free device memory); h2d and
+ *                   d2h: 256 MiB copies with the backend's copy functions from
+ *                   page-locked memory, median; latency_us: 64-byte copies.
+ *                   Its kernel figures are not measured yet (defaulted).
  */
 #ifndef KT_PLACEMENT_MACHINE_H
 #define KT_PLACEMENT_MACHINE_H
@@ -30,6 +84,24 @@
 
 #define KT_MACHINE_MAX_NODES KT_PLACEMENT_MAX_NODES
 #define KT_MACHINE_MAX_ACCEL (KT_PLACEMENT_MAX_DEVICES - 1)
+
+/* The stated defaults for figures a file lacks (placement/README.md): a
+ * node's triad, peaks and expert overhead; a missing decode rate is
+ * DECODE_SHARE x the node's triad, a missing prefill figure PREFILL_SHARE x
+ * its int8 (quantized types) or FMA (float types) peak; an accelerator's link
+ * is the sim's default (PCIe 4.0 x16 as measured, placement/config.c). */
+#define KT_MACHINE_DEFAULT_TRIAD_GBPS 20.0
+#define KT_MACHINE_DEFAULT_FMA_GFLOPS 100.0
+#define KT_MACHINE_DEFAULT_INT8_GOPS 400.0
+#define KT_MACHINE_DEFAULT_DECODE_SHARE 0.7
+#define KT_MACHINE_DEFAULT_PREFILL_SHARE 0.25
+#define KT_MACHINE_DEFAULT_OVERHEAD_US 20.0
+#define KT_MACHINE_DEFAULT_LINK_GBPS 25.0
+#define KT_MACHINE_DEFAULT_LINK_LATENCY_US 10.0
+#define KT_MACHINE_DEFAULT_SIM_DECODE_GBPS 5.0       /* one host thread */
+#define KT_MACHINE_DEFAULT_GPU_DECODE_GBPS 1000.0
+#define KT_MACHINE_DEFAULT_GPU_OVERHEAD_US 10.0
+#define KT_MACHINE_DEFAULT_GPU_PREFILL_GFLOPS 50000.0
 
 /* A kernel's time for one call (one matrix or one expert at decode shapes):
  * overhead_us + bytes / gbps.  gbps 0: not measured. */
@@ -46,6 +118,15 @@ struct kt_machine_node {
     double fma_gflops, int8_gops; /* peaks of the node's threads */
     struct kt_machine_rate decode[KT_TYPE_COUNT]; /* matrices and experts at decode shapes */
     double prefill_gflops[KT_TYPE_COUNT];         /* packed kernels at prefill shapes; 0: not measured */
+    /* f32 matrix-vector products over a matrix that stays in cache (one
+     * attention head's 128 x 512 W_UK), every thread at once, in GB/s of
+     * matrix read: the attention heads' work (expanded keys and values per
+     * position, scores and weighted sums).  0: not measured (decode[f32] then). */
+    double f32_cached_gbps;
+    /* gemv over matrices kept in GGUF rows (not repacked), at decode shapes:
+     * the per-head W_UK / W_UV reads of the absorbed attention form.  gbps
+     * 0: not measured (decode[] then). */
+    struct kt_machine_rate decode_rows[KT_TYPE_COUNT];
 };
 
 struct kt_machine_accel {
@@ -78,7 +159,9 @@ kt_status kt_machine_load(const char *path, struct kt_machine **out, kt_err *err
 kt_status kt_machine_parse(const char *text, size_t len, const char *name, struct kt_machine **out, kt_err *err);
 kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *err); /* atomic */
 
-/* "CPU model | N nodes | best ISA" of this host, as kind. */
+/* "CPU model | N nodes | best ISA" of this host, as kind: the model from
+ * /proc/cpuinfo (else CPUID's brand string), the node count of the topology
+ * kt runs on (KT_TOPOLOGY_SYNTHETIC's when set), the CPU's best kernel level. */
 void kt_machine_this_kind(char *buf, size_t size);
 
 /* KT_OK when m was measured on a machine of this kind; else KT_ERR_INVALID

@@ -16,10 +16,11 @@
 #include "bench.h"
 #include "cli.h"
 #include "cpu/dispatch.h"
+#include "machine.h"
 
 /* ---- arguments ------------------------------------------------------------------ */
 
-enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_PROFILE = 8 };
+enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8 };
 
 static bool opt_threads(void *opts, const char *arg, char *why, size_t why_size)
 {
@@ -142,10 +143,36 @@ static bool opt_half_life(void *opts, const char *arg, char *why, size_t why_siz
     return true;
 }
 
+static bool opt_topology(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->topology = arg;
+    return true;
+}
+
+static bool opt_sim_transfer(void *opts, const char *arg, char *why, size_t why_size)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v > 0) || v > 1e6)
+        return kt_cli_invalid(why, why_size, "--sim-transfer-gbps (above 0)", arg);
+    ((struct kt_bench_options *)opts)->sim_transfer_gbps = v;
+    return true;
+}
+
+static bool opt_sim_latency(void *opts, const char *arg, char *why, size_t why_size)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e6)
+        return kt_cli_invalid(why, why_size, "--sim-latency-us (0 or more)", arg);
+    ((struct kt_bench_options *)opts)->sim_latency_us = v;
+    return true;
+}
+
 static const struct kt_cli_option options_table[] = {
-    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE, "threads (default: online CPUs)", opt_threads},
+    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE, "threads (default: online CPUs)", opt_threads},
     {"--json", NULL, "FILE", FOR_BOTH, "also write the results as JSON to FILE", opt_json},
-    {"--seconds", NULL, "S", FOR_KERNELS, "time per measurement (default 1)", opt_seconds},
+    {"--seconds", NULL, "S", FOR_KERNELS | FOR_MACHINE, "time per measurement (default 1; machine: per point, 0.3)",
+     opt_seconds},
     {"--prefill-tokens", NULL, "N", FOR_KERNELS, "tokens of the prefill shape (default 128)", opt_prefill_tokens},
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
@@ -159,7 +186,12 @@ static const struct kt_cli_option options_table[] = {
     {"--batch", NULL, "N", FOR_PROFILE, "prompts decoding at once (default 1)", opt_batch},
     {"--half-life", NULL, "T", FOR_PROFILE, "decay counts with this half-life in tokens (default 0: none)",
      opt_half_life},
-    {"--output", "-o", "FILE", FOR_PROFILE, "the routing profile to write (JSON)", opt_output},
+    {"--output", "-o", "FILE", FOR_PROFILE | FOR_MACHINE, "the routing profile, or the machine file, to write (JSON)",
+     opt_output},
+    {"--topology", NULL, "SYNTH", FOR_MACHINE, "hwloc synthetic topology, e.g. \"package:2 numa:1 core:1 pu:1\"",
+     opt_topology},
+    {"--sim-transfer-gbps", NULL, "G", FOR_MACHINE, "the sim's modelled link bandwidth (default 25)", opt_sim_transfer},
+    {"--sim-latency-us", NULL, "U", FOR_MACHINE, "the sim's modelled copy latency (default 10)", opt_sim_latency},
 };
 #define N_OPTIONS (sizeof options_table / sizeof options_table[0])
 
@@ -180,6 +212,9 @@ static const char *command_label(unsigned commands)
     case FOR_MODEL: return "model";
     case FOR_PROFILE: return "profile";
     case FOR_MODEL | FOR_PROFILE: return "mod/prof";
+    case FOR_MACHINE: return "machine";
+    case FOR_KERNELS | FOR_MACHINE: return "kern/mch";
+    case FOR_PROFILE | FOR_MACHINE: return "prof/mch";
     default: return "";
     }
 }
@@ -191,27 +226,31 @@ static void usage(FILE *f)
                "                      [--json FILE]\n"
                "       kt-bench profile -m MODEL --prompts FILE [--max-tokens N] [--batch N] [--half-life T]\n"
                "                        -o PROFILE.json\n"
+               "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"
                "\n  kernels  STREAM triad, FMA and int8 dot peaks, then every CPU kernel per weight type\n"
                "           and instruction set at a decode shape (GB/s, / triad) and a prefill shape\n"
                "           (GFLOP/s, / peak)\n"
                "  model    prefill and greedy decode speed, weight bytes per token / triad, and each\n"
                "           layer's time split into attention, router, experts and combine\n"
                "  profile  prompts through prefill and greedy decode; writes the routing the engine\n"
-               "           counted (tokens per layer and expert, decode and prefill apart) as a profile\n\noptions:\n");
+               "           counted (tokens per layer and expert, decode and prefill apart) as a profile\n"
+               "  machine  what the cost model needs on this host, per NUMA node (triad, peaks, the expert\n"
+               "           path's decode rate and prefill GFLOP/s per weight type) and per accelerator\n\noptions:\n");
     kt_cli_print_options(f, &cli, command_label);
 }
 
 /* Returns -1 to go on, else the exit status. */
 static int parse_args(int argc, char **argv, struct kt_bench_options *o)
 {
-    *o = (struct kt_bench_options){.seconds = 1.0, .prefill_tokens = 128, .prompt_tokens = 128, .gen_tokens = 32,
-                                   .seed = 1, .max_tokens = 64, .batch = 1};
+    *o = (struct kt_bench_options){.prefill_tokens = 128, .prompt_tokens = 128, .gen_tokens = 32, .seed = 1,
+                                   .max_tokens = 64, .batch = 1, .sim_transfer_gbps = KT_MACHINE_DEFAULT_LINK_GBPS,
+                                   .sim_latency_us = KT_MACHINE_DEFAULT_LINK_LATENCY_US};
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         usage(stdout);
         return 0;
     }
     if (argc < 2)
-        return kt_cli_usage_error(&cli, "%s", "no command given (kernels, model or profile)");
+        return kt_cli_usage_error(&cli, "%s", "no command given (kernels, model, profile or machine)");
     unsigned which;
     if (!strcmp(argv[1], "kernels"))
         which = FOR_KERNELS;
@@ -219,12 +258,16 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
         which = FOR_MODEL;
     else if (!strcmp(argv[1], "profile"))
         which = FOR_PROFILE;
+    else if (!strcmp(argv[1], "machine"))
+        which = FOR_MACHINE;
     else
-        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels, model or profile)", argv[1]);
+        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels, model, profile or machine)", argv[1]);
     o->command = argv[1];
     int rc = kt_cli_parse(&cli, argc, argv, 2, which, o);
     if (rc >= 0)
         return rc;
+    if (!o->seconds)
+        o->seconds = which == FOR_MACHINE ? 0.3 : 1.0;
     if (which == FOR_MODEL && !o->model)
         return kt_cli_usage_error(&cli, "%s", "model: no model given (-m MODEL)");
     if (which == FOR_PROFILE && (!o->model || !o->prompts || !o->output))
@@ -242,5 +285,7 @@ int main(int argc, char **argv)
         o.threads = kt_bench_online_cpus();
     if (!strcmp(o.command, "profile"))
         return kt_bench_profile(&o);
+    if (!strcmp(o.command, "machine"))
+        return kt_bench_machine(&o);
     return !strcmp(o.command, "kernels") ? kt_bench_kernels(&o) : kt_bench_model(&o);
 }

@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 struct kt_bench_options {
-    const char *command;        /* "kernels", "model" or "profile" */
+    const char *command;        /* "kernels", "model", "profile" or "machine" */
     uint32_t threads;           /* 0: online CPUs */
     const char *json;           /* write results here too; NULL: table only */
 
@@ -29,16 +29,22 @@ struct kt_bench_options {
 
     /* profile (model, threads and placement too) */
     const char *prompts;        /* prompt lines: text or JSON chat messages */
-    const char *output;         /* the profile file (-o) */
+    const char *output;         /* the profile file, or the machine file (-o); machine: NULL, table only */
     uint32_t max_tokens;        /* new tokens per prompt (default 64) */
     uint32_t batch;             /* prompts at once (default 1) */
     double half_life;           /* decay half-life in tokens; 0: none */
+
+    /* machine (threads, output and seconds too: time per measured point, default 0.3) */
+    const char *topology;       /* hwloc synthetic description; NULL: KT_TOPOLOGY_SYNTHETIC or this machine */
+    double sim_transfer_gbps;   /* the sim's modelled link (default 25 GB/s, 10 us) */
+    double sim_latency_us;
 };
 
 /* Exit status: 0 done, 1 the run failed (one line "kt-bench: why" on stderr). */
 int kt_bench_kernels(const struct kt_bench_options *o);
 int kt_bench_model(const struct kt_bench_options *o);
 int kt_bench_profile(const struct kt_bench_options *o);
+int kt_bench_machine(const struct kt_bench_options *o);
 
 /* Shared helpers (bench/common.c). */
 double kt_bench_now_seconds(void);
