@@ -197,9 +197,22 @@ static void profile_writes_counts_that_add_up_to_the_tokens(void)
           "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82\n",
           f);
     fclose(f);
-    rc = kt_test_system("'%s' profile -m '%s' --prompts '%s' --max-tokens 5 --batch 2 --threads 2 -o '%s' > /dev/null",
-                        kt_test_tool("kt-bench"), model, prompts, out);
+    const char *svg = kt_test_path("profile.svg"), *report = kt_test_path("profile-report.txt");
+    rc = kt_test_system("'%s' profile -m '%s' --prompts '%s' --max-tokens 5 --batch 2 --threads 2 -o '%s' --svg '%s' "
+                        "--placement '%s/configs/tiny-sim.yaml' > '%s' 2>/dev/null",
+                        kt_test_tool("kt-bench"), model, prompts, out, svg, getenv("KT_SOURCE_DIR"), report);
     KT_CHECK(rc == 0, "kt-bench profile exited %d", rc);
+    {
+        size_t n_text = 0, n_lines = 0;
+        char *text = kt_test_read_file(svg, &n_text), *lines = kt_test_read_file(report, &n_lines);
+        KT_CHECK(text && strstr(text, "<svg") && strstr(text, "layer 3") && strstr(text, "</svg>"),
+                 "--svg drew the heat map");
+        /* tiny-sim.yaml puts 16 of the 32 experts of each layer on the sim */
+        KT_CHECK(lines && strstr(lines, "routed pairs on the accelerator, decode: ") && strstr(lines, "decode: "),
+                 "the report gives the accelerator's share and the decode steps:\n%s", lines ? lines : "");
+        free(text);
+        free(lines);
+    }
     struct kt_profile *p = NULL;
     struct kt_model *m = NULL;
     kt_err err = {0};

@@ -121,6 +121,13 @@ static bool opt_output(void *opts, const char *arg, char *why, size_t why_size)
     return true;
 }
 
+static bool opt_svg(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->svg = arg;
+    return true;
+}
+
 static bool opt_max_tokens(void *opts, const char *arg, char *why, size_t why_size)
 {
     struct kt_bench_options *o = opts;
@@ -188,6 +195,8 @@ static const struct kt_cli_option options_table[] = {
      opt_half_life},
     {"--output", "-o", "FILE", FOR_PROFILE | FOR_MACHINE, "the routing profile, or the machine file, to write (JSON)",
      opt_output},
+    {"--svg", NULL, "FILE", FOR_MODEL | FOR_PROFILE,
+     "also draw a picture: profile, the layers x experts heat map; model, each layer's time split", opt_svg},
     {"--topology", NULL, "SYNTH", FOR_MACHINE, "hwloc synthetic topology, e.g. \"package:2 numa:1 core:1 pu:1\"",
      opt_topology},
     {"--sim-transfer-gbps", NULL, "G", FOR_MACHINE, "the sim's modelled link bandwidth (default 25)", opt_sim_transfer},

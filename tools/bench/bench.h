@@ -30,6 +30,7 @@ struct kt_bench_options {
     /* profile (model, threads and placement too) */
     const char *prompts;        /* prompt lines: text or JSON chat messages */
     const char *output;         /* the profile file, or the machine file (-o); machine: NULL, table only */
+    const char *svg;            /* profile, model: also draw a standalone SVG picture here */
     uint32_t max_tokens;        /* new tokens per prompt (default 64) */
     uint32_t batch;             /* prompts at once (default 1) */
     double half_life;           /* decay half-life in tokens; 0: none */

@@ -27,6 +27,7 @@
 #include "chat.h"
 #include "engine.h"
 #include "placement_opt.h"
+#include "svg.h"
 #include "model.h"
 #include "profile.h"
 #include "tokenizer.h"
@@ -200,6 +201,29 @@ static void add_routing(struct kt_engine *e, struct kt_profile *prof, uint64_t *
                        n - last_tokens[ph]);
         last_tokens[ph] = n;
     }
+}
+
+/* The layers x experts heat map of routed tokens (both phases); layers
+ * without routing (dense ones) have no value. */
+static kt_status draw_heatmap(const struct kt_profile *p, const char *path, kt_err *err)
+{
+    const size_t cells = (size_t)p->n_layer * p->n_expert;
+    double *v = malloc((cells ? cells : 1) * sizeof *v);
+    if (!v)
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        double row = 0;
+        for (uint32_t x = 0; x < p->n_expert; x++)
+            row += v[(size_t)il * p->n_expert + x] = kt_profile_count(p, il, x);
+        for (uint32_t x = 0; row == 0 && x < p->n_expert; x++)
+            v[(size_t)il * p->n_expert + x] = NAN;
+    }
+    char title[256];
+    snprintf(title, sizeof title, "%s: routed tokens per expert (%.0f prefill + %.0f decode tokens)",
+             p->model.name[0] ? p->model.name : "model", p->tokens[KT_PROFILE_PREFILL], p->tokens[KT_PROFILE_DECODE]);
+    kt_status st = kt_svg_heatmap(path, title, p->n_layer, p->n_expert, v, "layer %u", "expert", err);
+    free(v);
+    return st;
 }
 
 static uint32_t argmax(const float *x, uint32_t n)
@@ -378,6 +402,8 @@ int kt_bench_profile(const struct kt_bench_options *o)
     kt_engine_stats(e, &st);
     draw(&pr, done, set.n, st.tokens, true);
     if (kt_profile_save(prof, o->output, &err) != KT_OK)
+        goto fail;
+    if (o->svg && draw_heatmap(prof, o->svg, &err) != KT_OK)
         goto fail;
 
     printf("kt-bench profile: %s, %zu prompts from %s, up to %u new tokens each, batch %u\n", o->model, set.n,
