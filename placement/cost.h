@@ -32,6 +32,7 @@ struct kt_cost_query {
     uint32_t tokens;             /* prefill: prompt tokens P, >= 1 */
     uint32_t context;            /* positions already cached per sequence */
     uint32_t threads;            /* the engine's n_threads; 0: the machine file's */
+    uint32_t chunk;              /* prefill: tokens per step (the engine's max_batch_tokens); 0: 256 */
 };
 
 /* One layer's prediction, split as kt_engine_layer_stats measures it: the
