@@ -288,6 +288,29 @@ static double copy_seconds(const struct kt_placement *p, const struct kt_machine
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
+/* row[n_expert] = the per-token probabilities of layer il in phase ph
+ * (KT_PROFILE_PHASES: both) as kt_profile_probability defines them -
+ * count / tokens, or without token totals the row scaled to sum to k -
+ * for a whole row at once; returns their sum (0: no data). */
+static double profile_row(const struct kt_profile *p, int ph, uint32_t il, double k, double *row)
+{
+    if (!p->n_expert || il >= p->n_layer)
+        return 0.0;
+    double tokens = 0.0, sum = 0.0;
+    for (int q = 0; q < KT_PROFILE_PHASES; q++)
+        tokens += ph == KT_PROFILE_PHASES || q == ph ? p->tokens[q] : 0.0;
+    for (uint32_t x = 0; x < p->n_expert; x++) {
+        row[x] = 0.0;
+        for (int q = 0; q < KT_PROFILE_PHASES; q++)
+            row[x] += ph == KT_PROFILE_PHASES || q == ph ? p->counts[q][(size_t)il * p->n_expert + x] : 0.0;
+        sum += row[x];
+    }
+    const double scale = tokens > 0 ? 1.0 / tokens : sum > 0 ? k / sum : 0.0;
+    for (uint32_t x = 0; x < p->n_expert; x++)
+        row[x] *= scale;
+    return sum * scale;
+}
+
 kt_status kt_cost_create(const struct kt_model *m, const struct kt_profile *prof, const struct kt_machine *mach,
                          struct kt_cost_model **out, kt_err *err)
 {
@@ -301,9 +324,9 @@ kt_status kt_cost_create(const struct kt_model *m, const struct kt_profile *prof
     if (prof) {
         struct kt_model_identity id;
         kt_model_identity(m, &id);
-        kt_status st = kt_profile_check_model(prof, &id, "profile", err);
-        if (st != KT_OK)
-            return st;
+        if (prof->model.fingerprint && id.fingerprint && prof->model.fingerprint != id.fingerprint)
+            return kt_err_set(err, KT_ERR_INVALID, "cost model: the profile is of another model ('%s', not '%s')",
+                              prof->model.name, id.name);
         if (prof->n_layer != hp->n_layer || (prof->n_expert != 0 && prof->n_expert != hp->n_expert))
             return kt_err_set(err, KT_ERR_INVALID,
                               "cost model: the profile has %u layers x %u experts, the model %u x %u", prof->n_layer,
@@ -333,12 +356,10 @@ kt_status kt_cost_create(const struct kt_model *m, const struct kt_profile *prof
     const double k = hp->n_expert_used, uniform = hp->n_expert ? k / hp->n_expert : 0.0;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         for (int ph = 0; ph < 2; ph++) {
-            double *row = c->prob[ph] + (size_t)il * hp->n_expert, sum = 0.0;
-            for (uint32_t x = 0; prof && prof->n_expert && x < hp->n_expert; x++)
-                sum += row[x] = kt_profile_probability(prof, (enum kt_profile_phase)ph, il, x, hp->n_expert_used);
-            if (!(sum > 0))
-                for (uint32_t x = 0; prof && prof->n_expert && x < hp->n_expert; x++)
-                    sum += row[x] = kt_profile_probability(prof, KT_PROFILE_PHASES, il, x, hp->n_expert_used);
+            double *row = c->prob[ph] + (size_t)il * hp->n_expert;
+            double sum = prof ? profile_row(prof, ph, il, k, row) : 0.0;
+            if (!(sum > 0) && prof)
+                sum = profile_row(prof, KT_PROFILE_PHASES, il, k, row);
             for (uint32_t x = 0; x < hp->n_expert; x++)
                 row[x] = !(sum > 0) ? uniform : row[x] > 1.0 ? 1.0 : row[x] < 0.0 ? 0.0 : row[x];
         }
@@ -667,6 +688,8 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     }
     /* out = sum of the k outputs (and the shared): read them, read and write out */
     const double weighted_sum = T * (hp->n_expert_used + d->has_shared) * E * 8.0 / (host.triad_gbps * 1e9);
+    o->cpu_experts_s = cpu_s;
+    o->device_experts_s = dev_total;
     o->experts_s = (cpu_s > dev_total ? cpu_s : dev_total) + weighted_sum;
     o->total_s = o->attention_s + o->router_s + o->experts_s + o->combine_s;
 }
@@ -675,6 +698,7 @@ static void add_layer(struct kt_cost_layer *acc, const struct kt_cost_layer *s)
 {
     acc->attention_s += s->attention_s, acc->router_s += s->router_s, acc->experts_s += s->experts_s;
     acc->combine_s += s->combine_s, acc->device_s += s->device_s, acc->transfer_s += s->transfer_s;
+    acc->cpu_experts_s += s->cpu_experts_s, acc->device_experts_s += s->device_experts_s;
     for (int n = 0; n < KT_PLACEMENT_MAX_NODES; n++)
         acc->node_s[n] += s->node_s[n];
     acc->total_s += s->total_s, acc->device_pairs += s->device_pairs, acc->pairs += s->pairs;

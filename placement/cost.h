@@ -41,6 +41,8 @@ struct kt_cost_layer {
     double attention_s, router_s, experts_s, combine_s;
     double device_s, transfer_s;             /* the accelerator's queue busy, and of it copies */
     double node_s[KT_PLACEMENT_MAX_NODES];   /* each CPU node's routed-expert time (busiest-step expectation) */
+    double cpu_experts_s;                    /* the CPU pools' routed and shared experts: E[busiest node's step] */
+    double device_experts_s;                 /* the device's expert units with their copies */
     double total_s;                          /* the layer's wall time */
     double device_pairs;                     /* expected routed (token, expert) pairs on accelerators per step */
     double pairs;                            /* ... in all */
