@@ -118,7 +118,9 @@ struct rates {
     const double *prefill;                /* [KT_TYPE_COUNT] */
     double fma_gflops;                    /* fallback when no prefill figure exists */
     double scale;                         /* threads used / threads measured, at most 1 */
-    double triad_gbps;
+    double triad_gbps;                    /* norms, sums and copies in host memory */
+    double mem_gbps;                      /* the memory roof of weight reads (0: none) */
+    double f32_cached_gbps;               /* attention heads' f32 products */
 };
 
 /* ---- model data -------------------------------------------------------------------------- */
@@ -220,20 +222,15 @@ static double mat_seconds(const struct rates *r, const struct cost_mat *m, doubl
     if (m->bytes == 0 || T <= 0)
         return 0.0;
     const struct kt_machine_rate d = decode_rate(r->decode, m->type);
-    const double read_s = (double)m->bytes / (d.gbps * 1e9 * r->scale);
+    const double gbps = r->mem_gbps > 0 && r->mem_gbps < d.gbps ? r->mem_gbps : d.gbps;
+    const double read_s = (double)m->bytes / (gbps * 1e9 * r->scale);
     const double mac_s = 2.0 * m->macs * T / (prefill_gflops(r, m->type) * 1e9 * r->scale);
-    return d.overhead_us * 1e-6 + (read_s > mac_s ? read_s : mac_s);
+    return d.overhead_us * 1e-6 + read_s + mac_s;
 }
 
 static double ffn_seconds(const struct rates *r, const struct cost_ffn *f, double T)
 {
     return mat_seconds(r, &f->gate, T) + mat_seconds(r, &f->up, T) + mat_seconds(r, &f->down, T);
-}
-
-/* f32 multiply-adds (attention heads, the experts' weighted sum). */
-static double f32_macs_seconds(const struct rates *r, double macs)
-{
-    return 2.0 * macs / (prefill_gflops(r, KT_TYPE_F32) * 1e9 * r->scale);
 }
 
 static double threads_of(const struct kt_cost_model *c, const struct kt_cost_query *q)
@@ -248,8 +245,9 @@ static struct rates node_rates(const struct kt_cost_model *c, int node, double t
     const struct kt_machine_node *n = &c->mach.nodes[node];
     double scale = n->threads ? threads / n->threads : 1.0;
     scale = scale > 1.0 ? 1.0 : scale < 1e-3 ? 1e-3 : scale;
-    return (struct rates){n->decode, n->prefill_gflops, n->fma_gflops, scale,
-                          n->triad_gbps > 0 ? n->triad_gbps : 10.0};
+    const double triad = n->triad_gbps > 0 ? n->triad_gbps : 10.0;
+    const double cached = n->f32_cached_gbps > 0 ? n->f32_cached_gbps : decode_rate(n->decode, KT_TYPE_F32).gbps;
+    return (struct rates){n->decode, n->prefill_gflops, n->fma_gflops, scale, triad, n->triad_gbps, cached};
 }
 
 /* The machine file's accelerator for plan device d: the same name, else the first of its backend. */
@@ -270,7 +268,7 @@ static const struct kt_machine_accel *accel_for(const struct kt_cost_model *c, c
 /* The accelerator's own rates (the sim's: its one thread's). */
 static struct rates accel_rates(const struct kt_machine_accel *a)
 {
-    return (struct rates){a->decode, a->prefill_gflops, 0.0, 1.0, 10.0};
+    return (struct rates){a->decode, a->prefill_gflops, 0.0, 1.0, 10.0, 0.0, decode_rate(a->decode, KT_TYPE_F32).gbps};
 }
 
 /* One copy over plan device d's link. */
@@ -494,10 +492,12 @@ static double attention_seconds(const struct kt_cost_model *c, const struct cost
     const double absorbed = T * w + pairs * (2 * kvr + dr);
     const double expanded = w + (ctx + T) * w + pairs * (dk + dv);
     if (expanded < absorbed) {
-        s += f32_macs_seconds(r, H * expanded);
+        s += 4.0 * H * expanded / (r->f32_cached_gbps * 1e9 * r->scale);
     } else {
         const struct kt_machine_rate ur = decode_rate(r->decode, d->uk_uv.type);
-        s += T * (double)d->uk_uv.bytes / (ur.gbps * 1e9 * r->scale) + f32_macs_seconds(r, H * pairs * (2 * kvr + dr));
+        const double gbps = r->mem_gbps > 0 && r->mem_gbps < ur.gbps ? r->mem_gbps : ur.gbps;
+        s += T * (double)d->uk_uv.bytes / (gbps * 1e9 * r->scale) +
+             4.0 * H * pairs * (2 * kvr + dr) / (r->f32_cached_gbps * 1e9 * r->scale);
     }
     return s;
 }

@@ -369,8 +369,8 @@ static void sliced_layers_are_balanced(void)
         kt_cost_layer(c, &pl.p, il, pl.homes[il], false, &q, &whole);
         kt_cost_layer(c, &pl.p, il, pl.homes[il], true, &q, &sliced);
         const double n_active = m->hp.n_expert * (1 - pow(1 - (double)m->hp.n_expert_used / m->hp.n_expert, B));
-        KT_CHECK(fabs((sliced.node_s[0] - s) - sliced.node_s[1]) < 1e-12 && fabs(sliced.node_s[1] - n_active * t / 2) <
-                     1e-9 * sliced.node_s[1],
+        KT_CHECK(fabs((sliced.node_s[0] - s) - sliced.node_s[1]) < 1e-6 * sliced.node_s[1] && fabs(sliced.node_s[1] - n_active * t / 2) <
+                     1e-6 * sliced.node_s[1],
                  "batch %u: sliced nodes %.9g (+ shared %.9g) and %.9g, want %.9g each", B, sliced.node_s[0] - s, s,
                  sliced.node_s[1], n_active * t / 2);
         KT_CHECK(sliced.cpu_experts_s <= whole.cpu_experts_s, "batch %u: sliced %.9g s, whole experts %.9g s", B,
@@ -398,9 +398,9 @@ static void decode_is_bandwidth_bound_and_prefill_is_its_chunks(void)
         kt_cost_layer(a, &pl.p, il, pl.homes[il], false, &q, &la);
         kt_cost_layer(b, &pl.p, il, pl.homes[il], false, &q, &lb);
         const double want = m->hp.n_expert_used * expert_seconds(m, il, 10) + shared_seconds(m, il, 10);
-        KT_CHECK(fabs(la.cpu_experts_s - want) < 1e-9 * want, "k experts + shared at 10 GB/s: %.9g s, want %.9g",
+        KT_CHECK(fabs(la.cpu_experts_s - want) < 1e-6 * want, "k experts + shared at 10 GB/s: %.9g s, want %.9g",
                  la.cpu_experts_s, want);
-        KT_CHECK(fabs(lb.cpu_experts_s * 2 - la.cpu_experts_s) < 1e-9 * la.cpu_experts_s,
+        KT_CHECK(fabs(lb.cpu_experts_s * 2 - la.cpu_experts_s) < 1e-6 * la.cpu_experts_s,
                  "twice the bandwidth halves the experts' time (%.9g, %.9g)", la.cpu_experts_s, lb.cpu_experts_s);
         KT_CHECK(la.total_s > 0 && la.attention_s > 0 && la.router_s > 0, "every part costs time");
         /* prefill: 600 tokens in chunks of 256 = chunks of 256, 256, 88 at rising context */

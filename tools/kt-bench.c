@@ -175,6 +175,27 @@ static bool opt_sim_latency(void *opts, const char *arg, char *why, size_t why_s
     return true;
 }
 
+static bool opt_predict(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)arg, (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->predict = true;
+    return true;
+}
+
+static bool opt_machine(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->machine = arg;
+    return true;
+}
+
+static bool opt_profile(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->profile = arg;
+    return true;
+}
+
 static const struct kt_cli_option options_table[] = {
     {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE, "threads (default: online CPUs)", opt_threads},
     {"--json", NULL, "FILE", FOR_BOTH, "also write the results as JSON to FILE", opt_json},
@@ -201,6 +222,10 @@ static const struct kt_cli_option options_table[] = {
      opt_topology},
     {"--sim-transfer-gbps", NULL, "G", FOR_MACHINE, "the sim's modelled link bandwidth (default 25)", opt_sim_transfer},
     {"--sim-latency-us", NULL, "U", FOR_MACHINE, "the sim's modelled copy latency (default 10)", opt_sim_latency},
+    {"--predict", NULL, NULL, FOR_MODEL, "also predict each layer's time (cost model) beside the measured", opt_predict},
+    {"--machine", NULL, "FILE", FOR_MODEL, "--predict: machine file (kt-bench machine; default: stated defaults)",
+     opt_machine},
+    {"--profile", NULL, "FILE", FOR_MODEL, "--predict: routing profile (default: uniform routing)", opt_profile},
 };
 #define N_OPTIONS (sizeof options_table / sizeof options_table[0])
 
@@ -232,7 +257,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kt-bench kernels [--threads N] [--json FILE] [--seconds S] [--prefill-tokens N]\n"
                "       kt-bench model -m MODEL [--placement FILE] [--prompt-tokens N] [--gen-tokens N] [--threads N]\n"
-               "                      [--json FILE]\n"
+               "                      [--json FILE] [--predict [--machine FILE] [--profile FILE]]\n"
                "       kt-bench profile -m MODEL --prompts FILE [--max-tokens N] [--batch N] [--half-life T]\n"
                "                        -o PROFILE.json\n"
                "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"

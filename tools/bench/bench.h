@@ -8,6 +8,7 @@
 #ifndef KT_BENCH_H
 #define KT_BENCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct kt_bench_options {
@@ -39,6 +40,11 @@ struct kt_bench_options {
     const char *topology;       /* hwloc synthetic description; NULL: KT_TOPOLOGY_SYNTHETIC or this machine */
     double sim_transfer_gbps;   /* the sim's modelled link (default 25 GB/s, 10 us) */
     double sim_latency_us;
+
+    /* model --predict */
+    bool predict;               /* also the cost model's prediction of each layer (placement/cost.h) */
+    const char *machine;        /* --predict: machine file (kt-bench machine); NULL: stated defaults */
+    const char *profile;        /* --predict: routing profile; NULL: uniform routing */
 };
 
 /* Exit status: 0 done, 1 the run failed (one line "kt-bench: why" on stderr). */

@@ -14,10 +14,13 @@
 
 #include "bench.h"
 #include "backend.h"
+#include "cost.h"
 #include "engine.h"
+#include "machine.h"
 #include "placement_opt.h"
 #include "membw.h"
 #include "model.h"
+#include "profile.h"
 
 struct phase {
     const char *name;
@@ -186,6 +189,143 @@ static void print_phase(const struct phase *ph, uint32_t n_layer)
            1e3 * ph->seconds);
 }
 
+/* ---- --predict: the cost model beside the measured times ---------------------------------- */
+
+struct prediction {
+    char machine[300], profile[300]; /* what it was made from, for the report */
+    struct kt_cost_layer *layers[2];  /* [n_layer] summed over the phase's steps: prefill, decode */
+    double step_s[2];
+};
+
+static void add_cost(struct kt_cost_layer *acc, const struct kt_cost_layer *l)
+{
+    acc->attention_s += l->attention_s, acc->router_s += l->router_s, acc->experts_s += l->experts_s;
+    acc->combine_s += l->combine_s, acc->device_s += l->device_s, acc->transfer_s += l->transfer_s;
+    acc->total_s += l->total_s;
+}
+
+/* The prediction of the run kt_bench_model makes: a prefill of prompt_tokens
+ * in chunks of `chunk`, then gen_tokens decode steps at rising context. */
+static kt_status predict(const struct kt_bench_options *o, const struct kt_model *m, const char *topology,
+                         uint32_t threads, uint32_t chunk, struct prediction *pr, kt_err *err)
+{
+    struct kt_placement *p = NULL;
+    struct kt_machine *mach = NULL;
+    struct kt_profile *prof = NULL;
+    struct kt_cost_model *c = NULL;
+    struct kt_cost_layer *one = NULL;
+    const uint32_t n_layer = m->hp.n_layer;
+    kt_status st = kt_tool_placement_resolve(o->placement, m, topology, &p, err);
+    if (st == KT_OK && o->machine) {
+        if ((st = kt_machine_load(o->machine, &mach, err)) == KT_OK)
+            st = kt_machine_check_kind(mach, o->machine, err);
+    } else if (st == KT_OK) {
+        if (!(mach = calloc(1, sizeof *mach)))
+            st = kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        else
+            kt_machine_defaults(mach, p->n_nodes);
+    }
+    if (st == KT_OK && mach->n_defaulted > 0)
+        fprintf(stderr, "kt-bench: warning: %s: %u figures defaulted (first: %s); run kt-bench machine\n",
+                o->machine ? o->machine : "no --machine", mach->n_defaulted, mach->defaulted[0]);
+    if (st == KT_OK && o->profile)
+        st = kt_profile_load(o->profile, &prof, err);
+    if (st == KT_OK)
+        st = kt_cost_create(m, prof, mach, &c, err);
+    if (st == KT_OK) {
+        snprintf(pr->machine, sizeof pr->machine, "%s", o->machine ? o->machine : "defaults");
+        snprintf(pr->profile, sizeof pr->profile, "%s", o->profile ? o->profile : "uniform routing");
+        pr->layers[0] = calloc(n_layer, sizeof *pr->layers[0]);
+        pr->layers[1] = calloc(n_layer, sizeof *pr->layers[1]);
+        one = calloc(n_layer, sizeof *one);
+        if (!pr->layers[0] || !pr->layers[1] || !one)
+            st = kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    }
+    if (st == KT_OK) {
+        const struct kt_cost_query q = {.mode = KT_COST_PREFILL, .tokens = o->prompt_tokens, .threads = threads,
+                                        .chunk = chunk};
+        st = kt_cost_predict(c, p, &q, pr->layers[0], &pr->step_s[0], err);
+    }
+    for (uint32_t i = 0; st == KT_OK && i < o->gen_tokens; i++) {
+        const struct kt_cost_query q = {.mode = KT_COST_DECODE, .batch = 1, .context = o->prompt_tokens + i,
+                                        .threads = threads};
+        double step = 0;
+        st = kt_cost_predict(c, p, &q, one, &step, err);
+        for (uint32_t il = 0; st == KT_OK && il < n_layer; il++)
+            add_cost(&pr->layers[1][il], &one[il]);
+        pr->step_s[1] += step;
+    }
+    if (st != KT_OK)
+        kt_err_prefix(err, "--predict");
+    free(one);
+    kt_cost_destroy(c);
+    kt_profile_destroy(prof);
+    free(mach);
+    kt_placement_destroy(p);
+    return st;
+}
+
+static double rel_error(double predicted, double measured)
+{
+    return measured > 0 ? (predicted - measured) / measured : 0.0;
+}
+
+static void print_prediction(const struct phase *ph, const struct kt_cost_layer *pl, uint32_t n_layer)
+{
+    printf("\n%s per layer, measured / predicted (ms over %u tokens):\n", ph->name, ph->tokens);
+    printf("  %5s %17s %17s %17s %17s %17s %7s", "layer", "attention", "router", "experts", "combine", "total",
+           "error");
+    printf(ph->has_device ? " %17s\n" : "\n", "device");
+    double sum_m[6] = {0}, sum_p[6] = {0};
+    for (uint32_t il = 0; il <= n_layer; il++) {
+        double meas[6], pred[6];
+        if (il < n_layer) {
+            const struct kt_engine_layer_stats *l = &ph->layers[il];
+            const struct kt_cost_layer *c = &pl[il];
+            const double m[6] = {l->attention_ns, l->router_ns, l->experts_ns, l->combine_ns, layer_total_ns(l),
+                                 l->device_ns};
+            const double p[6] = {c->attention_s, c->router_s, c->experts_s, c->combine_s, c->total_s, c->device_s};
+            for (int i = 0; i < 6; i++) {
+                meas[i] = m[i] * 1e-6, pred[i] = p[i] * 1e3;
+                sum_m[i] += meas[i], sum_p[i] += pred[i];
+            }
+            printf("  %5u", il);
+        } else {
+            memcpy(meas, sum_m, sizeof meas), memcpy(pred, sum_p, sizeof pred);
+            printf("  %5s", "sum");
+        }
+        for (int i = 0; i < 5; i++)
+            printf(" %8.3f %8.3f", meas[i], pred[i]);
+        printf(" %+6.1f%%", 100 * rel_error(pred[4], meas[4]));
+        if (ph->has_device)
+            printf(" %8.3f %8.3f", meas[5], pred[5]);
+        printf("\n");
+    }
+}
+
+static json_t *prediction_json(const struct phase *ph, const struct kt_cost_layer *pl, double step_s,
+                               uint32_t n_layer)
+{
+    json_t *j = json_object(), *jl = json_array();
+    for (uint32_t il = 0; il < n_layer; il++) {
+        const struct kt_cost_layer *c = &pl[il];
+        json_t *x = json_object();
+        json_object_set_new(x, "layer", json_integer(il));
+        json_object_set_new(x, "attention_ns", json_integer((json_int_t)(c->attention_s * 1e9)));
+        json_object_set_new(x, "router_ns", json_integer((json_int_t)(c->router_s * 1e9)));
+        json_object_set_new(x, "experts_ns", json_integer((json_int_t)(c->experts_s * 1e9)));
+        json_object_set_new(x, "combine_ns", json_integer((json_int_t)(c->combine_s * 1e9)));
+        json_object_set_new(x, "total_ns", json_integer((json_int_t)(c->total_s * 1e9)));
+        json_object_set_new(x, "device_ns", json_integer((json_int_t)(c->device_s * 1e9)));
+        json_object_set_new(x, "device_transfer_ns", json_integer((json_int_t)(c->transfer_s * 1e9)));
+        json_object_set_new(x, "error", json_real(rel_error(c->total_s * 1e9, (double)layer_total_ns(&ph->layers[il]))));
+        json_array_append_new(jl, x);
+    }
+    json_object_set_new(j, "step_ns", json_integer((json_int_t)(step_s * 1e9)));
+    json_object_set_new(j, "layers", jl);
+    return j;
+}
+
 int kt_bench_model(const struct kt_bench_options *o)
 {
     int rc = 1;
@@ -197,6 +337,7 @@ int kt_bench_model(const struct kt_bench_options *o)
     float *logits = NULL;
     struct phase pre = {.name = "prefill"}, dec = {.name = "decode"};
     uint64_t *routes[2] = {NULL, NULL}; /* (n_layer, n_expert) routed tokens, decode and prefill */
+    struct prediction pred = {0};
     json_t *root = NULL;
 
     if (kt_model_open(o->model, &m, &err) != KT_OK)
@@ -294,6 +435,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     dec.tokens = o->gen_tokens;
     take_stats(e, n_layer, &dec, routes, cells);
+    if (o->predict && predict(o, m, ep.topology, threads, chunk, &pred, &err) != KT_OK)
+        goto fail;
     /* median block ratio */
     for (uint32_t a = 1; a < n_blocks; a++)
         for (uint32_t b = a; b > 0 && block_ratio[b] < block_ratio[b - 1]; b--) {
@@ -342,6 +485,14 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     print_phase(&pre, n_layer);
     print_phase(&dec, n_layer);
+    if (o->predict) {
+        printf("\nprediction (placement/cost.c; machine: %s; routing: %s): predicted step %.3f ms prefill, "
+               "%.3f ms decode (measured %.3f, %.3f)\n",
+               pred.machine, pred.profile, pred.step_s[0] * 1e3, pred.step_s[1] * 1e3, pre.seconds * 1e3,
+               dec.seconds * 1e3);
+        print_prediction(&pre, pred.layers[0], n_layer);
+        print_prediction(&dec, pred.layers[1], n_layer);
+    }
 
     root = json_object();
     json_object_set_new(root, "tool", json_string("kt-bench"));
@@ -360,6 +511,14 @@ int kt_bench_model(const struct kt_bench_options *o)
     json_object_set_new(root, "decode", phase_json(&dec, n_layer, triad.best_gbps, true));
     json_object_set_new(json_object_get(root, "decode"), "ratio_to_adjacent_triads_median", json_real(median_ratio));
     json_object_set_new(root, "routing", routing_json(m, routes));
+    if (o->predict) {
+        json_t *jp = json_object();
+        json_object_set_new(jp, "machine", json_string(pred.machine));
+        json_object_set_new(jp, "profile", json_string(pred.profile));
+        json_object_set_new(jp, "prefill", prediction_json(&pre, pred.layers[0], pred.step_s[0], n_layer));
+        json_object_set_new(jp, "decode", prediction_json(&dec, pred.layers[1], pred.step_s[1], n_layer));
+        json_object_set_new(root, "predicted", jp);
+    }
     rc = o->json ? kt_bench_write_json(root, o->json) : 0;
     goto done;
 fail:
@@ -367,6 +526,7 @@ fail:
 done:
     json_decref(root);
     free(pre.layers), free(dec.layers);
+    free(pred.layers[0]), free(pred.layers[1]);
     free(prompt), free(batch), free(logits);
     free(routes[0]), free(routes[1]);
     kt_engine_destroy(e);

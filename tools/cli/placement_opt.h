@@ -10,11 +10,17 @@
 #include "engine.h"
 #include "engine_plan.h"
 #include "model.h"
+#include "plan.h"
 #include "status.h"
 
 /* ep's placement fields from the config at path; plan keeps what they point
  * to alive until kt_engine_plan_free.  Errors name the file (and line). */
 kt_status kt_tool_placement_apply(const char *path, const struct kt_model *m, struct kt_engine_params *ep,
                                   struct kt_engine_plan *plan, kt_err *err);
+
+/* The plan of the config at path (NULL: everything on the CPU) on the
+ * machine's NUMA nodes (topology as the engine's params give it). */
+kt_status kt_tool_placement_resolve(const char *path, const struct kt_model *m, const char *topology,
+                                    struct kt_placement **out, kt_err *err);
 
 #endif
