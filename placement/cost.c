@@ -9,64 +9,68 @@
  * Units: seconds, bytes, multiply-adds (MACs; 2 FLOPs each); rates as the
  * machine file gives them (GB/s = 1e9 bytes/s, GFLOP/s = 1e9 FLOP/s).
  *
- * One matrix call (a projection, one expert's gate, up or down) of
- * `bytes` of weights and n_in x n_out MACs per token, for T tokens, on a
- * place whose rate table is (decode gbps and overhead_us, prefill gflops):
+ * One matrix call (a projection, one expert's gate, up or down) of `bytes`
+ * of weights and n_in x n_out MACs per token, for T tokens, on a place whose
+ * rates are (decode gbps and overhead_us, prefill gflops) for its type:
  *
- *     t(mat, T) = overhead_us + max(bytes / gbps, 2 n_in n_out T / gflops)
+ *     t(mat, T) = overhead_us + bytes / gbps + 2 n_in n_out T / gflops
  *
- * (the roofline: decode is bandwidth-bound, prefill compute-bound).  A type
- * without figures takes the nearest measured type's per-byte rate
- * (decode), the lowest measured prefill rate (prefill), or the node's FMA
- * peak / 4.  Rates were measured with node.threads threads; an engine with
- * fewer scales them by threads / node.threads.  Host matrices (attention,
- * router, dense FFNs, the head) run on the step's pool and read memory of
- * the first node: node 0's rates.
+ * (streaming the weights and multiplying do not overlap: at decode the first
+ * term rules, in prefill the second).  A type without figures takes the
+ * measured type nearest in bits per weight (decode), the lowest measured
+ * prefill rate, or the node's FMA peak / 4.  Rates were measured with
+ * node.threads threads; an engine with fewer scales them by threads /
+ * node.threads.  Host matrices (attention, router, dense FFNs, the head) run
+ * on the step's pool and read the first node's memory: node 0's rates.
  *
- * Attention of T tokens at context c (the engine's form choice per chunk,
- * attention.c): its projections t(q_a) + t(q_b) + t(kv_a) + t(out); the
- * heads: absorbed, T (W_UK + W_UV bytes) / gbps and H ((T (dn + dv) kvr) +
- * pairs (2 kvr + dr)) MACs; expanded, H ((c + T + 1) (dn + dv) kvr + pairs
- * (dk + dv)) MACs; the heads' MACs are f32 at the F32 prefill rate, where
- * pairs = T c + T (T + 1) / 2 (causal).  A prefill runs in chunks of
- * q->chunk tokens (the engine's max_batch_tokens).
+ * Attention of T tokens of one sequence at positions c .. c+T-1, in the form
+ * the engine picks per chunk (attention.c: fewer MACs wins): its projections
+ * t(q_a) + t(q_b) + t(kv_a) + t(out), and the heads, with pairs = T c +
+ * T (T + 1) / 2 (query, position) pairs:
+ *     absorbed  T (W_UK + W_UV bytes) / decode_rows gbps (per-head gemv in GGUF
+ *               rows) + 4 H pairs (2 kvr + dr) / f32_cached_gbps
+ *     expanded  4 H ((c + T + 1) (dn + dv) kvr + pairs (dk + dv)) / f32_cached_gbps
+ * (f32 products over a head's matrices and cache rows, which stay in cache;
+ * 4 bytes read per MAC).  A prefill runs in chunks of q->chunk tokens.
  *
- * Routed experts at batch B (T tokens in a step): with p_x the profile's
- * probability that one token routes to expert x (uniform k / n_expert
- * without a profile), expert x is active in a step with probability
+ * Routed experts at T tokens a step (decode: the batch; prefill: a chunk):
+ * with p_x the profile's probability that one token routes to expert x
+ * (uniform k / n_expert without a profile), expert x is active in a step
+ * with probability
  *
- *     p_active(x) = 1 - (1 - p_x)^T,
+ *     p_active(x) = 1 - (1 - p_x)^T
  *
  * and then serves T p_x / p_active(x) tokens on average, costing t_x (its
  * three matrices at that token count, on the rates of where it lives).  On
- * a CPU node n the step's load is C_n t_n, with C_n the number of its
- * active experts - a Poisson-binomial over its experts' p_active, computed
- * exactly by dynamic programming while its support is small (at most
- * KT_COST_DP_MAX counts), else by a normal of the same mean and variance -
- * and t_n their p_active-weighted mean time.  The nodes run at once, so the
- * routed experts take E[max_n C_n t_n] (nodes independent; with one node,
- * E[C_0] t_0): at batch 1 the k experts fall unevenly on the nodes and the
- * busiest one sets the pace.  Row-sliced layers (cpu_sliced) split every
- * active CPU expert's bytes evenly over the expert nodes: E[C] max_n
- * (t_n / nodes).  The shared experts (on the CPU) go with the first node's
- * pool: added to node 0's load.  The device's resident experts and shared
- * experts run on its queue as one unit list: their expected time plus the
- * copies (h up unless attention is there, the pairs' token ids up, the
- * device pairs' outputs down).  CPU pools and the device run at once; the
- * FFN waits for the slower, then sums the k outputs (T k E floats at the
- * host's F32 rate).
+ * a CPU node n the step's load is C_n t_n, with C_n the number of its active
+ * experts - a Poisson-binomial over its experts' p_active, exact by dynamic
+ * programming while its support is small (mean + 8 sd + 8 <= KT_COST_DP_MAX),
+ * else a normal of the same mean and variance - and t_n their p_active-
+ * weighted mean time.  The nodes run at once, so the routed experts take
+ * E[max_n C_n t_n] (nodes taken as independent; one node: E[C_0] t_0): at
+ * batch 1 the k experts fall unevenly on the nodes and the busiest one sets
+ * the pace.  Row-sliced layers (cpu_sliced) split every active CPU expert's
+ * bytes evenly over the expert nodes: max_n E[C] t_n / nodes.  The shared
+ * experts (when on the CPU) run with the first node's pool: node 0's load
+ * gains their time.  The device's experts and shared experts run on its
+ * queue, one unit after another: their expected time plus the copies (h up
+ * unless attention is there, the pairs' token ids up, the device pairs'
+ * outputs down).  CPU pools and the device run at once and the FFN waits
+ * for the slower; a sim device's memory is the host's, so their bytes
+ * together over the node's triad bound it as well.  Then the weighted sum
+ * of the k outputs (and the shared): T (k + 1) E floats read and written at
+ * the triad rate.
  *
  * The device's part of a layer with attention there: x up, attention (and
  * in MoE layers the FFN norm and router), x back, and in MoE layers h and
- * the routing back: one copy each of latency_us + bytes / gbps, on a link
- * whose figures come from the plan (the sim's modelled link) or else the
- * machine file's accelerator.  The host waits for it, so it is the
- * layer's attention time.  The sim runs attention on the host's thread
- * pool (host rates) but expert units on its own one thread (the machine
- * file's sim figures).
+ * the routing back: one copy each of latency_us + bytes / gbps, on the link
+ * the plan gives a sim device, else the machine file's accelerator's.  The
+ * host waits for it: it is the layer's attention time.  The sim runs
+ * attention (and the head) on the host's thread pool, so at host rates, but
+ * its FFN units on its own one thread: the machine file's sim figures.
  *
  * Combine (the FFN norm, unless the device returned h, and the residual
- * add): 3 T E floats at the node's triad rate.  The router: t(router, T)
+ * add): 6 (or 3) T E floats at the triad rate.  The router: t(router, T)
  * plus T k n_expert scalar steps of top-k at 1 ns each.  The step adds the
  * embedding rows and the output head for the tokens that want logits (the
  * last of a prefill, every decode token).
@@ -119,7 +123,8 @@ struct rates {
     double fma_gflops;                    /* fallback when no prefill figure exists */
     double scale;                         /* threads used / threads measured, at most 1 */
     double triad_gbps;                    /* norms, sums and copies in host memory */
-    double mem_gbps;                      /* the memory roof of weight reads (0: none) */
+    double mem_gbps;                      /* the memory bus a sim device shares with the host (0: none) */
+    const struct kt_machine_rate *rows;   /* [KT_TYPE_COUNT] GGUF-row gemv; NULL: decode's */
     double f32_cached_gbps;               /* attention heads' f32 products */
 };
 
@@ -222,8 +227,7 @@ static double mat_seconds(const struct rates *r, const struct cost_mat *m, doubl
     if (m->bytes == 0 || T <= 0)
         return 0.0;
     const struct kt_machine_rate d = decode_rate(r->decode, m->type);
-    const double gbps = r->mem_gbps > 0 && r->mem_gbps < d.gbps ? r->mem_gbps : d.gbps;
-    const double read_s = (double)m->bytes / (gbps * 1e9 * r->scale);
+    const double read_s = (double)m->bytes / (d.gbps * 1e9 * r->scale);
     const double mac_s = 2.0 * m->macs * T / (prefill_gflops(r, m->type) * 1e9 * r->scale);
     return d.overhead_us * 1e-6 + read_s + mac_s;
 }
@@ -247,7 +251,11 @@ static struct rates node_rates(const struct kt_cost_model *c, int node, double t
     scale = scale > 1.0 ? 1.0 : scale < 1e-3 ? 1e-3 : scale;
     const double triad = n->triad_gbps > 0 ? n->triad_gbps : 10.0;
     const double cached = n->f32_cached_gbps > 0 ? n->f32_cached_gbps : decode_rate(n->decode, KT_TYPE_F32).gbps;
-    return (struct rates){n->decode, n->prefill_gflops, n->fma_gflops, scale, triad, n->triad_gbps, cached};
+    bool rows = false;
+    for (int t = 0; t < KT_TYPE_COUNT && !rows; t++)
+        rows = n->decode_rows[t].gbps > 0;
+    return (struct rates){n->decode, n->prefill_gflops, n->fma_gflops, scale, triad, n->triad_gbps,
+                          rows ? n->decode_rows : NULL, cached};
 }
 
 /* The machine file's accelerator for plan device d: the same name, else the first of its backend. */
@@ -268,7 +276,7 @@ static const struct kt_machine_accel *accel_for(const struct kt_cost_model *c, c
 /* The accelerator's own rates (the sim's: its one thread's). */
 static struct rates accel_rates(const struct kt_machine_accel *a)
 {
-    return (struct rates){a->decode, a->prefill_gflops, 0.0, 1.0, 10.0, 0.0, decode_rate(a->decode, KT_TYPE_F32).gbps};
+    return (struct rates){a->decode, a->prefill_gflops, 0.0, 1.0, 10.0, 0.0, NULL, decode_rate(a->decode, KT_TYPE_F32).gbps};
 }
 
 /* One copy over plan device d's link. */
@@ -494,9 +502,8 @@ static double attention_seconds(const struct kt_cost_model *c, const struct cost
     if (expanded < absorbed) {
         s += 4.0 * H * expanded / (r->f32_cached_gbps * 1e9 * r->scale);
     } else {
-        const struct kt_machine_rate ur = decode_rate(r->decode, d->uk_uv.type);
-        const double gbps = r->mem_gbps > 0 && r->mem_gbps < ur.gbps ? r->mem_gbps : ur.gbps;
-        s += T * (double)d->uk_uv.bytes / (gbps * 1e9 * r->scale) +
+        const struct kt_machine_rate ur = decode_rate(r->rows ? r->rows : r->decode, d->uk_uv.type);
+        s += T * (double)d->uk_uv.bytes / (ur.gbps * 1e9 * r->scale) +
              4.0 * H * pairs * (2 * kvr + dr) / (r->f32_cached_gbps * 1e9 * r->scale);
     }
     return s;
@@ -578,7 +585,9 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     double node_pa[KT_PLACEMENT_MAX_NODES] = {0}, node_var[KT_PLACEMENT_MAX_NODES] = {0};
     double node_count[KT_PLACEMENT_MAX_NODES] = {0}; /* experts that may be active */
     double node_t[KT_PLACEMENT_MAX_NODES] = {0}; /* sum of p_active x t_x, then the mean */
-    double dev_s = 0.0, dev_pairs = 0.0, cpu_pa = 0.0, cpu_t = 0.0;
+    double dev_s = 0.0, dev_pairs = 0.0, cpu_pa = 0.0, cpu_t = 0.0, cpu_bytes = 0.0, dev_bytes = 0.0;
+    const double expert_bytes = (double)(d->expert.gate.bytes + d->expert.up.bytes + d->expert.down.bytes);
+    const double shared_bytes = (double)(d->shared.gate.bytes + d->shared.up.bytes + d->shared.down.bytes);
     struct rates nr[KT_PLACEMENT_MAX_NODES];
     const double node_threads = threads / n_nodes;
     for (int n = 0; n < n_nodes; n++)
@@ -593,6 +602,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         const struct kt_expert_home *h = homes ? &homes[x] : NULL;
         if (h && h->device > 0) {
             dev_s += pa * ffn_seconds(&dr, &d->expert, tokens);
+            dev_bytes += pa * expert_bytes;
             dev_pairs += T * prob[x];
             continue;
         }
@@ -602,6 +612,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         node_var[n] += pa * (1 - pa);
         node_count[n] += 1;
         node_t[n] += pa * t;
+        cpu_bytes += pa * expert_bytes;
         cpu_pa += pa;
         cpu_t += pa * tokens;
     }
@@ -609,10 +620,12 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     const bool shared_dev = d->has_shared && pl->shared_experts > 0 && dev;
     if (shared_dev) {
         dev_s += ffn_seconds(&dr, &d->shared, T);
+        dev_bytes += shared_bytes;
         o->device_pairs += T;
     }
     /* the shared experts (on the CPU) go with the first node's pool */
     const double shared_cpu = d->has_shared && !shared_dev ? ffn_seconds(&nr[0], &d->shared, T) : 0.0;
+    cpu_bytes += d->has_shared && !shared_dev ? shared_bytes : 0.0;
     double cpu_s = 0.0;
     const uint64_t nodes_mask = p->expert_nodes ? p->expert_nodes : 1;
     int n_slices = 0;
@@ -690,7 +703,12 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     const double weighted_sum = T * (hp->n_expert_used + d->has_shared) * E * 8.0 / (host.triad_gbps * 1e9);
     o->cpu_experts_s = cpu_s;
     o->device_experts_s = dev_total;
-    o->experts_s = (cpu_s > dev_total ? cpu_s : dev_total) + weighted_sum;
+    double ffn_s = cpu_s > dev_total ? cpu_s : dev_total;
+    if (sim && dev_total > 0 && host.mem_gbps > 0) { /* the sim's memory is the host's: one bus for both */
+        const double bus_s = (cpu_bytes + dev_bytes) / (host.mem_gbps * 1e9 * host.scale);
+        ffn_s = bus_s > ffn_s ? bus_s : ffn_s;
+    }
+    o->experts_s = ffn_s + weighted_sum;
     o->total_s = o->attention_s + o->router_s + o->experts_s + o->combine_s;
 }
 
