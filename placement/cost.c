@@ -85,6 +85,7 @@
 #define KT_COST_NORMAL_POINTS 33 /* points of a normal node-load distribution */
 #define TOPK_STEP_S 1e-9         /* one scalar compare-and-branch of the top-k loop */
 #define DEFAULT_CHUNK 256u       /* the engine's default max_batch_tokens */
+#define KT_COST_PA_CACHE 1024    /* experts whose p_active one layer evaluation keeps */
 
 /* One matrix call: weight bytes, multiply-adds per token. */
 struct cost_mat {
@@ -235,6 +236,15 @@ static double mat_seconds(const struct rates *r, const struct cost_mat *m, doubl
 static double ffn_seconds(const struct rates *r, const struct cost_ffn *f, double T)
 {
     return mat_seconds(r, &f->gate, T) + mat_seconds(r, &f->up, T) + mat_seconds(r, &f->down, T);
+}
+
+/* ffn_seconds(T) = a + b T for T > 0 (t(mat, T) is affine in T): an expert's
+ * time at any token count without the rate look-ups, for the per-expert loop. */
+static void ffn_affine(const struct rates *r, const struct cost_ffn *f, double *a, double *b)
+{
+    const double t1 = ffn_seconds(r, f, 1.0), t2 = ffn_seconds(r, f, 2.0);
+    *b = t2 - t1;
+    *a = t1 - *b;
 }
 
 static double threads_of(const struct kt_cost_model *c, const struct kt_cost_query *q)
@@ -401,6 +411,8 @@ static double p_active(double p, double T)
         return 0.0;
     if (p >= 1)
         return 1.0;
+    if (T == 1.0) /* decode at batch 1, what the planner asks most */
+        return p;
     return -expm1(T * log1p(-p));
 }
 
@@ -590,24 +602,32 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     const double shared_bytes = (double)(d->shared.gate.bytes + d->shared.up.bytes + d->shared.down.bytes);
     struct rates nr[KT_PLACEMENT_MAX_NODES];
     const double node_threads = threads / n_nodes;
-    for (int n = 0; n < n_nodes; n++)
+    double node_a[KT_PLACEMENT_MAX_NODES], node_b[KT_PLACEMENT_MAX_NODES], dev_a = 0, dev_b = 0;
+    for (int n = 0; n < n_nodes; n++) {
         nr[n] = node_rates(c, n, n_nodes > 1 ? node_threads : threads);
+        ffn_affine(&nr[n], &d->expert, &node_a[n], &node_b[n]);
+    }
+    if (dev)
+        ffn_affine(&dr, &d->expert, &dev_a, &dev_b);
+    double pa_of[KT_COST_PA_CACHE]; /* p_active of the first experts, for the DP pass */
     /* per-node lists of p_active for the DP: kept in one pass per node (n_expert x nodes, cheap) */
     for (uint32_t x = 0; x < c->n_expert; x++) {
         const double pa = p_active(prob[x], T);
+        if (x < KT_COST_PA_CACHE)
+            pa_of[x] = pa;
         o->pairs += T * prob[x];
         if (pa <= 0)
             continue;
         const double tokens = T * prob[x] / pa;
         const struct kt_expert_home *h = homes ? &homes[x] : NULL;
         if (h && h->device > 0) {
-            dev_s += pa * ffn_seconds(&dr, &d->expert, tokens);
+            dev_s += pa * (dev_a + dev_b * tokens);
             dev_bytes += pa * expert_bytes;
             dev_pairs += T * prob[x];
             continue;
         }
         int n = h && h->node >= 0 && h->node < n_nodes ? h->node : 0;
-        const double t = ffn_seconds(&nr[n], &d->expert, tokens);
+        const double t = node_a[n] + node_b[n] * tokens;
         node_pa[n] += pa;
         node_var[n] += pa * (1 - pa);
         node_count[n] += 1;
@@ -668,7 +688,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
             if (h && h->device > 0)
                 continue;
             const int n = h && h->node >= 0 && h->node < n_nodes ? h->node : 0;
-            const double pa = p_active(prob[x], T);
+            const double pa = x < KT_COST_PA_CACHE ? pa_of[x] : p_active(prob[x], T);
             if (cap[n] >= 0 && pa > 0)
                 pb_add(&dist[n], &top[n], cap[n], pa);
         }
