@@ -56,8 +56,10 @@
  * queue, one unit after another: their expected time plus the copies (h up
  * unless attention is there, the pairs' token ids up, the device pairs'
  * outputs down).  CPU pools and the device run at once and the FFN waits
- * for the slower; a sim device's memory is the host's, so their bytes
- * together over the node's triad bound it as well.  Then the weighted sum
+ * for the slower; a sim device's memory and cores are the host's, so their
+ * bytes together over the triad bound it as well, and so do their cores
+ * (CPU time x threads + the sim's, whose copies spin too, over the machine's
+ * threads).  Then the weighted sum
  * of the k outputs (and the shared): T (k + 1) E floats read and written at
  * the triad rate.
  *
@@ -724,9 +726,16 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     o->cpu_experts_s = cpu_s;
     o->device_experts_s = dev_total;
     double ffn_s = cpu_s > dev_total ? cpu_s : dev_total;
-    if (sim && dev_total > 0 && host.mem_gbps > 0) { /* the sim's memory is the host's: one bus for both */
-        const double bus_s = (cpu_bytes + dev_bytes) / (host.mem_gbps * 1e9 * host.scale);
+    if (sim && dev_total > 0) {
+        /* the sim's memory is the host's (one bus for both), and its thread
+         * one more on the host's cores (copies spin on it too) */
+        const double bus_s = host.mem_gbps > 0 ? (cpu_bytes + dev_bytes) / (host.mem_gbps * 1e9 * host.scale) : 0.0;
+        double cores = 0.0;
+        for (int n = 0; n < n_nodes; n++)
+            cores += c->mach.nodes[n].threads;
+        const double core_s = cores > 0 ? (cpu_s * threads + dev_total) / cores : 0.0;
         ffn_s = bus_s > ffn_s ? bus_s : ffn_s;
+        ffn_s = core_s > ffn_s ? core_s : ffn_s;
     }
     o->experts_s = ffn_s + weighted_sum;
     o->total_s = o->attention_s + o->router_s + o->experts_s + o->combine_s;
