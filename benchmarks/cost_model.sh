@@ -3,9 +3,10 @@
 # the cost model (placement/cost.c) predicts against what kt-bench model
 # measures, decode and prefill, CPU-only and with half of each layer's routed
 # experts, attention, the dense and shared FFNs and the head on the sim device,
-# on kimi-k2-slice and deepseek-v3-slice.  Each configuration runs RUNS times;
-# the measured column is the median per layer and part (this host is shared
-# and noisy), the predicted one is the cost model's (the same every run).
+# on kimi-k2-slice and deepseek-v3-slice.  Each configuration keeps RUNS runs
+# taken while the host's triad is within 15% of the machine file's (at most
+# 4 x RUNS tries; a shared host's load moves every figure); the measured
+# column is their median per layer, the predicted one the cost model's.
 #
 # Usage: benchmarks/cost_model.sh [BUILD_DIR] [MACHINE_JSON] [RUNS] [THREADS]
 #   MACHINE_JSON  from `kt-bench machine`; measured first when missing
@@ -23,6 +24,7 @@ prompt=64
 gen=16
 mkdir -p "$dir"
 [ -f "$machine" ] || "$build/tools/kt-bench" machine -t "$threads" -o "$machine"
+triad=$(jq '.nodes[0].triad_gbps' "$machine")
 
 declare -A models=([kimi-k2-slice]="$dir/kimi-k2-slice-4x16.gguf" [deepseek-v3-slice]="$dir/deepseek-v3-slice-4x16.gguf")
 for preset in "${!models[@]}"; do
@@ -46,18 +48,28 @@ cpu:
   nodes: auto
 EOF
 
-printf "%-18s %-9s %-8s %5s %12s %12s %8s\n" model placement phase layer "measured ms" "predicted ms" error
+printf "%-18s %-9s %-8s %5s %12s %12s %8s %5s\n" model placement phase layer "measured ms" "predicted ms" error runs
 for preset in kimi-k2-slice deepseek-v3-slice; do
     for placement in cpu-only sim-half; do
         opt=()
         [ "$placement" = cpu-only ] || opt=(--placement "$dir/cost-sim-half.yaml")
+        # Keep the runs taken while the host's memory bandwidth (the run's own
+        # triad) is within 15% of the machine file's: a shared host's load
+        # moves both, and the prediction is for the host the file measured.
         files=()
-        for r in $(seq "$runs"); do
+        for r in $(seq $((4 * runs))); do
             f="$dir/cost-$preset-$placement-$r.json"
             "$build/tools/kt-bench" model -m "${models[$preset]}" -t "$threads" --prompt-tokens $prompt \
                 --gen-tokens $gen --predict --machine "$machine" "${opt[@]}" --json "$f" >/dev/null 2>&1
-            files+=("$f")
+            if jq -e --argjson t "$triad" '(.triad.best_gbps - $t) | fabs < 0.15 * $t' "$f" >/dev/null; then
+                files+=("$f")
+            fi
+            [ ${#files[@]} -lt "$runs" ] || break
         done
+        if [ ${#files[@]} -eq 0 ]; then
+            echo "$preset $placement: no run within 15% of the machine file's triad ($triad GB/s): host too busy" >&2
+            continue
+        fi
         # median over runs of each layer's measured total; the prediction; per token
         jq -rs --arg m "$preset" --arg p "$placement" '
             def median: sort | if length % 2 == 1 then .[length / 2 | floor]
@@ -67,10 +79,11 @@ for preset in kimi-k2-slice deepseek-v3-slice; do
             | range(0; $runs[0].n_layer) as $l
             | ([$runs[][$ph].layers[$l].total_ns] | median) as $meas
             | ($runs[0].predicted[$ph].layers[$l].total_ns) as $pred
-            | [$m, $p, $ph, $l, ($meas / $tok / 1e6), ($pred / $tok / 1e6), (($pred - $meas) / $meas * 100)]
-            | "\(.[0]) \(.[1]) \(.[2]) \(.[3]) \(.[4]) \(.[5]) \(.[6])"' "${files[@]}" |
-            while read -r m p ph l meas pred err; do
-                printf "%-18s %-9s %-8s %5s %12.3f %12.3f %+7.1f%%\n" "$m" "$p" "$ph" "$l" "$meas" "$pred" "$err"
+            | [$m, $p, $ph, $l, ($meas / $tok / 1e6), ($pred / $tok / 1e6), (($pred - $meas) / $meas * 100),
+               ($runs | length)]
+            | "\(.[0]) \(.[1]) \(.[2]) \(.[3]) \(.[4]) \(.[5]) \(.[6]) \(.[7])"' "${files[@]}" |
+            while read -r m p ph l meas pred err n; do
+                printf "%-18s %-9s %-8s %5s %12.3f %12.3f %+7.1f%% %5s\n" "$m" "$p" "$ph" "$l" "$meas" "$pred" "$err" "$n"
             done
     done
 done
