@@ -309,7 +309,8 @@ static double copy_seconds(const struct kt_placement *p, const struct kt_machine
 /* row[n_expert] = the per-token probabilities of layer il in phase ph
  * (KT_PROFILE_PHASES: both) as kt_profile_probability defines them -
  * count / tokens, or without token totals the row scaled to sum to k -
- * for a whole row at once; returns their sum (0: no data). */
+ * for a whole row at once (kt_profile_probability sums the row per expert);
+ * returns their sum (0: no data). */
 static double profile_row(const struct kt_profile *p, int ph, uint32_t il, double k, double *row)
 {
     if (!p->n_expert || il >= p->n_layer)
@@ -342,9 +343,9 @@ kt_status kt_cost_create(const struct kt_model *m, const struct kt_profile *prof
     if (prof) {
         struct kt_model_identity id;
         kt_model_identity(m, &id);
-        if (prof->model.fingerprint && id.fingerprint && prof->model.fingerprint != id.fingerprint)
-            return kt_err_set(err, KT_ERR_INVALID, "cost model: the profile is of another model ('%s', not '%s')",
-                              prof->model.name, id.name);
+        kt_status st = kt_profile_check_model(prof, &id, "profile", err);
+        if (st != KT_OK)
+            return st;
         if (prof->n_layer != hp->n_layer || (prof->n_expert != 0 && prof->n_expert != hp->n_expert))
             return kt_err_set(err, KT_ERR_INVALID,
                               "cost model: the profile has %u layers x %u experts, the model %u x %u", prof->n_layer,

@@ -519,6 +519,15 @@ static void bad_plans_and_profiles_are_refused(void)
     err = (kt_err){0};
     KT_CHECK(other && kt_cost_create(m, other, &mc, &c2, &err) == KT_ERR_INVALID && c2 == NULL && err.msg[0],
              "a profile of another shape is refused: '%s'", err.msg);
+    struct kt_model_identity id;
+    kt_model_identity(m, &id);
+    id.fingerprint ^= 1; /* another model of the same shape */
+    struct kt_profile *foreign = NULL;
+    KT_CHECK(kt_profile_create(m->hp.n_layer, m->hp.n_expert, &id, &foreign, &err) == KT_OK, "%s", err.msg);
+    err = (kt_err){0};
+    KT_CHECK(foreign && kt_cost_create(m, foreign, &mc, &c2, &err) == KT_ERR_INVALID && c2 == NULL && strstr(err.msg, "profile"),
+             "a profile of another model is refused: '%s'", err.msg);
+    kt_profile_destroy(foreign);
     mc.n_nodes = 0;
     KT_CHECK(kt_cost_create(m, NULL, &mc, &c2, &err) == KT_ERR_INVALID && c2 == NULL, "a machine without nodes");
     kt_profile_destroy(other);
