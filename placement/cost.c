@@ -9,14 +9,19 @@
  * Units: seconds, bytes, multiply-adds (MACs; 2 FLOPs each); rates as the
  * machine file gives them (GB/s = 1e9 bytes/s, GFLOP/s = 1e9 FLOP/s).
  *
- * One matrix call (a projection, one expert's gate, up or down) of `bytes`
- * of weights and n_in x n_out MACs per token, for T tokens, on a place whose
+ * A matrix (a projection, one expert's gate, up or down) of `bytes` of
+ * weights and n_in x n_out MACs per token, for T tokens, on a place whose
  * rates are (decode gbps and overhead_us, prefill gflops) for its type:
  *
- *     t(mat, T) = overhead_us + bytes / gbps + 2 n_in n_out T / gflops
+ *     t(mat, T) = bytes / gbps + 2 n_in n_out T / gflops
  *
  * (streaming the weights and multiplying do not overlap: at decode the first
- * term rules, in prefill the second).  A type without figures takes the
+ * term rules, in prefill the second; kt-bench machine fits gbps and
+ * overhead_us to the MoE step at 1 to 8 experts and takes gflops as the rate
+ * of extra tokens' FLOPs).  overhead_us is a whole MoE step's on a place (its
+ * four pool phases): once per step for each place with units to run (a node
+ * with an active expert or the shared experts, the device, a dense FFN), a
+ * quarter of it for a single host matmul (one phase).  A type without figures takes the
  * measured type nearest in bits per weight (decode), the lowest measured
  * prefill rate, or the node's FMA peak / 4.  Rates were measured with
  * node.threads threads; an engine with fewer scales them by threads /
@@ -232,19 +237,35 @@ static double mat_seconds(const struct rates *r, const struct cost_mat *m, doubl
     const struct kt_machine_rate d = decode_rate(r->decode, m->type);
     const double read_s = (double)m->bytes / (d.gbps * 1e9 * r->scale);
     const double mac_s = 2.0 * m->macs * T / (prefill_gflops(r, m->type) * 1e9 * r->scale);
-    return d.overhead_us * 1e-6 + read_s + mac_s;
+    return d.overhead_us * 1e-6 / 4 + read_s + mac_s; /* one of the fitted step's four pool phases */
 }
 
-static double ffn_seconds(const struct rates *r, const struct cost_ffn *f, double T)
+/* One FFN unit (gate, up, down) for T tokens inside a step: no overhead of its own. */
+static double unit_seconds(const struct rates *r, const struct cost_ffn *f, double T)
 {
-    return mat_seconds(r, &f->gate, T) + mat_seconds(r, &f->up, T) + mat_seconds(r, &f->down, T);
+    const struct cost_mat *m[3] = {&f->gate, &f->up, &f->down};
+    double s = 0.0;
+    for (int i = 0; i < 3; i++) {
+        if (m[i]->bytes == 0 || T <= 0)
+            continue;
+        const struct kt_machine_rate d = decode_rate(r->decode, m[i]->type);
+        s += (double)m[i]->bytes / (d.gbps * 1e9 * r->scale) +
+             2.0 * m[i]->macs * T / (prefill_gflops(r, m[i]->type) * 1e9 * r->scale);
+    }
+    return s;
 }
 
-/* ffn_seconds(T) = a + b T for T > 0 (t(mat, T) is affine in T): an expert's
- * time at any token count without the rate look-ups, for the per-expert loop. */
+/* The fixed cost of one MoE step's units on a place (its four pool phases), as fitted for f's type. */
+static double step_overhead(const struct rates *r, const struct cost_ffn *f)
+{
+    return decode_rate(r->decode, f->gate.type).overhead_us * 1e-6;
+}
+
+/* unit_seconds(T) = a + b T for T > 0: an expert's time at any token count
+ * without the rate look-ups, for the per-expert loop. */
 static void ffn_affine(const struct rates *r, const struct cost_ffn *f, double *a, double *b)
 {
-    const double t1 = ffn_seconds(r, f, 1.0), t2 = ffn_seconds(r, f, 2.0);
+    const double t1 = unit_seconds(r, f, 1.0), t2 = unit_seconds(r, f, 2.0);
     *b = t2 - t1;
     *a = t1 - *b;
 }
@@ -580,12 +601,12 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         if (pl->dense_ffn > 0 && dev) {
             const double copies = copy_seconds(p, acc, dev, T * E * 4, true) + copy_seconds(p, acc, dev, T * 4, true) +
                                   copy_seconds(p, acc, dev, T * E * 4, false);
-            const double work = ffn_seconds(&dr, &d->dense, T);
+            const double work = step_overhead(&dr, &d->dense) + unit_seconds(&dr, &d->dense, T);
             o->experts_s = work + copies;
             o->device_s += work + copies;
             o->transfer_s += copies;
         } else {
-            o->experts_s = ffn_seconds(&host, &d->dense, T);
+            o->experts_s = step_overhead(&host, &d->dense) + unit_seconds(&host, &d->dense, T);
         }
         o->total_s = o->attention_s + o->router_s + o->experts_s + o->combine_s;
         return;
@@ -599,6 +620,9 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     const double *prob = c->prob[q->mode == KT_COST_PREFILL] + (size_t)il * c->n_expert;
     double node_pa[KT_PLACEMENT_MAX_NODES] = {0}, node_var[KT_PLACEMENT_MAX_NODES] = {0};
     double node_count[KT_PLACEMENT_MAX_NODES] = {0}; /* experts that may be active */
+    double node_none[KT_PLACEMENT_MAX_NODES], none_active = 1.0; /* P(no active expert): per node, on the CPU */
+    for (int n = 0; n < n_nodes; n++)
+        node_none[n] = 1.0;
     double node_t[KT_PLACEMENT_MAX_NODES] = {0}; /* sum of p_active x t_x, then the mean */
     double dev_s = 0.0, dev_pairs = 0.0, cpu_pa = 0.0, cpu_t = 0.0, cpu_bytes = 0.0, dev_bytes = 0.0;
     const double expert_bytes = (double)(d->expert.gate.bytes + d->expert.up.bytes + d->expert.down.bytes);
@@ -632,6 +656,8 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         int n = h && h->node >= 0 && h->node < n_nodes ? h->node : 0;
         const double t = node_a[n] + node_b[n] * tokens;
         node_pa[n] += pa;
+        node_none[n] *= 1 - pa;
+        none_active *= 1 - pa;
         node_var[n] += pa * (1 - pa);
         node_count[n] += 1;
         node_t[n] += pa * t;
@@ -642,12 +668,16 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     o->device_pairs = dev_pairs;
     const bool shared_dev = d->has_shared && pl->shared_experts > 0 && dev;
     if (shared_dev) {
-        dev_s += ffn_seconds(&dr, &d->shared, T);
+        dev_s += unit_seconds(&dr, &d->shared, T);
         dev_bytes += shared_bytes;
         o->device_pairs += T;
     }
     /* the shared experts (on the CPU) go with the first node's pool */
-    const double shared_cpu = d->has_shared && !shared_dev ? ffn_seconds(&nr[0], &d->shared, T) : 0.0;
+    const double shared_cpu = d->has_shared && !shared_dev ? unit_seconds(&nr[0], &d->shared, T) : 0.0;
+    /* a node with work pays its step's overhead once */
+    double ov[KT_PLACEMENT_MAX_NODES];
+    for (int n = 0; n < n_nodes; n++)
+        ov[n] = step_overhead(&nr[n], &d->expert);
     cpu_bytes += d->has_shared && !shared_dev ? shared_bytes : 0.0;
     double cpu_s = 0.0;
     const uint64_t nodes_mask = p->expert_nodes ? p->expert_nodes : 1;
@@ -660,12 +690,13 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         for (int n = 0; n < n_nodes && n < 64; n++) {
             if (!((nodes_mask >> n) & 1))
                 continue;
-            const double t = cpu_pa * ffn_seconds(&nr[n], &d->expert, mean_tokens) / n_slices + (n == 0 ? shared_cpu : 0);
+            const double t = cpu_pa * unit_seconds(&nr[n], &d->expert, mean_tokens) / n_slices +
+                             (n == 0 ? shared_cpu : 0) + ov[n] * (1 - (n == 0 && shared_cpu > 0 ? 0 : none_active));
             o->node_s[n] = t;
             cpu_s = t > cpu_s ? t : cpu_s;
         }
     } else if (n_nodes == 1) {
-        cpu_s = node_t[0] + shared_cpu;
+        cpu_s = node_t[0] + shared_cpu + ov[0] * (1 - (shared_cpu > 0 ? 0 : node_none[0]));
         o->node_s[0] = cpu_s;
     } else {
         /* each node's count of active experts: a Poisson-binomial, by DP
@@ -675,7 +706,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         int cap[KT_PLACEMENT_MAX_NODES], top[KT_PLACEMENT_MAX_NODES];
         bool any_dp = false;
         for (int n = 0; n < n_nodes; n++) {
-            o->node_s[n] = node_t[n] + (n == 0 ? shared_cpu : 0);
+            o->node_s[n] = node_t[n] + (n == 0 ? shared_cpu : 0) + ov[n] * (1 - (n == 0 && shared_cpu > 0 ? 0 : node_none[n]));
             const double hi = node_pa[n] + 8.0 * sqrt(node_var[n]) + 8.0;
             cap[n] = node_pa[n] > 0 && hi <= KT_COST_DP_MAX ? (int)hi : -1;
             top[n] = 0;
@@ -705,7 +736,8 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
                 dist[n].n = top[n] + 1;
             const double t_mean = node_pa[n] > 0 ? node_t[n] / node_pa[n] : 0.0;
             for (int i = 0; i < dist[n].n; i++)
-                dist[n].v[i] = dist[n].v[i] * t_mean + (n == 0 ? shared_cpu : 0.0);
+                dist[n].v[i] = dist[n].v[i] * t_mean + (n == 0 ? shared_cpu : 0.0) +
+                               (dist[n].v[i] > 0 || (n == 0 && shared_cpu > 0) ? ov[n] : 0.0);
             if (n_dist != n)
                 dist[n_dist] = dist[n];
             n_dist++;
@@ -715,6 +747,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     /* the device's units: h up (unless attention is there), pair ids up, outputs down */
     double dev_total = 0.0;
     if (dev_s > 0) {
+        dev_s += step_overhead(&dr, &d->expert);
         const double copies = (attn_dev ? 0.0 : copy_seconds(p, acc, dev, T * E * 4, true)) +
                               copy_seconds(p, acc, dev, (o->pairs + T) * 4, true) +
                               copy_seconds(p, acc, dev, o->device_pairs * E * 4, false);
