@@ -10,6 +10,7 @@
 #
 # Usage: benchmarks/cost_model.sh [BUILD_DIR] [MACHINE_JSON] [RUNS] [THREADS]
 #   MACHINE_JSON  from `kt-bench machine`; measured first when missing
+# KT_COST_TRIAD_TOLERANCE (default 0.15): the triad band a run must fall in (1e9: any run).
 # Models (4 layers, 16 experts, Q4_K experts; about 2.1 and 2.4 GiB) are
 # written with kt-synth when missing, in $KT_BENCH_DIR (default
 # /tmp/kt-bench), with every run's JSON.  Prints one table: model, placement,
@@ -25,6 +26,7 @@ gen=16
 mkdir -p "$dir"
 [ -f "$machine" ] || "$build/tools/kt-bench" machine -t "$threads" -o "$machine"
 triad=$(jq '.nodes[0].triad_gbps' "$machine")
+tol=${KT_COST_TRIAD_TOLERANCE:-0.15} # 1e9: keep every run
 
 declare -A models=([kimi-k2-slice]="$dir/kimi-k2-slice-4x16.gguf" [deepseek-v3-slice]="$dir/deepseek-v3-slice-4x16.gguf")
 for preset in "${!models[@]}"; do
@@ -61,7 +63,7 @@ for preset in kimi-k2-slice deepseek-v3-slice; do
             f="$dir/cost-$preset-$placement-$r.json"
             "$build/tools/kt-bench" model -m "${models[$preset]}" -t "$threads" --prompt-tokens $prompt \
                 --gen-tokens $gen --predict --machine "$machine" "${opt[@]}" --json "$f" >/dev/null 2>&1
-            if jq -e --argjson t "$triad" '(.triad.best_gbps - $t) | fabs < 0.15 * $t' "$f" >/dev/null; then
+            if jq -e --argjson t "$triad" --argjson tol "$tol" '(.triad.best_gbps - $t) | fabs < $tol * $t' "$f" >/dev/null; then
                 files+=("$f")
             fi
             [ ${#files[@]} -lt "$runs" ] || break
