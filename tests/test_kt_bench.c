@@ -178,6 +178,70 @@ static void model_reports_every_layer_and_splits_add_up(void)
     remove(json_path);
 }
 
+
+/* kt-bench model --predict: the cost model's split of every layer beside the
+ * measured one, decode and prefill, CPU-only and on the sim device (tiny-sim),
+ * with stated defaults when no machine file is given; a machine file that
+ * cannot be read fails the run, naming it. */
+static void model_predict_reports_every_layer(void)
+{
+    const char *model = kt_test_path("tiny-p.gguf"), *json_path = kt_test_path("predict.json");
+    const char *src = getenv("KT_SOURCE_DIR");
+    char plan[1024];
+    snprintf(plan, sizeof plan, "%s/configs/tiny-sim.yaml", src ? src : ".");
+    int rc = kt_test_system("'%s' --preset tiny -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), model);
+    KT_CHECK(rc == 0, "kt-synth exited %d", rc);
+    for (int with_sim = 0; with_sim < 2; with_sim++) {
+        char placement[1100] = "";
+        if (with_sim)
+            snprintf(placement, sizeof placement, "--placement '%s'", plan);
+        remove(json_path);
+        rc = kt_test_system("'%s' model -m '%s' %s --prompt-tokens 16 --gen-tokens 4 --threads 2 --predict --json '%s' "
+                            "> /dev/null 2>&1",
+                            kt_test_tool("kt-bench"), model, placement, json_path);
+        KT_CHECK(rc == 0, "kt-bench model --predict %s exited %d", placement, rc);
+        json_error_t je;
+        json_t *root = json_load_file(json_path, 0, &je);
+        KT_CHECK(root != NULL, "cannot parse %s: %s", json_path, je.text);
+        json_t *pred = json_object_get(root, "predicted");
+        KT_CHECK(pred && json_is_string(json_object_get(pred, "machine")), "a \"predicted\" object naming its machine");
+        const char *phases[] = {"prefill", "decode"};
+        for (int ph = 0; pred && ph < 2; ph++) {
+            json_t *p = json_object_get(pred, phases[ph]), *layers = json_object_get(p, "layers");
+            KT_CHECK(json_array_size(layers) == 4, "%s: %zu predicted layers", phases[ph], json_array_size(layers));
+            double sum = 0;
+            size_t i;
+            json_t *l;
+            json_array_foreach(layers, i, l)
+            {
+                const double parts = num(l, "attention_ns") + num(l, "router_ns") + num(l, "experts_ns") +
+                                     num(l, "combine_ns");
+                KT_CHECK(num(l, "total_ns") > 0 && fabs(parts - num(l, "total_ns")) <= 4, "%s layer %zu: %g vs %g",
+                         phases[ph], i, parts, num(l, "total_ns"));
+                KT_CHECK(isfinite(num(l, "error")) && num(l, "error") > -1, "%s layer %zu error %g", phases[ph], i,
+                         num(l, "error"));
+                KT_CHECK(with_sim ? num(l, "device_ns") > 0 : num(l, "device_ns") == 0, "%s layer %zu device %g",
+                         phases[ph], i, num(l, "device_ns"));
+                sum += num(l, "total_ns");
+            }
+            KT_CHECK(num(p, "step_ns") > sum, "%s: the step %g covers its layers %g", phases[ph], num(p, "step_ns"), sum);
+        }
+        json_decref(root);
+    }
+    const char *out = kt_test_path("predict.out");
+    rc = kt_test_system("'%s' model -m '%s' --prompt-tokens 4 --gen-tokens 1 --predict --machine /nonexistent/m.json "
+                        "> '%s' 2>&1",
+                        kt_test_tool("kt-bench"), model, out);
+    size_t text_bytes = 0;
+    char *text = kt_test_read_file(out, &text_bytes);
+    KT_CHECK(rc == 1 && text && strstr(text, "/nonexistent/m.json"), "an unreadable machine file: rc %d, '%s'", rc,
+             text ? text : "");
+    free(text);
+    remove(out);
+    remove(model);
+    remove(json_path);
+}
+
 /* kt-bench profile: prompt lines of every kind through prefill and greedy
  * decode, batch 2; the profile file carries the model's identity and counts
  * that add up to its token totals (tiny: layer 0 dense, 32 experts top-8). */
@@ -319,6 +383,7 @@ int main(void)
     KT_RUN(bad_arguments_exit_2_with_usage);
     KT_RUN(missing_model_exits_1_with_a_message);
     KT_RUN(model_reports_every_layer_and_splits_add_up);
+    KT_RUN(model_predict_reports_every_layer);
     KT_RUN(profile_writes_counts_that_add_up_to_the_tokens);
     KT_RUN(kernels_json_has_every_field_positive_and_ratios_in_range);
     return kt_test_finish();
