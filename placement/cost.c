@@ -32,8 +32,8 @@
  * the engine picks per chunk (attention.c: fewer MACs wins): its projections
  * t(q_a) + t(q_b) + t(kv_a) + t(out), and the heads, with pairs = T c +
  * T (T + 1) / 2 (query, position) pairs:
- *     absorbed  T (W_UK + W_UV bytes) / decode_rows gbps (per-head gemv in GGUF
- *               rows) + 4 H pairs (2 kvr + dr) / f32_cached_gbps
+ *     absorbed  overhead + T (W_UK + W_UV bytes) / gbps of decode_rows (per-head
+ *               gemv in GGUF rows, one call for the step's tokens) + 4 H pairs (2 kvr + dr) / f32_cached_gbps
  *     expanded  4 H ((c + T + 1) (dn + dv) kvr + pairs (dk + dv)) / f32_cached_gbps
  * (f32 products over a head's matrices and cache rows, which stay in cache;
  * 4 bytes read per MAC).  A prefill runs in chunks of q->chunk tokens.
@@ -539,7 +539,7 @@ static double attention_seconds(const struct kt_cost_model *c, const struct cost
         s += 4.0 * H * expanded / (r->f32_cached_gbps * 1e9 * r->scale);
     } else {
         const struct kt_machine_rate ur = decode_rate(r->rows ? r->rows : r->decode, d->uk_uv.type);
-        s += T * (double)d->uk_uv.bytes / (ur.gbps * 1e9 * r->scale) +
+        s += (r->rows ? ur.overhead_us * 1e-6 : 0.0) + T * (double)d->uk_uv.bytes / (ur.gbps * 1e9 * r->scale) +
              4.0 * H * pairs * (2 * kvr + dr) / (r->f32_cached_gbps * 1e9 * r->scale);
     }
     return s;
