@@ -33,7 +33,8 @@
  * t(q_a) + t(q_b) + t(kv_a) + t(out), and the heads, with pairs = T c +
  * T (T + 1) / 2 (query, position) pairs:
  *     absorbed  overhead + T (W_UK + W_UV bytes) / gbps of decode_rows (per-head
- *               gemv in GGUF rows, one call for the step's tokens) + 4 H pairs (2 kvr + dr) / f32_cached_gbps
+ *               gemv in GGUF rows, one call for the step's tokens)
+ *               + 4 H pairs (2 kvr + dr) / f32_cached_gbps
  *     expanded  4 H ((c + T + 1) (dn + dv) kvr + pairs (dk + dv)) / f32_cached_gbps
  * (f32 products over a head's matrices and cache rows, which stay in cache;
  * 4 bytes read per MAC).  A prefill runs in chunks of q->chunk tokens.
