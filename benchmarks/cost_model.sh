@@ -11,6 +11,8 @@
 # Usage: benchmarks/cost_model.sh [BUILD_DIR] [MACHINE_JSON] [RUNS] [THREADS]
 #   MACHINE_JSON  from `kt-bench machine`; measured first when missing
 # KT_COST_TRIAD_TOLERANCE (default 0.15): the triad band a run must fall in (1e9: any run).
+# KT_COST_REMEASURE=1: measure the machine file again before every run (a shared host's
+#   figures drift within minutes); the predicted column is then the median prediction.
 # Models (4 layers, 16 experts, Q4_K experts; about 2.1 and 2.4 GiB) are
 # written with kt-synth when missing, in $KT_BENCH_DIR (default
 # /tmp/kt-bench), with every run's JSON.  Prints one table: model, placement,
@@ -61,6 +63,10 @@ for preset in kimi-k2-slice deepseek-v3-slice; do
         files=()
         for r in $(seq $((4 * runs))); do
             f="$dir/cost-$preset-$placement-$r.json"
+            if [ "${KT_COST_REMEASURE:-0}" = 1 ]; then # figures of this moment, for this run
+                "$build/tools/kt-bench" machine -t "$threads" -o "$machine" >/dev/null 2>&1
+                triad=$(jq '.nodes[0].triad_gbps' "$machine")
+            fi
             "$build/tools/kt-bench" model -m "${models[$preset]}" -t "$threads" --prompt-tokens $prompt \
                 --gen-tokens $gen --predict --machine "$machine" "${opt[@]}" --json "$f" >/dev/null 2>&1
             if jq -e --argjson t "$triad" --argjson tol "$tol" '(.triad.best_gbps - $t) | fabs < $tol * $t' "$f" >/dev/null; then
@@ -80,7 +86,7 @@ for preset in kimi-k2-slice deepseek-v3-slice; do
             | ($runs[0][$ph].tokens) as $tok
             | range(0; $runs[0].n_layer) as $l
             | ([$runs[][$ph].layers[$l].total_ns] | median) as $meas
-            | ($runs[0].predicted[$ph].layers[$l].total_ns) as $pred
+            | ([$runs[].predicted[$ph].layers[$l].total_ns] | median) as $pred
             | [$m, $p, $ph, $l, ($meas / $tok / 1e6), ($pred / $tok / 1e6), (($pred - $meas) / $meas * 100),
                ($runs | length)]
             | "\(.[0]) \(.[1]) \(.[2]) \(.[3]) \(.[4]) \(.[5]) \(.[6]) \(.[7])"' "${files[@]}" |
