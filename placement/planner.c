@@ -87,20 +87,27 @@ static double objective(const struct planner *pl, uint32_t il, bool sliced)
     return t;
 }
 
-/* The routed experts of layer il by the objective's phase, hottest first. */
+/* The routed experts of layer il by the objective's phase, hottest first:
+ * each phase's share of the layer's tokens, weighted as the objective is. */
 static void order_by_heat(const struct planner *pl, uint32_t il, uint32_t *order)
 {
-    const uint32_t n = pl->m->hp.n_expert, k = pl->m->hp.n_expert_used;
+    const uint32_t n = pl->m->hp.n_expert;
     const struct kt_profile *prof = pl->prof;
+    const bool counted = prof && prof->n_expert;
+    double w[KT_PROFILE_PHASES] = {0, 0};
+    for (int ph = 0; counted && ph < KT_PROFILE_PHASES; ph++) {
+        double row = 0;
+        for (uint32_t x = 0; x < n; x++)
+            row += prof->counts[ph][(size_t)il * n + x];
+        w[ph] = row > 0 ? (ph == KT_PROFILE_DECODE ? pl->wd : pl->wp) / row : 0;
+    }
+    if (counted && w[0] == 0 && w[1] == 0) /* the objective's phase has no counts: both phases */
+        for (int ph = 0; ph < KT_PROFILE_PHASES; ph++)
+            w[ph] = 1;
     for (uint32_t x = 0; x < n; x++) {
         double v = 0;
-        if (prof && prof->n_expert) {
-            double d = kt_profile_probability(prof, KT_PROFILE_DECODE, il, x, k);
-            double f = kt_profile_probability(prof, KT_PROFILE_PREFILL, il, x, k);
-            v = pl->wd * d + pl->wp * f;
-            if (v == 0)
-                v = kt_profile_probability(prof, KT_PROFILE_PHASES, il, x, k);
-        }
+        for (int ph = 0; counted && ph < KT_PROFILE_PHASES; ph++)
+            v += w[ph] * prof->counts[ph][(size_t)il * n + x];
         pl->scratch[x] = (struct heat){v, x};
     }
     qsort(pl->scratch, n, sizeof *pl->scratch, hotter);
