@@ -607,7 +607,8 @@ static void spread_layer(struct planner *pl, uint32_t il)
     }
 }
 
-/* The largest hot_per_layer (at most n_expert_used) whose copies fit in every node's RAM. */
+/* The largest hot_per_layer (at most n_expert_used) whose copies fit in every node's RAM;
+ * none when a layer is row-sliced. */
 static void choose_replicas(struct planner *pl)
 {
     struct kt_placement *p = pl->p;
@@ -615,6 +616,10 @@ static void choose_replicas(struct planner *pl)
     pl->plan->replicas_hot_per_layer = 0;
     if (__builtin_popcountll(p->expert_nodes) < 2 || n == 0)
         return;
+    /* hot_per_layer copies in every layer, and the engine refuses replicas in a sliced one */
+    for (uint32_t il = 0; il < p->n_layer; il++)
+        if (p->layers[il].cpu_sliced)
+            return;
     const uint32_t R_max = pl->m->hp.n_expert_used < n ? pl->m->hp.n_expert_used : n;
     uint64_t cpu_other = p->devices[0].bytes - p->devices[0].part_bytes[KT_PART_ROUTED_EXPERTS] -
                          p->devices[0].part_bytes[KT_PART_REPLICAS];

@@ -16,7 +16,8 @@
  *     the least loaded node) when that puts the busiest node within 5% of the
  *     mean by predicted time, else the layer is row-sliced over every node;
  *  4. the hottest CPU experts of every layer are copied to every other node
- *     where the nodes' RAM allows (cpu.replicas.hot_per_layer).
+ *     where the nodes' RAM allows (cpu.replicas.hot_per_layer), unless a layer
+ *     is row-sliced (the engine refuses replicas there).
  * It never reads tensor data and never prints.
  */
 #ifndef KT_PLACEMENT_PLANNER_H

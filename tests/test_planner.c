@@ -214,6 +214,7 @@ static void planner_slices_a_layer_one_expert_dominates(void)
                  plan->layers[2].balance_whole);
         KT_CHECK(!plan->placement->layers[1].cpu_sliced, "layer 1 sliced though whole experts balance (%.3f)",
                  plan->layers[1].balance_whole);
+        KT_CHECK(plan->replicas_hot_per_layer == 0, "replicas with a sliced layer (the engine refuses them)");
         check_balance(plan, cost);
         if (config_has_sliced()) {
             const char *pp = save_profile(prof, "planner-prof-sliced.json");
