@@ -574,36 +574,64 @@ static void spread_layer(struct planner *pl, uint32_t il)
 {
     struct kt_placement_layer *L = &pl->p->layers[il];
     struct kt_plan_layer *info = &pl->plan->layers[il];
+    const uint32_t n = pl->p->n_expert;
     info->balance_whole = info->balance = 1.0;
     L->cpu_sliced = false;
     if (pl->n_nodes == 1) {
-        for (uint32_t x = 0; x < pl->p->n_expert; x++)
+        for (uint32_t x = 0; x < n; x++)
             L->experts[x].node = 0;
         return;
     }
     double loads[KT_PLACEMENT_MAX_NODES], pre[KT_PLACEMENT_MAX_NODES];
-    struct kt_cost_layer c;
+    struct kt_cost_layer c, all0;
     home_whole(pl, il, NULL, loads);
     kt_cost_layer(pl->cost, pl->p, il, L->experts, false, pl->qbal, &c);
     double ratio = kt_plan_layer_balance(pl->p, &c);
     if (ratio > KT_PLAN_BALANCE_LIMIT) {
-        /* what the cost model puts on a node besides these experts (the
-         * shared experts with node 0's pool, say): pre-load it, once */
-        for (int n = 0; n < pl->n_nodes; n++)
-            pre[n] = c.node_s[n] > loads[n] ? c.node_s[n] - loads[n] : 0;
-        home_whole(pl, il, pre, loads);
-        kt_cost_layer(pl->cost, pl->p, il, L->experts, false, pl->qbal, &c);
-        double again = kt_plan_layer_balance(pl->p, &c);
-        if (again > ratio)
-            home_whole(pl, il, NULL, loads); /* the first spread was better */
-        else
-            ratio = again;
+        /* The cost model may put more on a node than these experts (the
+         * shared experts with node 0's pool) and price an expert otherwise
+         * than our estimate: fit node_s = base + scale x load from this spread
+         * and from every CPU expert on node 0, then spread again with the
+         * bases pre-loaded. */
+        int *was = malloc(n * sizeof *was);
+        const bool fitted = was != NULL;
+        double total = 0;
+        for (int d = 0; d < pl->n_nodes; d++)
+            total += loads[d] * pl->node_expert_s[(size_t)il * pl->n_nodes] /
+                     pl->node_expert_s[(size_t)il * pl->n_nodes + d];
+        if (was) {
+            for (uint32_t x = 0; x < n; x++) {
+                was[x] = L->experts[x].node;
+                L->experts[x].node = 0;
+            }
+            kt_cost_layer(pl->cost, pl->p, il, L->experts, false, pl->qbal, &all0);
+            for (uint32_t x = 0; x < n; x++)
+                L->experts[x].node = was[x];
+            free(was);
+        }
+        const double scale = fitted && total > loads[0] ? (all0.node_s[0] - c.node_s[0]) / (total - loads[0]) : 0;
+        if (scale > 0) {
+            for (int d = 0; d < pl->n_nodes; d++) {
+                const double base = d == 0 ? c.node_s[0] - scale * loads[0] : all0.node_s[d];
+                pre[d] = base > 0 ? base / scale : 0;
+            }
+            home_whole(pl, il, pre, loads);
+            kt_cost_layer(pl->cost, pl->p, il, L->experts, false, pl->qbal, &c);
+            const double again = kt_plan_layer_balance(pl->p, &c);
+            if (again > ratio)
+                home_whole(pl, il, NULL, loads); /* the first spread was better */
+            else
+                ratio = again;
+        }
     }
     info->balance_whole = info->balance = ratio;
     if (ratio > KT_PLAN_BALANCE_LIMIT) {
-        L->cpu_sliced = true;
         kt_cost_layer(pl->cost, pl->p, il, L->experts, true, pl->qbal, &c);
-        info->balance = kt_plan_layer_balance(pl->p, &c);
+        const double sliced = kt_plan_layer_balance(pl->p, &c);
+        if (sliced < ratio) { /* slicing cannot move what is not experts: only where it helps */
+            L->cpu_sliced = true;
+            info->balance = sliced;
+        }
     }
 }
 

@@ -3,7 +3,7 @@
  *
  * Proves: on kt-synth's tiny model and a synthetic 2-node machine every MoE
  * layer's busiest CPU node is within 5% of the mean by the cost model; a
- * layer one expert dominates is row-sliced; the accelerator stays within its
+ * layer whole experts cannot balance (9 equally hot) is row-sliced; the accelerator stays within its
  * budget; marginal-gain slots beat an equal count per layer on a profile
  * whose layers differ in skew (by the cost model); the config written loads
  * and resolves back to the very same homes; bad input (a budget without room
@@ -192,7 +192,7 @@ static void planner_balances_two_nodes_within_5_percent_and_round_trips(void)
     kt_model_close(m);
 }
 
-static void planner_slices_a_layer_one_expert_dominates(void)
+static void planner_slices_a_layer_whole_experts_cannot_balance(void)
 {
     struct kt_model *m = tiny();
     if (!m)
@@ -200,14 +200,27 @@ static void planner_slices_a_layer_one_expert_dominates(void)
     const double skew[4] = {0, 0.3, 0.3, 0.3};
     struct kt_profile *prof = zipf_profile(m, skew);
     const uint32_t n = m->hp.n_expert;
-    for (uint32_t x = 0; prof && x < n; x++) /* layer 2: expert 3 takes nearly every token */
-        prof->counts[KT_PROFILE_DECODE][2 * n + x] = x == 3 ? 1e7 : 1;
+    for (uint32_t x = 0; prof && x < n; x++) /* layer 2: 9 equally hot experts, no split of 9 within 5% */
+        prof->counts[KT_PROFILE_DECODE][2 * n + x] = x < 9 ? 1e5 : 0;
     struct kt_machine mach;
     two_nodes(&mach, 0.05);
-    struct kt_planner_options o = {.device = KT_PLACE_CPU};
+    /* a device holding attention, shared experts and the rest but no routed expert:
+     * node 0 then has no shared-expert work, so only the routed experts are spread */
+    struct kt_planner_options o = {.device = KT_PLACE_SIM};
     struct kt_cost_model *cost = NULL;
     struct kt_plan *plan = prof ? make_plan(m, prof, &mach, &o, &cost) : NULL;
     if (plan) {
+        const double gib = 1073741824.0;
+        const uint64_t parts = plan->placement->devices[1].budget_bytes - plan->expert_budget_bytes;
+        o.gpu_memory_gib = (double)(parts + kt_layer_expert_bytes(m, 1) / 2) / gib;
+        kt_plan_destroy(plan);
+        kt_cost_destroy(cost);
+        plan = make_plan(m, prof, &mach, &o, &cost);
+    }
+    if (plan) {
+        KT_CHECK(plan->placement->devices[1].n_experts == 0, "%u routed experts on the device",
+                 plan->placement->devices[1].n_experts);
+        KT_CHECK(plan->placement->layers[1].shared_experts == 1, "shared experts not on the device");
         KT_CHECK(plan->placement->layers[2].cpu_sliced, "layer 2 not row-sliced (whole: %.3f)",
                  plan->layers[2].balance_whole);
         KT_CHECK(plan->layers[2].balance_whole > KT_PLAN_BALANCE_LIMIT, "whole experts balanced: %.3f",
@@ -487,7 +500,7 @@ static void kimi_k2_header_plans_within_a_sanity_bound(void)
 int main(void)
 {
     KT_RUN(planner_balances_two_nodes_within_5_percent_and_round_trips);
-    KT_RUN(planner_slices_a_layer_one_expert_dominates);
+    KT_RUN(planner_slices_a_layer_whole_experts_cannot_balance);
     KT_RUN(marginal_gain_beats_equal_per_layer_on_skewed_layers);
     KT_RUN(budget_without_room_for_attention_is_refused);
     KT_RUN(cli_refuses_bad_input_and_writes_nothing);

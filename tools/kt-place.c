@@ -265,6 +265,8 @@ int main(int argc, char **argv)
         fail(err.msg);
         goto done;
     }
+    if (profile_abs)
+        snprintf(plan->placement->profile, sizeof plan->placement->profile, "%s", profile_abs);
     if (!(text = kt_plan_yaml(plan, o.model, profile_abs))) {
         fail("out of memory");
         goto done;
