@@ -135,6 +135,10 @@ void kt_synth_plan_destroy(struct kt_synth_plan *plan);
 kt_status kt_synth_write(const struct kt_synth_plan *plan, const char *path, struct kt_progress *progress,
                          kt_err *err);
 
+/* The plan's metadata and tensor declarations on w, before its header is
+ * written (what kt_synth_write starts with; tests write header-only files). */
+kt_status kt_synth_write_metadata(struct kt_gguf_writer *w, const struct kt_synth_plan *plan, kt_err *err);
+
 /* llama_ftype for a file whose routed experts are of type t (15 for Q4_K, the
  * Q4_K_M mix; 7 for Q8_0; 0 for F32 ...). */
 uint32_t kt_synth_file_type(int t);

@@ -27,7 +27,7 @@
 /* The keys llama.cpp's converter writes for V3/R1/Kimi-K2 (docs/deepseek2.md, Hyperparameters), in
  * its order: general.*, the TextModel keys, the deepseek2 keys, the tokenizer,
  * and general.quantization_version last as llama-quantize appends it. */
-static kt_status write_metadata(struct kt_gguf_writer *w, const struct kt_synth_plan *p, kt_err *err)
+kt_status kt_synth_write_metadata(struct kt_gguf_writer *w, const struct kt_synth_plan *p, kt_err *err)
 {
     const struct kt_synth_config *c = &p->cfg;
     kt_status s = KT_OK;
@@ -299,7 +299,7 @@ kt_status kt_synth_write(const struct kt_synth_plan *plan, const char *path, str
     struct kt_gguf_writer *w = NULL;
     kt_status s = kt_gguf_writer_create(path, &w, err);
     if (s == KT_OK)
-        s = write_metadata(w, plan, err);
+        s = kt_synth_write_metadata(w, plan, err);
     if (s == KT_OK)
         s = kt_gguf_writer_write_header(w, err);
     if (s == KT_OK)

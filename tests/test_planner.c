@@ -1,0 +1,511 @@
+/*
+ * test_planner.c - kt-place's planner (placement/planner.h) and CLI.
+ *
+ * Proves: on kt-synth's tiny model and a synthetic 2-node machine every MoE
+ * layer's busiest CPU node is within 5% of the mean by the cost model; a
+ * layer whole experts cannot balance (9 equally hot) is row-sliced; the accelerator stays within its
+ * budget; marginal-gain slots beat an equal count per layer on a profile
+ * whose layers differ in skew (by the cost model); the config written loads
+ * and resolves back to the very same homes; bad input (a budget without room
+ * for attention, a profile of another model, a machine file of another
+ * kind, NaN or negative counts) fails naming the file and writes nothing;
+ * and a Kimi-K2-shaped header (61 layers x 384 experts, a sparse file with
+ * the real tensor table) plans on 2 nodes and a GPU within a sanity bound.
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "cost.h"
+#include "gguf.h"
+#include "machine.h"
+#include "model.h"
+#include "plan.h"
+#include "planner.h"
+#include "profile.h"
+#include "small_file.h"
+#include "synth.h"
+#include "testlib.h"
+
+/* ---- fixtures --------------------------------------------------------------------- */
+
+static char g_tiny[1024];
+
+static struct kt_model *tiny(void)
+{
+    if (!g_tiny[0]) {
+        snprintf(g_tiny, sizeof g_tiny, "%s", kt_test_path("planner-tiny.gguf"));
+        int rc = kt_test_system("'%s' --preset tiny -q -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), g_tiny);
+        KT_CHECK(rc == 0, "kt-synth failed (%d)", rc);
+    }
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_model_open(g_tiny, &m, &err) == KT_OK, "%s", err.msg);
+    return m;
+}
+
+/* Two equal nodes and a sim accelerator of `accel_gib`. */
+static void two_nodes(struct kt_machine *mach, double accel_gib)
+{
+    kt_machine_defaults(mach, 2);
+    kt_machine_this_kind(mach->kind, sizeof mach->kind);
+    for (int a = 0; a < mach->n_accel; a++)
+        if (mach->accel[a].backend == KT_PLACE_SIM)
+            mach->accel[a].memory_bytes = (uint64_t)(accel_gib * 1073741824.0);
+    if (mach->n_accel == 0) {
+        mach->n_accel = 1;
+        snprintf(mach->accel[0].name, sizeof mach->accel[0].name, "sim");
+        mach->accel[0].backend = KT_PLACE_SIM;
+        mach->accel[0].memory_bytes = (uint64_t)(accel_gib * 1073741824.0);
+        mach->accel[0].h2d_gbps = mach->accel[0].d2h_gbps = 25;
+        mach->accel[0].latency_us = 10;
+    }
+}
+
+/* Zipf counts of exponent skew[il] per MoE layer, hottest expert rotating with the layer. */
+static struct kt_profile *zipf_profile(const struct kt_model *m, const double *skew)
+{
+    struct kt_profile *p = NULL;
+    struct kt_model_identity id;
+    kt_model_identity(m, &id);
+    kt_err err = {0};
+    KT_CHECK(kt_profile_create(m->hp.n_layer, m->hp.n_expert, &id, &p, &err) == KT_OK, "%s", err.msg);
+    if (!p)
+        return NULL;
+    const uint32_t n = m->hp.n_expert;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        if (!m->layers[il].is_moe)
+            continue;
+        for (uint32_t r = 0; r < n; r++)
+            p->counts[KT_PROFILE_DECODE][(size_t)il * n + (r * 5 + il * 3) % n] = floor(1e5 / pow(r + 1, skew[il]));
+    }
+    return p;
+}
+
+static const char *save_profile(const struct kt_profile *p, const char *name)
+{
+    const char *path = kt_test_path(name);
+    kt_err err = {0};
+    KT_CHECK(kt_profile_save(p, path, &err) == KT_OK, "%s", err.msg);
+    return path;
+}
+
+static struct kt_plan *make_plan(const struct kt_model *m, const struct kt_profile *prof, const struct kt_machine *mach,
+                                 const struct kt_planner_options *o, struct kt_cost_model **cost)
+{
+    kt_err err = {0};
+    struct kt_plan *plan = NULL;
+    KT_CHECK(kt_cost_create(m, prof, mach, cost, &err) == KT_OK, "%s", err.msg);
+    if (*cost)
+        KT_CHECK(kt_plan_create(m, "tiny", prof, mach, *cost, o, &plan, &err) == KT_OK, "%s", err.msg);
+    return plan;
+}
+
+/* Every MoE layer with CPU work: busiest / mean node <= 1.05 by the cost model. */
+static void check_balance(const struct kt_plan *plan, const struct kt_cost_model *cost)
+{
+    const struct kt_placement *p = plan->placement;
+    struct kt_cost_query q = {.mode = KT_COST_DECODE, .batch = plan->options.batch, .context = plan->options.context};
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        if (!p->layers[il].experts)
+            continue;
+        struct kt_cost_layer c;
+        kt_cost_layer(cost, p, il, p->layers[il].experts, p->layers[il].cpu_sliced, &q, &c);
+        double b = kt_plan_layer_balance(p, &c);
+        KT_CHECK(b <= KT_PLAN_BALANCE_LIMIT + 1e-9, "layer %u: busiest / mean node %.4f", il, b);
+    }
+}
+
+/* Whether config.c knows cpu.sliced yet (branch `slice`). */
+static bool config_has_sliced(void)
+{
+    const char *t = "version: 1\nattention: cpu\ncpu:\n  sliced: all\n";
+    struct kt_placement_config *c = NULL;
+    kt_err err = {0};
+    bool ok = kt_placement_config_parse(t, strlen(t), "probe.yaml", &c, &err) == KT_OK;
+    kt_placement_config_destroy(c);
+    return ok;
+}
+
+/* Writes the plan's config, loads it as kt-serve would and compares every home. */
+static void check_round_trip(const struct kt_plan *plan, const struct kt_model *m, const char *profile_path,
+                             const char *name)
+{
+    char *text = kt_plan_yaml(plan, "tiny", profile_path);
+    KT_CHECK(text != NULL, "no text");
+    if (!text)
+        return;
+    const char *path = kt_test_path(name);
+    kt_err err = {0};
+    KT_CHECK(kt_write_file_atomic(path, text, strlen(text), &err) == KT_OK, "%s", err.msg);
+    struct kt_placement_config *c = NULL;
+    struct kt_placement *back = NULL;
+    KT_CHECK(kt_placement_config_load(path, &c, &err) == KT_OK, "%s\n%s", err.msg, text);
+    if (c)
+        KT_CHECK(kt_placement_resolve(c, m, plan->placement->n_nodes, NULL, &back, &err) == KT_OK, "%s", err.msg);
+    if (back)
+        KT_CHECK(kt_plan_compare(plan->placement, back, &err) == KT_OK, "%s\n%s", err.msg, text);
+    KT_CHECK(kt_plan_check_yaml(plan, text, strlen(text), path, m, &err) == KT_OK, "%s", err.msg);
+    kt_placement_destroy(back);
+    kt_placement_config_destroy(c);
+    unlink(path);
+    free(text);
+}
+
+/* ---- cases ------------------------------------------------------------------------ */
+
+static void planner_balances_two_nodes_within_5_percent_and_round_trips(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const double skew[4] = {0, 1.2, 0.6, 0.0};
+    struct kt_profile *prof = zipf_profile(m, skew);
+    const char *prof_path = save_profile(prof, "planner-prof.json");
+    struct kt_machine mach;
+    two_nodes(&mach, 0.05);
+    struct kt_planner_options o = {.device = KT_PLACE_SIM};
+    struct kt_cost_model *cost = NULL;
+    struct kt_plan *plan = make_plan(m, prof, &mach, &o, &cost);
+    if (plan) {
+        const struct kt_placement_device *d = &plan->placement->devices[plan->accel];
+        KT_CHECK(plan->accel == 1 && d->bytes <= d->budget_bytes, "sim holds %llu of %llu bytes",
+                 (unsigned long long)d->bytes, (unsigned long long)d->budget_bytes);
+        KT_CHECK(d->n_experts > 0, "no experts on the accelerator");
+        KT_CHECK(plan->placement->layers[1].attention == 1, "attention not on the accelerator");
+        check_balance(plan, cost);
+        bool sliced = false;
+        for (uint32_t il = 0; il < plan->placement->n_layer; il++)
+            sliced |= plan->placement->layers[il].cpu_sliced;
+        if (!sliced || config_has_sliced())
+            check_round_trip(plan, m, prof_path, "planner-plan.yaml");
+    }
+    kt_plan_destroy(plan);
+    kt_cost_destroy(cost);
+    unlink(prof_path);
+    kt_profile_destroy(prof);
+    kt_model_close(m);
+}
+
+static void planner_slices_a_layer_whole_experts_cannot_balance(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const double skew[4] = {0, 0.3, 0.3, 0.3};
+    struct kt_profile *prof = zipf_profile(m, skew);
+    const uint32_t n = m->hp.n_expert;
+    for (uint32_t x = 0; prof && x < n; x++) /* layer 2: 9 equally hot experts, no split of 9 within 5% */
+        prof->counts[KT_PROFILE_DECODE][2 * n + x] = x < 9 ? 1e5 : 0;
+    struct kt_machine mach;
+    two_nodes(&mach, 0.05);
+    /* a device holding attention, shared experts and the rest but no routed expert:
+     * node 0 then has no shared-expert work, so only the routed experts are spread */
+    struct kt_planner_options o = {.device = KT_PLACE_SIM};
+    struct kt_cost_model *cost = NULL;
+    struct kt_plan *plan = prof ? make_plan(m, prof, &mach, &o, &cost) : NULL;
+    if (plan) {
+        const double gib = 1073741824.0;
+        const uint64_t parts = plan->placement->devices[1].budget_bytes - plan->expert_budget_bytes;
+        o.gpu_memory_gib = (double)(parts + kt_layer_expert_bytes(m, 1) / 2) / gib;
+        kt_plan_destroy(plan);
+        kt_cost_destroy(cost);
+        plan = make_plan(m, prof, &mach, &o, &cost);
+    }
+    if (plan) {
+        KT_CHECK(plan->placement->devices[1].n_experts == 0, "%u routed experts on the device",
+                 plan->placement->devices[1].n_experts);
+        KT_CHECK(plan->placement->layers[1].shared_experts == 1, "shared experts not on the device");
+        KT_CHECK(plan->placement->layers[2].cpu_sliced, "layer 2 not row-sliced (whole: %.3f)",
+                 plan->layers[2].balance_whole);
+        KT_CHECK(plan->layers[2].balance_whole > KT_PLAN_BALANCE_LIMIT, "whole experts balanced: %.3f",
+                 plan->layers[2].balance_whole);
+        KT_CHECK(!plan->placement->layers[1].cpu_sliced, "layer 1 sliced though whole experts balance (%.3f)",
+                 plan->layers[1].balance_whole);
+        KT_CHECK(plan->replicas_hot_per_layer == 0, "replicas with a sliced layer (the engine refuses them)");
+        check_balance(plan, cost);
+        if (config_has_sliced()) {
+            const char *pp = save_profile(prof, "planner-prof-sliced.json");
+            check_round_trip(plan, m, pp, "planner-sliced.yaml");
+            unlink(pp);
+        } else {
+            printf("note: the sliced round trip waits for cpu.sliced in config.c (branch slice)\n");
+        }
+    }
+    kt_plan_destroy(plan);
+    kt_cost_destroy(cost);
+    kt_profile_destroy(prof);
+    kt_model_close(m);
+}
+
+static void marginal_gain_beats_equal_per_layer_on_skewed_layers(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const double skew[4] = {0, 2.0, 0.8, 0.0};
+    struct kt_profile *prof = zipf_profile(m, skew);
+    struct kt_machine mach;
+    two_nodes(&mach, 0.05);
+    struct kt_planner_options o = {.device = KT_PLACE_SIM};
+    struct kt_cost_model *cost = NULL;
+    struct kt_plan *plan = make_plan(m, prof, &mach, &o, &cost);
+    if (plan) {
+        kt_err err = {0};
+        struct kt_plan_summary sp, sb;
+        struct kt_placement *base = NULL;
+        KT_CHECK(kt_plan_summarize(cost, plan->placement, &plan->options, &sp, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(kt_plan_baseline(plan, m, prof, &mach, cost, KT_BASELINE_EQUAL_PER_LAYER, &base, &err) == KT_OK,
+                 "%s", err.msg);
+        if (base) {
+            KT_CHECK(kt_plan_summarize(cost, base, &plan->options, &sb, &err) == KT_OK, "%s", err.msg);
+            KT_CHECK(sp.decode_step_s < sb.decode_step_s, "plan %.6f s, equal per layer %.6f s", sp.decode_step_s,
+                     sb.decode_step_s);
+            KT_CHECK(base->devices[1].bytes <= base->devices[1].budget_bytes, "baseline over budget");
+            uint32_t a = plan->layers[1].gpu_experts, c = plan->layers[3].gpu_experts;
+            KT_CHECK(a != c, "the skewed and the uniform layer got the same slots (%u)", a);
+        }
+        kt_placement_destroy(base);
+    }
+    kt_plan_destroy(plan);
+    kt_cost_destroy(cost);
+    kt_profile_destroy(prof);
+    kt_model_close(m);
+}
+
+static void budget_without_room_for_attention_is_refused(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    struct kt_machine mach;
+    two_nodes(&mach, 0.001);
+    struct kt_cost_model *cost = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_cost_create(m, NULL, &mach, &cost, &err) == KT_OK, "%s", err.msg);
+    struct kt_planner_options o = {.device = KT_PLACE_SIM, .budget_source = "test budget"};
+    struct kt_plan *plan = NULL;
+    KT_CHECK(kt_plan_create(m, "tiny.gguf", NULL, &mach, cost, &o, &plan, &err) != KT_OK, "planned anyway");
+    KT_CHECK(plan == NULL, "a plan despite the error");
+    KT_CHECK(strstr(err.msg, "tiny.gguf") && strstr(err.msg, "KV cache") && strstr(err.msg, "test budget"),
+             "message: %s", err.msg);
+    kt_cost_destroy(cost);
+    kt_model_close(m);
+}
+
+/* ---- the CLI ---------------------------------------------------------------------- */
+
+static const char *write_text(const char *name, const char *text)
+{
+    const char *path = kt_test_path(name);
+    FILE *f = fopen(path, "w");
+    KT_CHECK(f != NULL, "cannot write %s", path);
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+    return path;
+}
+
+static const char *machine_file(const char *name, const char *kind, double sim_gib)
+{
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"version\": 1, \"kind\": \"%s\", \"topology\": \"\",\n"
+             " \"nodes\": [{\"node\": 0, \"threads\": 1, \"memory_gib\": 8, \"triad_gbps\": 20,"
+             " \"decode\": {\"f32\": {\"gbps\": 10, \"overhead_us\": 2}}},\n"
+             "           {\"node\": 1, \"threads\": 1, \"memory_gib\": 8, \"triad_gbps\": 20,"
+             " \"decode\": {\"f32\": {\"gbps\": 10, \"overhead_us\": 2}}}],\n"
+             " \"accelerators\": [{\"name\": \"sim\", \"backend\": \"sim\", \"memory_gib\": %g, \"h2d_gbps\": 25,"
+             " \"d2h_gbps\": 25, \"latency_us\": 10}]}\n",
+             kind, sim_gib);
+    return write_text(name, text);
+}
+
+/* kt-place's exit status; out gets its stderr. */
+static int kt_place(const char *args, const char *out_path, char *stderr_text, size_t cap)
+{
+    const char *errf = kt_test_path("planner-stderr.txt");
+    int rc = kt_test_system("'%s' -m '%s' %s -o '%s' > /dev/null 2> '%s'", kt_test_tool("kt-place"), g_tiny, args,
+                            out_path, errf);
+    size_t len = 0;
+    char *t = kt_test_read_file(errf, &len);
+    snprintf(stderr_text, cap, "%.*s", t ? (int)len : 0, t ? t : "");
+    free(t);
+    unlink(errf);
+    return rc;
+}
+
+static void cli_refuses_bad_input_and_writes_nothing(void)
+{
+    struct kt_model *m = tiny(); /* makes g_tiny */
+    if (!m)
+        return;
+    char kind[160], args[4096], msg[4096];
+    kt_machine_this_kind(kind, sizeof kind);
+    const char *good_machine = machine_file("planner-machine.json", kind, 0.05);
+    char good_machine_path[1024];
+    snprintf(good_machine_path, sizeof good_machine_path, "%s", good_machine);
+    const double skew[4] = {0, 1.0, 1.0, 1.0};
+    struct kt_profile *prof = zipf_profile(m, skew);
+    char prof_path[1024];
+    snprintf(prof_path, sizeof prof_path, "%s", save_profile(prof, "planner-cli-prof.json"));
+    char out[1024];
+    snprintf(out, sizeof out, "%s", kt_test_path("planner-cli.yaml"));
+
+    snprintf(args, sizeof args, "--profile '%s' --machine '%s' --device sim --explain", prof_path, good_machine_path);
+    int rc = kt_place(args, out, msg, sizeof msg);
+    KT_CHECK(rc == 0, "kt-place failed (%d): %s", rc, msg);
+    struct kt_placement_config *c = NULL;
+    kt_err err = {0};
+    KT_CHECK(access(out, R_OK) == 0 && kt_placement_config_load(out, &c, &err) == KT_OK, "%s", err.msg);
+    kt_placement_config_destroy(c);
+    unlink(out);
+
+    struct {
+        const char *what, *args_fmt, *needle;
+    } bad[] = {
+        {"budget", "--profile '%s' --machine '%s' --device sim --gpu-memory 0.001", "--gpu-memory"},
+        {"other model", "--profile '%s' --machine '%s'", "planner-other.json"},
+        {"other kind", "--profile '%s' --machine '%s'", "planner-kind.json"},
+        {"nan", "--profile '%s' --machine '%s'", "planner-nan.json"},
+        {"negative", "--profile '%s' --machine '%s'", "planner-neg.json"},
+    };
+    char other[1024], kindf[1024], nanf[1024], negf[1024];
+    snprintf(other, sizeof other, "%s",
+             write_text("planner-other.json", "{\"version\": 1, \"model\": \"x\", \"layers\": [[], [1, 2]]}"));
+    snprintf(kindf, sizeof kindf, "%s", machine_file("planner-kind.json", "another machine | 9 nodes | sse2", 1));
+    snprintf(nanf, sizeof nanf, "%s",
+             write_text("planner-nan.json", "{\"version\": 1, \"model\": \"x\", \"layers\": [[], [NaN, 2]]}"));
+    snprintf(negf, sizeof negf, "%s",
+             write_text("planner-neg.json", "{\"version\": 1, \"model\": \"x\", \"layers\": [[], [-1, 2]]}"));
+    const char *profiles[] = {prof_path, other, prof_path, nanf, negf};
+    const char *machines[] = {good_machine_path, good_machine_path, kindf, good_machine_path, good_machine_path};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, bad[i].args_fmt, profiles[i], machines[i]);
+        rc = kt_place(args, out, msg, sizeof msg);
+        KT_CHECK(rc == 1, "%s: exit %d", bad[i].what, rc);
+        KT_CHECK(strstr(msg, bad[i].needle) != NULL, "%s: the message does not name %s: %s", bad[i].what,
+                 bad[i].needle, msg);
+        KT_CHECK(access(out, F_OK) != 0, "%s: a file was written", bad[i].what);
+        unlink(out);
+    }
+    unlink(other), unlink(kindf), unlink(nanf), unlink(negf), unlink(prof_path), unlink(good_machine_path);
+    kt_profile_destroy(prof);
+    kt_model_close(m);
+}
+
+/* ---- Kimi-K2's header --------------------------------------------------------------- */
+
+/* kimi-k2-slice at 61 layers x 384 experts with every byte of data a hole:
+ * the writer's header, then ftruncate to the full size. */
+static bool write_sparse_kimi(const char *path)
+{
+    struct kt_synth_config cfg;
+    struct kt_synth_plan *sp = NULL;
+    struct kt_gguf_writer *w = NULL;
+    kt_err err = {0};
+    bool ok = kt_synth_preset("kimi-k2-slice", &cfg, &err) == KT_OK;
+    cfg.n_layer = 61;
+    cfg.n_expert = 384;
+    ok = ok && kt_synth_plan_create(&cfg, &sp, &err) == KT_OK;
+    ok = ok && kt_gguf_writer_create(path, &w, &err) == KT_OK && kt_synth_write_metadata(w, sp, &err) == KT_OK &&
+         kt_gguf_writer_write_header(w, &err) == KT_OK;
+    /* a data write of the buffer's size flushes the header to PATH.tmp */
+    static uint8_t zeros[1u << 20];
+    ok = ok && kt_gguf_writer_write_data(w, zeros, sizeof zeros, &err) == KT_OK;
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    struct stat st;
+    ok = ok && stat(tmp, &st) == 0 && link(tmp, path) == 0;
+    KT_CHECK(ok, "sparse Kimi-K2 header: %s", err.msg);
+    kt_gguf_writer_destroy(w);
+    if (ok) {
+        uint64_t data = 0;
+        for (uint32_t i = 0; i < sp->n_tensors; i++)
+            data += (sp->tensors[i].nbytes + KT_GGUF_DEFAULT_ALIGNMENT - 1) / KT_GGUF_DEFAULT_ALIGNMENT *
+                    KT_GGUF_DEFAULT_ALIGNMENT;
+        int fd = open(path, O_WRONLY);
+        ok = fd >= 0 && ftruncate(fd, (off_t)((uint64_t)st.st_size - sizeof zeros + data)) == 0;
+        if (fd >= 0)
+            close(fd);
+        KT_CHECK(ok, "ftruncate %s", path);
+    }
+    kt_synth_plan_destroy(sp);
+    return ok;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void kimi_k2_header_plans_within_a_sanity_bound(void)
+{
+    const char *dir = getenv("KT_PLANNER_BENCH_DIR"); /* keep the files for kt-place runs */
+    char path[1024];
+    if (dir)
+        snprintf(path, sizeof path, "%s/kimi-k2-header.gguf", dir);
+    else
+        snprintf(path, sizeof path, "%s", kt_test_path("kimi-k2-header.gguf"));
+    unlink(path);
+    if (!write_sparse_kimi(path))
+        return;
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_model_open(path, &m, &err) == KT_OK, "%s", err.msg);
+    if (m) {
+        KT_CHECK(m->hp.n_layer == 61 && m->hp.n_expert == 384, "%u x %u", m->hp.n_layer, m->hp.n_expert);
+        double skew[61];
+        for (int il = 0; il < 61; il++)
+            skew[il] = 0.3 + 0.02 * il;
+        struct kt_profile *prof = zipf_profile(m, skew);
+        struct kt_machine mach;
+        two_nodes(&mach, 22);
+        for (int n = 0; n < 2; n++)
+            mach.nodes[n].memory_bytes = 768ull << 30;
+        struct kt_planner_options o = {.device = KT_PLACE_SIM, .gpu_memory_gib = 22, .kv_tokens = 32768};
+        struct kt_cost_model *cost = NULL;
+        const double t0 = now_s();
+        struct kt_plan *plan = make_plan(m, prof, &mach, &o, &cost);
+        const double t = now_s() - t0;
+        if (plan) {
+            printf("Kimi-K2 header, 2 nodes + a 22 GiB device: planned in %.1f ms (cost model %.1f ms)\n",
+                   1e3 * plan->plan_s, 1e3 * (t - plan->plan_s));
+            KT_CHECK(t < 2.0, "planning took %.3f s", t);
+            KT_CHECK(plan->placement->devices[1].n_experts > 0, "no experts on the device");
+            check_balance(plan, cost);
+            if (dir) {
+                char pp[1100];
+                snprintf(pp, sizeof pp, "%s/kimi-k2-profile.json", dir);
+                KT_CHECK(kt_profile_save(prof, pp, &err) == KT_OK, "%s", err.msg);
+            }
+        }
+        kt_plan_destroy(plan);
+        kt_cost_destroy(cost);
+        kt_profile_destroy(prof);
+        kt_model_close(m);
+    }
+    if (!dir)
+        unlink(path);
+}
+
+int main(void)
+{
+    KT_RUN(planner_balances_two_nodes_within_5_percent_and_round_trips);
+    KT_RUN(planner_slices_a_layer_whole_experts_cannot_balance);
+    KT_RUN(marginal_gain_beats_equal_per_layer_on_skewed_layers);
+    KT_RUN(budget_without_room_for_attention_is_refused);
+    KT_RUN(cli_refuses_bad_input_and_writes_nothing);
+    KT_RUN(kimi_k2_header_plans_within_a_sanity_bound);
+    if (g_tiny[0])
+        unlink(g_tiny);
+    return kt_test_finish();
+}
