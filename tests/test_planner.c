@@ -376,7 +376,37 @@ static void cli_refuses_bad_input_and_writes_nothing(void)
     kt_err err = {0};
     KT_CHECK(access(out, R_OK) == 0 && kt_placement_config_load(out, &c, &err) == KT_OK, "%s", err.msg);
     kt_placement_config_destroy(c);
+
+    /* --evaluate predicts the written plan; --baseline writes a loadable baseline; --svg draws the plan */
+    const char *report = kt_test_path("planner-evaluate.txt");
+    rc = kt_test_system("'%s' -m '%s' --profile '%s' --machine '%s' --evaluate '%s' > '%s' 2>/dev/null",
+                        kt_test_tool("kt-place"), g_tiny, prof_path, good_machine_path, out, report);
+    size_t n_text = 0;
+    char *text = kt_test_read_file(report, &n_text);
+    KT_CHECK(rc == 0 && text && strstr(text, "predicted decode: ") && strstr(text, "routed pairs on the accelerator"),
+             "kt-place --evaluate (%d): %s", rc, text ? text : "");
+    free(text);
     unlink(out);
+    char svg[1024];
+    snprintf(svg, sizeof svg, "%s", kt_test_path("planner-plan.svg"));
+    for (int b = 0; b < 3; b++) {
+        static const char *const names[] = {"index", "equal", "top"};
+        snprintf(args, sizeof args, "--profile '%s' --machine '%s' --device sim --baseline %s --svg '%s'", prof_path,
+                 good_machine_path, names[b], svg);
+        rc = kt_place(args, out, msg, sizeof msg);
+        KT_CHECK(rc == 0, "kt-place --baseline %s failed (%d): %s", names[b], rc, msg);
+        KT_CHECK(access(out, R_OK) == 0 && kt_placement_config_load(out, &c, &err) == KT_OK, "%s", err.msg);
+        kt_placement_config_destroy(c);
+        c = NULL;
+        text = kt_test_read_file(svg, &n_text);
+        KT_CHECK(text && strstr(text, "<svg") && strstr(text, "layer 3") && strstr(text, "</svg>"), "--svg drew the plan");
+        free(text);
+        unlink(out);
+        unlink(svg);
+    }
+    snprintf(args, sizeof args, "--profile '%s' --machine '%s' --baseline top", prof_path, good_machine_path);
+    KT_CHECK(kt_place(args, out, msg, sizeof msg) == 1 && access(out, F_OK) != 0,
+             "a baseline without an accelerator is refused and writes nothing");
 
     struct {
         const char *what, *args_fmt, *needle;

@@ -14,16 +14,19 @@
 #include <string.h>
 
 #include "cli.h"
+#include "config.h"
 #include "cost.h"
 #include "machine.h"
 #include "model.h"
 #include "planner.h"
 #include "profile.h"
 #include "small_file.h"
+#include "svg.h"
 #include "topology.h"
 
 struct place_options {
-    const char *model, *profile, *machine, *output, *device, *objective;
+    const char *model, *profile, *machine, *output, *device, *objective, *evaluate, *svg;
+    int baseline;                /* -1: the planner's plan; else the enum kt_plan_baseline to write */
     double gpu_memory_gib;
     uint32_t kv_tokens, batch, prefill_tokens, context;
     bool explain;
@@ -34,6 +37,8 @@ KT_CLI_STRING_OPTION(opt_model, model)
 KT_CLI_STRING_OPTION(opt_profile, profile)
 KT_CLI_STRING_OPTION(opt_machine, machine)
 KT_CLI_STRING_OPTION(opt_output, output)
+KT_CLI_STRING_OPTION(opt_evaluate, evaluate)
+KT_CLI_STRING_OPTION(opt_svg, svg)
 KT_CLI_U32_OPTION(opt_kv, kv_tokens, 1, 1u << 24, "--kv-tokens")
 KT_CLI_U32_OPTION(opt_batch, batch, 1, 4096, "--batch")
 KT_CLI_U32_OPTION(opt_prefill, prefill_tokens, 1, 1u << 20, "--prefill-tokens")
@@ -42,7 +47,8 @@ KT_CLI_U32_OPTION(opt_context, context, 1, 1u << 24, "--context")
 static bool opt_device(void *o, const char *arg, char *why, size_t ws)
 {
     OPTS(o)->device = arg;
-    return strcmp(arg, "cuda") == 0 || strcmp(arg, "sim") == 0 || kt_cli_invalid(why, ws, "--device", arg);
+    return strcmp(arg, "cuda") == 0 || strcmp(arg, "sim") == 0 || strcmp(arg, "cpu") == 0 ||
+           kt_cli_invalid(why, ws, "--device", arg);
 }
 
 static bool opt_objective(void *o, const char *arg, char *why, size_t ws)
@@ -59,6 +65,17 @@ static bool opt_gpu_memory(void *o, const char *arg, char *why, size_t ws)
            kt_cli_invalid(why, ws, "--gpu-memory", arg);
 }
 
+static bool opt_baseline(void *o, const char *arg, char *why, size_t ws)
+{
+    static const char *const names[KT_BASELINE_COUNT] = {"index", "equal", "top"};
+    for (int b = 0; b < KT_BASELINE_COUNT; b++)
+        if (strcmp(arg, names[b]) == 0) {
+            OPTS(o)->baseline = b;
+            return true;
+        }
+    return kt_cli_invalid(why, ws, "--baseline (index, equal or top)", arg);
+}
+
 static bool opt_explain(void *o, const char *arg, char *why, size_t ws)
 {
     (void)arg, (void)why, (void)ws;
@@ -71,7 +88,7 @@ static const struct kt_cli_option options_table[] = {
     {"--profile", NULL, "FILE", 0, "routing profile (kt-bench profile); without one, routing is taken as uniform",
      opt_profile},
     {"--machine", NULL, "FILE", 0, "machine file (kt-bench machine); without one, stated defaults", opt_machine},
-    {"--device", NULL, "cuda|sim", 0, "plan for this accelerator (default: none, CPU only)", opt_device},
+    {"--device", NULL, "cuda|sim|cpu", 0, "plan for this accelerator (default, or cpu: none, CPU only)", opt_device},
     {"--gpu-memory", NULL, "GIB", 0, "the accelerator's budget (default: the machine file's)", opt_gpu_memory},
     {"--kv-tokens", NULL, "N", 0, "KV cache the accelerator holds room for (default 4096)", opt_kv},
     {"--batch", NULL, "B", 0, "decode tokens per step (default 1)", opt_batch},
@@ -81,6 +98,13 @@ static const struct kt_cli_option options_table[] = {
      "what to make fast (default decode; mixed: the profile's decode and prefill tokens)", opt_objective},
     {"--explain", NULL, NULL, 0, "say why each layer got its slots and list its expert homes", opt_explain},
     {"--output", "-o", "FILE", 0, "the placement config to write (required)", opt_output},
+    {"--baseline", NULL, "index|equal|top", 0,
+     "write this baseline instead of the plan: experts by index, an equal count per layer by frequency, or a "
+     "global top-N by frequency (KTransformers' choice), with the plan's accelerator memory",
+     opt_baseline},
+    {"--evaluate", NULL, "PLAN", 0, "predict an existing placement config instead of planning (no -o)", opt_evaluate},
+    {"--svg", NULL, "FILE", 0, "also draw the plan: each expert's home and per-layer predicted time per place",
+     opt_svg},
 };
 
 static void usage(FILE *f);
@@ -91,7 +115,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kt-place -m MODEL --profile profile.json --machine machine.json [--device cuda|sim]\n"
                "                [--gpu-memory GIB] [--kv-tokens N] [--batch B] [--objective decode|prefill|mixed]\n"
-               "                [--explain] -o plan.yaml\n\n"
+               "                [--explain] [--svg FILE] [--baseline index|equal|top] -o plan.yaml\n"
+               "       kt-place -m MODEL [--profile P] [--machine M] --evaluate plan.yaml\n\n"
                "Plans where a model's parts and routed experts live (accelerator slots by marginal gain,\n"
                "CPU experts balanced over NUMA nodes) and writes a placement config v1 that kt-serve,\n"
                "kt-run and kt-bench load.\n\noptions:\n");
@@ -174,6 +199,141 @@ static void explain(const struct kt_plan *plan)
     }
 }
 
+/* ---- baselines, evaluation and the picture ------------------------------------------------------------ */
+
+/* Layer il's predicted times of placement p, decode and prefill, into layers. */
+static kt_status predict_layers(const struct kt_cost_model *cost, const struct kt_placement *p,
+                                const struct kt_planner_options *po, struct kt_cost_layer *dec,
+                                struct kt_cost_layer *pre, kt_err *err)
+{
+    double step = 0;
+    const struct kt_cost_query qd = {.mode = KT_COST_DECODE, .batch = po->batch, .context = po->context};
+    const struct kt_cost_query qp = {.mode = KT_COST_PREFILL, .tokens = po->prefill_tokens};
+    kt_status st = kt_cost_predict(cost, p, &qd, dec, &step, err);
+    return st ? st : pre ? kt_cost_predict(cost, p, &qp, pre, &step, err) : KT_OK;
+}
+
+/* The config text of a baseline placement: the plan's with bp in place of
+ * its placement, no replicas (baselines have none), and bp's own predicted
+ * per-layer times as the comments. */
+static char *baseline_yaml(const struct kt_plan *plan, struct kt_placement *bp, const struct kt_cost_model *cost,
+                           const char *model_name, const char *profile_path, kt_err *err)
+{
+    const uint32_t L = bp->n_layer;
+    struct kt_cost_layer *dec = calloc(L, sizeof *dec), *pre = calloc(L, sizeof *pre);
+    struct kt_plan_layer *layers = calloc(L, sizeof *layers);
+    char *text = NULL;
+    if (!dec || !pre || !layers)
+        kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    else if (predict_layers(cost, bp, &plan->options, dec, pre, err) == KT_OK) {
+        struct kt_plan b = *plan;
+        b.placement = bp;
+        b.layers = layers;
+        b.replicas_hot_per_layer = 0;
+        for (uint32_t il = 0; il < L; il++) {
+            layers[il] = plan->layers[il];
+            layers[il].decode_s = dec[il].total_s;
+            layers[il].prefill_s = pre[il].total_s;
+        }
+        if (!(text = kt_plan_yaml(&b, model_name, profile_path)))
+            kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    }
+    free(dec), free(pre), free(layers);
+    return text;
+}
+
+/* kt-place --evaluate: what the cost model predicts for an existing config
+ * on this model, profile and machine. */
+static int evaluate(const char *path, const struct kt_model *m, const struct kt_profile *prof, const char *profile_path,
+                    const struct kt_machine *mach, const struct kt_cost_model *cost,
+                    const struct kt_planner_options *po)
+{
+    kt_err err = {0};
+    struct kt_placement_config *c = NULL;
+    struct kt_placement *p = NULL;
+    struct kt_plan_summary s;
+    (void)prof;
+    int rc = 1;
+    if (kt_placement_config_load(path, &c, &err) != KT_OK ||
+        kt_placement_resolve(c, m, mach->n_nodes, profile_path, &p, &err) != KT_OK ||
+        kt_plan_summarize(cost, p, po, &s, &err) != KT_OK) {
+        fprintf(stderr, "kt-place: %s\n", err.msg);
+    } else {
+        printf("kt-place: %s evaluated (decode batch %u at context %u; prefill of %u tokens)\n", path, po->batch,
+               po->context, po->prefill_tokens);
+        printf("predicted decode: %.3f ms a step, %.2f tok/s\n", 1e3 * s.decode_step_s, s.decode_tok_s);
+        printf("predicted prefill: %.1f tok/s\n", s.prefill_tok_s);
+        printf("routed pairs on the accelerator (decode, by the profile): %.2f%% (%u experts there)\n",
+               100.0 * s.accel_share, s.accel_experts);
+        printf("busiest / mean CPU node per MoE layer: worst %.3f, mean %.3f; %u layer(s) row-sliced\n",
+               s.balance_worst, s.balance_mean, s.sliced_layers);
+        rc = 0;
+    }
+    kt_placement_destroy(p);
+    kt_placement_config_destroy(c);
+    return rc;
+}
+
+/* kt-place --svg: each layer's experts coloured by where they live (hottest
+ * first when there is a profile) beside each layer's predicted decode time
+ * per place (CPU nodes' expert work, the accelerator's busy time). */
+static kt_status draw_plan(const char *path, const struct kt_plan *plan, const struct kt_profile *prof,
+                           const struct kt_cost_model *cost, kt_err *err)
+{
+    const struct kt_placement *p = plan->placement;
+    const uint32_t L = p->n_layer, N = p->n_expert;
+    const int n_nodes = p->n_nodes < KT_SVG_MAX_CATEGORIES - 1 ? p->n_nodes : KT_SVG_MAX_CATEGORIES - 1;
+    const uint32_t n_places = (uint32_t)n_nodes + (plan->accel ? 1 : 0);
+    char names[KT_SVG_MAX_CATEGORIES][48];
+    const char *name_ptr[KT_SVG_MAX_CATEGORIES];
+    for (int n = 0; n < n_nodes; n++)
+        snprintf(names[n], sizeof names[n], "cpu node %d", n);
+    if (plan->accel)
+        snprintf(names[n_nodes], sizeof names[n_nodes], "%s", p->devices[plan->accel].name);
+    for (uint32_t i = 0; i < n_places; i++)
+        name_ptr[i] = names[i];
+    uint8_t *place = malloc((size_t)L * N + 1);
+    double *heat = prof ? malloc(((size_t)L * N + 1) * sizeof *heat) : NULL;
+    double *time = malloc(((size_t)L * n_places + 1) * sizeof *time);
+    struct kt_cost_layer *dec = calloc(L, sizeof *dec);
+    kt_status st = KT_OK;
+    if (!place || (prof && !heat) || !time || !dec)
+        st = kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
+    if (!st)
+        st = predict_layers(cost, p, &plan->options, dec, NULL, err);
+    if (!st) {
+        for (uint32_t il = 0; il < L; il++) {
+            for (uint32_t x = 0; x < N; x++) {
+                const struct kt_expert_home *h = p->layers[il].experts ? &p->layers[il].experts[x] : NULL;
+                place[(size_t)il * N + x] = !h ? KT_SVG_NO_PLACE
+                                            : h->device == 0 ? (uint8_t)(h->node < n_nodes ? h->node : 0)
+                                                             : (uint8_t)n_nodes;
+                if (heat)
+                    heat[(size_t)il * N + x] = kt_profile_count(prof, il, x);
+            }
+            for (int n = 0; n < n_nodes; n++)
+                time[(size_t)il * n_places + n] = 1e3 * dec[il].node_s[n];
+            if (plan->accel)
+                time[(size_t)il * n_places + n_nodes] = 1e3 * dec[il].device_s;
+        }
+        const struct kt_svg_plan sp = {.title = "kt-place: where each routed expert lives",
+                                       .row_label_fmt = "layer %u",
+                                       .n_layers = L,
+                                       .n_experts = N,
+                                       .place = place,
+                                       .n_places = n_places,
+                                       .place_names = name_ptr,
+                                       .heat = heat,
+                                       .n_devices = n_places,
+                                       .device_names = name_ptr,
+                                       .time = time,
+                                       .time_label = "predicted decode ms per step"};
+        st = kt_svg_plan(path, &sp, err);
+    }
+    free(place), free(heat), free(time), free(dec);
+    return st;
+}
+
 /* ---- main -------------------------------------------------------------------------------------------- */
 
 static int fail(const char *msg)
@@ -184,14 +344,16 @@ static int fail(const char *msg)
 
 int main(int argc, char **argv)
 {
-    struct place_options o = {.objective = "decode"};
+    struct place_options o = {.objective = "decode", .baseline = -1};
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &o);
     if (rc >= 0)
         return rc;
     if (!o.model)
         return kt_cli_usage_error(&cli, "%s", "-m MODEL is required");
-    if (!o.output)
+    if (!o.output && !o.evaluate)
         return kt_cli_usage_error(&cli, "%s", "-o FILE is required");
+    if (o.evaluate && (o.output || o.baseline >= 0 || o.svg))
+        return kt_cli_usage_error(&cli, "%s", "--evaluate writes nothing: no -o, --baseline or --svg with it");
     kt_err err = {0};
     struct kt_model *m = NULL;
     struct kt_profile *prof = NULL;
@@ -250,17 +412,23 @@ int main(int argc, char **argv)
     else
         snprintf(budget_source, sizeof budget_source, "%s", o.machine ? o.machine : "the machine defaults");
     struct kt_planner_options po = {
-        .device = !o.device ? KT_PLACE_CPU : strcmp(o.device, "cuda") == 0 ? KT_PLACE_CUDA : KT_PLACE_SIM,
+        .device = !o.device || strcmp(o.device, "cpu") == 0 ? KT_PLACE_CPU
+                  : strcmp(o.device, "cuda") == 0        ? KT_PLACE_CUDA
+                                                         : KT_PLACE_SIM,
         .gpu_memory_gib = o.gpu_memory_gib,
         .budget_source = budget_source,
         .kv_tokens = o.kv_tokens,
-        .batch = o.batch,
-        .prefill_tokens = o.prefill_tokens,
-        .context = o.context,
+        .batch = o.batch ? o.batch : 1,
+        .prefill_tokens = o.prefill_tokens ? o.prefill_tokens : 512,
+        .context = o.context ? o.context : 512,
         .objective = strcmp(o.objective, "prefill") == 0 ? KT_PLAN_PREFILL
                      : strcmp(o.objective, "mixed") == 0 ? KT_PLAN_MIXED
                                                          : KT_PLAN_DECODE,
     };
+    if (o.evaluate) {
+        rc = evaluate(o.evaluate, m, prof, o.profile, mach, cost, &po);
+        goto done;
+    }
     if (kt_plan_create(m, o.model, prof, mach, cost, &po, &plan, &err) != KT_OK) {
         fail(err.msg);
         goto done;
@@ -281,21 +449,39 @@ int main(int argc, char **argv)
         goto done;
     }
     int n_base = 0;
-    for (int b = 0; plan->accel && b < KT_BASELINE_COUNT; b++, n_base++) {
+    if (plan->accel)
+        n_base = KT_BASELINE_COUNT;
+    for (int b = 0; b < n_base; b++) {
         struct kt_placement *bp = NULL;
         kt_status st = kt_plan_baseline(plan, m, prof, mach, cost, b, &bp, &err);
         if (!st)
             st = kt_plan_summarize(cost, bp, &plan->options, &s_base[b], &err);
+        if (!st && b == o.baseline) {
+            free(text);
+            if (!(text = baseline_yaml(plan, bp, cost, o.model, profile_abs, &err)))
+                st = err.status ? err.status : KT_ERR_NOMEM;
+        }
         kt_placement_destroy(bp);
         if (st) {
             fail(err.msg);
             goto done;
         }
     }
+    if (o.baseline >= 0 && !plan->accel) {
+        fail("--baseline: the baselines differ only in the accelerator's experts; give --device cuda or sim");
+        goto done;
+    }
+    if (o.svg && draw_plan(o.svg, plan, prof, cost, &err) != KT_OK) {
+        fail(err.msg);
+        goto done;
+    }
     if (kt_write_file_atomic(o.output, text, strlen(text), &err) != KT_OK) {
         fail(err.msg);
         goto done;
     }
+    if (o.baseline >= 0)
+        printf("kt-place: wrote the baseline '%s' to %s, not the plan\n", kt_plan_baseline_name(o.baseline),
+               o.output);
     const struct kt_planner_options *po2 = &plan->options;
     printf("kt-place: %s -> %s: planned in %.1f ms for %d NUMA node(s)%s%s\n", o.model, o.output, 1e3 * plan->plan_s,
            plan->placement->n_nodes, plan->accel ? " and " : "",
