@@ -96,6 +96,11 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
             json_object_set_new(x, "device_ns", json_integer((json_int_t)l->device_ns));
             json_object_set_new(x, "device_transfer_ns", json_integer((json_int_t)l->device_transfer_ns));
         }
+        if (l->node_busy_mean_ns > 0) { /* more than one node pool */
+            json_object_set_new(x, "node_busy_max_ns", json_integer((json_int_t)l->node_busy_max_ns));
+            json_object_set_new(x, "node_busy_mean_ns", json_integer((json_int_t)l->node_busy_mean_ns));
+            json_object_set_new(x, "node_balance", json_real((double)l->node_busy_max_ns / (double)l->node_busy_mean_ns));
+        }
         json_array_append_new(jl, x);
     }
     json_object_set_new(j, "tokens", json_integer(ph->tokens));
@@ -187,6 +192,16 @@ static void print_phase(const struct phase *ph, uint32_t n_layer)
     }
     printf("  embedding + output head %.3f ms; steps' wall time %.3f ms\n", 1e-6 * ph->stats.embed_head_ns,
            1e3 * ph->seconds);
+    bool nodes = false;
+    for (uint32_t il = 0; il < n_layer; il++)
+        nodes |= ph->layers[il].node_busy_mean_ns > 0;
+    if (nodes) {
+        printf("  node balance per MoE layer (busiest / mean node pool busy time, per step, summed):");
+        for (uint32_t il = 0; il < n_layer; il++)
+            if (ph->layers[il].node_busy_mean_ns > 0)
+                printf(" %u: %.3f", il, (double)ph->layers[il].node_busy_max_ns / (double)ph->layers[il].node_busy_mean_ns);
+        printf("\n");
+    }
 }
 
 /* ---- --predict: the cost model beside the measured times ---------------------------------- */
