@@ -30,6 +30,8 @@ work=${2:-/tmp/kt-placement}
 threads=${3:-$(nproc)}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$work"
+: >"$work/stderr.log"
+trap 'echo "placement.sh: failed at line $LINENO; the last messages:" >&2; tail -n 3 "$work/stderr.log" >&2' ERR
 bench=$build/tools/kt-bench
 place=$build/tools/kt-place
 synth=$build/tools/kt-synth
@@ -63,11 +65,19 @@ say "4. kt-place: the plan (profile A) and the hindsight plan (profile B), sim d
 "$place" -m "$model" --profile "$work/profile-b.json" --machine "$work/machine.json" --device sim \
     --gpu-memory "$gib" --kv-tokens 4096 -o "$work/plan-b.yaml" | grep -E "planned in|decode"
 
+# The planner fills memory_gib with weights and the KV cache; the engine also keeps its
+# working buffers on the device (about 0.3 GiB here), which plans do not count yet: the
+# files are served with that much more room.
+serve_gib=$(awk -v g="$gib" 'BEGIN { print g + 0.5 }')
+room() { sed -i "s/^    memory_gib: .*/    memory_gib: $serve_gib/" "$1"; }
+room "$work/plan-a.yaml"
+room "$work/plan-b.yaml"
+
 say "5. both plans on set B: measured accelerator share and decode step; predicted decode step on B"
 for plan in a b; do
     echo "-- plan-$plan.yaml on set B (measured)"
     "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 \
-        --placement "$work/plan-$plan.yaml" -o "$work/profile-b-on-$plan.json" 2>/dev/null |
+        --placement "$work/plan-$plan.yaml" -o "$work/profile-b-on-$plan.json" 2>>"$work/stderr.log" |
         grep -E "^decode:|accelerator"
     echo "-- plan-$plan.yaml on profile B (predicted)"
     "$place" -m "$model" --profile "$work/profile-b.json" --machine "$work/machine.json" \
@@ -78,24 +88,25 @@ say "6. kt-place's plan against the three baselines (sim): predicted and measure
 for b in index equal top; do
     "$place" -m "$model" --profile "$work/profile-a.json" --machine "$work/machine.json" --device sim \
         --gpu-memory "$gib" --kv-tokens 4096 --baseline "$b" -o "$work/baseline-$b.yaml" >/dev/null
+    room "$work/baseline-$b.yaml"
 done
 for plan in plan-a baseline-index baseline-equal baseline-top; do
     echo "-- $plan"
     "$bench" model -m "$model" -t "$threads" --placement "$work/$plan.yaml" --prompt-tokens 64 --gen-tokens 32 \
-        2>/dev/null | grep -E "^(prefill|decode) +[0-9]"
+        2>>"$work/stderr.log" | grep -E "^(prefill|decode) +[0-9]"
 done
 
 say "7. the cost model against kt-bench model, per layer (CPU-only, then plan-a on sim)"
 "$bench" model -m "$model" -t "$threads" --predict --machine "$work/machine.json" --profile "$work/profile-a.json" \
-    --json "$work/predict-cpu.json" 2>/dev/null | sed -n '/^prediction/,$p'
+    --json "$work/predict-cpu.json" 2>>"$work/stderr.log" | sed -n '/^prediction/,$p'
 "$bench" model -m "$model" -t "$threads" --placement "$work/plan-a.yaml" --predict --machine "$work/machine.json" \
-    --profile "$work/profile-a.json" --json "$work/predict-sim.json" 2>/dev/null | sed -n '/^prediction/,$p'
+    --profile "$work/profile-a.json" --json "$work/predict-sim.json" 2>>"$work/stderr.log" | sed -n '/^prediction/,$p'
 
 say "8. 2-node synthetic topology: busiest / mean node per layer, predicted (kt-place) and measured"
 KT_TOPOLOGY_SYNTHETIC=$two_nodes "$place" -m "$model" --profile "$work/profile-a.json" --machine "$work/machine-2node.json" --device cpu \
     -o "$work/plan-2node.yaml" | grep -E "kt-place |worst|sliced"
 KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" model -m "$model" -t "$threads" --placement "$work/plan-2node.yaml" \
-    --prompt-tokens 64 --gen-tokens 32 2>/dev/null | grep -E "node (0|1) pool|node balance"
+    --prompt-tokens 64 --gen-tokens 32 2>>"$work/stderr.log" | grep -E "node (0|1) pool|node balance"
 
 say "9. planner wall time, Kimi-K2-sized header (61 x 384, 2 nodes, 1 GPU)"
 if ! "$synth" --help 2>&1 | grep -q -- --header-only; then

@@ -671,8 +671,9 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     if (shared_dev) {
         dev_s += unit_seconds(&dr, &d->shared, T);
         dev_bytes += shared_bytes;
-        o->device_pairs += T;
     }
+    /* the outputs that come back: the routed pairs' and, with the shared experts there, every token's */
+    const double out_rows = dev_pairs + (shared_dev ? T : 0.0);
     /* the shared experts (on the CPU) go with the first node's pool */
     const double shared_cpu = d->has_shared && !shared_dev ? unit_seconds(&nr[0], &d->shared, T) : 0.0;
     /* a node with work pays its step's overhead once */
@@ -688,11 +689,13 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     if (sliced && n_slices > 1) {
         /* every node runs 1 / n_slices of every active expert: the slowest node's share */
         const double mean_tokens = cpu_pa > 0 ? cpu_t / cpu_pa : 0;
+        /* and, as moe.c does in a sliced layer, 1 / n_slices of the shared experts' rows */
+        const double shared_share = shared_cpu / n_slices;
         for (int n = 0; n < n_nodes && n < 64; n++) {
             if (!((nodes_mask >> n) & 1))
                 continue;
-            const double t = cpu_pa * unit_seconds(&nr[n], &d->expert, mean_tokens) / n_slices +
-                             (n == 0 ? shared_cpu : 0) + ov[n] * (1 - (n == 0 && shared_cpu > 0 ? 0 : none_active));
+            const double t = cpu_pa * unit_seconds(&nr[n], &d->expert, mean_tokens) / n_slices + shared_share +
+                             ov[n] * (1 - (shared_cpu > 0 ? 0 : none_active));
             o->node_s[n] = t;
             cpu_s = t > cpu_s ? t : cpu_s;
         }
@@ -751,7 +754,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         dev_s += step_overhead(&dr, &d->expert);
         const double copies = (attn_dev ? 0.0 : copy_seconds(p, acc, dev, T * E * 4, true)) +
                               copy_seconds(p, acc, dev, (o->pairs + T) * 4, true) +
-                              copy_seconds(p, acc, dev, o->device_pairs * E * 4, false);
+                              copy_seconds(p, acc, dev, out_rows * E * 4, false);
         dev_total = dev_s + copies;
         o->device_s += dev_total;
         o->transfer_s += copies;

@@ -26,6 +26,7 @@
 #include "bench.h"
 #include "chat.h"
 #include "engine.h"
+#include "model_chat.h"
 #include "placement_opt.h"
 #include "svg.h"
 #include "model.h"
@@ -129,18 +130,9 @@ static kt_status read_prompts(const char *path, struct prompt_set *s, kt_err *er
 static kt_status tokenize_prompts(const struct kt_model *m, const struct kt_tokenizer *tok, const char *path,
                                   struct prompt_set *s, kt_err *err)
 {
-    struct kt_gguf_str tmpl;
-    kt_status st = kt_gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl, err);
-    if (st != KT_OK) {
-        kt_err_prefix(err, "the prompts are chat messages, but the model has no chat template");
-        return st;
-    }
-    char *tmpl_text = strndup(tmpl.ptr, tmpl.len);
-    if (!tmpl_text)
-        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     kt_chat_format format;
-    st = kt_chat_format_detect(tmpl_text, &format, err);
-    free(tmpl_text);
+    kt_status st =
+        kt_tool_chat_format(m, "the prompts are chat messages, but the model has no chat template", &format, err);
     for (size_t i = 0; st == KT_OK && i < s->n; i++) {
         struct prompt *p = &s->items[i];
         char *text = NULL;

@@ -17,6 +17,7 @@
 
 #include "chat.h"
 #include "engine.h"
+#include "model_chat.h"
 #include "placement_opt.h"
 #include "membw.h"
 #include "model.h"
@@ -48,18 +49,8 @@ static kt_status build_prompt(const struct kt_run_options *o, const struct kt_mo
         snprintf(format_name, format_size, "raw");
         return *text ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     }
-    struct kt_gguf_str tmpl;
-    kt_status st = kt_gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl, err);
-    if (st != KT_OK) {
-        kt_err_prefix(err, "--chat needs the model's chat template");
-        return st;
-    }
-    char *tmpl_text = strndup(tmpl.ptr, tmpl.len);
-    if (!tmpl_text)
-        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     kt_chat_format format;
-    st = kt_chat_format_detect(tmpl_text, &format, err);
-    free(tmpl_text);
+    kt_status st = kt_tool_chat_format(m, "--chat needs the model's chat template", &format, err);
     if (st != KT_OK)
         return st;
     kt_chat_message msgs[2];
