@@ -124,9 +124,19 @@ static void model_reports_every_layer_and_splits_add_up(void)
     const char *model = kt_test_path("tiny.gguf"), *json_path = kt_test_path("model.json");
     int rc = kt_test_system("'%s' --preset tiny -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), model);
     KT_CHECK(rc == 0, "kt-synth exited %d", rc);
-    rc = kt_test_system("'%s' model -m '%s' --prompt-tokens 16 --gen-tokens 4 --threads 2 --json '%s' > /dev/null",
-                        kt_test_tool("kt-bench"), model, json_path);
+    char svg[1024];
+    snprintf(svg, sizeof svg, "%s", kt_test_path("model-split.svg"));
+    rc = kt_test_system("'%s' model -m '%s' --prompt-tokens 16 --gen-tokens 4 --threads 2 --json '%s' --svg '%s' > /dev/null",
+                        kt_test_tool("kt-bench"), model, json_path, svg);
     KT_CHECK(rc == 0, "kt-bench model exited %d", rc);
+    {
+        size_t n = 0;
+        char *text = kt_test_read_file(svg, &n);
+        KT_CHECK(text && strstr(text, "<svg") && strstr(text, "layer 3") && strstr(text, "experts") &&
+                     strstr(text, "</svg>"),
+                 "--svg drew the per-layer split");
+        free(text);
+    }
     json_error_t je;
     json_t *root = json_load_file(json_path, 0, &je);
     KT_CHECK(root != NULL, "cannot parse %s: %s", json_path, je.text);

@@ -21,6 +21,7 @@
 #include "membw.h"
 #include "model.h"
 #include "profile.h"
+#include "svg.h"
 
 struct phase {
     const char *name;
@@ -161,6 +162,30 @@ static json_t *routing_json(const struct kt_model *m, uint64_t *const routes[2])
         json_object_set_new(j, r == KT_ROUTE_DECODE ? "decode" : "prefill", rows);
     }
     return j;
+}
+
+/* kt-bench model --svg: each layer's decode time per token, split into
+ * attention, router, experts and combine (and the device's busy time when
+ * there is one, which overlaps the rest). */
+static kt_status draw_split(const char *path, const char *model, const struct phase *ph, uint32_t n_layer, kt_err *err)
+{
+    static const char *const parts[] = {"attention", "router", "experts", "combine"};
+    double *v = malloc(((size_t)n_layer * 4 + 1) * sizeof *v);
+    if (!v)
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
+    const double per_token = ph->tokens ? 1e-6 / ph->tokens : 0;
+    for (uint32_t il = 0; il < n_layer; il++) {
+        const struct kt_engine_layer_stats *l = &ph->layers[il];
+        v[il * 4 + 0] = l->attention_ns * per_token;
+        v[il * 4 + 1] = l->router_ns * per_token;
+        v[il * 4 + 2] = l->experts_ns * per_token;
+        v[il * 4 + 3] = l->combine_ns * per_token;
+    }
+    char title[512];
+    snprintf(title, sizeof title, "%s: decode time per layer, %u tokens", model, ph->tokens);
+    kt_status st = kt_svg_stacked_bars(path, title, n_layer, 4, v, "layer %u", parts, "ms per token", err);
+    free(v);
+    return st;
 }
 
 static void print_phase(const struct phase *ph, uint32_t n_layer)
@@ -500,6 +525,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     print_phase(&pre, n_layer);
     print_phase(&dec, n_layer);
+    if (o->svg && draw_split(o->svg, o->model, &dec, n_layer, &err) != KT_OK)
+        goto fail;
     if (o->predict) {
         printf("\nprediction (placement/cost.c; machine: %s; routing: %s): predicted step %.3f ms prefill, "
                "%.3f ms decode (measured %.3f, %.3f)\n",
