@@ -626,7 +626,7 @@ static void cpu_model(char *buf, size_t size)
         fclose(f);
 #if defined(__x86_64__) || defined(__i386__)
     unsigned r[12];
-    if (!buf[0] && __get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
+    if (!buf[0] && (unsigned)__get_cpuid_max(0x80000000u, NULL) >= 0x80000004u) {
         for (unsigned i = 0; i < 3; i++)
             __get_cpuid(0x80000002u + i, &r[4 * i], &r[4 * i + 1], &r[4 * i + 2], &r[4 * i + 3]);
         char brand[49];
