@@ -132,9 +132,14 @@ static void model_reports_every_layer_and_splits_add_up(void)
     {
         size_t n = 0;
         char *text = kt_test_read_file(svg, &n);
-        KT_CHECK(text && strstr(text, "<svg") && strstr(text, "layer 3") && strstr(text, "experts") &&
-                     strstr(text, "</svg>"),
+        KT_CHECK(text && strstr(text, "<svg") && strstr(text, "attention") && strstr(text, "router") &&
+                     strstr(text, "experts") && strstr(text, "combine") && strstr(text, "</svg>"),
                  "--svg drew the per-layer split");
+        for (int il = 0; text && il < 4; il++) {
+            char label[32];
+            snprintf(label, sizeof label, ">layer %d<", il);
+            KT_CHECK(strstr(text, label) != NULL, "%s has no label '%s'", svg, label);
+        }
         free(text);
     }
     json_error_t je;

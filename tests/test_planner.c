@@ -12,7 +12,6 @@
  * and a Kimi-K2-shaped header (61 layers x 384 experts, a sparse file with
  * the real tensor table) plans on 2 nodes and a GPU within a sanity bound.
  */
-#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +21,6 @@
 
 #include "config.h"
 #include "cost.h"
-#include "gguf.h"
 #include "machine.h"
 #include "model.h"
 #include "plan.h"
@@ -444,39 +442,17 @@ static void cli_refuses_bad_input_and_writes_nothing(void)
 /* ---- Kimi-K2's header --------------------------------------------------------------- */
 
 /* kimi-k2-slice at 61 layers x 384 experts with every byte of data a hole:
- * the writer's header, then ftruncate to the full size. */
+ * what kt-synth --header-only writes (kt_synth_write_header_only). */
 static bool write_sparse_kimi(const char *path)
 {
     struct kt_synth_config cfg;
     struct kt_synth_plan *sp = NULL;
-    struct kt_gguf_writer *w = NULL;
     kt_err err = {0};
     bool ok = kt_synth_preset("kimi-k2-slice", &cfg, &err) == KT_OK;
     cfg.n_layer = 61;
     cfg.n_expert = 384;
-    ok = ok && kt_synth_plan_create(&cfg, &sp, &err) == KT_OK;
-    ok = ok && kt_gguf_writer_create(path, &w, &err) == KT_OK && kt_synth_write_metadata(w, sp, &err) == KT_OK &&
-         kt_gguf_writer_write_header(w, &err) == KT_OK;
-    /* a data write of the buffer's size flushes the header to PATH.tmp */
-    static uint8_t zeros[1u << 20];
-    ok = ok && kt_gguf_writer_write_data(w, zeros, sizeof zeros, &err) == KT_OK;
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    struct stat st;
-    ok = ok && stat(tmp, &st) == 0 && link(tmp, path) == 0;
+    ok = ok && kt_synth_plan_create(&cfg, &sp, &err) == KT_OK && kt_synth_write_header_only(sp, path, &err) == KT_OK;
     KT_CHECK(ok, "sparse Kimi-K2 header: %s", err.msg);
-    kt_gguf_writer_destroy(w);
-    if (ok) {
-        uint64_t data = 0;
-        for (uint32_t i = 0; i < sp->n_tensors; i++)
-            data += (sp->tensors[i].nbytes + KT_GGUF_DEFAULT_ALIGNMENT - 1) / KT_GGUF_DEFAULT_ALIGNMENT *
-                    KT_GGUF_DEFAULT_ALIGNMENT;
-        int fd = open(path, O_WRONLY);
-        ok = fd >= 0 && ftruncate(fd, (off_t)((uint64_t)st.st_size - sizeof zeros + data)) == 0;
-        if (fd >= 0)
-            close(fd);
-        KT_CHECK(ok, "ftruncate %s", path);
-    }
     kt_synth_plan_destroy(sp);
     return ok;
 }

@@ -678,6 +678,75 @@ static void skew_concentrates_router_selection(void)
 
 /* ---- command line ---------------------------------------------------------------------- */
 
+/* --header-only: the header a full write gives, the full size, the data a hole
+ * that reads as zeros; a real-size Kimi-K2 opens as a model and takes ~no disk. */
+static void header_only_writes_the_full_header_and_a_hole(void)
+{
+    const char *full = kt_test_path("ho-full.gguf"), *hole = kt_test_path("ho-hole.gguf");
+    kt_err err = {0};
+    struct kt_synth_config cfg;
+    struct kt_synth_plan *plan = NULL;
+    bool ok = kt_synth_preset("tiny", &cfg, &err) == KT_OK && kt_synth_plan_create(&cfg, &plan, &err) == KT_OK &&
+              kt_synth_write(plan, full, NULL, &err) == KT_OK && kt_synth_write_header_only(plan, hole, &err) == KT_OK;
+    KT_CHECK(ok, "tiny full and header-only: %s", err.msg);
+    kt_synth_plan_destroy(plan);
+    if (!ok)
+        return;
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", hole);
+    KT_CHECK(!file_exists(tmp), "%s left behind", tmp);
+    size_t nf = 0, nh = 0;
+    uint8_t *a = kt_test_read_file(full, &nf), *b = kt_test_read_file(hole, &nh);
+    struct kt_gguf *g = open_gguf(hole);
+    KT_CHECK(a && b && g, "read back");
+    if (a && b && g) {
+        KT_CHECK(nf == nh, "header-only tiny is %zu bytes, the full one %zu", nh, nf);
+        KT_CHECK(g->data_offset < nh && memcmp(a, b, (size_t)g->data_offset) == 0, "headers differ");
+        size_t nonzero = 0;
+        for (size_t i = (size_t)g->data_offset; i < nh; i++)
+            nonzero += b[i] != 0;
+        KT_CHECK(nonzero == 0, "%zu data bytes are not zero", nonzero);
+    }
+    kt_gguf_close(g);
+    free(a);
+    free(b);
+    unlink(full);
+    unlink(hole);
+
+    /* Kimi-K2's real dimensions through the tool */
+    const char *k2 = kt_test_path("k2-header.gguf"), *log = kt_test_path("k2-header.log");
+    int rc = kt_test_system("%s --preset kimi-k2-slice --layers 61 --experts 384 --header-only -o %s > %s",
+                            kt_test_tool("kt-synth"), k2, log);
+    KT_CHECK(rc == 0, "kt-synth --header-only exited %d", rc);
+    size_t nlog = 0;
+    char *out = kt_test_read_file(log, &nlog);
+    KT_CHECK(out && strstr(out, "header only") && strstr(out, "on disk"), "output: %s", out ? out : "(none)");
+    free(out);
+    struct stat st;
+    KT_CHECK(stat(k2, &st) == 0, "%s missing", k2);
+    g = rc == 0 ? open_gguf(k2) : NULL;
+    if (g) {
+        /* the size the writer's packed layout gives: the data section ends at the
+         * last tensor's aligned end */
+        const struct kt_gguf_tensor *last = &g->tensors[g->n_tensors - 1];
+        uint64_t want = g->data_offset + (last->offset + last->nbytes + g->alignment - 1) / g->alignment * g->alignment;
+        KT_CHECK((uint64_t)st.st_size == want, "size %lld, expected %llu", (long long)st.st_size,
+                 (unsigned long long)want);
+        KT_CHECK(st.st_size > (off_t)500e9, "Kimi-K2 at Q4_K is over 500 GB, got %lld", (long long)st.st_size);
+        KT_CHECK((uint64_t)st.st_blocks * 512 < (4u << 20), "%llu bytes on disk",
+                 (unsigned long long)st.st_blocks * 512);
+        kt_gguf_close(g);
+    }
+    struct kt_model *m = NULL;
+    KT_CHECK(rc == 0 && kt_model_open(k2, &m, &err) == KT_OK, "kt_model_open: %s", err.msg);
+    if (m)
+        KT_CHECK(m->hp.n_layer == 61 && m->hp.n_expert == 384, "%u layers x %u experts", m->hp.n_layer,
+                 m->hp.n_expert);
+    kt_model_close(m);
+    unlink(k2);
+    unlink(log);
+}
+
 static void invalid_options_fail_cleanly(void)
 {
     const char *tool = kt_test_tool("kt-synth");
@@ -818,6 +887,7 @@ int main(void)
     KT_RUN(f32_weights_have_intended_statistics);
     KT_RUN(slice_plans_use_real_dimensions);
     KT_RUN(skew_concentrates_router_selection);
+    KT_RUN(header_only_writes_the_full_header_and_a_hole);
     KT_RUN(invalid_options_fail_cleanly);
     KT_RUN(progress_log_mode_reports_each_tenth_and_a_total);
     KT_RUN(progress_tty_mode_redraws_one_line);

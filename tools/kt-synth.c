@@ -61,6 +61,12 @@ static void usage(FILE *out)
             "  --embd-type T         token_embd\n"
             "  --output-type T       output (lm_head)\n"
             "  --dense-type T        every matrix but the routed experts; the options above override it\n"
+            "  --header-only         write the header (metadata, tensor table) and leave the data a\n"
+            "                        hole: the file has its full size but takes ~1 MB on disk (on a\n"
+            "                        file system with sparse files) and every weight reads as zero.\n"
+            "                        For planning only (kt-place, kt_model_open on a real-size model,\n"
+            "                        e.g. --preset kimi-k2-slice --layers 61 --experts 384); kt-run\n"
+            "                        on it computes garbage\n"
             "  -q, --quiet           no progress line\n"
             "  -h, --help            this text\n"
             "\n"
@@ -103,6 +109,7 @@ static double now_s(void)
 enum {
     OPT_PRESET = 256, OPT_LAYERS, OPT_EXPERTS, OPT_SEED, OPT_SKEW, OPT_THREADS, OPT_MERGES, OPT_ROUTE_SKEW, OPT_ROUTE_INPUT,
     OPT_EXPERTS_TYPE, OPT_SHARED_TYPE, OPT_ATTN_TYPE, OPT_FFN_TYPE, OPT_EMBD_TYPE, OPT_OUTPUT_TYPE, OPT_DENSE_TYPE,
+    OPT_HEADER_ONLY,
 };
 
 int main(int argc, char **argv)
@@ -125,6 +132,7 @@ int main(int argc, char **argv)
         {"embd-type", required_argument, NULL, OPT_EMBD_TYPE},
         {"output-type", required_argument, NULL, OPT_OUTPUT_TYPE},
         {"dense-type", required_argument, NULL, OPT_DENSE_TYPE},
+        {"header-only", no_argument, NULL, OPT_HEADER_ONLY},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -132,7 +140,7 @@ int main(int argc, char **argv)
     const char *preset = NULL, *output = NULL, *layers = NULL, *experts = NULL, *seed = NULL, *skew = NULL;
     const char *threads = NULL, *merges = NULL, *dense_type = NULL, *route_skew = NULL, *route_input = NULL;
     const char *role_type[KT_SYNTH_ROLE_COUNT] = {0};
-    bool quiet = false;
+    bool quiet = false, header_only = false;
     int opt;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
@@ -154,6 +162,7 @@ int main(int argc, char **argv)
         case OPT_EMBD_TYPE: role_type[KT_SYNTH_ROLE_EMBD] = optarg; break;
         case OPT_OUTPUT_TYPE: role_type[KT_SYNTH_ROLE_OUTPUT] = optarg; break;
         case OPT_DENSE_TYPE: dense_type = optarg; break;
+        case OPT_HEADER_ONLY: header_only = true; break;
         case 'q': quiet = true; break;
         case 'h': usage(stdout); return 0;
         case ':': return usage_error("option %s needs a value", argv[optind - 1]);
@@ -270,11 +279,15 @@ int main(int argc, char **argv)
     }
 
     double t0 = now_s();
-    char label[96];
-    snprintf(label, sizeof label, "kt-synth %s", output);
-    struct kt_progress *progress =
-        quiet ? NULL : kt_progress_create(stderr, label, plan->data_bytes, KT_PROGRESS_AUTO);
-    s = kt_synth_write(plan, output, progress, &err);
+    struct kt_progress *progress = NULL;
+    if (header_only) {
+        s = kt_synth_write_header_only(plan, output, &err);
+    } else {
+        char label[96];
+        snprintf(label, sizeof label, "kt-synth %s", output);
+        progress = quiet ? NULL : kt_progress_create(stderr, label, plan->data_bytes, KT_PROGRESS_AUTO);
+        s = kt_synth_write(plan, output, progress, &err);
+    }
     if (s == KT_OK)
         kt_progress_finish(progress);
     kt_progress_destroy(progress);
@@ -287,9 +300,18 @@ int main(int argc, char **argv)
     }
 
     struct stat st;
-    uint64_t file_bytes = stat(output, &st) == 0 ? (uint64_t)st.st_size : 0;
+    bool have_st = stat(output, &st) == 0;
+    uint64_t file_bytes = have_st ? (uint64_t)st.st_size : 0;
     char size[32];
     kt_format_bytes(size, sizeof size, file_bytes);
+    if (header_only) {
+        char disk[32];
+        kt_format_bytes(disk, sizeof disk, have_st ? (uint64_t)st.st_blocks * 512u : 0);
+        printf("wrote %s: %" PRIu64 " bytes (%s; %s on disk), %u tensors, header only: the data reads as zeros "
+               "(for planning, not for running), %.2f s\n",
+               output, file_bytes, size, disk, n_tensors, seconds);
+        return 0;
+    }
     printf("wrote %s: %" PRIu64 " bytes (%s), %u tensors, %.2f s\n", output, file_bytes, size, n_tensors, seconds);
     return 0;
 }

@@ -1456,6 +1456,27 @@ kt_status kt_gguf_writer_write_data(struct kt_gguf_writer *w, const void *bytes,
     return KT_OK;
 }
 
+/* Flushes, extends the file to `size` bytes when that is past what was written
+ * (0: as written), fsyncs, closes and renames. */
+static kt_status writer_close(struct kt_gguf_writer *w, uint64_t size, kt_err *err)
+{
+    kt_status s;
+    if ((s = out_flush(w, err)))
+        return s;
+    if (size > w->file_pos && ftruncate(w->fd, (off_t)size) != 0)
+        return writer_io_fail(w, err, "ftruncate", errno);
+    if (fsync(w->fd) != 0)
+        return writer_io_fail(w, err, "fsync", errno);
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0)
+        return writer_io_fail(w, err, "close", errno);
+    if (rename(w->tmp_path, w->path) != 0)
+        return writer_io_fail(w, err, "rename", errno);
+    w->state = WRITER_FINISHED;
+    return KT_OK;
+}
+
 kt_status kt_gguf_writer_finish(struct kt_gguf_writer *w, kt_err *err)
 {
     kt_status s;
@@ -1467,18 +1488,25 @@ kt_status kt_gguf_writer_finish(struct kt_gguf_writer *w, kt_err *err)
     if (w->data_left)
         return kt_err_set(err, KT_ERR_INVALID, "%s: finish: tensor '%s' and later still miss %" PRIu64 " bytes of data",
                           w->path, w->tensors[w->cur].name, w->data_left);
-    if ((s = out_flush(w, err)))
+    return writer_close(w, 0, err);
+}
+
+kt_status kt_gguf_writer_finish_sparse(struct kt_gguf_writer *w, kt_err *err)
+{
+    kt_status s;
+    if (w && w->state == WRITER_DECLARING && (s = kt_gguf_writer_write_header(w, err)))
         return s;
-    if (fsync(w->fd) != 0)
-        return writer_io_fail(w, err, "fsync", errno);
-    int fd = w->fd;
-    w->fd = -1;
-    if (close(fd) != 0)
-        return writer_io_fail(w, err, "close", errno);
-    if (rename(w->tmp_path, w->path) != 0)
-        return writer_io_fail(w, err, "rename", errno);
-    w->state = WRITER_FINISHED;
-    return KT_OK;
+    if ((s = writer_state_check(w, WRITER_DATA, "finish_sparse", err)))
+        return s;
+    /* the size finish would reach: the rest of the current tensor, then each
+     * later one, each padded to the alignment as advance_tensors pads */
+    uint64_t end = w->file_pos;
+    for (size_t i = w->cur; i < w->n_tensors; i++) {
+        uint64_t left = w->tensors[i].nbytes - (i == w->cur ? w->cur_written : 0);
+        if (add_overflows(end, left, &end) || !align_up(end, w->alignment, &end) || end > (uint64_t)INT64_MAX)
+            return kt_err_set(err, KT_ERR_INVALID, "%s: file size overflows", w->path);
+    }
+    return writer_close(w, end, err);
 }
 
 void kt_gguf_writer_destroy(struct kt_gguf_writer *w)

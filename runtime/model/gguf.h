@@ -183,6 +183,14 @@ kt_status kt_gguf_writer_write_data(struct kt_gguf_writer *w, const void *bytes,
  * A file without tensors may skip write_header: finish writes it. */
 kt_status kt_gguf_writer_finish(struct kt_gguf_writer *w, kt_err *err);
 
+/* Finishes a file whose declared data not yet written is left as a hole: the
+ * buffered bytes are flushed and the file is extended (ftruncate) to the size
+ * finish would have given it, then fsynced and renamed like finish.  On a file
+ * system with sparse files the hole takes no disk space; it reads as zeros.  For
+ * files whose header matters and whose weights do not (planning a real-size
+ * model); a writer that wrote everything ends the same as with finish. */
+kt_status kt_gguf_writer_finish_sparse(struct kt_gguf_writer *w, kt_err *err);
+
 /* Frees the writer; if it was not finished, removes the temporary file. */
 void kt_gguf_writer_destroy(struct kt_gguf_writer *w);
 

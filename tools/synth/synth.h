@@ -135,6 +135,12 @@ void kt_synth_plan_destroy(struct kt_synth_plan *plan);
 kt_status kt_synth_write(const struct kt_synth_plan *plan, const char *path, struct kt_progress *progress,
                          kt_err *err);
 
+/* Writes the plan's header (metadata and tensor table) to path (via path.tmp,
+ * renamed at the end) and extends the file to its full size without writing
+ * the data: a sparse file whose weights read as zeros, for planning a
+ * real-size model's placement (kt-place), never for running it. */
+kt_status kt_synth_write_header_only(const struct kt_synth_plan *plan, const char *path, kt_err *err);
+
 /* The plan's metadata and tensor declarations on w, before its header is
  * written (what kt_synth_write starts with; tests write header-only files). */
 kt_status kt_synth_write_metadata(struct kt_gguf_writer *w, const struct kt_synth_plan *plan, kt_err *err);

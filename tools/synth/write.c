@@ -309,3 +309,19 @@ kt_status kt_synth_write(const struct kt_synth_plan *plan, const char *path, str
     kt_gguf_writer_destroy(w);
     return s;
 }
+
+kt_status kt_synth_write_header_only(const struct kt_synth_plan *plan, const char *path, kt_err *err)
+{
+    if (!plan || !path)
+        return kt_err_set(err, KT_ERR_INVALID, "kt_synth_write_header_only: NULL argument");
+    struct kt_gguf_writer *w = NULL;
+    kt_status s = kt_gguf_writer_create(path, &w, err);
+    if (s == KT_OK)
+        s = kt_synth_write_metadata(w, plan, err);
+    if (s == KT_OK)
+        s = kt_gguf_writer_write_header(w, err);
+    if (s == KT_OK)
+        s = kt_gguf_writer_finish_sparse(w, err);
+    kt_gguf_writer_destroy(w);
+    return s;
+}
