@@ -74,7 +74,8 @@
  * the routing back: one copy each of latency_us + bytes / gbps, on the link
  * the plan gives a sim device, else the machine file's accelerator's.  The
  * host waits for it: it is the layer's attention time.  The sim runs
- * attention (and the head) on the host's thread pool, so at host rates, but
+ * attention (and the head) on the host's thread pool over its copies in GGUF
+ * rows (prefill_rows_gflops), but
  * its FFN units on its own one thread: the machine file's sim figures.
  *
  * Combine (the FFN norm, unless the device returned h, and the residual
@@ -290,6 +291,23 @@ static struct rates node_rates(const struct kt_cost_model *c, int node, double t
         rows = n->decode_rows[t].gbps > 0;
     return (struct rates){n->decode, n->prefill_gflops, n->fma_gflops, scale, triad, n->triad_gbps,
                           rows ? n->decode_rows : NULL, cached};
+}
+
+/* The host's rates for matrices kept in GGUF rows (what a sim device holds and
+ * runs on the step's pool: its attention projections and the head):
+ * prefill_rows_gflops where measured, else node 0's packed figures.  Decode
+ * keeps the packed rates: a whole matrix streams at the same GB/s either way
+ * (decode_rows, fitted to per-head gemvs of 256 KiB, would add their
+ * overhead to every projection). */
+static struct rates gguf_rows_rates(const struct kt_cost_model *c, struct rates r)
+{
+    const struct kt_machine_node *n = &c->mach.nodes[0];
+    for (int t = 0; t < KT_TYPE_COUNT; t++)
+        if (n->prefill_rows_gflops[t] > 0) {
+            r.prefill = n->prefill_rows_gflops;
+            break;
+        }
+    return r;
 }
 
 /* The machine file's accelerator for plan device d: the same name, else the first of its backend. */
@@ -583,7 +601,7 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     /* attention (with the FFN norm and router when there) */
     const bool attn_dev = pl->attention > 0 && dev;
     if (attn_dev) {
-        const struct rates ar = sim ? host : dr; /* the sim runs attention on the host's pool */
+        const struct rates ar = sim ? gguf_rows_rates(c, host) : dr; /* the sim: on the host's pool, GGUF rows */
         double work = attention_seconds(c, d, &ar, T, ctx);
         if (d->is_moe)
             work += mat_seconds(&ar, &d->router, T) + T * hp->n_expert_used * hp->n_expert * TOPK_STEP_S +
@@ -850,7 +868,8 @@ kt_status kt_cost_predict(const struct kt_cost_model *c, const struct kt_placeme
         const struct kt_machine_accel *a = accel_for(c, p, p->embeddings);
         const bool sim = p->devices[p->embeddings].backend == KT_PLACE_SIM;
         const struct rates ar = a ? accel_rates(a) : host;
-        total += mat_seconds(sim ? &host : &ar, &c->output, wanted) +
+        const struct rates rows = gguf_rows_rates(c, host);
+        total += mat_seconds(sim ? &rows : &ar, &c->output, wanted) +
                  copy_seconds(p, a, p->embeddings, wanted * c->hp.n_embd * 4.0, true) +
                  copy_seconds(p, a, p->embeddings, wanted * c->hp.n_vocab * 4.0, false);
     } else {

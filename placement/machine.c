@@ -281,10 +281,11 @@ static kt_status parse_node(const struct parser *p, struct kt_machine *m, json_t
     if (!json_is_object(obj))
         return bad(p, path, "expected an object");
     static const char *const known[] = {"node",      "threads", "memory_gib", "triad_gbps", "fma_gflops",
-                                        "int8_gops", "decode",  "prefill_gflops", "f32_cached_gbps", "decode_rows", NULL};
+                                        "int8_gops", "decode",  "prefill_gflops", "f32_cached_gbps", "decode_rows",
+                                        "prefill_rows_gflops", NULL};
     struct kt_machine_node *n = &m->nodes[i];
     bool have_decode[KT_TYPE_COUNT] = {false}, have_prefill[KT_TYPE_COUNT] = {false};
-    bool have_rows[KT_TYPE_COUNT] = {false};
+    bool have_rows[KT_TYPE_COUNT] = {false}, have_prefill_rows[KT_TYPE_COUNT] = {false};
     unsigned have = 0;
     bool have_node = false;
     const char *key;
@@ -322,7 +323,8 @@ static kt_status parse_node(const struct parser *p, struct kt_machine *m, json_t
         case 6: st = parse_decode(p, v, sub, n->decode, have_decode); break;
         case 7: st = parse_prefill(p, v, sub, n->prefill_gflops, have_prefill); break;
         case 8: st = get_figure(p, v, sub, MAX_FIGURE, &n->f32_cached_gbps); break;
-        default: st = parse_decode(p, v, sub, n->decode_rows, have_rows); break; /* optional: never defaulted */
+        case 9: st = parse_decode(p, v, sub, n->decode_rows, have_rows); break; /* optional: never defaulted */
+        default: st = parse_prefill(p, v, sub, n->prefill_rows_gflops, have_prefill_rows); break; /* optional too */
         }
         if (st)
             return st;
@@ -540,6 +542,21 @@ static bool add_rates(json_t *o, const char *key, const struct kt_machine_rate *
     return ok;
 }
 
+/* {"TYPE": GFLOPS, ...} of the measured figures as key, when there are any. */
+static bool add_figures(json_t *o, const char *key, const double *gflops)
+{
+    json_t *j = json_object();
+    bool ok = j != NULL, any = false;
+    for (int t = 0; ok && t < KT_TYPE_COUNT; t++)
+        if (gflops[t] > 0) {
+            ok = set_real(j, kt_type_name(t), gflops[t]);
+            any = true;
+        }
+    ok = ok && (!any || json_object_set(o, key, j) == 0);
+    json_decref(j);
+    return ok;
+}
+
 /* The measured (non-zero) rates and prefill figures of one place. */
 static bool add_kernels(json_t *o, const struct kt_machine_rate *decode, const double *prefill)
 {
@@ -576,7 +593,7 @@ kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *
              set_real(o, "triad_gbps", n->triad_gbps) && set_real(o, "fma_gflops", n->fma_gflops) &&
              set_real(o, "int8_gops", n->int8_gops) && add_kernels(o, n->decode, n->prefill_gflops) &&
              (n->f32_cached_gbps <= 0 || set_real(o, "f32_cached_gbps", n->f32_cached_gbps)) &&
-             add_rates(o, "decode_rows", n->decode_rows);
+             add_rates(o, "decode_rows", n->decode_rows) && add_figures(o, "prefill_rows_gflops", n->prefill_rows_gflops);
     }
     for (int i = 0; ok && i < m->n_accel; i++) {
         const struct kt_machine_accel *a = &m->accel[i];

@@ -13,7 +13,8 @@
  *                 "fma_gflops": 2900, "int8_gops": 11000,
  *                 "decode": {"q4_K": {"gbps": 150.2, "overhead_us": 6.1}, ...},
  *                 "prefill_gflops": {"q4_K": 2100, ...}, "f32_cached_gbps": 400,
- *                 "decode_rows": {"q8_0": {"gbps": 90, "overhead_us": 8}, ...}}, ...],
+ *                 "decode_rows": {"q8_0": {"gbps": 90, "overhead_us": 8}, ...},
+ *                 "prefill_rows_gflops": {"q8_0": 600, ...}}, ...],
  *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0,
  *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
  *                        "decode": {...}, "prefill_gflops": {...}}]}
@@ -26,7 +27,8 @@
  * (placement/README.md has the long form).  Nodes are the engine's expert
  * pools for that thread count (runtime/forward/engine.c): with one node with
  * cores, the step's pool of THREADS threads; with more, one pool per node,
- * THREADS - 1 workers in all, the stepping thread helping the first (so
+ * THREADS - 1 workers in all, the stepping thread helping the first when a core
+ * of its node is free of workers (kt_pools_caller_helps; then
  * `threads` counts it there).  Every node's figures are taken with all nodes
  * busy at once, as the engine runs them; on a synthetic topology the nodes
  * share this machine's cores.
@@ -59,6 +61,11 @@
  *                   its quantized vector - for 8, 32, 64 and 128 heads a call,
  *                   weights from memory, fitted as decode[] is; types whose
  *                   128-wide rows are whole blocks (q8_0, bf16, f16, f32).
+ *   prefill_rows_gflops[t] (node 0 only) kt_matmul_q over a 7168 x 2048 matrix in
+ *                   GGUF rows on the step's pool, activations quantized as the
+ *                   forward pass does, at 16 and at 64 tokens: the FLOPs of the 48
+ *                   extra tokens over the time they add, median of calls.  The
+ *                   sim keeps its copies of host matrices in GGUF rows.
  *   f32_cached_gbps (node 0 only) every thread of the step's pool multiplying
  *                   its own pair of 128 x 512 f32 matrices (in cache) by a
  *                   vector, over and over: GB/s of matrix read, median of calls.
@@ -127,6 +134,10 @@ struct kt_machine_node {
      * the per-head W_UK / W_UV reads of the absorbed attention form.  gbps
      * 0: not measured (decode[] then). */
     struct kt_machine_rate decode_rows[KT_TYPE_COUNT];
+    /* matrix products over GGUF rows at prefill shapes (what a sim device runs its
+     * attention projections and output head on, on the step's pool): GFLOP/s of
+     * extra tokens, as prefill_gflops.  0: not measured (prefill_gflops then). */
+    double prefill_rows_gflops[KT_TYPE_COUNT];
 };
 
 struct kt_machine_accel {

@@ -567,6 +567,10 @@ double kt_plan_layer_balance(const struct kt_placement *p, const struct kt_cost_
         max = l->node_s[n] > max ? l->node_s[n] : max;
         k++;
     }
+    /* per step, as the engine measures it: E[busiest node] (cpu_experts_s) over the
+     * mean node, not the busiest node's mean - at batch 1 the k active experts fall
+     * unevenly on whole-expert homes even when every node's mean is the same */
+    max = l->cpu_experts_s > max ? l->cpu_experts_s : max;
     return k > 1 && sum > 0 ? max / (sum / k) : 1.0;
 }
 

@@ -107,7 +107,8 @@ kt_status kt_plan_summarize(const struct kt_cost_model *cost, const struct kt_pl
                             const struct kt_planner_options *o, struct kt_plan_summary *out, kt_err *err);
 
 /* Busiest / mean of layer il's CPU nodes (the plan's expert nodes) by a
- * cost-model prediction; 1 when fewer than two nodes have work. */
+ * cost-model prediction, per step as the engine measures it (E[busiest
+ * node] over the mean node); 1 when fewer than two nodes have work. */
 double kt_plan_layer_balance(const struct kt_placement *p, const struct kt_cost_layer *l);
 
 /* The plan as placement config v1 text (malloc'd, NUL-terminated; NULL out

@@ -103,10 +103,12 @@ static void default_threads_leave_one_core_of_the_first_node_to_the_caller(void)
         KT_CHECK(kt_pool_node(kt_pools_get(ps, 1)) == 1, "pool 1 on node %d", kt_pool_node(kt_pools_get(ps, 1)));
         KT_CHECK(kt_pool_bind_failures(kt_pools_get(ps, 0)) == 0, "binding tried on a synthetic topology");
         KT_CHECK(kt_pools_get(ps, 2) == NULL, "pool 2 of 2");
+        KT_CHECK(kt_pools_caller_helps(ps), "3 workers on node 0's 4 cores: the caller should help");
         kt_pools_destroy(ps);
     }
     ps = pools(t, 0, 4); /* 3 + 4 capped to 4: taken from the largest first */
     if (ps) {
+        KT_CHECK(kt_pools_caller_helps(ps), "2 workers on 4 cores: the caller should help");
         KT_CHECK(kt_pools_n_workers(ps) == 4 && kt_pool_n_workers(kt_pools_get(ps, 0)) == 2,
                  "%d workers, %d on pool 0", kt_pools_n_workers(ps), kt_pool_n_workers(kt_pools_get(ps, 0)));
         kt_pools_destroy(ps);
@@ -114,6 +116,19 @@ static void default_threads_leave_one_core_of_the_first_node_to_the_caller(void)
     ps = (struct kt_pools *)1;
     struct kt_pools_config cfg = {.max_threads = 1};
     KT_CHECK(kt_pools_create(t, &cfg, &ps, &err) == KT_ERR_INVALID && ps == NULL, "a cap below one per pool");
+    /* one core a node: every core has a worker, so the caller only waits (a
+     * helping caller would put two threads on node 0's core) */
+    struct kt_topology *t11 = topology("package:2 numa:1 core:1 pu:1");
+    if (t11) {
+        ps = pools(t11, 0, 0);
+        if (ps) {
+            KT_CHECK(kt_pools_n_workers(ps) == 2 && !kt_pools_caller_helps(ps),
+                     "2 nodes of 1 core: %d workers, the caller helps: %d", kt_pools_n_workers(ps),
+                     kt_pools_caller_helps(ps));
+            kt_pools_destroy(ps);
+        }
+        kt_topology_destroy(t11);
+    }
     struct kt_topology *one = topology("numa:1 core:1 pu:2");
     if (one) {
         ps = pools(one, 0, 0);

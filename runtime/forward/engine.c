@@ -297,6 +297,7 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
     if (n_with_cores > 1 && (st = kt_pools_create(e->topo, &cfg, &e->pools, err)) != KT_OK)
         return st;
     e->n_pools = e->pools ? kt_pools_count(e->pools) : 1;
+    e->help_first_pool = !e->pools || kt_pools_caller_helps(e->pools);
     e->expert_pools = calloc((size_t)e->n_pools, sizeof *e->expert_pools);
     e->node_pool = calloc((size_t)e->topo->n_nodes, sizeof *e->node_pool);
     e->pool_units = calloc((size_t)e->n_pools + 1, sizeof *e->pool_units);

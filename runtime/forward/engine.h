@@ -54,7 +54,8 @@ struct kt_engine_params {
      * synthetic description ("package:2 numa:1 core:1 pu:1"), whose threads are
      * never pinned.  Each expert's tasks run on the pool of its home node (node 0
      * when experts_in_place), all pools at once, the stepping thread helping the
-     * first node's pool; shared experts go with the first node.  The pools have
+     * first node's pool when that node has a core without a worker (else it only
+     * waits: kt_pools_caller_helps); shared experts go with the first node.  The pools have
      * n_threads - 1 workers in all (at least one per pool, at most one per
      * physical core of a real node, and one core of the first node left to the
      * stepping thread), so n_threads still counts every thread that works.

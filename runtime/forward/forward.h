@@ -242,6 +242,7 @@ struct kt_engine {
      * compete with it for the same cores) */
     struct kt_pool **expert_pools;
     int n_pools;
+    bool help_first_pool;       /* the stepping thread helps expert_pools[0] in a phase (kt_pools_caller_helps) */
     int *node_pool;             /* [topo->n_nodes] pool of each node (0 for nodes without cores) */
     uint32_t *pool_units;       /* [n_pools + 1] the units of pool i this step: [pool_units[i], pool_units[i+1]) */
     struct kt_units_job *pool_jobs; /* [n_pools] */
@@ -289,7 +290,7 @@ struct kt_engine {
     uint32_t *expert_unit;      /* (Ne) unit of each expert this step */
     uint32_t *active_experts;   /* (Ne) experts with pairs this step, largest group first */
     int *expert_pool_of;        /* (Ne) the pool running each active expert */
-    uint64_t *pool_load;        /* [n_pools] pairs given to each pool so far this step */
+    uint64_t *pool_load;        /* [n_pools] load given to each pool so far this step (moe.c choose_pools) */
     struct kt_ffn_unit *units;  /* (Ne + 1) the step's active experts, then the shared one */
     struct kt_moe_bufs bufs;    /* the host's FFN buffers */
     void **packed_blocks;       /* [n_packed_blocks] host matrices repacked (engine.c), unmapped at destroy */

@@ -13,7 +13,8 @@
  * kernel when the expert store repacked the expert): gate and up together,
  * SiLU fused, then down.  Routed experts run on the least loaded NUMA pool
  * holding a copy, all pools at once, the stepping thread helping the first
- * (one node: the step's pool is the one pool); the shared experts go with the
+ * when its node has a core without a worker (one node: the step's pool is
+ * the one pool, always helped); the shared experts go with the
  * first pool, dense FFNs stay on the step's pool.  In a row-sliced layer
  * (expert_store.h) every pool runs its node's rows of every CPU unit - the
  * same 64-row tasks, on its node's share of the bytes - and an even share of
@@ -338,7 +339,8 @@ static const uint8_t *quantized_h(struct kt_engine *e, struct kt_pool *pool, con
 }
 
 /* Where a range of units runs: group g's units [first[g], first[g + 1]) on
- * pool[g], all groups at once, the calling thread helping group 0's pool;
+ * pool[g], all groups at once, the calling thread helping group 0's pool (the
+ * step's pool always; a node pool when e->help_first_pool);
  * pool NULL: one group, on the calling thread alone (a device's queue).
  * sliced (a row-sliced layer): every group works on units [first[0],
  * first[n]): an even share of their pairs, and its part of each one's tasks. */
@@ -421,7 +423,8 @@ static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, const st
     }
     if (!g->pool)
         return;
-    kt_pool_help(g->pool[0]);
+    if (g->pool[0] == e->pool || e->help_first_pool) /* the step pool counts its caller */
+        kt_pool_help(g->pool[0]);
     for (int i = 0; i < g->n; i++)
         kt_pool_wait(g->pool[i]);
 }
@@ -520,9 +523,15 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
 /* Pools for the step's active CPU experts (expert_pairs[x] > 0), largest token
  * groups first: each to the least loaded pool holding a copy of it (its
  * home's on ties, then the lowest pool), so replicas spread a hot expert's
- * neighbours away from its node.  Deterministic for a given routing; which
- * copy runs never changes a result (the copies are the same bytes). */
-static void choose_pools(struct kt_engine *e, uint32_t il)
+ * neighbours away from its node.  A pool's load counts what its units cost:
+ * each expert's pairs plus KT_READ_PAIRS for reading its weights once, and on
+ * the first pool the shared experts when the CPU runs them (T pairs, and their
+ * reads in experts' bytes): at decode one read is most of an expert's time,
+ * and the shared expert is the step's biggest unit.  Deterministic for a given
+ * routing; which copy runs never changes a result (the copies are the same
+ * bytes). */
+#define KT_READ_PAIRS 8 /* tokens whose multiply-adds take about one read of an expert's weights */
+static void choose_pools(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, bool shared_on_cpu)
 {
     const uint32_t Ne = e->hp.n_expert;
     const int n_pools = e->n_pools;
@@ -540,6 +549,12 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
         }
     for (int g = 0; g < n_pools; g++)
         e->pool_load[g] = 0;
+    if (shared_on_cpu && n_active) {
+        const struct kt_ffn_weights x0 = kt_fwd_expert_gguf(e, L, e->active_experts[0]);
+        const uint64_t xb = kt_mat_bytes(&x0.gate) + kt_mat_bytes(&x0.up) + kt_mat_bytes(&x0.down);
+        const uint64_t sb = kt_mat_bytes(&L->shared.gate) + kt_mat_bytes(&L->shared.up) + kt_mat_bytes(&L->shared.down);
+        e->pool_load[0] = e->n_tokens + (xb ? KT_READ_PAIRS * sb / xb : 0);
+    }
     for (uint32_t i = 0; i < n_active; i++) {
         const uint32_t x = e->active_experts[i];
         const struct kt_stored_expert *se = e->experts ? kt_expert_store_expert(e->experts, il, x) : NULL;
@@ -551,7 +566,7 @@ static void choose_pools(struct kt_engine *e, uint32_t il)
                 best = g;
         }
         e->expert_pool_of[x] = best;
-        e->pool_load[best] += e->expert_pairs[x];
+        e->pool_load[best] += e->expert_pairs[x] + KT_READ_PAIRS;
         const int node = kt_pool_node(e->expert_pools[best]);
         if (node >= 0 && node < 16) {
             e->stats.node_pairs[node] += e->expert_pairs[x];
@@ -739,7 +754,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     if (sliced)
         count_sliced_pairs(e, il);
     else
-        choose_pools(e, il);
+        choose_pools(e, il, L, L->shared.n_ff > 0 && !e->dev.shared);
     const bool shared = L->shared.n_ff > 0;
     const bool shared_on_device = shared && e->dev.shared;
     uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0;

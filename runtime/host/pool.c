@@ -65,6 +65,7 @@ struct kt_pool {
 struct kt_pools {
     int n_pools;
     struct kt_pool *pools; /* [n_pools] */
+    bool caller_helps;     /* the first pool has fewer workers than its node has cores */
 };
 
 static void run_items(struct kt_pool *p, int worker)
@@ -277,6 +278,7 @@ kt_status kt_pools_create(const struct kt_topology *t, const struct kt_pools_con
         total--;
     }
 
+    ps->caller_helps = n_pools > 0 && workers[0] < t->nodes[node_of_pool[0]].n_cores;
     ps->pools = calloc((size_t)n_pools, sizeof *ps->pools);
     if (!ps->pools) {
         st = kt_err_set(err, KT_ERR_NOMEM, "pools: out of memory");
@@ -326,6 +328,11 @@ int kt_pools_n_workers(const struct kt_pools *ps)
     for (int i = 0; i < ps->n_pools; i++)
         total += ps->pools[i].n_workers;
     return total;
+}
+
+bool kt_pools_caller_helps(const struct kt_pools *ps)
+{
+    return ps->caller_helps;
 }
 
 int kt_pool_node(const struct kt_pool *p)

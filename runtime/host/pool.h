@@ -83,6 +83,13 @@ void kt_pools_destroy(struct kt_pools *ps);
 int kt_pools_count(const struct kt_pools *ps);
 struct kt_pool *kt_pools_get(struct kt_pools *ps, int i);
 int kt_pools_n_workers(const struct kt_pools *ps); /* total */
+/* Whether the thread that submits to the pools should help the first one
+ * (kt_pool_help) while the others run: true when the first pool left a core of
+ * its node to that thread (fewer workers than cores).  When every core of the
+ * node already has a worker - one core per node, or a thread cap that took
+ * workers from larger pools - helping would put two threads on one core and
+ * make the first node slower than the others, so the caller only waits. */
+bool kt_pools_caller_helps(const struct kt_pools *ps);
 
 /* One job per pool for kt_pools_run; n == 0 leaves that pool idle. */
 struct kt_pool_job {

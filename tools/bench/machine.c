@@ -302,6 +302,7 @@ static void call_task(void *ctx, int64_t begin, int64_t end, int worker)
 struct place {
     struct kt_pool *pool;       /* NULL: the calling thread alone (the sim) */
     int threads;
+    bool helped;                /* the calling thread helps this place's pool (the first, as the engine does) */
     struct expert_slots big, small;
     uint8_t *region;            /* the slots of the type being measured, reused for the next */
     size_t region_bytes;
@@ -382,7 +383,8 @@ static void run_calls(struct place *places, int n)
                 call_task(c, 0, items, 0);
         }
         if (places[0].pool) {
-            kt_pool_help(places[0].pool);
+            if (places[0].helped)
+                kt_pool_help(places[0].pool);
             for (int i = 0; i < n; i++)
                 kt_pool_wait(places[i].pool);
         }
@@ -748,6 +750,52 @@ done:
     return st;
 }
 
+/* prefill_rows_gflops[t]: a 7168 x 2048 matrix in GGUF rows times 16 and
+ * 64 tokens quantized as the forward pass does (kt_quantize_rows, then
+ * kt_matmul_q, both on the pool), in interleaved rounds: the 48 extra
+ * tokens' FLOPs over the time they add, medians of calls. */
+#define ROWS_N_IN 7168
+#define ROWS_N_OUT 2048
+static kt_status measure_prefill_rows(struct kt_pool *pool, enum kt_type t, double seconds, double *gflops,
+                                      kt_err *err)
+{
+    static const int tokens[2] = {16, 64};
+    uint64_t seed = 0x243f6a8885a308d3ull ^ (uint64_t)t;
+    uint8_t *w = gguf_matrix(t, ROWS_N_IN, ROWS_N_OUT, &seed);
+    float *x = malloc((size_t)tokens[1] * ROWS_N_IN * sizeof(float));
+    float *y = malloc((size_t)tokens[1] * ROWS_N_OUT * sizeof(float));
+    void *xq = malloc((size_t)tokens[1] * kt_act_row_bytes(t, ROWS_N_IN));
+    double(*samples)[MAX_SAMPLES] = malloc(sizeof(double[2][MAX_SAMPLES]));
+    kt_status st = KT_OK;
+    if (!w || !x || !y || !xq || !samples) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the %s matrix in GGUF rows", kt_type_name(t));
+        goto done;
+    }
+    random_floats(x, (size_t)tokens[1] * ROWS_N_IN, &seed);
+    const struct kt_mat m = {.data = w, .type = t, .n_in = ROWS_N_IN, .n_out = ROWS_N_OUT,
+                             .row_bytes = kt_type_row_bytes(t, ROWS_N_IN)};
+    int rounds = 0;
+    const double start = now_s();
+    do {
+        for (int p = 0; p < 2; p++) {
+            const double t0 = now_s();
+            kt_quantize_rows(pool, t, x, tokens[p], ROWS_N_IN, xq);
+            kt_matmul_q(pool, &m, xq, tokens[p], y, ROWS_N_OUT);
+            samples[p][rounds] = now_s() - t0;
+        }
+        rounds++;
+    } while (rounds < MAX_SAMPLES && (rounds < MIN_CALLS || now_s() - start < 2 * seconds));
+    for (int p = 0; p < 2; p++)
+        qsort(samples[p], (size_t)rounds, sizeof(double), cmp_double);
+    const double extra = samples[1][rounds / 2] - samples[0][rounds / 2];
+    const double flops = 2.0 * ROWS_N_IN * ROWS_N_OUT * (tokens[1] - tokens[0]);
+    *gflops = flops / (extra > 0 ? extra : samples[1][rounds / 2]) * 1e-9;
+done:
+    free(w), free(x), free(y), free(xq);
+    free(samples);
+    return st;
+}
+
 /* f32_cached_gbps: every thread of the pool multiplies its own head pair
  * (two 128 x 512 f32 matrices, 512 KiB: they stay in cache) by a vector,
  * over and over; GB/s of matrix read, median of calls. */
@@ -897,7 +945,8 @@ int kt_bench_machine(const struct kt_bench_options *o)
 
     /* the engine's pools (runtime/forward/engine.c create_pools): the step's
      * pool; with more than one node with cores, one pool per such node,
-     * threads - 1 workers in all, the stepping thread helping the first */
+     * threads - 1 workers in all, the stepping thread helping the first
+     * when a core of its node has no worker (kt_pools_caller_helps) */
     if (kt_pool_create(threads, &step_pool, &err) != KT_OK)
         goto fail;
     int n_with_cores = 0;
@@ -915,12 +964,14 @@ int kt_bench_machine(const struct kt_bench_options *o)
         m->n_nodes = kt_pools_count(pools);
         for (int i = 0; i < m->n_nodes; i++) {
             places[i].pool = kt_pools_get(pools, i);
-            places[i].threads = kt_pool_n_workers(places[i].pool) + (i == 0);
+            places[i].helped = i == 0 && kt_pools_caller_helps(pools);
+            places[i].threads = kt_pool_n_workers(places[i].pool) + places[i].helped;
             m->nodes[i].node = kt_pool_node(places[i].pool);
         }
     } else {
         m->n_nodes = 1;
         places[0].pool = step_pool;
+        places[0].helped = true;
         places[0].threads = kt_pool_n_threads(step_pool);
         for (int i = 0; i < topo->n_nodes; i++)
             if (topo->nodes[i].n_cores > 0) {
@@ -1036,6 +1087,16 @@ int kt_bench_machine(const struct kt_bench_options *o)
     if (measure_cached(step_pool, o->seconds, &m->nodes[0].f32_cached_gbps, &err) != KT_OK)
         goto fail;
     printf("node%-2d %-6s %10.2f   (head pair in cache, every thread)\n", m->nodes[0].node, "f32", m->nodes[0].f32_cached_gbps);
+    printf("\nmatrices in GGUF rows on the step's pool at prefill (what a sim device's attention runs on):\n"
+           "7168 x 2048, 16 and 64 tokens, GFLOP/s of the extra tokens\n\n");
+    for (size_t k = 0; k < N_TYPES; k++) {
+        const enum kt_type t = machine_types[k];
+        if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float)
+            continue;
+        if (measure_prefill_rows(step_pool, t, o->seconds, &m->nodes[0].prefill_rows_gflops[t], &err) != KT_OK)
+            goto fail;
+        printf("node%-2d %-6s %10.1f GFLOP/s\n", m->nodes[0].node, kt_type_name(t), m->nodes[0].prefill_rows_gflops[t]);
+    }
     fflush(stdout);
 
     /* accelerators: the sim's modelled link, then CUDA if there is one */
