@@ -65,13 +65,6 @@ say "4. kt-place: the plan (profile A) and the hindsight plan (profile B), sim d
 "$place" -m "$model" --profile "$work/profile-b.json" --machine "$work/machine.json" --device sim \
     --gpu-memory "$gib" --kv-tokens 4096 -o "$work/plan-b.yaml" | grep -E "planned in|decode"
 
-# The planner fills memory_gib with weights and the KV cache; the engine also keeps its
-# working buffers on the device (about 0.3 GiB here), which plans do not count yet: the
-# files are served with that much more room.
-serve_gib=$(awk -v g="$gib" 'BEGIN { print g + 0.5 }')
-room() { sed -i "s/^    memory_gib: .*/    memory_gib: $serve_gib/" "$1"; }
-room "$work/plan-a.yaml"
-room "$work/plan-b.yaml"
 
 say "5. both plans on set B: measured accelerator share and decode step; predicted decode step on B"
 for plan in a b; do
@@ -88,7 +81,6 @@ say "6. kt-place's plan against the three baselines (sim): predicted and measure
 for b in index equal top; do
     "$place" -m "$model" --profile "$work/profile-a.json" --machine "$work/machine.json" --device sim \
         --gpu-memory "$gib" --kv-tokens 4096 --baseline "$b" -o "$work/baseline-$b.yaml" >/dev/null
-    room "$work/baseline-$b.yaml"
 done
 for plan in plan-a baseline-index baseline-equal baseline-top; do
     echo "-- $plan"

@@ -20,6 +20,7 @@
 #include "plan.h"
 
 #include "config_internal.h"
+#include "engine.h"
 #include "profile.h"
 
 #include <stdarg.h>
@@ -48,6 +49,7 @@ const char *kt_place_part_name(enum kt_place_part part)
     case KT_PART_REPLICAS: return "replicas";
     case KT_PART_EMBEDDINGS: return "embeddings";
     case KT_PART_KV_CACHE: return "KV cache";
+    case KT_PART_WORK_BUFFERS: return "working buffers";
     case KT_PART_COUNT: break;
     }
     return "?";
@@ -403,6 +405,17 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
                 if (h->replica_nodes >> n & 1)
                     p->node_bytes[n] += expert_bytes;
         }
+    }
+    /* an accelerator that holds anything also holds the engine's working buffers */
+    for (int i = 1; i < p->n_devices; i++) {
+        uint64_t held = 0;
+        for (int part = 0; part < KT_PART_COUNT; part++)
+            held += d[i].part_bytes[part];
+        if (!held)
+            continue;
+        struct kt_engine_params ep = {.n_ctx = p->kv_tokens, .attention_on_device = p->layers[0].attention == i,
+                                      .output_on_device = p->embeddings == i};
+        d[i].part_bytes[KT_PART_WORK_BUFFERS] = kt_engine_device_work_bytes(m, &ep, d[i].backend == KT_PLACE_CUDA);
     }
     for (int i = 0; i < p->n_devices; i++)
         for (int part = 0; part < KT_PART_COUNT; part++)

@@ -39,6 +39,7 @@ enum kt_place_part {
     KT_PART_REPLICAS,            /* extra copies of hot CPU experts */
     KT_PART_EMBEDDINGS,          /* token_embd, output_norm, output */
     KT_PART_KV_CACHE,            /* estimate: kv_tokens x n_layer x (kvr + dr) x bytes per value */
+    KT_PART_WORK_BUFFERS,        /* the engine's working buffers on an accelerator (kt_engine_device_work_bytes) */
     KT_PART_COUNT,
 };
 

@@ -351,15 +351,17 @@ static kt_status place_parts(struct planner *pl, const char *name, kt_err *err)
             return st;
         const uint64_t *pb = all->devices[1].part_bytes;
         const uint64_t budget = (uint64_t)(gib * GIB);
-        uint64_t used = pb[KT_PART_ATTENTION] + pb[KT_PART_KV_CACHE];
+        /* the engine's working buffers as with every part there (the head's too): at most what it takes */
+        uint64_t used = pb[KT_PART_ATTENTION] + pb[KT_PART_KV_CACHE] + pb[KT_PART_WORK_BUFFERS];
         if (used > budget) {
-            char a1[32], a2[32], a3[32], a4[32];
+            char a1[32], a2[32], a3[32], a4[32], a5[32];
             st = kt_err_set(err, KT_ERR_INVALID,
-                            "%s: attention and its KV cache need %s on the %s accelerator (attention and router %s, "
-                            "KV cache %s for %u tokens) but its budget is %s (%s): give more memory or fewer "
-                            "--kv-tokens", name, human(used, a1, sizeof a1), kt_place_backend_name(o->device),
+                            "%s: attention, its KV cache and the working buffers need %s on the %s accelerator "
+                            "(attention and router %s, KV cache %s for %u tokens, working buffers %s) but its budget "
+                            "is %s (%s): give more memory or fewer --kv-tokens",
+                            name, human(used, a1, sizeof a1), kt_place_backend_name(o->device),
                             human(pb[KT_PART_ATTENTION], a2, sizeof a2), human(pb[KT_PART_KV_CACHE], a3, sizeof a3),
-                            o->kv_tokens, human(budget, a4, sizeof a4),
+                            o->kv_tokens, human(pb[KT_PART_WORK_BUFFERS], a5, sizeof a5), human(budget, a4, sizeof a4),
                             o->budget_source ? o->budget_source : "machine file");
             kt_placement_destroy(all);
             return st;

@@ -176,7 +176,7 @@ static void planner_balances_two_nodes_within_5_percent_and_round_trips(void)
     struct kt_profile *prof = zipf_profile(m, skew);
     const char *prof_path = save_profile(prof, "planner-prof.json");
     struct kt_machine mach;
-    two_nodes(&mach, 0.05);
+    two_nodes(&mach, 0.086);
     struct kt_planner_options o = {.device = KT_PLACE_SIM};
     struct kt_cost_model *cost = NULL;
     struct kt_plan *plan = make_plan(m, prof, &mach, &o, &cost);
@@ -211,7 +211,7 @@ static void planner_slices_a_layer_whole_experts_cannot_balance(void)
     for (uint32_t x = 0; prof && x < n; x++) /* layer 2: 9 equally hot experts, no split of 9 within 5% */
         prof->counts[KT_PROFILE_DECODE][2 * n + x] = x < 9 ? 1e5 : 0;
     struct kt_machine mach;
-    two_nodes(&mach, 0.05);
+    two_nodes(&mach, 0.086);
     /* a device holding attention, shared experts and the rest but no routed expert:
      * node 0 then has no shared-expert work, so only the routed experts are spread;
      * batch 64, where every hot expert is active in nearly every step, so whole
@@ -277,7 +277,7 @@ static void marginal_gain_beats_equal_per_layer_on_skewed_layers(void)
     const double skew[4] = {0, 2.0, 0.8, 0.0};
     struct kt_profile *prof = zipf_profile(m, skew);
     struct kt_machine mach;
-    two_nodes(&mach, 0.05);
+    two_nodes(&mach, 0.086);
     struct kt_planner_options o = {.device = KT_PLACE_SIM};
     struct kt_cost_model *cost = NULL;
     struct kt_plan *plan = make_plan(m, prof, &mach, &o, &cost);
@@ -375,7 +375,7 @@ static void cli_refuses_bad_input_and_writes_nothing(void)
     char kind[160], args[4096];
     static char msg[1 << 16]; /* the defaulted-figure warnings come first */
     kt_machine_this_kind(kind, sizeof kind);
-    const char *good_machine = machine_file("planner-machine.json", kind, 0.05);
+    const char *good_machine = machine_file("planner-machine.json", kind, 0.086);
     char good_machine_path[1024];
     snprintf(good_machine_path, sizeof good_machine_path, "%s", good_machine);
     const double skew[4] = {0, 1.0, 1.0, 1.0};

@@ -53,6 +53,15 @@ float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *
         KT_CHECK(false, "engine: %s", err.msg);
         return NULL;
     }
+    uint64_t dev_total = 0, dev_work = 0;
+    if (kt_engine_device_bytes(e, &dev_total, &dev_work) == KT_OK) {
+        /* what a planner reserves for the working buffers is what the engine took */
+        const uint64_t want =
+            kt_engine_device_work_bytes(m, params, params->device && params->device->kind == KT_BACKEND_CUDA);
+        KT_CHECK(want == dev_work && dev_work > 0 && dev_work <= dev_total,
+                 "device working buffers: kt_engine_device_work_bytes says %llu, the engine took %llu (of %llu)",
+                 (unsigned long long)want, (unsigned long long)dev_work, (unsigned long long)dev_total);
+    }
     const uint32_t V = kt_engine_n_vocab(e);
     float *logits = kt_test_xmalloc((size_t)(n_prompt + steps) * V * sizeof *logits);
     struct kt_batch_token *bt = kt_test_xmalloc((size_t)n_prompt * sizeof *bt);

@@ -77,10 +77,66 @@ static void device_copy_block(void *ctx, float *dst, const float *src, size_t by
     kt_backend_copy_device(e->dev.backend, dst, src, bytes);
 }
 
+/* ---- working buffers: what the device keeps besides weights and the KV cache --------------- */
+
+/* One working buffer: where its address goes, and its size. */
+struct work_buf {
+    void **ptr;
+    size_t bytes;
+};
+#define MAX_WORK_BUFS 16
+
+/* The FFN buffers, sized as the host's (engine.c layout_buffers): h for T
+ * tokens, the pairs' token ids, activations, quantized activations and
+ * outputs for T (k + 1) pairs (the shared experts' too), and the quantized
+ * h in four formats and per pair for gate and up. */
+static int ffn_work(struct kt_engine *e, const struct kt_fwd_act_sizes *s, struct work_buf *w)
+{
+    const size_t T = e->params.max_batch_tokens, E = e->hp.n_embd, pairs = T * (e->hp.n_expert_used + 1);
+    struct kt_moe_bufs *b = &e->dev.bufs;
+    const size_t act = (size_t)s->max_n_ff, act_q = s->ffn_down_in, hq = s->ffn_in;
+    int n = 0;
+    w[n++] = (struct work_buf){(void **)&e->dev.h, T * E * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&e->dev.pair_token, pairs * sizeof(uint32_t)};
+    w[n++] = (struct work_buf){(void **)&b->act, pairs * act * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&b->act_q, pairs * act_q};
+    w[n++] = (struct work_buf){(void **)&b->pair_out, pairs * E * sizeof(float)};
+    for (int i = 0; i < 4; i++)
+        w[n++] = (struct work_buf){(void **)&b->hq[i], T * hq};
+    w[n++] = (struct work_buf){(void **)&b->hq_pairs_gate, pairs * hq};
+    w[n++] = (struct work_buf){(void **)&b->hq_pairs_up, pairs * hq};
+    return n;
+}
+
+/* With attention there: the residual stream x and, in a model with experts, the router's logits and choice. */
+static int attention_work(struct kt_engine *e, struct work_buf *w)
+{
+    const size_t T = e->params.max_batch_tokens, k = e->hp.n_expert_used;
+    int n = 0;
+    if (e->hp.n_expert > 0) {
+        w[n++] = (struct work_buf){(void **)&e->dev.router_logits, T * e->hp.n_expert * sizeof(float)};
+        w[n++] = (struct work_buf){(void **)&e->dev.route_experts, T * k * sizeof(uint32_t)};
+        w[n++] = (struct work_buf){(void **)&e->dev.route_weights, T * k * sizeof(float)};
+    }
+    w[n++] = (struct work_buf){(void **)&e->dev.x, T * e->hp.n_embd * sizeof(float)};
+    return n;
+}
+
+/* With the output head there: its input rows and the logits. */
+static int head_work(struct kt_engine *e, struct work_buf *w)
+{
+    const size_t T = e->params.max_batch_tokens;
+    w[0] = (struct work_buf){(void **)&e->dev.head_x, T * e->hp.n_embd * sizeof(float)};
+    w[1] = (struct work_buf){(void **)&e->dev.logits, T * e->hp.n_vocab * sizeof(float)};
+    return 2;
+}
+
 /* What the cuda attention works in: per-step buffers for max_batch_tokens
- * tokens, the step's cache tables, and MLA's scratch sized for the worst
- * token count at a full context. */
-static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
+ * tokens, the step's cache tables, MLA's scratch sized for the worst token
+ * count at a full context (0: the kernel does not take the shape) and
+ * cuBLASLt's for the largest projection at a full batch (the file's shapes;
+ * device copies are at least as aligned). */
+static int cuda_work(struct kt_engine *e, struct work_buf *w)
 {
     const struct kt_hparams *hp = &e->hp;
     const size_t T = e->params.max_batch_tokens, E = hp->n_embd, H = hp->n_head, dr = hp->qk_rope_dim;
@@ -94,51 +150,95 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
         const size_t bytes = kt_cuda_mla_scratch_bytes(&shape, (int64_t)t, (int64_t)n_ctx);
         mla_scratch = bytes > mla_scratch ? bytes : mla_scratch;
     }
-    if (!mla_scratch)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
-                          "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->dev.backend), hp->n_head, hp->kv_lora_rank,
-                          hp->qk_rope_dim);
-    /* cuBLASLt's scratch for the largest projection at a full batch (the
-     * host's copies give the shapes; device copies are at least as aligned) */
     size_t lt_scratch = 0;
     for (uint32_t il = 0; T >= KT_CUDA_LT_MIN_TOKENS && il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->layers[il];
-        const struct kt_mat *mats[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->out};
+        const struct kt_layer *L = &e->model->layers[il];
+        const struct kt_gguf_tensor *mats[] = {L->attn_q_a, L->attn_q_b, L->attn_q, L->attn_kv_a_mqa, L->attn_output};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-            const struct kt_cuda_mat w = kt_fwd_cuda_mat(mats[i]);
-            const size_t bytes = mats[i]->data ? kt_cuda_matmul_lt_scratch_bytes(&w, (int64_t)T) : 0;
+            if (!mats[i])
+                continue;
+            const struct kt_mat m = kt_mat_from_tensor(mats[i]);
+            const struct kt_cuda_mat cm = kt_fwd_cuda_mat(&m);
+            const size_t bytes = kt_cuda_matmul_lt_scratch_bytes(&cm, (int64_t)T);
             lt_scratch = bytes > lt_scratch ? bytes : lt_scratch;
         }
     }
     struct kt_cuda_attention_step *s = &e->dev.cuda_step;
-    const struct {
-        void **ptr;
-        size_t bytes;
-    } want[] = {
-        {(void **)&s->h, T * E * sizeof(float)},
-        {(void **)&s->qa, T * (hp->q_lora_rank ? hp->q_lora_rank : 1) * sizeof(float)},
-        {(void **)&s->q, T * H * dk * sizeof(float)},
-        {(void **)&s->kv_a, T * (kvr + dr) * sizeof(float)},
-        {(void **)&s->o, T * H * hp->v_head_dim * sizeof(float)},
-        {(void **)&s->y, T * E * sizeof(float)},
-        {(void **)&s->cos_sin, T * dr * sizeof(float)},
-        {(void **)&s->cache.block_ids, (blocks ? blocks : 1) * sizeof(uint32_t)},
-        {(void **)&s->cache.first_block, T * sizeof(uint32_t)},
-        {(void **)&s->cache.n_kv, T * sizeof(uint32_t)},
-        {&s->mla_scratch, mla_scratch},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
-        if (st)
-            return st;
-    }
-    if (lt_scratch) {
-        kt_status st = device_alloc(e, lt_scratch, &s->lt_scratch, err);
-        if (st)
-            return st;
-        s->lt_scratch_bytes = lt_scratch;
-    }
     s->mla_scratch_bytes = mla_scratch;
+    s->lt_scratch_bytes = lt_scratch;
+    int n = 0;
+    w[n++] = (struct work_buf){(void **)&s->h, T * E * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->qa, T * (hp->q_lora_rank ? hp->q_lora_rank : 1) * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->q, T * H * dk * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->kv_a, T * (kvr + dr) * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->o, T * H * hp->v_head_dim * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->y, T * E * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->cos_sin, T * dr * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&s->cache.block_ids, (blocks ? blocks : 1) * sizeof(uint32_t)};
+    w[n++] = (struct work_buf){(void **)&s->cache.first_block, T * sizeof(uint32_t)};
+    w[n++] = (struct work_buf){(void **)&s->cache.n_kv, T * sizeof(uint32_t)};
+    w[n++] = (struct work_buf){&s->mla_scratch, mla_scratch};
+    if (lt_scratch)
+        w[n++] = (struct work_buf){&s->lt_scratch, lt_scratch};
+    return n;
+}
+
+static kt_status alloc_work(struct kt_engine *e, const struct work_buf *w, int n, kt_err *err)
+{
+    for (int i = 0; i < n; i++) {
+        kt_status st = device_alloc(e, w[i].bytes, w[i].ptr, err);
+        if (st)
+            return st;
+        if (!e->dev.sizing)
+            e->dev.work_bytes += w[i].bytes;
+    }
+    return KT_OK;
+}
+
+static size_t work_bytes(const struct work_buf *w, int n)
+{
+    size_t sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += w[i].bytes;
+    return sum;
+}
+
+uint64_t kt_engine_device_work_bytes(const struct kt_model *m, const struct kt_engine_params *p, bool cuda)
+{
+    struct kt_engine *e = calloc(1, sizeof *e); /* a stand-in: only sizes are read from it */
+    if (!e)
+        return 0;
+    e->model = (struct kt_model *)m;
+    e->hp = m->hp;
+    e->params = kt_fwd_params_resolved(&m->hp, p);
+    const struct kt_fwd_act_sizes s = kt_fwd_act_sizes(m);
+    struct work_buf w[MAX_WORK_BUFS];
+    uint64_t sum = work_bytes(w, ffn_work(e, &s, w));
+    if (e->params.attention_on_device)
+        sum += work_bytes(w, attention_work(e, w)) + (cuda ? work_bytes(w, cuda_work(e, w)) : 0);
+    if (e->params.output_on_device)
+        sum += work_bytes(w, head_work(e, w));
+    free(e);
+    return sum;
+}
+
+/* What the cuda attention works in (cuda_work), then its layers' shapes. */
+static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
+{
+    const struct kt_hparams *hp = &e->hp;
+    const size_t dr = hp->qk_rope_dim, kvr = hp->kv_lora_rank;
+    const struct kt_cuda_mla shape = {.n_head = hp->n_head, .nope_dim = hp->qk_nope_dim, .rope_dim = dr,
+                                      .v_dim = hp->v_head_dim, .kv_rank = kvr, .kq_scale = e->kq_scale};
+    struct work_buf w[MAX_WORK_BUFS];
+    const int n = cuda_work(e, w);
+    struct kt_cuda_attention_step *s = &e->dev.cuda_step;
+    if (!s->mla_scratch_bytes)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
+                          "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->dev.backend), hp->n_head, hp->kv_lora_rank,
+                          hp->qk_rope_dim);
+    kt_status st = alloc_work(e, w, n, err);
+    if (st)
+        return st;
     s->cache.pool = e->dev.kv_pool;
     s->cache.block_tokens = e->params.kv_block_tokens;
     s->cache.block_floats = (int64_t)hp->n_layer * e->params.kv_block_tokens * (int64_t)(kvr + dr);
@@ -201,15 +301,9 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
         if (st == KT_OK && L->is_moe)
             st = device_floats(e, &L->exp_probs_b, hp->n_expert, err);
     }
-    const size_t T = e->params.max_batch_tokens, k = hp->n_expert_used;
-    if (st == KT_OK && hp->n_expert > 0 &&
-        ((st = device_alloc(e, T * hp->n_expert * sizeof(float), (void **)&e->dev.router_logits, err)) ||
-         (st = device_alloc(e, T * k * sizeof(uint32_t), (void **)&e->dev.route_experts, err)) ||
-         (st = device_alloc(e, T * k * sizeof(float), (void **)&e->dev.route_weights, err))))
-        return st;
+    struct work_buf w[MAX_WORK_BUFS];
     if (st == KT_OK)
-        st = device_alloc(e, (size_t)e->params.max_batch_tokens * hp->n_embd * sizeof(float), (void **)&e->dev.x,
-                          err);
+        st = alloc_work(e, w, attention_work(e, w), err);
     /* the KV cache's pool */
     uint64_t kv_bytes = 0;
     struct kt_kv_cache_params kp = kt_fwd_kv_params(e);
@@ -240,32 +334,10 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
 /* The FFN buffers again, in device memory. */
 static kt_status device_bufs(struct kt_engine *e, kt_err *err)
 {
-    const size_t T = e->params.max_batch_tokens, E = e->hp.n_embd, pairs = T * (e->hp.n_expert_used + 1);
-    const struct kt_moe_bufs *h = &e->bufs;
-    struct kt_moe_bufs *b = &e->dev.bufs;
-    *b = *h;
-    struct {
-        void **ptr;
-        size_t bytes;
-    } want[] = {
-        {(void **)&e->dev.h, T * E * sizeof(float)},
-        {(void **)&e->dev.pair_token, pairs * sizeof(uint32_t)},
-        {(void **)&b->act, pairs * h->act_stride * sizeof(float)},
-        {(void **)&b->act_q, pairs * h->act_q_stride},
-        {(void **)&b->pair_out, pairs * E * sizeof(float)},
-        {(void **)&b->hq[0], T * h->hq_row_bytes},
-        {(void **)&b->hq[1], T * h->hq_row_bytes},
-        {(void **)&b->hq[2], T * h->hq_row_bytes},
-        {(void **)&b->hq[3], T * h->hq_row_bytes},
-        {(void **)&b->hq_pairs_gate, pairs * h->hq_row_bytes},
-        {(void **)&b->hq_pairs_up, pairs * h->hq_row_bytes},
-    };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        kt_status st = device_alloc(e, want[i].bytes, want[i].ptr, err);
-        if (st)
-            return st;
-    }
-    return KT_OK;
+    e->dev.bufs = e->bufs; /* the strides; the buffers are the device's */
+    const struct kt_fwd_act_sizes s = kt_fwd_act_sizes(e->model);
+    struct work_buf w[MAX_WORK_BUFS];
+    return alloc_work(e, w, ffn_work(e, &s, w), err);
 }
 
 /* Creates the device and copies in the experts (and shared experts) the
@@ -364,11 +436,9 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
         return st;
     }
     if (d->output_on_device) {
-        const size_t T = e->params.max_batch_tokens;
         struct kt_mat w = e->output;
-        if ((st = device_mat(e, &w, err)) ||
-            (st = device_alloc(e, T * hp->n_embd * sizeof(float), (void **)&e->dev.head_x, err)) ||
-            (st = device_alloc(e, T * hp->n_vocab * sizeof(float), (void **)&e->dev.logits, err))) {
+        struct work_buf wb[MAX_WORK_BUFS];
+        if ((st = device_mat(e, &w, err)) || (st = alloc_work(e, wb, head_work(e, wb), err))) {
             kt_err_prefix(err, "output head");
             return st;
         }
@@ -602,4 +672,16 @@ void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers)
     free(e->dev.jobs);
     free(e->dev.dense);
     memset(&e->dev, 0, sizeof e->dev);
+}
+
+kt_status kt_engine_device_bytes(const struct kt_engine *e, uint64_t *total, uint64_t *work)
+{
+    if (!e->dev.backend)
+        return KT_ERR_NOT_FOUND;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < e->dev.n_blocks; i++)
+        sum += e->dev.block_bytes[i];
+    *total = sum;
+    *work = e->dev.work_bytes;
+    return KT_OK;
 }

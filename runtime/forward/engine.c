@@ -80,6 +80,22 @@ void kt_engine_rope_params(const struct kt_hparams *hp, struct kt_rope_params *r
 
 /* ---- creation --------------------------------------------------------------------------- */
 
+struct kt_engine_params kt_fwd_params_resolved(const struct kt_hparams *hp, const struct kt_engine_params *p)
+{
+    struct kt_engine_params d = p ? *p : (struct kt_engine_params){0};
+    if (!d.n_ctx)
+        d.n_ctx = hp->n_ctx_train < DEFAULT_CTX ? hp->n_ctx_train : DEFAULT_CTX;
+    if (!d.max_seqs)
+        d.max_seqs = 1;
+    if (!d.kv_block_tokens)
+        d.kv_block_tokens = DEFAULT_BLOCK_TOKENS;
+    if (!d.kv_blocks)
+        d.kv_blocks = (uint32_t)(((uint64_t)d.n_ctx + d.kv_block_tokens - 1) / d.kv_block_tokens * d.max_seqs);
+    if (!d.max_batch_tokens)
+        d.max_batch_tokens = DEFAULT_MAX_BATCH;
+    return d;
+}
+
 /* A weight view, if the CPU kernels can multiply its type. */
 static kt_status take_mat(const struct kt_gguf_tensor *t, struct kt_mat *m, kt_err *err)
 {
@@ -150,46 +166,59 @@ static size_t max_size(size_t a, size_t b)
     return a > b ? a : b;
 }
 
-/* Largest quantized activation row any matrix of the model takes, split by
- * what feeds it: block inputs, FFN gate/up inputs, FFN down inputs. */
-struct act_sizes {
-    size_t block_in, ffn_in, ffn_down_in, head_in;
-    int64_t max_n_ff;
-};
-
-static void measure_ffn(struct act_sizes *s, const struct kt_ffn_weights *w)
+/* The widest activation row (in bytes, of the types that take it) of every
+ * matrix in t's list: t may hold NULLs. */
+static size_t widest_row(const struct kt_gguf_tensor *const *t, size_t n)
 {
-    if (!w->n_ff)
-        return;
-    s->ffn_in = max_size(s->ffn_in, kt_act_row_bytes(w->gate.type, w->gate.n_in));
-    s->ffn_in = max_size(s->ffn_in, kt_act_row_bytes(w->up.type, w->up.n_in));
-    s->ffn_down_in = max_size(s->ffn_down_in, kt_act_row_bytes(w->down.type, w->down.n_in));
-    if (w->n_ff > s->max_n_ff)
-        s->max_n_ff = w->n_ff;
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        if (t[i])
+            w = max_size(w, kt_act_row_bytes(t[i]->type, t[i]->ne[0]));
+    return w;
 }
 
-static struct act_sizes measure(const struct kt_engine *e)
+static void measure_ffn(struct kt_fwd_act_sizes *s, const struct kt_gguf_tensor *gate, const struct kt_gguf_tensor *up,
+                        const struct kt_gguf_tensor *down, int64_t n_ff)
 {
-    const struct kt_hparams *hp = &e->hp;
-    struct act_sizes s = {0};
-    s.block_in = kt_act_row_bytes(e->output.type, e->output.n_in);
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct kt_layer_weights *L = &e->layers[il];
-        const struct kt_mat *in[] = {&L->q_a, &L->q_b, &L->q, &L->kv_a, &L->out, &L->router};
-        for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
-            if (in[i]->data)
-                s.block_in = max_size(s.block_in, kt_act_row_bytes(in[i]->type, in[i]->n_in));
+    if (!gate || !down)
+        return;
+    const struct kt_gguf_tensor *in[] = {gate, up};
+    s->ffn_in = max_size(s->ffn_in, widest_row(in, 2));
+    s->ffn_down_in = max_size(s->ffn_down_in, kt_act_row_bytes(down->type, down->ne[0]));
+    if (n_ff > s->max_n_ff)
+        s->max_n_ff = n_ff;
+}
+
+/* From the model's tensor table alone (types and shapes), so a planner that
+ * read only a file's header sizes the same buffers (kt_engine_device_work_bytes). */
+struct kt_fwd_act_sizes kt_fwd_act_sizes(const struct kt_model *m)
+{
+    const struct kt_hparams *hp = &m->hp;
+    struct kt_fwd_act_sizes s = {0};
+    /* a model kt_model_open accepted has every tensor used here; a table that
+     * lacks one (a planner's fuzzed header) only sizes less */
+    const struct kt_gguf_tensor *out[] = {m->output};
+    s.block_in = widest_row(out, 1);
+    for (uint32_t il = 0; m->layers && il < hp->n_layer; il++) {
+        const struct kt_layer *t = &m->layers[il];
+        const struct kt_gguf_tensor *in[] = {t->attn_q_a, t->attn_q_b,  t->attn_q,
+                                             t->attn_kv_a_mqa, t->attn_output, t->ffn_gate_inp};
+        s.block_in = max_size(s.block_in, widest_row(in, sizeof in / sizeof in[0]));
         /* per head: q_nope into W_UK (split), o_lat into W_UV */
-        if (!L->fused_kv_b)
-            s.head_in = max_size(s.head_in, kt_act_row_bytes(L->uk.type, hp->qk_nope_dim));
-        s.head_in = max_size(s.head_in, kt_act_row_bytes(L->uv.type, hp->kv_lora_rank));
-        measure_ffn(&s, &L->dense);
-        measure_ffn(&s, &L->shared);
-        if (L->is_moe) {
-            struct kt_ffn_weights x = {L->gate_exps, L->gate_up_fused ? L->gate_exps : L->up_exps, L->down_exps,
-                                       hp->n_ff_exp};
-            measure_ffn(&s, &x);
+        if (t->attn_kv_b) {
+            s.head_in = max_size(s.head_in, kt_act_row_bytes(t->attn_kv_b->type, hp->kv_lora_rank));
+        } else if (t->attn_k_b && t->attn_v_b) {
+            s.head_in = max_size(s.head_in, kt_act_row_bytes(t->attn_k_b->type, hp->qk_nope_dim));
+            s.head_in = max_size(s.head_in, kt_act_row_bytes(t->attn_v_b->type, hp->kv_lora_rank));
         }
+        if (!t->is_moe) {
+            measure_ffn(&s, t->ffn_gate, t->ffn_up, t->ffn_down, t->ffn_gate ? t->ffn_gate->ne[1] : 0);
+            continue;
+        }
+        if (t->ffn_gate_shexp)
+            measure_ffn(&s, t->ffn_gate_shexp, t->ffn_up_shexp, t->ffn_down_shexp, t->ffn_gate_shexp->ne[1]);
+        const struct kt_gguf_tensor *gate = t->ffn_gate_up_exps ? t->ffn_gate_up_exps : t->ffn_gate_exps;
+        measure_ffn(&s, gate, t->ffn_gate_up_exps ? NULL : t->ffn_up_exps, t->ffn_down_exps, hp->n_ff_exp);
     }
     return s;
 }
@@ -202,7 +231,7 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     const size_t dn = hp->qk_nope_dim, dr = hp->qk_rope_dim, dk = dn + dr, dv = hp->v_head_dim;
     const size_t kvr = hp->kv_lora_rank, Ne = hp->n_expert, k = hp->n_expert_used, n_ctx = e->params.n_ctx;
     const size_t pairs = T * (k + 1);
-    const struct act_sizes s = measure(e);
+    const struct kt_fwd_act_sizes s = kt_fwd_act_sizes(e->model);
 #define CARVE(ptr, count) ((ptr) = carve(a, (count) * sizeof *(ptr)))
 
     CARVE(e->chunks, e->params.max_seqs);
@@ -435,17 +464,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     e->model = m;
     e->hp = *hp;
 
-    struct kt_engine_params d = p ? *p : (struct kt_engine_params){0};
-    if (!d.n_ctx)
-        d.n_ctx = hp->n_ctx_train < DEFAULT_CTX ? hp->n_ctx_train : DEFAULT_CTX;
-    if (!d.max_seqs)
-        d.max_seqs = 1;
-    if (!d.kv_block_tokens)
-        d.kv_block_tokens = DEFAULT_BLOCK_TOKENS;
-    if (!d.kv_blocks)
-        d.kv_blocks = (uint32_t)(((uint64_t)d.n_ctx + d.kv_block_tokens - 1) / d.kv_block_tokens * d.max_seqs);
-    if (!d.max_batch_tokens)
-        d.max_batch_tokens = DEFAULT_MAX_BATCH;
+    struct kt_engine_params d = kt_fwd_params_resolved(hp, p);
     if (d.test)
         e->test = *d.test;
     d.test = &e->test;

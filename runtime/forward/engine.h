@@ -213,6 +213,16 @@ struct kt_backend_stats;
 kt_status kt_engine_device_stats(const struct kt_engine *e, struct kt_backend_stats *out);
 /* The device's name as its placement config names it ("sim", "gpu0"); NULL without one. */
 const char *kt_engine_device_name(const struct kt_engine *e);
+/* Device memory an engine keeps besides weights and the KV cache: its working
+ * buffers for max_batch_tokens tokens (the FFN's pairs, h, and with attention
+ * there the residual stream and routing - on cuda also the attention's step
+ * buffers and MLA and cuBLASLt scratch - and with the head there its rows and
+ * logits), for model m and params p (0s: the defaults).  From the tensor table
+ * alone: what a planner reserves on a device that holds anything (placement
+ * counts it as the "working buffers" part).  cuda: the device is a GPU. */
+uint64_t kt_engine_device_work_bytes(const struct kt_model *m, const struct kt_engine_params *p, bool cuda);
+/* What the engine's device holds in all, and of it working buffers; KT_ERR_NOT_FOUND without a device. */
+kt_status kt_engine_device_bytes(const struct kt_engine *e, uint64_t *total, uint64_t *work);
 
 /* Layer il's counters (il < n_layer); false if il is out of range. */
 bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_engine_layer_stats *out);

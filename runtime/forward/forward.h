@@ -154,6 +154,7 @@ struct kt_engine_device {
     size_t *block_bytes;                /* [n_blocks] */
     uint32_t n_blocks, max_blocks;
     bool sizing;                        /* setup's first pass: allocations only add up need_bytes */
+    uint64_t work_bytes;                /* of the blocks, working buffers (alloc_work) */
     uint64_t need_bytes;
     float *h;                           /* (T, E) h sent each MoE layer */
     uint32_t *pair_token;               /* (T*k + T) pair_token sent with it */
@@ -362,6 +363,18 @@ void kt_fwd_run_device_part(void *ctx);
 
 /* Picks each chunk's attention form for this step. */
 void kt_fwd_choose_attention_forms(struct kt_engine *e);
+
+/* engine.c: the largest quantized activation row (bytes) any matrix of model m
+ * takes, split by what feeds it - block inputs, FFN gate/up inputs, FFN down
+ * inputs, attention heads - and the widest FFN; from the tensor table alone,
+ * so the engine's buffers and kt_engine_device_work_bytes size alike. */
+struct kt_fwd_act_sizes {
+    size_t block_in, ffn_in, ffn_down_in, head_in;
+    int64_t max_n_ff;
+};
+struct kt_fwd_act_sizes kt_fwd_act_sizes(const struct kt_model *m);
+/* p with every 0 that means a default replaced by that default (engine.h). */
+struct kt_engine_params kt_fwd_params_resolved(const struct kt_hparams *hp, const struct kt_engine_params *p);
 
 /* step_ops.c: the clock, x += y over n floats, and the KV cache's shape (its pool on the host). */
 uint64_t kt_fwd_now_ns(void);

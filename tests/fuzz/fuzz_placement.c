@@ -115,7 +115,8 @@ static void check_plan(const struct kt_placement *p, const struct kt_model *m, i
             sum += d->part_bytes[part];
         require(sum == d->bytes, "parts add up");
         require(i == 0 || d->bytes <= d->budget_bytes, "within budget");
-        weights += d->bytes - d->part_bytes[KT_PART_KV_CACHE] - d->part_bytes[KT_PART_REPLICAS];
+        weights += d->bytes - d->part_bytes[KT_PART_KV_CACHE] - d->part_bytes[KT_PART_REPLICAS] -
+                   d->part_bytes[KT_PART_WORK_BUFFERS];
         homed += d->n_experts;
     }
     for (int n = 0; n < n_nodes; n++)
