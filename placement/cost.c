@@ -784,12 +784,17 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     double ffn_s = cpu_s > dev_total ? cpu_s : dev_total;
     if (sim && dev_total > 0) {
         /* the sim's memory is the host's (one bus for both), and its thread
-         * one more on the host's cores (copies spin on it too) */
+         * one more on the host's cores (copies spin on it too): while both run,
+         * the pools' threads and the sim's share the cores - each at cores /
+         * (threads + 1) of a core when they outnumber them - and the side with
+         * more work then runs alone */
         const double bus_s = host.mem_gbps > 0 ? (cpu_bytes + dev_bytes) / (host.mem_gbps * 1e9 * host.scale) : 0.0;
         double cores = 0.0;
         for (int n = 0; n < n_nodes; n++)
             cores += c->mach.nodes[n].threads;
-        const double core_s = cores > 0 ? (cpu_s * threads + dev_total) / cores : 0.0;
+        const double share = cores > 0 && threads + 1 > cores ? cores / (threads + 1) : 1.0;
+        const double both = cpu_s < dev_total ? cpu_s : dev_total;
+        const double core_s = (cpu_s > dev_total ? cpu_s : dev_total) + both * (1 / share - 1);
         ffn_s = bus_s > ffn_s ? bus_s : ffn_s;
         ffn_s = core_s > ffn_s ? core_s : ffn_s;
     }

@@ -61,7 +61,8 @@
  *                   its quantized vector - for 8, 32, 64 and 128 heads a call,
  *                   weights from memory, fitted as decode[] is; types whose
  *                   128-wide rows are whole blocks (q8_0, bf16, f16, f32).
- *   prefill_rows_gflops[t] (node 0 only) kt_matmul_q over a 7168 x 2048 matrix in
+ *   prefill_rows_gflops[t] (node 0 only) kt_matmul_q over the four MLA projections
+ *                   of V3 / Kimi-K2 (7168->1536, 1536->12288, 7168->576, 8192->7168) in
  *                   GGUF rows on the step's pool, activations quantized as the
  *                   forward pass does, at 16 and at 64 tokens: the FLOPs of the 48
  *                   extra tokens over the time they add, median of calls.  The

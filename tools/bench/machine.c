@@ -750,37 +750,48 @@ done:
     return st;
 }
 
-/* prefill_rows_gflops[t]: a 7168 x 2048 matrix in GGUF rows times 16 and
- * 64 tokens quantized as the forward pass does (kt_quantize_rows, then
- * kt_matmul_q, both on the pool), in interleaved rounds: the 48 extra
- * tokens' FLOPs over the time they add, medians of calls. */
-#define ROWS_N_IN 7168
-#define ROWS_N_OUT 2048
+/* prefill_rows_gflops[t]: the four MLA projections of DeepSeek-V3 and
+ * Kimi-K2 (W_qa 7168 -> 1536, W_qb 1536 -> 12288, W_kva 7168 -> 576, W_o
+ * 8192 -> 7168) in GGUF rows times 16 and 64 tokens, each quantized and
+ * multiplied on the pool as the forward pass does (kt_quantize_rows, then
+ * kt_matmul_q), in interleaved rounds: the 48 extra tokens' FLOPs over the
+ * time they add, medians of calls. */
+static const int64_t rows_shapes[4][2] = {{7168, 1536}, {1536, 12288}, {7168, 576}, {8192, 7168}};
+#define ROWS_MAX_IN 8192
+#define ROWS_MAX_OUT 12288
 static kt_status measure_prefill_rows(struct kt_pool *pool, enum kt_type t, double seconds, double *gflops,
                                       kt_err *err)
 {
     static const int tokens[2] = {16, 64};
     uint64_t seed = 0x243f6a8885a308d3ull ^ (uint64_t)t;
-    uint8_t *w = gguf_matrix(t, ROWS_N_IN, ROWS_N_OUT, &seed);
-    float *x = malloc((size_t)tokens[1] * ROWS_N_IN * sizeof(float));
-    float *y = malloc((size_t)tokens[1] * ROWS_N_OUT * sizeof(float));
-    void *xq = malloc((size_t)tokens[1] * kt_act_row_bytes(t, ROWS_N_IN));
+    uint8_t *w[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4; i++)
+        w[i] = gguf_matrix(t, rows_shapes[i][0], rows_shapes[i][1], &seed);
+    float *x = malloc((size_t)tokens[1] * ROWS_MAX_IN * sizeof(float));
+    float *y = malloc((size_t)tokens[1] * ROWS_MAX_OUT * sizeof(float));
+    void *xq = malloc((size_t)tokens[1] * kt_act_row_bytes(t, ROWS_MAX_IN));
     double(*samples)[MAX_SAMPLES] = malloc(sizeof(double[2][MAX_SAMPLES]));
     kt_status st = KT_OK;
-    if (!w || !x || !y || !xq || !samples) {
-        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the %s matrix in GGUF rows", kt_type_name(t));
+    if (!w[0] || !w[1] || !w[2] || !w[3] || !x || !y || !xq || !samples) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the %s projections in GGUF rows", kt_type_name(t));
         goto done;
     }
-    random_floats(x, (size_t)tokens[1] * ROWS_N_IN, &seed);
-    const struct kt_mat m = {.data = w, .type = t, .n_in = ROWS_N_IN, .n_out = ROWS_N_OUT,
-                             .row_bytes = kt_type_row_bytes(t, ROWS_N_IN)};
+    random_floats(x, (size_t)tokens[1] * ROWS_MAX_IN, &seed);
+    double flops_per_token = 0;
+    for (int i = 0; i < 4; i++)
+        flops_per_token += 2.0 * (double)rows_shapes[i][0] * (double)rows_shapes[i][1];
     int rounds = 0;
     const double start = now_s();
     do {
         for (int p = 0; p < 2; p++) {
             const double t0 = now_s();
-            kt_quantize_rows(pool, t, x, tokens[p], ROWS_N_IN, xq);
-            kt_matmul_q(pool, &m, xq, tokens[p], y, ROWS_N_OUT);
+            for (int i = 0; i < 4; i++) {
+                const int64_t n_in = rows_shapes[i][0], n_out = rows_shapes[i][1];
+                const struct kt_mat m = {.data = w[i], .type = t, .n_in = n_in, .n_out = n_out,
+                                         .row_bytes = kt_type_row_bytes(t, n_in)};
+                kt_quantize_rows(pool, t, x, tokens[p], n_in, xq);
+                kt_matmul_q(pool, &m, xq, tokens[p], y, n_out);
+            }
             samples[p][rounds] = now_s() - t0;
         }
         rounds++;
@@ -788,10 +799,11 @@ static kt_status measure_prefill_rows(struct kt_pool *pool, enum kt_type t, doub
     for (int p = 0; p < 2; p++)
         qsort(samples[p], (size_t)rounds, sizeof(double), cmp_double);
     const double extra = samples[1][rounds / 2] - samples[0][rounds / 2];
-    const double flops = 2.0 * ROWS_N_IN * ROWS_N_OUT * (tokens[1] - tokens[0]);
-    *gflops = flops / (extra > 0 ? extra : samples[1][rounds / 2]) * 1e-9;
+    *gflops = flops_per_token * (tokens[1] - tokens[0]) / (extra > 0 ? extra : samples[1][rounds / 2]) * 1e-9;
 done:
-    free(w), free(x), free(y), free(xq);
+    for (int i = 0; i < 4; i++)
+        free(w[i]);
+    free(x), free(y), free(xq);
     free(samples);
     return st;
 }
@@ -1088,7 +1100,7 @@ int kt_bench_machine(const struct kt_bench_options *o)
         goto fail;
     printf("node%-2d %-6s %10.2f   (head pair in cache, every thread)\n", m->nodes[0].node, "f32", m->nodes[0].f32_cached_gbps);
     printf("\nmatrices in GGUF rows on the step's pool at prefill (what a sim device's attention runs on):\n"
-           "7168 x 2048, 16 and 64 tokens, GFLOP/s of the extra tokens\n\n");
+           "the four MLA projections of V3 / Kimi-K2, 16 and 64 tokens, GFLOP/s of the extra tokens\n\n");
     for (size_t k = 0; k < N_TYPES; k++) {
         const enum kt_type t = machine_types[k];
         if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float)
