@@ -16,6 +16,9 @@
 #  5. both plans served on set B: the share of routed (token, expert) pairs on
 #     the accelerator and the decode step time, measured; their predicted
 #     decode step on B's profile (kt-bench model --predict);
+#  5b. the same with both plans made as for a GPU (kt-place --device cuda on a
+#     machine file whose cuda entry has the sim's link and a GPU's default kernel
+#     rates), served on the sim: the share criterion where the budget fills;
 #  6. the three baselines (experts by index, an equal count per layer by
 #     frequency, a global top-N by frequency) against kt-place's plan:
 #     predicted and measured decode tok/s;
@@ -77,18 +80,20 @@ for plan in a b; do
 done
 
 # On a host of 2 cores the sim's one thread shares the cores and the memory bus with the
-# pools, so an expert there saves almost nothing and the planner rightly puts few there:
-# step 5 then says little about choosing hot experts.  Planned as for a GPU - the machine
-# file's sim entry given a GPU's kernel rates (the defaults for a GPU without figures),
-# its memory and link kept - the budget fills with experts, and serving both plans on the
-# sim measures how well profile A's hot experts cover set B against B's own.
-say "5b. the same, planned as for a GPU (the sim's kernels given a GPU's default rates), served on the sim"
-jq '.accelerators |= map(if .backend == "sim" then
-        .decode |= map_values({gbps: 1000, overhead_us: 10}) | .prefill_gflops |= map_values(50000)
-    else . end)' "$work/machine.json" >"$work/machine-gpu-like.json"
+# pools, so an expert there saves little and the planner puts few there.  Planned as for
+# a GPU - a cuda accelerator in the machine file with the sim's link and a GPU's default
+# kernel rates, the plan then served on the sim (backend: sim) - the budget fills with
+# experts, and serving both plans on set B measures how well profile A's hot experts
+# cover set B against B's own.
+say "5b. the same, planned as for a GPU (the sim's link, a GPU's default kernel rates), served on the sim"
+jq --argjson gib "$gib" '.accelerators += [(.accelerators[] | select(.backend == "sim")
+        | .name = "cuda0" | .backend = "cuda" | .memory_gib = $gib
+        | .decode |= map_values({gbps: 1000, overhead_us: 10}) | .prefill_gflops |= map_values(50000))]' \
+    "$work/machine.json" >"$work/machine-gpu-like.json"
 for plan in a b; do
-    "$place" -m "$model" --profile "$work/profile-$plan.json" --machine "$work/machine-gpu-like.json" --device sim \
+    "$place" -m "$model" --profile "$work/profile-$plan.json" --machine "$work/machine-gpu-like.json" --device cuda \
         --gpu-memory "$gib" --kv-tokens 4096 -o "$work/plan-gpu-$plan.yaml" | grep -E "^  kt-place "
+    sed -i -e 's/^    backend: cuda$/    backend: sim/' -e '/^    device: [0-9]*$/d' "$work/plan-gpu-$plan.yaml"
 done
 for plan in a b; do
     echo "-- plan-gpu-$plan.yaml on set B (measured on the sim)"
