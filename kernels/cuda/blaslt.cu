@@ -13,8 +13,7 @@
 #include <pthread.h>
 
 #include "common.cuh"
-
-#define LT_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommended workspace for Hopper (4 MiB before) */
+#include "lt_plan.h"
 
 /* ---- the handle -------------------------------------------------------------------- */
 
@@ -50,34 +49,7 @@ static kt_status lt_get_handle(cublasLtHandle_t *handle, kt_err *err)
     return st == CUBLAS_STATUS_SUCCESS ? KT_OK : lt_fail(err, "create handle", st);
 }
 
-/* ---- scratch ------------------------------------------------------------------------ */
-
-/* Row stride of the BF16 copies: n_in padded to 8 values, so every row starts 16-byte aligned. */
-static int64_t bf16_ld(int64_t n_in)
-{
-    return (n_in + 7) / 8 * 8;
-}
-
-static size_t align_up(size_t n)
-{
-    return (n + 255) & ~(size_t)255;
-}
-
-/* BF16 weights whose rows start 16-byte aligned are read where they lie. */
-static bool weight_in_place(const struct kt_cuda_mat *w)
-{
-    return w->type == KT_TYPE_BF16 && (uintptr_t)w->data % 16 == 0 && kt_cuda_mat_row_bytes(w) % 16 == 0;
-}
-
-/* Byte sizes of the scratch parts, in order: cuBLASLt's workspace, x in BF16
- * (n_tok, ld), W in BF16 (n_out, ld) or 0 when read in place. */
-static void scratch_parts(const struct kt_cuda_mat *w, int64_t n_tok, size_t part[3])
-{
-    const size_t ld = (size_t)bf16_ld(w->n_in);
-    part[0] = LT_WORKSPACE_BYTES;
-    part[1] = align_up((size_t)n_tok * ld * sizeof(__nv_bfloat16));
-    part[2] = weight_in_place(w) ? 0 : align_up((size_t)w->n_out * ld * sizeof(__nv_bfloat16));
-}
+/* ---- scratch (its sizes: lt_plan.h) ------------------------------------------------- */
 
 /* The largest power of two up to 256 dividing p's address: the heuristic
  * assumes 256-byte aligned buffers unless told otherwise. */
@@ -176,7 +148,7 @@ extern "C" size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, i
     if (kt_cuda_mat_check(w, "matmul_lt", NULL) != KT_OK || n_tok <= 0)
         return 0;
     size_t part[3];
-    scratch_parts(w, n_tok, part);
+    lt_scratch_parts(w, n_tok, part);
     return part[0] + part[1] + part[2];
 }
 
@@ -192,7 +164,7 @@ extern "C" kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float 
     if ((uintptr_t)d_scratch % 256 != 0)
         return kt_err_set(err, KT_ERR_INVALID, "matmul_lt: scratch must be 256-byte aligned");
     size_t part[3];
-    scratch_parts(w, n_tok, part);
+    lt_scratch_parts(w, n_tok, part);
     if (scratch_bytes < part[0] + part[1] + part[2])
         return kt_err_set(err, KT_ERR_INVALID, "matmul_lt: scratch of %zu bytes, %zu needed", scratch_bytes,
                           part[0] + part[1] + part[2]);
@@ -202,11 +174,11 @@ extern "C" kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float 
 
     cudaStream_t s = (cudaStream_t)stream;
     uint8_t *base = (uint8_t *)d_scratch;
-    const int64_t ld = bf16_ld(w->n_in);
+    const int64_t ld = lt_bf16_ld(w->n_in);
     __nv_bfloat16 *xb = (__nv_bfloat16 *)(base + part[0]); /* (n_tok, ld) */
     const void *wb = w->data;                              /* (n_out, ldw) */
     int64_t ldw = (int64_t)(kt_cuda_mat_row_bytes(w) / sizeof(__nv_bfloat16));
-    if (!weight_in_place(w)) {
+    if (!lt_weight_in_place(w)) {
         __nv_bfloat16 *copy = (__nv_bfloat16 *)(base + part[0] + part[1]);
         if ((st = kt_cuda_mat_to_bf16(w, copy, ld, s, err)) != KT_OK)
             return st;

@@ -1,9 +1,12 @@
 /*
  * no_cuda.c - the CUDA entry points of a build without CUDA: they report that
- * no device can be used.  Compiled only when nvcc was not found or KT_CUDA=OFF.
+ * no device can be used, and the scratch sizes the GPU path would take.  Compiled
+ * only when nvcc was not found or KT_CUDA=OFF.
  * (kt_cuda_attention_block is plain C in attention_block.c, built always.)
  */
 #include "kt_cuda.h"
+#include "lt_plan.h"
+#include "mla_plan.h"
 
 /* Weak, so a test may link a host emulation of these entry points in their
  * place (tests/cuda_emulated.c). */
@@ -110,10 +113,15 @@ KT_WEAK kt_status kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, 
     return no_cuda(err);
 }
 
+/* The sizes the GPU path would take (lt_plan.h, mla_plan.h): a planner on a host
+ * without CUDA reserves what the engine on a GPU host takes. */
 KT_WEAK size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int64_t n_tok)
 {
-    (void)w, (void)n_tok;
-    return 0;
+    if (!w || n_tok <= 0)
+        return 0;
+    size_t part[3];
+    lt_scratch_parts(w, n_tok, part);
+    return part[0] + part[1] + part[2];
 }
 
 KT_WEAK kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y,
@@ -142,8 +150,12 @@ KT_WEAK kt_status kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const floa
 
 KT_WEAK size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
 {
-    (void)m, (void)n_tok, (void)n_kv_max;
-    return 0;
+    if (!m || n_tok <= 0 || n_kv_max < 0)
+        return 0;
+    size_t part[4];
+    int64_t n_split, split_rows;
+    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
+    return part[0] + part[1] + part[2] + part[3];
 }
 
 KT_WEAK kt_status kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q,

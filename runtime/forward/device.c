@@ -15,6 +15,8 @@
 #include <string.h>
 
 #include "forward.h"
+#include "lt_plan.h"
+#include "mla_plan.h"
 
 /* ---- creation ------------------------------------------------------------------------------ */
 
@@ -133,9 +135,10 @@ static int head_work(struct kt_engine *e, struct work_buf *w)
 
 /* What the cuda attention works in: per-step buffers for max_batch_tokens
  * tokens, the step's cache tables, MLA's scratch sized for the worst token
- * count at a full context (0: the kernel does not take the shape) and
- * cuBLASLt's for the largest projection at a full batch (the file's shapes;
- * device copies are at least as aligned). */
+ * count at a full context and cuBLASLt's for the largest projection at a
+ * full batch (the file's shapes; device copies are at least as aligned), both
+ * by the GPU path's own arithmetic (mla_plan.h, lt_plan.h), which needs no
+ * device or weights: a planner that read only a header gets the same. */
 static int cuda_work(struct kt_engine *e, struct work_buf *w)
 {
     const struct kt_hparams *hp = &e->hp;
@@ -147,7 +150,10 @@ static int cuda_work(struct kt_engine *e, struct work_buf *w)
                                       .v_dim = hp->v_head_dim, .kv_rank = kvr, .kq_scale = e->kq_scale};
     size_t mla_scratch = 0;
     for (size_t t = 1; t <= T; t++) { /* the split of the context, so the scratch, varies with the token count */
-        const size_t bytes = kt_cuda_mla_scratch_bytes(&shape, (int64_t)t, (int64_t)n_ctx);
+        size_t part[4];
+        int64_t n_split, split_rows;
+        mla_scratch_parts(&shape, (int64_t)t, (int64_t)n_ctx, part, &n_split, &split_rows);
+        const size_t bytes = part[0] + part[1] + part[2] + part[3];
         mla_scratch = bytes > mla_scratch ? bytes : mla_scratch;
     }
     size_t lt_scratch = 0;
@@ -159,7 +165,9 @@ static int cuda_work(struct kt_engine *e, struct work_buf *w)
                 continue;
             const struct kt_mat m = kt_mat_from_tensor(mats[i]);
             const struct kt_cuda_mat cm = kt_fwd_cuda_mat(&m);
-            const size_t bytes = kt_cuda_matmul_lt_scratch_bytes(&cm, (int64_t)T);
+            size_t part[3];
+            lt_scratch_parts(&cm, (int64_t)T, part);
+            const size_t bytes = part[0] + part[1] + part[2];
             lt_scratch = bytes > lt_scratch ? bytes : lt_scratch;
         }
     }
@@ -232,7 +240,7 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
     struct work_buf w[MAX_WORK_BUFS];
     const int n = cuda_work(e, w);
     struct kt_cuda_attention_step *s = &e->dev.cuda_step;
-    if (!s->mla_scratch_bytes)
+    if (!kt_cuda_mla_scratch_bytes(&shape, 1, (int64_t)e->params.n_ctx))
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "device '%s': the GPU's MLA kernel does not take this shape "
                           "(%u heads, kv rank %u, rope %u)", kt_backend_name(e->dev.backend), hp->n_head, hp->kv_lora_rank,
                           hp->qk_rope_dim);
