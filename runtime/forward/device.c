@@ -96,12 +96,12 @@ static int ffn_work(struct kt_engine *e, const struct kt_fwd_act_sizes *s, struc
 {
     const size_t T = e->params.max_batch_tokens, E = e->hp.n_embd, pairs = T * (e->hp.n_expert_used + 1);
     struct kt_moe_bufs *b = &e->dev.bufs;
-    const size_t act = (size_t)s->max_n_ff, act_q = s->ffn_down_in, hq = s->ffn_in;
+    const size_t act = kt_fwd_act_floats(s, T, pairs), act_q = kt_fwd_act_q_bytes(s, T, pairs), hq = s->ffn_in;
     int n = 0;
     w[n++] = (struct work_buf){(void **)&e->dev.h, T * E * sizeof(float)};
     w[n++] = (struct work_buf){(void **)&e->dev.pair_token, pairs * sizeof(uint32_t)};
-    w[n++] = (struct work_buf){(void **)&b->act, pairs * act * sizeof(float)};
-    w[n++] = (struct work_buf){(void **)&b->act_q, pairs * act_q};
+    w[n++] = (struct work_buf){(void **)&b->act, act * sizeof(float)};
+    w[n++] = (struct work_buf){(void **)&b->act_q, act_q};
     w[n++] = (struct work_buf){(void **)&b->pair_out, pairs * E * sizeof(float)};
     for (int i = 0; i < 4; i++)
         w[n++] = (struct work_buf){(void **)&b->hq[i], T * hq};

@@ -177,16 +177,19 @@ static size_t widest_row(const struct kt_gguf_tensor *const *t, size_t n)
     return w;
 }
 
-static void measure_ffn(struct kt_fwd_act_sizes *s, const struct kt_gguf_tensor *gate, const struct kt_gguf_tensor *up,
-                        const struct kt_gguf_tensor *down, int64_t n_ff)
+/* One FFN's widths into s: a dense layer's (moe false) or a MoE layer's expert or shared expert's. */
+static void measure_ffn(struct kt_fwd_act_sizes *s, bool moe, const struct kt_gguf_tensor *gate,
+                        const struct kt_gguf_tensor *up, const struct kt_gguf_tensor *down, int64_t n_ff)
 {
     if (!gate || !down)
         return;
     const struct kt_gguf_tensor *in[] = {gate, up};
     s->ffn_in = max_size(s->ffn_in, widest_row(in, 2));
-    s->ffn_down_in = max_size(s->ffn_down_in, kt_act_row_bytes(down->type, down->ne[0]));
-    if (n_ff > s->max_n_ff)
-        s->max_n_ff = n_ff;
+    const size_t down_in = kt_act_row_bytes(down->type, down->ne[0]);
+    size_t *di = moe ? &s->moe_down_in : &s->dense_down_in;
+    int64_t *ff = moe ? &s->moe_n_ff : &s->dense_n_ff;
+    *di = max_size(*di, down_in);
+    *ff = n_ff > *ff ? n_ff : *ff;
 }
 
 /* From the model's tensor table alone (types and shapes), so a planner that
@@ -212,17 +215,34 @@ struct kt_fwd_act_sizes kt_fwd_act_sizes(const struct kt_model *m)
             s.head_in = max_size(s.head_in, kt_act_row_bytes(t->attn_v_b->type, hp->kv_lora_rank));
         }
         if (!t->is_moe) {
-            measure_ffn(&s, t->ffn_gate, t->ffn_up, t->ffn_down, t->ffn_gate ? t->ffn_gate->ne[1] : 0);
+            measure_ffn(&s, false, t->ffn_gate, t->ffn_up, t->ffn_down, t->ffn_gate ? t->ffn_gate->ne[1] : 0);
             continue;
         }
         if (t->ffn_gate_shexp)
-            measure_ffn(&s, t->ffn_gate_shexp, t->ffn_up_shexp, t->ffn_down_shexp, t->ffn_gate_shexp->ne[1]);
+            measure_ffn(&s, true, t->ffn_gate_shexp, t->ffn_up_shexp, t->ffn_down_shexp, t->ffn_gate_shexp->ne[1]);
         const struct kt_gguf_tensor *gate = t->ffn_gate_up_exps ? t->ffn_gate_up_exps : t->ffn_gate_exps;
-        measure_ffn(&s, gate, t->ffn_gate_up_exps ? NULL : t->ffn_up_exps, t->ffn_down_exps, hp->n_ff_exp);
+        measure_ffn(&s, true, gate, t->ffn_gate_up_exps ? NULL : t->ffn_up_exps, t->ffn_down_exps, hp->n_ff_exp);
     }
     return s;
 }
 
+
+size_t kt_fwd_act_floats(const struct kt_fwd_act_sizes *s, size_t T, size_t pairs)
+{
+    return max_size(T * (size_t)s->dense_n_ff, pairs * (size_t)s->moe_n_ff);
+}
+
+size_t kt_fwd_act_q_bytes(const struct kt_fwd_act_sizes *s, size_t T, size_t pairs)
+{
+    return max_size(T * s->dense_down_in, pairs * s->moe_down_in);
+}
+
+void kt_fwd_set_act_strides(struct kt_engine *e, bool moe)
+{
+    const struct kt_fwd_act_sizes *s = &e->act_sizes;
+    e->bufs.act_stride = e->dev.bufs.act_stride = (size_t)(moe ? s->moe_n_ff : s->dense_n_ff);
+    e->bufs.act_q_stride = e->dev.bufs.act_q_stride = moe ? s->moe_down_in : s->dense_down_in;
+}
 /* Lays out every buffer of the engine in a (see struct arena). */
 static void layout_buffers(struct kt_engine *e, struct arena *a)
 {
@@ -265,10 +285,10 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     CARVE(e->expert_pool_of, Ne);
     CARVE(e->units, Ne + 1);
     struct kt_moe_bufs *b = &e->bufs;
-    b->act_stride = (size_t)s.max_n_ff;
-    CARVE(b->act, pairs * b->act_stride);
-    b->act_q_stride = s.ffn_down_in;
-    CARVE(b->act_q, pairs * b->act_q_stride);
+    e->act_sizes = s;
+    kt_fwd_set_act_strides(e, true);
+    CARVE(b->act, kt_fwd_act_floats(&s, T, pairs));
+    CARVE(b->act_q, kt_fwd_act_q_bytes(&s, T, pairs));
     CARVE(b->pair_out, pairs * E);
     b->hq_row_bytes = s.ffn_in;
     for (int i = 0; i < 4; i++)

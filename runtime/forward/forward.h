@@ -227,6 +227,17 @@ struct kt_thread_scratch {
     float *v_exp;               /* (n_ctx, dv) expanded values of one head */
 };
 
+/* engine.c: the largest quantized activation row (bytes) any matrix of model m
+ * takes, split by what feeds it - block inputs, FFN gate/up inputs, FFN down
+ * inputs (dense layers' and MoE layers' apart), attention heads - and the
+ * widest dense and MoE FFNs; from the tensor table alone, so the engine's
+ * buffers and kt_engine_device_work_bytes size alike. */
+struct kt_fwd_act_sizes {
+    size_t block_in, ffn_in, head_in;
+    size_t dense_down_in, moe_down_in;
+    int64_t dense_n_ff, moe_n_ff;
+};
+
 struct kt_engine {
     struct kt_model *model;
     struct kt_hparams hp;
@@ -294,6 +305,7 @@ struct kt_engine {
     uint64_t *pool_load;        /* [n_pools] load given to each pool so far this step (moe.c choose_pools) */
     struct kt_ffn_unit *units;  /* (Ne + 1) the step's active experts, then the shared one */
     struct kt_moe_bufs bufs;    /* the host's FFN buffers */
+    struct kt_fwd_act_sizes act_sizes; /* what bufs (and the device's) were sized by */
     void **packed_blocks;       /* [n_packed_blocks] host matrices repacked (engine.c), unmapped at destroy */
     size_t *packed_block_bytes;
     uint32_t n_packed_blocks, max_packed_blocks;
@@ -364,15 +376,16 @@ void kt_fwd_run_device_part(void *ctx);
 /* Picks each chunk's attention form for this step. */
 void kt_fwd_choose_attention_forms(struct kt_engine *e);
 
-/* engine.c: the largest quantized activation row (bytes) any matrix of model m
- * takes, split by what feeds it - block inputs, FFN gate/up inputs, FFN down
- * inputs, attention heads - and the widest FFN; from the tensor table alone,
- * so the engine's buffers and kt_engine_device_work_bytes size alike. */
-struct kt_fwd_act_sizes {
-    size_t block_in, ffn_in, ffn_down_in, head_in;
-    int64_t max_n_ff;
-};
 struct kt_fwd_act_sizes kt_fwd_act_sizes(const struct kt_model *m);
+/* The FFN activation buffers for T tokens and pairs (token, expert) pairs: a
+ * dense layer's T rows of its width, or a MoE layer's pairs of its experts'
+ * (and shared experts') width, whichever is larger - not pairs of the dense
+ * width (V3 / Kimi: 18432 against 2048).  Floats of act, bytes of act_q. */
+size_t kt_fwd_act_floats(const struct kt_fwd_act_sizes *s, size_t T, size_t pairs);
+size_t kt_fwd_act_q_bytes(const struct kt_fwd_act_sizes *s, size_t T, size_t pairs);
+/* The act and act_q strides of the host's and the device's FFN buffers for a
+ * dense (moe false) or a MoE layer's step. */
+void kt_fwd_set_act_strides(struct kt_engine *e, bool moe);
 /* p with every 0 that means a default replaced by that default (engine.h). */
 struct kt_engine_params kt_fwd_params_resolved(const struct kt_hparams *hp, const struct kt_engine_params *p);
 

@@ -674,6 +674,7 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
 static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
 {
     const uint32_t T = e->n_tokens, E = e->hp.n_embd;
+    kt_fwd_set_act_strides(e, false);
     const bool device = e->dev.dense != NULL;
     e->units[0] = (struct kt_ffn_unit){.w = device ? e->dev.dense[il] : L->dense, .first_pair = 0, .n_pairs = T};
     for (uint32_t t = 0; t < T; t++)
@@ -728,6 +729,7 @@ kt_status kt_fwd_route_on_cuda(struct kt_engine *e, uint32_t il, void *stream, k
 static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, const float *h, float *out)
 {
     const uint32_t T = e->n_tokens, E = e->hp.n_embd, Ne = e->hp.n_expert, k = e->router.n_used;
+    kt_fwd_set_act_strides(e, true);
 
     /* Router: logits (T, Ne) -> experts and weights (T, k); with attention
      * on the device it ran there, h and the routing came back with x. */
