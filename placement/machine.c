@@ -209,6 +209,17 @@ static int known_key(const struct parser *p, const char *path, const char *key, 
     return -1;
 }
 
+/* A weight type's key at sub: its type in *t, or a refusal (unknown, or given twice in have). */
+static kt_status type_key(const struct parser *p, const char *sub, const char *key, const bool *have, int *t)
+{
+    *t = kt_type_from_name(key);
+    if (*t < 0 || !kt_type_traits(*t))
+        return bad(p, sub, "unknown weight type (GGUF names: q4_K, q8_0, bf16, f32, ...)");
+    if (have[*t])
+        return bad(p, sub, "type given twice");
+    return KT_OK;
+}
+
 /* {"TYPE": {"gbps": G, "overhead_us": U}, ...} at path into rates. */
 static kt_status parse_decode(const struct parser *p, json_t *obj, const char *path, struct kt_machine_rate *rates,
                               bool *have)
@@ -220,11 +231,10 @@ static kt_status parse_decode(const struct parser *p, json_t *obj, const char *p
     char sub[160];
     json_object_foreach(obj, key, v) {
         snprintf(sub, sizeof sub, "%s.%.32s", path, key);
-        const int t = kt_type_from_name(key);
-        if (t < 0 || !kt_type_traits(t))
-            return bad(p, sub, "unknown weight type (GGUF names: q4_K, q8_0, bf16, f32, ...)");
-        if (have[t])
-            return bad(p, sub, "type given twice");
+        int t;
+        kt_status st = type_key(p, sub, key, have, &t);
+        if (st)
+            return st;
         if (!json_is_object(v))
             return bad(p, sub, "expected {\"gbps\": G, \"overhead_us\": U}");
         static const char *const known[] = {"gbps", "overhead_us", NULL};
@@ -235,7 +245,7 @@ static kt_status parse_decode(const struct parser *p, json_t *obj, const char *p
         json_object_foreach(v, k2, f) {
             char leaf[200];
             snprintf(leaf, sizeof leaf, "%s.%s", sub, k2);
-            kt_status st = KT_OK;
+            st = KT_OK;
             const int which = known_key(p, sub, k2, known, &st);
             if (which < 0)
                 return st;
@@ -261,13 +271,11 @@ static kt_status parse_prefill(const struct parser *p, json_t *obj, const char *
     char sub[160];
     json_object_foreach(obj, key, v) {
         snprintf(sub, sizeof sub, "%s.%.32s", path, key);
-        const int t = kt_type_from_name(key);
-        if (t < 0 || !kt_type_traits(t))
-            return bad(p, sub, "unknown weight type (GGUF names: q4_K, q8_0, bf16, f32, ...)");
-        if (have[t])
-            return bad(p, sub, "type given twice");
-        kt_status st = get_figure(p, v, sub, MAX_FIGURE, &gflops[t]);
+        int t;
+        kt_status st = type_key(p, sub, key, have, &t);
         if (st)
+            return st;
+        if ((st = get_figure(p, v, sub, MAX_FIGURE, &gflops[t])))
             return st;
         have[t] = gflops[t] > 0;
     }
@@ -525,8 +533,9 @@ static bool set_real(json_t *o, const char *key, double v)
     return json_object_set_new(o, key, json_real(v)) == 0;
 }
 
-/* {"TYPE": {"gbps": G, "overhead_us": U}, ...} of the measured rates as key, when there are any. */
-static bool add_rates(json_t *o, const char *key, const struct kt_machine_rate *rates)
+/* {"TYPE": {"gbps": G, "overhead_us": U}, ...} of the measured rates as key;
+ * with none, the key only when always. */
+static bool add_rates(json_t *o, const char *key, const struct kt_machine_rate *rates, bool always)
 {
     json_t *j = json_object();
     bool ok = j != NULL, any = false;
@@ -537,13 +546,13 @@ static bool add_rates(json_t *o, const char *key, const struct kt_machine_rate *
                  set_real(r, "overhead_us", rates[t].overhead_us);
             any = true;
         }
-    ok = ok && (!any || json_object_set(o, key, j) == 0);
+    ok = ok && (!(any || always) || json_object_set(o, key, j) == 0);
     json_decref(j);
     return ok;
 }
 
-/* {"TYPE": GFLOPS, ...} of the measured figures as key, when there are any. */
-static bool add_figures(json_t *o, const char *key, const double *gflops)
+/* {"TYPE": GFLOPS, ...} of the measured figures as key; with none, the key only when always. */
+static bool add_figures(json_t *o, const char *key, const double *gflops, bool always)
 {
     json_t *j = json_object();
     bool ok = j != NULL, any = false;
@@ -552,29 +561,15 @@ static bool add_figures(json_t *o, const char *key, const double *gflops)
             ok = set_real(j, kt_type_name(t), gflops[t]);
             any = true;
         }
-    ok = ok && (!any || json_object_set(o, key, j) == 0);
+    ok = ok && (!(any || always) || json_object_set(o, key, j) == 0);
     json_decref(j);
     return ok;
 }
 
-/* The measured (non-zero) rates and prefill figures of one place. */
+/* The measured (non-zero) rates and prefill figures of one place, both keys always. */
 static bool add_kernels(json_t *o, const struct kt_machine_rate *decode, const double *prefill)
 {
-    json_t *jd = json_object(), *jp = json_object();
-    bool ok = jd && jp;
-    for (int t = 0; ok && t < KT_TYPE_COUNT; t++) {
-        if (decode[t].gbps > 0) {
-            json_t *r = json_object();
-            ok = r && json_object_set_new(jd, kt_type_name(t), r) == 0 && set_real(r, "gbps", decode[t].gbps) &&
-                 set_real(r, "overhead_us", decode[t].overhead_us);
-        }
-        if (ok && prefill[t] > 0)
-            ok = set_real(jp, kt_type_name(t), prefill[t]);
-    }
-    ok = ok && json_object_set(o, "decode", jd) == 0 && json_object_set(o, "prefill_gflops", jp) == 0;
-    json_decref(jd);
-    json_decref(jp);
-    return ok;
+    return add_rates(o, "decode", decode, true) && add_figures(o, "prefill_gflops", prefill, true);
 }
 
 kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *err)
@@ -593,7 +588,8 @@ kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *
              set_real(o, "triad_gbps", n->triad_gbps) && set_real(o, "fma_gflops", n->fma_gflops) &&
              set_real(o, "int8_gops", n->int8_gops) && add_kernels(o, n->decode, n->prefill_gflops) &&
              (n->f32_cached_gbps <= 0 || set_real(o, "f32_cached_gbps", n->f32_cached_gbps)) &&
-             add_rates(o, "decode_rows", n->decode_rows) && add_figures(o, "prefill_rows_gflops", n->prefill_rows_gflops);
+             add_rates(o, "decode_rows", n->decode_rows, false) &&
+             add_figures(o, "prefill_rows_gflops", n->prefill_rows_gflops, false);
     }
     for (int i = 0; ok && i < m->n_accel; i++) {
         const struct kt_machine_accel *a = &m->accel[i];

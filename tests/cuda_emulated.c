@@ -540,10 +540,7 @@ size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int
 {
     if (!m || n_tok <= 0 || n_kv_max < 0)
         return 0;
-    size_t part[4];
-    int64_t n_split, split_rows;
-    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
-    return part[0] + part[1] + part[2] + part[3];
+    return mla_scratch_total(m, n_tok, n_kv_max);
 }
 
 struct mla_args {

@@ -32,15 +32,7 @@ static char g_tiny[1024];
 
 static struct kt_model *tiny(void)
 {
-    if (!g_tiny[0]) {
-        snprintf(g_tiny, sizeof g_tiny, "%s", kt_test_path("tiny.gguf"));
-        int rc = kt_test_system("'%s' --preset tiny -q -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), g_tiny);
-        KT_CHECK(rc == 0, "kt-synth failed (%d)", rc);
-    }
-    struct kt_model *m = NULL;
-    kt_err err = {0};
-    KT_CHECK(kt_model_open(g_tiny, &m, &err) == KT_OK, "%s", err.msg);
-    return m;
+    return kt_test_synth_once("tiny", g_tiny, sizeof g_tiny);
 }
 
 /* n_nodes nodes of 1 thread, every type read at gbps with no overhead and

@@ -72,6 +72,10 @@ struct kt_backend_stats;
  * path) and opens it; NULL (after a failed check) if either fails. */
 struct kt_model *kt_test_synth_model(const char *preset, const char *extra, char *path, size_t path_size);
 
+/* The same, writing the file only on the first call (while path is "") and
+ * opening it again on later ones: one model for a test's many cases. */
+struct kt_model *kt_test_synth_once(const char *preset, char *path, size_t path_size);
+
 /* Removes the model's file after closing it. */
 void kt_test_synth_remove(struct kt_model *m, const char *path);
 

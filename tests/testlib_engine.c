@@ -28,6 +28,16 @@ struct kt_model *kt_test_synth_model(const char *preset, const char *extra, char
     return m;
 }
 
+struct kt_model *kt_test_synth_once(const char *preset, char *path, size_t path_size)
+{
+    if (!path[0])
+        return kt_test_synth_model(preset, NULL, path, path_size);
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_model_open(path, &m, &err) == KT_OK, "%s", err.msg);
+    return m;
+}
+
 void kt_test_synth_remove(struct kt_model *m, const char *path)
 {
     kt_model_close(m);

@@ -147,9 +147,7 @@ extern "C" size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, i
 {
     if (kt_cuda_mat_check(w, "matmul_lt", NULL) != KT_OK || n_tok <= 0)
         return 0;
-    size_t part[3];
-    lt_scratch_parts(w, n_tok, part);
-    return part[0] + part[1] + part[2];
+    return lt_scratch_total(w, n_tok);
 }
 
 extern "C" kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y,

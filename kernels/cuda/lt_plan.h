@@ -43,4 +43,12 @@ static inline void lt_scratch_parts(const struct kt_cuda_mat *w, int64_t n_tok, 
     part[2] = lt_weight_in_place(w) ? 0 : lt_align_up((size_t)w->n_out * ld * sizeof(uint16_t));
 }
 
+/* Their sum. */
+static inline size_t lt_scratch_total(const struct kt_cuda_mat *w, int64_t n_tok)
+{
+    size_t part[3];
+    lt_scratch_parts(w, n_tok, part);
+    return part[0] + part[1] + part[2];
+}
+
 #endif

@@ -272,10 +272,7 @@ extern "C" size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t
 {
     if (check_shape(m, false, NULL) != KT_OK || n_tok <= 0 || n_kv_max < 0)
         return 0;
-    size_t part[4];
-    int64_t n_split, split_rows;
-    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
-    return part[0] + part[1] + part[2] + part[3];
+    return mla_scratch_total(m, n_tok, n_kv_max);
 }
 
 extern "C" kt_status kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_a, const float *d_norm_w,

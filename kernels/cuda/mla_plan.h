@@ -55,4 +55,13 @@ static inline void mla_scratch_parts(const struct kt_cuda_mla *m, int64_t n_tok,
     part[3] = most > 1 ? mla_align_up(th * (size_t)most * 2 * sizeof(float)) : 0;
 }
 
+/* Their sum: the scratch one launch of n_tok tokens over contexts up to n_kv_max takes. */
+static inline size_t mla_scratch_total(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
+{
+    size_t part[4];
+    int64_t n_split, split_rows;
+    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
+    return part[0] + part[1] + part[2] + part[3];
+}
+
 #endif

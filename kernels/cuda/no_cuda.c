@@ -119,9 +119,7 @@ KT_WEAK size_t kt_cuda_matmul_lt_scratch_bytes(const struct kt_cuda_mat *w, int6
 {
     if (!w || n_tok <= 0)
         return 0;
-    size_t part[3];
-    lt_scratch_parts(w, n_tok, part);
-    return part[0] + part[1] + part[2];
+    return lt_scratch_total(w, n_tok);
 }
 
 KT_WEAK kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y,
@@ -152,10 +150,7 @@ KT_WEAK size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_
 {
     if (!m || n_tok <= 0 || n_kv_max < 0)
         return 0;
-    size_t part[4];
-    int64_t n_split, split_rows;
-    mla_scratch_parts(m, n_tok, n_kv_max, part, &n_split, &split_rows);
-    return part[0] + part[1] + part[2] + part[3];
+    return mla_scratch_total(m, n_tok, n_kv_max);
 }
 
 KT_WEAK kt_status kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q,

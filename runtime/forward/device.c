@@ -150,10 +150,7 @@ static int cuda_work(struct kt_engine *e, struct work_buf *w)
                                       .v_dim = hp->v_head_dim, .kv_rank = kvr, .kq_scale = e->kq_scale};
     size_t mla_scratch = 0;
     for (size_t t = 1; t <= T; t++) { /* the split of the context, so the scratch, varies with the token count */
-        size_t part[4];
-        int64_t n_split, split_rows;
-        mla_scratch_parts(&shape, (int64_t)t, (int64_t)n_ctx, part, &n_split, &split_rows);
-        const size_t bytes = part[0] + part[1] + part[2] + part[3];
+        const size_t bytes = mla_scratch_total(&shape, (int64_t)t, (int64_t)n_ctx);
         mla_scratch = bytes > mla_scratch ? bytes : mla_scratch;
     }
     size_t lt_scratch = 0;
@@ -165,9 +162,7 @@ static int cuda_work(struct kt_engine *e, struct work_buf *w)
                 continue;
             const struct kt_mat m = kt_mat_from_tensor(mats[i]);
             const struct kt_cuda_mat cm = kt_fwd_cuda_mat(&m);
-            size_t part[3];
-            lt_scratch_parts(&cm, (int64_t)T, part);
-            const size_t bytes = part[0] + part[1] + part[2];
+            const size_t bytes = lt_scratch_total(&cm, (int64_t)T);
             lt_scratch = bytes > lt_scratch ? bytes : lt_scratch;
         }
     }

@@ -240,27 +240,5 @@ static const char *const SEEDS[] = {
 void kt_fuzz_seeds(kt_fuzz_emit_fn emit)
 {
     static const char values[] = {0, ':', '-', '[', '{', ' ', '\n', '9', '&', '*', '"', '\t'};
-    char label[64];
-    for (size_t seed = 0; seed < sizeof SEEDS / sizeof SEEDS[0]; seed++) {
-        const uint8_t *text = (const uint8_t *)SEEDS[seed];
-        size_t n = strlen(SEEDS[seed]);
-        uint8_t m[1024];
-        require(n < sizeof m, "seed size");
-        snprintf(label, sizeof label, "seed%zu", seed);
-        emit(text, n, label);
-        for (size_t cut = 0; cut < n; cut++) {
-            snprintf(label, sizeof label, "seed%zu-truncated-%zu", seed, cut);
-            emit(text, cut, label);
-        }
-        for (size_t i = 0; i < n; i++) {
-            for (size_t v = 0; v < sizeof values; v++) {
-                if (text[i] == (uint8_t)values[v])
-                    continue;
-                memcpy(m, text, n);
-                m[i] = (uint8_t)values[v];
-                snprintf(label, sizeof label, "seed%zu-byte%zu=%02x", seed, i, (unsigned)(uint8_t)values[v]);
-                emit(m, n, label);
-            }
-        }
-    }
+    kt_fuzz_mutated_seeds(emit, SEEDS, sizeof SEEDS / sizeof SEEDS[0], values, sizeof values);
 }

@@ -32,3 +32,12 @@ int kt_bench_write_json(void *root, const char *path)
     }
     return 0;
 }
+
+uint32_t kt_bench_argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}

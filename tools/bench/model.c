@@ -58,15 +58,6 @@ static void take_stats(struct kt_engine *e, uint32_t n_layer, struct phase *ph, 
     kt_engine_stats_reset(e);
 }
 
-static uint32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Nodes whose pools ran routed experts in a phase: 1 + the last with pairs or busy time; 0: none. */
 static int nodes_used(const struct phase *ph)
 {
@@ -458,7 +449,7 @@ int kt_bench_model(const struct kt_bench_options *o)
         double block_s = 0.0;
         const uint32_t end = i + DECODE_BLOCK < o->gen_tokens ? i + DECODE_BLOCK : o->gen_tokens;
         for (; i < end; i++) {
-            struct kt_batch_token t = {(int32_t)argmax(logits, n_vocab), 0, o->prompt_tokens + i, true};
+            struct kt_batch_token t = {(int32_t)kt_bench_argmax(logits, n_vocab), 0, o->prompt_tokens + i, true};
             double ts = kt_bench_now_seconds();
             if (kt_engine_step(e, &(struct kt_batch){1, &t}, logits, &err) != KT_OK)
                 goto fail;

@@ -218,15 +218,6 @@ static kt_status draw_heatmap(const struct kt_profile *p, const char *path, kt_e
     return st;
 }
 
-static uint32_t argmax(const float *x, uint32_t n)
-{
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* Share of a layer's routed tokens that went to its hottest eighth of experts. */
 static double top_share(const struct kt_profile *p, uint32_t il)
 {
@@ -374,7 +365,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
         /* rows come back in batch order: decode rows, then the prefills that ended */
         for (uint32_t r = 0; r < n_rows; r++) {
             struct slot *sl = &slots[row_slot[r]];
-            sl->next = (int32_t)argmax(logits + (size_t)r * n_vocab, n_vocab);
+            sl->next = (int32_t)kt_bench_argmax(logits + (size_t)r * n_vocab, n_vocab);
             sl->generated++;
             generated++;
             if (sl->generated >= o->max_tokens || kt_token_is_eog(tok, sl->next)) {
