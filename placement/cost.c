@@ -18,7 +18,10 @@
  * (streaming the weights and multiplying do not overlap: at decode the first
  * term rules, in prefill the second; kt-bench machine fits gbps and
  * overhead_us to the MoE step at 1 to 8 experts and takes gflops as the rate
- * of extra tokens' FLOPs).  overhead_us is a whole MoE step's on a place (its
+ * of extra tokens' FLOPs).  From KT_COST_GEMM_TOKENS tokens on (a gemm, not
+ * a gemv) the first term is bytes / prefill_fixed_gbps where the machine file
+ * has it: the measured line's value at no tokens, which packed kernels
+ * mostly hide behind the multiplying and GGUF-row gemms pay more than once.  overhead_us is a whole MoE step's on a place (its
  * four pool phases): once per step for each place with units to run (a node
  * with an active expert or the shared experts, the device, a dense FFN), a
  * quarter of it for a single host matmul (one phase).  A type without figures takes the
@@ -35,9 +38,12 @@
  *     absorbed  overhead + T (W_UK + W_UV bytes) / gbps of decode_rows (per-head
  *               gemv in GGUF rows, one call for the step's tokens)
  *               + 4 H pairs (2 kvr + dr) / f32_cached_gbps
- *     expanded  4 H ((c + T + 1) (dn + dv) kvr + pairs (dk + dv)) / f32_cached_gbps
+ *     expanded  H ((dn + dv) kvr / head_dequant_gelems[W_UK type]
+ *               + 4 (c + T) (dn + dv) kvr / f32_cached_gbps
+ *               + 2 pairs (dk + dv) / attention_gflops)
  * (f32 products over a head's matrices and cache rows, which stay in cache;
- * 4 bytes read per MAC).  A prefill runs in chunks of q->chunk tokens.
+ * 4 bytes read per MAC; without the head figures, 4 bytes per weight and
+ * per pair's MAC at f32_cached_gbps).  A prefill runs in chunks of q->chunk tokens.
  *
  * Routed experts at T tokens a step (decode: the batch; prefill: a chunk):
  * with p_x the profile's probability that one token routes to expert x
@@ -95,6 +101,7 @@
 #define TOPK_STEP_S 1e-9         /* one scalar compare-and-branch of the top-k loop */
 #define DEFAULT_CHUNK 256u       /* the engine's default max_batch_tokens */
 #define KT_COST_PA_CACHE 1024    /* experts whose p_active one layer evaluation keeps */
+#define KT_COST_GEMM_TOKENS 4    /* a product of this many tokens runs a gemm (runtime/forward/matmul.c) */
 
 /* One matrix call: weight bytes, multiply-adds per token. */
 struct cost_mat {
@@ -136,6 +143,9 @@ struct rates {
     double mem_gbps;                      /* the memory bus a sim device shares with the host (0: none) */
     const struct kt_machine_rate *rows;   /* [KT_TYPE_COUNT] GGUF-row gemv; NULL: decode's */
     double f32_cached_gbps;               /* attention heads' f32 products */
+    const double *fixed;                  /* [KT_TYPE_COUNT] prefill_fixed_gbps; NULL or 0: decode's */
+    const double *dequant;                /* [KT_TYPE_COUNT] head_dequant_gelems; NULL or 0: f32_cached's */
+    double attention_gflops;              /* 0: f32_cached's */
 };
 
 /* ---- model data -------------------------------------------------------------------------- */
@@ -231,13 +241,23 @@ static double prefill_gflops(const struct rates *r, int t)
     return r->fma_gflops > 0 ? r->fma_gflops / 4 : 50.0;
 }
 
+/* Seconds to stream m's weights in a call of T tokens: the decode rate d's,
+ * or from KT_COST_GEMM_TOKENS on the measured prefill line's fixed part. */
+static double read_seconds(const struct rates *r, const struct cost_mat *m, const struct kt_machine_rate *d, double T)
+{
+    const double fixed = r->fixed && T >= KT_COST_GEMM_TOKENS && m->type >= 0 && m->type < KT_TYPE_COUNT
+                             ? r->fixed[m->type]
+                             : 0.0;
+    return (double)m->bytes / ((fixed > 0 ? fixed : d->gbps) * 1e9 * r->scale);
+}
+
 /* t(mat, T): one call of m for T tokens. */
 static double mat_seconds(const struct rates *r, const struct cost_mat *m, double T)
 {
     if (m->bytes == 0 || T <= 0)
         return 0.0;
     const struct kt_machine_rate d = decode_rate(r->decode, m->type);
-    const double read_s = (double)m->bytes / (d.gbps * 1e9 * r->scale);
+    const double read_s = read_seconds(r, m, &d, T);
     const double mac_s = 2.0 * m->macs * T / (prefill_gflops(r, m->type) * 1e9 * r->scale);
     return d.overhead_us * 1e-6 / 4 + read_s + mac_s; /* one of the fitted step's four pool phases */
 }
@@ -251,7 +271,7 @@ static double unit_seconds(const struct rates *r, const struct cost_ffn *f, doub
         if (m[i]->bytes == 0 || T <= 0)
             continue;
         const struct kt_machine_rate d = decode_rate(r->decode, m[i]->type);
-        s += (double)m[i]->bytes / (d.gbps * 1e9 * r->scale) +
+        s += read_seconds(r, m[i], &d, T) +
              2.0 * m[i]->macs * T / (prefill_gflops(r, m[i]->type) * 1e9 * r->scale);
     }
     return s;
@@ -263,13 +283,24 @@ static double step_overhead(const struct rates *r, const struct cost_ffn *f)
     return decode_rate(r->decode, f->gate.type).overhead_us * 1e-6;
 }
 
-/* unit_seconds(T) = a + b T for T > 0: an expert's time at any token count
- * without the rate look-ups, for the per-expert loop. */
-static void ffn_affine(const struct rates *r, const struct cost_ffn *f, double *a, double *b)
+/* unit_seconds(T) = a[T >= KT_COST_GEMM_TOKENS] + b T for T > 0: an expert's
+ * time at any token count without the rate look-ups, for the per-expert loop. */
+struct ffn_line {
+    double a[2], b;
+};
+
+static struct ffn_line ffn_affine(const struct rates *r, const struct cost_ffn *f)
 {
-    const double t1 = unit_seconds(r, f, 1.0), t2 = unit_seconds(r, f, 2.0);
-    *b = t2 - t1;
-    *a = t1 - *b;
+    const double g = KT_COST_GEMM_TOKENS, tg = unit_seconds(r, f, g);
+    struct ffn_line l = {.b = unit_seconds(r, f, g + 1) - tg};
+    l.a[0] = unit_seconds(r, f, 1.0) - l.b;
+    l.a[1] = tg - l.b * g;
+    return l;
+}
+
+static double ffn_at(const struct ffn_line *l, double tokens)
+{
+    return l->a[tokens >= KT_COST_GEMM_TOKENS] + l->b * tokens;
 }
 
 static double threads_of(const struct kt_cost_model *c, const struct kt_cost_query *q)
@@ -290,18 +321,21 @@ static struct rates node_rates(const struct kt_cost_model *c, int node, double t
     for (int t = 0; t < KT_TYPE_COUNT && !rows; t++)
         rows = n->decode_rows[t].gbps > 0;
     return (struct rates){n->decode, n->prefill_gflops, n->fma_gflops, scale, triad, n->triad_gbps,
-                          rows ? n->decode_rows : NULL, cached};
+                          rows ? n->decode_rows : NULL, cached, n->prefill_fixed_gbps, n->head_dequant_gelems,
+                          n->attention_gflops};
 }
 
 /* The host's rates for matrices kept in GGUF rows (what a sim device holds and
  * runs on the step's pool: its attention projections and the head):
- * prefill_rows_gflops where measured, else node 0's packed figures.  Decode
+ * prefill_rows_gflops and prefill_rows_fixed_gbps where measured, else node
+ * 0's packed figures (the decode rate for the fixed part).  Decode
  * keeps the packed rates: a whole matrix streams at the same GB/s either way
  * (decode_rows, fitted to per-head gemvs of 256 KiB, would add their
  * overhead to every projection). */
 static struct rates gguf_rows_rates(const struct kt_cost_model *c, struct rates r)
 {
     const struct kt_machine_node *n = &c->mach.nodes[0];
+    r.fixed = n->prefill_rows_fixed_gbps; /* a packed kernel's fixed part says nothing of GGUF rows' */
     for (int t = 0; t < KT_TYPE_COUNT; t++)
         if (n->prefill_rows_gflops[t] > 0) {
             r.prefill = n->prefill_rows_gflops;
@@ -328,7 +362,8 @@ static const struct kt_machine_accel *accel_for(const struct kt_cost_model *c, c
 /* The accelerator's own rates (the sim's: its one thread's). */
 static struct rates accel_rates(const struct kt_machine_accel *a)
 {
-    return (struct rates){a->decode, a->prefill_gflops, 0.0, 1.0, 10.0, 0.0, NULL, decode_rate(a->decode, KT_TYPE_F32).gbps};
+    return (struct rates){a->decode, a->prefill_gflops, 0.0, 1.0, 10.0, 0.0, NULL, decode_rate(a->decode, KT_TYPE_F32).gbps,
+                          a->prefill_fixed_gbps, NULL, 0.0};
 }
 
 /* One copy over plan device d's link. */
@@ -555,7 +590,13 @@ static double attention_seconds(const struct kt_cost_model *c, const struct cost
     const double absorbed = T * w + pairs * (2 * kvr + dr);
     const double expanded = w + (ctx + T) * w + pairs * (dk + dv);
     if (expanded < absorbed) {
-        s += 4.0 * H * expanded / (r->f32_cached_gbps * 1e9 * r->scale);
+        /* per head: W_UK,h and W_UV,h dequantized, keys and values expanded, scores and sums */
+        const double cached = r->f32_cached_gbps * 1e9 * r->scale;
+        const int t = d->uk_uv.type;
+        const double dq = r->dequant && t >= 0 && t < KT_TYPE_COUNT ? r->dequant[t] : 0.0;
+        s += H * (dq > 0 ? w / (dq * 1e9 * r->scale) : 4.0 * w / cached) + 4.0 * H * (ctx + T) * w / cached +
+             (r->attention_gflops > 0 ? 2.0 * H * pairs * (dk + dv) / (r->attention_gflops * 1e9 * r->scale)
+                                      : 4.0 * H * pairs * (dk + dv) / cached);
     } else {
         const struct kt_machine_rate ur = decode_rate(r->rows ? r->rows : r->decode, d->uk_uv.type);
         s += (r->rows ? ur.overhead_us * 1e-6 : 0.0) + T * (double)d->uk_uv.bytes / (ur.gbps * 1e9 * r->scale) +
@@ -648,13 +689,13 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
     const double shared_bytes = (double)(d->shared.gate.bytes + d->shared.up.bytes + d->shared.down.bytes);
     struct rates nr[KT_PLACEMENT_MAX_NODES];
     const double node_threads = threads / n_nodes;
-    double node_a[KT_PLACEMENT_MAX_NODES], node_b[KT_PLACEMENT_MAX_NODES], dev_a = 0, dev_b = 0;
+    struct ffn_line node_line[KT_PLACEMENT_MAX_NODES], dev_line = {{0, 0}, 0};
     for (int n = 0; n < n_nodes; n++) {
         nr[n] = node_rates(c, n, n_nodes > 1 ? node_threads : threads);
-        ffn_affine(&nr[n], &d->expert, &node_a[n], &node_b[n]);
+        node_line[n] = ffn_affine(&nr[n], &d->expert);
     }
     if (dev)
-        ffn_affine(&dr, &d->expert, &dev_a, &dev_b);
+        dev_line = ffn_affine(&dr, &d->expert);
     double pa_of[KT_COST_PA_CACHE]; /* p_active of the first experts, for the DP pass */
     /* per-node lists of p_active for the DP: kept in one pass per node (n_expert x nodes, cheap) */
     for (uint32_t x = 0; x < c->n_expert; x++) {
@@ -667,13 +708,13 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         const double tokens = T * prob[x] / pa;
         const struct kt_expert_home *h = homes ? &homes[x] : NULL;
         if (h && h->device > 0) {
-            dev_s += pa * (dev_a + dev_b * tokens);
+            dev_s += pa * ffn_at(&dev_line, tokens);
             dev_bytes += pa * expert_bytes;
             dev_pairs += T * prob[x];
             continue;
         }
         int n = h && h->node >= 0 && h->node < n_nodes ? h->node : 0;
-        const double t = node_a[n] + node_b[n] * tokens;
+        const double t = ffn_at(&node_line[n], tokens);
         node_pa[n] += pa;
         node_none[n] *= 1 - pa;
         none_active *= 1 - pa;

@@ -290,10 +290,13 @@ static kt_status parse_node(const struct parser *p, struct kt_machine *m, json_t
         return bad(p, path, "expected an object");
     static const char *const known[] = {"node",      "threads", "memory_gib", "triad_gbps", "fma_gflops",
                                         "int8_gops", "decode",  "prefill_gflops", "f32_cached_gbps", "decode_rows",
-                                        "prefill_rows_gflops", NULL};
+                                        "prefill_rows_gflops", "prefill_fixed_gbps", "prefill_rows_fixed_gbps",
+                                        "head_dequant_gelems", "attention_gflops", NULL};
     struct kt_machine_node *n = &m->nodes[i];
     bool have_decode[KT_TYPE_COUNT] = {false}, have_prefill[KT_TYPE_COUNT] = {false};
     bool have_rows[KT_TYPE_COUNT] = {false}, have_prefill_rows[KT_TYPE_COUNT] = {false};
+    bool have_fixed[KT_TYPE_COUNT] = {false}, have_rows_fixed[KT_TYPE_COUNT] = {false};
+    bool have_dequant[KT_TYPE_COUNT] = {false};
     unsigned have = 0;
     bool have_node = false;
     const char *key;
@@ -332,7 +335,11 @@ static kt_status parse_node(const struct parser *p, struct kt_machine *m, json_t
         case 7: st = parse_prefill(p, v, sub, n->prefill_gflops, have_prefill); break;
         case 8: st = get_figure(p, v, sub, MAX_FIGURE, &n->f32_cached_gbps); break;
         case 9: st = parse_decode(p, v, sub, n->decode_rows, have_rows); break; /* optional: never defaulted */
-        default: st = parse_prefill(p, v, sub, n->prefill_rows_gflops, have_prefill_rows); break; /* optional too */
+        case 10: st = parse_prefill(p, v, sub, n->prefill_rows_gflops, have_prefill_rows); break; /* optional too */
+        case 11: st = parse_prefill(p, v, sub, n->prefill_fixed_gbps, have_fixed); break; /* and the rest */
+        case 12: st = parse_prefill(p, v, sub, n->prefill_rows_fixed_gbps, have_rows_fixed); break;
+        case 13: st = parse_prefill(p, v, sub, n->head_dequant_gelems, have_dequant); break;
+        default: st = get_figure(p, v, sub, MAX_FIGURE, &n->attention_gflops); break;
         }
         if (st)
             return st;
@@ -363,9 +370,10 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
     if (!json_is_object(obj))
         return bad(p, path, "expected an object");
     static const char *const known[] = {"name",     "backend",    "memory_gib", "h2d_gbps", "d2h_gbps",
-                                        "latency_us", "decode", "prefill_gflops", NULL};
+                                        "latency_us", "decode", "prefill_gflops", "prefill_fixed_gbps", NULL};
     struct kt_machine_accel *a = &m->accel[i];
     bool have_decode[KT_TYPE_COUNT] = {false}, have_prefill[KT_TYPE_COUNT] = {false};
+    bool have_fixed[KT_TYPE_COUNT] = {false};
     unsigned have = 0;
     bool have_name = false, have_backend = false;
     const char *key;
@@ -406,7 +414,8 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
         case 4: st = get_figure(p, v, sub, MAX_FIGURE, &a->d2h_gbps), have |= HAVE_D2H; break;
         case 5: st = get_figure(p, v, sub, MAX_FIGURE, &a->latency_us), have |= HAVE_LATENCY; break;
         case 6: st = parse_decode(p, v, sub, a->decode, have_decode); break;
-        default: st = parse_prefill(p, v, sub, a->prefill_gflops, have_prefill); break;
+        case 7: st = parse_prefill(p, v, sub, a->prefill_gflops, have_prefill); break;
+        default: st = parse_prefill(p, v, sub, a->prefill_fixed_gbps, have_fixed); break; /* optional */
         }
         if (st)
             return st;
@@ -589,7 +598,11 @@ kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *
              set_real(o, "int8_gops", n->int8_gops) && add_kernels(o, n->decode, n->prefill_gflops) &&
              (n->f32_cached_gbps <= 0 || set_real(o, "f32_cached_gbps", n->f32_cached_gbps)) &&
              add_rates(o, "decode_rows", n->decode_rows, false) &&
-             add_figures(o, "prefill_rows_gflops", n->prefill_rows_gflops, false);
+             add_figures(o, "prefill_rows_gflops", n->prefill_rows_gflops, false) &&
+             add_figures(o, "prefill_fixed_gbps", n->prefill_fixed_gbps, false) &&
+             add_figures(o, "prefill_rows_fixed_gbps", n->prefill_rows_fixed_gbps, false) &&
+             add_figures(o, "head_dequant_gelems", n->head_dequant_gelems, false) &&
+             (n->attention_gflops <= 0 || set_real(o, "attention_gflops", n->attention_gflops));
     }
     for (int i = 0; ok && i < m->n_accel; i++) {
         const struct kt_machine_accel *a = &m->accel[i];
@@ -598,7 +611,8 @@ kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *
              json_object_set_new(o, "backend", json_string(kt_place_backend_name(a->backend))) == 0 &&
              set_real(o, "memory_gib", (double)a->memory_bytes / 1073741824.0) &&
              set_real(o, "h2d_gbps", a->h2d_gbps) && set_real(o, "d2h_gbps", a->d2h_gbps) &&
-             set_real(o, "latency_us", a->latency_us) && add_kernels(o, a->decode, a->prefill_gflops);
+             set_real(o, "latency_us", a->latency_us) && add_kernels(o, a->decode, a->prefill_gflops) &&
+             add_figures(o, "prefill_fixed_gbps", a->prefill_fixed_gbps, false);
     }
     /* 10 significant digits: more than any figure measures, and short to read */
     char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;

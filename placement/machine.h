@@ -14,10 +14,13 @@
  *                 "decode": {"q4_K": {"gbps": 150.2, "overhead_us": 6.1}, ...},
  *                 "prefill_gflops": {"q4_K": 2100, ...}, "f32_cached_gbps": 400,
  *                 "decode_rows": {"q8_0": {"gbps": 90, "overhead_us": 8}, ...},
- *                 "prefill_rows_gflops": {"q8_0": 600, ...}}, ...],
+ *                 "prefill_rows_gflops": {"q8_0": 600, ...},
+ *                 "prefill_fixed_gbps": {...}, "prefill_rows_fixed_gbps": {...},
+ *                 "head_dequant_gelems": {"q8_0": 6, ...}, "attention_gflops": 40}, ...],
  *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0,
  *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
- *                        "decode": {...}, "prefill_gflops": {...}}]}
+ *                        "decode": {...}, "prefill_gflops": {...},
+ *                        "prefill_fixed_gbps": {...}}]}
  *
  * Type names are GGUF's (kt_type_name).  Unknown keys, unknown types, a
  * figure that is not a finite non-negative number, a node given twice and
@@ -67,6 +70,21 @@
  *                   forward pass does, at 16 and at 64 tokens: the FLOPs of the 48
  *                   extra tokens over the time they add, median of calls.  The
  *                   sim keeps its copies of host matrices in GGUF rows.
+ *   prefill_fixed_gbps[t] from the same two points: the line through them at 0
+ *                   tokens, less the decode overhead, as GB/s of the call's weights
+ *                   (floored at 1% of the 16-token time).  The cost model prices a
+ *                   call of 4 tokens or more (a gemm) with it, not the decode rate:
+ *                   packed kernels overlap most of the read with the tokens' work,
+ *                   GGUF-row gemms re-read blocks per token tile.
+ *   prefill_rows_fixed_gbps[t] (node 0 only) the same of prefill_rows_gflops' line.
+ *   head_dequant_gelems[t] (node 0 only) every thread of the step's pool
+ *                   dequantizing its own head's W_UK,h (512 rows of 128, transposed,
+ *                   kt_mat_dequantize_transposed) and W_UV,h (128 rows of 512),
+ *                   in cache, over and over: weights a second, median of calls;
+ *                   types whose 128-wide rows are whole blocks.
+ *   attention_gflops (node 0 only) every thread running kt_attention_head for
+ *                   one query over 64 keys of 192 and values of 128 (in cache):
+ *                   2 x (192 + 128) FLOPs per key, median of calls.
  *   f32_cached_gbps (node 0 only) every thread of the step's pool multiplying
  *                   its own pair of 128 x 512 f32 matrices (in cache) by a
  *                   vector, over and over: GB/s of matrix read, median of calls.
@@ -139,6 +157,21 @@ struct kt_machine_node {
      * attention projections and output head on, on the step's pool): GFLOP/s of
      * extra tokens, as prefill_gflops.  0: not measured (prefill_gflops then). */
     double prefill_rows_gflops[KT_TYPE_COUNT];
+    /* The fixed part of a prefill call (gemm from KT_COST_GEMM_TOKENS tokens on):
+     * the weights' bytes over the time the measured line gives at no tokens,
+     * less the decode overhead - the weights' read, overlapped with the
+     * tokens' work or not.  prefill_fixed_gbps for the expert path,
+     * prefill_rows_fixed_gbps for prefill_rows_gflops' products.  0: not
+     * measured (the decode rate then). */
+    double prefill_fixed_gbps[KT_TYPE_COUNT];
+    double prefill_rows_fixed_gbps[KT_TYPE_COUNT];
+    /* The expanded attention form's per-head work besides its f32 products:
+     * dequantizing W_UK,h (transposed) and W_UV,h, in 1e9 weights a second,
+     * and the scores and weighted sums (kt_attention_head), in GFLOP/s of
+     * 2 (dk + dv) per (query, key) pair; every thread of the step's pool at
+     * once.  0: not measured (f32_cached_gbps then). */
+    double head_dequant_gelems[KT_TYPE_COUNT];
+    double attention_gflops;
 };
 
 struct kt_machine_accel {
@@ -148,6 +181,7 @@ struct kt_machine_accel {
     double h2d_gbps, d2h_gbps, latency_us;
     struct kt_machine_rate decode[KT_TYPE_COUNT];
     double prefill_gflops[KT_TYPE_COUNT];
+    double prefill_fixed_gbps[KT_TYPE_COUNT]; /* as the node's; 0: not measured */
 };
 
 #define KT_MACHINE_MAX_DEFAULTED 32

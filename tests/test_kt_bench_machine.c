@@ -56,11 +56,16 @@ static void machine_file_of_two_synthetic_nodes_loads_complete(void)
         KT_CHECK(m->accel[0].h2d_gbps == 12 && m->accel[0].d2h_gbps == 12 && m->accel[0].latency_us == 3,
                  "sim link %g/%g GB/s %g us", m->accel[0].h2d_gbps, m->accel[0].d2h_gbps, m->accel[0].latency_us);
         for (size_t k = 0; k < sizeof expert_types / sizeof expert_types[0]; k++)
-            KT_CHECK(m->accel[0].decode[expert_types[k]].gbps > 0 && m->accel[0].prefill_gflops[expert_types[k]] > 0,
+            KT_CHECK(m->accel[0].decode[expert_types[k]].gbps > 0 && m->accel[0].prefill_gflops[expert_types[k]] > 0 &&
+                         m->accel[0].prefill_fixed_gbps[expert_types[k]] > 0,
                      "sim %s", kt_type_name(expert_types[k]));
         KT_CHECK(m->nodes[0].decode_rows[KT_TYPE_Q8_0].gbps > 0 && m->nodes[0].decode_rows[KT_TYPE_F32].gbps > 0 &&
                      m->nodes[0].decode_rows[KT_TYPE_Q4_K].gbps == 0 && m->nodes[0].f32_cached_gbps > 0,
                  "node 0's attention figures");
+        KT_CHECK(m->nodes[0].head_dequant_gelems[KT_TYPE_Q8_0] > 0 && m->nodes[0].head_dequant_gelems[KT_TYPE_Q4_K] == 0 &&
+                     m->nodes[0].attention_gflops > 0 && m->nodes[0].prefill_rows_fixed_gbps[KT_TYPE_Q8_0] > 0 &&
+                     m->nodes[0].prefill_fixed_gbps[KT_TYPE_Q4_K] > 0,
+                 "node 0's prefill fixed parts and expanded heads' figures");
     }
     free(m);
     unlink(path);

@@ -34,10 +34,15 @@ static void example(struct kt_machine *m)
         n->int8_gops = 1650.75 + i;
         n->f32_cached_gbps = 120.25 + i;
         n->decode_rows[KT_TYPE_Q8_0] = (struct kt_machine_rate){21.5 + i, 3.25};
+        n->prefill_rows_gflops[KT_TYPE_Q8_0] = 410.5 + i;
+        n->prefill_rows_fixed_gbps[KT_TYPE_Q8_0] = 22.75 + i;
+        n->head_dequant_gelems[KT_TYPE_Q8_0] = 6.5 + i;
+        n->attention_gflops = 44.25 + i;
         for (int t = 0; t < KT_TYPE_COUNT; t++)
             if (n->decode[t].gbps > 0) {
                 n->decode[t] = (struct kt_machine_rate){17.125 + t + i, 11.5 + t};
                 n->prefill_gflops[t] = 99.5 + 3 * t + i;
+                n->prefill_fixed_gbps[t] = 60.5 + 2 * t + i;
             }
     }
     m->n_accel = 2;
@@ -49,6 +54,7 @@ static void example(struct kt_machine *m)
     m->accel[1].d2h_gbps = 26.5;
     m->accel[1].latency_us = 7.25;
     m->accel[1].decode[KT_TYPE_Q4_K] = (struct kt_machine_rate){2800.5, 4.5};
+    m->accel[0].prefill_fixed_gbps[KT_TYPE_Q8_0] = 18.5;
 }
 
 static void round_trip_keeps_every_figure(void)
@@ -73,13 +79,19 @@ static void round_trip_keeps_every_figure(void)
             for (int t = 0; t < KT_TYPE_COUNT; t++)
                 KT_CHECK(close_to(b->decode[t].gbps, a->decode[t].gbps) &&
                              close_to(b->decode[t].overhead_us, a->decode[t].overhead_us) &&
-                             close_to(b->prefill_gflops[t], a->prefill_gflops[t]),
+                             close_to(b->prefill_gflops[t], a->prefill_gflops[t]) &&
+                             close_to(b->prefill_fixed_gbps[t], a->prefill_fixed_gbps[t]),
                          "node %d type %d", i, t);
             KT_CHECK(close_to(b->f32_cached_gbps, a->f32_cached_gbps) &&
                          close_to(b->decode_rows[KT_TYPE_Q8_0].gbps, a->decode_rows[KT_TYPE_Q8_0].gbps) &&
                          close_to(b->decode_rows[KT_TYPE_Q8_0].overhead_us, a->decode_rows[KT_TYPE_Q8_0].overhead_us) &&
                          b->decode_rows[KT_TYPE_F32].gbps == 0,
                      "node %d attention figures", i);
+            KT_CHECK(close_to(b->prefill_rows_gflops[KT_TYPE_Q8_0], a->prefill_rows_gflops[KT_TYPE_Q8_0]) &&
+                         close_to(b->prefill_rows_fixed_gbps[KT_TYPE_Q8_0], a->prefill_rows_fixed_gbps[KT_TYPE_Q8_0]) &&
+                         close_to(b->head_dequant_gelems[KT_TYPE_Q8_0], a->head_dequant_gelems[KT_TYPE_Q8_0]) &&
+                         close_to(b->attention_gflops, a->attention_gflops) && b->head_dequant_gelems[KT_TYPE_F32] == 0,
+                     "node %d prefill rows and heads' figures", i);
         }
         for (int i = 0; i < 2; i++) {
             const struct kt_machine_accel *a = &m->accel[i], *b = &back->accel[i];
@@ -89,6 +101,8 @@ static void round_trip_keeps_every_figure(void)
                          close_to(b->latency_us, a->latency_us),
                      "accelerator %d link", i);
             KT_CHECK(close_to(b->decode[KT_TYPE_Q4_K].gbps, a->decode[KT_TYPE_Q4_K].gbps), "accelerator %d q4_K", i);
+            KT_CHECK(close_to(b->prefill_fixed_gbps[KT_TYPE_Q8_0], a->prefill_fixed_gbps[KT_TYPE_Q8_0]),
+                     "accelerator %d prefill_fixed_gbps", i);
         }
     }
     kt_machine_check_kind(back ? back : m, path, &err); /* this host's kind: must pass */
@@ -131,6 +145,9 @@ static void bad_inputs_are_refused_with_file_and_path(void)
          "type given twice"},
         {HEAD "\"nodes\": [{\"node\": 0, \"prefill_gflops\": {\"f32\": -3}}]}", "nodes[0].prefill_gflops.f32"},
         {HEAD "\"nodes\": [{\"node\": 0, \"f32_cached_gbps\": -3}]}", "nodes[0].f32_cached_gbps"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"attention_gflops\": -1}]}", "nodes[0].attention_gflops"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"head_dequant_gelems\": {\"q8_0\": \"x\"}}]}", "nodes[0].head_dequant_gelems.q8_0"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"prefill_fixed_gbps\": {\"q9_9\": 1}}]}", "nodes[0].prefill_fixed_gbps"},
         {HEAD "\"nodes\": [{\"node\": 0, \"decode_rows\": {\"q8_0\": {\"gbps\": 0.0001}}}]}", "nodes[0].decode_rows.q8_0: gbps"},
         {HEAD "\"nodes\": [{\"node\": 0}, {\"node\": 0}]}", "nodes[1].node: node 0 is also nodes[0]"},
         {HEAD "\"nodes\": [{\"threads\": 2}]}", "nodes[0]: node: missing"},

@@ -80,23 +80,11 @@ static void absorb_query(const struct kt_engine *e, const struct kt_layer_weight
 static void dequantize_head(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t h,
                             struct kt_thread_scratch *s)
 {
-    const int64_t kvr = e->hp.kv_lora_rank, dn = e->hp.qk_nope_dim;
     struct kt_mat uk = uk_head(e, L, h), uv = uv_head(e, L, h);
-    if (L->fused_kv_b) {
+    if (L->fused_kv_b)
         kt_mat_dequantize(&uk, s->w_uk);
-    } else { /* attn_k_b row r is column r of W_UK,h: transposed KT_ATTN_T_ROWS rows at
-              * a time, so stores fill runs of w_uk's rows (one store per element down a
-              * column, kvr floats apart, thrashes the few cache sets that stride maps to) */
-        const kt_to_float_fn to_float = kt_type_traits(uk.type)->to_float;
-        for (int64_t r0 = 0; r0 < kvr; r0 += KT_ATTN_T_ROWS) {
-            const int64_t n = kvr - r0 < KT_ATTN_T_ROWS ? kvr - r0 : KT_ATTN_T_ROWS;
-            for (int64_t i = 0; i < n; i++)
-                to_float(uk.data + (size_t)(r0 + i) * uk.row_bytes, s->tmp + i * dn, dn);
-            for (int64_t d = 0; d < dn; d++)
-                for (int64_t i = 0; i < n; i++)
-                    s->w_uk[d * kvr + r0 + i] = s->tmp[i * dn + d];
-        }
-    }
+    else /* attn_k_b row r is column r of W_UK,h */
+        kt_mat_dequantize_transposed(&uk, s->w_uk, s->tmp);
     kt_mat_dequantize(&uv, s->w_uv);
 }
 

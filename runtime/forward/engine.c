@@ -306,7 +306,7 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
         CARVE(ts->scores, KT_ATTN_HEAD_GROUP * n_ctx);
         CARVE(ts->query, KT_ATTN_HEAD_GROUP * (kvr + dr));
         CARVE(ts->o_lat, KT_ATTN_HEAD_GROUP * kvr);
-        CARVE(ts->tmp, max_size((size_t)KT_ATTN_T_ROWS * dn, kvr));
+        CARVE(ts->tmp, max_size((size_t)KT_MAT_T_ROWS * dn, kvr));
         CARVE(ts->act_q, s.head_in);
         CARVE(ts->w_uk, dn * kvr);
         CARVE(ts->w_uv, dv * kvr);

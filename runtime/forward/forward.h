@@ -137,7 +137,6 @@ struct kt_device_part {
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
 #define KT_ATTN_HEAD_GROUP 8
-#define KT_ATTN_T_ROWS 16 /* rows of attn_k_b transposed at once (a cache line of floats) */
 
 /* The engine's accelerator (backend.h) and what lives on it: weights copied
  * there, its step buffers, its graphs.  All zero without a device; device.c
@@ -219,7 +218,7 @@ struct kt_thread_scratch {
     float *scores;              /* (KT_ATTN_HEAD_GROUP, n_ctx) one row per head of a group */
     float *query;               /* (KT_ATTN_HEAD_GROUP, kvr + dr): [q_abs | q_pe] per head */
     float *o_lat;               /* (KT_ATTN_HEAD_GROUP, kvr) */
-    float *tmp;                 /* (max(KT_ATTN_T_ROWS dn, kvr)) dequantized rows */
+    float *tmp;                 /* (max(KT_MAT_T_ROWS dn, kvr)) dequantized rows */
     uint8_t *act_q;             /* (max act row bytes of dn and kvr) a quantized query or latent */
     float *w_uk;                /* (dn, kvr) W_UK,h dequantized */
     float *w_uv;                /* (dv, kvr) W_UV,h dequantized */

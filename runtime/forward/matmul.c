@@ -267,3 +267,17 @@ void kt_mat_dequantize(const struct kt_mat *m, float *out)
     for (int64_t o = 0; o < m->n_out; o++)
         to_float(m->data + (size_t)o * m->row_bytes, out + o * m->n_in, m->n_in);
 }
+
+void kt_mat_dequantize_transposed(const struct kt_mat *m, float *out, float *tmp)
+{
+    const kt_to_float_fn to_float = kt_type_traits(m->type)->to_float;
+    const int64_t n_in = m->n_in, n_out = m->n_out;
+    for (int64_t r0 = 0; r0 < n_out; r0 += KT_MAT_T_ROWS) {
+        const int64_t n = n_out - r0 < KT_MAT_T_ROWS ? n_out - r0 : KT_MAT_T_ROWS;
+        for (int64_t i = 0; i < n; i++)
+            to_float(m->data + (size_t)(r0 + i) * m->row_bytes, tmp + i * n_in, n_in);
+        for (int64_t d = 0; d < n_in; d++)
+            for (int64_t i = 0; i < n; i++)
+                out[d * n_out + r0 + i] = tmp[i * n_in + d];
+    }
+}

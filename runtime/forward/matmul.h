@@ -90,4 +90,14 @@ void kt_matvec_transposed(const struct kt_mat *m, const float *x, float *y, floa
 /* Dequantizes rows [0, m.n_out) to floats: out (n_out, n_in). */
 void kt_mat_dequantize(const struct kt_mat *m, float *out);
 
+/* Rows of m dequantized KT_MAT_T_ROWS at a time: the attention's split-form
+ * W_UK,h, whose rows are the columns of what the expanded form multiplies by. */
+#define KT_MAT_T_ROWS 16 /* a cache line of floats per column run */
+
+/* Dequantizes m transposed: out (n_in, n_out), out[i][o] = W[o][i]; tmp holds
+ * KT_MAT_T_ROWS x n_in floats.  Rows are converted KT_MAT_T_ROWS at a time and
+ * stored in runs of that many along out's rows (one store per element down a
+ * column, n_out floats apart, thrashes the few cache sets that stride maps to). */
+void kt_mat_dequantize_transposed(const struct kt_mat *m, float *out, float *tmp);
+
 #endif

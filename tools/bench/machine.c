@@ -35,6 +35,7 @@
 #include "backend.h"
 #include "bench.h"
 #include "cpu/dispatch.h"
+#include "cpu/ref/ops.h"
 #include "machine.h"
 #include "matmul.h"
 #include "meminfo.h"
@@ -582,10 +583,20 @@ static kt_status place_region(struct place *p, size_t need, kt_err *err)
     return KT_OK;
 }
 
+/* GB/s of `bytes` read in `fixed_s`, the fixed part of a call that took
+ * first_s at its fewest tokens (floored at 1% of it: noise, or a read wholly
+ * hidden behind the tokens' work). */
+static double fixed_gbps(double bytes, double first_s, double fixed_s)
+{
+    const double floor_s = 0.01 * first_s;
+    return bytes / (fixed_s > floor_s ? fixed_s : floor_s) * 1e-9;
+}
+
 /* Decode fit and prefill figure of type t on places [0, n) at once (packed:
  * the expert store's layout; the sim's places take GGUF rows). */
 static kt_status measure_type(struct place *places, int n, enum kt_type t, bool packed, double seconds,
-                              struct kt_machine_rate *rates, double *prefill, struct type_result *res, kt_err *err)
+                              struct kt_machine_rate *rates, double *prefill, double *fixed,
+                              struct type_result *res, kt_err *err)
 {
     const int64_t f = expert_width(t);
     kt_status st = KT_OK;
@@ -641,6 +652,13 @@ static kt_status measure_type(struct place *places, int n, enum kt_type t, bool 
         prefill[i] = med[1][i] > 1.05 * med[0][i]
                          ? flops_per_pair * PREFILL_EXPERTS * (PREFILL_MANY - PREFILL_FEW) / (med[1][i] - med[0][i]) * 1e-9
                          : flops_per_pair * PREFILL_EXPERTS * PREFILL_MANY / med[1][i] * 1e-9;
+    /* the line through the two points at no tokens, less the decode overhead
+     * the model adds (none where the rate is taken at 48 alone) */
+    for (int i = 0; i < n; i++) {
+        const double per_pair = (med[1][i] - med[0][i]) / (PREFILL_EXPERTS * (PREFILL_MANY - PREFILL_FEW));
+        const double at_none = med[0][i] - PREFILL_EXPERTS * PREFILL_FEW * per_pair - rates[i].overhead_us * 1e-6;
+        fixed[i] = fixed_gbps((double)bytes[0][i], med[0][i], med[1][i] > 1.05 * med[0][i] ? at_none : 0);
+    }
 done:
     free(h), free(hq);
     return st;
@@ -760,7 +778,7 @@ static const int64_t rows_shapes[4][2] = {{7168, 1536}, {1536, 12288}, {7168, 57
 #define ROWS_MAX_IN 8192
 #define ROWS_MAX_OUT 12288
 static kt_status measure_prefill_rows(struct kt_pool *pool, enum kt_type t, double seconds, double *gflops,
-                                      kt_err *err)
+                                      double *fixed, kt_err *err)
 {
     static const int tokens[2] = {16, 64};
     uint64_t seed = 0x243f6a8885a308d3ull ^ (uint64_t)t;
@@ -800,6 +818,11 @@ static kt_status measure_prefill_rows(struct kt_pool *pool, enum kt_type t, doub
         qsort(samples[p], (size_t)rounds, sizeof(double), cmp_double);
     const double extra = samples[1][rounds / 2] - samples[0][rounds / 2];
     *gflops = flops_per_token * (tokens[1] - tokens[0]) / (extra > 0 ? extra : samples[1][rounds / 2]) * 1e-9;
+    double bytes = 0;
+    for (int i = 0; i < 4; i++)
+        bytes += (double)rows_shapes[i][1] * (double)kt_type_row_bytes(t, rows_shapes[i][0]);
+    *fixed = fixed_gbps(bytes, samples[0][rounds / 2],
+                        extra > 0 ? samples[0][rounds / 2] - extra * tokens[0] / (tokens[1] - tokens[0]) : 0);
 done:
     for (int i = 0; i < 4; i++)
         free(w[i]);
@@ -860,6 +883,90 @@ done:
     return st;
 }
 
+
+/* head_dequant_gelems[t] and attention_gflops: the expanded form's per-head
+ * work besides its f32 products, every thread of the pool on its own head
+ * (in cache) at once, medians of calls. */
+#define ATTN_KEYS 64 /* keys a query attends to: a 64-token chunk's mean is 32, its last 64 */
+#define ATTN_DK 192  /* qk_nope_dim + qk_rope_dim of V3 and Kimi-K2 */
+
+struct head_call {
+    enum kt_type type;        /* dequantize: the weights' type; KT_TYPE_COUNT: attention */
+    const uint8_t *uk, *uv;   /* per thread: W_UK,h (HEAD_KVR rows of HEAD_DIM), W_UV,h (HEAD_DIM rows of HEAD_KVR) */
+    float *out, *tmp;         /* (threads, 2 HEAD_DIM HEAD_KVR), (threads, 16 HEAD_DIM) */
+    float *keys, *vals, *q;   /* (threads, ATTN_KEYS, ATTN_DK), (threads, ATTN_KEYS, HEAD_DIM), (threads, ATTN_DK) */
+};
+
+static void head_task(void *ctx, int64_t begin, int64_t end, int worker)
+{
+    const struct head_call *c = ctx;
+    float *out = c->out + (size_t)worker * 2 * HEAD_DIM * HEAD_KVR;
+    for (int64_t i = begin; i < end; i++) {
+        if (c->type == KT_TYPE_COUNT) {
+            const float *k[ATTN_KEYS], *v[ATTN_KEYS];
+            for (int t = 0; t < ATTN_KEYS; t++) {
+                k[t] = c->keys + ((size_t)worker * ATTN_KEYS + (size_t)t) * ATTN_DK;
+                v[t] = c->vals + ((size_t)worker * ATTN_KEYS + (size_t)t) * HEAD_DIM;
+            }
+            kt_attention_head(out, c->q + (size_t)worker * ATTN_DK, k, v, ATTN_KEYS, ATTN_DK, HEAD_DIM, 0.07f,
+                              out + HEAD_DIM);
+            continue;
+        }
+        const size_t uk_row = kt_type_row_bytes(c->type, HEAD_DIM), uv_row = kt_type_row_bytes(c->type, HEAD_KVR);
+        const struct kt_mat uk = {.data = c->uk + (size_t)worker * HEAD_KVR * uk_row, .type = c->type, .n_in = HEAD_DIM, .n_out = HEAD_KVR,
+                                  .row_bytes = uk_row};
+        const struct kt_mat uv = {.data = c->uv + (size_t)worker * HEAD_DIM * uv_row, .type = c->type, .n_in = HEAD_KVR, .n_out = HEAD_DIM,
+                                  .row_bytes = uv_row};
+        kt_mat_dequantize_transposed(&uk, out, c->tmp + (size_t)worker * KT_MAT_T_ROWS * HEAD_DIM);
+        kt_mat_dequantize(&uv, out + HEAD_DIM * HEAD_KVR);
+    }
+}
+
+/* t < KT_TYPE_COUNT: the dequantization's weights a second (1e9); else
+ * kt_attention_head's GFLOP/s. */
+static kt_status measure_head_work(struct kt_pool *pool, enum kt_type t, double seconds, double *rate, kt_err *err)
+{
+    const int threads = kt_pool_n_threads(pool), items = 16 * threads;
+    const bool attention = t == KT_TYPE_COUNT;
+    struct head_call c = {t, NULL, NULL, malloc((size_t)threads * 2 * HEAD_DIM * HEAD_KVR * sizeof(float)),
+                          malloc((size_t)threads * KT_MAT_T_ROWS * HEAD_DIM * sizeof(float)), NULL, NULL, NULL};
+    uint8_t *uk = NULL, *uv = NULL;
+    double *samples = malloc(MAX_SAMPLES * sizeof(double));
+    kt_status st = KT_OK;
+    uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)t;
+    if (attention) {
+        c.keys = malloc((size_t)threads * ATTN_KEYS * ATTN_DK * sizeof(float));
+        c.vals = malloc((size_t)threads * ATTN_KEYS * HEAD_DIM * sizeof(float));
+        c.q = malloc((size_t)threads * ATTN_DK * sizeof(float));
+        if (c.keys && c.vals && c.q) {
+            random_floats(c.keys, (size_t)threads * ATTN_KEYS * ATTN_DK, &seed);
+            random_floats(c.vals, (size_t)threads * ATTN_KEYS * HEAD_DIM, &seed);
+            random_floats(c.q, (size_t)threads * ATTN_DK, &seed);
+        }
+    } else {
+        c.uk = uk = gguf_matrix(t, HEAD_DIM, (int64_t)threads * HEAD_KVR, &seed);
+        c.uv = uv = gguf_matrix(t, HEAD_KVR, (int64_t)threads * HEAD_DIM, &seed);
+    }
+    if (!c.out || !c.tmp || !samples || (attention ? !c.keys || !c.vals || !c.q : !uk || !uv)) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the attention heads' work");
+        goto done;
+    }
+    int n = 0;
+    kt_pool_parallel_for(pool, items, 1, head_task, &c); /* untimed: into cache */
+    const double start = now_s();
+    do {
+        const double t0 = now_s();
+        kt_pool_parallel_for(pool, items, 1, head_task, &c);
+        samples[n++] = now_s() - t0;
+    } while (n < MAX_SAMPLES && (n < MIN_CALLS || now_s() - start < seconds));
+    qsort(samples, (size_t)n, sizeof(double), cmp_double);
+    const double per_item = attention ? 2.0 * ATTN_KEYS * (ATTN_DK + HEAD_DIM) : 2.0 * HEAD_DIM * HEAD_KVR;
+    *rate = (double)items * per_item / samples[n / 2] * 1e-9;
+done:
+    free(uk), free(uv), free(c.out), free(c.tmp), free(c.keys), free(c.vals), free(c.q);
+    free(samples);
+    return st;
+}
 /* ---- CUDA: memory and link ---------------------------------------------------------------- */
 
 static kt_status measure_cuda(struct kt_machine_accel *a, double seconds, kt_err *err)
@@ -1033,11 +1140,11 @@ int kt_bench_machine(const struct kt_bench_options *o)
     }
     printf("\nexperts (%d x F gate and up, F x %d down) at decode: 1 token, 1 expert of F=%d and 1, 2, 4, 8 of F,\n"
            "fitted to time = overhead + bytes / rate (err: the fit's largest miss); prefill: the FLOP rate of\n"
-           "%d experts' tokens from %d to %d each (the weights are read either way)\n\n",
+           "%d experts' tokens from %d to %d each, and its fixed part (the line at no tokens, as GB/s of weights)\n\n",
            HIDDEN, HIDDEN, SMALL_FF, PREFILL_EXPERTS, PREFILL_FEW, PREFILL_MANY);
-    printf("%-6s %-6s %-20s %5s %10s %10s %7s %12s\n", "place", "type", "layout", "F", "rate", "overhead", "err",
-           "prefill");
-    printf("%-6s %-6s %-20s %5s %10s %10s %7s %12s\n", "", "", "", "", "GB/s", "us", "", "GFLOP/s");
+    printf("%-6s %-6s %-20s %5s %10s %10s %7s %12s %10s\n", "place", "type", "layout", "F", "rate", "overhead", "err",
+           "prefill", "fixed");
+    printf("%-6s %-6s %-20s %5s %10s %10s %7s %12s %10s\n", "", "", "", "", "GB/s", "us", "", "GFLOP/s", "GB/s");
     fflush(stdout);
 
     /* CPU nodes, all at once, then the sim alone on the calling thread */
@@ -1054,24 +1161,26 @@ int kt_bench_machine(const struct kt_bench_options *o)
             if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float)
                 continue;
             struct kt_machine_rate rates[KT_MACHINE_MAX_NODES];
-            double prefill[KT_MACHINE_MAX_NODES];
+            double prefill[KT_MACHINE_MAX_NODES], fixed[KT_MACHINE_MAX_NODES];
             struct type_result res = {0};
-            if (measure_type(ps, n, t, pass == 0 && table->type[t].packed != NULL, o->seconds, rates, prefill, &res,
-                             &err) != KT_OK)
+            if (measure_type(ps, n, t, pass == 0 && table->type[t].packed != NULL, o->seconds, rates, prefill, fixed,
+                             &res, &err) != KT_OK)
                 goto fail;
             for (int i = 0; i < n; i++) {
                 char label[16];
                 if (pass == 0) {
                     m->nodes[i].decode[t] = rates[i];
                     m->nodes[i].prefill_gflops[t] = prefill[i];
+                    m->nodes[i].prefill_fixed_gbps[t] = fixed[i];
                     snprintf(label, sizeof label, "node%d", m->nodes[i].node);
                 } else {
                     m->accel[0].decode[t] = rates[i];
                     m->accel[0].prefill_gflops[t] = prefill[i];
+                    m->accel[0].prefill_fixed_gbps[t] = fixed[i];
                     snprintf(label, sizeof label, "sim");
                 }
-                printf("%-6s %-6s %-20s %5lld %10.2f %10.1f %7.3f %12.1f\n", label, kt_type_name(t), res.layout,
-                       (long long)res.n_ff, rates[i].gbps, rates[i].overhead_us, res.max_err, prefill[i]);
+                printf("%-6s %-6s %-20s %5lld %10.2f %10.1f %7.3f %12.1f %10.1f\n", label, kt_type_name(t), res.layout,
+                       (long long)res.n_ff, rates[i].gbps, rates[i].overhead_us, res.max_err, prefill[i], fixed[i]);
             }
             fflush(stdout);
         }
@@ -1099,15 +1208,31 @@ int kt_bench_machine(const struct kt_bench_options *o)
     if (measure_cached(step_pool, o->seconds, &m->nodes[0].f32_cached_gbps, &err) != KT_OK)
         goto fail;
     printf("node%-2d %-6s %10.2f   (head pair in cache, every thread)\n", m->nodes[0].node, "f32", m->nodes[0].f32_cached_gbps);
+    /* the expanded form's dequantized heads and scores, as attention.c runs them */
+    for (size_t k = 0; k < N_TYPES; k++) {
+        const enum kt_type t = machine_types[k];
+        if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float || !kt_type_row_bytes(t, HEAD_DIM))
+            continue;
+        if (measure_head_work(step_pool, t, o->seconds, &m->nodes[0].head_dequant_gelems[t], &err) != KT_OK)
+            goto fail;
+        printf("node%-2d %-6s %10.2f   (G weights/s dequantized, a head pair each thread)\n", m->nodes[0].node,
+               kt_type_name(t), m->nodes[0].head_dequant_gelems[t]);
+    }
+    if (measure_head_work(step_pool, KT_TYPE_COUNT, o->seconds, &m->nodes[0].attention_gflops, &err) != KT_OK)
+        goto fail;
+    printf("node%-2d %-6s %10.2f   (GFLOP/s of scores and sums, %d keys, every thread)\n", m->nodes[0].node, "f32",
+           m->nodes[0].attention_gflops, ATTN_KEYS);
     printf("\nmatrices in GGUF rows on the step's pool at prefill (what a sim device's attention runs on):\n"
            "the four MLA projections of V3 / Kimi-K2, 16 and 64 tokens, GFLOP/s of the extra tokens\n\n");
     for (size_t k = 0; k < N_TYPES; k++) {
         const enum kt_type t = machine_types[k];
         if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float)
             continue;
-        if (measure_prefill_rows(step_pool, t, o->seconds, &m->nodes[0].prefill_rows_gflops[t], &err) != KT_OK)
+        if (measure_prefill_rows(step_pool, t, o->seconds, &m->nodes[0].prefill_rows_gflops[t],
+                                 &m->nodes[0].prefill_rows_fixed_gbps[t], &err) != KT_OK)
             goto fail;
-        printf("node%-2d %-6s %10.1f GFLOP/s\n", m->nodes[0].node, kt_type_name(t), m->nodes[0].prefill_rows_gflops[t]);
+        printf("node%-2d %-6s %10.1f GFLOP/s %10.1f GB/s fixed\n", m->nodes[0].node, kt_type_name(t),
+               m->nodes[0].prefill_rows_gflops[t], m->nodes[0].prefill_rows_fixed_gbps[t]);
     }
     fflush(stdout);
 
