@@ -261,6 +261,15 @@ static kt_status parse_decode(const struct parser *p, json_t *obj, const char *p
     return KT_OK;
 }
 
+/* A rate at path: 0 (unknown) or at least MIN_RATE_GBPS (less would make a prediction overflow). */
+static kt_status get_rate(const struct parser *p, json_t *v, const char *path, double *out)
+{
+    kt_status st = get_figure(p, v, path, MAX_FIGURE, out);
+    if (!st && *out > 0 && *out < MIN_RATE_GBPS)
+        st = bad(p, path, "expected 0 (unknown) or at least 0.001");
+    return st;
+}
+
 /* {"TYPE": GFLOPS, ...} at path. */
 static kt_status parse_prefill(const struct parser *p, json_t *obj, const char *path, double *gflops, bool *have)
 {
@@ -275,7 +284,7 @@ static kt_status parse_prefill(const struct parser *p, json_t *obj, const char *
         kt_status st = type_key(p, sub, key, have, &t);
         if (st)
             return st;
-        if ((st = get_figure(p, v, sub, MAX_FIGURE, &gflops[t])))
+        if ((st = get_rate(p, v, sub, &gflops[t])))
             return st;
         have[t] = gflops[t] > 0;
     }
@@ -333,13 +342,13 @@ static kt_status parse_node(const struct parser *p, struct kt_machine *m, json_t
         case 5: st = get_figure(p, v, sub, MAX_FIGURE, &n->int8_gops), have |= HAVE_INT8; break;
         case 6: st = parse_decode(p, v, sub, n->decode, have_decode); break;
         case 7: st = parse_prefill(p, v, sub, n->prefill_gflops, have_prefill); break;
-        case 8: st = get_figure(p, v, sub, MAX_FIGURE, &n->f32_cached_gbps); break;
+        case 8: st = get_rate(p, v, sub, &n->f32_cached_gbps); break;
         case 9: st = parse_decode(p, v, sub, n->decode_rows, have_rows); break; /* optional: never defaulted */
         case 10: st = parse_prefill(p, v, sub, n->prefill_rows_gflops, have_prefill_rows); break; /* optional too */
         case 11: st = parse_prefill(p, v, sub, n->prefill_fixed_gbps, have_fixed); break; /* and the rest */
         case 12: st = parse_prefill(p, v, sub, n->prefill_rows_fixed_gbps, have_rows_fixed); break;
         case 13: st = parse_prefill(p, v, sub, n->head_dequant_gelems, have_dequant); break;
-        default: st = get_figure(p, v, sub, MAX_FIGURE, &n->attention_gflops); break;
+        default: st = get_rate(p, v, sub, &n->attention_gflops); break;
         }
         if (st)
             return st;

@@ -146,6 +146,8 @@ static void bad_inputs_are_refused_with_file_and_path(void)
         {HEAD "\"nodes\": [{\"node\": 0, \"prefill_gflops\": {\"f32\": -3}}]}", "nodes[0].prefill_gflops.f32"},
         {HEAD "\"nodes\": [{\"node\": 0, \"f32_cached_gbps\": -3}]}", "nodes[0].f32_cached_gbps"},
         {HEAD "\"nodes\": [{\"node\": 0, \"attention_gflops\": -1}]}", "nodes[0].attention_gflops"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"attention_gflops\": 1e-9}]}", "nodes[0].attention_gflops: expected 0 (unknown) or at least"},
+        {HEAD "\"nodes\": [{\"node\": 0, \"prefill_gflops\": {\"q4_K\": 1e-200}}]}", "nodes[0].prefill_gflops.q4_K: expected 0"},
         {HEAD "\"nodes\": [{\"node\": 0, \"head_dequant_gelems\": {\"q8_0\": \"x\"}}]}", "nodes[0].head_dequant_gelems.q8_0"},
         {HEAD "\"nodes\": [{\"node\": 0, \"prefill_fixed_gbps\": {\"q9_9\": 1}}]}", "nodes[0].prefill_fixed_gbps"},
         {HEAD "\"nodes\": [{\"node\": 0, \"decode_rows\": {\"q8_0\": {\"gbps\": 0.0001}}}]}", "nodes[0].decode_rows.q8_0: gbps"},

@@ -66,6 +66,11 @@ static void check_machine(const struct kt_machine *m)
             require(figure(n->decode_rows[t].gbps) && figure(n->decode_rows[t].overhead_us) &&
                         (n->decode_rows[t].gbps == 0 || n->decode_rows[t].gbps >= 1e-3),
                     "decode_rows");
+        require(figure(n->attention_gflops), "attention_gflops");
+        for (int t = 0; t < KT_TYPE_COUNT; t++)
+            require(figure(n->prefill_rows_gflops[t]) && figure(n->prefill_fixed_gbps[t]) &&
+                        figure(n->prefill_rows_fixed_gbps[t]) && figure(n->head_dequant_gelems[t]),
+                    "prefill and heads' figures");
     }
     for (int i = 0; i < m->n_accel; i++) {
         const struct kt_machine_accel *a = &m->accel[i];
@@ -77,6 +82,8 @@ static void check_machine(const struct kt_machine *m)
                     isfinite(a->d2h_gbps),
                 "link figures");
         check_kernels(a->decode, a->prefill_gflops);
+        for (int t = 0; t < KT_TYPE_COUNT; t++)
+            require(figure(a->prefill_fixed_gbps[t]), "accelerator prefill_fixed_gbps");
     }
 }
 
@@ -106,10 +113,12 @@ static const char *const SEEDS[] = {
     "{\"version\": 1, \"kind\": \"AMD EPYC | 1 node | avx512\", \"topology\": \"\",\n"
     " \"nodes\": [{\"node\": 0, \"threads\": 2, \"memory_gib\": 23.4, \"triad_gbps\": 14.5, \"fma_gflops\": 190,\n"
     "  \"int8_gops\": 800, \"f32_cached_gbps\": 90, \"decode_rows\": {\"q8_0\": {\"gbps\": 20, \"overhead_us\": 3}},\n  \"decode\": {\"q4_K\": {\"gbps\": 11.5, \"overhead_us\": 31},\n"
-    "  \"f32\": {\"gbps\": 12, \"overhead_us\": 25}}, \"prefill_gflops\": {\"q4_K\": 150, \"bf16\": 90}}],\n"
+    "  \"f32\": {\"gbps\": 12, \"overhead_us\": 25}}, \"prefill_gflops\": {\"q4_K\": 150, \"bf16\": 90},\n"
+    "  \"prefill_fixed_gbps\": {\"q4_K\": 900}, \"prefill_rows_gflops\": {\"q8_0\": 300},\n"
+    "  \"prefill_rows_fixed_gbps\": {\"q8_0\": 20}, \"head_dequant_gelems\": {\"q8_0\": 9}, \"attention_gflops\": 40}],\n"
     " \"accelerators\": [{\"name\": \"sim\", \"backend\": \"sim\", \"memory_gib\": 0, \"h2d_gbps\": 25,\n"
     "  \"d2h_gbps\": 25, \"latency_us\": 10, \"decode\": {\"q8_0\": {\"gbps\": 6, \"overhead_us\": 4}},\n"
-    "  \"prefill_gflops\": {\"q8_0\": 70}}]}\n",
+    "  \"prefill_gflops\": {\"q8_0\": 70}, \"prefill_fixed_gbps\": {\"q8_0\": 18}}]}\n",
     "{\"version\": 1, \"kind\": \"k\", \"nodes\": [{\"node\": 3}, {\"node\": 1, \"triad_gbps\": 0}],\n"
     " \"accelerators\": [{\"name\": \"cuda0\", \"backend\": \"cuda\", \"h2d_gbps\": 0}]}",
 };
