@@ -9,7 +9,9 @@
  * Carlo on a larger one, and above the mean node's load; moving an expert to
  * the device never increases the CPU's predicted time; a row-sliced layer is
  * balanced over its nodes and no slower than the same experts homed whole;
- * a prefill is the sum of its chunks and grows with context; the decode
+ * a prefill is the sum of its chunks and grows with context; its calls read
+ * weights at the machine file's prefill fixed part and its expanded heads
+ * cost their measured dequantization and scores; the decode
  * prediction is bandwidth-bound (twice the bandwidth, less than half the
  * experts' time); bad plans and profiles are refused with a message; and a
  * Kimi-K2-shaped layer is cheap to evaluate (the planner calls it often).
@@ -433,6 +435,73 @@ static void decode_is_bandwidth_bound_and_prefill_is_its_chunks(void)
     kt_model_close(m);
 }
 
+/* From KT_COST_GEMM_TOKENS tokens on a call reads its weights at the measured
+ * prefill line's fixed part, where the file has one; decode keeps the decode
+ * rate.  The expanded attention form's dequantization and scores go at their
+ * measured rates, else 4 bytes a weight and a pair's MAC at f32_cached_gbps. */
+static void prefill_reads_at_the_fixed_part_and_heads_at_their_rates(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const uint32_t il = first_moe(m);
+    struct kt_machine plain, fixed;
+    machine(&plain, 1, 10);
+    machine(&fixed, 1, 10);
+    for (int t = 0; t < KT_TYPE_COUNT; t++)
+        fixed.nodes[0].prefill_fixed_gbps[t] = 40;
+    struct kt_cost_model *a = cost(m, NULL, &plain), *b = cost(m, NULL, &fixed);
+    struct plan pl;
+    plan(&pl, m, 1);
+    const struct kt_hparams *hp = &m->hp;
+    /* 16 tokens per active expert on average or more: every call a gemm */
+    const uint32_t T = 16 * hp->n_expert / hp->n_expert_used;
+    if (a && b) {
+        struct kt_cost_query pq = {.mode = KT_COST_PREFILL, .tokens = T, .threads = 1, .chunk = 256};
+        struct kt_cost_layer la, lb;
+        kt_cost_layer(a, &pl.p, il, pl.homes[il], false, &pq, &la);
+        kt_cost_layer(b, &pl.p, il, pl.homes[il], false, &pq, &lb);
+        /* multiplying is free and there is no overhead: the experts' time is their reads */
+        KT_CHECK(la.cpu_experts_s > 0 && fabs(lb.cpu_experts_s * 4 - la.cpu_experts_s) < 1e-6 * la.cpu_experts_s,
+                 "prefill experts read at 40 GB/s, not 10: %.9g s against %.9g s", lb.cpu_experts_s,
+                 la.cpu_experts_s);
+        KT_CHECK(lb.attention_s < la.attention_s, "prefill projections read at the fixed part too (%.9g, %.9g s)",
+                 lb.attention_s, la.attention_s);
+        struct kt_cost_query dq = {.mode = KT_COST_DECODE, .batch = 1, .threads = 1};
+        kt_cost_layer(a, &pl.p, il, pl.homes[il], false, &dq, &la);
+        kt_cost_layer(b, &pl.p, il, pl.homes[il], false, &dq, &lb);
+        KT_CHECK(la.total_s == lb.total_s, "decode ignores the prefill figures (%.9g, %.9g s)", la.total_s, lb.total_s);
+    }
+    kt_cost_destroy(b);
+    b = NULL;
+
+    /* heads: free dequantization and scores take exactly their old terms off */
+    const double kvr = hp->kv_lora_rank, dn = hp->qk_nope_dim, dv = hp->v_head_dim, dr = hp->qk_rope_dim;
+    const double w = kvr * (dn + dv), pairs = (double)T * (T + 1) / 2, H = hp->n_head;
+    KT_CHECK(w + T * w + pairs * (dn + dr + dv) < T * w + pairs * (2 * kvr + dr),
+             "the tiny model's %u-token prefill takes the expanded form", T);
+    for (int t = 0; t < KT_TYPE_COUNT; t++)
+        fixed.nodes[0].prefill_fixed_gbps[t] = 0, fixed.nodes[0].head_dequant_gelems[t] = 1e9;
+    fixed.nodes[0].attention_gflops = 1e9;
+    plain.nodes[0].f32_cached_gbps = fixed.nodes[0].f32_cached_gbps = 10;
+    kt_cost_destroy(a);
+    a = cost(m, NULL, &plain), b = cost(m, NULL, &fixed);
+    if (a && b) {
+        struct kt_cost_query pq = {.mode = KT_COST_PREFILL, .tokens = T, .threads = 1, .chunk = 256};
+        struct kt_cost_layer la, lb;
+        kt_cost_layer(a, &pl.p, il, pl.homes[il], false, &pq, &la);
+        kt_cost_layer(b, &pl.p, il, pl.homes[il], false, &pq, &lb);
+        const double old_terms = 4.0 * H * (w + pairs * (dn + dr + dv)) / 10e9;
+        const double free_terms = H * w / 1e18 + 2.0 * H * pairs * (dn + dr + dv) / 1e18;
+        KT_CHECK(fabs((la.attention_s - lb.attention_s) - (old_terms - free_terms)) < 1e-6 * old_terms,
+                 "heads at their own rates: %.9g s less, want %.9g", la.attention_s - lb.attention_s,
+                 old_terms - free_terms);
+    }
+    kt_cost_destroy(a);
+    kt_cost_destroy(b);
+    kt_model_close(m);
+}
+
 static void device_parts_wait_for_the_slower(void)
 {
     struct kt_model *m = tiny();
@@ -611,6 +680,7 @@ int main(void)
     KT_RUN(moving_an_expert_to_the_device_never_adds_cpu_time);
     KT_RUN(sliced_layers_are_balanced);
     KT_RUN(decode_is_bandwidth_bound_and_prefill_is_its_chunks);
+    KT_RUN(prefill_reads_at_the_fixed_part_and_heads_at_their_rates);
     KT_RUN(device_parts_wait_for_the_slower);
     KT_RUN(bad_plans_and_profiles_are_refused);
     KT_RUN(kimi_layer_is_cheap);
