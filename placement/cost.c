@@ -62,7 +62,10 @@
  * E[max_n C_n t_n] (nodes taken as independent; one node: E[C_0] t_0): at
  * batch 1 the k experts fall unevenly on the nodes and the busiest one sets
  * the pace.  Row-sliced layers (cpu_sliced) split every active CPU expert's
- * bytes evenly over the expert nodes: max_n E[C] t_n / nodes.  The shared
+ * bytes evenly over the expert nodes: max_n E[C] t_n / nodes.  A replicated
+ * expert (copies on k nodes; the engine runs it on the least loaded) counts
+ * on each copy's node with probability p_active / k: the even share, which
+ * overstates the busiest node a little where the engine balances better.  The shared
  * experts (when on the CPU) run with the first node's pool: node 0's load
  * gains their time.  The device's experts and shared experts run on its
  * queue, one unit after another: their expected time plus the copies (h up
@@ -616,6 +619,15 @@ static double attention_copies(const struct kt_cost_model *c, const struct kt_pl
     return s;
 }
 
+/* The nodes holding a CPU expert: its home and its replicas' (bit n: node n);
+ * node 0 for a home the machine lacks. */
+static uint64_t copy_nodes(const struct kt_expert_home *h, int n_nodes)
+{
+    const uint64_t valid = n_nodes >= 64 ? ~0ull : (1ull << n_nodes) - 1;
+    const uint64_t copies = h ? ((h->node >= 0 && h->node < n_nodes ? 1ull << h->node : 0) | h->replica_nodes) & valid : 0;
+    return copies ? copies : 1;
+}
+
 /* One step of layer il at T tokens (context ctx, the step's first position). */
 static void layer_step(const struct kt_cost_model *c, const struct kt_placement *p, uint32_t il,
                        const struct kt_expert_home *homes, bool sliced, const struct kt_cost_query *q, double T,
@@ -713,14 +725,19 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
             dev_pairs += T * prob[x];
             continue;
         }
-        int n = h && h->node >= 0 && h->node < n_nodes ? h->node : 0;
-        const double t = ffn_at(&node_line[n], tokens);
-        node_pa[n] += pa;
-        node_none[n] *= 1 - pa;
+        /* on each of its k copies' nodes with probability pa / k */
+        const uint64_t copies = copy_nodes(h, n_nodes);
+        const double share = pa / __builtin_popcountll(copies);
+        for (int n = 0; n < n_nodes && n < 64; n++) {
+            if (!(copies >> n & 1))
+                continue;
+            node_pa[n] += share;
+            node_none[n] *= 1 - share;
+            node_var[n] += share * (1 - share);
+            node_count[n] += 1;
+            node_t[n] += share * ffn_at(&node_line[n], tokens);
+        }
         none_active *= 1 - pa;
-        node_var[n] += pa * (1 - pa);
-        node_count[n] += 1;
-        node_t[n] += pa * t;
         cpu_bytes += pa * expert_bytes;
         cpu_pa += pa;
         cpu_t += pa * tokens;
@@ -784,10 +801,11 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
             const struct kt_expert_home *h = homes ? &homes[x] : NULL;
             if (h && h->device > 0)
                 continue;
-            const int n = h && h->node >= 0 && h->node < n_nodes ? h->node : 0;
-            const double pa = x < KT_COST_PA_CACHE ? pa_of[x] : p_active(prob[x], T);
-            if (cap[n] >= 0 && pa > 0)
-                pb_add(&dist[n], &top[n], cap[n], pa);
+            const uint64_t copies = copy_nodes(h, n_nodes);
+            const double share = (x < KT_COST_PA_CACHE ? pa_of[x] : p_active(prob[x], T)) / __builtin_popcountll(copies);
+            for (int n = 0; n < n_nodes && n < 64; n++)
+                if ((copies >> n & 1) && cap[n] >= 0 && share > 0)
+                    pb_add(&dist[n], &top[n], cap[n], share);
         }
         int n_dist = 0;
         for (int n = 0; n < n_nodes; n++) {

@@ -379,6 +379,42 @@ static void sliced_layers_are_balanced(void)
     kt_model_close(m);
 }
 
+/* A replicated expert runs on one of its copies' nodes (the engine picks the
+ * least loaded): each copy's node counts it with probability p_active / k, so
+ * every expert homed on node 0 with a copy on node 1 loads both nodes alike,
+ * and the busiest node's expected load drops below the unreplicated plan's. */
+static void replicas_share_their_experts_load(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const uint32_t il = first_moe(m);
+    struct kt_machine mc;
+    machine(&mc, 2, 10);
+    struct kt_cost_model *c = cost(m, NULL, &mc);
+    struct plan one, copied;
+    plan(&one, m, 2);
+    plan(&copied, m, 2);
+    for (uint32_t x = 0; x < m->hp.n_expert && x < 64; x++) {
+        one.homes[il][x] = (struct kt_expert_home){0, 0, 0};
+        copied.homes[il][x] = (struct kt_expert_home){0, 0, 1ull << 1};
+    }
+    const double s = shared_seconds(m, il, 10);
+    for (uint32_t B = 1; c && B <= 16; B *= 4) {
+        struct kt_cost_query q = {.mode = KT_COST_DECODE, .batch = B, .threads = 2};
+        struct kt_cost_layer lo, lc;
+        kt_cost_layer(c, &one.p, il, one.homes[il], false, &q, &lo);
+        kt_cost_layer(c, &copied.p, il, copied.homes[il], false, &q, &lc);
+        /* node 0 also runs the shared experts */
+        KT_CHECK(fabs((lc.node_s[0] - s) - lc.node_s[1]) < 1e-6 * lc.node_s[1] && lc.node_s[1] > 0,
+                 "batch %u: replicated nodes %.9g (less the shared %.9g) and %.9g s", B, lc.node_s[0], s, lc.node_s[1]);
+        KT_CHECK(lc.cpu_experts_s < lo.cpu_experts_s, "batch %u: replicated %.9g s, all on node 0 %.9g s", B,
+                 lc.cpu_experts_s, lo.cpu_experts_s);
+    }
+    kt_cost_destroy(c);
+    kt_model_close(m);
+}
+
 static void decode_is_bandwidth_bound_and_prefill_is_its_chunks(void)
 {
     struct kt_model *m = tiny();
@@ -679,6 +715,7 @@ int main(void)
     KT_RUN(busiest_node_matches_monte_carlo);
     KT_RUN(moving_an_expert_to_the_device_never_adds_cpu_time);
     KT_RUN(sliced_layers_are_balanced);
+    KT_RUN(replicas_share_their_experts_load);
     KT_RUN(decode_is_bandwidth_bound_and_prefill_is_its_chunks);
     KT_RUN(prefill_reads_at_the_fixed_part_and_heads_at_their_rates);
     KT_RUN(device_parts_wait_for_the_slower);
