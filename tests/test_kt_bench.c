@@ -189,6 +189,17 @@ static void model_reports_every_layer_and_splits_add_up(void)
         KT_CHECK(num(d, "weight_bytes_per_token") > 0 && num(d, "ratio_to_triad") > 0, "decode bandwidth");
         json_decref(root);
     }
+    /* --cold: no untimed prefill first; by default it is not counted (the routing sums above) */
+    rc = kt_test_system("'%s' model -m '%s' --prompt-tokens 16 --gen-tokens 4 --threads 2 --cold --json '%s' > /dev/null",
+                        kt_test_tool("kt-bench"), model, json_path);
+    KT_CHECK(rc == 0, "kt-bench model --cold exited %d", rc);
+    root = json_load_file(json_path, 0, &je);
+    KT_CHECK(root != NULL, "cannot parse %s: %s", json_path, je.text);
+    if (root) {
+        check_routing(json_object_get(root, "routing"), 4, 16);
+        KT_CHECK(num(json_object_get(root, "prefill"), "steps") == 1, "--cold: one prefill step timed");
+        json_decref(root);
+    }
     remove(model);
     remove(json_path);
 }

@@ -175,6 +175,13 @@ static bool opt_sim_latency(void *opts, const char *arg, char *why, size_t why_s
     return true;
 }
 
+static bool opt_cold(void *opts, const char *arg, char *why, size_t why_size)
+{
+    (void)arg, (void)why, (void)why_size;
+    ((struct kt_bench_options *)opts)->cold = true;
+    return true;
+}
+
 static bool opt_predict(void *opts, const char *arg, char *why, size_t why_size)
 {
     (void)arg, (void)why, (void)why_size;
@@ -208,6 +215,8 @@ static const struct kt_cli_option options_table[] = {
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
     {"--gen-tokens", NULL, "N", FOR_MODEL, "tokens to decode greedily (default 32)", opt_gen_tokens},
     {"--seed", NULL, "S", FOR_MODEL, "seed of the random prompt (default 1)", opt_seed},
+    {"--cold", NULL, NULL, FOR_MODEL, "time a fresh engine's first prefill (default: after one untimed, same prompt)",
+     opt_cold},
     {"--placement", NULL, "FILE", FOR_MODEL | FOR_PROFILE, "placement config v1 (configs/*.yaml)", opt_placement},
     {"--prompts", NULL, "FILE", FOR_PROFILE, "prompts, one a line: text, or JSON chat messages", opt_prompts},
     {"--max-tokens", NULL, "N", FOR_PROFILE, "new tokens per prompt, greedy (default 64)", opt_max_tokens},

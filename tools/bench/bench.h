@@ -27,6 +27,7 @@ struct kt_bench_options {
     uint32_t gen_tokens;        /* default 32 */
     uint64_t seed;              /* prompt tokens' seed (default 1) */
     const char *placement;      /* placement config v1; NULL: CPU only */
+    bool cold;                  /* time the first prefill of a fresh engine; else one untimed first (warm buffers) */
 
     /* profile (model, threads and placement too) */
     const char *prompts;        /* prompt lines: text or JSON chat messages */
