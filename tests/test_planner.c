@@ -25,6 +25,7 @@
 #include "model.h"
 #include "plan.h"
 #include "planner.h"
+#include "rebalance.h"
 #include "profile.h"
 #include "small_file.h"
 #include "synth.h"
@@ -67,8 +68,8 @@ static void two_nodes(struct kt_machine *mach, double accel_gib)
         }
 }
 
-/* Zipf counts of exponent skew[il] per MoE layer, hottest expert rotating with the layer. */
-static struct kt_profile *zipf_profile(const struct kt_model *m, const double *skew)
+/* Zipf counts of exponent skew[il] per MoE layer, hottest expert rotating with the layer (and with shift). */
+static struct kt_profile *zipf_shifted(const struct kt_model *m, const double *skew, uint32_t shift)
 {
     struct kt_profile *p = NULL;
     struct kt_model_identity id;
@@ -82,9 +83,14 @@ static struct kt_profile *zipf_profile(const struct kt_model *m, const double *s
         if (!m->layers[il].is_moe)
             continue;
         for (uint32_t r = 0; r < n; r++)
-            p->counts[KT_PROFILE_DECODE][(size_t)il * n + (r * 5 + il * 3) % n] = floor(1e5 / pow(r + 1, skew[il]));
+            p->counts[KT_PROFILE_DECODE][(size_t)il * n + (r * 5 + il * 3 + shift) % n] = floor(1e5 / pow(r + 1, skew[il]));
     }
     return p;
+}
+
+static struct kt_profile *zipf_profile(const struct kt_model *m, const double *skew)
+{
+    return zipf_shifted(m, skew, 0);
 }
 
 static const char *save_profile(const struct kt_profile *p, const char *name)
@@ -293,6 +299,99 @@ static void marginal_gain_beats_equal_per_layer_on_skewed_layers(void)
     kt_plan_destroy(plan);
     kt_cost_destroy(cost);
     kt_profile_destroy(prof);
+    kt_model_close(m);
+}
+
+/* The rebalancer (rebalance.h): serving the plan of profile A while traffic
+ * routes as profile B, it moves experts toward B's plan - gaining by the cost
+ * model of B, the accelerator never over its budget after any move, within
+ * a round's bytes - and moves nothing when the placement is B's plan already
+ * or when the hysteresis asks for more gain than the target offers. */
+static void rebalancer_moves_toward_the_live_profiles_plan(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const double skew[4] = {0, 1.5, 1.5, 1.5};
+    struct kt_profile *pa = zipf_shifted(m, skew, 0), *pb = zipf_shifted(m, skew, 7);
+    struct kt_machine mach;
+    two_nodes(&mach, 0.086);
+    struct kt_planner_options o = {.device = KT_PLACE_SIM};
+    struct kt_cost_model *ca = NULL, *cb = NULL;
+    struct kt_plan *plan_a = make_plan(m, pa, &mach, &o, &ca), *plan_b = make_plan(m, pb, &mach, &o, &cb);
+    if (plan_a && plan_b) {
+        const struct kt_placement *cur = plan_a->placement, *tgt = plan_b->placement;
+        struct kt_rebalance_params rp = {.query = {.mode = KT_COST_DECODE, .batch = 1}, .min_gain = 0.02};
+        struct kt_rebalance r;
+        kt_err err = {0};
+        KT_CHECK(kt_rebalance_plan(cb, m, cur, tgt, &rp, &r, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(r.n_moves > 0 && r.gain_s > 0 && r.after_s < r.before_s, "%u moves, %.9g s -> %.9g s", r.n_moves,
+                 r.before_s, r.after_s);
+        KT_CHECK(fabs((r.before_s - r.after_s) - r.gain_s) < 1e-9 + 1e-6 * r.before_s,
+                 "the moves' gains (%.9g s) add up to the step's (%.9g s)", r.gain_s, r.before_s - r.after_s);
+        /* replay: the device's free bytes never go below zero, each move starts where the last left it */
+        const int d = plan_a->accel;
+        double free_bytes = (double)cur->devices[d].budget_bytes - (double)cur->devices[d].bytes;
+        struct kt_expert_home *homes = kt_test_xmalloc((size_t)m->hp.n_layer * m->hp.n_expert * sizeof *homes);
+        for (uint32_t il = 0; il < m->hp.n_layer; il++)
+            if (cur->layers[il].experts)
+                memcpy(homes + (size_t)il * m->hp.n_expert, cur->layers[il].experts, m->hp.n_expert * sizeof *homes);
+        uint64_t bytes = 0;
+        for (uint32_t i = 0; i < r.n_moves; i++) {
+            const struct kt_move *mv = &r.moves[i];
+            struct kt_expert_home *h = &homes[(size_t)mv->layer * m->hp.n_expert + mv->expert];
+            KT_CHECK(h->device == mv->from.device && h->node == mv->from.node, "move %u starts from its home", i);
+            const struct kt_expert_home *want = kt_placement_expert(tgt, mv->layer, mv->expert);
+            KT_CHECK(mv->to.device == want->device && (want->device > 0 || mv->to.node == want->node),
+                     "move %u goes to the target's home", i);
+            free_bytes += (mv->from.device == d ? 1.0 : 0.0) * (double)mv->bytes;
+            free_bytes -= (mv->to.device == d ? 1.0 : 0.0) * (double)mv->bytes;
+            KT_CHECK(free_bytes >= 0, "after move %u the device is %.0f bytes over its budget", i, -free_bytes);
+            KT_CHECK(mv->paired_with < (int32_t)i, "move %u: its pair comes first", i);
+            *h = mv->to;
+            bytes += mv->bytes;
+        }
+        uint32_t paired = 0;
+        for (uint32_t i = 0; i < r.n_moves; i++)
+            paired += r.moves[i].paired_with >= 0;
+        printf("rebalance A -> B: %u moves (%u onto a full device, paired), %u pending, %.3f -> %.3f ms\n", r.n_moves,
+               paired, r.n_pending, r.before_s * 1e3, r.after_s * 1e3);
+        KT_CHECK(paired > 0, "no move needed a pair: the device had room for every move");
+        KT_CHECK(bytes == r.bytes, "bytes %llu, reported %llu", (unsigned long long)bytes, (unsigned long long)r.bytes);
+        free(homes);
+        const uint64_t first = r.n_moves ? r.moves[0].bytes : 0;
+        kt_rebalance_free(&r);
+
+        /* a round's bytes: no more than the budget, the rest pending */
+        rp.budget_bytes = first;
+        KT_CHECK(kt_rebalance_plan(cb, m, cur, tgt, &rp, &r, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(r.bytes <= first && r.n_pending > 0, "budget %llu: %llu bytes moved, %u pending",
+                 (unsigned long long)first, (unsigned long long)r.bytes, r.n_pending);
+        kt_rebalance_free(&r);
+        rp.budget_bytes = 0;
+
+        /* hysteresis: nothing when the target is where it serves, or saves less than asked */
+        KT_CHECK(kt_rebalance_plan(cb, m, tgt, tgt, &rp, &r, &err) == KT_OK && r.n_moves == 0 && r.n_pending == 0,
+                 "at the target: %u moves, %u pending", r.n_moves, r.n_pending);
+        kt_rebalance_free(&r);
+        rp.min_gain = 0.99;
+        KT_CHECK(kt_rebalance_plan(cb, m, cur, tgt, &rp, &r, &err) == KT_OK && r.n_moves == 0 && r.n_pending > 0,
+                 "min_gain 0.99: %u moves, %u pending", r.n_moves, r.n_pending);
+        kt_rebalance_free(&r);
+
+        /* a target of another shape is refused */
+        struct kt_placement other = *tgt;
+        other.n_expert = tgt->n_expert + 1;
+        KT_CHECK(kt_rebalance_plan(cb, m, cur, &other, &rp, &r, &err) == KT_ERR_INVALID &&
+                     strstr(err.msg, "not of the placement served"),
+                 "another shape: %s", err.msg);
+    }
+    kt_plan_destroy(plan_a);
+    kt_plan_destroy(plan_b);
+    kt_cost_destroy(ca);
+    kt_cost_destroy(cb);
+    kt_profile_destroy(pa);
+    kt_profile_destroy(pb);
     kt_model_close(m);
 }
 
@@ -529,6 +628,7 @@ int main(void)
     KT_RUN(planner_balances_two_nodes_within_5_percent_and_round_trips);
     KT_RUN(planner_slices_a_layer_whole_experts_cannot_balance);
     KT_RUN(marginal_gain_beats_equal_per_layer_on_skewed_layers);
+    KT_RUN(rebalancer_moves_toward_the_live_profiles_plan);
     KT_RUN(budget_without_room_for_attention_is_refused);
     KT_RUN(cli_refuses_bad_input_and_writes_nothing);
     KT_RUN(kimi_k2_header_plans_within_a_sanity_bound);

@@ -1,0 +1,248 @@
+/*
+ * rebalance.c - the rebalancer's choice of moves (rebalance.h).
+ *
+ * A greedy pass over the pending moves (experts whose home differs from the
+ * target's, in the layers the hysteresis lets move): each round it takes the
+ * pending move, or the pair of a move onto a full device and the cheapest
+ * move off it, with the best predicted gain per byte that fits the bytes
+ * left, applies it to the working homes and goes on until nothing gains or
+ * fits.  A candidate's gain is cached with the version of the layers it
+ * touches and computed again only after one of them changed.
+ */
+#include "rebalance.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct candidate {
+    uint32_t layer, expert;
+    bool done;
+    double gain_s;               /* alone, on the working homes */
+    uint32_t version;            /* of its layer when gain_s was computed */
+};
+
+struct state {
+    const struct kt_cost_model *c;
+    const struct kt_model *m;
+    const struct kt_placement *cur, *target;
+    struct kt_cost_query q;
+    struct kt_expert_home *homes;  /* [n_layer * n_expert]: the working homes */
+    uint32_t *version;             /* [n_layer] */
+    double *layer_s;               /* [n_layer]: the working homes' time, at version */
+    struct candidate *cand;
+    uint32_t n_cand;
+    uint64_t free_bytes[KT_PLACEMENT_MAX_DEVICES];
+};
+
+static struct kt_expert_home *home_of(struct state *s, uint32_t il, uint32_t x)
+{
+    return &s->homes[(size_t)il * s->cur->n_expert + x];
+}
+
+static double layer_time(struct state *s, uint32_t il)
+{
+    return kt_cost_layer(s->c, s->cur, il, home_of(s, il, 0), s->cur->layers[il].cpu_sliced, &s->q, NULL);
+}
+
+static bool same_home(const struct kt_expert_home *a, const struct kt_expert_home *b)
+{
+    return a->device == b->device && (a->device > 0 || a->node == b->node);
+}
+
+/* The target's home of candidate k, keeping the working replica set (not moved here). */
+static struct kt_expert_home target_home(struct state *s, const struct candidate *k)
+{
+    struct kt_expert_home h = *kt_placement_expert(s->target, k->layer, k->expert);
+    h.replica_nodes = home_of(s, k->layer, k->expert)->replica_nodes;
+    if (h.device > 0)
+        h.replica_nodes = 0;
+    return h;
+}
+
+/* Time saved by moving candidates a (and b, when not NULL) to their targets. */
+static double gain_of(struct state *s, const struct candidate *a, const struct candidate *b)
+{
+    const struct candidate *k[2] = {a, b};
+    struct kt_expert_home saved[2];
+    for (int i = 0; i < 2 && k[i]; i++) {
+        saved[i] = *home_of(s, k[i]->layer, k[i]->expert);
+        *home_of(s, k[i]->layer, k[i]->expert) = target_home(s, k[i]);
+    }
+    double gain = s->layer_s[a->layer] - layer_time(s, a->layer);
+    if (b && b->layer != a->layer)
+        gain += s->layer_s[b->layer] - layer_time(s, b->layer);
+    for (int i = 1; i >= 0; i--)
+        if (k[i])
+            *home_of(s, k[i]->layer, k[i]->expert) = saved[i];
+    return gain;
+}
+
+static double cached_gain(struct state *s, struct candidate *k)
+{
+    if (k->version != s->version[k->layer]) {
+        k->gain_s = gain_of(s, k, NULL);
+        k->version = s->version[k->layer];
+    }
+    return k->gain_s;
+}
+
+static void apply(struct state *s, struct candidate *k)
+{
+    const struct kt_expert_home from = *home_of(s, k->layer, k->expert), to = target_home(s, k);
+    const uint64_t eb = kt_layer_expert_bytes(s->m, k->layer);
+    if (from.device > 0)
+        s->free_bytes[from.device] += eb;
+    if (to.device > 0)
+        s->free_bytes[to.device] -= eb;
+    *home_of(s, k->layer, k->expert) = to;
+    k->done = true;
+    s->version[k->layer]++;
+    s->layer_s[k->layer] = layer_time(s, k->layer);
+}
+
+static kt_status add_move(struct kt_rebalance *r, uint32_t *cap, struct state *s, struct candidate *k, double gain,
+                          int32_t paired_with, kt_err *err)
+{
+    if (r->n_moves == *cap) {
+        const uint32_t n = *cap ? 2 * *cap : 16;
+        struct kt_move *mv = realloc(r->moves, n * sizeof *mv);
+        if (!mv)
+            return kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
+        r->moves = mv, *cap = n;
+    }
+    const uint64_t eb = kt_layer_expert_bytes(s->m, k->layer);
+    r->moves[r->n_moves++] = (struct kt_move){k->layer, k->expert, *home_of(s, k->layer, k->expert), target_home(s, k),
+                                              eb, gain, paired_with};
+    r->bytes += eb;
+    return KT_OK;
+}
+
+static kt_status check_shapes(const struct kt_placement *a, const struct kt_placement *b, kt_err *err)
+{
+    if (a->n_layer != b->n_layer || a->n_expert != b->n_expert || a->n_devices != b->n_devices ||
+        a->n_nodes != b->n_nodes)
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "rebalance: the target plan (%u layers x %u experts, %d devices, %d nodes) is not of the "
+                          "placement served (%u x %u, %d devices, %d nodes)",
+                          b->n_layer, b->n_expert, b->n_devices, b->n_nodes, a->n_layer, a->n_expert, a->n_devices,
+                          a->n_nodes);
+    for (uint32_t il = 0; il < a->n_layer; il++)
+        if ((a->layers[il].experts == NULL) != (b->layers[il].experts == NULL))
+            return kt_err_set(err, KT_ERR_INVALID, "rebalance: layer %u is a MoE layer in one placement only", il);
+    return KT_OK;
+}
+
+kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model *m, const struct kt_placement *cur,
+                            const struct kt_placement *target, const struct kt_rebalance_params *rp,
+                            struct kt_rebalance *out, kt_err *err)
+{
+    memset(out, 0, sizeof *out);
+    kt_status st = check_shapes(cur, target, err);
+    if (st)
+        return st;
+    const uint32_t L = cur->n_layer, N = cur->n_expert;
+    struct state s = {c, m, cur, target, rp->query, NULL, NULL, NULL, NULL, 0, {0}};
+    s.homes = calloc((size_t)L * (N ? N : 1), sizeof *s.homes);
+    s.version = calloc(L ? L : 1, sizeof *s.version);
+    s.layer_s = calloc(L ? L : 1, sizeof *s.layer_s);
+    s.cand = calloc((size_t)L * (N ? N : 1), sizeof *s.cand);
+    uint32_t cap = 0;
+    if (!s.homes || !s.version || !s.layer_s || !s.cand) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
+        goto done;
+    }
+    for (int d = 1; d < cur->n_devices && d < KT_PLACEMENT_MAX_DEVICES; d++) {
+        const struct kt_placement_device *dev = &cur->devices[d];
+        s.free_bytes[d] = dev->budget_bytes == 0 ? UINT64_MAX / 2
+                          : dev->budget_bytes > dev->bytes ? dev->budget_bytes - dev->bytes
+                                                           : 0;
+    }
+    for (uint32_t il = 0; il < L; il++) {
+        if (!cur->layers[il].experts)
+            continue;
+        memcpy(home_of(&s, il, 0), cur->layers[il].experts, N * sizeof *s.homes);
+        s.layer_s[il] = layer_time(&s, il);
+        out->before_s += s.layer_s[il];
+        /* hysteresis: the layer moves only when its target saves enough */
+        const double t_target =
+            kt_cost_layer(c, cur, il, target->layers[il].experts, cur->layers[il].cpu_sliced, &s.q, NULL);
+        if (!(t_target < s.layer_s[il] * (1.0 - rp->min_gain))) {
+            for (uint32_t x = 0; x < N; x++) /* held back this round */
+                out->n_pending += !same_home(&cur->layers[il].experts[x], &target->layers[il].experts[x]);
+            continue;
+        }
+        for (uint32_t x = 0; x < N; x++)
+            if (!same_home(&cur->layers[il].experts[x], &target->layers[il].experts[x]))
+                s.cand[s.n_cand++] = (struct candidate){il, x, false, 0.0, UINT32_MAX};
+    }
+    uint64_t left = rp->budget_bytes ? rp->budget_bytes : UINT64_MAX;
+    for (;;) {
+        int best = -1, best_pair = -1;
+        double best_ratio = 0.0, best_gain = 0.0;
+        uint64_t best_bytes = 0;
+        for (uint32_t i = 0; i < s.n_cand; i++) {
+            struct candidate *k = &s.cand[i];
+            if (k->done)
+                continue;
+            const struct kt_expert_home to = target_home(&s, k);
+            const uint64_t eb = kt_layer_expert_bytes(m, k->layer);
+            int pair = -1;
+            double gain = cached_gain(&s, k);
+            uint64_t bytes = eb;
+            if (to.device > 0 && s.free_bytes[to.device] < eb) {
+                /* room first: the pending move off that device that loses the least */
+                double pair_gain = 0.0;
+                for (uint32_t j = 0; j < s.n_cand; j++) {
+                    struct candidate *o = &s.cand[j];
+                    if (o->done || j == i || home_of(&s, o->layer, o->expert)->device != to.device ||
+                        target_home(&s, o).device == to.device ||
+                        s.free_bytes[to.device] + kt_layer_expert_bytes(m, o->layer) < eb)
+                        continue;
+                    const double g = cached_gain(&s, o);
+                    if (pair < 0 || g > pair_gain)
+                        pair = (int)j, pair_gain = g;
+                }
+                if (pair < 0)
+                    continue;
+                gain = gain_of(&s, k, &s.cand[pair]);
+                bytes += kt_layer_expert_bytes(m, s.cand[pair].layer);
+            }
+            if (gain <= 0.0 || bytes > left)
+                continue;
+            const double ratio = gain / (double)bytes;
+            if (best < 0 || ratio > best_ratio)
+                best = (int)i, best_pair = pair, best_ratio = ratio, best_gain = gain, best_bytes = bytes;
+        }
+        if (best < 0)
+            break;
+        int32_t paired_with = -1;
+        if (best_pair >= 0) {
+            paired_with = (int32_t)out->n_moves;
+            if ((st = add_move(out, &cap, &s, &s.cand[best_pair], 0.0, -1, err)))
+                goto done;
+            apply(&s, &s.cand[best_pair]);
+        }
+        if ((st = add_move(out, &cap, &s, &s.cand[best], best_gain, paired_with, err)))
+            goto done;
+        apply(&s, &s.cand[best]);
+        left -= best_bytes;
+        out->gain_s += best_gain;
+    }
+    for (uint32_t i = 0; i < s.n_cand; i++)
+        out->n_pending += !s.cand[i].done;
+    for (uint32_t il = 0; il < L; il++)
+        if (cur->layers[il].experts)
+            out->after_s += s.layer_s[il];
+done:
+    free(s.homes), free(s.version), free(s.layer_s), free(s.cand);
+    if (st)
+        kt_rebalance_free(out);
+    return st;
+}
+
+void kt_rebalance_free(struct kt_rebalance *r)
+{
+    free(r->moves);
+    memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,65 @@
+/*
+ * rebalance.h - the rebalancer's choice (issue 13, part 1): from the placement
+ * kt-serve runs now and a target plan the planner made from the live profile,
+ * the expert moves worth their bytes, best predicted gain per byte first.
+ *
+ * A move gives one routed expert a new home (an accelerator, or another
+ * NUMA node), as the target has it.  Moves onto an accelerator whose free
+ * bytes cannot take the expert come paired with the move off it that costs
+ * the least (another expert the target sends back to a CPU node), so the
+ * device's budget holds after every move.  Gains are the cost model's
+ * (cost.h): the query's step time of the layers a move touches, before
+ * minus after, each move judged on the placement the earlier ones made.
+ *
+ * Hysteresis, so the placement does not oscillate: only layers whose
+ * predicted time under the target is below their present time by more than
+ * min_gain (a share) get moves, and only moves that gain are taken.  At most
+ * budget_bytes are copied in a round; the rest waits for the next one.
+ *
+ * Not moved here: replicas and the row-sliced flag (the target's replica
+ * sets and slicing are left as they are) - the engine changes neither while
+ * it serves yet.  Pure arithmetic: no thread, no device, no file.
+ */
+#ifndef KT_PLACEMENT_REBALANCE_H
+#define KT_PLACEMENT_REBALANCE_H
+
+#include <stdint.h>
+
+#include "cost.h"
+#include "plan.h"
+#include "status.h"
+
+struct kt_move {
+    uint32_t layer, expert;
+    struct kt_expert_home from, to;
+    uint64_t bytes;              /* copied to the new home: the expert's GGUF bytes */
+    double gain_s;               /* predicted time saved by this move and its pair, when it has one */
+    int32_t paired_with;         /* index of the move that freed its device bytes; -1: none */
+};
+
+struct kt_rebalance_params {
+    struct kt_cost_query query;  /* the step the gains are predicted for (decode at the serving batch) */
+    double min_gain;             /* a layer moves only when the target saves more than this share of its time */
+    uint64_t budget_bytes;       /* bytes of copies in this round; 0: no limit */
+};
+
+struct kt_rebalance {
+    struct kt_move *moves;       /* [n_moves], in the order to make them */
+    uint32_t n_moves;
+    uint32_t n_pending;          /* target homes not moved this round (no gain yet, or over the budget) */
+    uint64_t bytes;              /* sum of the moves' bytes */
+    double gain_s;               /* predicted step time saved by all of them */
+    double before_s, after_s;    /* predicted step time of the MoE layers before and after */
+};
+
+/* The moves from cur toward target, both placements of m (layers and experts alike; the
+ * same devices by index).  Moves into device d may use its free bytes,
+ * budget_bytes - bytes of cur.  out is the caller's; free with
+ * kt_rebalance_free.  KT_ERR_INVALID when the two placements differ in shape,
+ * KT_ERR_NOMEM out of memory. */
+kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model *m, const struct kt_placement *cur,
+                            const struct kt_placement *target, const struct kt_rebalance_params *rp,
+                            struct kt_rebalance *out, kt_err *err);
+void kt_rebalance_free(struct kt_rebalance *r);
+
+#endif
