@@ -2,12 +2,12 @@
  * rebalance.c - the rebalancer's choice of moves (rebalance.h).
  *
  * A greedy pass over the pending moves (experts whose home differs from the
- * target's, in the layers the hysteresis lets move): each round it takes the
- * pending move, or the pair of a move onto a full device and the cheapest
- * move off it, with the best predicted gain per byte that fits the bytes
- * left, applies it to the working homes and goes on until nothing gains or
- * fits.  A candidate's gain is cached with the version of the layers it
- * touches and computed again only after one of them changed.
+ * target's, once the hysteresis lets the step move): each round it takes the
+ * pending move, or the swap of a move onto a device with one off it, with
+ * the best predicted gain per byte that fits the bytes left, applies it to
+ * the working homes and goes on until nothing gains or fits.  A candidate's
+ * gain alone is cached with its layer's version and computed again only
+ * after that layer changed; a swap's is computed when weighed.
  */
 #include "rebalance.h"
 
@@ -158,23 +158,23 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
                           : dev->budget_bytes > dev->bytes ? dev->budget_bytes - dev->bytes
                                                            : 0;
     }
+    double target_s = 0.0;
     for (uint32_t il = 0; il < L; il++) {
         if (!cur->layers[il].experts)
             continue;
         memcpy(home_of(&s, il, 0), cur->layers[il].experts, N * sizeof *s.homes);
         s.layer_s[il] = layer_time(&s, il);
         out->before_s += s.layer_s[il];
-        /* hysteresis: the layer moves only when its target saves enough */
-        const double t_target =
-            kt_cost_layer(c, cur, il, target->layers[il].experts, cur->layers[il].cpu_sliced, &s.q, NULL);
-        if (!(t_target < s.layer_s[il] * (1.0 - rp->min_gain))) {
-            for (uint32_t x = 0; x < N; x++) /* held back this round */
-                out->n_pending += !same_home(&cur->layers[il].experts[x], &target->layers[il].experts[x]);
-            continue;
-        }
+        target_s += kt_cost_layer(c, cur, il, target->layers[il].experts, cur->layers[il].cpu_sliced, &s.q, NULL);
         for (uint32_t x = 0; x < N; x++)
             if (!same_home(&cur->layers[il].experts[x], &target->layers[il].experts[x]))
                 s.cand[s.n_cand++] = (struct candidate){il, x, false, 0.0, UINT32_MAX};
+    }
+    /* hysteresis: nothing moves unless the target saves enough of the step */
+    if (!(target_s < out->before_s * (1.0 - rp->min_gain))) {
+        out->n_pending = s.n_cand;
+        out->after_s = out->before_s;
+        goto done;
     }
     uint64_t left = rp->budget_bytes ? rp->budget_bytes : UINT64_MAX;
     for (;;) {
@@ -187,12 +187,12 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
                 continue;
             const struct kt_expert_home to = target_home(&s, k);
             const uint64_t eb = kt_layer_expert_bytes(m, k->layer);
-            int pair = -1;
-            double gain = cached_gain(&s, k);
-            uint64_t bytes = eb;
-            if (to.device > 0 && s.free_bytes[to.device] < eb) {
-                /* room first: the pending move off that device that loses the least */
-                double pair_gain = 0.0;
+            /* alone, where the device has room; and onto a device, as a swap with a
+             * pending move off it: the one that loses the least, and the best of
+             * its own layer (a layer's hot set changing is a swap within it) */
+            int pairs[3] = {-2, -1, -1};
+            if (to.device > 0) {
+                double least_loss = 0.0, best_local = 0.0;
                 for (uint32_t j = 0; j < s.n_cand; j++) {
                     struct candidate *o = &s.cand[j];
                     if (o->done || j == i || home_of(&s, o->layer, o->expert)->device != to.device ||
@@ -200,19 +200,26 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
                         s.free_bytes[to.device] + kt_layer_expert_bytes(m, o->layer) < eb)
                         continue;
                     const double g = cached_gain(&s, o);
-                    if (pair < 0 || g > pair_gain)
-                        pair = (int)j, pair_gain = g;
+                    if (pairs[1] < 0 || g > least_loss)
+                        pairs[1] = (int)j, least_loss = g;
+                    if (o->layer == k->layer && (pairs[2] < 0 || g > best_local))
+                        pairs[2] = (int)j, best_local = g;
                 }
-                if (pair < 0)
-                    continue;
-                gain = gain_of(&s, k, &s.cand[pair]);
-                bytes += kt_layer_expert_bytes(m, s.cand[pair].layer);
+                if (s.free_bytes[to.device] < eb)
+                    pairs[0] = -1; /* no room alone */
             }
-            if (gain <= 0.0 || bytes > left)
-                continue;
-            const double ratio = gain / (double)bytes;
-            if (best < 0 || ratio > best_ratio)
-                best = (int)i, best_pair = pair, best_ratio = ratio, best_gain = gain, best_bytes = bytes;
+            for (int v = 0; v < 3; v++) {
+                if (pairs[v] == -1 || (v == 2 && pairs[2] == pairs[1]))
+                    continue;
+                const int pair = v == 0 ? -1 : pairs[v];
+                const double gain = pair < 0 ? cached_gain(&s, k) : gain_of(&s, k, &s.cand[pair]);
+                const uint64_t bytes = eb + (pair < 0 ? 0 : kt_layer_expert_bytes(m, s.cand[pair].layer));
+                if (gain <= 0.0 || bytes > left)
+                    continue;
+                const double ratio = gain / (double)bytes;
+                if (best < 0 || ratio > best_ratio)
+                    best = (int)i, best_pair = pair, best_ratio = ratio, best_gain = gain, best_bytes = bytes;
+            }
         }
         if (best < 0)
             break;

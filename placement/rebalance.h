@@ -4,16 +4,18 @@
  * the expert moves worth their bytes, best predicted gain per byte first.
  *
  * A move gives one routed expert a new home (an accelerator, or another
- * NUMA node), as the target has it.  Moves onto an accelerator whose free
- * bytes cannot take the expert come paired with the move off it that costs
- * the least (another expert the target sends back to a CPU node), so the
- * device's budget holds after every move.  Gains are the cost model's
+ * NUMA node), as the target has it.  A move onto an accelerator may come
+ * paired with a move off it (another expert the target sends back to a CPU
+ * node), made first: where the device's free bytes cannot take the expert
+ * (the pair that loses the least), or where the swap gains more per byte
+ * (a layer's hot set changing), so the device's budget holds after every
+ * move.  Gains are the cost model's
  * (cost.h): the query's step time of the layers a move touches, before
  * minus after, each move judged on the placement the earlier ones made.
  *
- * Hysteresis, so the placement does not oscillate: only layers whose
- * predicted time under the target is below their present time by more than
- * min_gain (a share) get moves, and only moves that gain are taken.  At most
+ * Hysteresis, so the placement does not oscillate: nothing moves unless the
+ * target's predicted step (its MoE layers) is below the present one by more
+ * than min_gain (a share); then only moves that gain are taken.  At most
  * budget_bytes are copied in a round; the rest waits for the next one.
  *
  * Not moved here: replicas and the row-sliced flag (the target's replica
@@ -34,19 +36,19 @@ struct kt_move {
     struct kt_expert_home from, to;
     uint64_t bytes;              /* copied to the new home: the expert's GGUF bytes */
     double gain_s;               /* predicted time saved by this move and its pair, when it has one */
-    int32_t paired_with;         /* index of the move that freed its device bytes; -1: none */
+    int32_t paired_with;         /* index of the move off the device it swaps with; -1: none */
 };
 
 struct kt_rebalance_params {
     struct kt_cost_query query;  /* the step the gains are predicted for (decode at the serving batch) */
-    double min_gain;             /* a layer moves only when the target saves more than this share of its time */
+    double min_gain;             /* moves only when the target saves more than this share of the step */
     uint64_t budget_bytes;       /* bytes of copies in this round; 0: no limit */
 };
 
 struct kt_rebalance {
     struct kt_move *moves;       /* [n_moves], in the order to make them */
     uint32_t n_moves;
-    uint32_t n_pending;          /* target homes not moved this round (no gain yet, or over the budget) */
+    uint32_t n_pending;          /* target homes not moved this round (hysteresis, no gain yet, or over the budget) */
     uint64_t bytes;              /* sum of the moves' bytes */
     double gain_s;               /* predicted step time saved by all of them */
     double before_s, after_s;    /* predicted step time of the MoE layers before and after */

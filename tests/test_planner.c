@@ -306,7 +306,7 @@ static void marginal_gain_beats_equal_per_layer_on_skewed_layers(void)
  * routes as profile B, it moves experts toward B's plan - gaining by the cost
  * model of B, the accelerator never over its budget after any move, within
  * a round's bytes - and moves nothing when the placement is B's plan already
- * or when the hysteresis asks for more gain than the target offers. */
+ * or when the hysteresis asks for more of the step than the target saves. */
 static void rebalancer_moves_toward_the_live_profiles_plan(void)
 {
     struct kt_model *m = tiny();
@@ -356,7 +356,7 @@ static void rebalancer_moves_toward_the_live_profiles_plan(void)
             paired += r.moves[i].paired_with >= 0;
         printf("rebalance A -> B: %u moves (%u onto a full device, paired), %u pending, %.3f -> %.3f ms\n", r.n_moves,
                paired, r.n_pending, r.before_s * 1e3, r.after_s * 1e3);
-        KT_CHECK(paired > 0, "no move needed a pair: the device had room for every move");
+        KT_CHECK(paired > 0, "no move went onto the device as a swap");
         KT_CHECK(bytes == r.bytes, "bytes %llu, reported %llu", (unsigned long long)bytes, (unsigned long long)r.bytes);
         free(homes);
         const uint64_t first = r.n_moves ? r.moves[0].bytes : 0;
@@ -493,6 +493,30 @@ static void cli_refuses_bad_input_and_writes_nothing(void)
     KT_CHECK(rc == 0 && text && strstr(text, "predicted decode: ") && strstr(text, "routed pairs on the accelerator"),
              "kt-place --evaluate (%d): %s", rc, text ? text : "");
     free(text);
+    /* --moves-from lists the rebalancer's moves from the written plan to a plan of shifted routing */
+    const double shifted_skew[4] = {0, 1.5, 1.5, 1.5};
+    struct kt_profile *prof2 = zipf_shifted(m, shifted_skew, 11);
+    char prof2_path[1024], out2[1024];
+    snprintf(prof2_path, sizeof prof2_path, "%s", save_profile(prof2, "planner-cli-prof2.json"));
+    snprintf(out2, sizeof out2, "%s", kt_test_path("planner-cli2.yaml"));
+    rc = kt_test_system("'%s' -m '%s' --profile '%s' --machine '%s' --device sim --moves-from '%s' --min-gain 0 -o '%s' "
+                        "> '%s' 2>/dev/null",
+                        kt_test_tool("kt-place"), g_tiny, prof2_path, good_machine_path, out, out2, report);
+    text = kt_test_read_file(report, &n_text);
+    KT_CHECK(rc == 0 && text && strstr(text, "moves from ") && strstr(text, " -> sim, "),
+             "kt-place --moves-from (%d): %s", rc, text ? text : "");
+    free(text);
+    unlink(out2);
+    snprintf(args, sizeof args, "--profile '%s' --machine '%s' --device sim --moves-from /nonexistent/served.yaml",
+             prof2_path, good_machine_path);
+    KT_CHECK(kt_place(args, out2, msg, sizeof msg) == 1 && strstr(msg, "/nonexistent/served.yaml") &&
+                 access(out2, F_OK) != 0,
+             "a served config that cannot be read: %s", msg);
+    rc = kt_test_system("'%s' -m '%s' --evaluate '%s' --moves-from '%s' > /dev/null 2>&1", kt_test_tool("kt-place"),
+                        g_tiny, out, out);
+    KT_CHECK(rc == 2, "--moves-from with --evaluate: exit %d", rc);
+    unlink(prof2_path);
+    kt_profile_destroy(prof2);
     unlink(out);
     char svg[1024];
     snprintf(svg, sizeof svg, "%s", kt_test_path("planner-plan.svg"));

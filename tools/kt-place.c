@@ -19,13 +19,16 @@
 #include "machine.h"
 #include "model.h"
 #include "planner.h"
+#include "rebalance.h"
 #include "profile.h"
 #include "small_file.h"
 #include "svg.h"
 #include "topology.h"
 
 struct place_options {
-    const char *model, *profile, *machine, *output, *device, *objective, *evaluate, *svg;
+    const char *model, *profile, *machine, *output, *device, *objective, *evaluate, *svg, *moves_from;
+    double min_gain;             /* --min-gain: the rebalancer's hysteresis */
+    double move_budget_mib;      /* --move-budget-mib: bytes of moves in a round; 0: no limit */
     int baseline;                /* -1: the planner's plan; else the enum kt_plan_baseline to write */
     double gpu_memory_gib;
     uint32_t kv_tokens, batch, prefill_tokens, context;
@@ -39,6 +42,7 @@ KT_CLI_STRING_OPTION(opt_machine, machine)
 KT_CLI_STRING_OPTION(opt_output, output)
 KT_CLI_STRING_OPTION(opt_evaluate, evaluate)
 KT_CLI_STRING_OPTION(opt_svg, svg)
+KT_CLI_STRING_OPTION(opt_moves_from, moves_from)
 KT_CLI_U32_OPTION(opt_kv, kv_tokens, 1, 1u << 24, "--kv-tokens")
 KT_CLI_U32_OPTION(opt_batch, batch, 1, 4096, "--batch")
 KT_CLI_U32_OPTION(opt_prefill, prefill_tokens, 1, 1u << 20, "--prefill-tokens")
@@ -76,6 +80,19 @@ static bool opt_baseline(void *o, const char *arg, char *why, size_t ws)
     return kt_cli_invalid(why, ws, "--baseline (index, equal or top)", arg);
 }
 
+static bool opt_min_gain(void *o, const char *arg, char *why, size_t ws)
+{
+    return (kt_cli_parse_double(arg, &OPTS(o)->min_gain) && OPTS(o)->min_gain >= 0 && OPTS(o)->min_gain < 1) ||
+           kt_cli_invalid(why, ws, "--min-gain (a share, 0 to below 1)", arg);
+}
+
+static bool opt_move_budget(void *o, const char *arg, char *why, size_t ws)
+{
+    return (kt_cli_parse_double(arg, &OPTS(o)->move_budget_mib) && OPTS(o)->move_budget_mib > 0 &&
+            OPTS(o)->move_budget_mib <= 1e9) ||
+           kt_cli_invalid(why, ws, "--move-budget-mib", arg);
+}
+
 static bool opt_explain(void *o, const char *arg, char *why, size_t ws)
 {
     (void)arg, (void)why, (void)ws;
@@ -105,6 +122,14 @@ static const struct kt_cli_option options_table[] = {
     {"--evaluate", NULL, "PLAN", 0, "predict an existing placement config instead of planning (no -o)", opt_evaluate},
     {"--svg", NULL, "FILE", 0, "also draw the plan: each expert's home and per-layer predicted time per place",
      opt_svg},
+    {"--moves-from", NULL, "SERVED", 0,
+     "also list the expert moves a rebalancer would make from the placement config SERVED to the plan, best "
+     "predicted gain per byte first",
+     opt_moves_from},
+    {"--min-gain", NULL, "SHARE", 0, "--moves-from: move only when the plan saves more than this share of the step "
+     "(default 0.02)", opt_min_gain},
+    {"--move-budget-mib", NULL, "MIB", 0, "--moves-from: bytes of moves in one round (default: no limit)",
+     opt_move_budget},
 };
 
 static void usage(FILE *f);
@@ -115,7 +140,8 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kt-place -m MODEL --profile profile.json --machine machine.json [--device cuda|sim]\n"
                "                [--gpu-memory GIB] [--kv-tokens N] [--batch B] [--objective decode|prefill|mixed]\n"
-               "                [--explain] [--svg FILE] [--baseline index|equal|top] -o plan.yaml\n"
+               "                [--explain] [--svg FILE] [--baseline index|equal|top]\n"
+               "                [--moves-from SERVED.yaml [--min-gain S] [--move-budget-mib M]] -o plan.yaml\n"
                "       kt-place -m MODEL [--profile P] [--machine M] --evaluate plan.yaml\n\n"
                "Plans where a model's parts and routed experts live (accelerator slots by marginal gain,\n"
                "CPU experts balanced over NUMA nodes) and writes a placement config v1 that kt-serve,\n"
@@ -336,6 +362,70 @@ static kt_status draw_plan(const char *path, const struct kt_plan *plan, const s
 
 /* ---- main -------------------------------------------------------------------------------------------- */
 
+
+/* Where a home is, for the moves' report: the device's name, or the CPU node. */
+static const char *home_name(const struct kt_placement *p, const struct kt_expert_home *h, char *buf, size_t cap)
+{
+    if (h->device > 0 && h->device < p->n_devices)
+        snprintf(buf, cap, "%s", p->devices[h->device].name);
+    else
+        snprintf(buf, cap, "node %d", h->node);
+    return buf;
+}
+
+/* kt-place --moves-from: the moves a rebalancer (placement/rebalance.h) would
+ * make from the placement config `path`, resolved on this model and machine,
+ * to the plan, as a report (malloc'd; printed once the plan is written). */
+static char *moves_report(const char *path, const struct kt_model *m, const struct kt_machine *mach,
+                          const struct kt_cost_model *cost, const struct kt_plan *plan, const struct place_options *o,
+                          kt_err *err)
+{
+    struct kt_placement_config *c = NULL;
+    struct kt_placement *cur = NULL;
+    struct kt_rebalance r = {0};
+    char *text = NULL;
+    size_t len = 0;
+    const struct kt_rebalance_params rp = {
+        .query = {.mode = KT_COST_DECODE, .batch = plan->options.batch, .context = plan->options.context},
+        .min_gain = o->min_gain,
+        .budget_bytes = (uint64_t)(o->move_budget_mib * 1048576.0),
+    };
+    if (kt_placement_config_load(path, &c, err) == KT_OK && kt_placement_resolve(c, m, mach->n_nodes, NULL, &cur, err) == KT_OK &&
+        kt_rebalance_plan(cost, m, cur, plan->placement, &rp, &r, err) == KT_OK) {
+        FILE *f = open_memstream(&text, &len);
+        if (!f) {
+            kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        } else {
+            fprintf(f, "moves from %s to the plan (min gain %.3g of the step%s): %u, %.1f MiB; predicted "
+                       "decode step of the MoE layers %.3f -> %.3f ms; %u home(s) left as served\n",
+                    path, o->min_gain, rp.budget_bytes ? ", within the round's bytes" : "", r.n_moves,
+                    (double)r.bytes / 1048576.0, 1e3 * r.before_s, 1e3 * r.after_s, r.n_pending);
+            for (uint32_t i = 0; i < r.n_moves; i++) {
+                const struct kt_move *mv = &r.moves[i];
+                char from[48], to[48];
+                fprintf(f, "  %3u. layer %u expert %u: %s -> %s, %.1f MiB", i + 1, mv->layer, mv->expert,
+                        home_name(cur, &mv->from, from, sizeof from), home_name(cur, &mv->to, to, sizeof to),
+                        (double)mv->bytes / 1048576.0);
+                if (mv->paired_with >= 0)
+                    fprintf(f, ", saves %.4f ms with move %d (a swap)\n", 1e3 * mv->gain_s,
+                            mv->paired_with + 1);
+                else if (mv->gain_s > 0)
+                    fprintf(f, ", saves %.4f ms\n", 1e3 * mv->gain_s);
+                else
+                    fprintf(f, " (first half of a swap)\n");
+            }
+            if (fclose(f) != 0 || !text) {
+                free(text);
+                text = NULL;
+                kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+            }
+        }
+    }
+    kt_rebalance_free(&r);
+    kt_placement_destroy(cur);
+    kt_placement_config_destroy(c);
+    return text;
+}
 static int fail(const char *msg)
 {
     fprintf(stderr, "kt-place: %s\n", msg);
@@ -344,7 +434,7 @@ static int fail(const char *msg)
 
 int main(int argc, char **argv)
 {
-    struct place_options o = {.objective = "decode", .baseline = -1};
+    struct place_options o = {.objective = "decode", .baseline = -1, .min_gain = 0.02};
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &o);
     if (rc >= 0)
         return rc;
@@ -352,6 +442,8 @@ int main(int argc, char **argv)
         return kt_cli_usage_error(&cli, "%s", "-m MODEL is required");
     if (!o.output && !o.evaluate)
         return kt_cli_usage_error(&cli, "%s", "-o FILE is required");
+    if (o.evaluate && o.moves_from)
+        return kt_cli_usage_error(&cli, "%s", "--moves-from lists moves to a new plan: not with --evaluate");
     if (o.evaluate && (o.output || o.baseline >= 0 || o.svg))
         return kt_cli_usage_error(&cli, "%s", "--evaluate writes nothing: no -o, --baseline or --svg with it");
     kt_err err = {0};
@@ -360,7 +452,7 @@ int main(int argc, char **argv)
     struct kt_machine *mach = NULL;
     struct kt_cost_model *cost = NULL;
     struct kt_plan *plan = NULL;
-    char *text = NULL, *profile_abs = NULL;
+    char *text = NULL, *profile_abs = NULL, *moves = NULL;
     rc = 1;
     if (kt_model_open(o.model, &m, &err) != KT_OK) {
         fail(err.msg);
@@ -471,6 +563,10 @@ int main(int argc, char **argv)
         fail("--baseline: the baselines differ only in the accelerator's experts; give --device cuda or sim");
         goto done;
     }
+    if (o.moves_from && !(moves = moves_report(o.moves_from, m, mach, cost, plan, &o, &err))) {
+        fprintf(stderr, "kt-place: --moves-from %s (nothing written)\n", err.msg);
+        goto done;
+    }
     if (o.svg && draw_plan(o.svg, plan, prof, cost, &err) != KT_OK) {
         fail(err.msg);
         goto done;
@@ -498,10 +594,13 @@ int main(int argc, char **argv)
            "CPU experts per layer)\n", s_plan.sliced_layers, plan->replicas_hot_per_layer);
     if (o.explain)
         explain(plan);
+    if (moves)
+        fputs(moves, stdout);
     rc = 0;
 done:
     free(text);
     free(profile_abs);
+    free(moves);
     kt_plan_destroy(plan);
     kt_cost_destroy(cost);
     free(mach);
