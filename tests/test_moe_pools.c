@@ -5,7 +5,9 @@
  * on kt-synth's tiny and tiny-v3, for prefill and decode, with experts homed
  * round-robin over a synthetic two-node topology, and with every expert homed
  * on node 0 but replicated on node 1 (then node 1's pool must take a share of
- * the pairs: replicas spread the work); and decode speed on this machine,
+ * the pairs: replicas spread the work), and with an expert of every layer moved
+ * to another node before every step; a moved expert runs on its new node's
+ * pool, and what cannot move is refused; and decode speed on this machine,
  * printed each way.
  */
 #include <stdio.h>
@@ -86,6 +88,12 @@ static void check_identical(const char *preset)
         {"2 nodes, experts in place", {.n_threads = 2, .topology = TWO_NODES, .test = &(struct kt_engine_test_params){.experts_in_place = true}}},
         {"2 nodes, homes on node 0, replicas on node 1",
          {.n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes, .expert_replica_nodes = replicas}},
+        {"2 nodes, an expert of every layer moved to the other node before every step",
+         {.n_threads = 2, .topology = TWO_NODES,
+          .test = &(struct kt_engine_test_params){.experts_round_robin = true, .migrate_every_step = true}}},
+        {"3 nodes, an expert of every layer moved to the next node before every step",
+         {.n_threads = 1, .topology = "package:3 numa:1 core:1 pu:1",
+          .test = &(struct kt_engine_test_params){.experts_round_robin = true, .migrate_every_step = true}}},
         {"this machine", {.n_threads = 2}},
     };
     for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
@@ -146,6 +154,73 @@ static void replicas_spread_pairs_over_both_nodes(void)
     KT_CHECK(total == pairs[0][0] && pairs[1][1] * 4 >= total && pairs[1][0] * 4 >= total,
              "with replicas on node 1 both nodes take at least a quarter of the pairs (%llu / %llu)",
              (unsigned long long)pairs[1][0], (unsigned long long)pairs[1][1]);
+    free(homes);
+    free(replicas);
+    remove_synth(m, path);
+}
+
+/* kt_engine_move_expert: a moved expert runs on its new node's pool from the
+ * next step; what cannot move is refused with a reason and stays. */
+static void moved_experts_run_on_their_new_node(void)
+{
+    char path[1024];
+    struct kt_model *m = open_synth("tiny", path, sizeof path);
+    if (!m)
+        return;
+    const size_t n_experts = (size_t)m->hp.n_layer * m->hp.n_expert;
+    int *homes = calloc(n_experts, sizeof *homes); /* all on node 0 */
+    uint16_t *replicas = calloc(n_experts, sizeof *replicas);
+    struct kt_engine *e = engine(m, &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES,
+                                                                 .expert_home_nodes = homes});
+    kt_err err = {0};
+    uint32_t il = 0;
+    while (il < m->hp.n_layer && !m->layers[il].is_moe)
+        il++;
+    if (e) {
+        const uint64_t before = kt_engine_expert_store_bytes(e);
+        for (uint32_t x = 0; x < m->hp.n_expert; x++) /* every expert of every MoE layer to node 1 */
+            for (uint32_t l = 0; l < m->hp.n_layer; l++)
+                if (m->layers[l].is_moe)
+                    KT_CHECK(kt_engine_move_expert(e, l, x, 1, &err) == KT_OK, "layer %u expert %u: %s", l, x, err.msg);
+        KT_CHECK(kt_engine_expert_store_bytes(e) > before, "the moved copies are counted");
+        struct kt_batch_token bt[PROMPT_LEN];
+        for (uint32_t i = 0; i < PROMPT_LEN; i++)
+            bt[i] = (struct kt_batch_token){prompt[i], 0, i, false};
+        KT_CHECK(kt_engine_seq_add(e, 0, &err) == KT_OK &&
+                     kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, NULL, &err) == KT_OK,
+                 "prefill: %s", err.msg);
+        struct kt_engine_stats st;
+        kt_engine_stats(e, &st);
+        KT_CHECK(st.node_pairs[0] == 0 && st.node_pairs[1] > 0, "after the moves node 1 runs every pair (%llu / %llu)",
+                 (unsigned long long)st.node_pairs[0], (unsigned long long)st.node_pairs[1]);
+        struct {
+            uint32_t il, x;
+            int node;
+            kt_status want;
+            const char *needle;
+        } bad[] = {
+            {il, 0, 1, KT_ERR_INVALID, "already lives on node 1"},
+            {il, 0, 7, KT_ERR_INVALID, "not a node with cores"},
+            {il, m->hp.n_expert, 0, KT_ERR_INVALID, "no routed expert"},
+        };
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            err = (kt_err){0};
+            KT_CHECK(kt_engine_move_expert(e, bad[i].il, bad[i].x, bad[i].node, &err) == bad[i].want &&
+                         strstr(err.msg, bad[i].needle),
+                     "refusal %zu: %s", i, err.msg);
+        }
+        kt_engine_destroy(e);
+    }
+    for (size_t i = 0; replicas && i < n_experts; i++)
+        replicas[i] = 1u << 1;
+    e = engine(m, &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes,
+                                             .expert_replica_nodes = replicas});
+    if (e) {
+        err = (kt_err){0};
+        KT_CHECK(kt_engine_move_expert(e, il, 0, 1, &err) == KT_ERR_UNSUPPORTED && strstr(err.msg, "replicas"),
+                 "a replicated expert: %s", err.msg);
+        kt_engine_destroy(e);
+    }
     free(homes);
     free(replicas);
     remove_synth(m, path);
@@ -252,6 +327,7 @@ int main(void)
     KT_RUN(store_homes_experts_round_robin);
     KT_RUN(tiny_logits_identical_on_node_pools);
     KT_RUN(replicas_spread_pairs_over_both_nodes);
+    KT_RUN(moved_experts_run_on_their_new_node);
     KT_RUN(tiny_v3_logits_identical_on_node_pools);
     KT_RUN(decode_speed_on_this_machine);
     return kt_test_finish();

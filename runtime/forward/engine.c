@@ -789,9 +789,31 @@ static kt_status end_step(struct kt_engine *e, kt_err *err)
     return st;
 }
 
+/* engine_test.h migrate_every_step: expert (steps so far % n_expert) of each
+ * MoE layer to the next node with cores, where it can move. */
+static void test_migrate(struct kt_engine *e)
+{
+    const uint32_t x = (uint32_t)(e->test_steps++ % (e->hp.n_expert ? e->hp.n_expert : 1));
+    for (uint32_t il = 0; e->experts && il < e->hp.n_layer; il++) {
+        const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
+        if (!se->data)
+            continue;
+        for (int k = 1; k < e->topo->n_nodes; k++) {
+            const int node = (se->home_node + k) % e->topo->n_nodes;
+            kt_err ignored = {0};
+            if (e->topo->nodes[node].n_cores > 0) {
+                kt_engine_move_expert(e, il, x, node, &ignored);
+                break;
+            }
+        }
+    }
+}
+
 kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
 {
     uint32_t n_wanted = 0;
+    if (e->test.migrate_every_step)
+        test_migrate(e);
     kt_status st = begin_step(e, b, logits, &n_wanted, err);
     if (st != KT_OK)
         return st;
@@ -898,4 +920,35 @@ const uint64_t *kt_engine_route_counts(const struct kt_engine *e, int phase, uin
     if (n_tokens)
         *n_tokens = e->route_tokens[phase];
     return e->route_counts[phase];
+}
+
+/* ---- moving routed experts between nodes (engine.h) ------------------------------------------ */
+
+kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t x, int node,
+                                struct kt_expert_copy **out, kt_err *err)
+{
+    *out = NULL;
+    if (!e->experts)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: there is no copy to move");
+    if (il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
+        return kt_err_set(err, KT_ERR_INVALID, "no routed expert %u in layer %u", x, il);
+    if (e->dev.experts && e->dev.experts[(size_t)il * e->hp.n_expert + x].n_ff > 0)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u expert %u lives on the device: only CPU moves so far", il,
+                          x);
+    if (node < 0 || node >= e->topo->n_nodes || e->topo->nodes[node].n_cores == 0)
+        return kt_err_set(err, KT_ERR_INVALID, "node %d is not a node with cores of this engine's topology (%d nodes)",
+                          node, e->topo->n_nodes);
+    return kt_expert_store_copy(e->experts, il, x, node, out, err);
+}
+
+kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err)
+{
+    return kt_expert_store_switch(e->experts, c, err);
+}
+
+kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err)
+{
+    struct kt_expert_copy *c = NULL;
+    kt_status st = kt_engine_expert_copy(e, il, x, node, &c, err);
+    return st ? st : kt_engine_expert_switch(e, c, err);
 }

@@ -193,6 +193,21 @@ const struct kt_kv_cache *kt_engine_kv_cache(const struct kt_engine *e);    /* f
 uint64_t kt_engine_scratch_bytes(const struct kt_engine *e);                /* activations and thread scratch */
 uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0 when experts_in_place */
 
+/* Moving a routed expert to another NUMA node while serving
+ * (expert_store.h): kt_engine_expert_copy copies expert x of layer il into
+ * node `node`'s memory - any thread, also while a step runs;
+ * kt_engine_expert_switch makes the copy its home between two steps, on the
+ * stepping thread (never during a step), and the next step runs it on that
+ * node's pool: the same bytes, bit-identical logits.  kt_engine_move_expert
+ * does both between steps.  `node` must have cores in the engine's topology;
+ * experts on the device, of row-sliced layers or with replicas do not move
+ * (KT_ERR_UNSUPPORTED); a failed switch leaves the old home serving. */
+struct kt_expert_copy;
+kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t x, int node,
+                                struct kt_expert_copy **out, kt_err *err);
+kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err);
+kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err);
+
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
 void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats and the routing counts */
 

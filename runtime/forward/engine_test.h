@@ -34,6 +34,11 @@ struct kt_engine_test_params {
      * attention from a graph; this runs every batch directly instead. */
     bool no_device_graphs;
     const char *meminfo_path;   /* the memory check before the load reads this; NULL: /proc/meminfo */
+    /* Before every step, move one routed expert of each MoE layer (the step's
+     * number modulo n_expert) to the next node with cores
+     * (kt_engine_move_expert): outputs must not change.  Experts that cannot
+     * move (device, sliced, replicated) are left where they are. */
+    bool migrate_every_step;
 };
 
 #endif

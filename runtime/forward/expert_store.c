@@ -72,6 +72,9 @@ struct store_layer {
     uint8_t *base[KT_EXPERT_MAX_NODES];      /* (copies_on[n], stride) bound to node n; NULL if none */
     size_t map_bytes[KT_EXPERT_MAX_NODES];
     struct kt_stored_expert *experts; /* [n_expert] */
+    /* [n_expert] an expert moved since the load: its own mapping (else NULL: in base) */
+    uint8_t **moved;
+    size_t *moved_bytes;
 };
 
 struct kt_expert_store {
@@ -540,6 +543,10 @@ void kt_expert_store_destroy(struct kt_expert_store *s)
             if (sl->base[n])
                 munmap(sl->base[n], sl->map_bytes[n]);
         free(sl->experts);
+        for (uint32_t x = 0; sl->moved && x < s->n_expert; x++)
+            if (sl->moved[x])
+                munmap(sl->moved[x], sl->moved_bytes[x]);
+        free(sl->moved), free(sl->moved_bytes);
     }
     free(s->layers);
     free(s);
@@ -571,4 +578,88 @@ uint64_t kt_expert_store_data_bytes(const struct kt_expert_store *s)
 double kt_expert_store_load_s(const struct kt_expert_store *s)
 {
     return s->load_s;
+}
+
+/* ---- moving an expert between nodes ---------------------------------------------------------- */
+
+struct kt_expert_copy {
+    uint32_t il, x;
+    int node;
+    uint8_t *buf;                   /* its own mapping, bound to node */
+    size_t map_bytes;
+};
+
+kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uint32_t x, int node,
+                               struct kt_expert_copy **out, kt_err *err)
+{
+    *out = NULL;
+    if (il >= s->n_layer || x >= s->n_expert || !s->layers[il].experts)
+        return kt_err_set(err, KT_ERR_INVALID, "expert store: no routed expert %u in layer %u", x, il);
+    const struct store_layer *sl = &s->layers[il];
+    const struct kt_stored_expert *se = &sl->experts[x];
+    if (node < 0 || node >= KT_EXPERT_MAX_NODES)
+        return kt_err_set(err, KT_ERR_INVALID, "expert store: node %d is not 0 to %d", node, KT_EXPERT_MAX_NODES - 1);
+    if (sl->layout.sliced)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u is row-sliced: its experts have no home to move", il);
+    if (se->nodes != (uint16_t)(1u << se->home_node))
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u expert %u has replicas: moving its home is not supported",
+                          il, x);
+    if (node == se->home_node)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u already lives on node %d", il, x, node);
+    struct kt_expert_copy *c = calloc(1, sizeof *c);
+    const size_t bytes = (size_t)round_up(sl->layout.expert_bytes, 4096);
+    if (!c || !(c->buf = map_layer(bytes, node))) {
+        free(c);
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: no memory on node %d for layer %u expert %u (%zu bytes)",
+                          node, il, x, bytes);
+    }
+    c->il = il, c->x = x, c->node = node, c->map_bytes = bytes;
+    memcpy(c->buf, se->data, sl->layout.expert_bytes);
+    *out = c;
+    return KT_OK;
+}
+
+kt_status kt_expert_store_switch(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err)
+{
+    struct store_layer *sl = &s->layers[c->il];
+    struct kt_stored_expert *se = &sl->experts[c->x];
+    if (!sl->moved) { /* the first move in this layer */
+        sl->moved = calloc(s->n_expert, sizeof *sl->moved);
+        sl->moved_bytes = calloc(s->n_expert, sizeof *sl->moved_bytes);
+        if (!sl->moved || !sl->moved_bytes) { /* cannot keep track of it: the old home stays */
+            free(sl->moved), free(sl->moved_bytes);
+            sl->moved = NULL, sl->moved_bytes = NULL;
+            const uint32_t il = c->il, x = c->x;
+            kt_expert_copy_discard(c);
+            return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory moving layer %u expert %u (it stays)", il, x);
+        }
+    }
+    const int old = se->home_node;
+    uint8_t *old_buf = (uint8_t *)se->data;
+    se->copy[old] = NULL;
+    se->copy[c->node] = c->buf;
+    se->data = c->buf;
+    se->home_node = c->node;
+    se->nodes = (uint16_t)(1u << c->node);
+    sl->copies_on[old]--, sl->copies_on[c->node]++;
+    /* the old copy: its own mapping goes; a slot of the layer's mapping gives its pages back */
+    if (sl->moved[c->x]) {
+        munmap(sl->moved[c->x], sl->moved_bytes[c->x]);
+        s->bytes -= sl->moved_bytes[c->x];
+    } else {
+        madvise(old_buf, (size_t)sl->stride, MADV_DONTNEED);
+    }
+    sl->moved[c->x] = c->buf;
+    sl->moved_bytes[c->x] = c->map_bytes;
+    s->bytes += c->map_bytes;
+    free(c);
+    return KT_OK;
+}
+
+void kt_expert_copy_discard(struct kt_expert_copy *c)
+{
+    if (!c)
+        return;
+    munmap(c->buf, c->map_bytes);
+    free(c);
 }

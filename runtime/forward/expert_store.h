@@ -30,8 +30,8 @@
  * share's packed groups are the same bytes as the whole matrix's), and the
  * node's pool computes only those rows of each expert: every node works on
  * every active expert, so a step is as balanced as the shares.  Replicas are byte-identical copies of the home
- * buffer, made once the layer is loaded.  Moves to GPUs are later work and
- * will switch an expert's copies between steps.
+ * buffer, made once the layer is loaded.  An expert can move to another node
+ * between steps (below); moves to GPUs are later work.
  *
  * The load reads with pread() on its own descriptor (file pages are never
  * mapped into the process), in chunks of at most 32 MiB, and drops the
@@ -39,7 +39,7 @@
  * the store's size.  Before allocating anything it checks MemAvailable and
  * refuses a load that cannot fit.  It never prints on its own: progress goes
  * to the caller's stream, if any.  A store is read-only after creation and
- * may be read from any number of threads.
+ * may be read from any number of threads; only a move (below) changes it.
  */
 #ifndef KT_EXPERT_STORE_H
 #define KT_EXPERT_STORE_H
@@ -145,5 +145,26 @@ const struct kt_expert_layout *kt_expert_store_layout(const struct kt_expert_sto
 uint64_t kt_expert_store_bytes(const struct kt_expert_store *s);
 uint64_t kt_expert_store_data_bytes(const struct kt_expert_store *s);
 double kt_expert_store_load_s(const struct kt_expert_store *s);
+
+/*
+ * Moving an expert to another node while the engine serves (issue 13):
+ * kt_expert_store_copy makes a copy of expert x of layer il in node `node`'s
+ * memory (any thread, while steps run: it only reads the expert);
+ * kt_expert_store_switch makes that copy the expert's home - between two
+ * steps, on the thread that runs them, as no step may be reading the expert
+ * then - and gives the old copy's memory back at once (its own mapping is
+ * unmapped; a slot of the layer's load-time mapping keeps its address space,
+ * counted in kt_expert_store_bytes, and returns its pages).  The bytes are
+ * the same, so the logits are bit-identical.  Only whole experts without
+ * replicas move (KT_ERR_UNSUPPORTED for a sliced layer or a replicated
+ * expert); one copy of an expert at a time.  A failed switch (KT_ERR_NOMEM)
+ * discards the copy and leaves the old home serving; an unused copy goes
+ * with kt_expert_copy_discard.
+ */
+struct kt_expert_copy;
+kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uint32_t x, int node,
+                               struct kt_expert_copy **out, kt_err *err);
+kt_status kt_expert_store_switch(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err);
+void kt_expert_copy_discard(struct kt_expert_copy *c);
 
 #endif

@@ -242,6 +242,7 @@ struct kt_engine {
     struct kt_hparams hp;
     struct kt_engine_params params;
     struct kt_engine_test_params test; /* params.test's knobs (all off without one); params.test points here */
+    uint64_t test_steps;        /* steps begun, for test.migrate_every_step */
     struct kt_pool *pool;       /* the step's: attention, matmuls, dense FFNs (never bound) */
     struct kt_kv_cache *kv;
     struct kt_layer_weights *layers; /* [n_layer] */
