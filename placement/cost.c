@@ -21,8 +21,9 @@
  * of extra tokens' FLOPs).  From KT_COST_GEMM_TOKENS tokens on (a gemm, not
  * a gemv) the first term is bytes / prefill_fixed_gbps where the machine file
  * has it: the measured line's value at no tokens, which packed kernels
- * mostly hide behind the multiplying and GGUF-row gemms pay more than once.  overhead_us is a whole MoE step's on a place (its
- * four pool phases): once per step for each place with units to run (a node
+ * mostly hide behind the multiplying and GGUF-row gemms pay more than once.
+ * overhead_us is a whole MoE step's on a place (its four pool phases): once
+ * per step for each place with units to run (a node
  * with an active expert or the shared experts, the device, a dense FFN), a
  * quarter of it for a single host matmul (one phase).  A type without figures takes the
  * measured type nearest in bits per weight (decode), the lowest measured
@@ -65,8 +66,8 @@
  * bytes evenly over the expert nodes: max_n E[C] t_n / nodes.  A replicated
  * expert (copies on k nodes; the engine runs it on the least loaded) counts
  * on each copy's node with probability p_active / k: the even share, which
- * overstates the busiest node a little where the engine balances better.  The shared
- * experts (when on the CPU) run with the first node's pool: node 0's load
+ * overstates the busiest node a little where the engine balances better.
+ * The shared experts (when on the CPU) run with the first node's pool: node 0's load
  * gains their time.  The device's experts and shared experts run on its
  * queue, one unit after another: their expected time plus the copies (h up
  * unless attention is there, the pairs' token ids up, the device pairs'

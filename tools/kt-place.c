@@ -268,6 +268,16 @@ static char *baseline_yaml(const struct kt_plan *plan, struct kt_placement *bp, 
     return text;
 }
 
+/* The placement config at path resolved on m for mach's nodes (profile_path
+ * may be NULL: the config's own); *c and *p are the caller's to destroy. */
+static kt_status load_placement(const char *path, const struct kt_model *m, const struct kt_machine *mach,
+                                const char *profile_path, struct kt_placement_config **c, struct kt_placement **p,
+                                kt_err *err)
+{
+    kt_status st = kt_placement_config_load(path, c, err);
+    return st ? st : kt_placement_resolve(*c, m, mach->n_nodes, profile_path, p, err);
+}
+
 /* kt-place --evaluate: what the cost model predicts for an existing config
  * on this model, profile and machine. */
 static int evaluate(const char *path, const struct kt_model *m, const struct kt_profile *prof, const char *profile_path,
@@ -280,8 +290,7 @@ static int evaluate(const char *path, const struct kt_model *m, const struct kt_
     struct kt_plan_summary s;
     (void)prof;
     int rc = 1;
-    if (kt_placement_config_load(path, &c, &err) != KT_OK ||
-        kt_placement_resolve(c, m, mach->n_nodes, profile_path, &p, &err) != KT_OK ||
+    if (load_placement(path, m, mach, profile_path, &c, &p, &err) != KT_OK ||
         kt_plan_summarize(cost, p, po, &s, &err) != KT_OK) {
         fprintf(stderr, "kt-place: %s\n", err.msg);
     } else {
@@ -390,7 +399,7 @@ static char *moves_report(const char *path, const struct kt_model *m, const stru
         .min_gain = o->min_gain,
         .budget_bytes = (uint64_t)(o->move_budget_mib * 1048576.0),
     };
-    if (kt_placement_config_load(path, &c, err) == KT_OK && kt_placement_resolve(c, m, mach->n_nodes, NULL, &cur, err) == KT_OK &&
+    if (load_placement(path, m, mach, NULL, &c, &cur, err) == KT_OK &&
         kt_rebalance_plan(cost, m, cur, plan->placement, &rp, &r, err) == KT_OK) {
         FILE *f = open_memstream(&text, &len);
         if (!f) {

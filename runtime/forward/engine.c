@@ -932,7 +932,7 @@ kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: there is no copy to move");
     if (il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
         return kt_err_set(err, KT_ERR_INVALID, "no routed expert %u in layer %u", x, il);
-    if (e->dev.experts && e->dev.experts[(size_t)il * e->hp.n_expert + x].n_ff > 0)
+    if (kt_fwd_expert_on_device(e, il, x))
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u expert %u lives on the device: only CPU moves so far", il,
                           x);
     if (node < 0 || node >= e->topo->n_nodes || e->topo->nodes[node].n_cores == 0)

@@ -361,6 +361,9 @@ static inline struct kt_cuda_mat kt_fwd_cuda_mat(const struct kt_mat *m)
     return (struct kt_cuda_mat){m->type, m->data, m->n_in, m->n_out, m->row_bytes};
 }
 
+/* Routed expert x of layer il lives on the device (moe.c). */
+bool kt_fwd_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x);
+
 /* Expert x of layer L as the file holds it (views of the mapped GGUF). */
 struct kt_ffn_weights kt_fwd_expert_gguf(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t x);
 

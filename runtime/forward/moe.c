@@ -476,7 +476,7 @@ void kt_fwd_run_device_part(void *ctx)
 
 /* ---- the layer ---------------------------------------------------------------------- */
 
-static bool on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
+bool kt_fwd_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
 {
     return e->dev.experts && e->dev.experts[(size_t)il * e->hp.n_expert + x].n_ff > 0;
 }
@@ -504,7 +504,7 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
                                             uint32_t x, int node)
 {
     struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
-    if (on_device(e, il, x))
+    if (kt_fwd_expert_on_device(e, il, x))
         return e->dev.experts[(size_t)il * e->hp.n_expert + x];
     if (e->experts) {
         const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
@@ -537,7 +537,7 @@ static void choose_pools(struct kt_engine *e, uint32_t il, const struct kt_layer
     const int n_pools = e->n_pools;
     uint32_t n_active = 0;
     for (uint32_t x = 0; x < Ne; x++)
-        if (e->expert_pairs[x] && !on_device(e, il, x))
+        if (e->expert_pairs[x] && !kt_fwd_expert_on_device(e, il, x))
             e->active_experts[n_active++] = x;
     /* insertion sort by pairs, descending (few active experts in decode, at most Ne) */
     for (uint32_t i = 1; i < n_active; i++)
@@ -610,7 +610,7 @@ static void count_sliced_pairs(struct kt_engine *e, uint32_t il)
 {
     uint64_t pairs = 0;
     for (uint32_t x = 0; x < e->hp.n_expert; x++)
-        if (!on_device(e, il, x))
+        if (!kt_fwd_expert_on_device(e, il, x))
             pairs += e->expert_pairs[x];
     for (int g = 0; g < e->n_pools; g++) {
         const int node = kt_pool_node(e->expert_pools[g]);
@@ -767,7 +767,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
         else
             e->pool_units[g] = n_units;
         for (uint32_t x = 0; x < Ne; x++) {
-            if (!e->expert_pairs[x] || on_device(e, il, x) != device ||
+            if (!e->expert_pairs[x] || kt_fwd_expert_on_device(e, il, x) != device ||
                 (!device && !sliced && e->expert_pool_of[x] != g))
                 continue;
             const int node = device || sliced ? -1 : kt_pool_node(e->expert_pools[g]);

@@ -851,15 +851,36 @@ static void cached_task(void *ctx, int64_t begin, int64_t end, int worker)
                        HEAD_KVR * sizeof(float), c->x, HEAD_DIM);
 }
 
+/* Median seconds of kt_pool_parallel_for(pool, items, task, ctx) over calls
+ * for `seconds` (at least MIN_CALLS), after one untimed call (into cache);
+ * a negative value when memory for the samples runs out. */
+static double median_parallel_s(struct kt_pool *pool, int64_t items, kt_pool_fn task, void *ctx, double seconds)
+{
+    double *samples = malloc(MAX_SAMPLES * sizeof(double));
+    if (!samples)
+        return -1.0;
+    int n = 0;
+    kt_pool_parallel_for(pool, items, 1, task, ctx);
+    const double start = now_s();
+    do {
+        const double t0 = now_s();
+        kt_pool_parallel_for(pool, items, 1, task, ctx);
+        samples[n++] = now_s() - t0;
+    } while (n < MAX_SAMPLES && (n < MIN_CALLS || now_s() - start < seconds));
+    qsort(samples, (size_t)n, sizeof(double), cmp_double);
+    const double med = samples[n / 2];
+    free(samples);
+    return med;
+}
+
 static kt_status measure_cached(struct kt_pool *pool, double seconds, double *gbps, kt_err *err)
 {
     const int threads = kt_pool_n_threads(pool), items = 16 * threads;
     struct cached_call c = {kt_mat_kernels_for(KT_TYPE_F32), malloc((size_t)threads * 2 * HEAD_DIM * HEAD_KVR * sizeof(float)),
                             malloc((size_t)threads * HEAD_DIM * sizeof(float)), NULL};
     float *x = malloc(HEAD_KVR * sizeof(float));
-    double *samples = malloc(MAX_SAMPLES * sizeof(double));
     kt_status st = KT_OK;
-    if (!c.k || !c.w || !c.y || !x || !samples) {
+    if (!c.k || !c.w || !c.y || !x) {
         st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the cached f32 products");
         goto done;
     }
@@ -867,22 +888,15 @@ static kt_status measure_cached(struct kt_pool *pool, double seconds, double *gb
     random_floats(c.w, (size_t)threads * 2 * HEAD_DIM * HEAD_KVR, &seed);
     random_floats(x, HEAD_KVR, &seed);
     c.x = x;
-    int n = 0;
-    kt_pool_parallel_for(pool, items, 1, cached_task, &c); /* untimed: the pairs into cache */
-    const double start = now_s();
-    do {
-        const double t0 = now_s();
-        kt_pool_parallel_for(pool, items, 1, cached_task, &c);
-        samples[n++] = now_s() - t0;
-    } while (n < MAX_SAMPLES && (n < MIN_CALLS || now_s() - start < seconds));
-    qsort(samples, (size_t)n, sizeof(double), cmp_double);
-    *gbps = (double)items * 2 * HEAD_DIM * HEAD_KVR * sizeof(float) / samples[n / 2] * 1e-9;
+    const double med = median_parallel_s(pool, items, cached_task, &c, seconds);
+    if (med < 0)
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the cached f32 products' samples");
+    else
+        *gbps = (double)items * 2 * HEAD_DIM * HEAD_KVR * sizeof(float) / med * 1e-9;
 done:
     free(c.w), free(c.y), free(x);
-    free(samples);
     return st;
 }
-
 
 /* head_dequant_gelems[t] and attention_gflops: the expanded form's per-head
  * work besides its f32 products, every thread of the pool on its own head
@@ -890,83 +904,90 @@ done:
 #define ATTN_KEYS 64 /* keys a query attends to: a 64-token chunk's mean is 32, its last 64 */
 #define ATTN_DK 192  /* qk_nope_dim + qk_rope_dim of V3 and Kimi-K2 */
 
-struct head_call {
-    enum kt_type type;        /* dequantize: the weights' type; KT_TYPE_COUNT: attention */
+struct dequant_call {
+    enum kt_type type;
     const uint8_t *uk, *uv;   /* per thread: W_UK,h (HEAD_KVR rows of HEAD_DIM), W_UV,h (HEAD_DIM rows of HEAD_KVR) */
-    float *out, *tmp;         /* (threads, 2 HEAD_DIM HEAD_KVR), (threads, 16 HEAD_DIM) */
-    float *keys, *vals, *q;   /* (threads, ATTN_KEYS, ATTN_DK), (threads, ATTN_KEYS, HEAD_DIM), (threads, ATTN_DK) */
+    float *out, *tmp;         /* (threads, 2 HEAD_DIM HEAD_KVR), (threads, KT_MAT_T_ROWS HEAD_DIM) */
 };
 
-static void head_task(void *ctx, int64_t begin, int64_t end, int worker)
+static void dequant_task(void *ctx, int64_t begin, int64_t end, int worker)
 {
-    const struct head_call *c = ctx;
+    const struct dequant_call *c = ctx;
+    const size_t uk_row = kt_type_row_bytes(c->type, HEAD_DIM), uv_row = kt_type_row_bytes(c->type, HEAD_KVR);
+    const struct kt_mat uk = {.data = c->uk + (size_t)worker * HEAD_KVR * uk_row, .type = c->type, .n_in = HEAD_DIM,
+                              .n_out = HEAD_KVR, .row_bytes = uk_row};
+    const struct kt_mat uv = {.data = c->uv + (size_t)worker * HEAD_DIM * uv_row, .type = c->type, .n_in = HEAD_KVR,
+                              .n_out = HEAD_DIM, .row_bytes = uv_row};
     float *out = c->out + (size_t)worker * 2 * HEAD_DIM * HEAD_KVR;
     for (int64_t i = begin; i < end; i++) {
-        if (c->type == KT_TYPE_COUNT) {
-            const float *k[ATTN_KEYS], *v[ATTN_KEYS];
-            for (int t = 0; t < ATTN_KEYS; t++) {
-                k[t] = c->keys + ((size_t)worker * ATTN_KEYS + (size_t)t) * ATTN_DK;
-                v[t] = c->vals + ((size_t)worker * ATTN_KEYS + (size_t)t) * HEAD_DIM;
-            }
-            kt_attention_head(out, c->q + (size_t)worker * ATTN_DK, k, v, ATTN_KEYS, ATTN_DK, HEAD_DIM, 0.07f,
-                              out + HEAD_DIM);
-            continue;
-        }
-        const size_t uk_row = kt_type_row_bytes(c->type, HEAD_DIM), uv_row = kt_type_row_bytes(c->type, HEAD_KVR);
-        const struct kt_mat uk = {.data = c->uk + (size_t)worker * HEAD_KVR * uk_row, .type = c->type, .n_in = HEAD_DIM, .n_out = HEAD_KVR,
-                                  .row_bytes = uk_row};
-        const struct kt_mat uv = {.data = c->uv + (size_t)worker * HEAD_DIM * uv_row, .type = c->type, .n_in = HEAD_KVR, .n_out = HEAD_DIM,
-                                  .row_bytes = uv_row};
         kt_mat_dequantize_transposed(&uk, out, c->tmp + (size_t)worker * KT_MAT_T_ROWS * HEAD_DIM);
         kt_mat_dequantize(&uv, out + HEAD_DIM * HEAD_KVR);
     }
 }
 
-/* t < KT_TYPE_COUNT: the dequantization's weights a second (1e9); else
- * kt_attention_head's GFLOP/s. */
-static kt_status measure_head_work(struct kt_pool *pool, enum kt_type t, double seconds, double *rate, kt_err *err)
+/* head_dequant_gelems[t]: weights a second (1e9). */
+static kt_status measure_head_dequant(struct kt_pool *pool, enum kt_type t, double seconds, double *gelems, kt_err *err)
 {
     const int threads = kt_pool_n_threads(pool), items = 16 * threads;
-    const bool attention = t == KT_TYPE_COUNT;
-    struct head_call c = {t, NULL, NULL, malloc((size_t)threads * 2 * HEAD_DIM * HEAD_KVR * sizeof(float)),
-                          malloc((size_t)threads * KT_MAT_T_ROWS * HEAD_DIM * sizeof(float)), NULL, NULL, NULL};
-    uint8_t *uk = NULL, *uv = NULL;
-    double *samples = malloc(MAX_SAMPLES * sizeof(double));
-    kt_status st = KT_OK;
     uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)t;
-    if (attention) {
-        c.keys = malloc((size_t)threads * ATTN_KEYS * ATTN_DK * sizeof(float));
-        c.vals = malloc((size_t)threads * ATTN_KEYS * HEAD_DIM * sizeof(float));
-        c.q = malloc((size_t)threads * ATTN_DK * sizeof(float));
-        if (c.keys && c.vals && c.q) {
-            random_floats(c.keys, (size_t)threads * ATTN_KEYS * ATTN_DK, &seed);
-            random_floats(c.vals, (size_t)threads * ATTN_KEYS * HEAD_DIM, &seed);
-            random_floats(c.q, (size_t)threads * ATTN_DK, &seed);
-        }
-    } else {
-        c.uk = uk = gguf_matrix(t, HEAD_DIM, (int64_t)threads * HEAD_KVR, &seed);
-        c.uv = uv = gguf_matrix(t, HEAD_KVR, (int64_t)threads * HEAD_DIM, &seed);
-    }
-    if (!c.out || !c.tmp || !samples || (attention ? !c.keys || !c.vals || !c.q : !uk || !uv)) {
-        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the attention heads' work");
-        goto done;
-    }
-    int n = 0;
-    kt_pool_parallel_for(pool, items, 1, head_task, &c); /* untimed: into cache */
-    const double start = now_s();
-    do {
-        const double t0 = now_s();
-        kt_pool_parallel_for(pool, items, 1, head_task, &c);
-        samples[n++] = now_s() - t0;
-    } while (n < MAX_SAMPLES && (n < MIN_CALLS || now_s() - start < seconds));
-    qsort(samples, (size_t)n, sizeof(double), cmp_double);
-    const double per_item = attention ? 2.0 * ATTN_KEYS * (ATTN_DK + HEAD_DIM) : 2.0 * HEAD_DIM * HEAD_KVR;
-    *rate = (double)items * per_item / samples[n / 2] * 1e-9;
-done:
-    free(uk), free(uv), free(c.out), free(c.tmp), free(c.keys), free(c.vals), free(c.q);
-    free(samples);
+    struct dequant_call c = {t, gguf_matrix(t, HEAD_DIM, (int64_t)threads * HEAD_KVR, &seed),
+                             gguf_matrix(t, HEAD_KVR, (int64_t)threads * HEAD_DIM, &seed),
+                             malloc((size_t)threads * 2 * HEAD_DIM * HEAD_KVR * sizeof(float)),
+                             malloc((size_t)threads * KT_MAT_T_ROWS * HEAD_DIM * sizeof(float))};
+    const double med = c.uk && c.uv && c.out && c.tmp ? median_parallel_s(pool, items, dequant_task, &c, seconds) : -1;
+    kt_status st = KT_OK;
+    if (med < 0)
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the %s heads' dequantization", kt_type_name(t));
+    else
+        *gelems = (double)items * 2.0 * HEAD_DIM * HEAD_KVR / med * 1e-9;
+    free((void *)c.uk), free((void *)c.uv), free(c.out), free(c.tmp);
     return st;
 }
+
+struct scores_call {
+    const float *keys, *vals, *q; /* (threads, ATTN_KEYS, ATTN_DK), (threads, ATTN_KEYS, HEAD_DIM), (threads, ATTN_DK) */
+    float *out;                   /* (threads, HEAD_DIM + ATTN_KEYS): the output, then the scores */
+};
+
+static void scores_task(void *ctx, int64_t begin, int64_t end, int worker)
+{
+    const struct scores_call *c = ctx;
+    const float *k[ATTN_KEYS], *v[ATTN_KEYS];
+    for (int t = 0; t < ATTN_KEYS; t++) {
+        k[t] = c->keys + ((size_t)worker * ATTN_KEYS + (size_t)t) * ATTN_DK;
+        v[t] = c->vals + ((size_t)worker * ATTN_KEYS + (size_t)t) * HEAD_DIM;
+    }
+    float *out = c->out + (size_t)worker * (HEAD_DIM + ATTN_KEYS);
+    for (int64_t i = begin; i < end; i++)
+        kt_attention_head(out, c->q + (size_t)worker * ATTN_DK, k, v, ATTN_KEYS, ATTN_DK, HEAD_DIM, 0.07f,
+                          out + HEAD_DIM);
+}
+
+/* attention_gflops: kt_attention_head's GFLOP/s, 2 (dk + dv) per key. */
+static kt_status measure_attention(struct kt_pool *pool, double seconds, double *gflops, kt_err *err)
+{
+    const int threads = kt_pool_n_threads(pool), items = 16 * threads;
+    float *keys = malloc((size_t)threads * ATTN_KEYS * ATTN_DK * sizeof(float));
+    float *vals = malloc((size_t)threads * ATTN_KEYS * HEAD_DIM * sizeof(float));
+    float *q = malloc((size_t)threads * ATTN_DK * sizeof(float));
+    struct scores_call c = {keys, vals, q, malloc((size_t)threads * (HEAD_DIM + ATTN_KEYS) * sizeof(float))};
+    double med = -1;
+    if (keys && vals && q && c.out) {
+        uint64_t seed = 0x9e3779b97f4a7c15ull;
+        random_floats(keys, (size_t)threads * ATTN_KEYS * ATTN_DK, &seed);
+        random_floats(vals, (size_t)threads * ATTN_KEYS * HEAD_DIM, &seed);
+        random_floats(q, (size_t)threads * ATTN_DK, &seed);
+        med = median_parallel_s(pool, items, scores_task, &c, seconds);
+    }
+    kt_status st = KT_OK;
+    if (med < 0)
+        st = kt_err_set(err, KT_ERR_NOMEM, "out of memory for the attention scores");
+    else
+        *gflops = (double)items * 2.0 * ATTN_KEYS * (ATTN_DK + HEAD_DIM) / med * 1e-9;
+    free(keys), free(vals), free(q), free(c.out);
+    return st;
+}
+
 /* ---- CUDA: memory and link ---------------------------------------------------------------- */
 
 static kt_status measure_cuda(struct kt_machine_accel *a, double seconds, kt_err *err)
@@ -1213,12 +1234,12 @@ int kt_bench_machine(const struct kt_bench_options *o)
         const enum kt_type t = machine_types[k];
         if (!kt_mat_kernels_for(t) || !kt_type_traits(t)->from_float || !kt_type_row_bytes(t, HEAD_DIM))
             continue;
-        if (measure_head_work(step_pool, t, o->seconds, &m->nodes[0].head_dequant_gelems[t], &err) != KT_OK)
+        if (measure_head_dequant(step_pool, t, o->seconds, &m->nodes[0].head_dequant_gelems[t], &err) != KT_OK)
             goto fail;
         printf("node%-2d %-6s %10.2f   (G weights/s dequantized, a head pair each thread)\n", m->nodes[0].node,
                kt_type_name(t), m->nodes[0].head_dequant_gelems[t]);
     }
-    if (measure_head_work(step_pool, KT_TYPE_COUNT, o->seconds, &m->nodes[0].attention_gflops, &err) != KT_OK)
+    if (measure_attention(step_pool, o->seconds, &m->nodes[0].attention_gflops, &err) != KT_OK)
         goto fail;
     printf("node%-2d %-6s %10.2f   (GFLOP/s of scores and sums, %d keys, every thread)\n", m->nodes[0].node, "f32",
            m->nodes[0].attention_gflops, ATTN_KEYS);
