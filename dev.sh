@@ -10,8 +10,9 @@
 #   ./dev.sh build   install and build only
 #
 # Runs as root or through sudo.  Installs Debian packages only; test and asan also
-# install Debian's nodejs and npm and run `npm ci` in tests/openai-sdk (the openai SDK,
-# pinned) for the real-client tests.  Nothing else.
+# install Debian's nodejs, npm and chromium and run `npm ci` in tests/openai-sdk (the
+# openai SDK, pinned) and tests/dashboard (playwright-core, pinned) for the real-client
+# and browser tests.  Nothing else.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -109,17 +110,21 @@ demo_serve() {
 }
 
 # The real-client tests run the official SDKs under Debian's Node (tests/openai-sdk: the
-# openai SDK, pinned in its package-lock.json). ca-certificates is only recommended by
-# nodejs, and npm needs it to reach the registry.
-TEST_PACKAGES=(nodejs npm ca-certificates)
+# openai SDK, pinned in its package-lock.json); the dashboard test drives Debian's chromium
+# with playwright-core (tests/dashboard, pinned likewise). ca-certificates is only
+# recommended by nodejs, and npm needs it to reach the registry.
+TEST_PACKAGES=(nodejs npm ca-certificates chromium)
 install_sdk_test() {
     install_missing "${TEST_PACKAGES[@]}"
-    log "npm ci in tests/openai-sdk (the openai SDK, pinned in its package-lock.json)"
-    if ! (cd tests/openai-sdk && npm ci --no-audit --no-fund --loglevel=error); then
-        # CI must run the real-client tests; a developer offline still gets the rest.
-        [ "${CI:-}" = "true" ] && { echo "dev.sh: npm ci failed in tests/openai-sdk" >&2; exit 1; }
-        log "npm ci failed: test_openai_sdk will skip"
-    fi
+    local dir
+    for dir in openai-sdk dashboard; do
+        log "npm ci in tests/$dir (pinned in its package-lock.json)"
+        if ! (cd "tests/$dir" && npm ci --no-audit --no-fund --loglevel=error); then
+            # CI must run the real-client tests; a developer offline still gets the rest.
+            [ "${CI:-}" = "true" ] && { echo "dev.sh: npm ci failed in tests/$dir" >&2; exit 1; }
+            log "npm ci failed: the tests that need tests/$dir will skip"
+        fi
+    done
 }
 
 cmd=${1:-}

@@ -746,6 +746,11 @@ const char *kt_placement_config_profile(const struct kt_placement_config *c)
     return c->profile;
 }
 
+uint32_t kt_placement_config_replicas_hot_per_layer(const struct kt_placement_config *c)
+{
+    return c->replicas_hot_per_layer;
+}
+
 kt_status kt_placement_config_parse(const char *text, size_t len, const char *name,
                                     struct kt_placement_config **out, kt_err *err)
 {

@@ -13,6 +13,8 @@
 #ifndef KT_PLACEMENT_CONFIG_H
 #define KT_PLACEMENT_CONFIG_H
 
+#include <stdint.h>
+
 #include <stddef.h>
 
 #include "status.h"
@@ -32,5 +34,7 @@ void kt_placement_config_destroy(struct kt_placement_config *c);
 /* The profile file the config names (relative paths already joined to the
  * config's directory), or NULL when it names none. */
 const char *kt_placement_config_profile(const struct kt_placement_config *c);
+/* cpu.replicas.hot_per_layer (0: none). */
+uint32_t kt_placement_config_replicas_hot_per_layer(const struct kt_placement_config *c);
 
 #endif

@@ -69,6 +69,44 @@ void kt_placement_destroy(struct kt_placement *p)
     free(p);
 }
 
+/* malloc'd copy of n bytes at src (NULL when src is); *ok false when memory ran out. */
+static void *copy_of(const void *src, size_t n, bool *ok)
+{
+    if (!src)
+        return NULL;
+    void *d = malloc(n ? n : 1);
+    if (!d)
+        *ok = false;
+    else
+        memcpy(d, src, n);
+    return d;
+}
+
+struct kt_placement *kt_placement_clone(const struct kt_placement *p)
+{
+    struct kt_placement *c = malloc(sizeof *c);
+    if (!c)
+        return NULL;
+    *c = *p;
+    bool ok = true;
+    c->devices = copy_of(p->devices, (size_t)p->n_devices * sizeof *p->devices, &ok);
+    c->node_bytes = copy_of(p->node_bytes, (size_t)p->n_nodes * sizeof *p->node_bytes, &ok);
+    c->node_experts = copy_of(p->node_experts, (size_t)p->n_nodes * sizeof *p->node_experts, &ok);
+    c->layers = calloc(p->n_layer ? p->n_layer : 1, sizeof *c->layers);
+    ok = ok && c->layers;
+    for (uint32_t il = 0; ok && il < p->n_layer; il++) {
+        c->layers[il] = p->layers[il];
+        c->layers[il].experts = copy_of(p->layers[il].experts, (size_t)p->n_expert * sizeof *p->layers[il].experts, &ok);
+    }
+    if (!ok) {
+        if (!c->layers)
+            c->n_layer = 0;
+        kt_placement_destroy(c);
+        return NULL;
+    }
+    return c;
+}
+
 const struct kt_expert_home *kt_placement_expert(const struct kt_placement *p, uint32_t il, uint32_t x)
 {
     if (il >= p->n_layer || x >= p->n_expert || !p->layers[il].experts)

@@ -102,6 +102,8 @@ struct kt_placement {
 kt_status kt_placement_resolve(const struct kt_placement_config *c, const struct kt_model *m, int n_numa_nodes,
                                const char *profile_override, struct kt_placement **out, kt_err *err);
 void kt_placement_destroy(struct kt_placement *p);
+/* A deep copy of p; NULL out of memory. */
+struct kt_placement *kt_placement_clone(const struct kt_placement *p);
 
 /* Expert x of layer il; NULL in dense layers or out of range. */
 const struct kt_expert_home *kt_placement_expert(const struct kt_placement *p, uint32_t il, uint32_t x);

@@ -107,6 +107,15 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
          {.device = &sim, .expert_on_device = all, .shared_on_device = true, .topology = "package:2 numa:1 core:1 pu:1",
           .test = &(struct kt_engine_test_params){.experts_round_robin = true}},
          true},
+        {"sim, half the experts + shared, one expert per layer on or off the device before every step",
+         {.device = &sim, .expert_on_device = half, .shared_on_device = true,
+          .test = &(struct kt_engine_test_params){.migrate_every_step = true}},
+         true},
+        {"sim, attention on it, 2 nodes, experts moving on, off and between nodes every step",
+         {.device = &sim, .expert_on_device = half, .attention_on_device = true,
+          .topology = "package:2 numa:1 core:1 pu:1",
+          .test = &(struct kt_engine_test_params){.experts_round_robin = true, .migrate_every_step = true}},
+         true},
     };
     for (size_t c = 0; base && c < sizeof cases / sizeof cases[0]; c++) {
         float *got = run(m, &cases[c].p, tokens, &st, &dev);
@@ -125,6 +134,12 @@ static void hybrid_matches_cpu_only(const char *preset, const char *extra)
                      (unsigned long long)st.device_pairs, (unsigned long long)dev.ops);
         else
             KT_CHECK(st.device_pairs == 0, "%s, %s: no expert ran on the device", preset, cases[c].what);
+        if (cases[c].p.test && cases[c].p.test->migrate_every_step)
+            KT_CHECK(st.experts_moved >= (uint64_t)(PROMPT_LEN + DECODE_STEPS) / 2,
+                     "%s, %s: experts moved (%llu moves)", preset, cases[c].what,
+                     (unsigned long long)st.experts_moved);
+        else
+            KT_CHECK(st.experts_moved == 0, "%s, %s: nothing moved", preset, cases[c].what);
         if (cases[c].p.attention_on_device) {
             KT_CHECK(dev.ops >= 3 * (uint64_t)L * (1 + DECODE_STEPS),
                      "%s, %s: each layer's attention went through the device", preset, cases[c].what);
@@ -263,6 +278,9 @@ static void cuda_splits_match_cpu_only(const char *preset)
         {"everything (GPU-only)",
          {.device = &gpu, .expert_on_device = all, .shared_on_device = true, .dense_on_device = true,
           .attention_on_device = true, .output_on_device = true}},
+        {"attention + half the experts, one expert per layer on or off the GPU before every step",
+         {.device = &gpu, .expert_on_device = half, .attention_on_device = true,
+          .test = &(struct kt_engine_test_params){.migrate_every_step = true}}},
     };
     int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
     struct kt_engine_stats st;
@@ -378,6 +396,70 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     kt_test_synth_remove(m, path);
 }
 
+/* An expert moving onto a device whose budget is spent is refused and
+ * changes nothing; after another expert moves off, it fits, and the logits
+ * stay CPU-only's. */
+static void device_moves_stay_within_the_budget(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    struct expert_masks masks = make_masks(m);
+    struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0"};
+    struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2, .device = &sim,
+                                 .expert_on_device = masks.half};
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    uint64_t need = 0, work = 0;
+    if (kt_engine_create(m, &p, &e, &err) == KT_OK) /* what this placement takes on the device */
+        kt_engine_device_bytes(e, &need, &work);
+    kt_engine_destroy(e);
+    e = NULL;
+    sim.memory_bytes = need; /* exactly full */
+    const uint32_t N = m->hp.n_expert, il = m->hp.n_dense_lead, on = 0, off = N - 1;
+    float *base = NULL, *got = NULL;
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK) {
+        KT_CHECK(0, "engine at a budget of %llu bytes: %s", (unsigned long long)need, err.msg);
+        goto done;
+    }
+    KT_CHECK(kt_engine_expert_on_device(e, il, on) && !kt_engine_expert_on_device(e, il, off), "start");
+    kt_status st = kt_engine_expert_to_device(e, il, off, &err);
+    KT_CHECK(st == KT_ERR_NOMEM && strstr(err.msg, "sim0"), "over the budget: refused naming the device (%s: %s)",
+             kt_status_name(st), err.msg);
+    KT_CHECK(!kt_engine_expert_on_device(e, il, off), "the refused expert stays on the CPU");
+    KT_CHECK(kt_engine_expert_to_device(e, il, on, &err) == KT_ERR_INVALID, "an expert already there: refused");
+    KT_CHECK(kt_engine_expert_off_device(e, il, off, &err) == KT_ERR_INVALID, "an expert not there: refused");
+    KT_CHECK(kt_engine_expert_off_device(e, il, on, &err) == KT_OK, "off: %s", err.msg);
+    KT_CHECK(kt_engine_expert_to_device(e, il, off, &err) == KT_OK, "then it fits: %s", err.msg);
+    KT_CHECK(kt_engine_expert_on_device(e, il, off) && !kt_engine_expert_on_device(e, il, on), "swapped");
+    uint64_t total = 0;
+    kt_engine_device_bytes(e, &total, &work);
+    KT_CHECK(total == need, "the device holds what it held (%llu vs %llu bytes)", (unsigned long long)total,
+             (unsigned long long)need);
+    struct kt_engine_stats s;
+    kt_engine_stats(e, &s);
+    KT_CHECK(s.experts_moved == 2, "two moves counted (%llu)", (unsigned long long)s.experts_moved);
+    if (m->hp.n_dense_lead > 0)
+        KT_CHECK(kt_engine_expert_to_device(e, 0, 0, &err) == KT_ERR_INVALID, "a dense layer has no routed experts");
+    kt_engine_destroy(e);
+    e = NULL;
+    /* the swapped placement decodes as CPU-only does */
+    int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
+    base = run(m, &(struct kt_engine_params){0}, base_tokens, NULL, NULL);
+    masks.half[(size_t)il * N + on] = 0, masks.half[(size_t)il * N + off] = 1;
+    got = run(m, &p, tokens, NULL, NULL);
+    KT_CHECK(base && got && !memcmp(base, got, (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab * sizeof *got),
+             "the swapped placement's logits equal CPU-only's");
+    if (kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .n_threads = 1}, &e, &err) == KT_OK)
+        KT_CHECK(kt_engine_expert_to_device(e, il, on, &err) == KT_ERR_UNSUPPORTED, "no device: refused");
+done:
+    kt_engine_destroy(e);
+    free(base), free(got);
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
+
 static void placement_over_the_budget_is_refused(void)
 {
     char path[1024];
@@ -478,6 +560,7 @@ int main(void)
     KT_RUN(tiny_q4_k_hybrid_matches_cpu_only);
     KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
     KT_RUN(kv_cache_on_the_device);
+    KT_RUN(device_moves_stay_within_the_budget);
     KT_RUN(placement_over_the_budget_is_refused);
     return kt_test_finish();
 }

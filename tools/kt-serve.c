@@ -76,6 +76,37 @@ static bool opt_profile_interval(void *o, const char *arg, char *why, size_t ws)
     return true;
 }
 
+KT_CLI_STRING_OPTION(opt_machine, machine)
+KT_CLI_STRING_OPTION(opt_plan_out, plan_out)
+
+static bool opt_rebalance_interval(void *o, const char *arg, char *why, size_t ws)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v == 0 || v >= 0.01) || v > 1e6)
+        return kt_cli_invalid(why, ws, "--rebalance-interval (seconds, at least 0.01; 0: off)", arg);
+    OPTS(o)->rebalance_interval_s = v;
+    OPTS(o)->rebalance_given = true;
+    return true;
+}
+
+static bool opt_min_gain(void *o, const char *arg, char *why, size_t ws)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v >= 0 && v < 1))
+        return kt_cli_invalid(why, ws, "--rebalance-min-gain (a share of the step, 0 to below 1)", arg);
+    OPTS(o)->rebalance_min_gain = v;
+    return true;
+}
+
+static bool opt_migration_budget(void *o, const char *arg, char *why, size_t ws)
+{
+    double v;
+    if (!kt_cli_parse_double(arg, &v) || !(v > 0) || v > 1e9)
+        return kt_cli_invalid(why, ws, "--migration-budget-mib (MiB, above 0)", arg);
+    OPTS(o)->migration_budget_mib = v;
+    return true;
+}
+
 static bool opt_forced(void *o, const char *arg, char *why, size_t ws)
 {
     (void)arg, (void)why, (void)ws;
@@ -120,6 +151,18 @@ static const struct kt_cli_option options_table[] = {
      opt_profile_half_life},
     {"--profile-interval", NULL, "S", 0, "seconds between profile writes (default 60; also at exit)",
      opt_profile_interval},
+    {"--rebalance-interval", NULL, "S", 0,
+     "seconds between rebalancing rounds: experts move to where the live profile wants them (default 60 with a "
+     "device or more than one NUMA node; 0: off)",
+     opt_rebalance_interval},
+    {"--rebalance-min-gain", NULL, "G", 0, "move only when the plan saves this share of the step (default 0.02)",
+     opt_min_gain},
+    {"--migration-budget-mib", NULL, "M", 0, "expert copies waiting for their switch, at most (default 1024)",
+     opt_migration_budget},
+    {"--machine", NULL, "FILE", 0, "kt-bench machine file for the rebalancer's cost model (default: stated defaults)",
+     opt_machine},
+    {"--plan-out", NULL, "FILE", 0, "write the live placement as a placement config after each round that moved "
+     "experts, and at exit (atomically)", opt_plan_out},
     {"--quiet", "-q", NULL, 0, "no log line per request", opt_quiet},
     {"--test-forced-output", NULL, NULL, 0, "tests only: honour the request field kt_test_forced_output",
      opt_forced},
@@ -223,11 +266,22 @@ static bool load(struct kt_server *s, kt_err *err)
         setvbuf(progress, NULL, _IONBF, 0);
     ep.progress = progress;
     struct kt_engine_plan plan = {0};
-    bool ok = !o->placement || kt_tool_placement_apply(o->placement, s->model, &ep, &plan, err) == KT_OK;
+    struct kt_placement_config *config = NULL;
+    struct kt_placement *live = NULL;
+    bool ok = kt_tool_placement_load(o->placement, s->model, ep.topology, &config, &live, err) == KT_OK;
+    if (ok && o->placement) {
+        kt_placement_describe(live, stderr);
+        ok = kt_engine_plan_apply(live, &plan, &ep, stderr, err) == KT_OK;
+    }
     ok = ok && kt_engine_create(s->model, &ep, &s->engine, err) == KT_OK;
     kt_engine_plan_free(&plan);
     if (progress)
         fclose(progress);
+    if (ok)
+        ok = kt_serve_placement_create(s, live, config, err) == KT_OK; /* takes live */
+    else
+        kt_placement_destroy(live);
+    kt_placement_config_destroy(config);
     if (!ok)
         return false;
     s->sm = (struct kt_serve_model){.tok = s->tok, .format = format, .n_ctx = n_ctx,
@@ -241,8 +295,8 @@ static bool load(struct kt_server *s, kt_err *err)
     struct kt_sched_params sp = {.engine = s->engine, .tok = s->tok, .max_running_seqs = o->max_seqs,
                                  .max_waiting = o->max_waiting, .max_batch_tokens = o->max_batch_tokens,
                                  .prefix_cache_entries = o->prefix_cache, .metrics = &s->metrics,
-                                 .after_step = kt_serve_profile_after_step, .after_step_ctx = s->profile};
-    return kt_sched_create(&sp, &s->sched, err) == KT_OK;
+                                 .after_step = kt_serve_after_step, .after_step_ctx = s};
+    return kt_sched_create(&sp, &s->sched, err) == KT_OK && kt_serve_placement_start(s, err) == KT_OK;
 }
 
 static pthread_t g_main_thread; /* the loader signals it when loading fails */
@@ -278,6 +332,7 @@ static void write_profile(struct kt_server *s)
 static void teardown(struct kt_server *s)
 {
     kt_sched_destroy(s->sched);
+    kt_serve_placement_destroy(s);
     kt_serve_profile_destroy(s);
     kt_engine_destroy(s->engine);
     kt_tokenizer_destroy(s->tok);
@@ -292,7 +347,8 @@ int main(int argc, char **argv)
     s->o = (struct kt_serve_options){.host = "127.0.0.1", .port = 8080, .max_seqs = 8, .max_waiting = 64,
                                      .request_timeout_s = 600, .shutdown_timeout_s = 30, .ping_interval_s = 10,
                                      .max_body_bytes = 8u << 20, .max_connections = 512,
-                                     .profile_half_life = 1e6, .profile_interval_s = 60};
+                                     .profile_half_life = 1e6, .profile_interval_s = 60,
+                                     .rebalance_min_gain = 0.02, .migration_budget_mib = 1024};
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &s->o);
     if (rc >= 0)
         return rc;
@@ -380,6 +436,10 @@ int main(int argc, char **argv)
     for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
         usleep(10000);
     write_profile(s); /* what was served, all of it */
+    kt_serve_placement_stop(s);
+    kt_err err = {0};
+    if (kt_serve_placement_write(s, &err) != KT_OK)
+        fprintf(stderr, "kt-serve: --plan-out: %s\n", err.msg);
     kt_http_stop(s);
     teardown(s);
     fprintf(stderr, "kt-serve: stopped\n");

@@ -688,3 +688,61 @@ kt_status kt_engine_device_bytes(const struct kt_engine *e, uint64_t *total, uin
     *work = e->dev.work_bytes;
     return KT_OK;
 }
+
+/* ---- routed experts moving on and off the device (engine.h) ------------------------------------ */
+
+/* Frees the device block at ptr and forgets it. */
+static void device_release(struct kt_engine *e, const void *ptr)
+{
+    for (uint32_t i = 0; i < e->dev.n_blocks; i++) {
+        if (e->dev.blocks[i] != ptr)
+            continue;
+        kt_backend_free(e->dev.backend, e->dev.blocks[i], e->dev.block_bytes[i]);
+        e->dev.n_blocks--;
+        e->dev.blocks[i] = e->dev.blocks[e->dev.n_blocks];
+        e->dev.block_bytes[i] = e->dev.block_bytes[e->dev.n_blocks];
+        return;
+    }
+}
+
+kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uint64_t *bytes, kt_err *err)
+{
+    const bool cuda = kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA;
+    struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], x);
+    struct kt_mat *mats[3] = {&w.gate, &w.up, &w.down};
+    void *dst[3] = {NULL, NULL, NULL};
+    kt_status st = KT_OK;
+    for (int i = 0; i < 3 && st == KT_OK; i++) {
+        const struct kt_cuda_mat cm = kt_fwd_cuda_mat(mats[i]);
+        if (cuda)
+            st = kt_cuda_mat_usable(&cm, kt_type_name(mats[i]->type), err);
+        if (st == KT_OK)
+            st = device_alloc(e, (size_t)kt_mat_bytes(mats[i]), &dst[i], err);
+    }
+    if (st != KT_OK) { /* the device's budget or block table: nothing changes */
+        for (int i = 0; i < 3; i++)
+            if (dst[i])
+                device_release(e, dst[i]);
+        kt_err_prefix(err, "device '%s': layer %u expert %u", kt_backend_name(e->dev.backend), il, x);
+        return st;
+    }
+    *bytes = 0;
+    for (int i = 0; i < 3; i++) { /* queued ahead of the next step's work, which then reads it there */
+        const size_t n = (size_t)kt_mat_bytes(mats[i]);
+        kt_backend_copy_in(e->dev.backend, dst[i], mats[i]->data, n);
+        mats[i]->data = dst[i];
+        *bytes += n;
+    }
+    e->dev.experts[(size_t)il * e->hp.n_expert + x] = w;
+    return KT_OK;
+}
+
+void kt_dev_expert_drop(struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    struct kt_ffn_weights *w = &e->dev.experts[(size_t)il * e->hp.n_expert + x];
+    kt_backend_sync(e->dev.backend); /* the steps that could read it are done */
+    device_release(e, w->gate.data);
+    device_release(e, w->up.data);
+    device_release(e, w->down.data);
+    memset(w, 0, sizeof *w);
+}

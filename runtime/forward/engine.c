@@ -790,7 +790,8 @@ static kt_status end_step(struct kt_engine *e, kt_err *err)
 }
 
 /* engine_test.h migrate_every_step: expert (steps so far % n_expert) of each
- * MoE layer to the next node with cores, where it can move. */
+ * MoE layer onto the device or off it (with a device), then to the next node
+ * with cores, where it can move. */
 static void test_migrate(struct kt_engine *e)
 {
     const uint32_t x = (uint32_t)(e->test_steps++ % (e->hp.n_expert ? e->hp.n_expert : 1));
@@ -798,9 +799,13 @@ static void test_migrate(struct kt_engine *e)
         const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
         if (!se->data)
             continue;
+        kt_err ignored = {0};
+        if (e->dev.backend && kt_fwd_expert_on_device(e, il, x))
+            kt_engine_expert_off_device(e, il, x, &ignored);
+        else if (e->dev.backend)
+            kt_engine_expert_to_device(e, il, x, &ignored);
         for (int k = 1; k < e->topo->n_nodes; k++) {
             const int node = (se->home_node + k) % e->topo->n_nodes;
-            kt_err ignored = {0};
             if (e->topo->nodes[node].n_cores > 0) {
                 kt_engine_move_expert(e, il, x, node, &ignored);
                 break;
@@ -932,9 +937,6 @@ kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: there is no copy to move");
     if (il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
         return kt_err_set(err, KT_ERR_INVALID, "no routed expert %u in layer %u", x, il);
-    if (kt_fwd_expert_on_device(e, il, x))
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u expert %u lives on the device: only CPU moves so far", il,
-                          x);
     if (node < 0 || node >= e->topo->n_nodes || e->topo->nodes[node].n_cores == 0)
         return kt_err_set(err, KT_ERR_INVALID, "node %d is not a node with cores of this engine's topology (%d nodes)",
                           node, e->topo->n_nodes);
@@ -943,7 +945,11 @@ kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t
 
 kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err)
 {
-    return kt_expert_store_switch(e->experts, c, err);
+    const uint64_t bytes = kt_expert_copy_bytes(c);
+    kt_status st = kt_expert_store_switch(e->experts, c, err);
+    if (st == KT_OK)
+        e->stats.experts_moved++, e->stats.experts_moved_bytes += bytes;
+    return st;
 }
 
 kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err)
@@ -951,4 +957,49 @@ kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, in
     struct kt_expert_copy *c = NULL;
     kt_status st = kt_engine_expert_copy(e, il, x, node, &c, err);
     return st ? st : kt_engine_expert_switch(e, c, err);
+}
+
+/* An error unless expert x of layer il is a routed expert the device can take or give back. */
+static kt_status device_move_check(const struct kt_engine *e, uint32_t il, uint32_t x, bool to_device, kt_err *err)
+{
+    if (!e->dev.backend)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "this engine has no device");
+    if (il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
+        return kt_err_set(err, KT_ERR_INVALID, "no routed expert %u in layer %u", x, il);
+    if (kt_fwd_expert_on_device(e, il, x) == to_device)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u is %s the device already", il, x,
+                          to_device ? "on" : "off");
+    return KT_OK;
+}
+
+kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err)
+{
+    uint64_t bytes = 0;
+    kt_status st = device_move_check(e, il, x, true, err);
+    if (st == KT_OK && (st = kt_dev_expert_upload(e, il, x, &bytes, err)) == KT_OK)
+        e->stats.experts_moved++, e->stats.experts_moved_bytes += bytes;
+    return st;
+}
+
+kt_status kt_engine_expert_off_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err)
+{
+    kt_status st = device_move_check(e, il, x, false, err);
+    if (st == KT_OK) {
+        kt_dev_expert_drop(e, il, x);
+        e->stats.experts_moved++;
+    }
+    return st;
+}
+
+bool kt_engine_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    return il < e->hp.n_layer && x < e->hp.n_expert && kt_fwd_expert_on_device(e, il, x);
+}
+
+int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    if (!e->experts || il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
+        return -1;
+    const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
+    return se->data ? se->home_node : -1;
 }

@@ -141,6 +141,8 @@ struct kt_engine_stats {
     uint64_t device_wait_ns;    /* time the step waited for the device after its own expert work */
     uint64_t cpu_experts_busy_ns; /* CPU threads' time in expert and dense FFN tasks, summed over threads */
     uint64_t node_busy_ns[16];  /* ... of it, the threads of topology node i's pool (with pools) */
+    uint64_t experts_moved;     /* routed experts that changed home (node or device) between steps */
+    uint64_t experts_moved_bytes; /* ... bytes copied for them */
 };
 
 /* One layer's share of the steps since creation or the last reset; the four
@@ -200,13 +202,31 @@ uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0
  * stepping thread (never during a step), and the next step runs it on that
  * node's pool: the same bytes, bit-identical logits.  kt_engine_move_expert
  * does both between steps.  `node` must have cores in the engine's topology;
- * experts on the device, of row-sliced layers or with replicas do not move
- * (KT_ERR_UNSUPPORTED); a failed switch leaves the old home serving. */
+ * experts of row-sliced layers or with replicas do not move
+ * (KT_ERR_UNSUPPORTED); a failed switch leaves the old home serving.  An
+ * expert on the device moves its CPU copy (where it runs once off the
+ * device).  kt_engine_expert_node: the node of that copy; -1 for a dense
+ * layer, a sliced one, or experts read in place. */
 struct kt_expert_copy;
 kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t x, int node,
                                 struct kt_expert_copy **out, kt_err *err);
 kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err);
 kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err);
+int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x);
+
+/* Moving a routed expert between the host and the device (an engine with
+ * one), on the stepping thread between steps.  kt_engine_expert_to_device
+ * queues the copy of its GGUF rows ahead of the next step's work (never
+ * waited for here) and the next step runs it there; KT_ERR_NOMEM when the
+ * device's budget cannot take it, and nothing changes.
+ * kt_engine_expert_off_device gives it back to its CPU home (the expert
+ * store keeps every expert's CPU copy) once the device has finished the steps
+ * that could read it, and frees its device memory.  The sim device computes
+ * what the CPU does, bit for bit; CUDA within the tolerance of
+ * tests/test_hybrid_sim.c. */
+kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err);
+kt_status kt_engine_expert_off_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err);
+bool kt_engine_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x);
 
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
 void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats and the routing counts */

@@ -35,9 +35,10 @@ struct kt_engine_test_params {
     bool no_device_graphs;
     const char *meminfo_path;   /* the memory check before the load reads this; NULL: /proc/meminfo */
     /* Before every step, move one routed expert of each MoE layer (the step's
-     * number modulo n_expert) to the next node with cores
-     * (kt_engine_move_expert): outputs must not change.  Experts that cannot
-     * move (device, sliced, replicated) are left where they are. */
+     * number modulo n_expert) onto the device or off it (with a device), then
+     * to the next node with cores (kt_engine_move_expert): outputs must not
+     * change.  Experts that cannot move (sliced, replicated, over the device's
+     * budget) are left where they are. */
     bool migrate_every_step;
 };
 

@@ -663,3 +663,8 @@ void kt_expert_copy_discard(struct kt_expert_copy *c)
     munmap(c->buf, c->map_bytes);
     free(c);
 }
+
+uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c)
+{
+    return c ? c->map_bytes : 0;
+}

@@ -166,5 +166,6 @@ kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uin
                                struct kt_expert_copy **out, kt_err *err);
 kt_status kt_expert_store_switch(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err);
 void kt_expert_copy_discard(struct kt_expert_copy *c);
+uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c); /* the memory it holds */
 
 #endif

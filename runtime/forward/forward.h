@@ -421,6 +421,11 @@ void kt_step_clock_end_layer(struct kt_engine *e, struct kt_step_clock *c, uint3
 kt_status kt_dev_create(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
 /* Frees e->dev (syncs first); pinned_buffers: what was page-locked for it. */
 void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers);
+/* Expert x of MoE layer il onto the device: its GGUF rows copied in on the
+ * queue, ahead of the next step (bytes: how many); KT_ERR_NOMEM over the
+ * budget, and nothing changes.  Drop: off it again once the queue is idle. */
+kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uint64_t *bytes, kt_err *err);
+void kt_dev_expert_drop(struct kt_engine *e, uint32_t il, uint32_t x);
 /* Once per step before the layers: the graph slot, and cuda's cache tables and RoPE angles sent. */
 void kt_dev_begin_step(struct kt_engine *e);
 /* Layer il's attention on the device, on e->x; in MoE layers also the FFN

@@ -6,23 +6,34 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "config.h"
 #include "topology.h"
+
+kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, const char *topology,
+                                 struct kt_placement_config **config, struct kt_placement **out, kt_err *err)
+{
+    static const char cpu_only[] = "version: 1\ndescription: every weight on the CPU\nattention: cpu\n";
+    struct kt_topology *topo = NULL;
+    *out = NULL;
+    *config = NULL;
+    kt_status st = path ? kt_placement_config_load(path, config, err)
+                        : kt_placement_config_parse(cpu_only, strlen(cpu_only), "cpu only", config, err);
+    if (st == KT_OK)
+        st = kt_topology_create(topology, &topo, err);
+    if (st == KT_OK)
+        st = kt_placement_resolve(*config, m, topo->n_nodes, NULL, out, err);
+    kt_topology_destroy(topo);
+    if (st != KT_OK) {
+        kt_placement_config_destroy(*config);
+        *config = NULL;
+    }
+    return st;
+}
 
 kt_status kt_tool_placement_resolve(const char *path, const struct kt_model *m, const char *topology,
                                     struct kt_placement **out, kt_err *err)
 {
-    static const char cpu_only[] = "version: 1\ndescription: every weight on the CPU\nattention: cpu\n";
     struct kt_placement_config *c = NULL;
-    struct kt_topology *topo = NULL;
-    *out = NULL;
-    kt_status st = path ? kt_placement_config_load(path, &c, err)
-                        : kt_placement_config_parse(cpu_only, strlen(cpu_only), "cpu only", &c, err);
-    if (st == KT_OK)
-        st = kt_topology_create(topology, &topo, err);
-    if (st == KT_OK)
-        st = kt_placement_resolve(c, m, topo->n_nodes, NULL, out, err);
-    kt_topology_destroy(topo);
+    kt_status st = kt_tool_placement_load(path, m, topology, &c, out, err);
     kt_placement_config_destroy(c);
     return st;
 }

@@ -7,6 +7,7 @@
 #ifndef KT_TOOLS_PLACEMENT_OPT_H
 #define KT_TOOLS_PLACEMENT_OPT_H
 
+#include "config.h"
 #include "engine.h"
 #include "engine_plan.h"
 #include "model.h"
@@ -18,8 +19,11 @@
 kt_status kt_tool_placement_apply(const char *path, const struct kt_model *m, struct kt_engine_params *ep,
                                   struct kt_engine_plan *plan, kt_err *err);
 
-/* The plan of the config at path (NULL: everything on the CPU) on the
- * machine's NUMA nodes (topology as the engine's params give it). */
+/* The config at path (NULL: everything on the CPU) and its plan on the
+ * machine's NUMA nodes (topology as the engine's params give it); both the
+ * caller's to destroy.  resolve: the plan alone. */
+kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, const char *topology,
+                                 struct kt_placement_config **config, struct kt_placement **out, kt_err *err);
 kt_status kt_tool_placement_resolve(const char *path, const struct kt_model *m, const char *topology,
                                     struct kt_placement **out, kt_err *err);
 

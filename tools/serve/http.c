@@ -142,7 +142,7 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
     const char *path = strncmp(url, "/v1/", 4) == 0 ? url + 3 : url;
     bool api = strncmp(url, "/v1/", 4) == 0 || strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0 ||
                strcmp(path, "/chat/completions") == 0 || strcmp(path, "/completions") == 0 ||
-               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strcmp(url, "/kt/profile") == 0;
+               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strncmp(url, "/kt/", 4) == 0;
 
     if (strcmp(url, "/health") == 0)
         return get ? kt_serve_health(rq) : wrong_method(rq, method, url, "GET");
@@ -150,6 +150,8 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         return get ? kt_serve_version(rq) : wrong_method(rq, method, url, "GET");
     if (strcmp(url, "/metrics") == 0)
         return get ? kt_serve_metrics_endpoint(rq) : wrong_method(rq, method, url, "GET");
+    if (strcmp(url, "/dashboard") == 0) /* a static page: its polls of /kt/ carry the key */
+        return get ? kt_serve_dashboard(rq) : wrong_method(rq, method, url, "GET");
     if (!api)
         return not_found(rq, method, url);
     if (!authorized(rq)) {
@@ -186,6 +188,10 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         return post ? kt_serve_detokenize(rq) : wrong_method(rq, method, url, "POST");
     if (strcmp(url, "/kt/profile") == 0)
         return get ? kt_serve_profile_endpoint(rq) : wrong_method(rq, method, url, "GET");
+    if (strcmp(url, "/kt/placement") == 0)
+        return get ? kt_serve_placement_endpoint(rq) : wrong_method(rq, method, url, "GET");
+    if (strcmp(url, "/kt/stats") == 0)
+        return get ? kt_serve_stats_endpoint(rq) : wrong_method(rq, method, url, "GET");
     return not_found(rq, method, url);
 }
 

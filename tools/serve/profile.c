@@ -111,3 +111,23 @@ enum MHD_Result kt_serve_profile_endpoint(struct kt_http_request *rq)
     free(text);
     return ok;
 }
+
+struct kt_profile *kt_serve_profile_snapshot(struct kt_server *s)
+{
+    struct kt_serve_profile *sp = s->profile;
+    struct kt_profile *c = NULL;
+    kt_err err = {0};
+    if (!sp)
+        return NULL;
+    pthread_mutex_lock(&sp->mu);
+    const struct kt_profile *p = sp->p;
+    if (kt_profile_create(p->n_layer, p->n_expert, &p->model, &c, &err) == KT_OK) {
+        for (int ph = 0; ph < KT_PROFILE_PHASES; ph++) {
+            memcpy(c->counts[ph], p->counts[ph], (size_t)p->n_layer * p->n_expert * sizeof *p->counts[ph]);
+            c->tokens[ph] = p->tokens[ph];
+        }
+        c->half_life_tokens = p->half_life_tokens;
+    }
+    pthread_mutex_unlock(&sp->mu);
+    return c;
+}

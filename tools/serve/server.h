@@ -51,6 +51,12 @@ struct kt_serve_options {
     const char *profile_out;      /* write the live routing profile here; NULL: only GET /kt/profile */
     double profile_half_life;     /* tokens (default 1e6); 0: no decay */
     double profile_interval_s;    /* seconds between writes (default 60) */
+    const char *machine;          /* kt-bench machine file for the rebalancer's cost model; NULL: defaults */
+    double rebalance_interval_s;  /* seconds between rebalancing rounds; 0: off */
+    bool rebalance_given;         /* else: 60 with a device or more than one NUMA node, 0 otherwise */
+    double rebalance_min_gain;    /* a round moves only when the plan saves this share of the step (0.02) */
+    double migration_budget_mib;  /* expert copies in flight at most (default 1024) */
+    const char *plan_out;         /* write the live placement here (atomically); NULL: only GET /kt/placement */
 };
 
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
@@ -72,6 +78,7 @@ struct kt_server {
     struct kt_sched *sched;
     struct kt_serve_model sm;
     struct kt_serve_profile *profile; /* the live routing profile (profile.c) */
+    struct kt_serve_placement *placement; /* where experts live, and the rebalancer (rebalance.c) */
 
     struct kt_serve_metrics metrics;
     atomic_int in_flight;         /* generation responses not yet fully sent */
@@ -118,6 +125,29 @@ void kt_serve_profile_destroy(struct kt_server *s);
 void kt_serve_profile_after_step(void *ctx, const struct kt_engine *e); /* a kt_sched_params.after_step */
 kt_status kt_serve_profile_write(struct kt_server *s, kt_err *err);
 enum MHD_Result kt_serve_profile_endpoint(struct kt_http_request *rq);
+struct kt_profile *kt_serve_profile_snapshot(struct kt_server *s); /* a copy of the live profile; NULL: none */
+
+/* rebalance.c: the live placement (GET /kt/placement, --plan-out) and the
+ * rebalancer thread.  create: after the engine, taking `live` (the placement
+ * it was created with) and the config it came from; start: once READY (no
+ * thread when --rebalance-interval is 0); stop: ends the thread; destroy: after the
+ * scheduler (discards copies not yet switched); after_step: the scheduler's hook (also updates
+ * the profile). */
+struct kt_placement;
+struct kt_placement_config;
+kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *live,
+                                    const struct kt_placement_config *config, kt_err *err);
+kt_status kt_serve_placement_start(struct kt_server *s, kt_err *err);
+void kt_serve_placement_stop(struct kt_server *s);
+void kt_serve_placement_destroy(struct kt_server *s);
+void kt_serve_after_step(void *ctx, const struct kt_engine *e);
+kt_status kt_serve_placement_write(struct kt_server *s, kt_err *err); /* to --plan-out; KT_OK without one */
+void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *out); /* Prometheus lines */
+enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq);
+enum MHD_Result kt_serve_stats_endpoint(struct kt_http_request *rq);
+
+/* dashboard.c: GET /dashboard, one static page polling /kt/stats and /kt/placement */
+enum MHD_Result kt_serve_dashboard(struct kt_http_request *rq);
 
 /* generate.c: /v1/chat/completions and /v1/completions */
 enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);

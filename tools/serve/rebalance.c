@@ -1,0 +1,661 @@
+/*
+ * rebalance.c - kt-serve's live placement and its rebalancer (issue 13).
+ *
+ * The live placement says where every routed expert lives now: GET
+ * /kt/placement returns it with each expert's heat in the live profile, and
+ * --plan-out writes it as a placement config kt-serve can start from.
+ *
+ * Every --rebalance-interval seconds a thread of its own plans from a copy
+ * of the live profile with kt-place's planner (placement/planner.h), picks
+ * the moves worth their bytes (placement/rebalance.h: hysteresis, best gain
+ * per byte first) and makes them without holding up a step:
+ *   - a copy to another NUMA node is made here, while steps run
+ *     (kt_engine_expert_copy), with at most --migration-budget-mib of copies
+ *     waiting for their switch;
+ *   - the scheduler thread, between two steps (kt_serve_after_step), makes
+ *     each copy the expert's home, takes experts off the device and uploads
+ *     at most one expert a step onto it (the copy is queued ahead of that
+ *     step's device work, never waited for by the host).
+ * A move that fails leaves the old home serving; either way the live
+ * placement is read back from the engine, and the move is logged.  The next
+ * round waits until the last one's moves are all made, so it plans from the
+ * placement that runs.  mu guards what the rebalancer, the scheduler thread
+ * and the HTTP handlers share.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "expert_store.h"
+#include "machine.h"
+#include "planner.h"
+#include "rebalance.h"
+#include "server.h"
+#include "small_file.h"
+#include "topology.h"
+
+#define LOG_SIZE 64                        /* migrations kept for GET /kt/placement */
+#define MAX_PLACES (KT_EXPERT_MAX_NODES + KT_PLACEMENT_MAX_DEVICES)
+#define MIN_PROFILE_TOKENS 16              /* a round needs this much routing seen */
+
+/* A move on its way: the copy made on the target node, if it needed one. */
+struct handoff {
+    struct kt_move mv;
+    struct kt_expert_copy *copy;
+};
+
+struct migration {
+    double time;                           /* unix seconds */
+    uint32_t layer, expert;
+    int from, to;                          /* places */
+    uint64_t bytes;
+    bool ok;
+};
+
+struct kt_serve_placement {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                     /* the rebalancer waits here: a hand-off made, or stop */
+    struct kt_placement *live;             /* guarded by mu */
+    struct handoff *queue;                 /* [max_queue] ring, guarded by mu */
+    uint32_t q_head, q_len, max_queue;
+    uint64_t queued_bytes;
+    bool stop;
+    pthread_t thread;
+    bool started;
+
+    struct kt_machine *mach;
+    int accel;                             /* the device's index in live->devices; 0: none */
+    uint32_t replicas_hot_per_layer;       /* the config's, for --plan-out */
+
+    /* guarded by mu: what /kt/placement and /metrics report */
+    uint64_t rounds, moves_ok, moves_failed, bytes_moved;
+    uint64_t pair_moves[MAX_PLACES][MAX_PLACES], pair_bytes[MAX_PLACES][MAX_PLACES];
+    double before_s, after_s;              /* the last round's predicted MoE step, now and planned */
+    uint32_t pending;                      /* homes the last round left as served */
+    struct migration log[LOG_SIZE];
+    uint64_t n_log;                        /* written in all; the last LOG_SIZE are kept */
+    char last_error[256];
+};
+
+/* ---- places: CPU nodes first, then devices ----------------------------------------------------- */
+
+static int place_of(const struct kt_placement *p, const struct kt_expert_home *h)
+{
+    return h->device > 0 ? p->n_nodes + h->device - 1 : h->node;
+}
+
+static void place_name(const struct kt_placement *p, int place, char *buf, size_t cap)
+{
+    if (place < p->n_nodes)
+        snprintf(buf, cap, "node %d", place);
+    else
+        snprintf(buf, cap, "%s", p->devices[place - p->n_nodes + 1].name);
+}
+
+static int n_places(const struct kt_placement *p)
+{
+    int n = p->n_nodes + p->n_devices - 1;
+    return n < MAX_PLACES ? n : MAX_PLACES;
+}
+
+static struct kt_expert_home engine_home(const struct kt_server *s, int accel, const struct kt_expert_home *was,
+                                         uint32_t il, uint32_t x);
+static void account(struct kt_placement *p, const struct kt_expert_home *a, const struct kt_expert_home *b,
+                    uint64_t bytes);
+
+/* ---- creating, starting, stopping -------------------------------------------------------------- */
+
+kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *live,
+                                    const struct kt_placement_config *config, kt_err *err)
+{
+    struct kt_serve_placement *sp = calloc(1, sizeof *sp);
+    if (!sp) {
+        kt_placement_destroy(live);
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    }
+    s->placement = sp;
+    sp->live = live;
+    pthread_mutex_init(&sp->mu, NULL);
+    pthread_cond_init(&sp->cv, NULL);
+    sp->replicas_hot_per_layer = config ? kt_placement_config_replicas_hot_per_layer(config) : 0;
+    for (int d = 1; d < live->n_devices; d++)
+        if (!sp->accel)
+            sp->accel = d;
+    for (uint32_t il = 0; il < live->n_layer; il++) /* without a config the engine chose the homes */
+        for (uint32_t x = 0; live->layers[il].experts && x < live->n_expert; x++) {
+            struct kt_expert_home *h = &live->layers[il].experts[x];
+            const struct kt_expert_home now = engine_home(s, sp->accel, h, il, x);
+            if (now.device != h->device || now.node != h->node)
+                account(live, h, &now, kt_layer_expert_bytes(s->model, il));
+            *h = now;
+        }
+    if (live->n_nodes > KT_EXPERT_MAX_NODES)
+        return kt_err_set(err, KT_ERR_INVALID, "the placement spans %d NUMA nodes; kt-serve moves experts on at most %d",
+                          live->n_nodes, KT_EXPERT_MAX_NODES);
+    if (!s->o.rebalance_given)
+        s->o.rebalance_interval_s = sp->accel || live->n_nodes > 1 ? 60 : 0;
+    if (s->o.machine) {
+        kt_status st = kt_machine_load(s->o.machine, &sp->mach, err);
+        if (st == KT_OK)
+            st = kt_machine_check_kind(sp->mach, s->o.machine, err);
+        if (st != KT_OK)
+            return st;
+        if (sp->mach->n_nodes != live->n_nodes)
+            return kt_err_set(err, KT_ERR_INVALID, "--machine %s describes %d NUMA node(s), this machine has %d",
+                              s->o.machine, sp->mach->n_nodes, live->n_nodes);
+    } else {
+        if (!(sp->mach = calloc(1, sizeof *sp->mach)))
+            return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        kt_machine_defaults(sp->mach, live->n_nodes);
+    }
+    /* every expert can be on its way at once, at most */
+    sp->max_queue = live->n_layer * live->n_expert + 1;
+    if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)))
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    return KT_OK;
+}
+
+static void *rebalancer_main(void *arg);
+
+kt_status kt_serve_placement_start(struct kt_server *s, kt_err *err)
+{
+    struct kt_serve_placement *sp = s->placement;
+    if (!sp || s->o.rebalance_interval_s <= 0)
+        return KT_OK;
+    if (!s->o.machine)
+        fprintf(stderr, "kt-serve: rebalancing every %g s with the cost model's stated defaults (no --machine: run "
+                        "`kt-bench machine` for this machine's rates)\n",
+                s->o.rebalance_interval_s);
+    if (pthread_create(&sp->thread, NULL, rebalancer_main, s) != 0)
+        return kt_err_set(err, KT_ERR_NOMEM, "cannot start the rebalancer thread");
+    sp->started = true;
+    return KT_OK;
+}
+
+void kt_serve_placement_stop(struct kt_server *s)
+{
+    struct kt_serve_placement *sp = s->placement;
+    if (!sp)
+        return;
+    pthread_mutex_lock(&sp->mu);
+    sp->stop = true;
+    pthread_cond_broadcast(&sp->cv);
+    pthread_mutex_unlock(&sp->mu);
+    if (sp->started)
+        pthread_join(sp->thread, NULL);
+    sp->started = false;
+}
+
+void kt_serve_placement_destroy(struct kt_server *s)
+{
+    struct kt_serve_placement *sp = s->placement;
+    if (!sp)
+        return;
+    kt_serve_placement_stop(s);
+    for (; sp->q_len; sp->q_len--, sp->q_head = (sp->q_head + 1) % sp->max_queue) /* the scheduler is gone */
+        kt_expert_copy_discard(sp->queue[sp->q_head].copy);
+    pthread_mutex_destroy(&sp->mu);
+    pthread_cond_destroy(&sp->cv);
+    kt_placement_destroy(sp->live);
+    free(sp->queue);
+    free(sp->mach);
+    free(sp);
+    s->placement = NULL;
+}
+
+/* ---- a round ------------------------------------------------------------------------------------ */
+
+static double unix_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Logs a move (mu held): ok when the expert now lives where the move said. */
+static void log_move(struct kt_serve_placement *sp, const struct kt_move *mv, int from, int to, bool ok)
+{
+    struct migration *m = &sp->log[sp->n_log++ % LOG_SIZE];
+    *m = (struct migration){.time = unix_now(), .layer = mv->layer, .expert = mv->expert, .from = from, .to = to,
+                            .bytes = mv->bytes, .ok = ok};
+    if (ok) {
+        sp->moves_ok++;
+        sp->bytes_moved += mv->bytes;
+        if (from >= 0 && from < MAX_PLACES && to >= 0 && to < MAX_PLACES)
+            sp->pair_moves[from][to]++, sp->pair_bytes[from][to] += mv->bytes;
+    } else {
+        sp->moves_failed++;
+    }
+}
+
+static void note_error(struct kt_serve_placement *sp, const char *what, const kt_err *err)
+{
+    pthread_mutex_lock(&sp->mu);
+    snprintf(sp->last_error, sizeof sp->last_error, "%.40s: %.200s", what, err->msg);
+    pthread_mutex_unlock(&sp->mu);
+    fprintf(stderr, "kt-serve: rebalancer: %s: %s\n", what, err->msg);
+}
+
+/* Whether the engine can make move mv of placement cur: a CPU copy that moves
+ * must be whole and alone (no replicas, no row-sliced layer). */
+static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
+{
+    const struct kt_placement_layer *L = &cur->layers[mv->layer];
+    const struct kt_expert_home *h = &L->experts[mv->expert];
+    const bool cpu_copy_moves = mv->to.device == 0 && (mv->from.device != 0 || mv->from.node != mv->to.node);
+    return !(cpu_copy_moves && (L->cpu_sliced || h->replica_nodes));
+}
+
+/* Hands mv (with its copy) to the scheduler thread, waiting while the copies
+ * on their way exceed the budget; false when stopping (the copy discarded). */
+static bool hand_off(struct kt_serve_placement *sp, const struct kt_move *mv, struct kt_expert_copy *copy,
+                     uint64_t budget_bytes)
+{
+    pthread_mutex_lock(&sp->mu);
+    while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + mv->bytes > budget_bytes))
+        pthread_cond_wait(&sp->cv, &sp->mu);
+    const bool ok = !sp->stop;
+    if (ok) {
+        sp->queue[(sp->q_head + sp->q_len++) % sp->max_queue] = (struct handoff){*mv, copy};
+        sp->queued_bytes += mv->bytes;
+    }
+    pthread_mutex_unlock(&sp->mu);
+    if (!ok)
+        kt_expert_copy_discard(copy);
+    return ok;
+}
+
+static void round_once(struct kt_server *s)
+{
+    struct kt_serve_placement *sp = s->placement;
+    kt_err err = {0};
+    struct kt_profile *prof = kt_serve_profile_snapshot(s);
+    struct kt_placement *cur = NULL;
+    struct kt_cost_model *cost = NULL;
+    struct kt_plan *plan = NULL;
+    struct kt_rebalance r = {0};
+    if (!prof || prof->tokens[KT_PROFILE_DECODE] + prof->tokens[KT_PROFILE_PREFILL] < MIN_PROFILE_TOKENS)
+        goto done;
+    pthread_mutex_lock(&sp->mu);
+    cur = kt_placement_clone(sp->live);
+    pthread_mutex_unlock(&sp->mu);
+    if (!cur) {
+        kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
+        note_error(sp, "copying the placement", &err);
+        goto done;
+    }
+    const struct kt_placement_device *acc = sp->accel ? &cur->devices[sp->accel] : NULL;
+    const struct kt_planner_options po = {
+        .device = acc ? acc->backend : KT_PLACE_CPU,
+        .gpu_memory_gib = acc ? (double)acc->budget_bytes / (1u << 30) : 0,
+        .budget_source = "the served placement's device",
+        .kv_tokens = cur->kv_tokens,
+        .batch = 1,
+        .objective = KT_PLAN_DECODE,
+    };
+    const uint64_t budget = (uint64_t)(s->o.migration_budget_mib * 1048576.0);
+    const struct kt_rebalance_params rp = {
+        .query = {.mode = KT_COST_DECODE, .batch = 1, .context = 512},
+        .min_gain = s->o.rebalance_min_gain,
+        .budget_bytes = budget,
+    };
+    if (kt_cost_create(s->model, prof, sp->mach, &cost, &err) != KT_OK ||
+        kt_plan_create(s->model, s->served_name, prof, sp->mach, cost, &po, &plan, &err) != KT_OK ||
+        kt_rebalance_plan(cost, s->model, cur, plan->placement, &rp, &r, &err) != KT_OK) {
+        note_error(sp, "planning", &err);
+        goto done;
+    }
+    pthread_mutex_lock(&sp->mu);
+    sp->rounds++;
+    sp->before_s = r.before_s, sp->after_s = r.after_s;
+    sp->pending = r.n_pending;
+    pthread_mutex_unlock(&sp->mu);
+    uint32_t handed = 0;
+    for (uint32_t i = 0; i < r.n_moves; i++) {
+        const struct kt_move *mv = &r.moves[i];
+        if (!movable(cur, mv))
+            continue;
+        struct kt_expert_copy *copy = NULL;
+        /* the CPU copy goes to its new node here, while steps run */
+        if (mv->to.device == 0 && kt_engine_expert_node(s->engine, mv->layer, mv->expert) != mv->to.node &&
+            kt_engine_expert_copy(s->engine, mv->layer, mv->expert, mv->to.node, &copy, &err) != KT_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "layer %u expert %u", mv->layer, mv->expert);
+            note_error(sp, what, &err);
+            pthread_mutex_lock(&sp->mu);
+            log_move(sp, mv, place_of(cur, &mv->from), place_of(cur, &mv->to), false);
+            pthread_mutex_unlock(&sp->mu);
+            continue;
+        }
+        if (!hand_off(sp, mv, copy, budget))
+            break;
+        handed++;
+    }
+    /* the next round plans from what runs: wait for these to be made */
+    pthread_mutex_lock(&sp->mu);
+    while (!sp->stop && sp->q_len > 0)
+        pthread_cond_wait(&sp->cv, &sp->mu);
+    pthread_mutex_unlock(&sp->mu);
+    if (handed && s->o.plan_out && kt_serve_placement_write(s, &err) != KT_OK)
+        note_error(sp, "--plan-out", &err);
+done:
+    kt_rebalance_free(&r);
+    kt_plan_destroy(plan);
+    kt_cost_destroy(cost);
+    kt_placement_destroy(cur);
+    kt_profile_destroy(prof);
+}
+
+static void *rebalancer_main(void *arg)
+{
+    struct kt_server *s = arg;
+    struct kt_serve_placement *sp = s->placement;
+    for (;;) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        double whole = floor(s->o.rebalance_interval_s);
+        until.tv_sec += (time_t)whole;
+        until.tv_nsec += (long)((s->o.rebalance_interval_s - whole) * 1e9);
+        if (until.tv_nsec >= 1000000000L)
+            until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_mutex_lock(&sp->mu);
+        while (!sp->stop && pthread_cond_timedwait(&sp->cv, &sp->mu, &until) == 0)
+            ;
+        const bool stop = sp->stop;
+        pthread_mutex_unlock(&sp->mu);
+        if (stop)
+            return NULL;
+        round_once(s);
+    }
+}
+
+/* ---- between two steps: the scheduler thread makes the moves ----------------------------------- */
+
+/* Where the engine runs expert x of layer il now. */
+static struct kt_expert_home engine_home(const struct kt_server *s, int accel, const struct kt_expert_home *was,
+                                         uint32_t il, uint32_t x)
+{
+    struct kt_expert_home h = *was;
+    if (accel && kt_engine_expert_on_device(s->engine, il, x)) {
+        h.device = accel, h.node = -1;
+    } else {
+        h.device = 0;
+        const int node = kt_engine_expert_node(s->engine, il, x);
+        h.node = node >= 0 ? node : (was->node >= 0 ? was->node : 0);
+    }
+    return h;
+}
+
+/* The live placement's byte counts after expert (il, x) of `bytes` went from a to b (mu held). */
+static void account(struct kt_placement *p, const struct kt_expert_home *a, const struct kt_expert_home *b,
+                    uint64_t bytes)
+{
+    const struct kt_expert_home *h[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        const int64_t sign = k ? 1 : -1;
+        struct kt_placement_device *d = &p->devices[h[k]->device];
+        d->bytes += (uint64_t)(sign * (int64_t)bytes);
+        d->part_bytes[KT_PART_ROUTED_EXPERTS] += (uint64_t)(sign * (int64_t)bytes);
+        d->n_experts += (uint32_t)sign;
+        if (h[k]->device == 0 && h[k]->node >= 0 && h[k]->node < p->n_nodes) {
+            p->node_bytes[h[k]->node] += (uint64_t)(sign * (int64_t)bytes);
+            p->node_experts[h[k]->node] += (uint32_t)sign;
+        }
+    }
+}
+
+/* Makes one move on the engine; false when the step's one upload is spent
+ * and mv needs another (it waits for the next step). */
+static bool make_move(struct kt_server *s, const struct handoff *h, bool *uploaded)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const struct kt_move *mv = &h->mv;
+    if (mv->to.device != 0 && *uploaded)
+        return false;
+    kt_err err = {0};
+    kt_status st = KT_OK;
+    if (mv->from.device != 0 && kt_engine_expert_on_device(s->engine, mv->layer, mv->expert))
+        st = kt_engine_expert_off_device(s->engine, mv->layer, mv->expert, &err);
+    if (h->copy) {
+        if (st == KT_OK)
+            st = kt_engine_expert_switch(s->engine, h->copy, &err);
+        else
+            kt_expert_copy_discard(h->copy);
+    }
+    if (st == KT_OK && mv->to.device != 0) {
+        st = kt_engine_expert_to_device(s->engine, mv->layer, mv->expert, &err);
+        *uploaded = true;
+    }
+    pthread_mutex_lock(&sp->mu);
+    struct kt_expert_home *live = &sp->live->layers[mv->layer].experts[mv->expert];
+    const struct kt_expert_home was = *live, now = engine_home(s, sp->accel, live, mv->layer, mv->expert);
+    if (was.device != now.device || was.node != now.node)
+        account(sp->live, &was, &now, kt_layer_expert_bytes(s->model, mv->layer));
+    *live = now;
+    const int to = place_of(sp->live, &now);
+    log_move(sp, mv, place_of(sp->live, &was), to, st == KT_OK && to == place_of(sp->live, &mv->to));
+    if (st != KT_OK)
+        snprintf(sp->last_error, sizeof sp->last_error, "layer %u expert %u: %.200s", mv->layer, mv->expert, err.msg);
+    pthread_mutex_unlock(&sp->mu);
+    if (st != KT_OK)
+        fprintf(stderr, "kt-serve: rebalancer: layer %u expert %u stays: %s\n", mv->layer, mv->expert, err.msg);
+    return true;
+}
+
+void kt_serve_after_step(void *ctx, const struct kt_engine *e)
+{
+    struct kt_server *s = ctx;
+    struct kt_serve_placement *sp = s->placement;
+    kt_serve_profile_after_step(s->profile, e);
+    if (!sp)
+        return;
+    bool uploaded = false;
+    for (;;) {
+        pthread_mutex_lock(&sp->mu);
+        struct handoff h = {0};
+        const bool any = sp->q_len > 0;
+        if (any)
+            h = sp->queue[sp->q_head];
+        pthread_mutex_unlock(&sp->mu);
+        if (!any || !make_move(s, &h, &uploaded))
+            break;
+        pthread_mutex_lock(&sp->mu);
+        sp->q_head = (sp->q_head + 1) % sp->max_queue;
+        sp->q_len--;
+        sp->queued_bytes -= h.mv.bytes;
+        pthread_cond_broadcast(&sp->cv);
+        pthread_mutex_unlock(&sp->mu);
+    }
+}
+
+/* ---- what it shows ------------------------------------------------------------------------------ */
+
+/* The live placement as placement config v1 text (malloc'd; NULL out of memory), mu held. */
+static char *live_yaml(struct kt_server *s)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const struct kt_placement *p = sp->live;
+    struct kt_plan plan = {.placement = (struct kt_placement *)p, .accel = sp->accel,
+                           .replicas_hot_per_layer = sp->replicas_hot_per_layer};
+    plan.options = (struct kt_planner_options){.device = sp->accel ? p->devices[sp->accel].backend : KT_PLACE_CPU,
+                                               .kv_tokens = p->kv_tokens, .batch = 1, .context = 512,
+                                               .prefill_tokens = 512};
+    if (sp->accel) {
+        plan.accel_memory_gib = (double)p->devices[sp->accel].budget_bytes / (1u << 30);
+        plan.accel_transfer_gbps = p->devices[sp->accel].transfer_gbps;
+        plan.accel_latency_us = p->devices[sp->accel].latency_us;
+    }
+    if (!(plan.layers = calloc(p->n_layer ? p->n_layer : 1, sizeof *plan.layers)))
+        return NULL;
+    for (uint32_t il = 0; il < p->n_layer; il++)
+        for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
+            plan.layers[il].gpu_experts += p->layers[il].experts[x].device != 0;
+    char *text = kt_plan_yaml(&plan, s->served_name, p->profile[0] ? p->profile : NULL);
+    free(plan.layers);
+    return text;
+}
+
+kt_status kt_serve_placement_write(struct kt_server *s, kt_err *err)
+{
+    struct kt_serve_placement *sp = s->placement;
+    if (!sp || !s->o.plan_out)
+        return KT_OK;
+    pthread_mutex_lock(&sp->mu);
+    char *text = live_yaml(s);
+    pthread_mutex_unlock(&sp->mu);
+    kt_status st = text ? kt_write_file_atomic(s->o.plan_out, text, strlen(text), err)
+                        : kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", s->o.plan_out);
+    free(text);
+    return st;
+}
+
+void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
+{
+    struct kt_serve_placement *sp = s->placement;
+    if (!sp)
+        return;
+    pthread_mutex_lock(&sp->mu);
+    const struct kt_placement *p = sp->live;
+    const int n = n_places(p);
+    char a[40], b[40];
+    kt_buf_printf(o, "# HELP kt:expert_migrations_total Routed experts moved while serving, by source and target.\n"
+                     "# TYPE kt:expert_migrations_total counter\n");
+    for (int f = 0; f < n; f++)
+        for (int t = 0; t < n; t++)
+            if (sp->pair_moves[f][t]) {
+                place_name(p, f, a, sizeof a), place_name(p, t, b, sizeof b);
+                kt_buf_printf(o, "kt:expert_migrations_total{from=\"%s\",to=\"%s\"} %llu\n", a, b,
+                              (unsigned long long)sp->pair_moves[f][t]);
+            }
+    kt_buf_printf(o, "# HELP kt:expert_migrated_bytes_total Bytes copied for those moves, by source and target.\n"
+                     "# TYPE kt:expert_migrated_bytes_total counter\n");
+    for (int f = 0; f < n; f++)
+        for (int t = 0; t < n; t++)
+            if (sp->pair_moves[f][t]) {
+                place_name(p, f, a, sizeof a), place_name(p, t, b, sizeof b);
+                kt_buf_printf(o, "kt:expert_migrated_bytes_total{from=\"%s\",to=\"%s\"} %llu\n", a, b,
+                              (unsigned long long)sp->pair_bytes[f][t]);
+            }
+    kt_buf_printf(o, "# HELP kt:expert_migrations_failed_total Moves that failed (the old home kept serving).\n"
+                     "# TYPE kt:expert_migrations_failed_total counter\nkt:expert_migrations_failed_total %llu\n",
+                  (unsigned long long)sp->moves_failed);
+    kt_buf_printf(o, "# HELP kt:rebalance_rounds_total Rebalancing rounds planned.\n"
+                     "# TYPE kt:rebalance_rounds_total counter\nkt:rebalance_rounds_total %llu\n",
+                  (unsigned long long)sp->rounds);
+    kt_buf_printf(o, "# HELP kt:rebalance_predicted_step_seconds The last round's predicted decode step of the MoE "
+                     "layers, as served and as planned.\n# TYPE kt:rebalance_predicted_step_seconds gauge\n"
+                     "kt:rebalance_predicted_step_seconds{placement=\"served\"} %.9f\n"
+                     "kt:rebalance_predicted_step_seconds{placement=\"planned\"} %.9f\n",
+                  sp->before_s, sp->after_s);
+    kt_buf_printf(o, "# HELP kt:experts_homed Routed experts living on each place now.\n# TYPE kt:experts_homed gauge\n");
+    uint32_t count[MAX_PLACES] = {0};
+    for (uint32_t il = 0; il < p->n_layer; il++)
+        for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++) {
+            const int at = place_of(p, &p->layers[il].experts[x]);
+            if (at >= 0 && at < n)
+                count[at]++;
+        }
+    for (int f = 0; f < n; f++) {
+        place_name(p, f, a, sizeof a);
+        kt_buf_printf(o, "kt:experts_homed{place=\"%s\"} %u\n", a, count[f]);
+    }
+    pthread_mutex_unlock(&sp->mu);
+}
+
+/* Each expert's share of its layer's routed pairs in prof. */
+static json_t *layer_heat(const struct kt_profile *prof, uint32_t il, uint32_t n_expert)
+{
+    json_t *heat = json_array();
+    double sum = 0;
+    for (uint32_t x = 0; prof && x < n_expert; x++)
+        sum += kt_profile_count(prof, il, x);
+    for (uint32_t x = 0; x < n_expert; x++)
+        json_array_append_new(heat, json_real(sum > 0 ? kt_profile_count(prof, il, x) / sum : 0.0));
+    return heat;
+}
+
+enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
+{
+    struct kt_server *s = rq->server;
+    struct kt_serve_placement *sp = s->placement;
+    struct kt_profile *prof = kt_serve_profile_snapshot(s);
+    json_t *j = json_object(), *places = json_array(), *layers = json_array(), *log = json_array();
+    pthread_mutex_lock(&sp->mu);
+    const struct kt_placement *p = sp->live;
+    const int n = n_places(p);
+    char name[40];
+    for (int f = 0; f < n; f++) {
+        place_name(p, f, name, sizeof name);
+        const char *kind = f < p->n_nodes ? "cpu" : kt_place_backend_name(p->devices[f - p->n_nodes + 1].backend);
+        json_array_append_new(places, json_pack("{s:s, s:s}", "name", name, "kind", kind));
+    }
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        const struct kt_placement_layer *L = &p->layers[il];
+        json_t *l = json_pack("{s:I, s:b}", "layer", (json_int_t)il, "moe", L->experts != NULL);
+        if (L->experts) {
+            json_t *place = json_array(), *replicas = json_array();
+            for (uint32_t x = 0; x < p->n_expert; x++) {
+                json_array_append_new(place, json_integer(place_of(p, &L->experts[x])));
+                json_t *r = json_array();
+                for (int node = 0; node < p->n_nodes; node++)
+                    if (L->experts[x].replica_nodes >> node & 1)
+                        json_array_append_new(r, json_integer(node));
+                json_array_append_new(replicas, r);
+            }
+            json_object_set_new(l, "sliced", json_boolean(L->cpu_sliced));
+            json_object_set_new(l, "place", place);
+            json_object_set_new(l, "replicas", replicas);
+            json_object_set_new(l, "heat", layer_heat(prof, il, p->n_expert));
+        }
+        json_array_append_new(layers, l);
+    }
+    const uint64_t first = sp->n_log > LOG_SIZE ? sp->n_log - LOG_SIZE : 0;
+    for (uint64_t i = first; i < sp->n_log; i++) {
+        const struct migration *m = &sp->log[i % LOG_SIZE];
+        char from[40], to[40];
+        place_name(p, m->from, from, sizeof from), place_name(p, m->to, to, sizeof to);
+        json_array_append_new(log, json_pack("{s:f, s:I, s:I, s:s, s:s, s:I, s:b}", "time", m->time, "layer",
+                                             (json_int_t)m->layer, "expert", (json_int_t)m->expert, "from", from,
+                                             "to", to, "bytes", (json_int_t)m->bytes, "ok", m->ok));
+    }
+    json_object_set_new(j, "model", json_string(s->served_name));
+    json_object_set_new(j, "n_layer", json_integer(p->n_layer));
+    json_object_set_new(j, "n_expert", json_integer(p->n_expert));
+    json_object_set_new(j, "places", places);
+    json_object_set_new(j, "layers", layers);
+    json_object_set_new(
+        j, "rebalancer",
+        json_pack("{s:b, s:f, s:I, s:I, s:I, s:f, s:f, s:s}", "enabled", sp->started, "interval_s",
+                  s->o.rebalance_interval_s, "rounds", (json_int_t)sp->rounds, "in_flight", (json_int_t)sp->q_len,
+                  "pending", (json_int_t)sp->pending, "predicted_before_ms", 1e3 * sp->before_s,
+                  "predicted_after_ms", 1e3 * sp->after_s, "last_error", sp->last_error));
+    json_object_set_new(j, "migrations", log);
+    json_object_set_new(j, "migrations_total", json_integer((json_int_t)sp->moves_ok));
+    json_object_set_new(j, "migrations_failed", json_integer((json_int_t)sp->moves_failed));
+    json_object_set_new(j, "migrated_bytes_total", json_integer((json_int_t)sp->bytes_moved));
+    pthread_mutex_unlock(&sp->mu);
+    kt_profile_destroy(prof);
+    return kt_http_send_json(rq, 200, j);
+}
+
+enum MHD_Result kt_serve_stats_endpoint(struct kt_http_request *rq)
+{
+    struct kt_server *s = rq->server;
+    struct kt_serve_metrics *m = &s->metrics;
+    pthread_mutex_lock(&m->mu);
+    json_t *j = json_pack("{s:s, s:f, s:I, s:I, s:I, s:I, s:f, s:I}", "state", "ready", "uptime_s",
+                          (double)time(NULL) - (double)s->created, "requests_running",
+                          (json_int_t)m->requests_running, "requests_waiting", (json_int_t)m->requests_waiting,
+                          "prompt_tokens_total", (json_int_t)m->prompt_tokens, "generation_tokens_total",
+                          (json_int_t)m->generation_tokens, "kv_cache_usage", m->kv_cache_usage, "steps",
+                          (json_int_t)m->engine.steps);
+    pthread_mutex_unlock(&m->mu);
+    struct kt_serve_placement *sp = s->placement;
+    pthread_mutex_lock(&sp->mu);
+    json_object_set_new(j, "migrations_total", json_integer((json_int_t)sp->moves_ok));
+    json_object_set_new(j, "migrated_bytes_total", json_integer((json_int_t)sp->bytes_moved));
+    pthread_mutex_unlock(&sp->mu);
+    return kt_http_send_json(rq, 200, j);
+}
