@@ -281,6 +281,9 @@ static void cuda_splits_match_cpu_only(const char *preset)
         {"attention + half the experts, one expert per layer on or off the GPU before every step",
          {.device = &gpu, .expert_on_device = half, .attention_on_device = true,
           .test = &(struct kt_engine_test_params){.migrate_every_step = true}}},
+        {"attention + half the experts + a cache of 4 slots per layer for the others",
+         {.device = &gpu, .expert_on_device = half, .attention_on_device = true,
+          .expert_cache = &(struct kt_expert_cache_params){4, KT_EXPERT_CACHE_LRU}}},
     };
     int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
     struct kt_engine_stats st;
@@ -479,9 +482,6 @@ static void placement_over_the_budget_is_refused(void)
     kt_test_synth_remove(m, path);
 }
 
-#ifdef KT_TEST_CUDA_EMULATED
-extern int kt_cuda_emulated_fail_call; /* cuda_emulated.c */
-
 /* One step of engine e: `n` tokens of seq 0 from position pos, the last one's logits. */
 static kt_status step_seq0(struct kt_engine *e, const int32_t *tok, uint32_t n, uint32_t pos, float *logits,
                            kt_err *err)
@@ -491,6 +491,184 @@ static kt_status step_seq0(struct kt_engine *e, const int32_t *tok, uint32_t n, 
         bt[i] = (struct kt_batch_token){.token = tok[i], .seq = 0, .pos = pos + i, .want_logits = i + 1 == n};
     return kt_engine_step(e, &(struct kt_batch){n, bt}, logits, err);
 }
+
+/* The expert cache on the device (engine.h): an engine with a cache of 4
+ * slots per layer and an engine without a device decode in lockstep - after
+ * the prompt, each steps the other's greedy token - and every step's logits
+ * are bit-identical (the sim computes what the CPU does) while the cache
+ * fills, hits and evicts; the routed pairs add up (pinned + hit + miss);
+ * a slow link splits each upload into chunks; kt_engine_expert_to_device
+ * takes a cached expert out of the cache; and a cache the device's budget
+ * cannot take is refused naming need and room, changing nothing. */
+static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, double link_gbps, bool chunked)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    const char *name = policy == KT_EXPERT_CACHE_LFU ? "lfu" : "lru";
+    const size_t V = m->hp.n_vocab;
+    const uint32_t Ne = m->hp.n_expert, k = m->hp.n_expert_used, STEPS = 40, SLOTS = 4;
+    struct expert_masks masks = make_masks(m);
+    uint8_t *two = masks.none; /* experts 0 and 1 of each layer homed on the device, the rest cached or not */
+    for (size_t i = 0; i < (size_t)m->hp.n_layer * Ne; i++)
+        two[i] = i % Ne < 2;
+    const struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0", .transfer_gbps = link_gbps,
+                                          .latency_us = 2};
+    const struct kt_expert_cache_params cp = {SLOTS, policy};
+    const struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2, .device = &sim,
+                                       .expert_on_device = two, .attention_on_device = true, .expert_cache = &cp};
+    struct kt_engine *e = NULL, *ref = NULL;
+    kt_err err = {0};
+    float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK ||
+        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2}, &ref,
+                         &err) != KT_OK ||
+        kt_engine_seq_add(e, 0, &err) != KT_OK || kt_engine_seq_add(ref, 0, &err) != KT_OK) {
+        KT_CHECK(0, "%s: engines: %s", name, err.msg);
+        goto done;
+    }
+    bool same = step_seq0(e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK &&
+                step_seq0(ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && !memcmp(got, want, V * sizeof *got);
+    KT_CHECK(same, "%s: the prompt's logits equal CPU-only's (%s)", name, err.msg);
+    uint32_t differ = 0;
+    for (uint32_t s = 0; s < STEPS && same; s++) {
+        int32_t next = 0; /* greedy, with a twist every few steps so the routing moves around */
+        for (uint32_t v = 1; v < V; v++)
+            next = want[v] > want[next] ? (int32_t)v : next;
+        next = s % 5 == 4 ? (next * 7 + (int32_t)s) % (int32_t)V : next;
+        if (step_seq0(e, &next, 1, PROMPT_LEN + s, got, &err) != KT_OK ||
+            step_seq0(ref, &next, 1, PROMPT_LEN + s, want, &err) != KT_OK) {
+            KT_CHECK(0, "%s: step %u: %s", name, s, err.msg);
+            break;
+        }
+        differ += memcmp(got, want, V * sizeof *got) != 0;
+    }
+    KT_CHECK(same && differ == 0, "%s: %u of %u decode steps' logits differ from CPU-only's", name, differ, STEPS);
+    struct kt_expert_cache_stats cs;
+    KT_CHECK(kt_engine_expert_cache_stats(e, -1, &cs), "%s: the engine has a cache", name);
+    const uint32_t n_moe = m->hp.n_layer - m->hp.n_dense_lead;
+    const uint64_t routed = (uint64_t)(PROMPT_LEN + STEPS) * k * n_moe;
+    printf("  %s, link %.1f GB/s: %llu pinned, %llu hit, %llu missed pairs; %llu uploads in %llu chunks (%.2f MiB), "
+           "%llu evictions, %u of %u slots live\n",
+           name, link_gbps, (unsigned long long)cs.pinned_pairs, (unsigned long long)cs.hit_pairs,
+           (unsigned long long)cs.miss_pairs, (unsigned long long)cs.uploads, (unsigned long long)cs.chunks,
+           cs.upload_bytes / 1048576.0, (unsigned long long)cs.evictions, cs.resident, cs.slots);
+    KT_CHECK(cs.pinned_pairs + cs.hit_pairs + cs.miss_pairs == routed,
+             "%s: pinned + hit + missed pairs = every routed pair (%llu + %llu + %llu vs %llu)", name,
+             (unsigned long long)cs.pinned_pairs, (unsigned long long)cs.hit_pairs, (unsigned long long)cs.miss_pairs,
+             (unsigned long long)routed);
+    KT_CHECK(cs.pinned_pairs > 0 && cs.hit_pairs > 0 && cs.miss_pairs > 0, "%s: pinned, hit and missed pairs", name);
+    KT_CHECK(cs.slots == SLOTS * n_moe && cs.resident > 0 && cs.resident <= cs.slots && cs.uploads >= cs.resident,
+             "%s: slots live (%u of %u) after %llu uploads", name, cs.resident, cs.slots,
+             (unsigned long long)cs.uploads);
+    KT_CHECK(chunked ? cs.chunks > cs.uploads : cs.chunks >= cs.uploads,
+             "%s: %llu chunks for %llu uploads (slow link: more chunks than uploads)", name,
+             (unsigned long long)cs.chunks, (unsigned long long)cs.uploads);
+    struct kt_engine_stats st;
+    kt_engine_stats(e, &st);
+    KT_CHECK(st.experts_moved == 0, "%s: the cache homes nothing (%llu moves)", name,
+             (unsigned long long)st.experts_moved);
+    /* a cached expert homed on the device leaves the cache */
+    for (uint32_t il = m->hp.n_dense_lead, x = 0; x < Ne; x++) {
+        struct kt_expert_cache_stats before, after;
+        kt_engine_expert_cache_stats(e, (int)il, &before);
+        if (kt_engine_expert_on_device(e, il, x) || before.resident == 0)
+            continue;
+        if (kt_engine_expert_to_device(e, il, x, &err) != KT_OK) { /* x was not cached: home it, then off again */
+            KT_CHECK(0, "%s: to the device: %s", name, err.msg);
+            break;
+        }
+        kt_engine_expert_cache_stats(e, (int)il, &after);
+        if (after.resident < before.resident) {
+            KT_CHECK(kt_engine_expert_on_device(e, il, x), "%s: expert %u homed on the device after the cache", name, x);
+            break;
+        }
+        kt_engine_expert_off_device(e, il, x, &err);
+    }
+    KT_CHECK(step_seq0(e, prompt, 1, PROMPT_LEN + STEPS, got, &err) == KT_OK &&
+                 step_seq0(ref, prompt, 1, PROMPT_LEN + STEPS, want, &err) == KT_OK &&
+                 !memcmp(got, want, V * sizeof *got),
+             "%s: after the moves the logits still equal CPU-only's", name);
+done:
+    kt_engine_destroy(e);
+    kt_engine_destroy(ref);
+    free(got), free(want);
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
+
+static void expert_cache_lru_matches_cpu_only(void)
+{
+    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LRU, 25, false);
+}
+
+static void expert_cache_lfu_matches_cpu_only(void)
+{
+    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LFU, 25, false);
+}
+
+static void expert_cache_uploads_in_chunks_over_a_slow_link(void)
+{
+    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LRU, 2, true);
+}
+
+/* A cache the device's remaining budget cannot take is refused, naming the
+ * device, the need and the room; the engine and its device are as they were. */
+static void expert_cache_over_the_budget_is_refused(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    struct expert_masks masks = make_masks(m);
+    struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0"};
+    struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 1, .device = &sim,
+                                 .expert_on_device = masks.half};
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    uint64_t need = 0, with_cache = 0, work = 0, after = 0;
+    const struct kt_expert_cache_params cp = {8, KT_EXPERT_CACHE_LRU};
+    if (kt_engine_create(m, &p, &e, &err) == KT_OK)
+        kt_engine_device_bytes(e, &need, &work);
+    kt_engine_destroy(e), e = NULL;
+    p.expert_cache = &cp;
+    if (kt_engine_create(m, &p, &e, &err) == KT_OK)
+        kt_engine_device_bytes(e, &with_cache, &work);
+    kt_engine_destroy(e), e = NULL;
+    KT_CHECK(with_cache > need, "the cache takes device memory (%llu vs %llu bytes)", (unsigned long long)with_cache,
+             (unsigned long long)need);
+    sim.memory_bytes = with_cache - 1; /* one byte short */
+    p.expert_cache = NULL;
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK) {
+        KT_CHECK(0, "engine: %s", err.msg);
+        goto done;
+    }
+    kt_status st = kt_engine_expert_cache_start(e, &cp, &err);
+    KT_CHECK(st == KT_ERR_NOMEM && strstr(err.msg, "sim0") && strstr(err.msg, "MiB free"),
+             "refused naming the device and the room (%s: %s)", kt_status_name(st), err.msg);
+    printf("  %s\n", err.msg);
+    kt_engine_device_bytes(e, &after, &work);
+    struct kt_expert_cache_stats cs;
+    KT_CHECK(after == need && !kt_engine_expert_cache_stats(e, -1, &cs), "nothing changed (%llu vs %llu bytes)",
+             (unsigned long long)after, (unsigned long long)need);
+    KT_CHECK(kt_engine_expert_cache_start(e, &(struct kt_expert_cache_params){0, KT_EXPERT_CACHE_LRU}, &err) ==
+                 KT_ERR_INVALID,
+             "0 slots: refused");
+    KT_CHECK(kt_engine_expert_cache_start(e, &(struct kt_expert_cache_params){1, KT_EXPERT_CACHE_LRU}, &err) == KT_OK,
+             "1 slot fits: %s", err.msg);
+    KT_CHECK(kt_engine_expert_cache_start(e, &cp, &err) == KT_ERR_INVALID, "a second start: refused");
+    kt_engine_destroy(e), e = NULL;
+    if (kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .n_threads = 1}, &e, &err) == KT_OK)
+        KT_CHECK(kt_engine_expert_cache_start(e, &cp, &err) == KT_ERR_UNSUPPORTED, "no device: refused");
+done:
+    kt_engine_destroy(e);
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
+
+#ifdef KT_TEST_CUDA_EMULATED
+extern int kt_cuda_emulated_fail_call; /* cuda_emulated.c */
 
 /* A step that fails on the device (a kernel launch fails in the middle of
  * it) reports the device's error, leaves every sequence as it was (KV length
@@ -562,5 +740,9 @@ int main(void)
     KT_RUN(kv_cache_on_the_device);
     KT_RUN(device_moves_stay_within_the_budget);
     KT_RUN(placement_over_the_budget_is_refused);
+    KT_RUN(expert_cache_lru_matches_cpu_only);
+    KT_RUN(expert_cache_lfu_matches_cpu_only);
+    KT_RUN(expert_cache_uploads_in_chunks_over_a_slow_link);
+    KT_RUN(expert_cache_over_the_budget_is_refused);
     return kt_test_finish();
 }

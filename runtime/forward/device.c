@@ -657,6 +657,7 @@ void kt_dev_head(struct kt_engine *e, uint32_t n_rows, float *logits)
 void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers)
 {
     if (e->dev.backend) {
+        kt_cache_destroy(e);
         kt_backend_sync(e->dev.backend);
         destroy_graphs(e);
         if (e->dev.buffers_pinned)
@@ -684,6 +685,9 @@ kt_status kt_engine_device_bytes(const struct kt_engine *e, uint64_t *total, uin
     uint64_t sum = 0;
     for (uint32_t i = 0; i < e->dev.n_blocks; i++)
         sum += e->dev.block_bytes[i];
+    struct kt_expert_cache_stats cache;
+    if (kt_engine_expert_cache_stats(e, -1, &cache))
+        sum += cache.device_bytes;
     *total = sum;
     *work = e->dev.work_bytes;
     return KT_OK;

@@ -552,6 +552,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
             kt_backend_pin_host(e->dev.backend, e->buffers, (size_t)((uint8_t *)e->scratch - (uint8_t *)e->buffers));
     if (!e->test.keep_gguf_layout && (st = pack_host_weights(e, err)))
         goto fail;
+    if (d.expert_cache && (st = kt_engine_expert_cache_start(e, d.expert_cache, err)))
+        goto fail;
+    e->params.expert_cache = NULL; /* read at creation only */
     for (uint32_t s = 0; s < d.max_seqs; s++)
         e->seq_chunk[s] = UINT32_MAX;
     e->params.n_threads = (uint32_t)kt_pool_n_threads(e->pool);
@@ -800,7 +803,7 @@ static void test_migrate(struct kt_engine *e)
         if (!se->data)
             continue;
         kt_err ignored = {0};
-        if (e->dev.backend && kt_fwd_expert_on_device(e, il, x))
+        if (e->dev.backend && kt_engine_expert_on_device(e, il, x))
             kt_engine_expert_off_device(e, il, x, &ignored);
         else if (e->dev.backend)
             kt_engine_expert_to_device(e, il, x, &ignored);
@@ -908,6 +911,7 @@ void kt_engine_stats_reset(struct kt_engine *e)
     e->route_tokens[KT_ROUTE_DECODE] = e->route_tokens[KT_ROUTE_PREFILL] = 0;
     if (e->dev.backend)
         kt_backend_stats_reset(e->dev.backend);
+    kt_cache_stats_reset(e);
 }
 
 bool kt_engine_layer_stats(const struct kt_engine *e, uint32_t il, struct kt_engine_layer_stats *out)
@@ -966,7 +970,7 @@ static kt_status device_move_check(const struct kt_engine *e, uint32_t il, uint3
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "this engine has no device");
     if (il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
         return kt_err_set(err, KT_ERR_INVALID, "no routed expert %u in layer %u", x, il);
-    if (kt_fwd_expert_on_device(e, il, x) == to_device)
+    if (kt_engine_expert_on_device(e, il, x) == to_device)
         return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u is %s the device already", il, x,
                           to_device ? "on" : "off");
     return KT_OK;
@@ -976,6 +980,8 @@ kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t 
 {
     uint64_t bytes = 0;
     kt_status st = device_move_check(e, il, x, true, err);
+    if (st == KT_OK)
+        kt_cache_forget(e, il, x); /* homed there now: its slot goes back to the cache */
     if (st == KT_OK && (st = kt_dev_expert_upload(e, il, x, &bytes, err)) == KT_OK)
         e->stats.experts_moved++, e->stats.experts_moved_bytes += bytes;
     return st;
@@ -993,7 +999,7 @@ kt_status kt_engine_expert_off_device(struct kt_engine *e, uint32_t il, uint32_t
 
 bool kt_engine_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x)
 {
-    return il < e->hp.n_layer && x < e->hp.n_expert && kt_fwd_expert_on_device(e, il, x);
+    return il < e->hp.n_layer && x < e->hp.n_expert && kt_fwd_expert_on_device(e, il, x) && !kt_cache_holds(e, il, x);
 }
 
 int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x)

@@ -38,6 +38,7 @@
 #include "status.h"
 
 struct kt_backend_params;
+struct kt_expert_cache_params;
 
 struct kt_engine_test_params; /* engine_test.h: knobs only tests set */
 
@@ -106,6 +107,9 @@ struct kt_engine_params {
      * vocabulary matrix copied there; the embedding lookup, one row per
      * token, stays on the host. */
     bool output_on_device;
+    /* The decode-time expert cache (kt_engine_expert_cache_start below),
+     * started at creation; NULL: none.  Needs a device. */
+    const struct kt_expert_cache_params *expert_cache;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
     const struct kt_engine_test_params *test; /* NULL except in tests (engine_test.h) */
 };
@@ -227,6 +231,40 @@ int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x);
 kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err);
 kt_status kt_engine_expert_off_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err);
 bool kt_engine_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x);
+
+/* A decode-time expert cache on the device (an engine with one): beside the
+ * experts homed there, slots_per_layer slots in every MoE layer hold copies
+ * of experts the last steps routed to (LRU: the most recently routed; LFU:
+ * the most routed pairs, decayed per step), taken from the device's budget
+ * at start (KT_ERR_NOMEM naming need and room when it has too little, and
+ * nothing changes).  A routed expert not on the device runs on the CPU in
+ * that step, while its copy is queued in chunks sized to the time the
+ * device's queue idles while the CPU works (measured every step); no step
+ * waits for a copy; from the step after its last chunk it runs on the
+ * device.  The cache never changes a result (the sim computes what the CPU
+ * does, bit for bit; cuda within test_hybrid_sim's tolerance).  Experts
+ * homed on the device (kt_engine_expert_on_device) are not the cache's;
+ * kt_engine_expert_to_device takes an expert out of the cache first. */
+enum kt_expert_cache_policy { KT_EXPERT_CACHE_LRU, KT_EXPERT_CACHE_LFU };
+struct kt_expert_cache_params {
+    uint32_t slots_per_layer;   /* 1 .. n_expert */
+    enum kt_expert_cache_policy policy;
+};
+/* Counters since the start or the last kt_engine_stats_reset. */
+struct kt_expert_cache_stats {
+    uint64_t pinned_pairs;      /* routed (token, expert) pairs of experts homed on the device */
+    uint64_t hit_pairs;         /* ... of other experts, found in a slot */
+    uint64_t miss_pairs;        /* ... computed on the CPU */
+    uint64_t uploads;           /* experts copied in whole */
+    uint64_t upload_bytes;      /* bytes queued for copies */
+    uint64_t chunks;            /* copies queued (an expert takes one or more) */
+    uint64_t evictions;         /* live experts whose slot another took */
+    uint32_t slots, resident;   /* slots, and of them live ones, now */
+    uint64_t device_bytes;      /* the slots' device memory */
+};
+kt_status kt_engine_expert_cache_start(struct kt_engine *e, const struct kt_expert_cache_params *p, kt_err *err);
+/* Layer il's counters, or with il < 0 every layer's summed; false: no cache. */
+bool kt_engine_expert_cache_stats(const struct kt_engine *e, int il, struct kt_expert_cache_stats *out);
 
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
 void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats and the routing counts */

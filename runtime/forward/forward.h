@@ -208,6 +208,7 @@ struct kt_engine_device {
     float *head_x, *logits;
     struct kt_moe_bufs bufs;            /* the FFN buffers, on the device */
     bool buffers_pinned;                /* the engine's step buffers are page-locked for its copies (cuda) */
+    struct kt_expert_cache *cache;      /* the decode-time expert cache (expert_cache.c); NULL: none */
 };
 
 /* Per-thread scratch; sizes in comments. */
@@ -426,6 +427,19 @@ void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers);
  * budget, and nothing changes.  Drop: off it again once the queue is idle. */
 kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uint64_t *bytes, kt_err *err);
 void kt_dev_expert_drop(struct kt_engine *e, uint32_t il, uint32_t x);
+/* ---- expert_cache.c: the decode-time expert cache (engine.h), per MoE layer of a step ----------- */
+
+/* After the step's pairs per expert are counted: hits and misses, and a slot for the most wanted miss. */
+void kt_cache_route(struct kt_engine *e, uint32_t il);
+/* With the device's units queued, before the CPU's: the next chunk of the loading slot's copy. */
+void kt_cache_copy(struct kt_engine *e, uint32_t il);
+/* After the layer's sync: the CPU's time and the device's busy time in it size the next chunk. */
+void kt_cache_measure(struct kt_engine *e, uint32_t il, uint64_t cpu_ns, uint64_t device_ns);
+bool kt_cache_holds(const struct kt_engine *e, uint32_t il, uint32_t x); /* a slot holds or loads x */
+void kt_cache_forget(struct kt_engine *e, uint32_t il, uint32_t x);      /* ... not any more */
+void kt_cache_stats_reset(struct kt_engine *e);
+void kt_cache_destroy(struct kt_engine *e); /* syncs first */
+
 /* Once per step before the layers: the graph slot, and cuda's cache tables and RoPE angles sent. */
 void kt_dev_begin_step(struct kt_engine *e);
 /* Layer il's attention on the device, on e->x; in MoE layers also the FFN

@@ -636,11 +636,15 @@ static kt_status cuda_device_part(void *ctx, void *stream, kt_err *err)
  * and the CPU's units [0, dev0) in `cpu`'s groups while the device works;
  * returns once both are done (so the device's work may point at this frame). */
 static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uint32_t n_units,
-                      const struct unit_groups *cpu)
+                      const struct unit_groups *cpu, int cache_layer)
 {
     const uint32_t dev0 = cpu->first[cpu->n];
     const size_t T = e->n_tokens, E = e->hp.n_embd;
     const bool device_work = dev0 < n_units;
+    const bool cache = cache_layer >= 0 && e->dev.cache;
+    struct kt_backend_stats before = {0};
+    if (cache)
+        kt_backend_stats(e->dev.backend, &before);
     struct kt_device_part part = {e, dev0, n_units};
     if (device_work) {
         const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
@@ -658,16 +662,27 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
         kt_backend_run(e->dev.backend, kt_fwd_run_device_part, &part, cuda_device_part, &part);
         e->stats.device_pairs += n_pairs - p0;
     }
+    if (cache) /* rides in the queue's idle time while the CPU computes the misses */
+        kt_cache_copy(e, (uint32_t)cache_layer);
+    const uint64_t c0 = kt_fwd_now_ns();
     run_units(e, &e->bufs, h, cpu, n_units);
-    if (device_work) {
+    const uint64_t cpu_ns = kt_fwd_now_ns() - c0;
+    if (device_work || cache) {
         /* queued after the CPU's units: a copy into pageable memory (if
          * page-locking was refused) holds the host until it is done */
-        const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
-        kt_backend_copy_out(e->dev.backend, e->bufs.pair_out + (size_t)p0 * E, e->dev.bufs.pair_out + (size_t)p0 * E,
-                            (size_t)(n_pairs - p0) * E * sizeof(float));
+        if (device_work) {
+            const uint32_t p0 = e->units[dev0].first_pair, n_pairs = e->n_items[ITEMS_PAIRS];
+            kt_backend_copy_out(e->dev.backend, e->bufs.pair_out + (size_t)p0 * E,
+                                e->dev.bufs.pair_out + (size_t)p0 * E, (size_t)(n_pairs - p0) * E * sizeof(float));
+        }
         const uint64_t w0 = kt_fwd_now_ns();
-        kt_backend_sync(e->dev.backend);
+        kt_backend_sync(e->dev.backend); /* also ends the chunk's copy, so its staging is free again */
         e->stats.device_wait_ns += kt_fwd_now_ns() - w0;
+    }
+    if (cache) {
+        struct kt_backend_stats after;
+        kt_backend_stats(e->dev.backend, &after);
+        kt_cache_measure(e, (uint32_t)cache_layer, cpu_ns, after.busy_ns - before.busy_ns);
     }
 }
 
@@ -683,7 +698,7 @@ static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_we
     count_weight_bytes(e, 1);
     const uint32_t first[2] = {0, device ? 0 : 1};
     struct kt_units_job job;
-    run_split(e, h, false, 1, &(struct unit_groups){.n = 1, .pool = &e->pool, .first = first, .jobs = &job});
+    run_split(e, h, false, 1, &(struct unit_groups){.n = 1, .pool = &e->pool, .first = first, .jobs = &job}, -1);
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
@@ -751,6 +766,8 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     memset(e->expert_pairs, 0, Ne * sizeof *e->expert_pairs);
     for (uint32_t i = 0; i < T * k; i++)
         e->expert_pairs[e->route_experts[i]]++;
+    if (e->dev.cache)
+        kt_cache_route(e, il);
     const bool sliced = layer_sliced(e, il);
     const int n_groups = sliced ? 1 : e->n_pools;
     if (sliced)
@@ -801,7 +818,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
 
     memset(e->step_node_busy, 0, sizeof e->step_node_busy);
     run_split(e, h, routed_on_device, n_units,
-              &(struct unit_groups){e->n_pools, e->expert_pools, e->pool_units, e->pool_jobs, sliced});
+              &(struct unit_groups){e->n_pools, e->expert_pools, e->pool_units, e->pool_jobs, sliced}, (int)il);
     if (e->n_pools > 1)
         note_node_balance(e, il);
 
