@@ -269,26 +269,36 @@ static const struct kt_machine_accel *machine_accel(const struct kt_machine *mac
     return NULL;
 }
 
+/* What put_parts writes besides the options: the accelerator's budget, link
+ * and names (kt-place's own, or those of the placement a plan describes),
+ * the KV cache's type, and which parts sit on the accelerator. */
+struct parts_text {
+    double memory_gib, transfer_gbps, latency_us;
+    const char *accel;           /* the device's name: kt-place says "sim" or "gpu" */
+    int cuda_device;
+    const char *kv_type;         /* "f32" or "f16" */
+    bool on_accel[4];            /* attention, shared experts, dense layers, embeddings */
+};
+
 /* devices:, attention: ... of a plan (everything but its experts). */
-static void put_parts(struct text *t, const struct kt_planner_options *o, double memory_gib, double transfer_gbps,
-                      double latency_us, const bool on_accel[4])
+static void put_parts(struct text *t, const struct kt_planner_options *o, const struct parts_text *pt)
 {
     put(t, "version: 1\n");
-    put(t, "kv_cache:\n  tokens: %u\n  type: f32\n", o->kv_tokens);
+    put(t, "kv_cache:\n  tokens: %u\n  type: %s\n", o->kv_tokens, pt->kv_type);
     const char *dev = "cpu";
     if (o->device != KT_PLACE_CPU) {
-        dev = accel_name(o->device);
+        dev = pt->accel;
         put(t, "devices:\n  %s:\n    backend: %s\n", dev, kt_place_backend_name(o->device));
         if (o->device == KT_PLACE_CUDA)
-            put(t, "    device: 0\n");
-        put(t, "    memory_gib: %.17g\n", memory_gib);
+            put(t, "    device: %d\n", pt->cuda_device);
+        put(t, "    memory_gib: %.17g\n", pt->memory_gib);
         if (o->device == KT_PLACE_SIM)
-            put(t, "    transfer_gbps: %.17g\n    latency_us: %.17g\n", transfer_gbps, latency_us);
+            put(t, "    transfer_gbps: %.17g\n    latency_us: %.17g\n", pt->transfer_gbps, pt->latency_us);
     }
-    put(t, "attention: %s\n", on_accel[0] ? dev : "cpu");
-    put(t, "shared_experts: %s\n", on_accel[1] ? dev : "cpu");
-    put(t, "dense_layers: %s\n", on_accel[2] ? dev : "cpu");
-    put(t, "embeddings: %s\n", on_accel[3] ? dev : "cpu");
+    put(t, "attention: %s\n", pt->on_accel[0] ? dev : "cpu");
+    put(t, "shared_experts: %s\n", pt->on_accel[1] ? dev : "cpu");
+    put(t, "dense_layers: %s\n", pt->on_accel[2] ? dev : "cpu");
+    put(t, "embeddings: %s\n", pt->on_accel[3] ? dev : "cpu");
 }
 
 /* Resolves the parts alone (every routed expert goes to the CPU). */
@@ -297,7 +307,10 @@ static kt_status resolve_parts(struct kt_plan *plan, const struct kt_model *m, i
                                struct kt_placement **out, kt_err *err)
 {
     struct text t = {0};
-    put_parts(&t, &plan->options, memory_gib, transfer_gbps, latency_us, on_accel);
+    struct parts_text pt = {.memory_gib = memory_gib, .transfer_gbps = transfer_gbps, .latency_us = latency_us,
+                            .accel = accel_name(plan->options.device), .kv_type = "f32"};
+    memcpy(pt.on_accel, on_accel, sizeof pt.on_accel);
+    put_parts(&t, &plan->options, &pt);
     put(&t, "cpu:\n  nodes: [");
     for (int n = 0; n < n_nodes; n++)
         put(&t, "%s%d", n ? ", " : "", n);
@@ -1022,11 +1035,19 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     const struct kt_planner_options *o = &plan->options;
     static const char *const objective[] = {"decode", "prefill", "mixed"};
     struct text t = {0};
-    put(&t, "# kt-place plan for %s\n", model_name ? model_name : "a model");
-    put(&t, "# objective %s (decode batch %u at context %u, prefill of %u tokens); %d NUMA node(s)\n",
-        objective[o->objective], o->batch, o->context, o->prefill_tokens, p->n_nodes);
-    put(&t, "# predicted per layer (ms): decode step, prefill; accelerator experts; CPU busiest/mean node\n");
-    for (uint32_t il = 0; il < p->n_layer; il++) {
+    bool predicted = false; /* a placement read back from an engine has no predictions */
+    for (uint32_t il = 0; il < p->n_layer; il++)
+        predicted |= plan->layers[il].decode_s > 0 || plan->layers[il].prefill_s > 0;
+    if (plan->description) {
+        put(&t, "# %s: %s\n# %d NUMA node(s)\n", model_name ? model_name : "a model", plan->description, p->n_nodes);
+    } else {
+        put(&t, "# kt-place plan for %s\n", model_name ? model_name : "a model");
+        put(&t, "# objective %s (decode batch %u at context %u, prefill of %u tokens); %d NUMA node(s)\n",
+            objective[o->objective], o->batch, o->context, o->prefill_tokens, p->n_nodes);
+    }
+    if (predicted)
+        put(&t, "# predicted per layer (ms): decode step, prefill; accelerator experts; CPU busiest/mean node\n");
+    for (uint32_t il = 0; predicted && il < p->n_layer; il++) {
         const struct kt_plan_layer *l = &plan->layers[il];
         put(&t, "#   layer %3u: decode %.4f  prefill %.4f", il, 1e3 * l->decode_s, 1e3 * l->prefill_s);
         if (p->layers[il].experts)
@@ -1043,14 +1064,29 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
         on[2] |= L->dense_ffn == plan->accel;
     }
     on[3] = acc && p->embeddings == plan->accel;
-    put(&t, "description: kt-place plan (objective %s)\n", objective[o->objective]);
+    if (plan->description) {
+        put(&t, "description: '");
+        for (const char *c = plan->description; *c; c++)
+            if (*c == '\'')
+                put(&t, "''"); /* the one escape in YAML's single quotes */
+            else
+                put(&t, "%c", *c);
+        put(&t, "'\n");
+    } else {
+        put(&t, "description: kt-place plan (objective %s)\n", objective[o->objective]);
+    }
     if (profile_path)
         put(&t, "profile: '%s'\n", profile_path);
-    /* the very text the parts were resolved with: the same budget in bytes */
-    put_parts(&t, o, plan->accel_memory_gib, plan->accel_transfer_gbps, plan->accel_latency_us, on);
+    /* the very text the parts were resolved with: the same budget in bytes, the device's own name */
+    struct parts_text pt = {.memory_gib = plan->accel_memory_gib, .transfer_gbps = plan->accel_transfer_gbps,
+                            .latency_us = plan->accel_latency_us, .accel = acc ? acc->name : accel_name(o->device),
+                            .cuda_device = acc ? acc->cuda_device : 0,
+                            .kv_type = p->kv_bytes_per_value == 2 ? "f16" : "f32"};
+    memcpy(pt.on_accel, on, sizeof on);
+    put_parts(&t, o, &pt);
     const uint32_t n = p->n_expert;
     if (acc && acc->n_experts) {
-        put(&t, "experts:\n  %s:\n    layers:\n", accel_name(o->device));
+        put(&t, "experts:\n  %s:\n    layers:\n", pt.accel);
         for (uint32_t il = 0; il < p->n_layer; il++) {
             const struct kt_expert_home *homes = p->layers[il].experts;
             if (!homes || !any_on(homes, n, plan->accel, -1))
@@ -1060,9 +1096,14 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
             put(&t, "\n");
         }
     }
+    /* the nodes experts may use, and any one that holds experts anyway */
     put(&t, "cpu:\n  nodes: [");
+    bool first_node = true;
     for (int d = 0; d < p->n_nodes; d++)
-        put(&t, "%s%d", d ? ", " : "", d);
+        if (p->expert_nodes >> d & 1 || p->node_experts[d]) {
+            put(&t, "%s%d", first_node ? "" : ", ", d);
+            first_node = false;
+        }
     put(&t, "]\n");
     if (p->devices[0].n_experts) {
         put(&t, "  assign:\n");

@@ -72,6 +72,7 @@ struct kt_plan {
     uint32_t replicas_hot_per_layer;
     double weight_decode, weight_prefill; /* the objective: weights of per-token decode and prefill time */
     double plan_s;                   /* wall time of kt_plan_create */
+    const char *description;         /* kt_plan_yaml's header and description; NULL: kt-place's (objective) */
 };
 
 /* Plans m for prof (NULL: uniform routing) on mach with the cost model cost
@@ -112,8 +113,9 @@ kt_status kt_plan_summarize(const struct kt_cost_model *cost, const struct kt_pl
 double kt_plan_layer_balance(const struct kt_placement *p, const struct kt_cost_layer *l);
 
 /* The plan as placement config v1 text (malloc'd, NUL-terminated; NULL out
- * of memory): explicit lists per layer for the accelerator and per node,
- * cpu.replicas, cpu.sliced, and the predicted per-layer times as comments.
+ * of memory): explicit lists per layer for the accelerator (by its name in
+ * the placement) and per node, cpu.replicas, cpu.sliced, the KV cache's type,
+ * and the predicted per-layer times as comments when the layers carry any.
  * profile_path (absolute, or relative to where the file will live; may be
  * NULL) is written as `profile:` so replicas pick the experts planned. */
 char *kt_plan_yaml(const struct kt_plan *p, const char *model_name, const char *profile_path);

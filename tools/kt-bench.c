@@ -150,6 +150,21 @@ static bool opt_half_life(void *opts, const char *arg, char *why, size_t why_siz
     return true;
 }
 
+static bool opt_expert_cache(void *opts, const char *arg, char *why, size_t why_size)
+{
+    struct kt_bench_options *o = opts;
+    return kt_cli_parse_u32(arg, 0, 65536, &o->expert_cache_slots) ||
+           kt_cli_invalid(why, why_size, "--expert-cache (slots per MoE layer; 0: off)", arg);
+}
+
+static bool opt_expert_cache_policy(void *opts, const char *arg, char *why, size_t why_size)
+{
+    if (strcmp(arg, "lru") && strcmp(arg, "lfu"))
+        return kt_cli_invalid(why, why_size, "--expert-cache-policy (lru or lfu)", arg);
+    ((struct kt_bench_options *)opts)->expert_cache_lfu = !strcmp(arg, "lfu");
+    return true;
+}
+
 static bool opt_topology(void *opts, const char *arg, char *why, size_t why_size)
 {
     (void)why, (void)why_size;
@@ -223,6 +238,10 @@ static const struct kt_cli_option options_table[] = {
     {"--batch", NULL, "N", FOR_PROFILE, "prompts decoding at once (default 1)", opt_batch},
     {"--half-life", NULL, "T", FOR_PROFILE, "decay counts with this half-life in tokens (default 0: none)",
      opt_half_life},
+    {"--expert-cache", NULL, "SLOTS", FOR_PROFILE,
+     "the placement's device also caches SLOTS experts per MoE layer (kt-serve --expert-cache; default 0: off)",
+     opt_expert_cache},
+    {"--expert-cache-policy", NULL, "P", FOR_PROFILE, "lru (default) or lfu", opt_expert_cache_policy},
     {"--output", "-o", "FILE", FOR_PROFILE | FOR_MACHINE, "the routing profile, or the machine file, to write (JSON)",
      opt_output},
     {"--svg", NULL, "FILE", FOR_MODEL | FOR_PROFILE,

@@ -44,6 +44,7 @@ KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port")
 KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
 KT_CLI_U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
 KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads")
+KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache (slots per MoE layer; 0: off)")
 KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
 KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
 KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
@@ -107,6 +108,14 @@ static bool opt_migration_budget(void *o, const char *arg, char *why, size_t ws)
     return true;
 }
 
+static bool opt_expert_cache_policy(void *o, const char *arg, char *why, size_t ws)
+{
+    if (strcmp(arg, "lru") && strcmp(arg, "lfu"))
+        return kt_cli_invalid(why, ws, "--expert-cache-policy (lru or lfu)", arg);
+    OPTS(o)->expert_cache_lfu = !strcmp(arg, "lfu");
+    return true;
+}
+
 static bool opt_forced(void *o, const char *arg, char *why, size_t ws)
 {
     (void)arg, (void)why, (void)ws;
@@ -163,6 +172,12 @@ static const struct kt_cli_option options_table[] = {
      opt_machine},
     {"--plan-out", NULL, "FILE", 0, "write the live placement as a placement config after each round that moved "
      "experts, and at exit (atomically)", opt_plan_out},
+    {"--expert-cache", NULL, "SLOTS", 0,
+     "a decode-time expert cache on the placement's device: SLOTS copies per MoE layer of the experts the last "
+     "steps routed to, uploaded in the link's spare time (default 0: off)",
+     opt_expert_cache},
+    {"--expert-cache-policy", NULL, "P", 0, "which experts the cache keeps: lru (recently routed, default) or lfu "
+     "(most routed, decayed)", opt_expert_cache_policy},
     {"--quiet", "-q", NULL, 0, "no log line per request", opt_quiet},
     {"--test-forced-output", NULL, NULL, 0, "tests only: honour the request field kt_test_forced_output",
      opt_forced},
@@ -178,7 +193,9 @@ static void usage(FILE *f)
     fprintf(f, "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"
                "                [--api-key KEY] [--served-model-name NAME] [options]\n\n"
                "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health,\n"
-               "/metrics, /tokenize, /detokenize, /version, /kt/profile (routing counts).\n\noptions:\n");
+               "/metrics, /tokenize, /detokenize, /version, /kt/profile (routing counts), /kt/placement (where\n"
+               "experts live, the rebalancer, migrations), /kt/stats, /dashboard (a live page in a browser).\n\n"
+               "options:\n");
     kt_cli_print_options(f, &cli, NULL);
     fprintf(f, "\nenvironment:\n"
                "  KT_TOPOLOGY_SYNTHETIC=DESC  see NUMA nodes and cores as hwloc's synthetic description DESC says,\n"
@@ -273,6 +290,13 @@ static bool load(struct kt_server *s, kt_err *err)
         kt_placement_describe(live, stderr);
         ok = kt_engine_plan_apply(live, &plan, &ep, stderr, err) == KT_OK;
     }
+    const struct kt_expert_cache_params cache = {
+        o->expert_cache_slots, o->expert_cache_lfu ? KT_EXPERT_CACHE_LFU : KT_EXPERT_CACHE_LRU};
+    if (ok && o->expert_cache_slots && !ep.device) {
+        kt_err_set(err, KT_ERR_INVALID, "--expert-cache needs a device: a placement config (--placement) with one");
+        ok = false;
+    }
+    ep.expert_cache = o->expert_cache_slots ? &cache : NULL;
     ok = ok && kt_engine_create(s->model, &ep, &s->engine, err) == KT_OK;
     kt_engine_plan_free(&plan);
     if (progress)

@@ -36,6 +36,8 @@ struct kt_bench_options {
     uint32_t max_tokens;        /* new tokens per prompt (default 64) */
     uint32_t batch;             /* prompts at once (default 1) */
     double half_life;           /* decay half-life in tokens; 0: none */
+    uint32_t expert_cache_slots; /* profile: the device's expert cache, slots per MoE layer; 0: none */
+    bool expert_cache_lfu;      /* ... LFU, else LRU */
 
     /* machine (threads, output and seconds too: time per measured point, default 0.3) */
     const char *topology;       /* hwloc synthetic description; NULL: KT_TOPOLOGY_SYNTHETIC or this machine */

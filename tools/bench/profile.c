@@ -240,6 +240,52 @@ static double top_share(const struct kt_profile *p, uint32_t il)
     return total > 0 ? hot / total : 0;
 }
 
+/* Adds (sign +1) or takes away (-1) every layer's cache counters: around a
+ * decode-only step, what it counted. */
+static void cache_delta(const struct kt_engine *e, struct kt_expert_cache_stats *acc, int sign)
+{
+    for (uint32_t il = 0;; il++) { /* until il is past the last layer */
+        struct kt_expert_cache_stats s;
+        if (!kt_engine_expert_cache_stats(e, (int)il, &s))
+            break;
+        acc[il].pinned_pairs += (uint64_t)sign * s.pinned_pairs;
+        acc[il].hit_pairs += (uint64_t)sign * s.hit_pairs;
+        acc[il].miss_pairs += (uint64_t)sign * s.miss_pairs;
+        acc[il].uploads += (uint64_t)sign * s.uploads;
+        acc[il].upload_bytes += (uint64_t)sign * s.upload_bytes;
+    }
+}
+
+/* The cache in decode: its hit rate per MoE layer (pairs of experts not homed
+ * on the device found in a slot) and the accelerator's share with it. */
+static void print_cache(const struct kt_engine *e, const struct kt_model *m, const struct kt_expert_cache_stats *dc,
+                        const struct kt_bench_options *o)
+{
+    struct kt_expert_cache_stats all = {0}, now;
+    kt_engine_expert_cache_stats(e, -1, &now);
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        all.pinned_pairs += dc[il].pinned_pairs, all.hit_pairs += dc[il].hit_pairs;
+        all.miss_pairs += dc[il].miss_pairs, all.uploads += dc[il].uploads;
+        all.upload_bytes += dc[il].upload_bytes;
+    }
+    const double others = (double)(all.hit_pairs + all.miss_pairs);
+    const double routed = others + (double)all.pinned_pairs;
+    printf("expert cache (%s, %u slots per MoE layer, %.1f MiB of the device): decode hit rate %.2f%% of the pairs "
+           "of experts not homed there; routed pairs on the accelerator with it, decode: %.2f%%; %llu uploads "
+           "(%.1f MiB) in decode, %llu in all\n",
+           o->expert_cache_lfu ? "lfu" : "lru", o->expert_cache_slots, (double)now.device_bytes / 1048576.0,
+           others > 0 ? 100.0 * (double)all.hit_pairs / others : 0.0,
+           routed > 0 ? 100.0 * (double)(all.pinned_pairs + all.hit_pairs) / routed : 0.0,
+           (unsigned long long)all.uploads, (double)all.upload_bytes / 1048576.0, (unsigned long long)now.uploads);
+    printf("expert cache hit rate per MoE layer, decode:");
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const double n = (double)(dc[il].hit_pairs + dc[il].miss_pairs);
+        if (m->layers[il].is_moe)
+            printf(" %u:%.1f%%", il, n > 0 ? 100.0 * (double)dc[il].hit_pairs / n : 0.0);
+    }
+    printf("\n");
+}
+
 int kt_bench_profile(const struct kt_bench_options *o)
 {
     int rc = 1;
@@ -250,6 +296,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
     struct kt_engine *e = NULL;
     struct kt_profile *prof = NULL;
     uint8_t *on_device = NULL;
+    struct kt_expert_cache_stats *decode_cache = NULL; /* [n_layer] the cache's counters in decode-only steps */
     uint64_t decode_steps = 0, decode_tokens = 0;
     double decode_seconds = 0;
     struct slot *slots = NULL;
@@ -296,6 +343,17 @@ int kt_bench_profile(const struct kt_bench_options *o)
     const size_t n_cells = (size_t)m->hp.n_layer * m->hp.n_expert;
     if (ep.expert_on_device && (on_device = malloc(n_cells ? n_cells : 1)) != NULL)
         memcpy(on_device, ep.expert_on_device, n_cells);
+    const struct kt_expert_cache_params cache = {
+        o->expert_cache_slots, o->expert_cache_lfu ? KT_EXPERT_CACHE_LFU : KT_EXPERT_CACHE_LRU};
+    if (o->expert_cache_slots && !ep.device) {
+        kt_err_set(&err, KT_ERR_INVALID, "--expert-cache needs a device: a --placement with one");
+        goto fail;
+    }
+    ep.expert_cache = o->expert_cache_slots ? &cache : NULL;
+    if (o->expert_cache_slots && !(decode_cache = calloc(m->hp.n_layer, sizeof *decode_cache))) {
+        kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     kt_status created = kt_engine_create(m, &ep, &e, &err);
     kt_engine_plan_free(&plan);
     if (created != KT_OK)
@@ -352,6 +410,8 @@ int kt_bench_profile(const struct kt_bench_options *o)
                 row_slot[n_rows++] = s;
         }
         const bool decode_only = n > 0 && n == n_decode;
+        if (decode_only && decode_cache)
+            cache_delta(e, decode_cache, -1);
         const double step_t0 = kt_bench_now_seconds();
         if (kt_engine_step(e, &(struct kt_batch){n, batch}, logits, &err) != KT_OK)
             goto fail;
@@ -359,6 +419,8 @@ int kt_bench_profile(const struct kt_bench_options *o)
             decode_seconds += kt_bench_now_seconds() - step_t0;
             decode_steps++;
             decode_tokens += n;
+            if (decode_cache)
+                cache_delta(e, decode_cache, +1);
         }
         if (o->half_life > 0) /* decay follows the order of the steps */
             add_routing(e, prof, last, last_tokens, delta, cells);
@@ -410,6 +472,8 @@ int kt_bench_profile(const struct kt_bench_options *o)
                    ph == KT_PROFILE_DECODE ? "decode" : "prefill", all > 0 ? 100.0 * dev / all : 0.0, dev, all);
         }
     }
+    if (decode_cache)
+        print_cache(e, m, decode_cache, o);
     printf("share of each MoE layer's routed tokens on its hottest 1/8 of experts:\n");
     for (uint32_t il = 0; il < m->hp.n_layer; il++)
         if (m->layers[il].is_moe)
@@ -420,7 +484,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
 fail:
     fprintf(stderr, "kt-bench: %s\n", err.msg);
 done:
-    free(last[0]), free(last[1]), free(delta), free(row_slot), free(on_device);
+    free(last[0]), free(last[1]), free(delta), free(row_slot), free(on_device), free(decode_cache);
     free(slots), free(batch), free(logits);
     kt_profile_destroy(prof);
     kt_engine_destroy(e);

@@ -22,11 +22,14 @@
  * placement that runs.  mu guards what the rebalancer, the scheduler thread
  * and the HTTP handlers share.
  */
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "expert_store.h"
 #include "machine.h"
@@ -39,6 +42,7 @@
 #define LOG_SIZE 64                        /* migrations kept for GET /kt/placement */
 #define MAX_PLACES (KT_EXPERT_MAX_NODES + KT_PLACEMENT_MAX_DEVICES)
 #define MIN_PROFILE_TOKENS 16              /* a round needs this much routing seen */
+#define RECENT_STEPS 32                    /* decode steps the measured step time is the mean of */
 
 /* A move on its way: the copy made on the target node, if it needed one. */
 struct handoff {
@@ -77,6 +81,14 @@ struct kt_serve_placement {
     struct migration log[LOG_SIZE];
     uint64_t n_log;                        /* written in all; the last LOG_SIZE are kept */
     char last_error[256];
+
+    /* guarded by mu: what the steps measured (measure_step) */
+    uint64_t place_pairs[MAX_PLACES];      /* routed (token, expert) pairs each place ran, since the start */
+    double recent_s[RECENT_STEPS];         /* the last decode steps' MoE layers, seconds */
+    uint32_t recent_tokens[RECENT_STEPS];  /* ... and their tokens */
+    uint64_t n_recent;                     /* written in all; the last RECENT_STEPS are kept */
+    /* the scheduler thread's: the engine's counts after the step before */
+    uint64_t seen_moe_ns, seen_tokens[2];
 };
 
 /* ---- places: CPU nodes first, then devices ----------------------------------------------------- */
@@ -107,6 +119,17 @@ static void account(struct kt_placement *p, const struct kt_expert_home *a, cons
 
 /* ---- creating, starting, stopping -------------------------------------------------------------- */
 
+/* Whether path's folder takes new files (the plan is written beside it, then renamed); errno says why not. */
+static bool can_write_into(const char *path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash[slash == dir] = 0;
+    return access(slash ? dir : ".", W_OK) == 0;
+}
+
 kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *live,
                                     const struct kt_placement_config *config, kt_err *err)
 {
@@ -131,6 +154,8 @@ kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *li
                 account(live, h, &now, kt_layer_expert_bytes(s->model, il));
             *h = now;
         }
+    if (s->o.plan_out && !can_write_into(s->o.plan_out))
+        return kt_err_set(err, KT_ERR_IO, "--plan-out %s: cannot write there: %s", s->o.plan_out, strerror(errno));
     if (live->n_nodes > KT_EXPERT_MAX_NODES)
         return kt_err_set(err, KT_ERR_INVALID, "the placement spans %d NUMA nodes; kt-serve moves experts on at most %d",
                           live->n_nodes, KT_EXPERT_MAX_NODES);
@@ -296,10 +321,15 @@ static void round_once(struct kt_server *s)
         .objective = KT_PLAN_DECODE,
     };
     const uint64_t budget = (uint64_t)(s->o.migration_budget_mib * 1048576.0);
+    /* a round may always make one move or swap: below that, a budget would stop every move */
+    uint64_t round_bytes = budget;
+    for (uint32_t il = 0; il < cur->n_layer; il++)
+        if (cur->layers[il].experts && 2 * kt_layer_expert_bytes(s->model, il) > round_bytes)
+            round_bytes = 2 * kt_layer_expert_bytes(s->model, il);
     const struct kt_rebalance_params rp = {
         .query = {.mode = KT_COST_DECODE, .batch = 1, .context = 512},
         .min_gain = s->o.rebalance_min_gain,
-        .budget_bytes = budget,
+        .budget_bytes = round_bytes,
     };
     if (kt_cost_create(s->model, prof, sp->mach, &cost, &err) != KT_OK ||
         kt_plan_create(s->model, s->served_name, prof, sp->mach, cost, &po, &plan, &err) != KT_OK ||
@@ -444,6 +474,59 @@ static bool make_move(struct kt_server *s, const struct handoff *h, bool *upload
     return true;
 }
 
+/* What step e just made measured (scheduler thread): the routed pairs each
+ * place ran since the start - CPU nodes' as their pools counted them (in a
+ * row-sliced layer each slice node runs a share of every pair), the
+ * device's as its (token, FFN) pairs less the shared experts and dense FFNs
+ * it runs (one a token each), and without node pools the CPU's as the rest,
+ * on its first node - and, when the step only decoded, its MoE layers' time. */
+static void measure_step(struct kt_server *s, const struct kt_engine *e)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const struct kt_placement *p = sp->live; /* only its experts' homes change, on this thread */
+    struct kt_engine_stats es;
+    kt_engine_stats(e, &es);
+    uint64_t pairs[MAX_PLACES] = {0}, on_nodes = 0, moe_ns = 0, device_ffns = 0;
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        const struct kt_placement_layer *L = &p->layers[il];
+        device_ffns += sp->accel && (L->experts ? L->shared_experts : L->dense_ffn) == sp->accel;
+        struct kt_engine_layer_stats ls;
+        if (!L->experts || !kt_engine_layer_stats(e, il, &ls))
+            continue;
+        moe_ns += ls.attention_ns + ls.router_ns + ls.experts_ns + ls.combine_ns;
+        uint64_t slices = 0;
+        for (int n = 0; n < p->n_nodes && n < 16; n++)
+            slices += L->cpu_sliced && ls.node_pairs[n];
+        for (int n = 0; n < p->n_nodes && n < 16; n++) {
+            pairs[n] += slices ? ls.node_pairs[n] / slices : ls.node_pairs[n];
+            on_nodes += ls.node_pairs[n];
+        }
+    }
+    const uint64_t all = es.tokens * s->metrics.routed_pairs_per_token;
+    uint64_t on_device = 0;
+    if (sp->accel) {
+        const uint64_t other = es.tokens * device_ffns;
+        on_device = es.device_pairs > other ? es.device_pairs - other : 0;
+        pairs[p->n_nodes + sp->accel - 1] = on_device;
+    }
+    if (!on_nodes) /* one pool: the CPU's pairs are not counted by node */
+        pairs[p->expert_nodes ? __builtin_ctzll(p->expert_nodes) : 0] = all > on_device ? all - on_device : 0;
+
+    uint64_t tokens[2] = {0, 0};
+    kt_engine_route_counts(e, KT_ROUTE_DECODE, &tokens[0]);
+    kt_engine_route_counts(e, KT_ROUTE_PREFILL, &tokens[1]);
+    const uint64_t decoded = tokens[0] - sp->seen_tokens[0], prefilled = tokens[1] - sp->seen_tokens[1];
+    const uint64_t step_ns = moe_ns - sp->seen_moe_ns;
+    sp->seen_tokens[0] = tokens[0], sp->seen_tokens[1] = tokens[1], sp->seen_moe_ns = moe_ns;
+    pthread_mutex_lock(&sp->mu);
+    memcpy(sp->place_pairs, pairs, sizeof pairs);
+    if (decoded && !prefilled) {
+        sp->recent_s[sp->n_recent % RECENT_STEPS] = 1e-9 * (double)step_ns;
+        sp->recent_tokens[sp->n_recent++ % RECENT_STEPS] = (uint32_t)decoded;
+    }
+    pthread_mutex_unlock(&sp->mu);
+}
+
 void kt_serve_after_step(void *ctx, const struct kt_engine *e)
 {
     struct kt_server *s = ctx;
@@ -451,6 +534,7 @@ void kt_serve_after_step(void *ctx, const struct kt_engine *e)
     kt_serve_profile_after_step(s->profile, e);
     if (!sp)
         return;
+    measure_step(s, e);
     bool uploaded = false;
     for (;;) {
         pthread_mutex_lock(&sp->mu);
@@ -492,7 +576,17 @@ static char *live_yaml(struct kt_server *s)
     for (uint32_t il = 0; il < p->n_layer; il++)
         for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
             plan.layers[il].gpu_experts += p->layers[il].experts[x].device != 0;
-    char *text = kt_plan_yaml(&plan, s->served_name, p->profile[0] ? p->profile : NULL);
+    char when[32], description[160];
+    const time_t now = time(NULL);
+    struct tm tm;
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime_r(&now, &tm));
+    snprintf(description, sizeof description, "the live placement, written by kt-serve's rebalancer at %s after %llu "
+             "migration(s)", when, (unsigned long long)sp->moves_ok);
+    plan.description = description;
+    /* the profile as the config named it, relative to where kt-serve runs: absolute for the file */
+    char profile[PATH_MAX];
+    const char *profile_path = p->profile[0] ? (realpath(p->profile, profile) ? profile : p->profile) : NULL;
+    char *text = kt_plan_yaml(&plan, s->served_name, profile_path);
     free(plan.layers);
     return text;
 }
@@ -511,11 +605,26 @@ kt_status kt_serve_placement_write(struct kt_server *s, kt_err *err)
     return st;
 }
 
+/* The mean MoE-layer time and tokens of the recent decode steps (mu held); 0s before any. */
+static void recent_steps(const struct kt_serve_placement *sp, double *step_s, double *tokens)
+{
+    const uint64_t n = sp->n_recent < RECENT_STEPS ? sp->n_recent : RECENT_STEPS;
+    double sum_s = 0, sum_tokens = 0;
+    for (uint64_t i = 0; i < n; i++)
+        sum_s += sp->recent_s[i], sum_tokens += sp->recent_tokens[i];
+    *step_s = n ? sum_s / (double)n : 0;
+    *tokens = n ? sum_tokens / (double)n : 0;
+}
+
 void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
 {
     struct kt_serve_placement *sp = s->placement;
     if (!sp)
         return;
+    uint64_t node_busy_ns[16], busy_sum = 0;
+    pthread_mutex_lock(&s->metrics.mu);
+    memcpy(node_busy_ns, s->metrics.engine.node_busy_ns, sizeof node_busy_ns);
+    pthread_mutex_unlock(&s->metrics.mu);
     pthread_mutex_lock(&sp->mu);
     const struct kt_placement *p = sp->live;
     const int n = n_places(p);
@@ -561,6 +670,51 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
         place_name(p, f, a, sizeof a);
         kt_buf_printf(o, "kt:experts_homed{place=\"%s\"} %u\n", a, count[f]);
     }
+
+    /* what the steps measured */
+    uint64_t pairs = 0;
+    for (int f = 0; f < n; f++)
+        pairs += sp->place_pairs[f];
+    kt_buf_printf(o, "# HELP kt:place_routed_pairs_total Routed (token, expert) pairs each place ran (shared experts "
+                     "and dense FFNs not counted).\n# TYPE kt:place_routed_pairs_total counter\n");
+    for (int f = 0; f < n; f++) {
+        place_name(p, f, a, sizeof a);
+        kt_buf_printf(o, "kt:place_routed_pairs_total{place=\"%s\"} %llu\n", a,
+                      (unsigned long long)sp->place_pairs[f]);
+    }
+    kt_buf_printf(o, "# HELP kt:place_routed_share Each place's share of the routed (token, expert) pairs run so "
+                     "far.\n# TYPE kt:place_routed_share gauge\n");
+    for (int f = 0; f < n; f++) {
+        place_name(p, f, a, sizeof a);
+        kt_buf_printf(o, "kt:place_routed_share{place=\"%s\"} %.6f\n", a,
+                      pairs ? (double)sp->place_pairs[f] / (double)pairs : 0.0);
+    }
+    for (int node = 0; node < p->n_nodes && node < 16; node++)
+        busy_sum += node_busy_ns[node];
+    if (busy_sum) { /* the engine counts it by node only with node pools */
+        kt_buf_printf(o, "# HELP kt:node_busy_seconds_total Time the threads of each NUMA node's pool spent in "
+                         "expert and dense FFN tasks, summed over threads.\n"
+                         "# TYPE kt:node_busy_seconds_total counter\n");
+        for (int node = 0; node < p->n_nodes && node < 16; node++) {
+            place_name(p, node, a, sizeof a);
+            kt_buf_printf(o, "kt:node_busy_seconds_total{place=\"%s\"} %.9f\n", a, 1e-9 * (double)node_busy_ns[node]);
+        }
+        kt_buf_printf(o, "# HELP kt:node_busy_share Each NUMA node's share of that time: 1/nodes each when "
+                         "balanced.\n# TYPE kt:node_busy_share gauge\n");
+        for (int node = 0; node < p->n_nodes && node < 16; node++) {
+            place_name(p, node, a, sizeof a);
+            kt_buf_printf(o, "kt:node_busy_share{place=\"%s\"} %.6f\n", a,
+                          (double)node_busy_ns[node] / (double)busy_sum);
+        }
+    }
+    double step_s, step_tokens;
+    recent_steps(sp, &step_s, &step_tokens);
+    kt_buf_printf(o, "# HELP kt:measured_step_seconds The MoE layers' time in the last %d decode steps, mean (what "
+                     "kt:rebalance_predicted_step_seconds predicts at one token a step).\n"
+                     "# TYPE kt:measured_step_seconds gauge\nkt:measured_step_seconds %.9f\n"
+                     "# HELP kt:measured_step_tokens Tokens in those steps, mean.\n"
+                     "# TYPE kt:measured_step_tokens gauge\nkt:measured_step_tokens %.3f\n",
+                  RECENT_STEPS, step_s, step_tokens);
     pthread_mutex_unlock(&sp->mu);
 }
 
@@ -586,10 +740,14 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
     const struct kt_placement *p = sp->live;
     const int n = n_places(p);
     char name[40];
+    uint64_t pairs = 0;
+    for (int f = 0; f < n; f++)
+        pairs += sp->place_pairs[f];
     for (int f = 0; f < n; f++) {
         place_name(p, f, name, sizeof name);
         const char *kind = f < p->n_nodes ? "cpu" : kt_place_backend_name(p->devices[f - p->n_nodes + 1].backend);
-        json_array_append_new(places, json_pack("{s:s, s:s}", "name", name, "kind", kind));
+        json_array_append_new(places, json_pack("{s:s, s:s, s:f}", "name", name, "kind", kind, "routed_share",
+                                                pairs ? (double)sp->place_pairs[f] / (double)pairs : 0.0));
     }
     for (uint32_t il = 0; il < p->n_layer; il++) {
         const struct kt_placement_layer *L = &p->layers[il];
@@ -625,12 +783,15 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
     json_object_set_new(j, "n_expert", json_integer(p->n_expert));
     json_object_set_new(j, "places", places);
     json_object_set_new(j, "layers", layers);
+    double step_s, step_tokens;
+    recent_steps(sp, &step_s, &step_tokens);
     json_object_set_new(
         j, "rebalancer",
-        json_pack("{s:b, s:f, s:I, s:I, s:I, s:f, s:f, s:s}", "enabled", sp->started, "interval_s",
+        json_pack("{s:b, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:s}", "enabled", sp->started, "interval_s",
                   s->o.rebalance_interval_s, "rounds", (json_int_t)sp->rounds, "in_flight", (json_int_t)sp->q_len,
                   "pending", (json_int_t)sp->pending, "predicted_before_ms", 1e3 * sp->before_s,
-                  "predicted_after_ms", 1e3 * sp->after_s, "last_error", sp->last_error));
+                  "predicted_after_ms", 1e3 * sp->after_s, "measured_ms", 1e3 * step_s, "measured_tokens",
+                  step_tokens, "last_error", sp->last_error));
     json_object_set_new(j, "migrations", log);
     json_object_set_new(j, "migrations_total", json_integer((json_int_t)sp->moves_ok));
     json_object_set_new(j, "migrations_failed", json_integer((json_int_t)sp->moves_failed));

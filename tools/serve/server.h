@@ -57,6 +57,8 @@ struct kt_serve_options {
     double rebalance_min_gain;    /* a round moves only when the plan saves this share of the step (0.02) */
     double migration_budget_mib;  /* expert copies in flight at most (default 1024) */
     const char *plan_out;         /* write the live placement here (atomically); NULL: only GET /kt/placement */
+    uint32_t expert_cache_slots;  /* the device's expert cache, slots per MoE layer; 0: none */
+    bool expert_cache_lfu;        /* its policy: LFU, else LRU */
 };
 
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
