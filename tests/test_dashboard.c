@@ -3,8 +3,9 @@
  * chromium, headless, driven by playwright-core (pinned in
  * tests/dashboard/package-lock.json).  The checks live in
  * tests/dashboard/dashboard.test.mjs; this program serves a tiny model twice
- * on two synthetic NUMA nodes - with a sim device, then CPU only behind an
- * API key - sends it chat requests so the heat map fills, and runs them.
+ * on two synthetic NUMA nodes - with a sim device and an expert cache on it,
+ * then CPU only behind an API key - sends it chat requests so the heat map
+ * fills, and runs them.
  * The screenshots land in the test directory (dashboard.png,
  * dashboard-cpu.png).  Skips when node, chromium or playwright-core (`npm ci`
  * in tests/dashboard, which ./dev.sh test runs) is missing.
@@ -72,8 +73,8 @@ int main(void)
     setenv("KT_TOPOLOGY_SYNTHETIC", "numa:2 core:1 pu:1", 1); /* two CPU places on any machine */
     char args[2048], shot[1024];
 
-    /* places: node 0, node 1 and the sim device */
-    snprintf(args, sizeof args, "-t 2 -q --placement '%s'", placement);
+    /* places: node 0, node 1 and the sim device, with an expert cache there */
+    snprintf(args, sizeof args, "-t 2 -q --placement '%s' --expert-cache 4", placement);
     snprintf(shot, sizeof shot, "%s", kt_test_path("dashboard.png"));
     dashboard_in_chromium(script, model, args, NULL, shot);
 

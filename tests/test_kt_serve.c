@@ -97,7 +97,7 @@ static void info_endpoints(const struct test_server *s)
     KT_CHECK(http(s, NULL, "/metrics", NULL, &out, NULL) == 200 &&
                  strstr(kt_buf_str(&out), "vllm:num_requests_running{model_name=\"kimi\"}") &&
                  strstr(kt_buf_str(&out), "vllm:time_to_first_token_seconds_bucket") &&
-                 strstr(kt_buf_str(&out), "kt:routed_share"),
+                 strstr(kt_buf_str(&out), "kt:place_routed_share"),
              "metrics");
     kt_buf_free(&out);
 }
@@ -327,7 +327,7 @@ static void metrics_name_the_sim_device_by_its_config_name(void)
                   "\"max_tokens\": 2}", &out, NULL) == 200, "chat: %s", kt_buf_str(&out));
     KT_CHECK(http(&s, NULL, "/metrics", NULL, &out, NULL) == 200, "metrics");
     KT_CHECK(strstr(kt_buf_str(&out), "kt:device_busy_seconds_total{model_name=\"kimi\",device=\"sim\"}") &&
-                 strstr(kt_buf_str(&out), "kt:routed_share{model_name=\"kimi\",device=\"sim\"}") &&
+                 strstr(kt_buf_str(&out), "kt:place_routed_share{place=\"sim\"}") &&
                  !strstr(kt_buf_str(&out), "device=\"device\""),
              "the sim device is not labelled \"sim\":\n%s", kt_buf_str(&out));
     kt_buf_free(&out);

@@ -547,6 +547,73 @@ static void api_key_guards_kt_endpoints_but_not_the_dashboard(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+/* --expert-cache 4 on the sim device: the greedy answer is the reference's;
+ * /kt/placement's expert_cache counts hits, misses and pinned pairs that add
+ * up to the routed pairs the places ran, and the device's share is its
+ * pinned pairs plus its hits; each layer's cached experts are at most its
+ * slots and none of them is homed on the device; /metrics has the counters. */
+static void the_expert_cache_hits_and_keeps_the_greedy_answer(void)
+{
+    struct test_server s;
+    char args[1400];
+    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
+             "--rebalance-interval 0 --expert-cache 4", sim_config);
+    if (!server_start(&s, tiny, args, true))
+        return;
+    send_traffic(&s, 6, 2000);
+    char *answer = greedy_answer(&s);
+    KT_CHECK(answer && strcmp(answer, reference) == 0, "the greedy answer changed:\n%s\n%s", answer, reference);
+    free(answer);
+    json_t *j = get_json(&s, "/kt/placement");
+    const json_t *c = json_object_get(j, "expert_cache");
+    const double hit = json_num(c, "hit_pairs"), miss = json_num(c, "miss_pairs"), pinned = json_num(c, "pinned_pairs");
+    KT_CHECK(json_is_object(c) && json_num(c, "slots") == 12 && json_num(c, "slots_per_layer") == 4 &&
+                 json_num(c, "live") > 0 && json_num(c, "uploads") >= json_num(c, "live") && hit > 0 && miss > 0 &&
+                 pinned > 0 && strcmp(json_string_value(json_object_get(c, "policy")), "lru") == 0,
+             "expert_cache: %s", json_dumps(c, 0));
+    struct kt_buf out = {0};
+    KT_CHECK(http(&s, NULL, "/metrics", NULL, &out, NULL) == 200, "metrics");
+    const char *text = kt_buf_str(&out);
+    const double on_sim = metric(text, "kt:place_routed_pairs_total{place=\"sim\"}");
+    const double all = on_sim + metric(text, "kt:place_routed_pairs_total{place=\"node 0\"}") +
+                       metric(text, "kt:place_routed_pairs_total{place=\"node 1\"}");
+    const double m_hit = metric(text, "kt:expert_cache_pairs_total{result=\"hit\"}");
+    const double m_all = m_hit + metric(text, "kt:expert_cache_pairs_total{result=\"miss\"}") +
+                         metric(text, "kt:expert_cache_pairs_total{result=\"pinned\"}");
+    KT_CHECK(m_hit > 0 && m_all == all && on_sim == m_all - metric(text, "kt:expert_cache_pairs_total{result=\"miss\"}"),
+             "cache pairs %.0f (hits %.0f) against the places' routed pairs %.0f (sim %.0f)", m_all, m_hit, all, on_sim);
+    KT_CHECK(metric(text, "kt:expert_cache_slots{state=\"all\"}") == 12 &&
+                 metric(text, "kt:expert_cache_uploads_total") > 0,
+             "cache metrics:\n%s", text);
+    const int sim = place_index(j, "sim");
+    const json_t *layers = json_object_get(j, "layers");
+    for (size_t il = 0; il < json_array_size(layers); il++) {
+        const json_t *l = json_array_get(layers, il), *cached = json_object_get(l, "cached");
+        if (!json_is_true(json_object_get(l, "moe")))
+            continue;
+        KT_CHECK(json_array_size(cached) <= 4, "layer %zu caches %zu experts", il, json_array_size(cached));
+        for (size_t i = 0; i < json_array_size(cached); i++) {
+            const json_int_t x = json_integer_value(json_array_get(cached, i));
+            KT_CHECK(json_integer_value(json_array_get(json_object_get(l, "place"), (size_t)x)) != sim,
+                     "layer %zu expert %lld is cached and homed on the device", il, (long long)x);
+        }
+    }
+    kt_buf_free(&out);
+    json_decref(j);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    char *err = NULL;
+    KT_CHECK(serve_exit("--expert-cache 4", &err) != 0 && err && strstr(err, "--expert-cache needs a device"),
+             "a cache without a device: %s", err ? err : "");
+    free(err);
+    KT_CHECK(serve_exit("--expert-cache-policy mru", &err) != 0 && err && strstr(err, "--expert-cache-policy"),
+             "a bad policy: %s", err ? err : "");
+    free(err);
+    snprintf(args, sizeof args, "--placement '%s' --expert-cache 33", sim_config);
+    KT_CHECK(serve_exit(args, &err) != 0 && err && strstr(err, "slots per layer"), "more slots than experts: %s",
+             err ? err : "");
+    free(err);
+}
+
 int main(void)
 {
     if (!have_curl())
@@ -568,6 +635,7 @@ int main(void)
     KT_RUN(a_budget_below_one_expert_still_moves_experts);
     KT_RUN(bad_rebalancing_options_are_refused);
     KT_RUN(api_key_guards_kt_endpoints_but_not_the_dashboard);
+    KT_RUN(the_expert_cache_hits_and_keeps_the_greedy_answer);
     unlink(tiny);
     return kt_test_finish();
 }

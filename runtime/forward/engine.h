@@ -142,6 +142,7 @@ struct kt_engine_stats {
      * CPU expert (it runs its share of each) */
     uint64_t node_pairs[16];
     uint64_t device_pairs;      /* (token, FFN) pairs run on the device, shared experts' included */
+    uint64_t device_routed_pairs; /* ... of them, routed experts' (homed there or in its expert cache) */
     uint64_t device_wait_ns;    /* time the step waited for the device after its own expert work */
     uint64_t cpu_experts_busy_ns; /* CPU threads' time in expert and dense FFN tasks, summed over threads */
     uint64_t node_busy_ns[16];  /* ... of it, the threads of topology node i's pool (with pools) */
@@ -265,6 +266,8 @@ struct kt_expert_cache_stats {
 kt_status kt_engine_expert_cache_start(struct kt_engine *e, const struct kt_expert_cache_params *p, kt_err *err);
 /* Layer il's counters, or with il < 0 every layer's summed; false: no cache. */
 bool kt_engine_expert_cache_stats(const struct kt_engine *e, int il, struct kt_expert_cache_stats *out);
+/* Expert x of layer il is live in a slot now (between steps). */
+bool kt_engine_expert_cached(const struct kt_engine *e, uint32_t il, uint32_t x);
 
 void kt_engine_stats(const struct kt_engine *e, struct kt_engine_stats *s);
 void kt_engine_stats_reset(struct kt_engine *e); /* also resets every layer's and the device's stats and the routing counts */

@@ -373,3 +373,12 @@ void kt_cache_stats_reset(struct kt_engine *e)
         *s = (struct kt_expert_cache_stats){.slots = s->slots, .resident = s->resident};
     }
 }
+
+bool kt_engine_expert_cached(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    const struct kt_expert_cache *c = e->dev.cache;
+    if (!c || il >= e->hp.n_layer || x >= e->hp.n_expert || !c->layers[il].slots)
+        return false;
+    const int32_t s = c->layers[il].slot_of[x];
+    return s >= 0 && c->layers[il].slots[s].ready;
+}

@@ -789,6 +789,7 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
                 continue;
             const int node = device || sliced ? -1 : kt_pool_node(e->expert_pools[g]);
             e->expert_unit[x] = n_units;
+            e->stats.device_routed_pairs += device ? e->expert_pairs[x] : 0;
             e->units[n_units++] = (struct kt_ffn_unit){
                 .w = expert_weights(e, il, L, x, node),
                 .first_pair = n_pairs,

@@ -160,33 +160,5 @@ void kt_serve_metrics_render(struct kt_serve_metrics *m, const char *model_name,
                 "Time steps waited for the device after their own expert work.");
     }
 
-    uint64_t node_pairs[16], total = s->device_pairs, on_nodes = 0;
-    int last_node = 0;
-    for (int n = 0; n < 16; n++) {
-        node_pairs[n] = s->node_pairs[n];
-        on_nodes += node_pairs[n];
-        if (node_pairs[n])
-            last_node = n;
-    }
-    if (on_nodes == 0) { /* no pools: the rest of the routed pairs ran on the CPU */
-        uint64_t all = s->tokens * m->routed_pairs_per_token;
-        node_pairs[0] = all > s->device_pairs ? all - s->device_pairs : 0;
-    }
-    for (int n = 0; n < 16; n++)
-        total += node_pairs[n];
-    header(o, "kt:routed_pairs_total", "counter", "Routed (token, expert) pairs run by each device.");
-    for (int n = 0; n <= last_node; n++)
-        kt_buf_printf(o, "kt:routed_pairs_total{%s,device=\"cpu-node%d\"} %llu\n", labels, n,
-                      (unsigned long long)node_pairs[n]);
-    if (m->have_device)
-        kt_buf_printf(o, "kt:routed_pairs_total{%s,device=\"%s\"} %llu\n", labels, dev,
-                      (unsigned long long)s->device_pairs);
-    header(o, "kt:routed_share", "gauge", "Share of routed (token, expert) pairs run by each device.");
-    for (int n = 0; n <= last_node; n++)
-        kt_buf_printf(o, "kt:routed_share{%s,device=\"cpu-node%d\"} %.6f\n", labels, n,
-                      total ? (double)node_pairs[n] / (double)total : 0.0);
-    if (m->have_device)
-        kt_buf_printf(o, "kt:routed_share{%s,device=\"%s\"} %.6f\n", labels, dev,
-                      total ? (double)s->device_pairs / (double)total : 0.0);
     pthread_mutex_unlock(&m->mu);
 }

@@ -81,6 +81,14 @@ try {
   check(expected ? migrations.length >= 1 && /layer \d+ expert \d+: .+ \u2192 .+ MiB/.test(migrations[0])
     : migrations.length === 1 && /none yet/.test(migrations[0]),
   `the migrations list (${expected} on the server): ${JSON.stringify(migrations.slice(0, 2))}`);
+  const cache = placement.expert_cache;
+  const cacheHit = await page.textContent('#cache-hit');
+  check(cache ? isNumber(cacheHit) : cacheHit === 'off', `the expert cache's hit rate shows as ${cacheHit}`);
+  const cachedCells = await page.$$eval('#heatmap .cell.cached', (cells) =>
+    cells.map((c) => `${c.dataset.layer}:${c.dataset.expert}`).sort().join(' '));
+  const cachedServer = moe.flatMap((l) => (l.cached || []).map((x) => `${l.layer}:${x}`)).sort().join(' ');
+  check(cachedCells === cachedServer && (!cache || cachedServer !== ''),
+    `the cached experts are marked (${cachedCells || 'none'}; the server: ${cachedServer || 'none'})`);
   check((await page.textContent('#error')) === '', 'no poll failed');
 
   await page.screenshot({ path: screenshot, type: 'png', fullPage: true });

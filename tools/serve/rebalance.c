@@ -89,6 +89,11 @@ struct kt_serve_placement {
     uint64_t n_recent;                     /* written in all; the last RECENT_STEPS are kept */
     /* the scheduler thread's: the engine's counts after the step before */
     uint64_t seen_moe_ns, seen_tokens[2];
+
+    /* guarded by mu: the device's expert cache after the last step (--expert-cache; NULL: none) */
+    struct kt_expert_cache_stats cache;    /* every layer's counters summed */
+    struct kt_expert_cache_stats *cache_layers; /* [n_layer] */
+    uint8_t *cached;                       /* [n_layer * n_expert] 1: live in a slot */
 };
 
 /* ---- places: CPU nodes first, then devices ----------------------------------------------------- */
@@ -179,6 +184,10 @@ kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *li
     sp->max_queue = live->n_layer * live->n_expert + 1;
     if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)))
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    if (kt_engine_expert_cache_stats(s->engine, -1, &sp->cache) &&
+        (!(sp->cache_layers = calloc(live->n_layer, sizeof *sp->cache_layers)) ||
+         !(sp->cached = calloc((size_t)live->n_layer * live->n_expert, 1))))
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     return KT_OK;
 }
 
@@ -226,6 +235,8 @@ void kt_serve_placement_destroy(struct kt_server *s)
     kt_placement_destroy(sp->live);
     free(sp->queue);
     free(sp->mach);
+    free(sp->cache_layers);
+    free(sp->cached);
     free(sp);
     s->placement = NULL;
 }
@@ -305,6 +316,7 @@ static void round_once(struct kt_server *s)
         goto done;
     pthread_mutex_lock(&sp->mu);
     cur = kt_placement_clone(sp->live);
+    const uint64_t cache_bytes = sp->cache.device_bytes; /* the device's expert cache is not the planner's */
     pthread_mutex_unlock(&sp->mu);
     if (!cur) {
         kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
@@ -314,7 +326,8 @@ static void round_once(struct kt_server *s)
     const struct kt_placement_device *acc = sp->accel ? &cur->devices[sp->accel] : NULL;
     const struct kt_planner_options po = {
         .device = acc ? acc->backend : KT_PLACE_CPU,
-        .gpu_memory_gib = acc ? (double)acc->budget_bytes / (1u << 30) : 0,
+        .gpu_memory_gib = acc && acc->budget_bytes > cache_bytes ? (double)(acc->budget_bytes - cache_bytes) / (1u << 30)
+                                                                 : 0,
         .budget_source = "the served placement's device",
         .kv_tokens = cur->kv_tokens,
         .batch = 1,
@@ -486,10 +499,9 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
     const struct kt_placement *p = sp->live; /* only its experts' homes change, on this thread */
     struct kt_engine_stats es;
     kt_engine_stats(e, &es);
-    uint64_t pairs[MAX_PLACES] = {0}, on_nodes = 0, moe_ns = 0, device_ffns = 0;
+    uint64_t pairs[MAX_PLACES] = {0}, on_nodes = 0, moe_ns = 0;
     for (uint32_t il = 0; il < p->n_layer; il++) {
         const struct kt_placement_layer *L = &p->layers[il];
-        device_ffns += sp->accel && (L->experts ? L->shared_experts : L->dense_ffn) == sp->accel;
         struct kt_engine_layer_stats ls;
         if (!L->experts || !kt_engine_layer_stats(e, il, &ls))
             continue;
@@ -503,12 +515,9 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
         }
     }
     const uint64_t all = es.tokens * s->metrics.routed_pairs_per_token;
-    uint64_t on_device = 0;
-    if (sp->accel) {
-        const uint64_t other = es.tokens * device_ffns;
-        on_device = es.device_pairs > other ? es.device_pairs - other : 0;
+    const uint64_t on_device = es.device_routed_pairs; /* the expert cache's hits included */
+    if (sp->accel)
         pairs[p->n_nodes + sp->accel - 1] = on_device;
-    }
     if (!on_nodes) /* one pool: the CPU's pairs are not counted by node */
         pairs[p->expert_nodes ? __builtin_ctzll(p->expert_nodes) : 0] = all > on_device ? all - on_device : 0;
 
@@ -520,6 +529,14 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
     sp->seen_tokens[0] = tokens[0], sp->seen_tokens[1] = tokens[1], sp->seen_moe_ns = moe_ns;
     pthread_mutex_lock(&sp->mu);
     memcpy(sp->place_pairs, pairs, sizeof pairs);
+    if (sp->cached) {
+        kt_engine_expert_cache_stats(e, -1, &sp->cache);
+        for (uint32_t il = 0; il < p->n_layer; il++) {
+            kt_engine_expert_cache_stats(e, (int)il, &sp->cache_layers[il]);
+            for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
+                sp->cached[(size_t)il * p->n_expert + x] = kt_engine_expert_cached(e, il, x);
+        }
+    }
     if (decoded && !prefilled) {
         sp->recent_s[sp->n_recent % RECENT_STEPS] = 1e-9 * (double)step_ns;
         sp->recent_tokens[sp->n_recent++ % RECENT_STEPS] = (uint32_t)decoded;
@@ -658,6 +675,28 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
                      "kt:rebalance_predicted_step_seconds{placement=\"served\"} %.9f\n"
                      "kt:rebalance_predicted_step_seconds{placement=\"planned\"} %.9f\n",
                   sp->before_s, sp->after_s);
+    if (sp->cached) {
+        const struct kt_expert_cache_stats *c = &sp->cache;
+        kt_buf_printf(o, "# HELP kt:expert_cache_pairs_total Routed (token, expert) pairs by where the device's expert "
+                         "cache found them: homed on the device, in a slot, or computed on the CPU.\n"
+                         "# TYPE kt:expert_cache_pairs_total counter\n"
+                         "kt:expert_cache_pairs_total{result=\"pinned\"} %llu\n"
+                         "kt:expert_cache_pairs_total{result=\"hit\"} %llu\n"
+                         "kt:expert_cache_pairs_total{result=\"miss\"} %llu\n",
+                      (unsigned long long)c->pinned_pairs, (unsigned long long)c->hit_pairs,
+                      (unsigned long long)c->miss_pairs);
+        kt_buf_printf(o, "# HELP kt:expert_cache_uploads_total Experts copied into the cache whole.\n"
+                         "# TYPE kt:expert_cache_uploads_total counter\nkt:expert_cache_uploads_total %llu\n"
+                         "# HELP kt:expert_cache_upload_bytes_total Bytes queued for the cache's copies.\n"
+                         "# TYPE kt:expert_cache_upload_bytes_total counter\nkt:expert_cache_upload_bytes_total %llu\n"
+                         "# HELP kt:expert_cache_evictions_total Live cached experts another took the slot of.\n"
+                         "# TYPE kt:expert_cache_evictions_total counter\nkt:expert_cache_evictions_total %llu\n"
+                         "# HELP kt:expert_cache_slots The cache's slots, and of them those holding a live expert.\n"
+                         "# TYPE kt:expert_cache_slots gauge\nkt:expert_cache_slots{state=\"all\"} %u\n"
+                         "kt:expert_cache_slots{state=\"live\"} %u\n",
+                      (unsigned long long)c->uploads, (unsigned long long)c->upload_bytes,
+                      (unsigned long long)c->evictions, c->slots, c->resident);
+    }
     kt_buf_printf(o, "# HELP kt:experts_homed Routed experts living on each place now.\n# TYPE kt:experts_homed gauge\n");
     uint32_t count[MAX_PLACES] = {0};
     for (uint32_t il = 0; il < p->n_layer; il++)
@@ -730,6 +769,23 @@ static json_t *layer_heat(const struct kt_profile *prof, uint32_t il, uint32_t n
     return heat;
 }
 
+/* The device's expert cache as /kt/placement shows it (null without one), mu held. */
+static json_t *cache_json(const struct kt_server *s)
+{
+    const struct kt_serve_placement *sp = s->placement;
+    if (!sp->cached)
+        return json_null();
+    const struct kt_expert_cache_stats *c = &sp->cache;
+    const uint64_t looked = c->hit_pairs + c->miss_pairs;
+    return json_pack("{s:s, s:I, s:I, s:I, s:f, s:I, s:I, s:I, s:f, s:I, s:I, s:I}", "policy",
+                     s->o.expert_cache_lfu ? "lfu" : "lru", "slots_per_layer", (json_int_t)s->o.expert_cache_slots,
+                     "slots", (json_int_t)c->slots, "live", (json_int_t)c->resident, "device_mib",
+                     (double)c->device_bytes / 1048576.0, "hit_pairs", (json_int_t)c->hit_pairs, "miss_pairs",
+                     (json_int_t)c->miss_pairs, "pinned_pairs", (json_int_t)c->pinned_pairs, "hit_rate",
+                     looked ? (double)c->hit_pairs / (double)looked : 0.0, "uploads", (json_int_t)c->uploads,
+                     "upload_bytes", (json_int_t)c->upload_bytes, "evictions", (json_int_t)c->evictions);
+}
+
 enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
 {
     struct kt_server *s = rq->server;
@@ -766,6 +822,16 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
             json_object_set_new(l, "place", place);
             json_object_set_new(l, "replicas", replicas);
             json_object_set_new(l, "heat", layer_heat(prof, il, p->n_expert));
+            if (sp->cached) { /* the device's expert cache: what it holds, how often it served */
+                json_t *cached = json_array();
+                for (uint32_t x = 0; x < p->n_expert; x++)
+                    if (sp->cached[(size_t)il * p->n_expert + x])
+                        json_array_append_new(cached, json_integer(x));
+                const struct kt_expert_cache_stats *cs = &sp->cache_layers[il];
+                const uint64_t looked = cs->hit_pairs + cs->miss_pairs;
+                json_object_set_new(l, "cached", cached);
+                json_object_set_new(l, "cache_hit_rate", json_real(looked ? (double)cs->hit_pairs / (double)looked : 0));
+            }
         }
         json_array_append_new(layers, l);
     }
@@ -796,6 +862,7 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
     json_object_set_new(j, "migrations_total", json_integer((json_int_t)sp->moves_ok));
     json_object_set_new(j, "migrations_failed", json_integer((json_int_t)sp->moves_failed));
     json_object_set_new(j, "migrated_bytes_total", json_integer((json_int_t)sp->bytes_moved));
+    json_object_set_new(j, "expert_cache", cache_json(s));
     pthread_mutex_unlock(&sp->mu);
     kt_profile_destroy(prof);
     return kt_http_send_json(rq, 200, j);
