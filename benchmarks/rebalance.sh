@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# benchmarks/rebalance.sh - issue 13's measurements in one run, on the sim
+# device and a synthetic 2-node topology: the online rebalancer against a
+# static plan and the hindsight plan when the traffic changes, the step time
+# while experts move, the decode-time expert cache against both, and the
+# NUMA balance after rebalancing.
+#
+# Usage: benchmarks/rebalance.sh [BUILD_DIR] [WORK_DIR] [THREADS]
+#
+# Steps (each prints what it measured; every file lands in WORK_DIR, and
+# files of benchmarks/placement.sh's steps 1-3 there are reused):
+#  1. kimi-k2-slice, 4 layers x 32 q4_K experts, routing skewed per layer and
+#     dependent on the input (kt-synth --route-skew, --route-input);
+#  2. machine files (this host; a 2-node synthetic topology) whose sim entry
+#     gets a GPU's default kernel rates, so the planner fills the sim's budget
+#     as it would a GPU's (placement.sh 5b: the sim executes, on this host's
+#     cores); profiles of prompt set A (code) and B (prose);
+#  3. plans from A (what the server starts with) and from B (hindsight), and
+#     from A with the cache's bytes held back;
+#  4. the expert cache on set B (kt-bench profile, decode only): hit rate per
+#     layer, the accelerator's share and decode tok/s, LRU and LFU, against
+#     the static plan from A and the hindsight plan - the cache sees traffic
+#     its plan never saw;
+#  5. kt-serve, the rebalancer off: plan A and plan B on set B (kt-load, fixed
+#     batches of requests): the accelerator's share of routed pairs per batch,
+#     decode tok/s, inter-token gap p99;
+#  6. kt-serve from plan A, the rebalancer on: set A, then set B; per batch the
+#     share, tok/s, gap p99 and the migrations so far; after how many requests
+#     of B the share is back to >= 0.9 x the hindsight plan's; the gap p99 of
+#     batches that migrated against the static plan's; every request well
+#     formed (kt-load's checks);
+#  7. the plan the rebalancer wrote (--plan-out): busiest / mean node pool per
+#     layer, measured (kt-bench model on the 2-node topology).
+set -euo pipefail
+build=${1:-build}
+work=${2:-/tmp/kt-rebalance}
+threads=${3:-$(nproc)}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$work"
+: >"$work/stderr.log"
+trap 'echo "rebalance.sh: failed at line $LINENO; the last messages:" >&2; tail -n 5 "$work/stderr.log" >&2' ERR
+bench=$build/tools/kt-bench
+place=$build/tools/kt-place
+synth=$build/tools/kt-synth
+serve=$build/tools/kt-serve
+load=$build/tools/kt-load
+model=$work/k2-routing.gguf
+set_a=$here/prompts/code.jsonl
+set_b=$here/prompts/prose.jsonl
+two_nodes="numa:2 core:1 pu:1"
+gib=${KT_REBALANCE_GPU_GIB:-2.0}  # attention, dense FFN, buffers and about a quarter of the experts
+slots=${KT_REBALANCE_CACHE_SLOTS:-6} # per MoE layer: 18 experts, what ${gib} - cache_gib takes back
+cache_gib=${KT_REBALANCE_CACHE_GIB:-0.4}
+batch=${KT_REBALANCE_BATCH:-8}       # requests per measured batch
+batches_b=${KT_REBALANCE_BATCHES:-6} # batches of set B with the rebalancer on
+port=${KT_REBALANCE_PORT:-18431}
+
+say() { printf '\n== %s\n' "$*"; }
+
+say "1. model: kimi-k2-slice, 4 layers x 32 experts, q4_K experts, routing skew 0.3..1.5 by layer, input-dependent"
+[ -f "$model" ] || "$synth" --preset kimi-k2-slice --layers 4 --experts 32 --experts-type q4_k \
+    --route-skew 0.3:1.5 --route-input 0.5 -q -o "$model"
+ls -l "$model"
+
+say "2. machine files ($threads threads; this host and 2 synthetic nodes, the sim rated as a GPU) and profiles"
+gpu_like() { # the sim entry with a GPU's default kernel rates (its link stays the sim's)
+    jq '.accelerators |= map(if .backend == "sim" then (.decode |= map_values({gbps: 1000, overhead_us: 10})
+        | .prefill_gflops |= map_values(50000)) else . end)' "$1" >"$2"
+}
+[ -f "$work/machine.json" ] || "$bench" machine -t "$threads" -o "$work/machine.json" >/dev/null 2>>"$work/stderr.log"
+[ -f "$work/machine-2node.json" ] || "$bench" machine -t "$threads" --topology "$two_nodes" \
+    -o "$work/machine-2node.json" >/dev/null 2>>"$work/stderr.log"
+gpu_like "$work/machine.json" "$work/machine-gpu-like.json"
+gpu_like "$work/machine-2node.json" "$work/machine-2node-gpu-like.json"
+for s in a b; do
+    set_file=$set_a; [ $s = b ] && set_file=$set_b
+    [ -f "$work/profile-$s.json" ] || "$bench" profile -m "$model" -t "$threads" --prompts "$set_file" \
+        --max-tokens 16 -o "$work/profile-$s.json" 2>>"$work/stderr.log" | grep -E "routed tokens"
+done
+echo "profiles: $work/profile-a.json (set A, $(basename "$set_a")), $work/profile-b.json (set B, $(basename "$set_b"))"
+
+say "3. plans on the 2-node topology: from A and from B (hindsight) at $gib GiB; from A at $gib - $cache_gib GiB"
+plan() { # profile gib out
+    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$place" -m "$model" --profile "$work/profile-$1.json" \
+        --machine "$work/machine-2node-gpu-like.json" --device sim --gpu-memory "$2" --kv-tokens 4096 \
+        -o "$work/$3" 2>>"$work/stderr.log" | grep -E "^  kt-place "
+}
+plan a "$gib" plan-a.yaml
+plan b "$gib" plan-b.yaml
+plan a "$(awk -v g="$gib" -v c="$cache_gib" 'BEGIN { print g - c }')" plan-a-cache.yaml
+# the device keeps its whole budget: the cache takes what the plan left
+sed -i -E "s/^(    memory_gib: ).*/\1$gib/" "$work/plan-a-cache.yaml"
+
+say "4. the expert cache on set B ($slots slots per MoE layer), decode: against plan A alone and plan B"
+profile_b() { # label placement extra...
+    local label=$1 plan=$2
+    shift 2
+    echo "-- $label"
+    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 \
+        --placement "$work/$plan" "$@" -o "$work/profile-b-$label.json" 2>>"$work/stderr.log" |
+        grep -E "^decode:|accelerator, decode|expert cache"
+}
+profile_b static-a plan-a.yaml
+profile_b hindsight-b plan-b.yaml
+profile_b cache-lru plan-a-cache.yaml --expert-cache "$slots"
+profile_b cache-lfu plan-a-cache.yaml --expert-cache "$slots" --expert-cache-policy lfu
+
+# ---- kt-serve -------------------------------------------------------------------------------------
+
+pid=
+stop_server() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" || true; pid=; }
+trap stop_server EXIT
+start_server() { # log args...
+    local log=$1
+    shift
+    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$serve" -m "$model" -t "$threads" --port "$port" -q --prefix-cache 0 \
+        --machine "$work/machine-2node-gpu-like.json" "$@" 2>"$work/$log" &
+    pid=$!
+    for _ in $(seq 1200); do
+        curl -sf -o /dev/null "http://127.0.0.1:$port/health" && return 0
+        kill -0 "$pid" 2>/dev/null || { tail -n 5 "$work/$log" >&2; return 1; }
+        sleep 0.1
+    done
+    return 1
+}
+metric_sum() { # the sum of a metric's series whose line matches a pattern
+    curl -sf "http://127.0.0.1:$port/metrics" | awk -v p="$1" '$0 ~ p && $0 !~ /^#/ { s += $NF } END { printf "%.0f\n", s }'
+}
+# One batch of requests of a set; prints: share tok/s gap_p99 gap_max migrations ok
+run_batch() { # prompts seed
+    local dev0 all0 dev1 all1
+    dev0=$(metric_sum '^kt:place_routed_pairs_total\{place="sim"\}')
+    all0=$(metric_sum '^kt:place_routed_pairs_total\{')
+    "$load" --port "$port" -c 2 -n "$batch" --max-tokens 16 --prompts "$1" --seed "$2" --temperature 0 \
+        --json "$work/batch.json" >>"$work/stderr.log" 2>&1 || echo "kt-load: a request failed (see stderr.log)" >&2
+    dev1=$(metric_sum '^kt:place_routed_pairs_total\{place="sim"\}')
+    all1=$(metric_sum '^kt:place_routed_pairs_total\{')
+    printf '%s %s %s %s %s %s\n' "$(awk -v d="$((dev1 - dev0))" -v a="$((all1 - all0))" 'BEGIN { print a ? d / a : 0 }')" \
+        "$(jq .aggregate_decode_tok_s "$work/batch.json")" "$(jq .itl_p99_s "$work/batch.json")" \
+        "$(jq .itl_max_s "$work/batch.json")" "$(metric_sum '^kt:expert_migrations_total\{')" \
+        "$(jq .ok "$work/batch.json")"
+}
+table_head() { printf '%-10s %8s %10s %10s %10s %10s %6s\n' batch share tok/s gap_p99 gap_max migrated ok; }
+table_row() { printf '%-10s %8.3f %10.2f %10.4f %10.4f %10s %6s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7"; }
+
+say "5. kt-serve, the rebalancer off, set B in batches of $batch requests: plan A (static) and plan B (hindsight)"
+for p in a b; do
+    echo "-- plan-$p.yaml"
+    start_server "serve-$p.log" --placement "$work/plan-$p.yaml" --rebalance-interval 0
+    table_head
+    run_batch "$set_b" 100 >/dev/null # warm-up
+    : >"$work/static-$p.txt"
+    for i in 1 2 3; do
+        read -r share rate p99 max moved ok < <(run_batch "$set_b" $((100 + i)))
+        table_row "B$i" "$share" "$rate" "$p99" "$max" "$moved" "$ok" | tee -a "$work/static-$p.txt"
+    done
+    stop_server
+done
+hindsight=$(awk '{ s += $2 } END { printf "%.4f", s / NR }' "$work/static-b.txt")
+static_p99=$(awk '{ if ($4 > m) m = $4 } END { printf "%.4f", m }' "$work/static-a.txt")
+echo "hindsight share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
+
+say "6. kt-serve from plan A, the rebalancer on (every ${KT_REBALANCE_INTERVAL:-5} s): set A, then set B"
+start_server serve-rebalance.log --placement "$work/plan-a.yaml" --rebalance-interval "${KT_REBALANCE_INTERVAL:-5}" \
+    --plan-out "$work/plan-live.yaml"
+table_head
+: >"$work/rebalance.txt"
+for i in 1 2; do
+    read -r share rate p99 max moved ok < <(run_batch "$set_a" $((200 + i)))
+    table_row "A$i" "$share" "$rate" "$p99" "$max" "$moved" "$ok"
+done
+moved_after_a=$moved
+for i in $(seq "$batches_b"); do
+    read -r share rate p99 max moved ok < <(run_batch "$set_b" $((300 + i)))
+    table_row "B$i" "$share" "$rate" "$p99" "$max" "$moved" "$ok" | tee -a "$work/rebalance.txt"
+done
+curl -sf "http://127.0.0.1:$port/kt/placement" >"$work/placement-live.json"
+stop_server
+awk -v h="$hindsight" -v n="$batch" '
+    { if (!done && $2 >= 0.9 * h) { printf "share back to >= 0.9 x hindsight (%.3f) after %d requests of set B\n", 0.9 * h, NR * n; done = 1 } }
+    END { if (!done) printf "share never reached 0.9 x hindsight (%.3f) in %d requests of set B\n", 0.9 * h, NR * n }' \
+    "$work/rebalance.txt"
+awk -v s="$static_p99" -v prev="$moved_after_a" '
+    { moved = $6 - prev; prev = $6; if (moved > 0) { k++; if ($4 > m) m = $4 } }
+    END { if (k) printf "gap p99 in the %d batch(es) of set B that migrated: worst %.4f s, %.2f x the static plan'"'"'s %.4f s\n", k, m, m / s, s;
+          else print "no batch of set B migrated" }' "$work/rebalance.txt"
+jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed, \(.migrated_bytes_total / 1048576 | floor) MiB; rounds \(.rebalancer.rounds); predicted MoE step \(.rebalancer.predicted_before_ms) -> \(.rebalancer.predicted_after_ms) ms, measured \(.rebalancer.measured_ms) ms"' \
+    "$work/placement-live.json"
+
+say "7. the plan the rebalancer wrote, on the 2-node topology: busiest / mean node pool per layer (measured)"
+head -n 3 "$work/plan-live.yaml"
+KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" model -m "$model" -t "$threads" --placement "$work/plan-live.yaml" \
+    --prompt-tokens 64 --gen-tokens 32 2>>"$work/stderr.log" | grep -E "^decode +[0-9]|node balance|node (0|1) pool"
