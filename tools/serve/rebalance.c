@@ -633,6 +633,21 @@ static void recent_steps(const struct kt_serve_placement *sp, double *step_s, do
     *tokens = n ? sum_tokens / (double)n : 0;
 }
 
+/* A counter by (source, target) place: the pairs that moved anything, mu held. */
+static void by_route(struct kt_buf *o, const struct kt_serve_placement *sp, const char *name, const char *help,
+                     const uint64_t counts[MAX_PLACES][MAX_PLACES])
+{
+    const int n = n_places(sp->live);
+    char a[40], b[40];
+    kt_buf_printf(o, "# HELP %s %s\n# TYPE %s counter\n", name, help, name);
+    for (int f = 0; f < n; f++)
+        for (int t = 0; t < n; t++)
+            if (sp->pair_moves[f][t]) {
+                place_name(sp->live, f, a, sizeof a), place_name(sp->live, t, b, sizeof b);
+                kt_buf_printf(o, "%s{from=\"%s\",to=\"%s\"} %llu\n", name, a, b, (unsigned long long)counts[f][t]);
+            }
+}
+
 void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
 {
     struct kt_serve_placement *sp = s->placement;
@@ -645,25 +660,11 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
     pthread_mutex_lock(&sp->mu);
     const struct kt_placement *p = sp->live;
     const int n = n_places(p);
-    char a[40], b[40];
-    kt_buf_printf(o, "# HELP kt:expert_migrations_total Routed experts moved while serving, by source and target.\n"
-                     "# TYPE kt:expert_migrations_total counter\n");
-    for (int f = 0; f < n; f++)
-        for (int t = 0; t < n; t++)
-            if (sp->pair_moves[f][t]) {
-                place_name(p, f, a, sizeof a), place_name(p, t, b, sizeof b);
-                kt_buf_printf(o, "kt:expert_migrations_total{from=\"%s\",to=\"%s\"} %llu\n", a, b,
-                              (unsigned long long)sp->pair_moves[f][t]);
-            }
-    kt_buf_printf(o, "# HELP kt:expert_migrated_bytes_total Bytes copied for those moves, by source and target.\n"
-                     "# TYPE kt:expert_migrated_bytes_total counter\n");
-    for (int f = 0; f < n; f++)
-        for (int t = 0; t < n; t++)
-            if (sp->pair_moves[f][t]) {
-                place_name(p, f, a, sizeof a), place_name(p, t, b, sizeof b);
-                kt_buf_printf(o, "kt:expert_migrated_bytes_total{from=\"%s\",to=\"%s\"} %llu\n", a, b,
-                              (unsigned long long)sp->pair_bytes[f][t]);
-            }
+    char a[40];
+    by_route(o, sp, "kt:expert_migrations_total", "Routed experts moved while serving, by source and target.",
+             sp->pair_moves);
+    by_route(o, sp, "kt:expert_migrated_bytes_total", "Bytes copied for those moves, by source and target.",
+             sp->pair_bytes);
     kt_buf_printf(o, "# HELP kt:expert_migrations_failed_total Moves that failed (the old home kept serving).\n"
                      "# TYPE kt:expert_migrations_failed_total counter\nkt:expert_migrations_failed_total %llu\n",
                   (unsigned long long)sp->moves_failed);
