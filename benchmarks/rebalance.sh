@@ -1,36 +1,37 @@
 #!/usr/bin/env bash
-# benchmarks/rebalance.sh - issue 13's measurements in one run, on the sim
-# device and a synthetic 2-node topology: the online rebalancer against a
-# static plan and the hindsight plan when the traffic changes, the step time
-# while experts move, the decode-time expert cache against both, and the
-# NUMA balance after rebalancing.
+# benchmarks/rebalance.sh - issue 13's measurements in one run: the online
+# rebalancer against a static plan and the hindsight plan when the traffic
+# changes, the step time while experts move, the decode-time expert cache
+# against both (the sim device, this host's NUMA layout), and the NUMA
+# balance the rebalancer reaches on a synthetic 2-node topology (CPU only).
 #
 # Usage: benchmarks/rebalance.sh [BUILD_DIR] [WORK_DIR] [THREADS]
 #
-# Steps (each prints what it measured; every file lands in WORK_DIR, and
-# files of benchmarks/placement.sh's steps 1-3 there are reused):
+# Steps (each prints what it measured; every file lands in WORK_DIR, where
+# the model, machine file and profiles of an earlier run are reused):
 #  1. kimi-k2-slice, 4 layers x 32 q4_K experts, routing skewed per layer and
 #     dependent on the input (kt-synth --route-skew, --route-input);
-#  2. machine files (this host; a 2-node synthetic topology) whose sim entry
-#     gets a GPU's default kernel rates, so the planner fills the sim's budget
-#     as it would a GPU's (placement.sh 5b: the sim executes, on this host's
-#     cores); profiles of prompt set A (code) and B (prose);
+#  2. the machine file, its sim entry given a GPU's default kernel rates so
+#     planner and rebalancer treat the sim as a GPU (the sim still executes
+#     on this host's cores: its times are host times); profiles of prompt
+#     set A (code) and set B (prose);
 #  3. plans from A (what the server starts with) and from B (hindsight), and
 #     from A with the cache's bytes held back;
-#  4. the expert cache on set B (kt-bench profile, decode only): hit rate per
-#     layer, the accelerator's share and decode tok/s, LRU and LFU, against
-#     the static plan from A and the hindsight plan - the cache sees traffic
-#     its plan never saw;
-#  5. kt-serve, the rebalancer off: plan A and plan B on set B (kt-load, fixed
-#     batches of requests): the accelerator's share of routed pairs per batch,
-#     decode tok/s, inter-token gap p99;
-#  6. kt-serve from plan A, the rebalancer on: set A, then set B; per batch the
-#     share, tok/s, gap p99 and the migrations so far; after how many requests
-#     of B the share is back to >= 0.9 x the hindsight plan's; the gap p99 of
+#  4. the expert cache on set B (kt-bench profile, decode steps only): hit
+#     rate per layer, the accelerator's share and decode tok/s, LRU and LFU,
+#     against the static plan from A and the hindsight plan - traffic the
+#     cache's plan never saw;
+#  5. kt-serve with the rebalancer off, plan A and plan B on set B (kt-load,
+#     batches of requests): per batch the accelerator's share of routed
+#     pairs, decode tok/s, the gap between a stream's tokens (p99, max);
+#  6. kt-serve from plan A with the rebalancer on: set A, then set B; per
+#     batch the same and the migrations so far; after how many requests of B
+#     the share is back to >= 0.9 x the hindsight plan's; the gap p99 of the
 #     batches that migrated against the static plan's; every request well
 #     formed (kt-load's checks);
-#  7. the plan the rebalancer wrote (--plan-out): busiest / mean node pool per
-#     layer, measured (kt-bench model on the 2-node topology).
+#  7. CPU only on 2 synthetic NUMA nodes, experts spread by index, the
+#     rebalancer on: the plan it wrote (--plan-out), busiest / mean node pool
+#     per layer measured by kt-bench model against the start.
 set -euo pipefail
 build=${1:-build}
 work=${2:-/tmp/kt-rebalance}
@@ -48,11 +49,12 @@ model=$work/k2-routing.gguf
 set_a=$here/prompts/code.jsonl
 set_b=$here/prompts/prose.jsonl
 two_nodes="numa:2 core:1 pu:1"
-gib=${KT_REBALANCE_GPU_GIB:-2.0}  # attention, dense FFN, buffers and about a quarter of the experts
-slots=${KT_REBALANCE_CACHE_SLOTS:-6} # per MoE layer: 18 experts, what ${gib} - cache_gib takes back
-cache_gib=${KT_REBALANCE_CACHE_GIB:-0.4}
-batch=${KT_REBALANCE_BATCH:-8}       # requests per measured batch
-batches_b=${KT_REBALANCE_BATCHES:-6} # batches of set B with the rebalancer on
+gib=${KT_REBALANCE_GPU_GIB:-2.0}        # attention, dense FFN, buffers and some of the experts
+cache_gib=${KT_REBALANCE_CACHE_GIB:-0.4} # held back from plan A for the cache ...
+slots=${KT_REBALANCE_CACHE_SLOTS:-5}     # ... which this many slots per MoE layer fill (15 experts)
+batch=${KT_REBALANCE_BATCH:-8}           # requests per measured batch
+batches_b=${KT_REBALANCE_BATCHES:-6}     # batches of set B with the rebalancer on
+interval=${KT_REBALANCE_INTERVAL:-5}     # seconds between rebalancing rounds
 port=${KT_REBALANCE_PORT:-18431}
 
 say() { printf '\n== %s\n' "$*"; }
@@ -62,7 +64,7 @@ say "1. model: kimi-k2-slice, 4 layers x 32 experts, q4_K experts, routing skew 
     --route-skew 0.3:1.5 --route-input 0.5 -q -o "$model"
 ls -l "$model"
 
-say "2. machine files ($threads threads; this host and 2 synthetic nodes, the sim rated as a GPU) and profiles"
+say "2. machine files ($threads threads; the sim rated as a GPU) and profiles of set A and set B"
 gpu_like() { # the sim entry with a GPU's default kernel rates (its link stays the sim's)
     jq '.accelerators |= map(if .backend == "sim" then (.decode |= map_values({gbps: 1000, overhead_us: 10})
         | .prefill_gflops |= map_values(50000)) else . end)' "$1" >"$2"
@@ -71,34 +73,33 @@ gpu_like() { # the sim entry with a GPU's default kernel rates (its link stays t
 [ -f "$work/machine-2node.json" ] || "$bench" machine -t "$threads" --topology "$two_nodes" \
     -o "$work/machine-2node.json" >/dev/null 2>>"$work/stderr.log"
 gpu_like "$work/machine.json" "$work/machine-gpu-like.json"
-gpu_like "$work/machine-2node.json" "$work/machine-2node-gpu-like.json"
 for s in a b; do
-    set_file=$set_a; [ $s = b ] && set_file=$set_b
+    set_file=$set_a
+    [ $s = b ] && set_file=$set_b
     [ -f "$work/profile-$s.json" ] || "$bench" profile -m "$model" -t "$threads" --prompts "$set_file" \
         --max-tokens 16 -o "$work/profile-$s.json" 2>>"$work/stderr.log" | grep -E "routed tokens"
 done
 echo "profiles: $work/profile-a.json (set A, $(basename "$set_a")), $work/profile-b.json (set B, $(basename "$set_b"))"
 
-say "3. plans on the 2-node topology: from A and from B (hindsight) at $gib GiB; from A at $gib - $cache_gib GiB"
+say "3. plans for the sim: from A and from B (hindsight) at $gib GiB; from A at $gib - $cache_gib GiB"
 plan() { # profile gib out
-    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$place" -m "$model" --profile "$work/profile-$1.json" \
-        --machine "$work/machine-2node-gpu-like.json" --device sim --gpu-memory "$2" --kv-tokens 4096 \
-        -o "$work/$3" 2>>"$work/stderr.log" | grep -E "^  kt-place "
+    "$place" -m "$model" --profile "$work/profile-$1.json" --machine "$work/machine-gpu-like.json" --device sim \
+        --gpu-memory "$2" --kv-tokens 4096 -o "$work/$3" 2>>"$work/stderr.log" | grep -E "^  kt-place "
 }
+echo "  plan              decode t/s  prefill t/s   on accel    worst     mean experts   (predicted)"
 plan a "$gib" plan-a.yaml
 plan b "$gib" plan-b.yaml
 plan a "$(awk -v g="$gib" -v c="$cache_gib" 'BEGIN { print g - c }')" plan-a-cache.yaml
 # the device keeps its whole budget: the cache takes what the plan left
 sed -i -E "s/^(    memory_gib: ).*/\1$gib/" "$work/plan-a-cache.yaml"
 
-say "4. the expert cache on set B ($slots slots per MoE layer), decode: against plan A alone and plan B"
+say "4. the expert cache on set B ($slots slots per MoE layer), decode steps: against plan A alone and plan B"
 profile_b() { # label placement extra...
     local label=$1 plan=$2
     shift 2
     echo "-- $label"
-    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 \
-        --placement "$work/$plan" "$@" -o "$work/profile-b-$label.json" 2>>"$work/stderr.log" |
-        grep -E "^decode:|accelerator, decode|expert cache"
+    "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 --placement "$work/$plan" "$@" \
+        -o "$work/profile-b-$label.json" 2>>"$work/stderr.log" | grep -E "^decode:|accelerator, decode|expert cache"
 }
 profile_b static-a plan-a.yaml
 profile_b hindsight-b plan-b.yaml
@@ -108,13 +109,17 @@ profile_b cache-lfu plan-a-cache.yaml --expert-cache "$slots" --expert-cache-pol
 # ---- kt-serve -------------------------------------------------------------------------------------
 
 pid=
-stop_server() { [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null && wait "$pid" || true; pid=; }
+stop_server() {
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" || echo "kt-serve exited $?" >&2
+    pid=
+}
 trap stop_server EXIT
 start_server() { # log args...
     local log=$1
     shift
-    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$serve" -m "$model" -t "$threads" --port "$port" -q --prefix-cache 0 \
-        --machine "$work/machine-2node-gpu-like.json" "$@" 2>"$work/$log" &
+    "$serve" -m "$model" -t "$threads" --port "$port" -q --prefix-cache 0 "$@" 2>"$work/$log" &
     pid=$!
     for _ in $(seq 1200); do
         curl -sf -o /dev/null "http://127.0.0.1:$port/health" && return 0
@@ -123,10 +128,10 @@ start_server() { # log args...
     done
     return 1
 }
-metric_sum() { # the sum of a metric's series whose line matches a pattern
+metric_sum() { # the sum of the metric series matching a pattern
     curl -sf "http://127.0.0.1:$port/metrics" | awk -v p="$1" '$0 ~ p && $0 !~ /^#/ { s += $NF } END { printf "%.0f\n", s }'
 }
-# One batch of requests of a set; prints: share tok/s gap_p99 gap_max migrations ok
+# One batch of requests; prints: share tok/s gap_p99 gap_max migrations ok
 run_batch() { # prompts seed
     local dev0 all0 dev1 all1
     dev0=$(metric_sum '^kt:place_routed_pairs_total\{place="sim"\}')
@@ -140,10 +145,10 @@ run_batch() { # prompts seed
         "$(jq .itl_max_s "$work/batch.json")" "$(metric_sum '^kt:expert_migrations_total\{')" \
         "$(jq .ok "$work/batch.json")"
 }
-table_head() { printf '%-10s %8s %10s %10s %10s %10s %6s\n' batch share tok/s gap_p99 gap_max migrated ok; }
-table_row() { printf '%-10s %8.3f %10.2f %10.4f %10.4f %10s %6s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7"; }
+table_head() { printf '%-6s %8s %10s %10s %10s %10s %6s\n' batch share tok/s gap_p99 gap_max migrated ok; }
+table_row() { printf '%-6s %8.3f %10.2f %10.4f %10.4f %10s %6s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7"; }
 
-say "5. kt-serve, the rebalancer off, set B in batches of $batch requests: plan A (static) and plan B (hindsight)"
+say "5. kt-serve, the rebalancer off, set B in batches of $batch requests (2 at once, 16 tokens each)"
 for p in a b; do
     echo "-- plan-$p.yaml"
     start_server "serve-$p.log" --placement "$work/plan-$p.yaml" --rebalance-interval 0
@@ -158,18 +163,18 @@ for p in a b; do
 done
 hindsight=$(awk '{ s += $2 } END { printf "%.4f", s / NR }' "$work/static-b.txt")
 static_p99=$(awk '{ if ($4 > m) m = $4 } END { printf "%.4f", m }' "$work/static-a.txt")
-echo "hindsight share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
+echo "the hindsight plan's share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
 
-say "6. kt-serve from plan A, the rebalancer on (every ${KT_REBALANCE_INTERVAL:-5} s): set A, then set B"
-start_server serve-rebalance.log --placement "$work/plan-a.yaml" --rebalance-interval "${KT_REBALANCE_INTERVAL:-5}" \
-    --plan-out "$work/plan-live.yaml"
+say "6. kt-serve from plan A, the rebalancer on (every $interval s): set A, then set B"
+start_server serve-rebalance.log --placement "$work/plan-a.yaml" --rebalance-interval "$interval" \
+    --machine "$work/machine-gpu-like.json" --plan-out "$work/plan-live.yaml"
 table_head
-: >"$work/rebalance.txt"
 for i in 1 2; do
     read -r share rate p99 max moved ok < <(run_batch "$set_a" $((200 + i)))
     table_row "A$i" "$share" "$rate" "$p99" "$max" "$moved" "$ok"
 done
 moved_after_a=$moved
+: >"$work/rebalance.txt"
 for i in $(seq "$batches_b"); do
     read -r share rate p99 max moved ok < <(run_batch "$set_b" $((300 + i)))
     table_row "B$i" "$share" "$rate" "$p99" "$max" "$moved" "$ok" | tee -a "$work/rebalance.txt"
@@ -177,17 +182,39 @@ done
 curl -sf "http://127.0.0.1:$port/kt/placement" >"$work/placement-live.json"
 stop_server
 awk -v h="$hindsight" -v n="$batch" '
-    { if (!done && $2 >= 0.9 * h) { printf "share back to >= 0.9 x hindsight (%.3f) after %d requests of set B\n", 0.9 * h, NR * n; done = 1 } }
-    END { if (!done) printf "share never reached 0.9 x hindsight (%.3f) in %d requests of set B\n", 0.9 * h, NR * n }' \
+    !done && $2 >= 0.9 * h { printf "share back to >= 0.9 x hindsight (%.3f) after %d requests of set B\n", 0.9 * h, NR * n; done = 1 }
+    END { if (!done) printf "share not back to 0.9 x hindsight (%.3f) within %d requests of set B\n", 0.9 * h, NR * n }' \
     "$work/rebalance.txt"
 awk -v s="$static_p99" -v prev="$moved_after_a" '
     { moved = $6 - prev; prev = $6; if (moved > 0) { k++; if ($4 > m) m = $4 } }
     END { if (k) printf "gap p99 in the %d batch(es) of set B that migrated: worst %.4f s, %.2f x the static plan'"'"'s %.4f s\n", k, m, m / s, s;
           else print "no batch of set B migrated" }' "$work/rebalance.txt"
-jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed, \(.migrated_bytes_total / 1048576 | floor) MiB; rounds \(.rebalancer.rounds); predicted MoE step \(.rebalancer.predicted_before_ms) -> \(.rebalancer.predicted_after_ms) ms, measured \(.rebalancer.measured_ms) ms"' \
+jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed, \(.migrated_bytes_total / 1048576 | floor) MiB in \(.rebalancer.rounds) rounds; the last round predicted the MoE step \(.rebalancer.predicted_before_ms | . * 100 | round / 100) -> \(.rebalancer.predicted_after_ms | . * 100 | round / 100) ms; measured \(.rebalancer.measured_ms | . * 100 | round / 100) ms"' \
     "$work/placement-live.json"
 
-say "7. the plan the rebalancer wrote, on the 2-node topology: busiest / mean node pool per layer (measured)"
-head -n 3 "$work/plan-live.yaml"
-KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" model -m "$model" -t "$threads" --placement "$work/plan-live.yaml" \
-    --prompt-tokens 64 --gen-tokens 32 2>>"$work/stderr.log" | grep -E "^decode +[0-9]|node balance|node (0|1) pool"
+say "7. CPU only, 2 synthetic NUMA nodes, experts by index over both, the rebalancer on: node balance"
+cat >"$work/nodes-start.yaml" <<EOF
+version: 1
+description: benchmarks/rebalance.sh step 7, whole experts spread over both nodes by index
+cpu:
+  nodes: auto
+EOF
+balance() { # placement
+    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" model -m "$model" -t "$threads" --placement "$1" \
+        --prompt-tokens 64 --gen-tokens 32 2>>"$work/stderr.log" | grep -E "^decode +[0-9]|node balance|busiest"
+}
+echo "-- at the start"
+balance "$work/nodes-start.yaml"
+KT_TOPOLOGY_SYNTHETIC=$two_nodes start_server serve-nodes.log --placement "$work/nodes-start.yaml" \
+    --rebalance-interval "$interval" --machine "$work/machine-2node.json" --plan-out "$work/plan-nodes.yaml"
+for i in 1 2 3; do
+    run_batch "$set_b" $((400 + i)) >/dev/null
+done
+sleep "$interval"
+run_batch "$set_b" 410 >/dev/null
+curl -sf "http://127.0.0.1:$port/kt/placement" |
+    jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed in \(.rebalancer.rounds) rounds"'
+stop_server
+echo "-- the plan the rebalancer wrote"
+head -n 2 "$work/plan-nodes.yaml"
+balance "$work/plan-nodes.yaml"

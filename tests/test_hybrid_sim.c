@@ -283,7 +283,8 @@ static void cuda_splits_match_cpu_only(const char *preset)
           .test = &(struct kt_engine_test_params){.migrate_every_step = true}}},
         {"attention + half the experts + a cache of 4 slots per layer for the others",
          {.device = &gpu, .expert_on_device = half, .attention_on_device = true,
-          .expert_cache = &(struct kt_expert_cache_params){4, KT_EXPERT_CACHE_LRU}}},
+          .expert_cache = &(struct kt_expert_cache_params){4, KT_EXPERT_CACHE_LRU},
+          .test = &(struct kt_engine_test_params){.expert_cache_unthrottled = true}}},
     };
     int32_t base_tokens[DECODE_STEPS], tokens[DECODE_STEPS];
     struct kt_engine_stats st;
@@ -723,6 +724,65 @@ done:
     free_masks(&masks);
     kt_test_synth_remove(m, path);
 }
+
+/* A failed step empties the expert cache (a slot's copy may have been what
+ * failed): slots live before, none after; the next steps run, refill it and
+ * stay within the GPU's tolerance of CPU-only. */
+static void a_failed_step_empties_the_expert_cache(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    if (!m)
+        return;
+    const size_t V = m->hp.n_vocab;
+    struct expert_masks masks = make_masks(m);
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const struct kt_expert_cache_params cache = {4, KT_EXPERT_CACHE_LRU};
+    const struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2, .device = &gpu,
+                                       .expert_on_device = masks.half, .attention_on_device = true,
+                                       .expert_cache = &cache,
+                                       .test = &(struct kt_engine_test_params){.expert_cache_unthrottled = true}};
+    struct kt_engine *e = NULL, *ref = NULL;
+    kt_err err = {0};
+    float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK ||
+        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2}, &ref,
+                         &err) != KT_OK ||
+        kt_engine_seq_add(e, 0, &err) != KT_OK || kt_engine_seq_add(ref, 0, &err) != KT_OK) {
+        KT_CHECK(0, "engines: %s", err.msg);
+        goto done;
+    }
+    /* the prompt in two chunks: the second runs experts the first put in slots */
+    for (uint32_t at = 0; at < PROMPT_LEN; at += PROMPT_LEN / 2) {
+        KT_CHECK(step_seq0(e, prompt + at, PROMPT_LEN / 2, at, got, &err) == KT_OK, "prefill: %s", err.msg);
+        KT_CHECK(step_seq0(ref, prompt + at, PROMPT_LEN / 2, at, want, &err) == KT_OK, "prefill: %s", err.msg);
+    }
+    struct kt_expert_cache_stats cs;
+    kt_engine_expert_cache_stats(e, -1, &cs);
+    KT_CHECK(cs.resident > 0 && cs.hit_pairs > 0, "the prompt filled slots (%u) and hit them (%llu pairs)",
+             cs.resident, (unsigned long long)cs.hit_pairs);
+    const int32_t next[3] = {7, 11, 13};
+    kt_cuda_emulated_fail_call = 2;
+    KT_CHECK(step_seq0(e, next, 1, PROMPT_LEN, got, &err) == KT_ERR_IO, "the step fails: %s", err.msg);
+    kt_cuda_emulated_fail_call = 0;
+    kt_engine_expert_cache_stats(e, -1, &cs);
+    KT_CHECK(cs.resident == 0, "after the failed step no slot is live (%u)", cs.resident);
+    for (uint32_t i = 0; i < 3; i++) {
+        KT_CHECK(step_seq0(e, &next[i], 1, PROMPT_LEN + i, got, &err) == KT_OK, "step %u: %s", i, err.msg);
+        KT_CHECK(step_seq0(ref, &next[i], 1, PROMPT_LEN + i, want, &err) == KT_OK, "reference: %s", err.msg);
+        const double d = kt_test_worst_row_diff(got, want, 1, V);
+        KT_CHECK(d <= 1e-3, "step %u after the failure: logits within 1e-3 of CPU-only (%.3g)", i, d);
+    }
+    kt_engine_expert_cache_stats(e, -1, &cs);
+    KT_CHECK(cs.resident > 0, "the cache refilled (%u slots live)", cs.resident);
+done:
+    kt_cuda_emulated_fail_call = 0;
+    kt_engine_destroy(e);
+    kt_engine_destroy(ref);
+    free(got), free(want);
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
 #endif
 
 int main(void)
@@ -731,6 +791,7 @@ int main(void)
     printf("kt_cuda.h emulated on the host: the engine's cuda path, not the GPU kernels\n");
     KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
     KT_RUN(failed_device_step_changes_nothing);
+    KT_RUN(a_failed_step_empties_the_expert_cache);
     return kt_test_finish();
 #endif
     KT_RUN(tiny_hybrid_matches_cpu_only);

@@ -787,6 +787,7 @@ static kt_status end_step(struct kt_engine *e, kt_err *err)
         for (uint32_t c = 0; c < e->n_chunks; c++)
             kt_kv_cache_seq_truncate(e->kv, e->chunks[c].seq, e->chunks[c].start, NULL);
         e->dev.graph_mismatch = false;
+        kt_cache_flush(e); /* a slot's copy may have been among what failed */
     }
     forget_chunks(e);
     return st;

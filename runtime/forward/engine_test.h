@@ -40,6 +40,10 @@ struct kt_engine_test_params {
      * change.  Experts that cannot move (sliced, replicated, over the device's
      * budget) are left where they are. */
     bool migrate_every_step;
+    /* The expert cache copies a whole expert per layer and step, whatever
+     * the link's measured spare time (which a host emulation of the GPU
+     * cannot measure). */
+    bool expert_cache_unthrottled;
 };
 
 #endif

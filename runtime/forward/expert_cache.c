@@ -287,7 +287,7 @@ void kt_cache_copy(struct kt_engine *e, uint32_t il)
     struct cache_slot *slot = &cl->slots[cl->loading];
     const uint64_t total = cl->seg_bytes[0] + cl->seg_bytes[1] + cl->seg_bytes[2];
     uint64_t n = total - slot->loaded;
-    if (n > cl->budget_bytes)
+    if (n > cl->budget_bytes && !e->test.expert_cache_unthrottled)
         n = cl->budget_bytes;
     if (n < MIN_CHUNK_BYTES && n < total - slot->loaded)
         return; /* no spare time measured yet, or too little of it */
@@ -381,4 +381,12 @@ bool kt_engine_expert_cached(const struct kt_engine *e, uint32_t il, uint32_t x)
         return false;
     const int32_t s = c->layers[il].slot_of[x];
     return s >= 0 && c->layers[il].slots[s].ready;
+}
+
+void kt_cache_flush(struct kt_engine *e)
+{
+    struct kt_expert_cache *c = e->dev.cache;
+    for (uint32_t il = 0; c && il < e->hp.n_layer; il++)
+        for (uint32_t s = 0; c->layers[il].slots && s < c->p.slots_per_layer; s++)
+            evict(e, il, (int32_t)s);
 }

@@ -438,6 +438,7 @@ void kt_cache_measure(struct kt_engine *e, uint32_t il, uint64_t cpu_ns, uint64_
 bool kt_cache_holds(const struct kt_engine *e, uint32_t il, uint32_t x); /* a slot holds or loads x */
 void kt_cache_forget(struct kt_engine *e, uint32_t il, uint32_t x);      /* ... not any more */
 void kt_cache_stats_reset(struct kt_engine *e);
+void kt_cache_flush(struct kt_engine *e); /* every slot empty (after a failed step); NULL cache: nothing */
 void kt_cache_destroy(struct kt_engine *e); /* syncs first */
 
 /* Once per step before the layers: the graph slot, and cuda's cache tables and RoPE angles sent. */
