@@ -199,7 +199,7 @@ static void moved_experts_run_on_their_new_node(void)
             kt_status want;
             const char *needle;
         } bad[] = {
-            {il, 0, 1, KT_ERR_INVALID, "already lives on node 1"},
+            {il, 0, 1, KT_ERR_INVALID, "already has a copy on node 1"},
             {il, 0, 7, KT_ERR_INVALID, "not a node with cores"},
             {il, m->hp.n_expert, 0, KT_ERR_INVALID, "no routed expert"},
         };
@@ -215,10 +215,45 @@ static void moved_experts_run_on_their_new_node(void)
         replicas[i] = 1u << 1;
     e = engine(m, &(struct kt_engine_params){.n_threads = 2, .topology = TWO_NODES, .expert_home_nodes = homes,
                                              .expert_replica_nodes = replicas});
-    if (e) {
+    if (e) { /* replicas come and go between steps: node 1's pool takes a share only while it holds them */
         err = (kt_err){0};
-        KT_CHECK(kt_engine_move_expert(e, il, 0, 1, &err) == KT_ERR_UNSUPPORTED && strstr(err.msg, "replicas"),
-                 "a replicated expert: %s", err.msg);
+        KT_CHECK(kt_engine_move_expert(e, il, 0, 1, &err) == KT_ERR_INVALID && strstr(err.msg, "copy on node 1"),
+                 "onto its replica's node: %s", err.msg);
+        KT_CHECK(kt_engine_expert_drop_replica(e, il, 0, 0, &err) == KT_ERR_INVALID && strstr(err.msg, "home"),
+                 "its home is no replica: %s", err.msg);
+        KT_CHECK(kt_engine_expert_replica_nodes(e, il, 0) == 2, "a replica on node 1");
+        for (uint32_t l = 0; l < m->hp.n_layer; l++)
+            for (uint32_t x = 0; m->layers[l].is_moe && x < m->hp.n_expert; x++)
+                KT_CHECK(kt_engine_expert_drop_replica(e, l, x, 1, &err) == KT_OK, "drop: %s", err.msg);
+        KT_CHECK(kt_engine_expert_replica_nodes(e, il, 0) == 0 &&
+                     kt_engine_expert_drop_replica(e, il, 0, 1, &err) == KT_ERR_INVALID,
+                 "dropped, and not twice: %s", err.msg);
+        struct kt_batch_token bt[PROMPT_LEN];
+        for (uint32_t i = 0; i < PROMPT_LEN; i++)
+            bt[i] = (struct kt_batch_token){prompt[i], 0, i, false};
+        struct kt_engine_stats st;
+        KT_CHECK(kt_engine_seq_add(e, 0, &err) == KT_OK &&
+                     kt_engine_step(e, &(struct kt_batch){PROMPT_LEN / 2, bt}, NULL, &err) == KT_OK,
+                 "a step without replicas: %s", err.msg);
+        kt_engine_stats(e, &st);
+        KT_CHECK(st.node_pairs[0] > 0 && st.node_pairs[1] == 0, "without replicas node 0 runs every pair (%llu / %llu)",
+                 (unsigned long long)st.node_pairs[0], (unsigned long long)st.node_pairs[1]);
+        const uint64_t before = kt_engine_expert_store_bytes(e);
+        for (uint32_t l = 0; l < m->hp.n_layer; l++)
+            for (uint32_t x = 0; m->layers[l].is_moe && x < m->hp.n_expert; x++) {
+                struct kt_expert_copy *c = NULL;
+                KT_CHECK(kt_engine_expert_copy(e, l, x, 1, &c, &err) == KT_OK &&
+                             kt_engine_expert_add_replica(e, c, &err) == KT_OK,
+                         "add: %s", err.msg);
+            }
+        KT_CHECK(kt_engine_expert_replica_nodes(e, il, 0) == 2 && kt_engine_expert_store_bytes(e) > before,
+                 "replicas back on node 1, their copies counted");
+        kt_engine_stats_reset(e);
+        KT_CHECK(kt_engine_step(e, &(struct kt_batch){PROMPT_LEN / 2, bt + PROMPT_LEN / 2}, NULL, &err) == KT_OK,
+                 "a step with replicas: %s", err.msg);
+        kt_engine_stats(e, &st);
+        KT_CHECK(st.node_pairs[0] > 0 && st.node_pairs[1] > 0, "with replicas both nodes run pairs (%llu / %llu)",
+                 (unsigned long long)st.node_pairs[0], (unsigned long long)st.node_pairs[1]);
         kt_engine_destroy(e);
     }
     free(homes);

@@ -815,6 +815,22 @@ static void test_migrate(struct kt_engine *e)
                 break;
             }
         }
+        /* and the next expert gains a replica on another node, or loses the one it has */
+        const uint32_t y = (x + 1) % e->hp.n_expert;
+        const uint16_t replicas = kt_engine_expert_replica_nodes(e, il, y);
+        const int home = kt_engine_expert_node(e, il, y);
+        for (int node = 0; home >= 0 && node < e->topo->n_nodes && node < KT_EXPERT_MAX_NODES; node++) {
+            struct kt_expert_copy *c = NULL;
+            if (replicas >> node & 1) {
+                kt_engine_expert_drop_replica(e, il, y, node, &ignored);
+                break;
+            }
+            if (!replicas && node != home && e->topo->nodes[node].n_cores > 0 &&
+                kt_engine_expert_copy(e, il, y, node, &c, &ignored) == KT_OK) {
+                kt_engine_expert_add_replica(e, c, &ignored);
+                break;
+            }
+        }
     }
 }
 
@@ -955,6 +971,26 @@ kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c,
     if (st == KT_OK)
         e->stats.experts_moved++, e->stats.experts_moved_bytes += bytes;
     return st;
+}
+
+kt_status kt_engine_expert_add_replica(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err)
+{
+    return kt_expert_store_add_replica(e->experts, c, err);
+}
+
+kt_status kt_engine_expert_drop_replica(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err)
+{
+    if (!e->experts)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: they have no replicas");
+    return kt_expert_store_drop_replica(e->experts, il, x, node, err);
+}
+
+uint16_t kt_engine_expert_replica_nodes(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    if (kt_engine_expert_node(e, il, x) < 0)
+        return 0;
+    const struct kt_stored_expert *se = kt_expert_store_expert(e->experts, il, x);
+    return (uint16_t)(se->nodes & ~(1u << se->home_node));
 }
 
 kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err)

@@ -207,8 +207,9 @@ uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0
  * stepping thread (never during a step), and the next step runs it on that
  * node's pool: the same bytes, bit-identical logits.  kt_engine_move_expert
  * does both between steps.  `node` must have cores in the engine's topology;
- * experts of row-sliced layers or with replicas do not move
- * (KT_ERR_UNSUPPORTED); a failed switch leaves the old home serving.  An
+ * experts of row-sliced layers do not move (KT_ERR_UNSUPPORTED), nor to a
+ * node holding a copy of them (KT_ERR_INVALID); replicas stay where they
+ * are; a failed switch leaves the old home serving.  An
  * expert on the device moves its CPU copy (where it runs once off the
  * device).  kt_engine_expert_node: the node of that copy; -1 for a dense
  * layer, a sliced one, or experts read in place. */
@@ -218,6 +219,14 @@ kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t
 kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err);
 kt_status kt_engine_move_expert(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err);
 int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x);
+/* Replicas the same way: a copy made by kt_engine_expert_copy (to a node
+ * without a copy of the expert) becomes one more of its copies between two
+ * steps (kt_engine_expert_add_replica; the pools then spread its tokens over
+ * the nodes holding it); kt_engine_expert_drop_replica gives one back (not
+ * its home).  kt_engine_expert_replica_nodes: bit i, a replica on node i. */
+kt_status kt_engine_expert_add_replica(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err);
+kt_status kt_engine_expert_drop_replica(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err);
+uint16_t kt_engine_expert_replica_nodes(const struct kt_engine *e, uint32_t il, uint32_t x);
 
 /* Moving a routed expert between the host and the device (an engine with
  * one), on the stepping thread between steps.  kt_engine_expert_to_device

@@ -36,9 +36,10 @@ struct kt_engine_test_params {
     const char *meminfo_path;   /* the memory check before the load reads this; NULL: /proc/meminfo */
     /* Before every step, move one routed expert of each MoE layer (the step's
      * number modulo n_expert) onto the device or off it (with a device), then
-     * to the next node with cores (kt_engine_move_expert): outputs must not
-     * change.  Experts that cannot move (sliced, replicated, over the device's
-     * budget) are left where they are. */
+     * to the next node with cores (kt_engine_move_expert), and give the next
+     * expert a replica on another node or take away the one it has: outputs
+     * must not change.  Experts that cannot move (sliced, onto a node holding
+     * a copy, over the device's budget) are left where they are. */
     bool migrate_every_step;
     /* The expert cache copies a whole expert per layer and step, whatever
      * the link's measured spare time (which a host emulation of the GPU

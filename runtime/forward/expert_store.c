@@ -72,9 +72,11 @@ struct store_layer {
     uint8_t *base[KT_EXPERT_MAX_NODES];      /* (copies_on[n], stride) bound to node n; NULL if none */
     size_t map_bytes[KT_EXPERT_MAX_NODES];
     struct kt_stored_expert *experts; /* [n_expert] */
-    /* [n_expert] an expert moved since the load: its own mapping (else NULL: in base) */
-    uint8_t **moved;
-    size_t *moved_bytes;
+    /* [n_expert * KT_EXPERT_MAX_NODES] expert x's copy on node n made while
+     * serving (a move or a replica): its own mapping; NULL: a slot of
+     * base[n] or none.  Made at the layer's first change. */
+    uint8_t **own;
+    size_t *own_bytes;
 };
 
 struct kt_expert_store {
@@ -543,10 +545,10 @@ void kt_expert_store_destroy(struct kt_expert_store *s)
             if (sl->base[n])
                 munmap(sl->base[n], sl->map_bytes[n]);
         free(sl->experts);
-        for (uint32_t x = 0; sl->moved && x < s->n_expert; x++)
-            if (sl->moved[x])
-                munmap(sl->moved[x], sl->moved_bytes[x]);
-        free(sl->moved), free(sl->moved_bytes);
+        for (size_t i = 0; sl->own && i < (size_t)s->n_expert * KT_EXPERT_MAX_NODES; i++)
+            if (sl->own[i])
+                munmap(sl->own[i], sl->own_bytes[i]);
+        free(sl->own), free(sl->own_bytes);
     }
     free(s->layers);
     free(s);
@@ -601,11 +603,8 @@ kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uin
         return kt_err_set(err, KT_ERR_INVALID, "expert store: node %d is not 0 to %d", node, KT_EXPERT_MAX_NODES - 1);
     if (sl->layout.sliced)
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u is row-sliced: its experts have no home to move", il);
-    if (se->nodes != (uint16_t)(1u << se->home_node))
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u expert %u has replicas: moving its home is not supported",
-                          il, x);
-    if (node == se->home_node)
-        return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u already lives on node %d", il, x, node);
+    if (se->nodes >> node & 1)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u already has a copy on node %d", il, x, node);
     struct kt_expert_copy *c = calloc(1, sizeof *c);
     const size_t bytes = (size_t)round_up(sl->layout.expert_bytes, 4096);
     if (!c || !(c->buf = map_layer(bytes, node))) {
@@ -619,40 +618,98 @@ kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uin
     return KT_OK;
 }
 
+/* The own-mapping table of layer sl, made at its first change; false out of memory. */
+static bool track_copies(const struct kt_expert_store *s, struct store_layer *sl)
+{
+    if (!sl->own) {
+        sl->own = calloc((size_t)s->n_expert * KT_EXPERT_MAX_NODES, sizeof *sl->own);
+        sl->own_bytes = calloc((size_t)s->n_expert * KT_EXPERT_MAX_NODES, sizeof *sl->own_bytes);
+        if (!sl->own || !sl->own_bytes) {
+            free(sl->own), free(sl->own_bytes);
+            sl->own = NULL, sl->own_bytes = NULL;
+        }
+    }
+    return sl->own != NULL;
+}
+
+/* Expert x's copy on `node` gives its memory back: its own mapping goes; a
+ * slot of the layer's load-time mapping keeps its address space (counted in
+ * kt_expert_store_bytes) and returns its pages. */
+static void release_copy(struct kt_expert_store *s, struct store_layer *sl, uint32_t x, int node)
+{
+    struct kt_stored_expert *se = &sl->experts[x];
+    const size_t i = (size_t)x * KT_EXPERT_MAX_NODES + (size_t)node;
+    if (sl->own[i]) {
+        munmap(sl->own[i], sl->own_bytes[i]);
+        s->bytes -= sl->own_bytes[i];
+        sl->own[i] = NULL, sl->own_bytes[i] = 0;
+    } else {
+        madvise((void *)se->copy[node], (size_t)sl->stride, MADV_DONTNEED);
+    }
+    se->copy[node] = NULL;
+    se->nodes = (uint16_t)(se->nodes & ~(1u << node));
+    sl->copies_on[node]--;
+}
+
+/* Copy c becomes expert c->x's copy on c->node, its own mapping. */
+static void adopt_copy(struct kt_expert_store *s, struct store_layer *sl, struct kt_expert_copy *c)
+{
+    struct kt_stored_expert *se = &sl->experts[c->x];
+    const size_t i = (size_t)c->x * KT_EXPERT_MAX_NODES + (size_t)c->node;
+    se->copy[c->node] = c->buf;
+    se->nodes = (uint16_t)(se->nodes | 1u << c->node);
+    sl->copies_on[c->node]++;
+    sl->own[i] = c->buf, sl->own_bytes[i] = c->map_bytes;
+    s->bytes += c->map_bytes;
+    free(c);
+}
+
 kt_status kt_expert_store_switch(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err)
 {
     struct store_layer *sl = &s->layers[c->il];
     struct kt_stored_expert *se = &sl->experts[c->x];
-    if (!sl->moved) { /* the first move in this layer */
-        sl->moved = calloc(s->n_expert, sizeof *sl->moved);
-        sl->moved_bytes = calloc(s->n_expert, sizeof *sl->moved_bytes);
-        if (!sl->moved || !sl->moved_bytes) { /* cannot keep track of it: the old home stays */
-            free(sl->moved), free(sl->moved_bytes);
-            sl->moved = NULL, sl->moved_bytes = NULL;
-            const uint32_t il = c->il, x = c->x;
-            kt_expert_copy_discard(c);
-            return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory moving layer %u expert %u (it stays)", il, x);
-        }
+    if (!track_copies(s, sl)) { /* cannot keep track of it: the old home stays */
+        const uint32_t il = c->il, x = c->x;
+        kt_expert_copy_discard(c);
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory moving layer %u expert %u (it stays)", il, x);
     }
-    const int old = se->home_node;
-    uint8_t *old_buf = (uint8_t *)se->data;
-    se->copy[old] = NULL;
-    se->copy[c->node] = c->buf;
-    se->data = c->buf;
-    se->home_node = c->node;
-    se->nodes = (uint16_t)(1u << c->node);
-    sl->copies_on[old]--, sl->copies_on[c->node]++;
-    /* the old copy: its own mapping goes; a slot of the layer's mapping gives its pages back */
-    if (sl->moved[c->x]) {
-        munmap(sl->moved[c->x], sl->moved_bytes[c->x]);
-        s->bytes -= sl->moved_bytes[c->x];
-    } else {
-        madvise(old_buf, (size_t)sl->stride, MADV_DONTNEED);
+    const int old = se->home_node, node = c->node;
+    const uint32_t x = c->x;
+    adopt_copy(s, sl, c); /* frees c */
+    se->data = se->copy[node];
+    se->home_node = node;
+    release_copy(s, sl, x, old);
+    return KT_OK;
+}
+
+kt_status kt_expert_store_add_replica(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err)
+{
+    struct store_layer *sl = &s->layers[c->il];
+    if (!track_copies(s, sl)) {
+        const uint32_t il = c->il, x = c->x;
+        kt_expert_copy_discard(c);
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory adding a replica of layer %u expert %u", il,
+                          x);
     }
-    sl->moved[c->x] = c->buf;
-    sl->moved_bytes[c->x] = c->map_bytes;
-    s->bytes += c->map_bytes;
-    free(c);
+    adopt_copy(s, sl, c);
+    return KT_OK;
+}
+
+kt_status kt_expert_store_drop_replica(struct kt_expert_store *s, uint32_t il, uint32_t x, int node, kt_err *err)
+{
+    if (il >= s->n_layer || x >= s->n_expert || !s->layers[il].experts)
+        return kt_err_set(err, KT_ERR_INVALID, "expert store: no routed expert %u in layer %u", x, il);
+    struct store_layer *sl = &s->layers[il];
+    const struct kt_stored_expert *se = &sl->experts[x];
+    if (node < 0 || node >= KT_EXPERT_MAX_NODES || !(se->nodes >> node & 1) || sl->layout.sliced)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u has no replica on node %d", il, x, node);
+    if (node == se->home_node)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u lives on node %d: its home is not a replica", il, x,
+                          node);
+    if (!track_copies(s, sl))
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory dropping a replica of layer %u expert %u",
+                          il, x);
+    release_copy(s, sl, x, node);
     return KT_OK;
 }
 

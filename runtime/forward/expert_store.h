@@ -155,16 +155,23 @@ double kt_expert_store_load_s(const struct kt_expert_store *s);
  * then - and gives the old copy's memory back at once (its own mapping is
  * unmapped; a slot of the layer's load-time mapping keeps its address space,
  * counted in kt_expert_store_bytes, and returns its pages).  The bytes are
- * the same, so the logits are bit-identical.  Only whole experts without
- * replicas move (KT_ERR_UNSUPPORTED for a sliced layer or a replicated
- * expert); one copy of an expert at a time.  A failed switch (KT_ERR_NOMEM)
- * discards the copy and leaves the old home serving; an unused copy goes
- * with kt_expert_copy_discard.
+ * the same, so the logits are bit-identical.  Only whole experts move
+ * (KT_ERR_UNSUPPORTED for a sliced layer), to a node without a copy of them
+ * (KT_ERR_INVALID); an expert's replicas stay where they are.  One copy of
+ * an expert at a time.  A failed switch (KT_ERR_NOMEM) discards the copy and
+ * leaves the old home serving; an unused copy goes with
+ * kt_expert_copy_discard.
+ *
+ * Replicas the same way: kt_expert_store_add_replica makes a copy one more
+ * of the expert's copies (its home stays), between two steps;
+ * kt_expert_store_drop_replica gives one back (never the home).
  */
 struct kt_expert_copy;
 kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uint32_t x, int node,
                                struct kt_expert_copy **out, kt_err *err);
 kt_status kt_expert_store_switch(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err);
+kt_status kt_expert_store_add_replica(struct kt_expert_store *s, struct kt_expert_copy *c, kt_err *err);
+kt_status kt_expert_store_drop_replica(struct kt_expert_store *s, uint32_t il, uint32_t x, int node, kt_err *err);
 void kt_expert_copy_discard(struct kt_expert_copy *c);
 uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c); /* the memory it holds */
 
