@@ -379,6 +379,33 @@ static void rebalancer_moves_toward_the_live_profiles_plan(void)
                  "min_gain 0.99: %u moves, %u pending", r.n_moves, r.n_pending);
         kt_rebalance_free(&r);
 
+        /* from a device without routed experts (its shared experts there): experts move onto it */
+        struct kt_placement *bare = kt_placement_clone(cur);
+        uint32_t taken_off = 0;
+        for (uint32_t il = 0; bare && il < m->hp.n_layer; il++)
+            for (uint32_t x = 0; bare->layers[il].experts && x < m->hp.n_expert; x++) {
+                struct kt_expert_home *h = &bare->layers[il].experts[x];
+                if (h->device != d)
+                    continue;
+                *h = (struct kt_expert_home){.device = 0, .node = 0};
+                bare->devices[d].bytes -= kt_layer_expert_bytes(m, il);
+                taken_off++;
+            }
+        KT_CHECK(bare && taken_off > 0, "the served plan has routed experts on the device (%u)", taken_off);
+        rp.min_gain = 0.02;
+        KT_CHECK(bare && kt_rebalance_plan(cb, m, bare, tgt, &rp, &r, &err) == KT_OK, "%s", err.msg);
+        uint32_t onto = 0;
+        for (uint32_t i = 0; i < r.n_moves; i++)
+            onto += r.moves[i].to.device == d;
+        printf("rebalance from a bare device: %u moves, %u onto it, %.3f -> %.3f ms\n", r.n_moves, onto,
+               r.before_s * 1e3, r.after_s * 1e3);
+        KT_CHECK(onto > 0 && r.after_s < r.before_s &&
+                     fabs((r.before_s - r.after_s) - r.gain_s) < 1e-9 + 1e-6 * r.before_s,
+                 "from a bare device: %u moves onto it, %.9g -> %.9g s (gains %.9g s)", onto, r.before_s, r.after_s,
+                 r.gain_s);
+        kt_rebalance_free(&r);
+        kt_placement_destroy(bare);
+
         /* a target of another shape is refused */
         struct kt_placement other = *tgt;
         other.n_expert = tgt->n_expert + 1;

@@ -275,13 +275,13 @@ static void note_error(struct kt_serve_placement *sp, const char *what, const kt
 }
 
 /* Whether the engine can make move mv of placement cur: a CPU copy that moves
- * must be whole and alone (no replicas, no row-sliced layer). */
+ * must be whole (no row-sliced layer) and go to a node without a replica of it. */
 static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
 {
     const struct kt_placement_layer *L = &cur->layers[mv->layer];
     const struct kt_expert_home *h = &L->experts[mv->expert];
     const bool cpu_copy_moves = mv->to.device == 0 && (mv->from.device != 0 || mv->from.node != mv->to.node);
-    return !(cpu_copy_moves && (L->cpu_sliced || h->replica_nodes));
+    return !(cpu_copy_moves && (L->cpu_sliced || (mv->to.node >= 0 && (h->replica_nodes >> mv->to.node & 1))));
 }
 
 /* Hands mv (with its copy) to the scheduler thread, waiting while the copies
