@@ -22,8 +22,9 @@
 #     against the static plan from A and the hindsight plan - traffic the
 #     cache's plan never saw;
 #  5. kt-serve with the rebalancer off, plan A and plan B on set B (kt-load,
-#     batches of requests): per batch the accelerator's share of routed
-#     pairs, decode tok/s, the gap between a stream's tokens (p99, max);
+#     batches of requests, one at a time so a stream's gaps are decode steps,
+#     not another request's prefill): per batch the accelerator's share of
+#     routed pairs, decode tok/s, the gap between tokens (p99, max);
 #  6. kt-serve from plan A with the rebalancer on: set A, then set B; per
 #     batch the same and the migrations so far; after how many requests of B
 #     the share is back to >= 0.9 x the hindsight plan's; the gap p99 of the
@@ -94,12 +95,15 @@ plan a "$(awk -v g="$gib" -v c="$cache_gib" 'BEGIN { print g - c }')" plan-a-cac
 sed -i -E "s/^(    memory_gib: ).*/\1$gib/" "$work/plan-a-cache.yaml"
 
 say "4. the expert cache on set B ($slots slots per MoE layer), decode steps: against plan A alone and plan B"
-profile_b() { # label placement extra...
+profile_b() { # label placement extra... (an earlier run's result is shown again)
     local label=$1 plan=$2
     shift 2
     echo "-- $label"
-    "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 --placement "$work/$plan" "$@" \
-        -o "$work/profile-b-$label.json" 2>>"$work/stderr.log" | grep -E "^decode:|accelerator, decode|expert cache"
+    [ -s "$work/cache-$label.txt" ] ||
+        "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 --placement "$work/$plan" "$@" \
+            -o "$work/profile-b-$label.json" 2>>"$work/stderr.log" |
+        grep -E "^decode:|accelerator, decode|expert cache" >"$work/cache-$label.txt"
+    cat "$work/cache-$label.txt"
 }
 profile_b static-a plan-a.yaml
 profile_b hindsight-b plan-b.yaml
@@ -136,7 +140,7 @@ run_batch() { # prompts seed
     local dev0 all0 dev1 all1
     dev0=$(metric_sum '^kt:place_routed_pairs_total\{place="sim"\}')
     all0=$(metric_sum '^kt:place_routed_pairs_total\{')
-    "$load" --port "$port" -c 2 -n "$batch" --max-tokens 16 --prompts "$1" --seed "$2" --temperature 0 \
+    "$load" --port "$port" -c 1 -n "$batch" --max-tokens 16 --prompts "$1" --seed "$2" --temperature 0 \
         --json "$work/batch.json" >>"$work/stderr.log" 2>&1 || echo "kt-load: a request failed (see stderr.log)" >&2
     dev1=$(metric_sum '^kt:place_routed_pairs_total\{place="sim"\}')
     all1=$(metric_sum '^kt:place_routed_pairs_total\{')
@@ -148,7 +152,7 @@ run_batch() { # prompts seed
 table_head() { printf '%-6s %8s %10s %10s %10s %10s %6s\n' batch share tok/s gap_p99 gap_max migrated ok; }
 table_row() { printf '%-6s %8.3f %10.2f %10.4f %10.4f %10s %6s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7"; }
 
-say "5. kt-serve, the rebalancer off, set B in batches of $batch requests (2 at once, 16 tokens each)"
+say "5. kt-serve, the rebalancer off, set B in batches of $batch requests (one at a time, 16 tokens each)"
 for p in a b; do
     echo "-- plan-$p.yaml"
     start_server "serve-$p.log" --placement "$work/plan-$p.yaml" --rebalance-interval 0

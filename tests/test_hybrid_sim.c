@@ -400,6 +400,19 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     kt_test_synth_remove(m, path);
 }
 
+/* What an engine of model m with params p holds on its device (0 if it cannot be made). */
+static uint64_t device_bytes_of(struct kt_model *m, const struct kt_engine_params *p)
+{
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    uint64_t total = 0, work = 0;
+    if (kt_engine_create(m, p, &e, &err) == KT_OK)
+        kt_engine_device_bytes(e, &total, &work);
+    KT_CHECK(e != NULL, "engine: %s", err.msg);
+    kt_engine_destroy(e);
+    return total;
+}
+
 /* An expert moving onto a device whose budget is spent is refused and
  * changes nothing; after another expert moves off, it fits, and the logits
  * stay CPU-only's. */
@@ -415,11 +428,8 @@ static void device_moves_stay_within_the_budget(void)
                                  .expert_on_device = masks.half};
     struct kt_engine *e = NULL;
     kt_err err = {0};
-    uint64_t need = 0, work = 0;
-    if (kt_engine_create(m, &p, &e, &err) == KT_OK) /* what this placement takes on the device */
-        kt_engine_device_bytes(e, &need, &work);
-    kt_engine_destroy(e);
-    e = NULL;
+    uint64_t work = 0;
+    const uint64_t need = device_bytes_of(m, &p); /* what this placement takes on the device */
     sim.memory_bytes = need; /* exactly full */
     const uint32_t N = m->hp.n_expert, il = m->hp.n_dense_lead, on = 0, off = N - 1;
     float *base = NULL, *got = NULL;
@@ -628,15 +638,11 @@ static void expert_cache_over_the_budget_is_refused(void)
                                  .expert_on_device = masks.half};
     struct kt_engine *e = NULL;
     kt_err err = {0};
-    uint64_t need = 0, with_cache = 0, work = 0, after = 0;
+    uint64_t work = 0, after = 0;
     const struct kt_expert_cache_params cp = {8, KT_EXPERT_CACHE_LRU};
-    if (kt_engine_create(m, &p, &e, &err) == KT_OK)
-        kt_engine_device_bytes(e, &need, &work);
-    kt_engine_destroy(e), e = NULL;
+    const uint64_t need = device_bytes_of(m, &p);
     p.expert_cache = &cp;
-    if (kt_engine_create(m, &p, &e, &err) == KT_OK)
-        kt_engine_device_bytes(e, &with_cache, &work);
-    kt_engine_destroy(e), e = NULL;
+    const uint64_t with_cache = device_bytes_of(m, &p);
     KT_CHECK(with_cache > need, "the cache takes device memory (%llu vs %llu bytes)", (unsigned long long)with_cache,
              (unsigned long long)need);
     sim.memory_bytes = with_cache - 1; /* one byte short */
