@@ -14,7 +14,8 @@
 #  2. the machine file, its sim entry given a GPU's default kernel rates so
 #     planner and rebalancer treat the sim as a GPU (the sim still executes
 #     on this host's cores: its times are host times); profiles of prompt
-#     set A (code) and set B (prose);
+#     set A (code; KT_REBALANCE_SET_A) and set B (Chinese, KT_REBALANCE_SET_B:
+#     the synthetic model routes it further from code than prose);
 #  3. plans from A (what the server starts with) and from B (hindsight), and
 #     from A with the cache's bytes held back;
 #  4. the expert cache on set B (kt-bench profile, decode steps only): hit
@@ -47,8 +48,10 @@ synth=$build/tools/kt-synth
 serve=$build/tools/kt-serve
 load=$build/tools/kt-load
 model=$work/k2-routing.gguf
-set_a=$here/prompts/code.jsonl
-set_b=$here/prompts/prose.jsonl
+set_a=${KT_REBALANCE_SET_A:-$here/prompts/code.jsonl}     # the traffic the server starts with
+set_b=${KT_REBALANCE_SET_B:-$here/prompts/chinese.jsonl}  # the traffic it changes to
+sa=$(basename "$set_a" .jsonl)
+sb=$(basename "$set_b" .jsonl)
 two_nodes="numa:2 core:1 pu:1"
 gib=${KT_REBALANCE_GPU_GIB:-2.0}        # attention, dense FFN, buffers and some of the experts
 cache_gib=${KT_REBALANCE_CACHE_GIB:-0.4} # held back from plan A for the cache ...
@@ -74,13 +77,14 @@ gpu_like() { # the sim entry with a GPU's default kernel rates (its link stays t
 [ -f "$work/machine-2node.json" ] || "$bench" machine -t "$threads" --topology "$two_nodes" \
     -o "$work/machine-2node.json" >/dev/null 2>>"$work/stderr.log"
 gpu_like "$work/machine.json" "$work/machine-gpu-like.json"
-for s in a b; do
-    set_file=$set_a
-    [ $s = b ] && set_file=$set_b
+for set_file in "$set_a" "$set_b"; do
+    s=$(basename "$set_file" .jsonl)
     [ -f "$work/profile-$s.json" ] || "$bench" profile -m "$model" -t "$threads" --prompts "$set_file" \
         --max-tokens 16 -o "$work/profile-$s.json" 2>>"$work/stderr.log" | grep -E "routed tokens"
 done
-echo "profiles: $work/profile-a.json (set A, $(basename "$set_a")), $work/profile-b.json (set B, $(basename "$set_b"))"
+ln -sf "profile-$sa.json" "$work/profile-a.json"
+ln -sf "profile-$sb.json" "$work/profile-b.json"
+echo "profiles: $work/profile-$sa.json (set A), $work/profile-$sb.json (set B)"
 
 say "3. plans for the sim: from A and from B (hindsight) at $gib GiB; from A at $gib - $cache_gib GiB"
 plan() { # profile gib out
@@ -99,11 +103,12 @@ profile_b() { # label placement extra... (an earlier run's result is shown again
     local label=$1 plan=$2
     shift 2
     echo "-- $label"
-    [ -s "$work/cache-$label.txt" ] ||
+    local out=$work/cache-$sa-$sb-$label.txt
+    [ -s "$out" ] ||
         "$bench" profile -m "$model" -t "$threads" --prompts "$set_b" --max-tokens 16 --placement "$work/$plan" "$@" \
             -o "$work/profile-b-$label.json" 2>>"$work/stderr.log" |
-        grep -E "^decode:|accelerator, decode|expert cache" >"$work/cache-$label.txt"
-    cat "$work/cache-$label.txt"
+        grep -E "^decode:|accelerator, decode|expert cache" >"$out"
+    cat "$out"
 }
 profile_b static-a plan-a.yaml
 profile_b hindsight-b plan-b.yaml
@@ -123,7 +128,7 @@ trap stop_server EXIT
 start_server() { # log args...
     local log=$1
     shift
-    "$serve" -m "$model" -t "$threads" --port "$port" -q --prefix-cache 0 "$@" 2>"$work/$log" &
+    "$serve" -m "${serve_model:-$model}" -t "$threads" --port "$port" -q --prefix-cache 0 "$@" 2>"$work/$log" &
     pid=$!
     for _ in $(seq 1200); do
         curl -sf -o /dev/null "http://127.0.0.1:$port/health" && return 0
@@ -196,10 +201,33 @@ awk -v s="$static_p99" -v prev="$moved_after_a" '
 jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed, \(.migrated_bytes_total / 1048576 | floor) MiB in \(.rebalancer.rounds) rounds; the last round predicted the MoE step \(.rebalancer.predicted_before_ms | . * 100 | round / 100) -> \(.rebalancer.predicted_after_ms | . * 100 | round / 100) ms; measured \(.rebalancer.measured_ms | . * 100 | round / 100) ms"' \
     "$work/placement-live.json"
 
+say "6b. what migrating costs a step: the tiny model, configs/tiny-sim.yaml on 2 synthetic nodes, rebalancing every 1 s"
+# Without --machine the cost model's defaults rate the sim no faster than the host, so the rebalancer
+# moves the sim's experts off it and spreads them over the nodes: a steady stream of migrations.
+tiny=$work/tiny.gguf
+[ -f "$tiny" ] || "$synth" --preset tiny -q -o "$tiny"
+for mode in off on; do
+    interval_6b=0
+    [ $mode = on ] && interval_6b=1
+    serve_model=$tiny KT_TOPOLOGY_SYNTHETIC=$two_nodes start_server "serve-6b-$mode.log" \
+        --placement "$here/../configs/tiny-sim.yaml" --rebalance-interval "$interval_6b" --max-batch-tokens 32
+    table_head
+    : >"$work/6b-$mode.txt"
+    for i in 1 2 3 4; do
+        read -r share rate p99 max moved ok < <(batch=16 run_batch "$set_b" $((500 + i)))
+        table_row "$mode$i" "$share" "$rate" "$p99" "$max" "$moved" "$ok" | tee -a "$work/6b-$mode.txt"
+    done
+    stop_server
+done
+awk 'FNR == 1 { f++ } { p99[f] = p99[f] > $4 ? p99[f] : $4; if (f == 2) moved = $6 }
+     END { printf "worst gap p99 with the rebalancer off %.4f s, on %.4f s (%.2f x) while %d experts moved\n",
+           p99[1], p99[2], p99[2] / p99[1], moved }' "$work/6b-off.txt" "$work/6b-on.txt"
+
 say "7. CPU only, 2 synthetic NUMA nodes, experts by index over both, the rebalancer on: node balance"
 cat >"$work/nodes-start.yaml" <<EOF
 version: 1
 description: benchmarks/rebalance.sh step 7, whole experts spread over both nodes by index
+attention: cpu
 cpu:
   nodes: auto
 EOF
