@@ -159,10 +159,8 @@ static bool opt_expert_cache(void *opts, const char *arg, char *why, size_t why_
 
 static bool opt_expert_cache_policy(void *opts, const char *arg, char *why, size_t why_size)
 {
-    if (strcmp(arg, "lru") && strcmp(arg, "lfu"))
-        return kt_cli_invalid(why, why_size, "--expert-cache-policy (lru or lfu)", arg);
-    ((struct kt_bench_options *)opts)->expert_cache_lfu = !strcmp(arg, "lfu");
-    return true;
+    return kt_cli_parse_cache_policy(arg, &((struct kt_bench_options *)opts)->expert_cache_lfu) ||
+           kt_cli_invalid(why, why_size, "--expert-cache-policy (lru or lfu)", arg);
 }
 
 static bool opt_topology(void *opts, const char *arg, char *why, size_t why_size)

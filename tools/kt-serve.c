@@ -110,10 +110,8 @@ static bool opt_migration_budget(void *o, const char *arg, char *why, size_t ws)
 
 static bool opt_expert_cache_policy(void *o, const char *arg, char *why, size_t ws)
 {
-    if (strcmp(arg, "lru") && strcmp(arg, "lfu"))
-        return kt_cli_invalid(why, ws, "--expert-cache-policy (lru or lfu)", arg);
-    OPTS(o)->expert_cache_lfu = !strcmp(arg, "lfu");
-    return true;
+    return kt_cli_parse_cache_policy(arg, &OPTS(o)->expert_cache_lfu) ||
+           kt_cli_invalid(why, ws, "--expert-cache-policy (lru or lfu)", arg);
 }
 
 static bool opt_forced(void *o, const char *arg, char *why, size_t ws)

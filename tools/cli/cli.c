@@ -141,3 +141,11 @@ int kt_cli_parse(const struct kt_cli *cli, int argc, char **argv, int first, uns
     }
     return -1;
 }
+
+bool kt_cli_parse_cache_policy(const char *s, bool *lfu)
+{
+    if (strcmp(s, "lru") != 0 && strcmp(s, "lfu") != 0)
+        return false;
+    *lfu = strcmp(s, "lfu") == 0;
+    return true;
+}

@@ -52,6 +52,8 @@ bool kt_cli_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 bool kt_cli_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
 bool kt_cli_parse_float(const char *s, float *out);
 bool kt_cli_parse_double(const char *s, double *out);
+/* --expert-cache-policy: "lru" (lfu false) or "lfu" (true); false for anything else. */
+bool kt_cli_parse_cache_policy(const char *s, bool *lfu);
 
 /* Fills why with "WHAT: 'ARG' is not valid" and returns false. */
 bool kt_cli_invalid(char *why, size_t why_size, const char *what, const char *arg);
