@@ -417,9 +417,17 @@ kt_status kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, c
 
 /* ---- matmul --------------------------------------------------------------------------- */
 
-/* y (n_tok, n_out) = x (n_tok, n_in) . W^T, rows of W dequantized, F32 activations, double sums. */
+/* y (n_tok, n_out) = x (n_tok, n_in) . W^T, rows of W dequantized, double sums; F32
+ * activations (the device's GEMV path), or with x and W rounded to BF16 first
+ * (its TENSOR and cuBLASLt paths), so the emulated GPU differs from the CPU as
+ * the real one does. */
+static float as_bf16(float v)
+{
+    return kt_bf16_to_fp32(kt_fp32_to_bf16(v));
+}
+
 static kt_status matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_stride, int64_t n_tok, float *y,
-                        int64_t y_stride, kt_err *err)
+                        int64_t y_stride, bool bf16, kt_err *err)
 {
     const struct kt_type_traits *tr = kt_type_traits(w->type);
     if (!w->data || !tr || !tr->to_float || !x || !y || w->n_in <= 0)
@@ -430,10 +438,12 @@ static kt_status matmul(const struct kt_cuda_mat *w, const float *x, int64_t x_s
         return kt_err_set(err, KT_ERR_NOMEM, "emulated matmul: out of memory");
     for (int64_t o = 0; o < w->n_out; o++) {
         tr->to_float((const uint8_t *)w->data + (size_t)o * row_bytes, row, w->n_in);
+        for (int64_t i = 0; bf16 && i < w->n_in; i++)
+            row[i] = as_bf16(row[i]);
         for (int64_t t = 0; t < n_tok; t++) {
             double s = 0;
             for (int64_t i = 0; i < w->n_in; i++)
-                s += (double)row[i] * x[t * x_stride + i];
+                s += (double)row[i] * (bf16 ? as_bf16(x[t * x_stride + i]) : x[t * x_stride + i]);
             y[t * y_stride + o] = (float)s;
         }
     }
@@ -454,19 +464,21 @@ struct matmul_args {
     const float *x;
     int64_t n_tok;
     float *y;
+    bool bf16;
 };
 
 static kt_status matmul_run(const void *p, kt_err *err)
 {
     const struct matmul_args *a = p;
-    return matmul(&a->w, a->x, a->w.n_in, a->n_tok, a->y, a->w.n_out, err);
+    return matmul(&a->w, a->x, a->w.n_in, a->n_tok, a->y, a->w.n_out, a->bf16, err);
 }
 
 kt_status kt_cuda_matmul(const struct kt_cuda_mat *w, const float *d_x, int64_t n_tok, float *d_y, int path,
                          void *stream, kt_err *err)
 {
-    (void)path, (void)stream;
-    const struct matmul_args a = {*w, d_x, n_tok, d_y};
+    (void)stream;
+    const bool bf16 = path == KT_CUDA_MATMUL_TENSOR || (path == KT_CUDA_MATMUL_AUTO && n_tok > 8);
+    const struct matmul_args a = {*w, d_x, n_tok, d_y, bf16};
     return submit(matmul_run, &a, sizeof a, err);
 }
 
@@ -480,7 +492,7 @@ kt_status kt_cuda_matmul_lt(const struct kt_cuda_mat *w, const float *d_x, int64
 {
     if (!d_scratch || scratch_bytes < kt_cuda_matmul_lt_scratch_bytes(w, n_tok))
         return kt_err_set(err, KT_ERR_INVALID, "emulated matmul_lt: scratch");
-    return kt_cuda_matmul(w, d_x, n_tok, d_y, KT_CUDA_MATMUL_AUTO, stream, err);
+    return kt_cuda_matmul(w, d_x, n_tok, d_y, KT_CUDA_MATMUL_TENSOR, stream, err);
 }
 
 kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_units, const float *d_h, int64_t n_tok,
@@ -494,6 +506,7 @@ kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_uni
     for (uint32_t u = 0; u < n_units; u++) {
         const struct kt_cuda_ffn_unit *un = &units[u];
         const int64_t n_ff = un->gate.n_out;
+        const bool bf16 = un->n_pairs > 8; /* the TENSOR path's units */
         if (un->first_pair + un->n_pairs > n_pairs || n_ff > act_stride || un->gate.n_in != n_embd)
             return kt_err_set(err, KT_ERR_INVALID, "emulated ffn units: unit %u out of range", u);
         float *gate = malloc((size_t)(n_ff * 2) * sizeof *gate), *hx = malloc((size_t)n_embd * sizeof *hx);
@@ -506,10 +519,10 @@ kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_uni
             for (int64_t i = 0; i < n_embd; i++) /* a token >= n_tok reads zeros */
                 hx[i] = t < n_tok ? d_h[(int64_t)t * n_embd + i] : 0.0f;
             float *act = d_act + (int64_t)p * act_stride;
-            if ((st = matmul(&un->gate, hx, n_embd, 1, gate, n_ff, err)) == KT_OK &&
-                (st = matmul(&un->up, hx, n_embd, 1, gate + n_ff, n_ff, err)) == KT_OK) {
+            if ((st = matmul(&un->gate, hx, n_embd, 1, gate, n_ff, bf16, err)) == KT_OK &&
+                (st = matmul(&un->up, hx, n_embd, 1, gate + n_ff, n_ff, bf16, err)) == KT_OK) {
                 kt_swiglu(act, gate, gate + n_ff, n_ff);
-                st = matmul(&un->down, act, n_ff, 1, d_pair_out + (int64_t)p * n_embd, n_embd, err);
+                st = matmul(&un->down, act, n_ff, 1, d_pair_out + (int64_t)p * n_embd, n_embd, bf16, err);
             }
         }
         free(gate), free(hx);
@@ -610,7 +623,7 @@ static kt_status mla_attention_run(const void *p, kt_err *err)
             const size_t uk_row = uk.row_bytes ? uk.row_bytes : kt_type_row_bytes(uk.type, dn);
             uk.data = (const uint8_t *)uk.data + (size_t)(h * kvr) * uk_row;
             uk.n_out = kvr;
-            st = matmul(&uk, q, dn, 1, query, kvr, err);
+            st = matmul(&uk, q, dn, 1, query, kvr, false, err);
             memcpy(query + kvr, q + dn, (size_t)dr * sizeof *query);
             for (int64_t j = 0; j < n_kv; j++) {
                 const float *row = cache_row(cache, t, j, D);
@@ -632,7 +645,7 @@ static kt_status mla_attention_run(const void *p, kt_err *err)
             uv.data = (const uint8_t *)uv.data + (size_t)(h * dv) * uv_row;
             uv.n_out = dv;
             if (st == KT_OK)
-                st = matmul(&uv, o_lat, kvr, 1, d_out + (t * H + h) * dv, dv, err);
+                st = matmul(&uv, o_lat, kvr, 1, d_out + (t * H + h) * dv, dv, false, err);
         }
     }
     free(query), free(o_lat), free(scores);

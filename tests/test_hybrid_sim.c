@@ -298,7 +298,7 @@ static void cuda_splits_match_cpu_only(const char *preset)
         printf("  cuda, %s, %s: worst row diff %.3g of the row's largest logit; device busy %.2f ms (%.2f ms "
                "copying)\n",
                preset, cases[c].what, d, dev.busy_ns / 1e6, dev.transfer_ns / 1e6);
-        KT_CHECK(d <= 1e-3, "cuda, %s, %s: logits within 1e-3 of CPU-only (%.3g)", preset, cases[c].what, d);
+        KT_CHECK(d <= 1e-2, "cuda, %s, %s: logits within 1e-2 of CPU-only (%.3g)", preset, cases[c].what, d);
         KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda, %s, %s: greedy tokens equal CPU-only's", preset,
                  cases[c].what);
         KT_CHECK(st.device_pairs > 0 && dev.busy_ns > 0, "cuda, %s, %s: the GPU ran pairs and was timed", preset,
@@ -312,11 +312,64 @@ static void cuda_splits_match_cpu_only(const char *preset)
     kt_test_synth_remove(m, path);
 }
 
-/* The same splits on a real GPU: its kernels take F32 activations and sum
- * in another order, so logits agree within 1e-3 of each row's largest and
- * the greedy tokens are the same (tiny's F32 weights: the CPU's activations
- * are F32 too).  With attention there too, the KV cache lives in GPU memory
- * and the fork scenario's copy-on-write runs on the GPU. */
+/* The same splits on a real GPU (and on tests/cuda_emulated.c, which rounds
+ * as the GPU does).  tiny's weights are F32 and so are the CPU's activations;
+ * the GPU's products of up to 8 tokens are F32 too (GEMV), but larger ones -
+ * the 12-token prompt's dense and shared FFN, units of more than 8 pairs, the
+ * attention projections from 64 tokens - round x and W to BF16 (TENSOR,
+ * cuBLASLt; kernels/cuda/README.md, "Numerics").  So:
+ *   - a prompt of 8 tokens or fewer takes F32 paths only: logits within 1e-4
+ *     of each row's largest;
+ *   - the 12-token prompt: within 1e-2 (an H200 gave 2.5e-3 .. 5.9e-3, the
+ *     emulation 2.5e-3 .. 6.5e-3), and the greedy tokens are CPU-only's;
+ *   - long prompts (80 and 250 tokens): BF16's ~0.4% per product can flip a
+ *     near-tied top-k choice of some token, whose row then moves by ~10%
+ *     (H200: worst rows 0.126 and 0.133; the emulation 0.126 and 0.155), so
+ *     the median row is held within 1e-2 and 9 rows in 10 within 3e-2.
+ * With attention there too, the KV cache lives in GPU memory and the fork
+ * scenario's copy-on-write runs on the GPU. */
+/* A prompt of 8 tokens, then decode: every GPU product takes an F32 path, so
+ * the whole model on the GPU stays within 1e-4 of CPU-only. */
+static void cuda_f32_paths_match_cpu_only_closely(const char *preset)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model(preset, "", path, sizeof path);
+    if (!m)
+        return;
+    struct expert_masks masks = make_masks(m);
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const struct kt_engine_params all = {.device = &gpu, .expert_on_device = masks.all, .shared_on_device = true,
+                                         .dense_on_device = true, .attention_on_device = true,
+                                         .output_on_device = true};
+    enum { SHORT = 8, STEPS = 8 };
+    int32_t base_tokens[STEPS], tokens[STEPS];
+    float *base = kt_test_engine_greedy(m, &(struct kt_engine_params){0}, prompt, SHORT, STEPS, base_tokens, NULL, NULL);
+    float *got = kt_test_engine_greedy(m, &all, prompt, SHORT, STEPS, tokens, NULL, NULL);
+    if (base && got) {
+        const double d = kt_test_worst_row_diff(base, got, SHORT + STEPS, m->hp.n_vocab);
+        printf("  cuda, %s, an 8-token prompt (F32 products only), everything on the GPU: worst row diff %.3g\n",
+               preset, d);
+        KT_CHECK(d <= 1e-4, "cuda, %s, F32 paths: logits within 1e-4 of CPU-only (%.3g)", preset, d);
+        KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda, %s, F32 paths: greedy tokens equal", preset);
+    }
+    free(base);
+    free(got);
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
+
+/* Long prompts through the BF16 paths: the median row within 1e-2, 9 in 10
+ * within 3e-2 (a flipped routing choice moves its token's row alone). */
+static void long_tolerance_check(const char *what, const float *base, const float *got, size_t rows, size_t V)
+{
+    const double med = kt_test_row_diff_quantile(base, got, rows, V, 0.5),
+                 p90 = kt_test_row_diff_quantile(base, got, rows, V, 0.9),
+                 worst = kt_test_worst_row_diff(base, got, rows, V);
+    printf("  cuda, %s: row diffs median %.3g, 90th percentile %.3g, worst %.3g\n", what, med, p90, worst);
+    KT_CHECK(med <= 1e-2 && p90 <= 3e-2, "cuda, %s: median row within 1e-2 (%.3g), 9 in 10 within 3e-2 (%.3g)",
+             what, med, p90);
+}
+
 static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
 {
     kt_err why = {0};
@@ -326,6 +379,8 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     }
     cuda_splits_match_cpu_only("tiny");
     cuda_splits_match_cpu_only("tiny-v3");
+    cuda_f32_paths_match_cpu_only_closely("tiny");
+    cuda_f32_paths_match_cpu_only_closely("tiny-v3");
     char path[1024];
     struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
     if (!m)
@@ -353,9 +408,7 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
                                              long_prompt, LONG, 1, NULL, NULL, NULL);
     float *long_got = kt_test_engine_greedy(m, &lp, long_prompt, LONG, 1, NULL, NULL, NULL);
     if (long_base && long_got) {
-        const double d = kt_test_worst_row_diff(long_base, long_got, LONG + 1, V);
-        printf("  cuda, an 80-token prefill with attention through cuBLASLt: worst row diff %.3g\n", d);
-        KT_CHECK(d <= 2e-2, "cuda 80-token prefill within 2e-2 of CPU-only (%.3g)", d);
+        long_tolerance_check("an 80-token prefill with attention through cuBLASLt", long_base, long_got, LONG + 1, V);
     }
     free(long_base);
     free(long_got);
@@ -376,11 +429,9 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     struct kt_backend_stats edge_dev;
     float *edge_got = kt_test_engine_greedy(m, &ep, edge_prompt, EDGE, EDGE_STEPS, edge_tokens, NULL, &edge_dev);
     if (edge_base && edge_got) {
-        const double d = kt_test_worst_row_diff(edge_base, edge_got, EDGE + EDGE_STEPS, V);
-        printf("  cuda, decode from 250 to 262 positions (a graph bucket edge): worst row diff %.3g, %llu graph "
-               "launches\n",
-               d, (unsigned long long)edge_dev.graph_launches);
-        KT_CHECK(d <= 1e-3, "cuda decode across a bucket edge within 1e-3 of CPU-only (%.3g)", d);
+        long_tolerance_check("decode from 250 to 262 positions (a graph bucket edge)", edge_base, edge_got,
+                             EDGE + EDGE_STEPS, V);
+        printf("    %llu graph launches\n", (unsigned long long)edge_dev.graph_launches);
         KT_CHECK(!memcmp(edge_tokens, edge_base_tokens, sizeof edge_tokens), "cuda bucket edge: greedy tokens equal");
         KT_CHECK(edge_dev.graph_launches > 0, "cuda bucket edge: graphs replayed");
     }
@@ -392,7 +443,7 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     if (fork_base && fork_got) {
         const double d = kt_test_worst_row_diff(fork_base, fork_got, 2 * FORK_STEPS, V);
         printf("  cuda, forked sequences with the KV cache on the GPU: worst row diff %.3g\n", d);
-        KT_CHECK(d <= 1e-3, "cuda forked sequences within 1e-3 of CPU-only (%.3g)", d);
+        KT_CHECK(d <= 1e-2, "cuda forked sequences within 1e-2 of CPU-only (%.3g)", d);
     }
     free(fork_base);
     free(fork_got);
@@ -508,10 +559,13 @@ static kt_status step_seq0(struct kt_engine *e, const int32_t *tok, uint32_t n, 
  * the prompt, each steps the other's greedy token - and every step's logits
  * are bit-identical (the sim computes what the CPU does) while the cache
  * fills, hits and evicts; the routed pairs add up (pinned + hit + miss);
- * a slow link splits each upload into chunks; kt_engine_expert_to_device
+ * a slow link splits each upload into chunks (the device idle a fixed 200 us
+ * per layer there: measured, it depends on how fast this host is, and a
+ * 16-core host outran the sim so it was never idle); kt_engine_expert_to_device
  * takes a cached expert out of the cache; and a cache the device's budget
  * cannot take is refused naming need and room, changing nothing. */
-static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, double link_gbps, bool chunked)
+static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, double link_gbps, uint64_t idle_ns,
+                                          bool chunked)
 {
     char path[1024];
     struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
@@ -528,7 +582,8 @@ static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, do
                                           .latency_us = 2};
     const struct kt_expert_cache_params cp = {SLOTS, policy};
     const struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2, .device = &sim,
-                                       .expert_on_device = two, .attention_on_device = true, .expert_cache = &cp};
+                                       .expert_on_device = two, .attention_on_device = true, .expert_cache = &cp,
+                                       .test = &(struct kt_engine_test_params){.expert_cache_idle_ns = idle_ns}};
     struct kt_engine *e = NULL, *ref = NULL;
     kt_err err = {0};
     float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
@@ -611,17 +666,17 @@ done:
 
 static void expert_cache_lru_matches_cpu_only(void)
 {
-    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LRU, 25, false);
+    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LRU, 25, 0, false);
 }
 
 static void expert_cache_lfu_matches_cpu_only(void)
 {
-    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LFU, 25, false);
+    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LFU, 25, 0, false);
 }
 
 static void expert_cache_uploads_in_chunks_over_a_slow_link(void)
 {
-    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LRU, 2, true);
+    expert_cache_matches_cpu_only(KT_EXPERT_CACHE_LRU, 2, 200000, true);
 }
 
 /* A cache the device's remaining budget cannot take is refused, naming the

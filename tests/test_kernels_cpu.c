@@ -378,9 +378,10 @@ static void avx2_rows_use_simd_kernels_for_the_hot_types(void)
                      "%s: avx2 activation quantizer is the reference", kt_type_name(type));
     }
     /* AVX-512 and AMX have their own rows only where their kernels exist (Q8_0
-     * and Q4_K vec_dot/gemv for AVX-512 today, and the tiled gemms of Q5_K, Q6_K,
-     * F32, F16 and BF16 over the AVX2 dots); every other entry is the AVX2 one,
-     * and every row keeps the activation format of the AVX2 row. */
+     * and Q4_K vec_dot/gemv for AVX-512 today, which AMX shares, and the tiled
+     * gemms of Q5_K, Q6_K, F32, F16 and BF16 over the AVX2 dots); every other
+     * entry is the AVX2 one, and every row keeps the activation format of the
+     * AVX2 row. */
     for (int isa = KT_ISA_AVX512; isa <= KT_ISA_AMX; isa++) {
         const struct kt_cpu_kernels *t = kt_cpu_kernels_for((enum kt_isa)isa);
         if (!t) {
@@ -389,14 +390,20 @@ static void avx2_rows_use_simd_kernels_for_the_hot_types(void)
         }
         for (int type = 0; type < KT_TYPE_COUNT; type++) {
             const struct kt_cpu_type_kernels *r = &t->type[type], *a = &avx2->type[type];
-            bool own = isa == KT_ISA_AVX512 && (type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K);
+            /* AMX is the avx512 rows with expert weights packed for tiles
+             * (kernels/cpu/dispatch.c), so it has AVX-512's Q8_0 and Q4_K dots
+             * too; this was first seen on a CPU with AMX (an H200 host) */
+            bool own = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K;
             const bool own_gemm = type == KT_TYPE_Q5_K || type == KT_TYPE_Q6_K || type == KT_TYPE_F32 ||
                                   type == KT_TYPE_F16 || type == KT_TYPE_BF16;
             KT_CHECK(r->vec_dot_type == a->vec_dot_type && r->quantize_act == a->quantize_act,
                      "%s %s: activation format differs from avx2", kt_isa_name((enum kt_isa)isa), kt_type_name(type));
+            const struct kt_cpu_kernels *k512 = kt_cpu_kernels_for(KT_ISA_AVX512); /* AMX implies it */
+            const struct kt_cpu_type_kernels *v = k512 ? &k512->type[type] : r;
             if (own)
-                KT_CHECK(r->vec_dot && r->vec_dot != a->vec_dot, "%s %s: expected its own vec_dot",
-                         kt_isa_name((enum kt_isa)isa), kt_type_name(type));
+                KT_CHECK(r->vec_dot && r->vec_dot != a->vec_dot && r->vec_dot == v->vec_dot && r->gemv == v->gemv,
+                         "%s %s: expected AVX-512's own vec_dot and gemv", kt_isa_name((enum kt_isa)isa),
+                         kt_type_name(type));
             else
                 KT_CHECK(r->vec_dot == a->vec_dot && r->gemv == a->gemv && (r->gemm != a->gemm) == own_gemm,
                          "%s %s: differs from the avx2 row", kt_isa_name((enum kt_isa)isa), kt_type_name(type));

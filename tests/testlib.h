@@ -93,6 +93,11 @@ float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *
  * largest |a|, the worst row's (tolerance checks of logits). */
 double kt_test_worst_row_diff(const float *a, const float *b, size_t rows, size_t V);
 
+/* The same per-row measure, its q-quantile over the rows (q = 0.5: the
+ * median row): for paths whose rounding may flip a near-tied routing choice,
+ * which changes that one token's row by far more than the rounding does. */
+double kt_test_row_diff_quantile(const float *a, const float *b, size_t rows, size_t V, double q);
+
 /* ---- device memory for the CUDA tests (testlib_cuda.c) ---- */
 
 /* 0 where a CUDA device can be used; else kt_test_skip's code, having printed

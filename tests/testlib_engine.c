@@ -102,17 +102,43 @@ float *kt_test_engine_greedy(struct kt_model *m, const struct kt_engine_params *
     return logits;
 }
 
+static double row_diff(const float *a, const float *b, size_t V)
+{
+    double diff = 0, big = 1e-30;
+    for (size_t v = 0; v < V; v++) {
+        const double d = fabs((double)a[v] - b[v]), x = fabs((double)a[v]);
+        diff = d > diff ? d : diff;
+        big = x > big ? x : big;
+    }
+    return diff / big;
+}
+
 double kt_test_worst_row_diff(const float *a, const float *b, size_t rows, size_t V)
 {
     double worst = 0;
     for (size_t r = 0; r < rows; r++) {
-        double diff = 0, big = 1e-30;
-        for (size_t v = 0; v < V; v++) {
-            const double d = fabs((double)a[r * V + v] - b[r * V + v]), x = fabs((double)a[r * V + v]);
-            diff = d > diff ? d : diff;
-            big = x > big ? x : big;
-        }
-        worst = diff / big > worst ? diff / big : worst;
+        const double d = row_diff(a + r * V, b + r * V, V);
+        worst = d > worst ? d : worst;
     }
     return worst;
+}
+
+static int cmp_double(const void *x, const void *y)
+{
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+double kt_test_row_diff_quantile(const float *a, const float *b, size_t rows, size_t V, double q)
+{
+    if (rows == 0)
+        return 0;
+    double *d = kt_test_xmalloc(rows * sizeof *d);
+    for (size_t r = 0; r < rows; r++)
+        d[r] = row_diff(a + r * V, b + r * V, V);
+    qsort(d, rows, sizeof *d, cmp_double);
+    size_t i = (size_t)(q * (double)(rows - 1) + 0.5);
+    const double v = d[i < rows ? i : rows - 1];
+    free(d);
+    return v;
 }

@@ -32,6 +32,7 @@
 
 #define QUEUE_SLOTS 256
 #define CUDA_TIMED_OPS 512 /* ops between syncs that keep their own events (a sync drains them) */
+#define LINK_PROBE_BYTES (256u << 10) /* copies at least this large measure the link's rate */
 
 enum op_kind { OP_COPY_IN, OP_COPY_OUT, OP_COPY_DEVICE, OP_LAUNCH };
 
@@ -59,7 +60,8 @@ struct kt_backend {
     void *stream;                   /* cuda */
     kt_err failure;                 /* cuda: the first failure of queued work (KT_OK: none) */
     void *ev_start[CUDA_TIMED_OPS], *ev_end[CUDA_TIMED_OPS]; /* cuda: events around queued ops (NULL: untimed) */
-    bool ev_transfer[CUDA_TIMED_OPS]; /* ... that op was a copy over the link */
+    size_t ev_link_bytes[CUDA_TIMED_OPS]; /* ... the bytes that op copied over the link (0: none) */
+    double link_rate;               /* cuda: bytes/ns of the fastest large copy timed so far (0: none yet) */
     uint32_t n_timed;               /* ops recorded since the last sync */
     struct kt_backend_graph *recording; /* between graph_begin and graph_end (sim: the ops; cuda: capturing) */
 
@@ -201,17 +203,21 @@ static void cuda_current(struct kt_backend *b)
 static void cuda_collect(struct kt_backend *b)
 {
     uint64_t busy = 0, transfer = 0;
+    double rate = 0;
     for (uint32_t i = 0; i < b->n_timed; i++) {
         uint64_t ns = 0;
         if (kt_cuda_event_elapsed_ns(b->ev_start[i], b->ev_end[i], &ns, NULL) == KT_OK) {
             busy += ns;
-            transfer += b->ev_transfer[i] ? ns : 0;
+            transfer += b->ev_link_bytes[i] ? ns : 0;
+            if (b->ev_link_bytes[i] >= LINK_PROBE_BYTES && ns > 0 && (double)b->ev_link_bytes[i] / (double)ns > rate)
+                rate = (double)b->ev_link_bytes[i] / (double)ns;
         }
     }
     b->n_timed = 0;
     pthread_mutex_lock(&b->mu);
     b->stats.busy_ns += busy;
     b->stats.transfer_ns += transfer;
+    b->link_rate = rate > b->link_rate ? rate : b->link_rate;
     pthread_mutex_unlock(&b->mu);
 }
 
@@ -227,14 +233,14 @@ static void cuda_op_begin(struct kt_backend *b)
     cuda_keep_failure(b, kt_cuda_event_record(b->ev_start[b->n_timed], b->stream, &err), &err);
 }
 
-/* cuda: the event after it; transfer: the op was a copy over the link. */
-static void cuda_op_end(struct kt_backend *b, bool transfer)
+/* cuda: the event after it; link_bytes: what the op copied over the link (0: not a copy over it). */
+static void cuda_op_end(struct kt_backend *b, size_t link_bytes)
 {
     if (!b->ev_start[0] || b->recording)
         return;
     kt_err err;
     cuda_keep_failure(b, kt_cuda_event_record(b->ev_end[b->n_timed], b->stream, &err), &err);
-    b->ev_transfer[b->n_timed++] = transfer;
+    b->ev_link_bytes[b->n_timed++] = link_bytes;
 }
 
 kt_status kt_backend_available(enum kt_backend_kind kind, kt_err *err)
@@ -363,6 +369,16 @@ uint64_t kt_backend_budget_bytes(const struct kt_backend *b)
     return b->p.memory_bytes;
 }
 
+double kt_backend_link_bytes_per_ns(struct kt_backend *b)
+{
+    if (b->p.kind == KT_BACKEND_SIM)
+        return b->p.transfer_gbps; /* GB/s = bytes/ns */
+    pthread_mutex_lock(&b->mu);
+    const double r = b->link_rate;
+    pthread_mutex_unlock(&b->mu);
+    return r;
+}
+
 static void submit(struct kt_backend *b, struct op o)
 {
     struct kt_backend_graph *g = b->recording;
@@ -397,7 +413,7 @@ static void cuda_copy(struct kt_backend *b, void *dst, const void *src, size_t b
     cuda_current(b);
     cuda_op_begin(b);
     cuda_keep_failure(b, kt_cuda_copy_async(dst, src, bytes, kind, b->stream, &err), &err);
-    cuda_op_end(b, kind != KT_CUDA_ON_DEVICE);
+    cuda_op_end(b, kind != KT_CUDA_ON_DEVICE ? bytes : 0);
     pthread_mutex_lock(&b->mu);
     if (kind == KT_CUDA_TO_DEVICE)
         b->stats.bytes_in += bytes;
@@ -430,7 +446,7 @@ void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
         cuda_current(b);
         cuda_op_begin(b);
         cuda_keep_failure(b, kt_cuda_launch_host(b->stream, fn, ctx, &err), &err);
-        cuda_op_end(b, false);
+        cuda_op_end(b, 0);
         return;
     }
     submit(b, (struct op){.kind = OP_LAUNCH, .fn = fn, .ctx = ctx});
@@ -441,7 +457,7 @@ void kt_backend_launch(struct kt_backend *b, kt_backend_fn fn, void *ctx)
 static void cuda_enqueued(struct kt_backend *b, kt_status st, const kt_err *err)
 {
     cuda_keep_failure(b, st, err);
-    cuda_op_end(b, false);
+    cuda_op_end(b, 0);
     pthread_mutex_lock(&b->mu);
     b->stats.ops++;
     pthread_mutex_unlock(&b->mu);

@@ -66,6 +66,10 @@ kt_status kt_backend_alloc(struct kt_backend *b, size_t bytes, void **ptr, kt_er
 void kt_backend_free(struct kt_backend *b, void *ptr, size_t bytes);
 uint64_t kt_backend_used_bytes(const struct kt_backend *b);
 uint64_t kt_backend_budget_bytes(const struct kt_backend *b);
+/* The link's rate for large copies, bytes per ns: sim, its modelled
+ * transfer_gbps (0: copies are free); cuda, the fastest copy of 256 KiB or
+ * more timed so far (0: none yet). */
+double kt_backend_link_bytes_per_ns(struct kt_backend *b);
 
 /* Queued, in order.  src (copy_in) and dst (copy_out) host buffers must stay
  * valid until a later sync. */

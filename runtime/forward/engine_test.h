@@ -45,6 +45,12 @@ struct kt_engine_test_params {
      * the link's measured spare time (which a host emulation of the GPU
      * cannot measure). */
     bool expert_cache_unthrottled;
+    /* Nonzero: the device's idle time per MoE layer and step, standing in for
+     * the measured one (the CPU part's time minus the device's busy time), so
+     * the cache's chunk sizes follow the link alone and not how fast this host
+     * is against the device: on a fast host the sim is never idle and nothing
+     * would upload. */
+    uint64_t expert_cache_idle_ns;
 };
 
 #endif

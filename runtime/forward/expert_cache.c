@@ -331,12 +331,13 @@ void kt_cache_copy(struct kt_engine *e, uint32_t il)
 void kt_cache_measure(struct kt_engine *e, uint32_t il, uint64_t cpu_ns, uint64_t device_ns)
 {
     struct cache_layer *cl = &e->dev.cache->layers[il];
-    struct kt_backend_stats bs;
-    kt_backend_stats(e->dev.backend, &bs);
-    /* the link's bandwidth as its copies measured it; none yet: copies are free */
-    const double bytes_per_ns = bs.transfer_ns && bs.bytes_in ? (double)bs.bytes_in / (double)bs.transfer_ns : 0;
+    /* the link's rate for large copies (not the small per-step copies, whose
+     * latency dominates); none known yet: copy a whole slot, which measures it */
+    const double bytes_per_ns = kt_backend_link_bytes_per_ns(e->dev.backend);
     double next = (double)cl->chunk_bytes;
-    if (bytes_per_ns > 0)
+    if (bytes_per_ns > 0 && e->test.expert_cache_idle_ns)
+        next = (double)e->test.expert_cache_idle_ns * bytes_per_ns * SPARE_USE;
+    else if (bytes_per_ns > 0)
         next += ((double)cpu_ns - (double)device_ns) * bytes_per_ns * SPARE_USE;
     else
         next = (double)cl->slot_bytes;
