@@ -69,9 +69,12 @@ say "1. model: kimi-k2-slice, 4 layers x 32 experts, q4_K experts, routing skew 
 ls -l "$model"
 
 say "2. machine files ($threads threads; the sim rated as a GPU) and profiles of set A and set B"
-gpu_like() { # the sim entry with a GPU's default kernel rates (its link stays the sim's)
+gpu_like() { # the sim entry with a GPU's default kernel rates (its link stays the sim's), planned as a
+    # device of its own: without shares_host false the cost model counts the sim's work against the host's
+    # cores and memory bus (which is where it runs), so moving an expert onto it gains nothing and the
+    # rebalancer, rightly, moves nothing
     jq '.accelerators |= map(if .backend == "sim" then (.decode |= map_values({gbps: 1000, overhead_us: 10})
-        | .prefill_gflops |= map_values(50000)) else . end)' "$1" >"$2"
+        | .prefill_gflops |= map_values(50000) | .shares_host = false) else . end)' "$1" >"$2"
 }
 [ -f "$work/machine.json" ] || "$bench" machine -t "$threads" -o "$work/machine.json" >/dev/null 2>>"$work/stderr.log"
 [ -f "$work/machine-2node.json" ] || "$bench" machine -t "$threads" --topology "$two_nodes" \

@@ -648,7 +648,8 @@ static void layer_step(const struct kt_cost_model *c, const struct kt_placement 
         dev = homes[x].device > 0 ? homes[x].device : 0;
     dev = dev < p->n_devices ? dev : 0;
     const struct kt_machine_accel *acc = dev ? accel_for(c, p, dev) : NULL;
-    const bool sim = dev && p->devices[dev].backend == KT_PLACE_SIM;
+    /* the sim on the host's cores and memory, unless the machine file plans it as a device of its own */
+    const bool sim = dev && p->devices[dev].backend == KT_PLACE_SIM && (!acc || acc->shares_host);
     static const struct kt_machine_accel none; /* an accelerator the file lacks: no rates (the defaults) */
     const struct rates dr = accel_rates(acc ? acc : &none);
 
@@ -931,7 +932,7 @@ kt_status kt_cost_predict(const struct kt_cost_model *c, const struct kt_placeme
     total += T * (double)c->embd_row_bytes / (host.triad_gbps * 1e9);
     if (p->embeddings > 0 && p->embeddings < p->n_devices) {
         const struct kt_machine_accel *a = accel_for(c, p, p->embeddings);
-        const bool sim = p->devices[p->embeddings].backend == KT_PLACE_SIM;
+        const bool sim = p->devices[p->embeddings].backend == KT_PLACE_SIM && (!a || a->shares_host);
         const struct rates ar = a ? accel_rates(a) : host;
         const struct rates rows = gguf_rows_rates(c, host);
         total += mat_seconds(sim ? &rows : &ar, &c->output, wanted) +

@@ -154,6 +154,7 @@ void kt_machine_defaults(struct kt_machine *m, int n_nodes)
     struct kt_machine_accel *sim = &m->accel[0];
     snprintf(sim->name, sizeof sim->name, "sim");
     sim->backend = KT_PLACE_SIM;
+    sim->shares_host = true;
     default_accel(m, sim, 0, none, none);
 }
 
@@ -379,12 +380,12 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
     if (!json_is_object(obj))
         return bad(p, path, "expected an object");
     static const char *const known[] = {"name",     "backend",    "memory_gib", "h2d_gbps", "d2h_gbps",
-                                        "latency_us", "decode", "prefill_gflops", "prefill_fixed_gbps", NULL};
+                                        "latency_us", "decode", "prefill_gflops", "prefill_fixed_gbps", "shares_host", NULL};
     struct kt_machine_accel *a = &m->accel[i];
     bool have_decode[KT_TYPE_COUNT] = {false}, have_prefill[KT_TYPE_COUNT] = {false};
     bool have_fixed[KT_TYPE_COUNT] = {false};
     unsigned have = 0;
-    bool have_name = false, have_backend = false;
+    bool have_name = false, have_backend = false, have_shares = false;
     const char *key;
     json_t *v;
     kt_status st = KT_OK;
@@ -424,7 +425,13 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
         case 5: st = get_figure(p, v, sub, MAX_FIGURE, &a->latency_us), have |= HAVE_LATENCY; break;
         case 6: st = parse_decode(p, v, sub, a->decode, have_decode); break;
         case 7: st = parse_prefill(p, v, sub, a->prefill_gflops, have_prefill); break;
-        default: st = parse_prefill(p, v, sub, a->prefill_fixed_gbps, have_fixed); break; /* optional */
+        case 8: st = parse_prefill(p, v, sub, a->prefill_fixed_gbps, have_fixed); break; /* optional */
+        default: /* optional: true for the sim unless the file says otherwise */
+            if (!json_is_boolean(v))
+                return bad(p, sub, "expected true or false");
+            a->shares_host = json_is_true(v);
+            have_shares = true;
+            break;
         }
         if (st)
             return st;
@@ -433,6 +440,8 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
         return bad(p, path, "name: missing (\"sim\", \"cuda0\", ...)");
     if (!have_backend)
         return bad(p, path, "backend: missing (\"sim\" or \"cuda\")");
+    if (!have_shares)
+        a->shares_host = a->backend == KT_PLACE_SIM;
     for (int j = 0; j < i; j++)
         if (!strcmp(m->accel[j].name, a->name)) {
             snprintf(sub, sizeof sub, "%s.name", path);
@@ -621,7 +630,8 @@ kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *
              set_real(o, "memory_gib", (double)a->memory_bytes / 1073741824.0) &&
              set_real(o, "h2d_gbps", a->h2d_gbps) && set_real(o, "d2h_gbps", a->d2h_gbps) &&
              set_real(o, "latency_us", a->latency_us) && add_kernels(o, a->decode, a->prefill_gflops) &&
-             add_figures(o, "prefill_fixed_gbps", a->prefill_fixed_gbps, false);
+             add_figures(o, "prefill_fixed_gbps", a->prefill_fixed_gbps, false) &&
+             json_object_set_new(o, "shares_host", json_boolean(a->shares_host)) == 0;
     }
     /* 10 significant digits: more than any figure measures, and short to read */
     char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;

@@ -182,6 +182,11 @@ struct kt_machine_accel {
     struct kt_machine_rate decode[KT_TYPE_COUNT];
     double prefill_gflops[KT_TYPE_COUNT];
     double prefill_fixed_gbps[KT_TYPE_COUNT]; /* as the node's; 0: not measured */
+    /* The sim: its work runs on the host's cores and reads the host's memory,
+     * so the cost model counts it against the CPU's (true for a sim entry
+     * unless the file says otherwise).  false: a device of its own - a what-if
+     * that plans the sim as the GPU whose rates the entry carries. */
+    bool shares_host;
 };
 
 #define KT_MACHINE_MAX_DEFAULTED 32

@@ -58,6 +58,7 @@ static void machine(struct kt_machine *mc, int n_nodes, double gbps)
     struct kt_machine_accel *a = &mc->accel[0];
     snprintf(a->name, sizeof a->name, "sim");
     a->backend = KT_PLACE_SIM;
+    a->shares_host = true; /* what a machine file's sim entry says unless told otherwise */
     a->h2d_gbps = a->d2h_gbps = 25;
     a->latency_us = 10;
     for (int t = 0; t < KT_TYPE_COUNT; t++) {
@@ -582,6 +583,20 @@ static void device_parts_wait_for_the_slower(void)
         }
         kt_cost_destroy(cg);
         pl.dev[1].backend = KT_PLACE_SIM;
+        /* the machine file plans the sim as a device of its own (benchmarks/rebalance.sh's what-if):
+         * the sim's plan is costed as that GPU's */
+        struct kt_machine own = mc;
+        own.accel[0].shares_host = false;
+        struct kt_cost_model *co = cost(m, NULL, &own);
+        struct kt_cost_layer s;
+        if (co) {
+            kt_cost_layer(co, &pl.p, il, pl.homes[il], false, &q, &s);
+            const double slower = s.cpu_experts_s > s.device_experts_s ? s.cpu_experts_s : s.device_experts_s;
+            KT_CHECK(s.experts_s >= slower && s.experts_s < slower * 1.01 + 1e-6 && s.experts_s < o.experts_s,
+                     "a sim of its own: experts %.9g s = the slower of CPU %.9g and device %.9g (sharing: %.9g)",
+                     s.experts_s, s.cpu_experts_s, s.device_experts_s, o.experts_s);
+        }
+        kt_cost_destroy(co);
         KT_CHECK(fabs(o.device_pairs - 0.5 * m->hp.n_expert_used) < 1e-9,
                  "half the routed pairs on the device, the shared expert's not counted (%g)", o.device_pairs);
         /* no accelerator in the machine file: refused, naming the device */

@@ -49,6 +49,7 @@ static void example(struct kt_machine *m)
     m->accel[1] = m->accel[0];
     snprintf(m->accel[1].name, sizeof m->accel[1].name, "cuda0");
     m->accel[1].backend = KT_PLACE_CUDA;
+    m->accel[1].shares_host = false;
     m->accel[1].memory_bytes = (uint64_t)80 << 30;
     m->accel[1].h2d_gbps = 24.5;
     m->accel[1].d2h_gbps = 26.5;
@@ -95,7 +96,8 @@ static void round_trip_keeps_every_figure(void)
         }
         for (int i = 0; i < 2; i++) {
             const struct kt_machine_accel *a = &m->accel[i], *b = &back->accel[i];
-            KT_CHECK(!strcmp(a->name, b->name) && a->backend == b->backend && a->memory_bytes == b->memory_bytes,
+            KT_CHECK(!strcmp(a->name, b->name) && a->backend == b->backend && a->memory_bytes == b->memory_bytes &&
+                         a->shares_host == b->shares_host,
                      "accelerator %d header", i);
             KT_CHECK(close_to(b->h2d_gbps, a->h2d_gbps) && close_to(b->d2h_gbps, a->d2h_gbps) &&
                          close_to(b->latency_us, a->latency_us),
@@ -217,10 +219,28 @@ static void missing_entries_get_stated_defaults(void)
     KT_CHECK(m->accel[0].h2d_gbps == KT_MACHINE_DEFAULT_LINK_GBPS &&
                  m->accel[0].latency_us == KT_MACHINE_DEFAULT_LINK_LATENCY_US,
              "sim link defaults");
+    KT_CHECK(m->accel[0].shares_host, "a sim runs on the host's cores unless the file says otherwise");
+    free(m);
+
+    /* "shares_host": false plans the sim as a device of its own; not a boolean: refused */
+    KT_CHECK(parse(HEAD "\"nodes\": [{\"node\": 0}], \"accelerators\": [{\"name\": \"sim\", \"backend\": \"sim\", "
+                        "\"shares_host\": false}]}",
+                   &m, &err) == KT_OK,
+             "%s", err.msg);
+    if (m)
+        KT_CHECK(!m->accel[0].shares_host, "shares_host false kept");
+    free(m);
+    m = NULL;
+    KT_CHECK(parse(HEAD "\"nodes\": [{\"node\": 0}], \"accelerators\": [{\"name\": \"sim\", \"backend\": \"sim\", "
+                        "\"shares_host\": 1}]}",
+                   &m, &err) == KT_ERR_FORMAT &&
+                 strstr(err.msg, "accelerators[0].shares_host") && strstr(err.msg, "true or false"),
+             "shares_host 1 refused: %s", err.msg);
     free(m);
 
     struct kt_machine d;
     kt_machine_defaults(&d, 3);
+    KT_CHECK(d.accel[0].shares_host, "the default sim shares the host");
     KT_CHECK(d.n_nodes == 3 && d.n_accel == 1 && d.accel[0].backend == KT_PLACE_SIM, "defaults' shape");
     KT_CHECK(d.n_defaulted > 0, "defaults say so");
     KT_CHECK(kt_machine_check_kind(&d, "defaults", &err) == KT_OK, "%s", err.msg);

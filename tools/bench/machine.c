@@ -1261,6 +1261,7 @@ int kt_bench_machine(const struct kt_bench_options *o)
     m->n_accel = 1;
     snprintf(m->accel[0].name, sizeof m->accel[0].name, "sim");
     m->accel[0].backend = KT_PLACE_SIM;
+    m->accel[0].shares_host = true;
     m->accel[0].h2d_gbps = m->accel[0].d2h_gbps = o->sim_transfer_gbps;
     m->accel[0].latency_us = o->sim_latency_us;
     printf("\n%-6s %-7s %10s %10s %10s %10s\n", "accel", "backend", "memory", "h2d", "d2h", "latency");
