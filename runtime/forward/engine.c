@@ -488,6 +488,14 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     if (d.test)
         e->test = *d.test;
     d.test = &e->test;
+    if (d.reference && d.device) {
+        st = kt_err_set(err, KT_ERR_INVALID,
+                        "engine: the reference form runs on the CPU alone, but a device ('%s') was given: drop it",
+                        d.device->name ? d.device->name : "unnamed");
+        goto fail;
+    }
+    if (d.reference) /* every weight read in place, in its GGUF rows */
+        e->test.experts_in_place = e->test.keep_gguf_layout = true;
     if (d.n_ctx > (1u << 24) || d.max_seqs > (1u << 16) || d.max_batch_tokens > (1u << 16) ||
         e->test.attention_form > KT_ATTENTION_EXPANDED) {
         st = kt_err_set(err, KT_ERR_INVALID,
@@ -871,6 +879,10 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         kt_fwd_add_rows(e->x, e->y, TE);                /* x += y */
         kt_step_clock_lap(e, &clock, KT_PART_COMBINE);
         kt_step_clock_end_layer(e, &clock, il);
+        if (e->layer_hook) { /* its time goes to no part of the step */
+            e->layer_hook(e->layer_hook_ctx, il, e->x, e->n_tokens, e->hp.n_embd);
+            clock.last_ns = kt_fwd_now_ns();
+        }
     }
 
     head(e, n_wanted, logits);                          /* logits = output . RMSNorm(x) */
@@ -898,6 +910,12 @@ uint32_t kt_engine_max_batch_tokens(const struct kt_engine *e)
 const struct kt_engine_params *kt_engine_params(const struct kt_engine *e)
 {
     return &e->params;
+}
+
+void kt_engine_set_layer_hook(struct kt_engine *e, kt_engine_layer_hook fn, void *ctx)
+{
+    e->layer_hook = fn;
+    e->layer_hook_ctx = fn ? ctx : NULL;
 }
 
 const struct kt_kv_cache *kt_engine_kv_cache(const struct kt_engine *e)

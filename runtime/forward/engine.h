@@ -20,8 +20,9 @@
  * The engine reads weights in place from the model's mapping (the model
  * must outlive it), except routed experts: those it copies at creation into
  * an expert store (expert_store.h: per-expert buffers in node-local memory,
- * file pages dropped as it goes) unless experts_in_place.  It never prints
- * (load progress goes to params.progress when given), and
+ * file pages dropped as it goes), and the host's matrices it repacks where
+ * the kernels have a packed format - neither in the `reference` form.  It
+ * never prints (load progress goes to params.progress when given), and
  * reports every bad batch (unknown sequence, gap in positions, context or
  * cache exhausted) as KT_ERR_INVALID before changing any state.
  */
@@ -111,6 +112,16 @@ struct kt_engine_params {
      * started at creation; NULL: none.  Needs a device. */
     const struct kt_expert_cache_params *expert_cache;
     FILE *progress;             /* expert-store load progress (bytes, GB/s, ETA); NULL: silent */
+    /* The reference form of the engine, for checks that compare a placement
+     * against it (tools/cli/check.h): every weight is read in place from the
+     * file's GGUF rows by the CPU kernels - no expert store, no repacking, so
+     * it costs no second copy of the weights, and each step reads the
+     * mapping: slower than the packed layouts, and bit-exact to them where
+     * the packed format is exact (kernels/cpu/packed.h; AMX's BF16 one is
+     * not).  Refused with a device; the placement fields (home and replica
+     * nodes, slicing) are ignored: the routed experts run on the first
+     * node's pool. */
+    bool reference;
     const struct kt_engine_test_params *test; /* NULL except in tests (engine_test.h) */
 };
 
@@ -192,6 +203,16 @@ uint32_t kt_engine_seq_length(const struct kt_engine *e, uint32_t seq); /* 0 if 
  * floats, may be NULL if none is wanted.  On error every sequence is as it
  * was (a failure of the device's work included) and the next step may run. */
 kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err);
+
+/* A hook called after each layer of every step, on the stepping thread,
+ * with the residual stream x: (n_tokens, n_embd) floats, the step's tokens
+ * in batch order, as the next layer reads it (host memory, valid during the
+ * call only; the hook must not use the engine).  For checks that compare
+ * two engines layer by layer (tools/cli/check.h).  Set, or cleared with fn
+ * NULL, between steps; without one a step pays one branch per layer, and
+ * the hook's own time is counted in no layer's stats. */
+typedef void (*kt_engine_layer_hook)(void *ctx, uint32_t il, const float *x, uint32_t n_tokens, uint32_t n_embd);
+void kt_engine_set_layer_hook(struct kt_engine *e, kt_engine_layer_hook fn, void *ctx);
 
 uint32_t kt_engine_n_vocab(const struct kt_engine *e);
 uint32_t kt_engine_max_batch_tokens(const struct kt_engine *e);

@@ -244,6 +244,8 @@ struct kt_engine {
     struct kt_engine_params params;
     struct kt_engine_test_params test; /* params.test's knobs (all off without one); params.test points here */
     uint64_t test_steps;        /* steps begun, for test.migrate_every_step */
+    kt_engine_layer_hook layer_hook; /* called after each layer (kt_engine_set_layer_hook); NULL: none */
+    void *layer_hook_ctx;
     struct kt_pool *pool;       /* the step's: attention, matmuls, dense FFNs (never bound) */
     struct kt_kv_cache *kv;
     struct kt_layer_weights *layers; /* [n_layer] */
