@@ -3,20 +3,18 @@
  * greedy decode, and the routing the engine counted written as a routing
  * profile (placement/profile.h) with the model's identity.
  *
- * Prompts: one per line of --prompts.  A line starting with '{' or '[' is
- * JSON: {"messages": [...]} or a bare array of OpenAI chat messages; any
- * other line is the text of one user message; blank lines are skipped.  Each
- * is rendered with the model's chat template (generation prompt added),
- * prefilled in chunks and decoded greedily for up to --max-tokens new tokens
- * (an end-of-generation token ends it sooner), --batch prompts at once: a
- * slot that finishes takes the next prompt at once (continuous batching).
+ * Prompts: one per line of --prompts (tools/cli/prompts.h: text, or JSON chat
+ * messages).  Each is rendered with the model's chat template (generation
+ * prompt added), prefilled in chunks and decoded greedily for up to
+ * --max-tokens new tokens (an end-of-generation token ends it sooner),
+ * --batch prompts at once: a slot that finishes takes the next prompt at
+ * once (continuous batching).
  * Every bad input (a missing file, a bad JSON line, no prompts, a model
  * without a chat template) is reported before the model is loaded where it
  * can be, and nothing is written then.  It drives the runtime and prints; it
  * computes no model math itself.
  */
 #include <errno.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,136 +22,19 @@
 #include <unistd.h>
 
 #include "bench.h"
-#include "chat.h"
 #include "engine.h"
-#include "model_chat.h"
 #include "placement_opt.h"
+#include "prompts.h"
 #include "svg.h"
 #include "model.h"
 #include "profile.h"
 #include "tokenizer.h"
 
-/* One prompt: its messages (parsed before the model is loaded), then its tokens. */
-struct prompt {
-    kt_chat_messages messages;
-    int32_t *ids;
-    size_t n_ids;
-    unsigned line;
-};
-
-struct prompt_set {
-    struct prompt *items;
-    size_t n, cap;
-};
-
-static void prompt_set_free(struct prompt_set *s)
-{
-    for (size_t i = 0; i < s->n; i++) {
-        kt_chat_messages_free(&s->items[i].messages);
-        free(s->items[i].ids);
-    }
-    free(s->items);
-}
-
-/* A plain text line: one user message owning a copy of the text. */
-static kt_status text_message(const char *text, size_t len, kt_chat_messages *out, kt_err *err)
-{
-    json_t *arr = json_pack("[{s:s, s:s%}]", "role", "user", "content", text, len);
-    if (!arr)
-        return kt_err_set(err, KT_ERR_FORMAT, "not valid UTF-8 text");
-    kt_status st = kt_chat_messages_from_json(arr, out, err);
-    json_decref(arr);
-    return st;
-}
-
-/* Reads every prompt line of path into s (messages only). */
-static kt_status read_prompts(const char *path, struct prompt_set *s, kt_err *err)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return kt_err_set(err, KT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    kt_status st = KT_OK;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    for (unsigned no = 1; st == KT_OK && (len = getline(&line, &cap, f)) >= 0; no++) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = 0;
-        size_t lead = strspn(line, " \t");
-        if ((size_t)len == lead)
-            continue; /* blank */
-        if (strlen(line) != (size_t)len) {
-            st = kt_err_set(err, KT_ERR_FORMAT, "%s:%u: a NUL byte in the line", path, no);
-            break;
-        }
-        kt_chat_messages msgs = {0};
-        if (line[lead] == '{' || line[lead] == '[') {
-            json_error_t jerr;
-            json_t *j = json_loadb(line, (size_t)len, JSON_REJECT_DUPLICATES, &jerr);
-            json_t *arr = json_is_array(j) ? j : json_object_get(j, "messages");
-            if (!j)
-                st = kt_err_set(err, KT_ERR_FORMAT, "%s:%u:%d: bad JSON: %s", path, no, jerr.column, jerr.text);
-            else if (!json_is_array(arr) || json_array_size(arr) == 0)
-                st = kt_err_set(err, KT_ERR_FORMAT,
-                                "%s:%u: expected {\"messages\": [...]} or an array of chat messages, not empty", path,
-                                no);
-            else if ((st = kt_chat_messages_from_json(arr, &msgs, err)) != KT_OK)
-                kt_err_prefix(err, "%s:%u", path, no);
-            json_decref(j);
-        } else if ((st = text_message(line, (size_t)len, &msgs, err)) != KT_OK) {
-            kt_err_prefix(err, "%s:%u", path, no);
-        }
-        if (st != KT_OK)
-            break;
-        if (s->n == s->cap) {
-            size_t ncap = s->cap ? 2 * s->cap : 64;
-            struct prompt *p = realloc(s->items, ncap * sizeof *p);
-            if (!p) {
-                kt_chat_messages_free(&msgs);
-                st = kt_err_set(err, KT_ERR_NOMEM, "out of memory reading %s", path);
-                break;
-            }
-            s->items = p, s->cap = ncap;
-        }
-        s->items[s->n++] = (struct prompt){.messages = msgs, .line = no};
-    }
-    if (st == KT_OK && ferror(f))
-        st = kt_err_set(err, KT_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
-    if (st == KT_OK && s->n == 0)
-        st = kt_err_set(err, KT_ERR_FORMAT, "%s: no prompts (one per line: text, or JSON chat messages)", path);
-    free(line);
-    fclose(f);
-    return st;
-}
-
-/* Renders and tokenizes every prompt with the model's chat template. */
-static kt_status tokenize_prompts(const struct kt_model *m, const struct kt_tokenizer *tok, const char *path,
-                                  struct prompt_set *s, kt_err *err)
-{
-    kt_chat_format format;
-    kt_status st =
-        kt_tool_chat_format(m, "the prompts are chat messages, but the model has no chat template", &format, err);
-    for (size_t i = 0; st == KT_OK && i < s->n; i++) {
-        struct prompt *p = &s->items[i];
-        char *text = NULL;
-        kt_chat_options opts = {.add_generation_prompt = true};
-        /* the render carries BOS itself where the family has one */
-        if ((st = kt_chat_render(format, p->messages.items, p->messages.count, &opts, &text, err)) == KT_OK)
-            st = kt_tokenize(tok, text, strlen(text), false, true, &p->ids, &p->n_ids, err);
-        free(text);
-        if (st != KT_OK)
-            kt_err_prefix(err, "%s:%u", path, p->line);
-        else if (p->n_ids == 0)
-            st = kt_err_set(err, KT_ERR_INVALID, "%s:%u: the prompt has no tokens", path, p->line);
-    }
-    return st;
-}
-
 /* ---- the run ------------------------------------------------------------------------- */
 
 /* A sequence slot of the batch. */
 struct slot {
-    const struct prompt *p;     /* NULL: idle */
+    const struct kt_tool_prompt *p; /* NULL: idle */
     uint32_t pos;               /* tokens in the engine's sequence */
     uint32_t generated;         /* new tokens chosen so far */
     int32_t next;               /* the token to decode next (when pos >= n_ids) */
@@ -290,7 +171,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
 {
     int rc = 1;
     kt_err err = {0};
-    struct prompt_set set = {0};
+    struct kt_tool_prompts set = {0};
     struct kt_model *m = NULL;
     struct kt_tokenizer *tok = NULL;
     struct kt_engine *e = NULL;
@@ -315,7 +196,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
         kt_err_set(&err, KT_ERR_IO, "%s: cannot write there: %s", o->output, strerror(errno));
         goto fail;
     }
-    if (read_prompts(o->prompts, &set, &err) != KT_OK)
+    if (kt_tool_prompts_read(o->prompts, &set, &err) != KT_OK)
         goto fail;
     if (kt_model_open(o->model, &m, &err) != KT_OK)
         goto fail;
@@ -323,7 +204,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
         kt_err_prefix(&err, "%s", o->model);
         goto fail;
     }
-    if (tokenize_prompts(m, tok, o->prompts, &set, &err) != KT_OK)
+    if (kt_tool_prompts_tokenize(m, tok, o->prompts, &set, &err) != KT_OK)
         goto fail;
     size_t longest = 0;
     for (size_t i = 0; i < set.n; i++)
@@ -490,6 +371,6 @@ done:
     kt_engine_destroy(e);
     kt_tokenizer_destroy(tok);
     kt_model_close(m);
-    prompt_set_free(&set);
+    kt_tool_prompts_free(&set);
     return rc;
 }
