@@ -3,7 +3,9 @@
  * number is positive and finite and whose every ratio is in (0, 100) (a unit check: contention moves ratios), with a
  * result per weight type and measured level; `model` on a tiny synthetic
  * model reports each layer and its per-layer split adds up to the steps'
- * wall time; bad arguments exit 2 with usage, a missing model exits 1.
+ * wall time; `check` passes CPU-only and on the sim (configs/tiny-sim.yaml)
+ * with every row in its JSON; bad arguments exit 2 with usage, a missing
+ * model exits 1.
  * It checks shapes and consistency, never a speed (no timed assertions).
  */
 #include <jansson.h>
@@ -371,6 +373,92 @@ static void profile_writes_counts_that_add_up_to_the_tokens(void)
     remove(bad), remove(msg), remove(model), remove(prompts), remove(out), remove(decayed);
 }
 
+/* kt-bench check on tiny: the built-in prompts CPU-only and through
+ * configs/tiny-sim.yaml, and --prompts lines; exit 0, a table naming each
+ * prompt with its numbers and PASS, and JSON with every row (divergence 0:
+ * both placements compute the reference's bits).  A prompt file that cannot
+ * be read exits 1 naming it. */
+static void check_passes_cpu_only_and_on_the_sim_with_every_row_reported(void)
+{
+    const char *model = kt_test_path("tiny-check.gguf"), *json_path = kt_test_path("check.json"),
+               *report = kt_test_path("check-report.txt"), *prompts = kt_test_path("check-prompts.txt");
+    int rc = kt_test_system("'%s' --preset tiny -o '%s' > /dev/null 2>&1", kt_test_tool("kt-synth"), model);
+    KT_CHECK(rc == 0, "kt-synth exited %d", rc);
+    FILE *f = fopen(prompts, "w");
+    KT_CHECK(f != NULL, "cannot write %s", prompts);
+    if (!f)
+        return;
+    fputs("Name three rivers.\n\n[{\"role\": \"user\", \"content\": \"for i in range(3): print(i)\"}]\n", f);
+    fclose(f);
+    char placement[1100];
+    snprintf(placement, sizeof placement, "--placement '%s/configs/tiny-sim.yaml'", getenv("KT_SOURCE_DIR"));
+    const struct {
+        const char *args;
+        size_t n_prompts;
+        const char *labels[3];
+    } cases[] = {
+        {"", 3, {"prose", "code", "chinese"}},
+        {placement, 3, {"prose", "code", "chinese"}},
+        {"--prompts", 2, {"line 1", "line 3"}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        remove(json_path);
+        rc = kt_test_system("'%s' check -m '%s' %s %s --max-tokens 4 -t 2 --json '%s' > '%s' 2>/dev/null",
+                            kt_test_tool("kt-bench"), model, cases[c].args, c == 2 ? prompts : "", json_path, report);
+        KT_CHECK(rc == 0, "kt-bench check %s exited %d", cases[c].args, rc);
+        size_t n = 0;
+        char *text = kt_test_read_file(report, &n);
+        KT_CHECK(text && strstr(text, "median") && strstr(text, "9 in 10") && strstr(text, "\nPASS: ") &&
+                     !strstr(text, "FAIL"),
+                 "%s: the report gives the numbers and PASS:\n%s", cases[c].args, text ? text : "");
+        for (size_t i = 0; text && i < cases[c].n_prompts; i++)
+            KT_CHECK(strstr(text, cases[c].labels[i]) != NULL, "%s: no prompt '%s' in the report", cases[c].args,
+                     cases[c].labels[i]);
+        free(text);
+        json_error_t je;
+        json_t *root = json_load_file(json_path, 0, &je);
+        KT_CHECK(root != NULL, "cannot parse %s: %s", json_path, je.text);
+        json_t *ps = json_object_get(root, "prompts");
+        KT_CHECK(json_is_true(json_object_get(root, "pass")) && json_array_size(ps) == cases[c].n_prompts &&
+                     num(root, "n_layer") == 4 && num(root, "max_tokens") == 4,
+                 "%s: pass, %zu prompts", cases[c].args, json_array_size(ps));
+        size_t i;
+        json_t *p;
+        json_array_foreach(ps, i, p)
+        {
+            json_t *rows = json_object_get(p, "rows");
+            const double prompt_tokens = num(p, "prompt_tokens");
+            size_t generated = 0, k;
+            json_t *row;
+            json_array_foreach(rows, k, row)
+            {
+                generated += json_is_true(json_object_get(row, "generated"));
+                KT_CHECK(num(row, "pos") == (double)k && num(row, "divergence") == 0 &&
+                             num(row, "ref_token") == num(row, "cand_token"),
+                         "%s, prompt %zu, row %zu", cases[c].args, i, k);
+            }
+            /* up to 4 new tokens: an end-of-generation token may end one sooner */
+            KT_CHECK(prompt_tokens > 0 && json_array_size(rows) + 1 == prompt_tokens + generated && generated >= 1 &&
+                         generated <= 4,
+                     "%s, prompt %zu: %zu rows, %g prompt tokens, %zu generated", cases[c].args, i,
+                     json_array_size(rows), prompt_tokens, generated);
+            KT_CHECK(!strcmp(json_string_value(json_object_get(p, "label")), cases[c].labels[i]) &&
+                         json_is_true(json_object_get(p, "pass")) && json_is_null(json_object_get(p, "break")) &&
+                         num(p, "median") == 0 && num(p, "worst") == 0,
+                     "%s, prompt %zu: label, pass, no break, 0", cases[c].args, i);
+        }
+        json_decref(root);
+    }
+    rc = kt_test_system("'%s' check -m '%s' --prompts /nonexistent/prompts.txt > /dev/null 2> '%s'",
+                        kt_test_tool("kt-bench"), model, report);
+    size_t n = 0;
+    char *text = kt_test_read_file(report, &n);
+    KT_CHECK(rc == 1 && text && strstr(text, "kt-bench: /nonexistent/prompts.txt: cannot open"),
+             "a missing prompt file: rc %d, '%s'", rc, text ? text : "");
+    free(text);
+    remove(model), remove(json_path), remove(report), remove(prompts);
+}
+
 static void bad_arguments_exit_2_with_usage(void)
 {
     const char *out = kt_test_path("usage.txt");
@@ -378,7 +466,9 @@ static void bad_arguments_exit_2_with_usage(void)
     const char *cases[] = {"", "frobnicate", "kernels --seconds abc", "kernels --threads 0", "kernels --isa sse9",
                            "kernels -m x.gguf", "model", "model -m a.gguf --gen-tokens", "kernels --bogus",
                            "profile -m a.gguf -o p.json", "profile --prompts p.txt -o p.json",
-                           "profile -m a.gguf --prompts p.txt", "profile -m a.gguf --prompts p.txt -o p.json --batch 0"};
+                           "profile -m a.gguf --prompts p.txt", "profile -m a.gguf --prompts p.txt -o p.json --batch 0",
+                           "check", "check --placement p.yaml", "check -m a.gguf --max-tokens 0",
+                           "check -m a.gguf --batch 2"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = kt_test_system("'%s' %s > /dev/null 2> '%s'", bench, cases[i], out);
         KT_CHECK(rc == 2, "'kt-bench %s' exited %d, want 2", cases[i], rc);
@@ -393,14 +483,17 @@ static void bad_arguments_exit_2_with_usage(void)
 static void missing_model_exits_1_with_a_message(void)
 {
     const char *out = kt_test_path("missing.txt");
-    int rc = kt_test_system("'%s' model -m /nonexistent/model.gguf > /dev/null 2> '%s'", kt_test_tool("kt-bench"),
-                            out);
-    KT_CHECK(rc == 1, "exited %d, want 1", rc);
-    size_t text_bytes = 0;
-    char *text = kt_test_read_file(out, &text_bytes);
-    KT_CHECK(text && strstr(text, "kt-bench: ") && strstr(text, "/nonexistent/model.gguf"), "message: %s",
-             text ? text : "(none)");
-    free(text);
+    const char *commands[] = {"model", "check"};
+    for (size_t c = 0; c < 2; c++) {
+        int rc = kt_test_system("'%s' %s -m /nonexistent/model.gguf > /dev/null 2> '%s'", kt_test_tool("kt-bench"),
+                                commands[c], out);
+        KT_CHECK(rc == 1, "%s exited %d, want 1", commands[c], rc);
+        size_t text_bytes = 0;
+        char *text = kt_test_read_file(out, &text_bytes);
+        KT_CHECK(text && strstr(text, "kt-bench: ") && strstr(text, "/nonexistent/model.gguf"), "%s: message: %s",
+                 commands[c], text ? text : "(none)");
+        free(text);
+    }
     remove(out);
 }
 
@@ -411,6 +504,7 @@ int main(void)
     KT_RUN(model_reports_every_layer_and_splits_add_up);
     KT_RUN(model_predict_reports_every_layer);
     KT_RUN(profile_writes_counts_that_add_up_to_the_tokens);
+    KT_RUN(check_passes_cpu_only_and_on_the_sim_with_every_row_reported);
     KT_RUN(kernels_json_has_every_field_positive_and_ratios_in_range);
     return kt_test_finish();
 }

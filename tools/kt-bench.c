@@ -1,11 +1,14 @@
 /*
  * kt-bench.c - kt's benchmark: `kernels` measures the CPU kernels against a
  * STREAM triad and compute peaks taken in the same run; `model` runs prefill
- * and greedy decode of a model with the engine and splits each layer's time.
+ * and greedy decode of a model with the engine and splits each layer's time;
+ * `profile` writes the routing of real prompts; `machine` measures what the
+ * cost model needs; `check` compares a placement's logits with a CPU
+ * reference engine's on the same tokens (tools/bench/check.c).
  *
  * This file parses arguments; tools/bench/ holds the jobs.  It must never
  * compute a result itself.  Exit status: 0 done, 1 the run failed (one line
- * "kt-bench: why"), 2 usage.
+ * "kt-bench: why"), 2 usage - and for check, 2 when the check fails.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -14,13 +17,14 @@
 #include <string.h>
 
 #include "bench.h"
+#include "check.h"
 #include "cli.h"
 #include "cpu/dispatch.h"
 #include "machine.h"
 
 /* ---- arguments ------------------------------------------------------------------ */
 
-enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8 };
+enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8, FOR_CHECK = 16 };
 
 static bool opt_threads(void *opts, const char *arg, char *why, size_t why_size)
 {
@@ -217,22 +221,26 @@ static bool opt_profile(void *opts, const char *arg, char *why, size_t why_size)
 }
 
 static const struct kt_cli_option options_table[] = {
-    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE, "threads (default: online CPUs)", opt_threads},
-    {"--json", NULL, "FILE", FOR_BOTH, "also write the results as JSON to FILE", opt_json},
+    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE | FOR_CHECK, "threads (default: online CPUs)",
+     opt_threads},
+    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK, "also write the results as JSON to FILE", opt_json},
     {"--seconds", NULL, "S", FOR_KERNELS | FOR_MACHINE, "time per measurement (default 1; machine: per point, 0.3)",
      opt_seconds},
     {"--prefill-tokens", NULL, "N", FOR_KERNELS, "tokens of the prefill shape (default 128)", opt_prefill_tokens},
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
-    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE, "GGUF model file", opt_model},
+    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "GGUF model file", opt_model},
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
     {"--gen-tokens", NULL, "N", FOR_MODEL, "tokens to decode greedily (default 32)", opt_gen_tokens},
     {"--seed", NULL, "S", FOR_MODEL, "seed of the random prompt (default 1)", opt_seed},
     {"--cold", NULL, NULL, FOR_MODEL, "time a fresh engine's first prefill (default: after one untimed, same prompt)",
      opt_cold},
-    {"--placement", NULL, "FILE", FOR_MODEL | FOR_PROFILE, "placement config v1 (configs/*.yaml)", opt_placement},
-    {"--prompts", NULL, "FILE", FOR_PROFILE, "prompts, one a line: text, or JSON chat messages", opt_prompts},
-    {"--max-tokens", NULL, "N", FOR_PROFILE, "new tokens per prompt, greedy (default 64)", opt_max_tokens},
+    {"--placement", NULL, "FILE", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "placement config v1 (configs/*.yaml)",
+     opt_placement},
+    {"--prompts", NULL, "FILE", FOR_PROFILE | FOR_CHECK,
+     "prompts, one a line: text, or JSON chat messages (check: default, 3 built-in ones)", opt_prompts},
+    {"--max-tokens", NULL, "N", FOR_PROFILE | FOR_CHECK, "new tokens per prompt, greedy (default 64; check: 16)",
+     opt_max_tokens},
     {"--batch", NULL, "N", FOR_PROFILE, "prompts decoding at once (default 1)", opt_batch},
     {"--half-life", NULL, "T", FOR_PROFILE, "decay counts with this half-life in tokens (default 0: none)",
      opt_half_life},
@@ -275,6 +283,8 @@ static const char *command_label(unsigned commands)
     case FOR_MACHINE: return "machine";
     case FOR_KERNELS | FOR_MACHINE: return "kern/mch";
     case FOR_PROFILE | FOR_MACHINE: return "prof/mch";
+    case FOR_PROFILE | FOR_CHECK: return "prof/chk";
+    case FOR_CHECK: return "check";
     default: return "";
     }
 }
@@ -287,6 +297,8 @@ static void usage(FILE *f)
                "       kt-bench profile -m MODEL --prompts FILE [--max-tokens N] [--batch N] [--half-life T]\n"
                "                        -o PROFILE.json\n"
                "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"
+               "       kt-bench check -m MODEL [--placement FILE] [--prompts FILE] [--max-tokens N] [-t N]\n"
+               "                      [--json FILE]\n"
                "\n  kernels  STREAM triad, FMA and int8 dot peaks, then every CPU kernel per weight type\n"
                "           and instruction set at a decode shape (GB/s, / triad) and a prefill shape\n"
                "           (GFLOP/s, / peak)\n"
@@ -295,7 +307,11 @@ static void usage(FILE *f)
                "  profile  prompts through prefill and greedy decode; writes the routing the engine\n"
                "           counted (tokens per layer and expert, decode and prefill apart) as a profile\n"
                "  machine  what the cost model needs on this host, per NUMA node (triad, peaks, the expert\n"
-               "           path's decode rate and prefill GFLOP/s per weight type) and per accelerator\n\noptions:\n");
+               "           path's decode rate and prefill GFLOP/s per weight type) and per accelerator\n"
+               "  check    is the placement right on this machine: prompts through it and through a CPU\n"
+               "           reference reading every weight from the file, on the same tokens; every row of\n"
+               "           logits compared (a prompt passes with its median row <= 1e-2 and 9 in 10 <= 3e-2),\n"
+               "           and the layer named where they start to part; exit 0 PASS, 2 FAIL, 1 error\n\noptions:\n");
     kt_cli_print_options(f, &cli, command_label);
 }
 
@@ -303,14 +319,14 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, struct kt_bench_options *o)
 {
     *o = (struct kt_bench_options){.prefill_tokens = 128, .prompt_tokens = 128, .gen_tokens = 32, .seed = 1,
-                                   .max_tokens = 64, .batch = 1, .sim_transfer_gbps = KT_MACHINE_DEFAULT_LINK_GBPS,
+                                   .batch = 1, .sim_transfer_gbps = KT_MACHINE_DEFAULT_LINK_GBPS,
                                    .sim_latency_us = KT_MACHINE_DEFAULT_LINK_LATENCY_US};
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         usage(stdout);
         return 0;
     }
     if (argc < 2)
-        return kt_cli_usage_error(&cli, "%s", "no command given (kernels, model, profile or machine)");
+        return kt_cli_usage_error(&cli, "%s", "no command given (kernels, model, profile, machine or check)");
     unsigned which;
     if (!strcmp(argv[1], "kernels"))
         which = FOR_KERNELS;
@@ -320,8 +336,10 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
         which = FOR_PROFILE;
     else if (!strcmp(argv[1], "machine"))
         which = FOR_MACHINE;
+    else if (!strcmp(argv[1], "check"))
+        which = FOR_CHECK;
     else
-        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels, model, profile or machine)", argv[1]);
+        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels, model, profile, machine or check)", argv[1]);
     o->command = argv[1];
     int rc = kt_cli_parse(&cli, argc, argv, 2, which, o);
     if (rc >= 0)
@@ -330,6 +348,10 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
         o->seconds = which == FOR_MACHINE ? 0.3 : 1.0;
     if (which == FOR_MODEL && !o->model)
         return kt_cli_usage_error(&cli, "%s", "model: no model given (-m MODEL)");
+    if (which == FOR_CHECK && !o->model)
+        return kt_cli_usage_error(&cli, "%s", "check: no model given (-m MODEL)");
+    if (!o->max_tokens)
+        o->max_tokens = which == FOR_CHECK ? KT_CHECK_MAX_TOKENS : 64;
     if (which == FOR_PROFILE && (!o->model || !o->prompts || !o->output))
         return kt_cli_usage_error(&cli, "%s", "profile: needs -m MODEL, --prompts FILE and -o PROFILE.json");
     return -1;
@@ -347,5 +369,7 @@ int main(int argc, char **argv)
         return kt_bench_profile(&o);
     if (!strcmp(o.command, "machine"))
         return kt_bench_machine(&o);
+    if (!strcmp(o.command, "check"))
+        return kt_bench_check(&o);
     return !strcmp(o.command, "kernels") ? kt_bench_kernels(&o) : kt_bench_model(&o);
 }

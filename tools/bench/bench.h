@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 struct kt_bench_options {
-    const char *command;        /* "kernels", "model", "profile" or "machine" */
+    const char *command;        /* "kernels", "model", "profile", "machine" or "check" */
     uint32_t threads;           /* 0: online CPUs */
     const char *json;           /* write results here too; NULL: table only */
 
@@ -33,7 +33,7 @@ struct kt_bench_options {
     const char *prompts;        /* prompt lines: text or JSON chat messages */
     const char *output;         /* the profile file, or the machine file (-o); machine: NULL, table only */
     const char *svg;            /* profile, model: also draw a standalone SVG picture here */
-    uint32_t max_tokens;        /* new tokens per prompt (default 64) */
+    uint32_t max_tokens;        /* new tokens per prompt (default 64; check: KT_CHECK_MAX_TOKENS) */
     uint32_t batch;             /* prompts at once (default 1) */
     double half_life;           /* decay half-life in tokens; 0: none */
     uint32_t expert_cache_slots; /* profile: the device's expert cache, slots per MoE layer; 0: none */
@@ -55,6 +55,9 @@ int kt_bench_kernels(const struct kt_bench_options *o);
 int kt_bench_model(const struct kt_bench_options *o);
 int kt_bench_profile(const struct kt_bench_options *o);
 int kt_bench_machine(const struct kt_bench_options *o);
+/* check (model, placement, prompts - NULL: the built-in ones -, max_tokens,
+ * threads, json): 0 PASS, 2 FAIL, 1 the run failed. */
+int kt_bench_check(const struct kt_bench_options *o);
 
 /* Shared helpers (bench/common.c). */
 double kt_bench_now_seconds(void);
