@@ -26,6 +26,7 @@
 #include "check.h"
 #include "engine.h"
 #include "engine_test.h"
+#include "kt_cuda.h"
 #include "model.h"
 #include "quant.h"
 #include "testlib.h"
@@ -286,6 +287,58 @@ static void check_passes_cpu_only_and_sim_device_candidates(void)
     kt_model_close(m);
 }
 
+/* Everything on a CUDA device (a GPU, or tests/cuda_emulated.c's host
+ * emulation in test_check_cuda_emulated): products of more than 8 tokens
+ * round through BF16 there, so the 80-token prompt's rows differ from the
+ * reference's, within the tolerance: the check passes with nonzero numbers.
+ * F32 weights, as test_hybrid_sim's bounds were set on: with quantized
+ * ones the CPU reference also rounds its activations to 8 bits where the
+ * GPU keeps floats, which on tiny's random weights alone moves the median
+ * row to about 1e-2 (README, kt-bench check). */
+static void check_passes_a_gpu_placement_within_tolerance(void)
+{
+    kt_err why = {0};
+    if (kt_cuda_device_count(&why) == 0) {
+        printf("  skipped: no CUDA device (%s); test_check_cuda_emulated runs this case\n", why.msg);
+        return;
+    }
+    char f32_path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", NULL, f32_path, sizeof f32_path);
+    if (!m)
+        return;
+    struct prompts s = make_prompts(m->hp.n_vocab);
+    const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+    uint8_t *all = kt_test_xmalloc(LE);
+    memset(all, 1, LE);
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const struct kt_engine_params p = {.n_ctx = 128, .n_threads = 2, .device = &gpu, .expert_on_device = all,
+                                       .shared_on_device = true, .dense_on_device = true, .attention_on_device = true,
+                                       .output_on_device = true};
+    struct kt_check_report r;
+    kt_err err = {0};
+    kt_status st = check(m, m, &p, &s, &r, &err);
+    KT_CHECK(st == KT_OK && r.pass, "everything on the GPU: %s", st == KT_OK ? "FAIL" : err.msg);
+    if (st == KT_OK) {
+        check_report_shape(&r, "everything on the GPU");
+        for (size_t i = 0; i < r.n_prompts; i++) {
+            const struct kt_check_prompt_report *pr = &r.prompts[i];
+            printf("  everything on the GPU, prompt %zu (%u tokens): median %.3g, 9 in 10 %.3g, worst %.3g, first "
+                   "row over %g: %d, starting at layer %d\n",
+                   i + 1, pr->n_prompt, pr->median, pr->p90, pr->worst, r.median_tol, pr->break_row, pr->break_layer);
+            KT_CHECK(pr->break_row < 0 || (pr->layer_divergence && pr->break_layer >= 0 &&
+                                           pr->break_layer <= (int32_t)r.n_layer),
+                     "prompt %zu: a row over the tolerance has its layers", i + 1);
+        }
+        KT_CHECK(r.prompts[0].worst > 0, "the 80-token prompt's BF16 products differ from the reference (%g)",
+                 r.prompts[0].worst);
+    }
+    kt_check_report_free(&r);
+    free(all);
+    free(s.ids[0]);
+    free(s.ids[1]);
+    kt_test_synth_remove(m, f32_path);
+}
+
 /* A copy of the model file at dst with the F32 tensor t multiplied by scale
  * (NaN: every value NaN). */
 static bool write_perturbed_copy(const struct kt_model *m, const char *dst, const struct kt_gguf_tensor *t, float scale)
@@ -415,10 +468,17 @@ int main(void)
                                   kt_test_tool("kt-synth"), kt_test_path("check.gguf"));
     snprintf(model_path, sizeof model_path, "%s", kt_test_path("check.gguf"));
     KT_CHECK(rc == 0, "kt-synth exited %d", rc);
+#ifdef KT_TEST_CUDA_EMULATED /* only the GPU case, against tests/cuda_emulated.c */
+    printf("kt_cuda.h emulated on the host: the engine's cuda path, not the GPU kernels\n");
+    KT_RUN(check_passes_a_gpu_placement_within_tolerance);
+    unlink(model_path);
+    return kt_test_finish();
+#endif
     KT_RUN(divergence_is_relative_to_the_reference_and_infinite_on_nan);
     KT_RUN(reference_form_reads_gguf_rows_and_refuses_a_device);
     KT_RUN(layer_hook_sees_every_layer_of_every_step);
     KT_RUN(check_passes_cpu_only_and_sim_device_candidates);
+    KT_RUN(check_passes_a_gpu_placement_within_tolerance);
     KT_RUN(check_fails_a_perturbed_candidate_and_names_the_layer);
     KT_RUN(check_refuses_a_candidate_it_cannot_run_saying_why);
     unlink(model_path);

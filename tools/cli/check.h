@@ -15,7 +15,10 @@
  * within median_tol and 9 rows in 10 are within p90_tol: 1e-2 and 3e-2 by
  * default, the bounds tests/test_hybrid_sim.c holds a GPU's BF16 paths to;
  * CPU placements are bit-exact to the reference, or within a last bit where
- * a packed format is not exact (kernels/cpu/packed.h).
+ * a packed format is not exact (kernels/cpu/packed.h).  A GPU also differs
+ * where its weights are quantized: the CPU reference rounds activations to
+ * 8 bits for its integer dot products, the GPU keeps them as floats (on
+ * tiny random models that alone reaches about 1e-2; README).
  *
  * At the first row over median_tol both engines' residual streams after each
  * layer (kt_engine_set_layer_hook) are compared the same way, which says
