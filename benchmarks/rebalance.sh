@@ -53,7 +53,8 @@ set_b=${KT_REBALANCE_SET_B:-$here/prompts/chinese.jsonl}  # the traffic it chang
 sa=$(basename "$set_a" .jsonl)
 sb=$(basename "$set_b" .jsonl)
 two_nodes="numa:2 core:1 pu:1"
-gib=${KT_REBALANCE_GPU_GIB:-2.0}        # attention, dense FFN, buffers and some of the experts
+gib=${KT_REBALANCE_GPU_GIB:-1.65}       # attention, dense FFN, buffers (~1.15 GiB) and ~7 experts per layer:
+#                                         with 2.0 (12 per layer) plan A already held 0.92 x the hindsight share on set B
 cache_gib=${KT_REBALANCE_CACHE_GIB:-0.4} # held back from plan A for the cache ...
 slots=${KT_REBALANCE_CACHE_SLOTS:-5}     # ... which this many slots per MoE layer fill (15 experts)
 batch=${KT_REBALANCE_BATCH:-8}           # requests per measured batch
