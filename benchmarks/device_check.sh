@@ -144,9 +144,12 @@ serve_text() { # serve_text MODEL PORT [--placement FILE]: one greedy completion
             tail -5 "$work/serve-18182.log"
         fi
         grep -h 'running CPU-only' "$work/serve-18182.log" && echo "kt-serve $p: GPU NOT USED"
+        # kt-bench check: the GPU placement against the CPU reference, per row and per layer
+        step 90 "kt-bench check $p, 8 on the GPU" "$bin/tools/kt-bench" check -m "$m" -t 8 \
+            --placement "$work/$p-gpu-8.yaml" --json "$work/check-$p.json"
     done
 } >"$out/cli.log" 2>&1
-grep -E 'EQUAL|DIFFERS|exit [^0]|NOT USED' "$out/cli.log"
+grep -E 'EQUAL|DIFFERS|exit [^0]|NOT USED|PASS|FAIL' "$out/cli.log"
 
 # -- 3. compute-sanitizer; the CPU kernel tests at the host's best level meanwhile
 cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
