@@ -5,7 +5,8 @@
  * 404, 405, 413, 429 with Retry-After); chat and text completions, streamed
  * and not; Kimi and DeepSeek tool calls and reasoning parsed from the
  * generated text; ": ping" during a long prefill; clients that hang up are
- * cancelled; SIGTERM lets a running stream finish and exits 0.
+ * cancelled, and the HTTP layer logs nothing; SIGTERM lets a running stream finish and
+ * exits 0.
  */
 #include <jansson.h>
 #include <math.h>
@@ -287,17 +288,59 @@ static void full_queue_429_and_hangups_cancel(const struct test_server *s)
     KT_CHECK(code == 429 && strcasestr(kt_buf_str(&head), "Retry-After:"), "queue full: %d %s", code,
              kt_buf_str(&out));
     /* the curls hang up after 3 s; their jobs are cancelled and the server is idle again */
-    bool idle = false;
-    for (double t0 = harness_now(); harness_now() - t0 < 30 && !idle;) {
-        usleep(200000);
-        http(s, NULL, "/metrics", NULL, &out, NULL);
-        idle = strstr(kt_buf_str(&out), "vllm:num_requests_running{model_name=\"kimi\"} 0\n") &&
-               strstr(kt_buf_str(&out), "vllm:num_requests_waiting{model_name=\"kimi\"} 0\n");
-    }
-    KT_CHECK(idle, "requests still running after their clients left");
+    KT_CHECK(wait_idle(s, 30), "requests still running after their clients left");
     KT_CHECK(aborted_so_far(s) == aborted_before + 3, "3 more aborted: %ld, then %ld", aborted_before,
              aborted_so_far(s));
     kt_buf_free(&out), kt_buf_free(&head);
+}
+
+/* A client that hangs up - halfway through its request, during a stream,
+ * while its whole response is made, or with a reset - is routine: the HTTP
+ * layer logs nothing about it (every hang-up used to log an "application
+ * error"), and the jobs are cancelled. */
+static void client_hangups_log_nothing_alarming(const struct test_server *s)
+{
+    size_t len = 0;
+    char *before = kt_test_read_file(s->log, &len);
+    size_t log_start = before ? len : 0;
+    free(before);
+    double aborted = server_metric(s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"abort\"}");
+
+    int fd = raw_connect(s);
+    KT_CHECK(fd >= 0 && raw_send(fd, "POST /v1/completions HTTP/1.1\r\nHost: kt\r\nContent-Length: 100\r\n\r\n{\"pro"),
+             "half a request");
+    usleep(100000);
+    close(fd);
+    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 1500, \"ignore_eos\": true%s}";
+    char body[256], cmd[1024];
+    snprintf(body, sizeof body, lng, ", \"stream\": true");
+    snprintf(cmd, sizeof cmd, "curl -sN --max-time 1 -o /dev/null -d '%s' http://127.0.0.1:%d/v1/completions", body,
+             s->port);
+    kt_test_system("%s", cmd);
+    snprintf(body, sizeof body, lng, "");
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 1 -o /dev/null -d '%s' http://127.0.0.1:%d/v1/completions", body,
+             s->port);
+    kt_test_system("%s", cmd);
+    /* a stream reset while it flows: the server's next write fails */
+    fd = raw_connect(s);
+    snprintf(body, sizeof body, lng, ", \"stream\": true");
+    char request[512];
+    snprintf(request, sizeof request, "POST /v1/completions HTTP/1.1\r\nHost: kt\r\nContent-Type: application/json\r\n"
+                                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    KT_CHECK(fd >= 0 && raw_send(fd, request), "a streaming request");
+    char buf[512];
+    KT_CHECK(fd >= 0 && read(fd, buf, sizeof buf) > 0, "the stream's first bytes");
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    close(fd);
+
+    KT_CHECK(wait_idle(s, 30), "requests still running after their clients left");
+    double aborted_after = server_metric(s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"abort\"}");
+    KT_CHECK(aborted_after == aborted + 3, "3 more aborted: %g, then %g", aborted, aborted_after);
+    char *log = kt_test_read_file(s->log, &len);
+    const char *fresh = log && len >= log_start ? log + log_start : "";
+    KT_CHECK(!strstr(fresh, "kt-serve: http:") && !strstr(fresh, "error"), "hang-ups logged:\n%s", fresh);
+    free(log);
 }
 
 static void api_key_is_required_when_set(void)
@@ -525,6 +568,7 @@ int main(void)
         RUN_WITH(tool_calls_and_reasoning, &s);
         RUN_WITH(streaming_pings_and_usage, &s);
         RUN_WITH(full_queue_429_and_hangups_cancel, &s);
+        RUN_WITH(client_hangups_log_nothing_alarming, &s);
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
     KT_RUN(api_key_is_required_when_set);

@@ -73,8 +73,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         double now = kt_monotonic_s();
         if (kt_response_take(&st->w) || !st->w.role_sent) {
             st->finished = kt_response_stream(&st->w, &st->out);
-            if (st->out.out_of_memory)
+            if (st->out.out_of_memory) {
+                kt_http_out_of_memory("writing a stream");
                 return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
             if (st->out.len)
                 st->last_send = now;
             continue;
@@ -111,19 +113,19 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
     if (!st) {
         kt_job_cancel(job);
         kt_job_release(job);
-        return MHD_NO;
+        return kt_http_out_of_memory("starting a stream");
     }
     st->server = s, st->conn = rq->conn, st->job = job, st->last_send = kt_monotonic_s();
     if (!kt_response_init(&st->w, r, job, s->tok, id, s->served_name)) {
         st->finished = true;
         stream_free(st);
-        return MHD_NO;
+        return kt_http_out_of_memory("starting a stream");
     }
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
                                                                   stream_free);
     if (!resp) {
         stream_free(st);
-        return MHD_NO;
+        return kt_http_out_of_memory("starting a stream");
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -141,7 +143,7 @@ static enum MHD_Result answer_whole(struct kt_http_request *rq, struct kt_job *j
     if (!kt_response_init(&w, r, job, s->tok, id, s->served_name)) {
         kt_job_cancel(job);
         kt_job_release(job);
-        return MHD_NO;
+        return kt_http_out_of_memory("preparing a response");
     }
     uint64_t seen = 0;
     enum MHD_Result ok;

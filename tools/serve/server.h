@@ -111,6 +111,8 @@ enum MHD_Result kt_http_queue(struct kt_http_request *rq, unsigned status, struc
 void kt_http_count(struct kt_server *s, unsigned status);
 /* true when the client closed its end of the connection */
 bool kt_http_client_gone(struct MHD_Connection *conn);
+/* logs that memory ran out doing `what` and returns MHD_NO, which closes the connection */
+enum MHD_Result kt_http_out_of_memory(const char *what);
 
 /* endpoints.c */
 enum MHD_Result kt_serve_health(struct kt_http_request *rq);
