@@ -416,22 +416,99 @@ static void deepseek_tool_calls(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+/* A stream the server ended says so: its choice's last chunk has
+ * finish_reason "abort" (never "stop"), then the error event with code, then
+ * [DONE]. */
+static void check_aborted_stream(const char *t, const char *what, const char *code)
+{
+    const char *error = strstr(t, "data: {\"error\":");
+    const char *last_finish = NULL;
+    for (const char *at = strstr(t, "\"finish_reason\":\""); at; at = strstr(at + 1, "\"finish_reason\":\""))
+        last_finish = at;
+    char want_code[96];
+    snprintf(want_code, sizeof want_code, "\"code\":\"%s\"", code);
+    size_t len = strlen(t);
+    KT_CHECK(!strstr(t, "\"finish_reason\":\"stop\"") && last_finish &&
+                 strncmp(last_finish, "\"finish_reason\":\"abort\"", 23) == 0,
+             "%s: the stream's end must say abort, never stop: %.3000s", what, t);
+    KT_CHECK(error && last_finish < error && strstr(error, want_code), "%s: an error event (%s) after the end: %.3000s",
+             what, code, t);
+    KT_CHECK(len > 14 && strcmp(t + len - 14, "data: [DONE]\n\n") == 0, "%s: [DONE] last: %.3000s", what, t);
+}
+
 static void request_timeout_ends_long_requests(void)
 {
     struct test_server s;
-    if (!server_start(&s, kimi, "-t 2 -q --request-timeout 1", true))
+    if (!server_start(&s, kimi, "-t 1 -q --served-model-name kimi --request-timeout 2", true))
         return;
-    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 4000, \"ignore_eos\": true%s}";
+    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 3000, \"ignore_eos\": true%s}";
     char body[256];
     snprintf(body, sizeof body, lng, "");
+    double t0 = harness_now();
     expect_error(&s, NULL, "/v1/completions", body, 504, NULL, "timeout");
+    KT_CHECK(harness_now() - t0 < 10, "the timeout took %.1f s", harness_now() - t0);
     struct kt_buf out = {0};
     snprintf(body, sizeof body, lng, ", \"stream\": true");
-    KT_CHECK(http(&s, "-N", "/v1/completions", body, &out, NULL) == 200 &&
-                 strstr(kt_buf_str(&out), "data: {\"error\":{") && strstr(kt_buf_str(&out), "data: [DONE]"),
-             "a timed-out stream ends with an error event: %.300s", kt_buf_str(&out));
+    KT_CHECK(http(&s, "-N", "/v1/completions", body, &out, NULL) == 200, "stream: %.300s", kt_buf_str(&out));
+    check_aborted_stream(kt_buf_str(&out), "a timed-out completions stream", "timeout");
+    KT_CHECK(http(&s, "-N", "/v1/chat/completions",
+                  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 3000, \"ignore_eos\": "
+                  "true, \"stream\": true, \"stream_options\": {\"include_usage\": true}}",
+                  &out, NULL) == 200,
+             "chat stream: %.300s", kt_buf_str(&out));
+    check_aborted_stream(kt_buf_str(&out), "a timed-out chat stream", "timeout");
+    KT_CHECK(server_metric(&s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"abort\"}") == 3 &&
+                 server_metric(&s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"stop\"}") == 0,
+             "3 requests aborted, none stopped");
     kt_buf_free(&out);
     KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+/* Starts a long stream with curl in the background, its output in file;
+ * returns once the stream has begun. */
+static void start_long_stream(const struct test_server *s, const char *file)
+{
+    unlink(file);
+    kt_test_system("curl -sN --max-time 120 -o %s -d '{\"prompt\": \"x\", \"max_tokens\": 3000, \"ignore_eos\": true, "
+                   "\"stream\": true}' http://127.0.0.1:%d/v1/completions &",
+                   file, s->port);
+    size_t len = 0;
+    for (double t0 = harness_now(); harness_now() - t0 < 30 && len == 0; usleep(20000)) {
+        char *text = kt_test_read_file(file, &len);
+        free(text);
+    }
+    KT_CHECK(len > 0, "the stream never began");
+}
+
+/* Waits up to wait_s for curl to finish writing file (it ends with [DONE]). */
+static char *stream_result(const char *file, double wait_s)
+{
+    size_t len = 0;
+    char *text = NULL;
+    for (double t0 = harness_now(); harness_now() - t0 < wait_s; usleep(50000)) {
+        free(text);
+        text = kt_test_read_file(file, &len);
+        if (text && len >= 14 && strcmp(text + len - 14, "data: [DONE]\n\n") == 0)
+            break;
+    }
+    return text;
+}
+
+static void sigterm_ends_a_stream_past_the_shutdown_timeout_as_aborted(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 1 -q --shutdown-timeout 1", true))
+        return;
+    char file[1024];
+    snprintf(file, sizeof file, "%s", kt_test_path("drained-stream"));
+    start_long_stream(&s, file);
+    double t0 = harness_now();
+    KT_CHECK(server_stop(&s) == 0, "kt-serve's exit status after SIGTERM");
+    KT_CHECK(harness_now() - t0 < 15, "stopping took %.1f s with --shutdown-timeout 1", harness_now() - t0);
+    char *text = stream_result(file, 10);
+    check_aborted_stream(text ? text : "", "a stream cut off by the drain", "server_shutting_down");
+    free(text);
+    unlink(file);
 }
 
 static void sigterm_finishes_the_running_stream_and_exits_0(void)
@@ -575,6 +652,7 @@ int main(void)
     KT_RUN(metrics_name_the_sim_device_by_its_config_name);
     KT_RUN(deepseek_tool_calls);
     KT_RUN(request_timeout_ends_long_requests);
+    KT_RUN(sigterm_ends_a_stream_past_the_shutdown_timeout_as_aborted);
     KT_RUN(sigterm_finishes_the_running_stream_and_exits_0);
     KT_RUN(profile_endpoint_and_file_count_what_was_served);
     unlink(kimi), unlink(deepseek), unlink(big);

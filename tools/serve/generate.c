@@ -45,8 +45,11 @@ static void log_done(struct kt_server *s, const char *what, const struct kt_resp
     uint32_t completion = 0;
     for (uint32_t c = 0; c < w->job->n; c++)
         completion += w->ch[c].n_tokens;
+    /* a client that left before its job ended cancelled it: the scheduler ends it at its next step */
+    enum kt_finish f = w->ch[0].finish;
     fprintf(stderr, "kt-serve: %s: prompt %zu (cached %u), completion %u, %s, %.3f s%s\n", w->id, w->job->prompt.n_ids,
-            w->n_cached, completion, kt_finish_name(w->ch[0].finish), kt_monotonic_s() - t0, what);
+            w->n_cached, completion, kt_finish_name(f == KT_FINISH_NONE ? KT_FINISH_CANCELLED : f),
+            kt_monotonic_s() - t0, what);
 }
 
 /* ---- streaming ------------------------------------------------------------------------------------ */
