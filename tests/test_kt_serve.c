@@ -511,6 +511,40 @@ static void sigterm_ends_a_stream_past_the_shutdown_timeout_as_aborted(void)
     unlink(file);
 }
 
+static void a_second_sigterm_quits_at_once(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 1 --shutdown-timeout 300", true))
+        return;
+    char file[1024];
+    snprintf(file, sizeof file, "%s", kt_test_path("second-signal-stream"));
+    start_long_stream(&s, file);
+    kill(s.pid, SIGTERM);
+    usleep(500000);
+    int status = 0;
+    KT_CHECK(waitpid(s.pid, &status, WNOHANG) == 0, "kt-serve stopped before its stream finished");
+    double t0 = harness_now();
+    kill(s.pid, SIGTERM);
+    pid_t done = 0;
+    while (done == 0 && harness_now() - t0 < 10) {
+        usleep(10000);
+        done = waitpid(s.pid, &status, WNOHANG);
+    }
+    KT_CHECK(done == s.pid && harness_now() - t0 < 2, "a second SIGTERM took %.1f s", harness_now() - t0);
+    KT_CHECK(done == s.pid && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM,
+             "exit status %d after a second SIGTERM, expected %d", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+             128 + SIGTERM);
+    if (done != s.pid) {
+        kill(s.pid, SIGKILL);
+        waitpid(s.pid, &status, 0);
+    }
+    size_t len = 0;
+    char *log = kt_test_read_file(s.log, &len);
+    KT_CHECK(log && strstr(log, "SIGTERM again: quitting now"), "the log says why: %s", log ? log : "(none)");
+    free(log);
+    unlink(file);
+}
+
 static void sigterm_finishes_the_running_stream_and_exits_0(void)
 {
     struct test_server s;
@@ -653,6 +687,7 @@ int main(void)
     KT_RUN(deepseek_tool_calls);
     KT_RUN(request_timeout_ends_long_requests);
     KT_RUN(sigterm_ends_a_stream_past_the_shutdown_timeout_as_aborted);
+    KT_RUN(a_second_sigterm_quits_at_once);
     KT_RUN(sigterm_finishes_the_running_stream_and_exits_0);
     KT_RUN(profile_endpoint_and_file_count_what_was_served);
     unlink(kimi), unlink(deepseek), unlink(big);

@@ -3,8 +3,10 @@
  * (GET /health answers 503 with the load progress), load the model and
  * start the scheduler, then wait for SIGTERM/SIGINT: stop accepting, let
  * in-flight requests finish for --shutdown-timeout seconds, cancel the
- * rest, exit 0.  Exit status 1: could not listen or load (one line saying
- * why); 2: usage.  See tools/serve/server.h for the threads.
+ * rest, exit 0; a second signal meanwhile quits at once.  Exit status 1:
+ * could not listen or load (one line saying why); 2: usage; 128 + the
+ * signal: a second SIGTERM/SIGINT cut the drain short.  See
+ * tools/serve/server.h for the threads.
  */
 #include <errno.h>
 #include <math.h>
@@ -147,7 +149,8 @@ static const struct kt_cli_option options_table[] = {
     {"--prefix-cache", NULL, "N", 0, "prompt prefixes kept for reuse, LRU (default: --max-seqs; 0: off)",
      opt_prefix_cache},
     {"--request-timeout", NULL, "S", 0, "seconds a request may run (default 600; 0: no limit)", opt_timeout},
-    {"--shutdown-timeout", NULL, "S", 0, "on SIGTERM, seconds to let requests finish (default 30)", opt_shutdown},
+    {"--shutdown-timeout", NULL, "S", 0, "on SIGTERM, seconds to let requests finish (default 30); a second signal "
+     "quits at once", opt_shutdown},
     {"--sse-ping-interval", NULL, "S", 0, "': ping' on a stream quiet for S seconds (default 10; 0: never)",
      opt_ping},
     {"--max-body-bytes", NULL, "N", 0, "larger request bodies get 413 (default 8 MiB)", opt_body},
@@ -345,6 +348,20 @@ static void *loader_main(void *arg)
 
 /* ---- main -------------------------------------------------------------------------------------------- */
 
+/* Drains on a thread of its own, so the main thread can take a second
+ * signal meanwhile; tells it when done. */
+static void *drain_main(void *arg)
+{
+    struct kt_server *s = arg;
+    if (s->sched)
+        kt_sched_drain(s->sched, s->o.shutdown_timeout_s);
+    /* the jobs are done; let their responses reach the clients before closing connections */
+    for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
+        usleep(10000);
+    pthread_kill(g_main_thread, SIGUSR1);
+    return NULL;
+}
+
 static void write_profile(struct kt_server *s)
 {
     kt_err err = {0};
@@ -453,11 +470,27 @@ int main(int argc, char **argv)
         _exit(0);
     }
     pthread_join(loader, NULL);
-    if (s->sched)
-        kt_sched_drain(s->sched, s->o.shutdown_timeout_s);
-    /* the jobs are done; let their responses reach the clients before closing connections */
-    for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
-        usleep(10000);
+    /* SIGUSR1 from here on: the drain is done.  A second SIGTERM/SIGINT quits at once. */
+    double drain_t0 = kt_monotonic_s();
+    pthread_t drainer;
+    if (pthread_create(&drainer, NULL, drain_main, s) != 0) {
+        fprintf(stderr, "kt-serve: cannot start a thread to drain on; draining here (a second signal waits for it)\n");
+        drain_main(s);
+    } else {
+        int again = SIGUSR1;
+        if (sigwait(&set, &again) != 0)
+            again = SIGUSR1; /* cannot take signals: wait for the drain */
+        if (again != SIGUSR1) {
+            fprintf(stderr, "kt-serve: %s again: quitting now, %.1f s into the drain (--shutdown-timeout %g); %d "
+                            "responses in flight are cut off, the profile and the plan are not written; exit "
+                            "status %d\n",
+                    again == SIGTERM ? "SIGTERM" : "SIGINT", kt_monotonic_s() - drain_t0, s->o.shutdown_timeout_s,
+                    atomic_load(&s->in_flight), 128 + again);
+            fflush(stderr);
+            _exit(128 + again);
+        }
+        pthread_join(drainer, NULL);
+    }
     write_profile(s); /* what was served, all of it */
     kt_serve_placement_stop(s);
     kt_err err = {0};
