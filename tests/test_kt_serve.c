@@ -261,6 +261,27 @@ static void streaming_pings_and_usage(const struct test_server *s)
     kt_buf_free(&out), kt_buf_free(&body);
 }
 
+/* A completions stream waiting behind a full batch sends pings like a chat
+ * stream: it used to spin on the job without waiting, and never pinged. */
+static void a_queued_completions_stream_pings(const struct test_server *s)
+{
+    char cmd[1024];
+    for (int i = 0; i < 2; i++) { /* --max-seqs 2: both sequences busy for 2 s */
+        snprintf(cmd, sizeof cmd, "curl -s --max-time 2 -o /dev/null -d '{\"prompt\": \"x\", \"max_tokens\": 1500, "
+                                  "\"ignore_eos\": true}' http://127.0.0.1:%d/v1/completions &", s->port);
+        kt_test_system("%s", cmd);
+    }
+    usleep(300000);
+    struct kt_buf out = {0};
+    int code = http(s, "-N", "/v1/completions",
+                    "{\"prompt\": \"x\", \"max_tokens\": 2, \"ignore_eos\": true, \"stream\": true}", &out, NULL);
+    const char *t = kt_buf_str(&out);
+    KT_CHECK(code == 200 && strncmp(t, ": ping\n\n", 8) == 0 && strstr(t, "\"finish_reason\":\"length\""),
+             "a queued completions stream: %.400s", t);
+    KT_CHECK(wait_idle(s, 30), "the long requests are still running");
+    kt_buf_free(&out);
+}
+
 static long aborted_so_far(const struct test_server *s)
 {
     struct kt_buf out = {0};
@@ -678,6 +699,7 @@ int main(void)
         RUN_WITH(chat_and_completions, &s);
         RUN_WITH(tool_calls_and_reasoning, &s);
         RUN_WITH(streaming_pings_and_usage, &s);
+        RUN_WITH(a_queued_completions_stream_pings, &s);
         RUN_WITH(full_queue_429_and_hangups_cancel, &s);
         RUN_WITH(client_hangups_log_nothing_alarming, &s);
         KT_CHECK(server_stop(&s) == 0, "exit status");

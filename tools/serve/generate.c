@@ -26,6 +26,7 @@ struct stream {
     size_t out_off;
     uint64_t seen;
     double last_send;
+    bool opened;             /* the opening events (a chat's role, an echo) were made */
     bool finished;
     char log[160];
 };
@@ -74,7 +75,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         double now = kt_monotonic_s();
-        if (kt_response_take(&st->w) || !st->w.role_sent) {
+        if (kt_response_take(&st->w) || !st->opened) {
+            st->opened = true;
             st->finished = kt_response_stream(&st->w, &st->out);
             if (st->out.out_of_memory) {
                 kt_http_out_of_memory("writing a stream");
