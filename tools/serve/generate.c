@@ -55,6 +55,15 @@ static void log_done(struct kt_server *s, const char *what, const struct kt_resp
 
 /* ---- streaming ------------------------------------------------------------------------------------ */
 
+/* libmicrohttpd closes a connection that sent nothing for --client-timeout
+ * (its stall timer, which also catches clients that stop reading), so a
+ * quiet stream pings at least every half of it, --sse-ping-interval 0 too. */
+static double ping_interval(const struct kt_server *s)
+{
+    double most = s->o.client_timeout_s / 2.0, p = s->o.ping_interval_s;
+    return p > 0 && p < most ? p : most;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct stream *st = cls;
@@ -86,13 +95,13 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
                 st->last_send = now;
             continue;
         }
-        double ping = st->server->o.ping_interval_s;
-        if (ping > 0 && now - st->last_send >= ping) {
+        double ping = ping_interval(st->server);
+        if (now - st->last_send >= ping) {
             kt_buf_puts(&st->out, ": ping\n\n");
             st->last_send = now;
             continue;
         }
-        double wait_s = ping > 0 ? ping - (now - st->last_send) : 0.25;
+        double wait_s = ping - (now - st->last_send);
         int wait_ms = wait_s > 0.25 ? 250 : wait_s < 0.001 ? 1 : (int)(wait_s * 1000);
         kt_job_wait(st->job, &st->seen, wait_ms);
     }

@@ -226,6 +226,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
             rq->too_large = true;
+            kt_conns_request_received(s, conn);
             return dispatch(rq, url, method); /* answer before reading the body; MHD then closes */
         }
         return MHD_YES;
@@ -248,13 +249,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     if (rq->body.out_of_memory)
         return kt_http_out_of_memory("collecting a request body");
+    kt_conns_request_received(s, conn);
     return dispatch(rq, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+    struct kt_server *s = cls;
     struct kt_http_request *rq = *con_cls;
-    (void)cls, (void)conn, (void)toe;
+    kt_conns_request_done(s, conn, toe);
     if (!rq)
         return;
     if (rq->in_flight)
@@ -289,11 +292,14 @@ static bool client_went_away(const char *line)
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
     if (client_went_away(line))
         return;
+    if (strncmp(line, "Server reached connection limit", 31) == 0) {
+        kt_conns_log_refusal(cls); /* one line for many */
+        return;
+    }
     size_t n = strlen(line);
     fprintf(stderr, "kt-serve: http: %s%s", line, n && line[n - 1] == '\n' ? "" : "\n");
 }
@@ -311,16 +317,26 @@ bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* the logger must come first to catch every message */
+    if (!kt_conns_start(s, why, why_size)) {
+        freeaddrinfo(ai);
+        return false;
+    }
+    /* The logger must come first to catch every message.  A connection's
+     * inactivity timeout starts at --idle-timeout (it has no request yet);
+     * connections.c switches it to --client-timeout while a request is on. */
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                                  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_NOTIFY_CONNECTION, kt_conns_notify, s,
+                                 MHD_OPTION_URI_LOG_CALLBACK, kt_conns_request_begins, s,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, /* idle keep-alive seconds */
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_connections_per_client,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.idle_timeout_s,
                                  MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon) {
+        kt_conns_stop(s);
         snprintf(why, why_size, "cannot listen on %s:%u (in use, or not an address of this machine)", s->o.host,
                  s->o.port);
         return false;
@@ -344,4 +360,5 @@ void kt_http_stop(struct kt_server *s)
     if (s->daemon)
         MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
+    kt_conns_stop(s);
 }
