@@ -63,6 +63,11 @@ static void slow_clients_lock_nobody_out_and_are_closed(void)
     KT_CHECK(timed_out >= 1 && for_room >= 1 && timed_out + for_room >= N_SLOW,
              "closed: %g for their deadline, %g for room, of %d", timed_out, for_room, N_SLOW);
     KT_CHECK(server_metric(&s, "kt:http_connections{state=\"receiving\"}") == 0, "connections still receiving");
+    size_t len = 0;
+    char *log = kt_test_read_file(s.log, &len);
+    KT_CHECK(log && !strstr(log, "kt-serve: http:"), "closing slow clients is routine, yet logged:\n%.2000s",
+             log ? log : "(none)");
+    free(log);
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 

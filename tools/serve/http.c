@@ -267,10 +267,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
-/* libmicrohttpd's messages for a client that went away (it hung up or reset
- * the connection): routine, and the handler that noticed logs the request
- * itself.  libmicrohttpd passes most messages as "%s\n" with the text an
- * argument, so the filter reads the formatted line, not the format. */
+/* libmicrohttpd's messages for a connection that went away (its client hung
+ * up or reset it, or connections.c closed a slow one): routine, and a handler
+ * that noticed logs the request itself.  libmicrohttpd passes most messages
+ * as "%s\n" with the text an argument, so the filter reads the formatted
+ * line, not the format. */
 static bool client_went_away(const char *line)
 {
     static const char *const starts[] = {
@@ -278,6 +279,7 @@ static bool client_went_away(const char *line)
         "Application reported internal error",                         /* a handler saw it (or logged why not) */
         "Connection was closed by remote side with incomplete request",
         "Socket has been disconnected when reading request",
+        "Connection socket is closed when reading request due to the error: detected connection closure",
     };
     static const char *const peer_gone[] = {"forcibly closed by remote peer", "no longer available for sending",
                                             "socket is not connected"};
