@@ -190,6 +190,7 @@ enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind k
     struct kt_api_error e;
     if (!kt_api_request_parse(kind, kt_buf_str(&rq->body), rq->body.len, &r, &e))
         return kt_http_send_error(rq, &e);
+    kt_buf_free(&rq->body); /* parsed: a response that lasts minutes need not keep up to --max-body-bytes */
     atomic_fetch_add(&s->in_flight, 1); /* until the response is sent: on_completed in http.c */
     rq->in_flight = true;
     enum MHD_Result ok;
