@@ -4,9 +4,10 @@
  * answers the OpenAI envelope with the right status and parameter (400, 401,
  * 404, 405, 413, 429 with Retry-After); chat and text completions, streamed
  * and not; Kimi and DeepSeek tool calls and reasoning parsed from the
- * generated text; ": ping" during a long prefill; clients that hang up are
- * cancelled, and the HTTP layer logs nothing; SIGTERM lets a running stream finish and
- * exits 0.
+ * generated text; ": ping" during a long prefill and in the queue; clients
+ * that hang up are cancelled, and the HTTP layer logs nothing; a timed-out
+ * or drained stream ends with "abort" and an error event; SIGTERM lets a
+ * running stream finish and exits 0, a second SIGTERM quits at once.
  */
 #include <jansson.h>
 #include <math.h>
