@@ -7,10 +7,15 @@
 #ifndef KT_SERVE_HARNESS_H
 #define KT_SERVE_HARNESS_H
 
+#include <arpa/inet.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -115,6 +120,43 @@ static inline int server_stop(struct test_server *s)
     return -1;
 }
 
+/* A TCP connection to the server, for clients curl cannot play (slow, half
+ * a request, a reset); -1 on failure. */
+static inline int raw_connect(const struct test_server *s)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+static inline bool raw_send(int fd, const char *text)
+{
+    return send(fd, text, strlen(text), MSG_NOSIGNAL) == (ssize_t)strlen(text);
+}
+
+/* Seconds until the server closed fd (read returns 0 or fails; what it
+ * sends is read and dropped), or -1 if it is still open after wait_s. */
+static inline double raw_wait_closed(int fd, double wait_s)
+{
+    double t0 = harness_now();
+    for (;;) {
+        double left = wait_s - (harness_now() - t0);
+        if (left <= 0)
+            return -1;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(left * 1000) + 1) > 0) {
+            char buf[4096];
+            if (read(fd, buf, sizeof buf) <= 0)
+                return harness_now() - t0;
+        }
+    }
+}
+
 /* curl CURL_ARGS http://127.0.0.1:PORT/PATH with body (NULL: none) as JSON;
  * returns the HTTP status (0 if curl failed), the body in out and the
  * response headers in headers (either may be NULL). */
@@ -160,6 +202,41 @@ static inline int http(const struct test_server *s, const char *curl_args, const
     }
     unlink(body_file), unlink(out_file), unlink(head_file);
     return code;
+}
+
+/* The value of the first sample in Prometheus text whose line starts with
+ * series (a name, or a name and the start of its labels); NAN if none. */
+static inline double metric_value(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+    for (const char *line = text; line && *line; line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        if (strncmp(line, series, n) != 0)
+            continue;
+        const char *end = strchr(line, '\n'), *space = NULL;
+        for (const char *c = line; c < (end ? end : line + strlen(line)); c++)
+            if (*c == ' ')
+                space = c;
+        return space ? atof(space + 1) : NAN;
+    }
+    return NAN;
+}
+
+static inline double server_metric(const struct test_server *s, const char *series)
+{
+    struct kt_buf out = {0};
+    http(s, NULL, "/metrics", NULL, &out, NULL);
+    double v = metric_value(kt_buf_str(&out), series);
+    kt_buf_free(&out);
+    return v;
+}
+
+/* Polls /metrics until nothing runs or waits; false if that took over wait_s. */
+static inline bool wait_idle(const struct test_server *s, double wait_s)
+{
+    for (double t0 = harness_now(); harness_now() - t0 < wait_s; usleep(100000))
+        if (server_metric(s, "vllm:num_requests_running{") == 0 && server_metric(s, "vllm:num_requests_waiting{") == 0)
+            return true;
+    return false;
 }
 
 #endif

@@ -4,8 +4,10 @@
  * answers the OpenAI envelope with the right status and parameter (400, 401,
  * 404, 405, 413, 429 with Retry-After); chat and text completions, streamed
  * and not; Kimi and DeepSeek tool calls and reasoning parsed from the
- * generated text; ": ping" during a long prefill; clients that hang up are
- * cancelled; SIGTERM lets a running stream finish and exits 0.
+ * generated text; ": ping" during a long prefill and in the queue; clients
+ * that hang up are cancelled, and the HTTP layer logs nothing; a timed-out
+ * or drained stream ends with "abort" and an error event; SIGTERM lets a
+ * running stream finish and exits 0, a second SIGTERM quits at once.
  */
 #include <jansson.h>
 #include <math.h>
@@ -260,6 +262,27 @@ static void streaming_pings_and_usage(const struct test_server *s)
     kt_buf_free(&out), kt_buf_free(&body);
 }
 
+/* A completions stream waiting behind a full batch sends pings like a chat
+ * stream: it used to spin on the job without waiting, and never pinged. */
+static void a_queued_completions_stream_pings(const struct test_server *s)
+{
+    char cmd[1024];
+    for (int i = 0; i < 2; i++) { /* --max-seqs 2: both sequences busy for 2 s */
+        snprintf(cmd, sizeof cmd, "curl -s --max-time 2 -o /dev/null -d '{\"prompt\": \"x\", \"max_tokens\": 1500, "
+                                  "\"ignore_eos\": true}' http://127.0.0.1:%d/v1/completions &", s->port);
+        kt_test_system("%s", cmd);
+    }
+    usleep(300000);
+    struct kt_buf out = {0};
+    int code = http(s, "-N", "/v1/completions",
+                    "{\"prompt\": \"x\", \"max_tokens\": 2, \"ignore_eos\": true, \"stream\": true}", &out, NULL);
+    const char *t = kt_buf_str(&out);
+    KT_CHECK(code == 200 && strncmp(t, ": ping\n\n", 8) == 0 && strstr(t, "\"finish_reason\":\"length\""),
+             "a queued completions stream: %.400s", t);
+    KT_CHECK(wait_idle(s, 30), "the long requests are still running");
+    kt_buf_free(&out);
+}
+
 static long aborted_so_far(const struct test_server *s)
 {
     struct kt_buf out = {0};
@@ -287,17 +310,59 @@ static void full_queue_429_and_hangups_cancel(const struct test_server *s)
     KT_CHECK(code == 429 && strcasestr(kt_buf_str(&head), "Retry-After:"), "queue full: %d %s", code,
              kt_buf_str(&out));
     /* the curls hang up after 3 s; their jobs are cancelled and the server is idle again */
-    bool idle = false;
-    for (double t0 = harness_now(); harness_now() - t0 < 30 && !idle;) {
-        usleep(200000);
-        http(s, NULL, "/metrics", NULL, &out, NULL);
-        idle = strstr(kt_buf_str(&out), "vllm:num_requests_running{model_name=\"kimi\"} 0\n") &&
-               strstr(kt_buf_str(&out), "vllm:num_requests_waiting{model_name=\"kimi\"} 0\n");
-    }
-    KT_CHECK(idle, "requests still running after their clients left");
+    KT_CHECK(wait_idle(s, 30), "requests still running after their clients left");
     KT_CHECK(aborted_so_far(s) == aborted_before + 3, "3 more aborted: %ld, then %ld", aborted_before,
              aborted_so_far(s));
     kt_buf_free(&out), kt_buf_free(&head);
+}
+
+/* A client that hangs up - halfway through its request, during a stream,
+ * while its whole response is made, or with a reset - is routine: the HTTP
+ * layer logs nothing about it (every hang-up used to log an "application
+ * error"), and the jobs are cancelled. */
+static void client_hangups_log_nothing_alarming(const struct test_server *s)
+{
+    size_t len = 0;
+    char *before = kt_test_read_file(s->log, &len);
+    size_t log_start = before ? len : 0;
+    free(before);
+    double aborted = server_metric(s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"abort\"}");
+
+    int fd = raw_connect(s);
+    KT_CHECK(fd >= 0 && raw_send(fd, "POST /v1/completions HTTP/1.1\r\nHost: kt\r\nContent-Length: 100\r\n\r\n{\"pro"),
+             "half a request");
+    usleep(100000);
+    close(fd);
+    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 1500, \"ignore_eos\": true%s}";
+    char body[256], cmd[1024];
+    snprintf(body, sizeof body, lng, ", \"stream\": true");
+    snprintf(cmd, sizeof cmd, "curl -sN --max-time 1 -o /dev/null -d '%s' http://127.0.0.1:%d/v1/completions", body,
+             s->port);
+    kt_test_system("%s", cmd);
+    snprintf(body, sizeof body, lng, "");
+    snprintf(cmd, sizeof cmd, "curl -s --max-time 1 -o /dev/null -d '%s' http://127.0.0.1:%d/v1/completions", body,
+             s->port);
+    kt_test_system("%s", cmd);
+    /* a stream reset while it flows: the server's next write fails */
+    fd = raw_connect(s);
+    snprintf(body, sizeof body, lng, ", \"stream\": true");
+    char request[512];
+    snprintf(request, sizeof request, "POST /v1/completions HTTP/1.1\r\nHost: kt\r\nContent-Type: application/json\r\n"
+                                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
+    KT_CHECK(fd >= 0 && raw_send(fd, request), "a streaming request");
+    char buf[512];
+    KT_CHECK(fd >= 0 && read(fd, buf, sizeof buf) > 0, "the stream's first bytes");
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    close(fd);
+
+    KT_CHECK(wait_idle(s, 30), "requests still running after their clients left");
+    double aborted_after = server_metric(s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"abort\"}");
+    KT_CHECK(aborted_after == aborted + 3, "3 more aborted: %g, then %g", aborted, aborted_after);
+    char *log = kt_test_read_file(s->log, &len);
+    const char *fresh = log && len >= log_start ? log + log_start : "";
+    KT_CHECK(!strstr(fresh, "kt-serve: http:") && !strstr(fresh, "error"), "hang-ups logged:\n%s", fresh);
+    free(log);
 }
 
 static void api_key_is_required_when_set(void)
@@ -373,22 +438,133 @@ static void deepseek_tool_calls(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+/* A stream the server ended says so: its choice's last chunk has
+ * finish_reason "abort" (never "stop"), then the error event with code, then
+ * [DONE]. */
+static void check_aborted_stream(const char *t, const char *what, const char *code)
+{
+    const char *error = strstr(t, "data: {\"error\":");
+    const char *last_finish = NULL;
+    for (const char *at = strstr(t, "\"finish_reason\":\""); at; at = strstr(at + 1, "\"finish_reason\":\""))
+        last_finish = at;
+    char want_code[96];
+    snprintf(want_code, sizeof want_code, "\"code\":\"%s\"", code);
+    size_t len = strlen(t);
+    KT_CHECK(!strstr(t, "\"finish_reason\":\"stop\"") && last_finish &&
+                 strncmp(last_finish, "\"finish_reason\":\"abort\"", 23) == 0,
+             "%s: the stream's end must say abort, never stop: %.3000s", what, t);
+    KT_CHECK(error && last_finish < error && strstr(error, want_code), "%s: an error event (%s) after the end: %.3000s",
+             what, code, t);
+    KT_CHECK(len > 14 && strcmp(t + len - 14, "data: [DONE]\n\n") == 0, "%s: [DONE] last: %.3000s", what, t);
+}
+
 static void request_timeout_ends_long_requests(void)
 {
     struct test_server s;
-    if (!server_start(&s, kimi, "-t 2 -q --request-timeout 1", true))
+    if (!server_start(&s, kimi, "-t 1 -q --served-model-name kimi --request-timeout 2", true))
         return;
-    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 4000, \"ignore_eos\": true%s}";
+    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 3000, \"ignore_eos\": true%s}";
     char body[256];
     snprintf(body, sizeof body, lng, "");
+    double t0 = harness_now();
     expect_error(&s, NULL, "/v1/completions", body, 504, NULL, "timeout");
+    KT_CHECK(harness_now() - t0 < 10, "the timeout took %.1f s", harness_now() - t0);
     struct kt_buf out = {0};
     snprintf(body, sizeof body, lng, ", \"stream\": true");
-    KT_CHECK(http(&s, "-N", "/v1/completions", body, &out, NULL) == 200 &&
-                 strstr(kt_buf_str(&out), "data: {\"error\":{") && strstr(kt_buf_str(&out), "data: [DONE]"),
-             "a timed-out stream ends with an error event: %.300s", kt_buf_str(&out));
+    KT_CHECK(http(&s, "-N", "/v1/completions", body, &out, NULL) == 200, "stream: %.300s", kt_buf_str(&out));
+    check_aborted_stream(kt_buf_str(&out), "a timed-out completions stream", "timeout");
+    KT_CHECK(http(&s, "-N", "/v1/chat/completions",
+                  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 3000, \"ignore_eos\": "
+                  "true, \"stream\": true, \"stream_options\": {\"include_usage\": true}}",
+                  &out, NULL) == 200,
+             "chat stream: %.300s", kt_buf_str(&out));
+    check_aborted_stream(kt_buf_str(&out), "a timed-out chat stream", "timeout");
+    KT_CHECK(server_metric(&s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"abort\"}") == 3 &&
+                 server_metric(&s, "vllm:request_success_total{model_name=\"kimi\",finished_reason=\"stop\"}") == 0,
+             "3 requests aborted, none stopped");
     kt_buf_free(&out);
     KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+/* Starts a long stream with curl in the background, its output in file;
+ * returns once the stream has begun. */
+static void start_long_stream(const struct test_server *s, const char *file)
+{
+    unlink(file);
+    kt_test_system("curl -sN --max-time 120 -o %s -d '{\"prompt\": \"x\", \"max_tokens\": 3000, \"ignore_eos\": true, "
+                   "\"stream\": true}' http://127.0.0.1:%d/v1/completions &",
+                   file, s->port);
+    size_t len = 0;
+    for (double t0 = harness_now(); harness_now() - t0 < 30 && len == 0; usleep(20000)) {
+        char *text = kt_test_read_file(file, &len);
+        free(text);
+    }
+    KT_CHECK(len > 0, "the stream never began");
+}
+
+/* Waits up to wait_s for curl to finish writing file (it ends with [DONE]). */
+static char *stream_result(const char *file, double wait_s)
+{
+    size_t len = 0;
+    char *text = NULL;
+    for (double t0 = harness_now(); harness_now() - t0 < wait_s; usleep(50000)) {
+        free(text);
+        text = kt_test_read_file(file, &len);
+        if (text && len >= 14 && strcmp(text + len - 14, "data: [DONE]\n\n") == 0)
+            break;
+    }
+    return text;
+}
+
+static void sigterm_ends_a_stream_past_the_shutdown_timeout_as_aborted(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 1 -q --shutdown-timeout 1", true))
+        return;
+    char file[1024];
+    snprintf(file, sizeof file, "%s", kt_test_path("drained-stream"));
+    start_long_stream(&s, file);
+    double t0 = harness_now();
+    KT_CHECK(server_stop(&s) == 0, "kt-serve's exit status after SIGTERM");
+    KT_CHECK(harness_now() - t0 < 15, "stopping took %.1f s with --shutdown-timeout 1", harness_now() - t0);
+    char *text = stream_result(file, 10);
+    check_aborted_stream(text ? text : "", "a stream cut off by the drain", "server_shutting_down");
+    free(text);
+    unlink(file);
+}
+
+static void a_second_sigterm_quits_at_once(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 1 --shutdown-timeout 300", true))
+        return;
+    char file[1024];
+    snprintf(file, sizeof file, "%s", kt_test_path("second-signal-stream"));
+    start_long_stream(&s, file);
+    kill(s.pid, SIGTERM);
+    usleep(500000);
+    int status = 0;
+    KT_CHECK(waitpid(s.pid, &status, WNOHANG) == 0, "kt-serve stopped before its stream finished");
+    double t0 = harness_now();
+    kill(s.pid, SIGTERM);
+    pid_t done = 0;
+    while (done == 0 && harness_now() - t0 < 10) {
+        usleep(10000);
+        done = waitpid(s.pid, &status, WNOHANG);
+    }
+    KT_CHECK(done == s.pid && harness_now() - t0 < 2, "a second SIGTERM took %.1f s", harness_now() - t0);
+    KT_CHECK(done == s.pid && WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM,
+             "exit status %d after a second SIGTERM, expected %d", WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+             128 + SIGTERM);
+    if (done != s.pid) {
+        kill(s.pid, SIGKILL);
+        waitpid(s.pid, &status, 0);
+    }
+    size_t len = 0;
+    char *log = kt_test_read_file(s.log, &len);
+    KT_CHECK(log && strstr(log, "SIGTERM again: quitting now"), "the log says why: %s", log ? log : "(none)");
+    free(log);
+    unlink(file);
 }
 
 static void sigterm_finishes_the_running_stream_and_exits_0(void)
@@ -524,13 +700,17 @@ int main(void)
         RUN_WITH(chat_and_completions, &s);
         RUN_WITH(tool_calls_and_reasoning, &s);
         RUN_WITH(streaming_pings_and_usage, &s);
+        RUN_WITH(a_queued_completions_stream_pings, &s);
         RUN_WITH(full_queue_429_and_hangups_cancel, &s);
+        RUN_WITH(client_hangups_log_nothing_alarming, &s);
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
     KT_RUN(api_key_is_required_when_set);
     KT_RUN(metrics_name_the_sim_device_by_its_config_name);
     KT_RUN(deepseek_tool_calls);
     KT_RUN(request_timeout_ends_long_requests);
+    KT_RUN(sigterm_ends_a_stream_past_the_shutdown_timeout_as_aborted);
+    KT_RUN(a_second_sigterm_quits_at_once);
     KT_RUN(sigterm_finishes_the_running_stream_and_exits_0);
     KT_RUN(profile_endpoint_and_file_count_what_was_served);
     unlink(kimi), unlink(deepseek), unlink(big);

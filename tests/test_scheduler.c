@@ -4,7 +4,8 @@
  * (long prompts prefilled in chunks beside decoding streams, n choices
  * forked from one prompt, prompts reusing cached prefixes); stop strings end
  * text exactly; cancelling frees the sequence; a full queue refuses; drain
- * finishes what runs.
+ * finishes what runs; the request histograms all count the completed
+ * requests.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -325,6 +326,67 @@ static void drain_finishes_running_jobs_then_refuses(void)
     kt_sched_destroy(s);
 }
 
+static bool has_token(struct kt_job *job)
+{
+    pthread_mutex_lock(&job->mu);
+    bool yes = job->choices[0].n_tokens > 0;
+    pthread_mutex_unlock(&job->mu);
+    return yes;
+}
+
+/* The request histograms count one population - the requests that completed
+ * - whether the others were aborted in the queue or after their first token
+ * (TTFT and queue time used to leave the first out and count the second,
+ * while end-to-end latency counted both). */
+static void request_histograms_count_the_same_requests(void)
+{
+    kt_serve_metrics_destroy(&g_metrics);
+    kt_serve_metrics_init(&g_metrics);
+    struct kt_sched *s = start(4, 64, 0);
+    struct kt_job *done = job_from("{\"prompt\": \"Hello\", \"max_tokens\": 3, \"ignore_eos\": true}");
+    KT_CHECK(kt_sched_submit(s, done) == KT_SUBMIT_OK, "submit");
+    wait_done(done);
+    struct kt_job *running[MAX_RUNNING], *queued = job_from("{\"prompt\": \"Hello\", \"max_tokens\": 400}");
+    for (int i = 0; i < MAX_RUNNING; i++) {
+        running[i] = job_from("{\"prompt\": \"Hello\", \"max_tokens\": 400, \"ignore_eos\": true}");
+        KT_CHECK(kt_sched_submit(s, running[i]) == KT_SUBMIT_OK, "submit %d", i);
+    }
+    for (int i = 0; i < MAX_RUNNING; i++) {
+        uint64_t seen = 0;
+        for (int tries = 0; tries < 3000 && !has_token(running[i]); tries++)
+            kt_job_wait(running[i], &seen, 10);
+        KT_CHECK(has_token(running[i]), "job %d made no token", i);
+    }
+    KT_CHECK(kt_sched_submit(s, queued) == KT_SUBMIT_OK, "submit behind a full batch");
+    kt_job_cancel(queued);
+    wait_done(queued);
+    KT_CHECK(!queued->started, "the queued job ran");
+    for (int i = 0; i < MAX_RUNNING; i++)
+        kt_job_cancel(running[i]);
+    for (int i = 0; i < MAX_RUNNING; i++)
+        wait_done(running[i]);
+    kt_sched_drain(s, 1.0);
+    struct kt_serve_metrics *m = &g_metrics;
+    pthread_mutex_lock(&m->mu);
+    uint64_t completed = m->request_success[KT_METRIC_STOP] + m->request_success[KT_METRIC_LENGTH];
+    KT_CHECK(completed == 1 && m->request_success[KT_METRIC_ABORT] == MAX_RUNNING + 1, "completed %llu, aborted %llu",
+             (unsigned long long)completed, (unsigned long long)m->request_success[KT_METRIC_ABORT]);
+    KT_CHECK(m->ttft.count == completed && m->queue_time.count == completed && m->e2e.count == completed &&
+                 m->prompt_len.count == completed && m->generation_len.count == completed,
+             "observations: ttft %llu, queue %llu, e2e %llu, prompt %llu, generation %llu; %llu completed",
+             (unsigned long long)m->ttft.count, (unsigned long long)m->queue_time.count,
+             (unsigned long long)m->e2e.count, (unsigned long long)m->prompt_len.count,
+             (unsigned long long)m->generation_len.count, (unsigned long long)completed);
+    KT_CHECK(m->generation_len.sum == 3 && m->ttft.sum <= m->e2e.sum && m->queue_time.sum <= m->ttft.sum,
+             "the completed job: %g tokens, queue %g <= ttft %g <= e2e %g s", m->generation_len.sum,
+             m->queue_time.sum, m->ttft.sum, m->e2e.sum);
+    pthread_mutex_unlock(&m->mu);
+    for (int i = 0; i < MAX_RUNNING; i++)
+        kt_job_release(running[i]);
+    kt_job_release(queued), kt_job_release(done);
+    kt_sched_destroy(s);
+}
+
 static void forced_output_and_chat_stop_at_the_end_token(void)
 {
     struct kt_sched *s = start(4, 64, 0);
@@ -388,6 +450,7 @@ int main(void)
     KT_RUN(cancel_frees_the_sequence_and_full_queue_refuses);
     KT_RUN(drain_finishes_running_jobs_then_refuses);
     KT_RUN(forced_output_and_chat_stop_at_the_end_token);
+    KT_RUN(request_histograms_count_the_same_requests);
     kt_engine_destroy(g_engine);
     kt_tokenizer_destroy(g_tok);
     kt_model_close(g_model);

@@ -184,6 +184,35 @@ static bool prepare_corpus_dir(void)
     return true;
 }
 
+/* Expects a 400 naming 'prompt' whose message holds says and not says_not (NULL: no check). */
+static void prompt_refused_saying(const char *body, const char *says, const char *says_not)
+{
+    write_corpus(body);
+    struct kt_api_request r;
+    struct kt_api_error e = {0};
+    bool ok = kt_api_request_parse(KT_API_COMPLETION, body, strlen(body), &r, &e);
+    if (ok)
+        kt_api_request_free(&r);
+    KT_CHECK(!ok && e.http_status == 400 && strcmp(e.param, "prompt") == 0 && strstr(e.message, says) &&
+                 (!says_not || !strstr(e.message, says_not)),
+             "%s: %d '%s': %s", body, e.http_status, e.param, e.message);
+}
+
+/* A prompt refused says what is wrong with it: a bad token id is named with
+ * its index and value (it used to be called "a batch of prompts"). */
+static void prompt_errors_say_what_is_wrong(void)
+{
+    prompt_refused_saying("{\"prompt\": [1.5]}", "prompt[0] is 1.5", "batch");
+    prompt_refused_saying("{\"prompt\": [1, 2, -3]}", "prompt[2] is -3", "batch");
+    prompt_refused_saying("{\"prompt\": [1, \"a\"]}", "prompt[1] is a string", "batch");
+    prompt_refused_saying("{\"prompt\": [[7, 0.5]]}", "prompt[0][1] is 0.5", "batch");
+    prompt_refused_saying("{\"prompt\": [1, 4294967296]}", "prompt[1] is 4294967296", NULL);
+    prompt_refused_saying("{\"prompt\": [\"a\", \"b\"]}", "a batch of 2 prompts", NULL);
+    prompt_refused_saying("{\"prompt\": [[1], [2], [3]]}", "a batch of 3 prompts", NULL);
+    prompt_refused_saying("{\"prompt\": true}", "not a boolean", NULL);
+    prompt_refused_saying("{\"max_tokens\": 3}", "'prompt' is required", NULL);
+}
+
 int main(void)
 {
     if (!prepare_corpus_dir())
@@ -191,6 +220,7 @@ int main(void)
     KT_RUN(chat_fields_are_read);
     KT_RUN(completion_fields_are_read);
     KT_RUN(bad_fields_name_themselves);
+    KT_RUN(prompt_errors_say_what_is_wrong);
     printf("wrote %d request bodies to %s\n", g_written, g_dir);
     return kt_test_finish();
 }

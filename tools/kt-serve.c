@@ -3,8 +3,10 @@
  * (GET /health answers 503 with the load progress), load the model and
  * start the scheduler, then wait for SIGTERM/SIGINT: stop accepting, let
  * in-flight requests finish for --shutdown-timeout seconds, cancel the
- * rest, exit 0.  Exit status 1: could not listen or load (one line saying
- * why); 2: usage.  See tools/serve/server.h for the threads.
+ * rest, exit 0; a second signal meanwhile quits at once.  Exit status 1:
+ * could not listen or load (one line saying why); 2: usage; 128 + the
+ * signal: a second SIGTERM/SIGINT cut the drain short.  See
+ * tools/serve/server.h for the threads.
  */
 #include <errno.h>
 #include <math.h>
@@ -49,6 +51,9 @@ KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
 KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
 KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
 KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections")
+KT_CLI_U32_OPTION(opt_per_client, max_connections_per_client, 0, 1u << 16, "--max-connections-per-client (0: no limit)")
+KT_CLI_U32_OPTION(opt_client_timeout, client_timeout_s, 1, 86400, "--client-timeout (whole seconds, 1 to 86400)")
+KT_CLI_U32_OPTION(opt_idle_timeout, idle_timeout_s, 1, 86400, "--idle-timeout (whole seconds, 1 to 86400)")
 SECONDS_OPTION(opt_timeout, request_timeout_s, "--request-timeout")
 SECONDS_OPTION(opt_shutdown, shutdown_timeout_s, "--shutdown-timeout")
 SECONDS_OPTION(opt_ping, ping_interval_s, "--sse-ping-interval")
@@ -147,11 +152,22 @@ static const struct kt_cli_option options_table[] = {
     {"--prefix-cache", NULL, "N", 0, "prompt prefixes kept for reuse, LRU (default: --max-seqs; 0: off)",
      opt_prefix_cache},
     {"--request-timeout", NULL, "S", 0, "seconds a request may run (default 600; 0: no limit)", opt_timeout},
-    {"--shutdown-timeout", NULL, "S", 0, "on SIGTERM, seconds to let requests finish (default 30)", opt_shutdown},
-    {"--sse-ping-interval", NULL, "S", 0, "': ping' on a stream quiet for S seconds (default 10; 0: never)",
+    {"--shutdown-timeout", NULL, "S", 0, "on SIGTERM, seconds to let requests finish (default 30); a second signal "
+     "quits at once", opt_shutdown},
+    {"--sse-ping-interval", NULL, "S", 0,
+     "': ping' on a stream quiet for S seconds (default 10; 0: only every half --client-timeout, which keeps "
+     "a quiet stream open)",
      opt_ping},
     {"--max-body-bytes", NULL, "N", 0, "larger request bodies get 413 (default 8 MiB)", opt_body},
-    {"--max-connections", NULL, "N", 0, "open connections at most (default 512)", opt_connections},
+    {"--max-connections", NULL, "N", 0, "open connections at most (default 512); the last eighth is kept free for new "
+     "clients: one arriving closes the connection that has waited longest without sending its request",
+     opt_connections},
+    {"--max-connections-per-client", NULL, "N", 0, "open connections from one address at most (default 0: no "
+     "limit; behind a proxy every client has the proxy's address)", opt_per_client},
+    {"--client-timeout", NULL, "S", 0, "seconds a client has to send a whole request (headers and body), and that a "
+     "response may wait for the client to read (default 30)", opt_client_timeout},
+    {"--idle-timeout", NULL, "S", 0, "seconds a connection may wait between requests (keep-alive) or before its "
+     "first (default 15)", opt_idle_timeout},
     {"--profile-out", NULL, "FILE", 0, "keep writing the routing profile of what is served here (atomically)",
      opt_profile_out},
     {"--profile-half-life", NULL, "T", 0, "the profile's counts halve every T tokens (default 1000000; 0: never)",
@@ -345,6 +361,20 @@ static void *loader_main(void *arg)
 
 /* ---- main -------------------------------------------------------------------------------------------- */
 
+/* Drains on a thread of its own, so the main thread can take a second
+ * signal meanwhile; tells it when done. */
+static void *drain_main(void *arg)
+{
+    struct kt_server *s = arg;
+    if (s->sched)
+        kt_sched_drain(s->sched, s->o.shutdown_timeout_s);
+    /* the jobs are done; let their responses reach the clients before closing connections */
+    for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
+        usleep(10000);
+    pthread_kill(g_main_thread, SIGUSR1);
+    return NULL;
+}
+
 static void write_profile(struct kt_server *s)
 {
     kt_err err = {0};
@@ -370,6 +400,7 @@ int main(int argc, char **argv)
     s->o = (struct kt_serve_options){.host = "127.0.0.1", .port = 8080, .max_seqs = 8, .max_waiting = 64,
                                      .request_timeout_s = 600, .shutdown_timeout_s = 30, .ping_interval_s = 10,
                                      .max_body_bytes = 8u << 20, .max_connections = 512,
+                                     .client_timeout_s = 30, .idle_timeout_s = 15,
                                      .profile_half_life = 1e6, .profile_interval_s = 60,
                                      .rebalance_min_gain = 0.02, .migration_budget_mib = 1024};
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &s->o);
@@ -383,6 +414,15 @@ int main(int argc, char **argv)
         s->o.max_batch_tokens = s->o.max_seqs > 256 ? s->o.max_seqs : 256;
     if (s->o.max_batch_tokens < s->o.max_seqs)
         return kt_cli_usage_error(&cli, "%s", "--max-batch-tokens must be at least --max-seqs");
+    uint32_t answered = s->o.max_seqs + s->o.max_waiting, enough = answered;
+    while (enough - kt_conns_reserved(enough) < answered)
+        enough++;
+    if (s->o.max_connections < enough)
+        fprintf(stderr, "kt-serve: note: --max-connections %u keeps %u slots free for new clients and leaves %u for "
+                        "requests being answered, fewer than --max-seqs + --max-waiting (%u): when that many run "
+                        "and wait, new clients (/health too) wait for a slot; --max-connections %u would not\n",
+                s->o.max_connections, kt_conns_reserved(s->o.max_connections),
+                s->o.max_connections - kt_conns_reserved(s->o.max_connections), answered, enough);
     if (s->o.profile_out) { /* refuse a place the profile could never be written to before loading */
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", s->o.profile_out);
@@ -453,11 +493,27 @@ int main(int argc, char **argv)
         _exit(0);
     }
     pthread_join(loader, NULL);
-    if (s->sched)
-        kt_sched_drain(s->sched, s->o.shutdown_timeout_s);
-    /* the jobs are done; let their responses reach the clients before closing connections */
-    for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 10;)
-        usleep(10000);
+    /* SIGUSR1 from here on: the drain is done.  A second SIGTERM/SIGINT quits at once. */
+    double drain_t0 = kt_monotonic_s();
+    pthread_t drainer;
+    if (pthread_create(&drainer, NULL, drain_main, s) != 0) {
+        fprintf(stderr, "kt-serve: cannot start a thread to drain on; draining here (a second signal waits for it)\n");
+        drain_main(s);
+    } else {
+        int again = SIGUSR1;
+        if (sigwait(&set, &again) != 0)
+            again = SIGUSR1; /* cannot take signals: wait for the drain */
+        if (again != SIGUSR1) {
+            fprintf(stderr, "kt-serve: %s again: quitting now, %.1f s into the drain (--shutdown-timeout %g); %d "
+                            "responses in flight are cut off, the profile and the plan are not written; exit "
+                            "status %d\n",
+                    again == SIGTERM ? "SIGTERM" : "SIGINT", kt_monotonic_s() - drain_t0, s->o.shutdown_timeout_s,
+                    atomic_load(&s->in_flight), 128 + again);
+            fflush(stderr);
+            _exit(128 + again);
+        }
+        pthread_join(drainer, NULL);
+    }
     write_profile(s); /* what was served, all of it */
     kt_serve_placement_stop(s);
     kt_err err = {0};

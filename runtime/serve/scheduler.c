@@ -164,6 +164,7 @@ struct run {
     bool decoding;           /* the prompt is done; choices sample */
     bool first_token_seen;
     uint32_t n_open;         /* choices not finished */
+    double t_admitted, t_first_token; /* monotonic seconds, for the request histograms */
 };
 
 struct row {                 /* what one logits row of the step belongs to */
@@ -230,7 +231,27 @@ static void publish(struct kt_job *job)
     pthread_cond_broadcast(&job->cv);
 }
 
-static void metrics_finish(struct kt_sched *s, const struct kt_job *job, enum kt_finish f, uint32_t n_generated)
+/* How a job ended, all choices taken together (job->mu held, or the job is
+ * done): the first that failed, else the first the server ended, else choice
+ * 0's own end. */
+static enum kt_finish job_outcome(const struct kt_job *job)
+{
+    for (uint32_t c = 0; c < job->n; c++)
+        if (job->choices[c].finish == KT_FINISH_ERROR)
+            return KT_FINISH_ERROR;
+    for (uint32_t c = 0; c < job->n; c++)
+        if (job->choices[c].finish == KT_FINISH_CANCELLED || job->choices[c].finish == KT_FINISH_TIMEOUT)
+            return job->choices[c].finish;
+    return job->choices[0].finish;
+}
+
+/* Counts a finished job by its outcome.  The request histograms (queue time,
+ * TTFT, end-to-end latency, prompt and generation tokens) take one
+ * observation each of every job that completed (stop or length), all at its
+ * end, so their counts agree; an aborted or failed job is in
+ * request_success only.  run: NULL for a job that never ran. */
+static void metrics_finish(struct kt_sched *s, const struct kt_job *job, const struct run *run, enum kt_finish f,
+                           uint32_t n_generated)
 {
     struct kt_serve_metrics *m = s->p.metrics;
     if (!m)
@@ -239,9 +260,13 @@ static void metrics_finish(struct kt_sched *s, const struct kt_job *job, enum kt
             : f == KT_FINISH_ERROR ? KT_METRIC_ERROR : KT_METRIC_ABORT;
     pthread_mutex_lock(&m->mu);
     m->request_success[r]++;
-    kt_histogram_observe(&m->e2e, kt_monotonic_s() - job->t_arrival);
-    kt_histogram_observe(&m->prompt_len, (double)job->prompt.n_ids);
-    kt_histogram_observe(&m->generation_len, (double)n_generated);
+    if (run && run->first_token_seen && (f == KT_FINISH_STOP || f == KT_FINISH_LENGTH)) {
+        kt_histogram_observe(&m->queue_time, run->t_admitted - job->t_arrival);
+        kt_histogram_observe(&m->ttft, run->t_first_token - job->t_arrival);
+        kt_histogram_observe(&m->e2e, kt_monotonic_s() - job->t_arrival);
+        kt_histogram_observe(&m->prompt_len, (double)job->prompt.n_ids);
+        kt_histogram_observe(&m->generation_len, (double)n_generated);
+    }
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -256,7 +281,7 @@ static void finish_unstarted(struct kt_sched *s, struct kt_job *job, enum kt_fin
     job->done = true;
     publish(job);
     pthread_mutex_unlock(&job->mu);
-    metrics_finish(s, job, f, 0);
+    metrics_finish(s, job, NULL, f, 0);
     kt_job_release(job);
 }
 
@@ -354,12 +379,12 @@ static void settle_run(struct kt_sched *s, uint32_t index)
     pthread_mutex_lock(&job->mu);
     job->done = true;
     publish(job);
-    enum kt_finish f = job->choices[0].finish;
+    enum kt_finish f = job_outcome(job);
     uint32_t generated = 0;
     for (uint32_t c = 0; c < job->n; c++)
         generated += job->choices[c].n_tokens;
     pthread_mutex_unlock(&job->mu);
-    metrics_finish(s, job, f, generated);
+    metrics_finish(s, job, run, f, generated);
     s->seqs_reserved -= job->n;
     memmove(s->runs + index, s->runs + index + 1, (s->n_runs - index - 1) * sizeof *s->runs);
     s->n_runs--;
@@ -451,7 +476,7 @@ static void admit(struct kt_sched *s, struct kt_job *job)
         return;
     }
     run->n_prefilled = (uint32_t)match;
-    double now = kt_monotonic_s();
+    run->t_admitted = kt_monotonic_s();
     pthread_mutex_lock(&job->mu);
     job->started = true;
     job->n_cached = (uint32_t)match;
@@ -462,23 +487,22 @@ static void admit(struct kt_sched *s, struct kt_job *job)
         s->p.metrics->prefix_cache_queries += job->prompt.n_ids;
         s->p.metrics->prefix_cache_hits += match;
         s->p.metrics->prompt_tokens += job->prompt.n_ids;
-        kt_histogram_observe(&s->p.metrics->queue_time, now - job->t_arrival);
         pthread_mutex_unlock(&s->p.metrics->mu);
     }
 }
 
 /* ---- sampling and publishing one token ----------------------------------------------------------- */
 
-static void observe_token(struct kt_sched *s, struct run *run, struct choice *ch, double now)
+/* Counts a token, and the gap since its choice's last one (every gap of every
+ * job, whatever its end: inter-token latency describes tokens, not requests). */
+static void observe_token(struct kt_sched *s, struct choice *ch, double now)
 {
     struct kt_serve_metrics *m = s->p.metrics;
     if (!m)
         return;
     pthread_mutex_lock(&m->mu);
     m->generation_tokens++;
-    if (!run->first_token_seen)
-        kt_histogram_observe(&m->ttft, now - run->job->t_arrival);
-    else if (ch->n_generated > 1)
+    if (ch->n_generated > 1)
         kt_histogram_observe(&m->itl, now - ch->t_last_token);
     pthread_mutex_unlock(&m->mu);
 }
@@ -513,7 +537,9 @@ static void sample_choice(struct kt_sched *s, struct run *run, uint32_t c, float
         return;
     }
     ch->n_generated++;
-    observe_token(s, run, ch, now);
+    observe_token(s, ch, now);
+    if (!run->first_token_seen)
+        run->t_first_token = now;
     run->first_token_seen = true;
     ch->t_last_token = now;
 

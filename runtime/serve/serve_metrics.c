@@ -124,12 +124,17 @@ void kt_serve_metrics_render(struct kt_serve_metrics *m, const char *model_name,
     for (int r = 0; r < KT_METRIC_FINISH_COUNT; r++)
         kt_buf_printf(o, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", labels, reasons[r],
                       (unsigned long long)m->request_success[r]);
-    histogram(o, "vllm:time_to_first_token_seconds", labels, &m->ttft, "Time from arrival to the first token.");
-    histogram(o, "vllm:inter_token_latency_seconds", labels, &m->itl, "Time between consecutive tokens.");
-    histogram(o, "vllm:e2e_request_latency_seconds", labels, &m->e2e, "Time from arrival to the last token.");
-    histogram(o, "vllm:request_queue_time_seconds", labels, &m->queue_time, "Time from arrival to admission.");
-    histogram(o, "vllm:request_prompt_tokens", labels, &m->prompt_len, "Prompt tokens per request.");
-    histogram(o, "vllm:request_generation_tokens", labels, &m->generation_len, "Generated tokens per request.");
+    /* one population for every request histogram: the requests that completed (see scheduler.c) */
+#define COMPLETED " Requests that completed (stop or length); aborted and failed ones are in request_success only."
+    histogram(o, "vllm:time_to_first_token_seconds", labels, &m->ttft, "Time from arrival to the first token." COMPLETED);
+    histogram(o, "vllm:inter_token_latency_seconds", labels, &m->itl,
+              "Time between consecutive tokens of a choice, every request's.");
+    histogram(o, "vllm:e2e_request_latency_seconds", labels, &m->e2e, "Time from arrival to the last token." COMPLETED);
+    histogram(o, "vllm:request_queue_time_seconds", labels, &m->queue_time, "Time from arrival to admission." COMPLETED);
+    histogram(o, "vllm:request_prompt_tokens", labels, &m->prompt_len, "Prompt tokens per request." COMPLETED);
+    histogram(o, "vllm:request_generation_tokens", labels, &m->generation_len,
+              "Generated tokens per request." COMPLETED);
+#undef COMPLETED
     header(o, "kt:http_requests_total", "counter", "HTTP responses by status class.");
     for (int c = 1; c <= 5; c++)
         kt_buf_printf(o, "kt:http_requests_total{status=\"%dxx\"} %llu\n", c,

@@ -42,7 +42,9 @@ struct kt_serve_metrics {
     uint64_t prefix_cache_queries, prefix_cache_hits; /* tokens */
     uint64_t request_success[KT_METRIC_FINISH_COUNT];
     uint64_t http_requests[6]; /* by status class: 1xx .. 5xx (index 1..5) */
-    /* histograms */
+    /* histograms: ttft, e2e, queue_time, prompt_len and generation_len take one observation per
+     * request that completed (stop or length), at its end, so their counts agree; itl one per token
+     * gap of every request */
     struct kt_histogram ttft, itl, e2e, queue_time, prompt_len, generation_len;
     /* the engine's cumulative stats and its device's, after the last step */
     struct kt_engine_stats engine;

@@ -543,21 +543,30 @@ static bool parse_chat(struct kt_api_request *r, const json_t *root, struct kt_a
 
 /* ---- completions --------------------------------------------------------------------- */
 
-static bool parse_prompt_ids(struct kt_api_request *r, const json_t *arr, struct kt_api_error *e)
+/* Token ids: every element an integer in [0, INT32_MAX]; where names the
+ * array in errors ("prompt", or "prompt[0]" for a one-prompt list). */
+static bool parse_prompt_ids(struct kt_api_request *r, const json_t *arr, const char *where, struct kt_api_error *e)
 {
     size_t n = json_array_size(arr);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_array_get(arr, i);
+        if (json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) <= INT32_MAX)
+            continue;
+        char what[64];
+        if (json_is_number(x))
+            snprintf(what, sizeof what, "%.17g", json_number_value(x));
+        else
+            snprintf(what, sizeof what, "%s", type_name(x));
+        kt_api_error_invalid(e, "prompt", "'prompt' must be a string or an array of token ids (integers from 0 to "
+                                          "%d): %s[%zu] is %s", INT32_MAX, where, i, what);
+        return false;
+    }
     if (!(r->prompt_ids = malloc((n ? n : 1) * sizeof *r->prompt_ids))) {
         kt_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         return false;
     }
-    for (size_t i = 0; i < n; i++) {
-        const json_t *x = json_array_get(arr, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX) {
-            kt_api_error_invalid(e, "prompt", "'prompt' token ids must be non-negative integers");
-            return false;
-        }
-        r->prompt_ids[i] = (int32_t)json_integer_value(x);
-    }
+    for (size_t i = 0; i < n; i++)
+        r->prompt_ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
     r->n_prompt_ids = n;
     return true;
 }
@@ -565,23 +574,32 @@ static bool parse_prompt_ids(struct kt_api_request *r, const json_t *arr, struct
 static bool parse_completion(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
 {
     const json_t *p = json_object_get(root, "prompt");
-    /* A one-element list is the same prompt; batches of prompts are refused. */
+    const char *where = "prompt";
+    /* A one-element list of prompts is that prompt.  A longer list of strings
+     * or of id arrays is a batch, which kt-serve does not take. */
     if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
         p = json_array_get(p, 0);
+        where = "prompt[0]";
+    }
     if (json_is_string(p)) {
         if (!no_nul(p) || !(r->prompt_text = dup_json_string(p))) {
             kt_api_error_invalid(e, "prompt", "'prompt' must be a string without NUL");
             return false;
         }
-    } else if (json_is_array(p) && (json_array_size(p) == 0 || json_is_integer(json_array_get(p, 0)))) {
-        if (!parse_prompt_ids(r, p, e))
-            return false;
+    } else if (json_is_array(p) && json_array_size(p) > 1 &&
+               (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
+        kt_api_error_invalid(e, "prompt", "'prompt' is a batch of %zu prompts; kt-serve takes one prompt per request: "
+                                          "send them as separate requests", json_array_size(p));
+        return false;
     } else if (json_is_array(p)) {
-        kt_api_error_invalid(e, "prompt", "batches of prompts are not supported: send one prompt per request");
+        if (!parse_prompt_ids(r, p, where, e))
+            return false;
+    } else if (!p) {
+        kt_api_error_invalid(e, "prompt", "'prompt' is required: a string or an array of token ids");
         return false;
     } else {
-        kt_api_error_invalid(e, "prompt", "'prompt' must be a string or an array of token ids");
+        kt_api_error_invalid(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", type_name(p));
         return false;
     }
     long long lp = -1;

@@ -155,10 +155,18 @@ bool kt_response_take(struct kt_response *w)
 
 /* ---- pieces shared by chunks and final objects ------------------------------------------------ */
 
+/* A choice the server ended - its client went away, the request timed out,
+ * the server shut down (vLLM's "abort"), the engine failed ("error") - says
+ * so: only a choice the model ended is "stop" or "tool_calls". */
 static const char *finish_reason(const struct kt_response *w, const struct kt_response_choice *rc)
 {
-    if (rc->finish == KT_FINISH_LENGTH)
-        return "length";
+    switch (rc->finish) {
+    case KT_FINISH_LENGTH: return "length";
+    case KT_FINISH_CANCELLED:
+    case KT_FINISH_TIMEOUT: return "abort";
+    case KT_FINISH_ERROR: return "error";
+    default: break;
+    }
     if (w->job->prompt.parse_output && rc->out.n_calls > 0)
         return "tool_calls";
     return "stop";
@@ -375,9 +383,7 @@ bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
         }
         w->echo_sent = true;
     }
-    struct kt_api_error e;
-    bool failed = w->job_done && kt_response_job_error(w, &e);
-    for (uint32_t c = 0; c < w->job->n && !failed; c++) {
+    for (uint32_t c = 0; c < w->job->n; c++) {
         struct kt_response_choice *rc = &w->ch[c];
         if (rc->finish_sent)
             continue;
@@ -418,7 +424,11 @@ bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
     }
     if (!w->job_done)
         return false;
-    if (failed) {
+    /* A job is done once every choice ended, so each sent its end above,
+     * whichever order the scheduler's publishing and this take interleaved;
+     * the error comes after them: a stream's last event is its outcome. */
+    struct kt_api_error e;
+    if (kt_response_job_error(w, &e)) {
         emit(out, kt_api_error_json(&e)); /* the SDKs raise it as an APIError */
     } else if (w->include_usage) {
         json_t *j = chunk_base(w);

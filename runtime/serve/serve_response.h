@@ -60,8 +60,11 @@ void kt_response_free(struct kt_response *w);
 bool kt_response_take(struct kt_response *w);
 
 /* Appends the SSE events for what was taken and not yet sent ("data: {...}\n\n"
- * lines, an error event if the job failed, the usage chunk and
- * "data: [DONE]\n\n" at the end).  Returns true once [DONE] was appended. */
+ * lines; a choice's last chunk carries its finish_reason: "stop", "length" or
+ * "tool_calls" when the model ended it, "abort" when its client went away, it
+ * timed out or the server shut down, "error" when the engine failed); once
+ * the job is done, an error event if it ended so, else the usage chunk; and
+ * "data: [DONE]\n\n" last.  Returns true once [DONE] was appended. */
 bool kt_response_stream(struct kt_response *w, struct kt_buf *out);
 
 /* Once the job is done: the whole response object (new reference), or NULL

@@ -59,6 +59,7 @@ enum MHD_Result kt_serve_metrics_endpoint(struct kt_http_request *rq)
 {
     struct kt_buf out = {0};
     kt_serve_metrics_render(&rq->server->metrics, rq->server->served_name, &out);
+    kt_conns_metrics(rq->server, &out);
     if (atomic_load(&rq->server->state) == KT_SERVER_READY)
         kt_serve_placement_metrics(rq->server, &out);
     enum MHD_Result ok = kt_http_send(rq, 200, "text/plain; version=0.0.4; charset=utf-8", kt_buf_str(&out), out.len);

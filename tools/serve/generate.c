@@ -26,6 +26,7 @@ struct stream {
     size_t out_off;
     uint64_t seen;
     double last_send;
+    bool opened;             /* the opening events (a chat's role, an echo) were made */
     bool finished;
     char log[160];
 };
@@ -45,11 +46,23 @@ static void log_done(struct kt_server *s, const char *what, const struct kt_resp
     uint32_t completion = 0;
     for (uint32_t c = 0; c < w->job->n; c++)
         completion += w->ch[c].n_tokens;
+    /* a client that left before its job ended cancelled it: the scheduler ends it at its next step */
+    enum kt_finish f = w->ch[0].finish;
     fprintf(stderr, "kt-serve: %s: prompt %zu (cached %u), completion %u, %s, %.3f s%s\n", w->id, w->job->prompt.n_ids,
-            w->n_cached, completion, kt_finish_name(w->ch[0].finish), kt_monotonic_s() - t0, what);
+            w->n_cached, completion, kt_finish_name(f == KT_FINISH_NONE ? KT_FINISH_CANCELLED : f),
+            kt_monotonic_s() - t0, what);
 }
 
 /* ---- streaming ------------------------------------------------------------------------------------ */
+
+/* libmicrohttpd closes a connection that sent nothing for --client-timeout
+ * (its stall timer, which also catches clients that stop reading), so a
+ * quiet stream pings at least every half of it, --sse-ping-interval 0 too. */
+static double ping_interval(const struct kt_server *s)
+{
+    double most = s->o.client_timeout_s / 2.0, p = s->o.ping_interval_s;
+    return p > 0 && p < most ? p : most;
+}
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
@@ -71,21 +84,24 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         double now = kt_monotonic_s();
-        if (kt_response_take(&st->w) || !st->w.role_sent) {
+        if (kt_response_take(&st->w) || !st->opened) {
+            st->opened = true;
             st->finished = kt_response_stream(&st->w, &st->out);
-            if (st->out.out_of_memory)
+            if (st->out.out_of_memory) {
+                kt_http_out_of_memory("writing a stream");
                 return MHD_CONTENT_READER_END_WITH_ERROR;
+            }
             if (st->out.len)
                 st->last_send = now;
             continue;
         }
-        double ping = st->server->o.ping_interval_s;
-        if (ping > 0 && now - st->last_send >= ping) {
+        double ping = ping_interval(st->server);
+        if (now - st->last_send >= ping) {
             kt_buf_puts(&st->out, ": ping\n\n");
             st->last_send = now;
             continue;
         }
-        double wait_s = ping > 0 ? ping - (now - st->last_send) : 0.25;
+        double wait_s = ping - (now - st->last_send);
         int wait_ms = wait_s > 0.25 ? 250 : wait_s < 0.001 ? 1 : (int)(wait_s * 1000);
         kt_job_wait(st->job, &st->seen, wait_ms);
     }
@@ -111,19 +127,19 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
     if (!st) {
         kt_job_cancel(job);
         kt_job_release(job);
-        return MHD_NO;
+        return kt_http_out_of_memory("starting a stream");
     }
     st->server = s, st->conn = rq->conn, st->job = job, st->last_send = kt_monotonic_s();
     if (!kt_response_init(&st->w, r, job, s->tok, id, s->served_name)) {
         st->finished = true;
         stream_free(st);
-        return MHD_NO;
+        return kt_http_out_of_memory("starting a stream");
     }
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
                                                                   stream_free);
     if (!resp) {
         stream_free(st);
-        return MHD_NO;
+        return kt_http_out_of_memory("starting a stream");
     }
     MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
@@ -141,7 +157,7 @@ static enum MHD_Result answer_whole(struct kt_http_request *rq, struct kt_job *j
     if (!kt_response_init(&w, r, job, s->tok, id, s->served_name)) {
         kt_job_cancel(job);
         kt_job_release(job);
-        return MHD_NO;
+        return kt_http_out_of_memory("preparing a response");
     }
     uint64_t seen = 0;
     enum MHD_Result ok;
@@ -174,6 +190,7 @@ enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind k
     struct kt_api_error e;
     if (!kt_api_request_parse(kind, kt_buf_str(&rq->body), rq->body.len, &r, &e))
         return kt_http_send_error(rq, &e);
+    kt_buf_free(&rq->body); /* parsed: a response that lasts minutes need not keep up to --max-body-bytes */
     atomic_fetch_add(&s->in_flight, 1); /* until the response is sent: on_completed in http.c */
     rq->in_flight = true;
     enum MHD_Result ok;

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +29,17 @@ void kt_http_count(struct kt_server *s, unsigned status)
     pthread_mutex_unlock(&s->metrics.mu);
 }
 
+enum MHD_Result kt_http_out_of_memory(const char *what)
+{
+    fprintf(stderr, "kt-serve: out of memory %s; the connection is closed (free memory, or lower --max-connections, "
+                    "--max-body-bytes or --max-seqs)\n", what);
+    return MHD_NO;
+}
+
 enum MHD_Result kt_http_queue(struct kt_http_request *rq, unsigned status, struct MHD_Response *r)
 {
     if (!r)
-        return MHD_NO;
+        return kt_http_out_of_memory("making a response");
     if (rq->request_id[0])
         MHD_add_response_header(r, "X-Request-Id", rq->request_id);
     enum MHD_Result ok = MHD_queue_response(rq->conn, status, r);
@@ -46,7 +54,7 @@ enum MHD_Result kt_http_send(struct kt_http_request *rq, unsigned status, const 
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r)
-        return MHD_NO;
+        return kt_http_out_of_memory("making a response");
     MHD_add_response_header(r, "Content-Type", content_type);
     return kt_http_queue(rq, status, r);
 }
@@ -56,7 +64,7 @@ enum MHD_Result kt_http_send_json(struct kt_http_request *rq, unsigned status, j
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     if (!s)
-        return MHD_NO;
+        return kt_http_out_of_memory("writing JSON");
     enum MHD_Result ok = kt_http_send(rq, status, "application/json", s, strlen(s));
     free(s);
     return ok;
@@ -68,11 +76,11 @@ enum MHD_Result kt_http_send_error(struct kt_http_request *rq, const struct kt_a
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!s)
-        return MHD_NO;
+        return kt_http_out_of_memory("writing JSON");
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(s);
-        return MHD_NO;
+        return kt_http_out_of_memory("making a response");
     }
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (e->http_status == 429 || e->http_status == 503)
@@ -207,7 +215,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (!rq) { /* headers are in; the body (if any) follows in later calls */
         rq = calloc(1, sizeof *rq);
         if (!rq)
-            return MHD_NO;
+            return kt_http_out_of_memory("for a new request");
         rq->server = s;
         rq->conn = conn;
         *con_cls = rq;
@@ -218,6 +226,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->o.max_body_bytes) {
             rq->too_large = true;
+            kt_conns_request_received(s, conn);
             return dispatch(rq, url, method); /* answer before reading the body; MHD then closes */
         }
         return MHD_YES;
@@ -239,14 +248,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (rq->body.out_of_memory)
-        return MHD_NO;
+        return kt_http_out_of_memory("collecting a request body");
+    kt_conns_request_received(s, conn);
     return dispatch(rq, url, method);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
+    struct kt_server *s = cls;
     struct kt_http_request *rq = *con_cls;
-    (void)cls, (void)conn, (void)toe;
+    kt_conns_request_done(s, conn, toe);
     if (!rq)
         return;
     if (rq->in_flight)
@@ -256,14 +267,43 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     *con_cls = NULL;
 }
 
+/* libmicrohttpd's messages for a connection that went away (its client hung
+ * up or reset it, or connections.c closed a slow one): routine, and a handler
+ * that noticed logs the request itself.  libmicrohttpd passes most messages
+ * as "%s\n" with the text an argument, so the filter reads the formatted
+ * line, not the format. */
+static bool client_went_away(const char *line)
+{
+    static const char *const starts[] = {
+        "Closing connection (application error generating response)", /* a stream saw the client go */
+        "Application reported internal error",                         /* a handler saw it (or logged why not) */
+        "Connection was closed by remote side with incomplete request",
+        "Socket has been disconnected when reading request",
+        "Connection socket is closed when reading request due to the error: detected connection closure",
+    };
+    static const char *const peer_gone[] = {"forcibly closed by remote peer", "no longer available for sending",
+                                            "socket is not connected"};
+    for (size_t i = 0; i < sizeof starts / sizeof starts[0]; i++)
+        if (strncmp(line, starts[i], strlen(starts[i])) == 0)
+            return true;
+    for (size_t i = 0; i < sizeof peer_gone / sizeof peer_gone[0]; i++)
+        if (strstr(line, peer_gone[i]))
+            return true;
+    return false;
+}
+
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
-    if (strncmp(fmt, "Closing connection (application error", 37) == 0 ||
-        strncmp(fmt, "Application reported internal error", 35) == 0)
-        return; /* a client that hung up: generate.c logs it */
-    fprintf(stderr, "kt-serve: http: ");
-    vfprintf(stderr, fmt, ap);
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    if (client_went_away(line))
+        return;
+    if (strncmp(line, "Server reached connection limit", 31) == 0) {
+        kt_conns_log_refusal(cls); /* one line for many */
+        return;
+    }
+    size_t n = strlen(line);
+    fprintf(stderr, "kt-serve: http: %s%s", line, n && line[n - 1] == '\n' ? "" : "\n");
 }
 
 bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
@@ -279,16 +319,26 @@ bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* the logger must come first to catch every message */
+    if (!kt_conns_start(s, why, why_size)) {
+        freeaddrinfo(ai);
+        return false;
+    }
+    /* The logger must come first to catch every message.  A connection's
+     * inactivity timeout starts at --idle-timeout (it has no request yet);
+     * connections.c switches it to --client-timeout while a request is on. */
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                                  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_NOTIFY_CONNECTION, kt_conns_notify, s,
+                                 MHD_OPTION_URI_LOG_CALLBACK, kt_conns_request_begins, s,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300, /* idle keep-alive seconds */
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_connections_per_client,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.idle_timeout_s,
                                  MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon) {
+        kt_conns_stop(s);
         snprintf(why, why_size, "cannot listen on %s:%u (in use, or not an address of this machine)", s->o.host,
                  s->o.port);
         return false;
@@ -312,4 +362,5 @@ void kt_http_stop(struct kt_server *s)
     if (s->daemon)
         MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
+    kt_conns_stop(s);
 }

@@ -7,9 +7,11 @@
  * and then waits on that job's condition variable, streaming what the
  * scheduler publishes.  Handlers never touch the engine.  While it waits a
  * handler polls its socket: a client that went away cancels its job, whose
- * sequence the scheduler frees at the next step.  The main thread loads the
- * model (another thread answers /health with the progress meanwhile) and then
- * waits for SIGTERM/SIGINT to drain.
+ * sequence the scheduler frees at the next step.  A watchdog thread closes
+ * connections whose request is late (connections.c).  The main thread loads
+ * the model (another thread answers /health with the progress meanwhile) and
+ * then waits for SIGTERM/SIGINT to drain (on a thread of its own, so that a
+ * second signal quits at once).
  */
 #ifndef KT_SERVE_SERVER_H
 #define KT_SERVE_SERVER_H
@@ -40,7 +42,10 @@ struct kt_serve_options {
     uint32_t prefix_cache;        /* cached prefixes; default max_seqs */
     bool prefix_cache_given;
     uint32_t max_body_bytes;      /* larger request bodies get 413 */
-    uint32_t max_connections;
+    uint32_t max_connections;     /* libmicrohttpd's table; its last eighth is kept for new clients (connections.c) */
+    uint32_t max_connections_per_client; /* from one address; 0: no limit */
+    uint32_t client_timeout_s;    /* a request must arrive within this, and a transfer not stall longer */
+    uint32_t idle_timeout_s;      /* keep-alive connections idle longer are closed */
     const char *api_key;          /* NULL: no authentication */
     const char *served_name;      /* NULL: the file name without .gguf */
     double request_timeout_s;     /* 0: none */
@@ -66,6 +71,7 @@ enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_
 struct kt_server {
     struct kt_serve_options o;
     struct MHD_Daemon *daemon;
+    struct kt_conn_table *conns;  /* every open connection's state (connections.c) */
     uint16_t port;                /* bound */
     char served_name[128];
     int64_t created;              /* unix seconds, for /v1/models */
@@ -111,6 +117,25 @@ enum MHD_Result kt_http_queue(struct kt_http_request *rq, unsigned status, struc
 void kt_http_count(struct kt_server *s, unsigned status);
 /* true when the client closed its end of the connection */
 bool kt_http_client_gone(struct MHD_Connection *conn);
+/* logs that memory ran out doing `what` and returns MHD_NO, which closes the connection */
+enum MHD_Result kt_http_out_of_memory(const char *what);
+
+/* connections.c: a deadline on each request's arrival and room for new clients
+ * (its comment says why libmicrohttpd's own timeout is not enough).  start
+ * before the daemon, stop after it; the rest are libmicrohttpd's callbacks
+ * (notify: MHD_OPTION_NOTIFY_CONNECTION, request_begins:
+ * MHD_OPTION_URI_LOG_CALLBACK) and on_request's and on_completed's calls. */
+struct kt_conn_table;
+bool kt_conns_start(struct kt_server *s, char *why, size_t why_size);
+void kt_conns_stop(struct kt_server *s);
+void kt_conns_notify(void *cls, struct MHD_Connection *mhd, void **socket_context,
+                     enum MHD_ConnectionNotificationCode code);
+void *kt_conns_request_begins(void *cls, const char *uri, struct MHD_Connection *mhd);
+void kt_conns_request_received(struct kt_server *s, struct MHD_Connection *mhd); /* being answered */
+void kt_conns_request_done(struct kt_server *s, struct MHD_Connection *mhd, enum MHD_RequestTerminationCode toe);
+void kt_conns_log_refusal(struct kt_server *s); /* libmicrohttpd refused one: a line at most every 10 s */
+void kt_conns_metrics(struct kt_server *s, struct kt_buf *out); /* Prometheus lines */
+uint32_t kt_conns_reserved(uint32_t max_connections); /* slots kept free for new clients */
 
 /* endpoints.c */
 enum MHD_Result kt_serve_health(struct kt_http_request *rq);
