@@ -326,7 +326,7 @@ static void kt_run_under_a_cpu_quota(void)
     int status = set ? run_in_groups(groups, cmd) : -1;
     char *etext = slurp(err);
     KT_CHECK(exit_code(status) == 0, "kt-run under half a CPU: exit %d:\n%s", exit_code(status), etext);
-    KT_CHECK(strstr(etext, "kt-run: 1 threads, not one per online CPU") && strstr(etext, "CPU quota is 0.50 CPUs") &&
+    KT_CHECK(strstr(etext, "kt-run: 1 thread, not one per online CPU") && strstr(etext, "CPU quota is 0.50 CPUs") &&
                  strstr(etext, file) && strstr(etext, ", 1 threads, prompt"),
              "the thread count and why, naming %s:\n%s", file, etext);
     free(etext);

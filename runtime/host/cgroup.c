@@ -532,8 +532,8 @@ kt_status kt_cpu_budget_read(const char *root, struct kt_cpu_budget *out, kt_err
     /* The cpuset is what limits the affinity: name it when it says the same. */
     if (cpuset_cpus > 0 && (cpuset_cpus < out->cpus || (cpuset_cpus == out->cpus && out->cpus < out->online_cpus))) {
         out->cpus = cpuset_cpus;
-        snprintf(out->why, sizeof out->why, "the cgroup's cpuset allows %d CPUs (%s: %s)", cpuset_cpus, path,
-                 quoted(text, q));
+        snprintf(out->why, sizeof out->why, "the cgroup's cpuset allows %d CPU%s (%s: %s)", cpuset_cpus,
+                 cpuset_cpus == 1 ? "" : "s", path, quoted(text, q));
     }
 
     struct place p;

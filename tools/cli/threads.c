@@ -14,7 +14,7 @@ kt_status kt_tool_default_threads(const char *prog, FILE *log, uint32_t *threads
         return st;
     *threads = (uint32_t)cpus.cpus;
     if (log && cpus.cpus < cpus.online_cpus)
-        fprintf(log, "%s: %d threads, not one per online CPU (%d): %s; --threads overrides\n", prog, cpus.cpus,
-                cpus.online_cpus, cpus.why);
+        fprintf(log, "%s: %d thread%s, not one per online CPU (%d): %s; --threads overrides\n", prog, cpus.cpus,
+                cpus.cpus == 1 ? "" : "s", cpus.online_cpus, cpus.why);
     return KT_OK;
 }
