@@ -205,7 +205,8 @@ kt_status kt_yaml_tree_parse(const char *text, size_t len, const char *name, str
                 char what[256], value[32] = "";
                 if (parser.problem_value >= 0)
                     snprintf(value, sizeof value, "0x%X ", (unsigned)parser.problem_value);
-                snprintf(what, sizeof what, "%s (%sat byte %zu); a config must be UTF-8 text without control characters",
+                snprintf(what, sizeof what,
+                         "%s (%sat byte %zu); a config must be UTF-8 text without control characters",
                          parser.problem ? parser.problem : "unreadable text", value, parser.problem_offset);
                 st = fail_at(&b, mark_of_offset(text, len, parser.problem_offset), what);
             } else {

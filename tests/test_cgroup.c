@@ -37,7 +37,8 @@ struct tree_file {
 
 #define MEMINFO_64G "MemTotal: 134217728 kB\nMemFree: 1000 kB\nMemAvailable: 67108864 kB\n"
 #define MOUNT_ROOTFS "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
-#define MOUNT_V2 "30 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+#define MOUNT_V2 \
+    "30 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
 #define MOUNT_V1                                                                                                \
     "31 22 0:27 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw,mode=755\n"                                          \
     "35 31 0:31 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup rw,memory\n"     \
@@ -90,7 +91,8 @@ static void v2_limit_counts_usage_less_inactive_file(void)
              (unsigned long long)cg->limit_bytes, cg->version);
     KT_CHECK(cg->used_bytes == 256 * MIB && cg->room_bytes == 2 * GIB - 256 * MIB, "used %llu room %llu",
              (unsigned long long)cg->used_bytes, (unsigned long long)cg->room_bytes);
-    KT_CHECK(ends_with(cg->limit_path, "/sys/fs/cgroup/kt/job/memory.max") && !strncmp(cg->limit_path, root, strlen(root)),
+    KT_CHECK(ends_with(cg->limit_path, "/sys/fs/cgroup/kt/job/memory.max") &&
+                 !strncmp(cg->limit_path, root, strlen(root)),
              "limit file %s", cg->limit_path);
     KT_CHECK(mi.host_available_bytes == 64 * GIB && mi.available_bytes == cg->room_bytes,
              "available is the cgroup's room: %llu", (unsigned long long)mi.available_bytes);
@@ -275,7 +277,8 @@ static void v1_hierarchies_and_container_mounts(void)
     };
     root = make_tree("cg-bind", bind);
     KT_CHECK(kt_cgroup_memory_read(root, &mi.cgroup, &err) == KT_OK && mi.cgroup.limited &&
-                 mi.cgroup.limit_bytes == 256 * MIB && ends_with(mi.cgroup.limit_path, "/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+                 mi.cgroup.limit_bytes == 256 * MIB &&
+                 ends_with(mi.cgroup.limit_path, "/sys/fs/cgroup/memory/memory.limit_in_bytes"),
              "bind mount: %s %s", err.msg, mi.cgroup.limit_path);
     remove_tree(root);
 
@@ -322,10 +325,12 @@ static void expect_garbage(const char *rel, const char *text, const char *file_t
 
 static void garbage_is_an_error_naming_the_file(void)
 {
-    expect_garbage("sys/fs/cgroup/job/memory.max", "lots\n", "job/memory.max", "\"lots\" is not a byte count or \"max\"");
+    expect_garbage("sys/fs/cgroup/job/memory.max", "lots\n", "job/memory.max",
+                   "\"lots\" is not a byte count or \"max\"");
     expect_garbage("sys/fs/cgroup/job/memory.max", "-1\n", "job/memory.max", "\"-1\" is not a byte count");
     expect_garbage("sys/fs/cgroup/job/memory.max", "12 34\n", "job/memory.max", "\"12 34\"");
-    expect_garbage("sys/fs/cgroup/job/memory.max", "99999999999999999999999\n", "job/memory.max", "is not a byte count");
+    expect_garbage("sys/fs/cgroup/job/memory.max", "99999999999999999999999\n", "job/memory.max",
+                   "is not a byte count");
     expect_garbage("sys/fs/cgroup/job/memory.max", "\x01\xff\x80zz\n", "job/memory.max", "\"???zz\"");
     expect_garbage("sys/fs/cgroup/job/memory.max", "", "job/memory.max", "\"\" is not a byte count");
     expect_garbage("sys/fs/cgroup/job/memory.current", "many\n", "job/memory.current", "\"many\" is not a byte count");

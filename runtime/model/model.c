@@ -774,8 +774,8 @@ static kt_status check_unclaimed_parts(const struct kt_gguf *g, const struct kt_
             const int64_t width = strstr(shared_parts[i], "down") ? t->ne[0] : t->ne[1];
             char hint[128] = "";
             if (hp->n_ff_exp && width > 0 && width % hp->n_ff_exp == 0)
-                snprintf(hint, sizeof hint, ": its width %lld is %lld x expert_feed_forward_length %u", (long long)width,
-                         (long long)(width / hp->n_ff_exp), hp->n_ff_exp);
+                snprintf(hint, sizeof hint, ": its width %lld is %lld x expert_feed_forward_length %u",
+                         (long long)width, (long long)(width / hp->n_ff_exp), hp->n_ff_exp);
             return kt_err_set(err, KT_ERR_FORMAT,
                               "%s: 0, but %s (shared experts) is in the file%s; set the key to the model's number "
                               "of shared experts",
