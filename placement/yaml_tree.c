@@ -129,6 +129,25 @@ static kt_status refuse_extras(struct builder *b, const yaml_event_t *ev)
     return KT_OK;
 }
 
+/* libyaml leaves a reader error's (bad UTF-8, a control character) mark at
+ * the start and gives its byte offset instead: the mark of that offset, the
+ * column counted in characters as libyaml counts it (the bytes before the
+ * offset are valid UTF-8: the reader checked them). */
+static yaml_mark_t mark_of_offset(const char *text, size_t len, size_t offset)
+{
+    yaml_mark_t m = {.index = offset};
+    for (size_t i = 0; i < offset && i < len; i++) {
+        const unsigned char c = (unsigned char)text[i];
+        if (c == '\n' || (c == '\r' && (i + 1 == len || text[i + 1] != '\n'))) {
+            m.line++;
+            m.column = 0;
+        } else if (c != '\r' && (c & 0xC0) != 0x80) {
+            m.column++;
+        }
+    }
+    return m;
+}
+
 /* Handles one event; *done at the end of the stream. */
 static kt_status on_event(struct builder *b, const yaml_event_t *ev, int *n_docs, bool *done)
 {
@@ -182,6 +201,14 @@ kt_status kt_yaml_tree_parse(const char *text, size_t len, const char *name, str
         if (!yaml_parser_parse(&parser, &ev)) {
             if (parser.error == YAML_MEMORY_ERROR) {
                 st = kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory reading YAML", name);
+            } else if (parser.error == YAML_READER_ERROR) {
+                char what[256], value[32] = "";
+                if (parser.problem_value >= 0)
+                    snprintf(value, sizeof value, "0x%X ", (unsigned)parser.problem_value);
+                snprintf(what, sizeof what,
+                         "%s (%sat byte %zu); a config must be UTF-8 text without control characters",
+                         parser.problem ? parser.problem : "unreadable text", value, parser.problem_offset);
+                st = fail_at(&b, mark_of_offset(text, len, parser.problem_offset), what);
             } else {
                 char what[512];
                 snprintf(what, sizeof what, "%s%s%s", parser.problem ? parser.problem : "malformed YAML",

@@ -56,16 +56,13 @@ static struct kt_model *open_model(const char *path)
     return m;
 }
 
+/* A fake root holding only proc/meminfo (no proc/self/cgroup: no cgroup limits). */
 static const char *write_meminfo(const char *name, const char *text)
 {
-    const char *path = kt_test_path(name);
-    FILE *f = fopen(path, "w");
-    KT_CHECK(f != NULL, "cannot write %s", path);
-    if (f) {
-        fputs(text, f);
-        fclose(f);
-    }
-    return path;
+    const char *root = kt_test_path(name);
+    kt_test_system("rm -rf '%s'", root);
+    KT_CHECK(kt_test_write_tree_file(root, "proc/meminfo", text), "cannot write %s/proc/meminfo", root);
+    return root;
 }
 
 /* ---- meminfo ----------------------------------------------------------------------------- */
@@ -77,22 +74,25 @@ static void meminfo_parses_total_and_available(void)
     const char *p = write_meminfo("meminfo-ok", "MemTotal:       1048576 kB\nMemFree:          1000 kB\n"
                                                 "MemAvailable:    524288 kB\nCached:  3000 kB\n");
     KT_CHECK(kt_meminfo_read(p, &mi, &err) == KT_OK, "%s", err.msg);
-    KT_CHECK(mi.total_bytes == 1048576ull * 1024 && mi.available_bytes == 524288ull * 1024, "%llu %llu",
-             (unsigned long long)mi.total_bytes, (unsigned long long)mi.available_bytes);
-    unlink(p);
+    KT_CHECK(mi.total_bytes == 1048576ull * 1024 && mi.available_bytes == 524288ull * 1024 &&
+                 mi.host_available_bytes == mi.available_bytes && !mi.cgroup.limited,
+             "%llu %llu", (unsigned long long)mi.total_bytes, (unsigned long long)mi.available_bytes);
+    kt_test_system("rm -rf '%s'", p);
 
     p = write_meminfo("meminfo-old", "MemTotal: 2048 kB\nMemFree: 100 kB\nCached: 20 kB\n");
     KT_CHECK(kt_meminfo_read(p, &mi, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(mi.available_bytes == 120ull * 1024, "old kernels: MemFree + Cached, got %llu",
              (unsigned long long)mi.available_bytes);
-    unlink(p);
+    kt_test_system("rm -rf '%s'", p);
 
     p = write_meminfo("meminfo-bad", "nothing here\n");
     KT_CHECK(kt_meminfo_read(p, &mi, &err) == KT_ERR_FORMAT, "a file without MemTotal is malformed");
-    unlink(p);
-    KT_CHECK(kt_meminfo_read(p, &mi, &err) == KT_ERR_IO, "a missing file is an I/O error");
+    kt_test_system("rm -rf '%s'", p);
+    KT_CHECK(kt_meminfo_read(p, &mi, &err) == KT_ERR_IO && strstr(err.msg, "/proc/meminfo"),
+             "a missing file is an I/O error naming it: %s", err.msg);
 
-    KT_CHECK(kt_meminfo_read(NULL, &mi, &err) == KT_OK && mi.total_bytes > 0 && mi.available_bytes > 0,
+    KT_CHECK(kt_meminfo_read(NULL, &mi, &err) == KT_OK && mi.total_bytes > 0 && mi.available_bytes > 0 &&
+                 mi.available_bytes <= mi.host_available_bytes,
              "/proc/meminfo: %s", err.msg);
 }
 
@@ -330,7 +330,7 @@ static void load_that_cannot_fit_is_refused_before_it_starts(void)
     if (!m)
         return;
     const char *mi = write_meminfo("meminfo-tiny", "MemTotal: 4096 kB\nMemFree: 1024 kB\nMemAvailable: 2048 kB\n");
-    struct kt_engine_test_params test = {.meminfo_path = mi};
+    struct kt_engine_test_params test = {.host_root = mi};
     struct kt_engine_params p = {.n_ctx = 64, .n_threads = 1, .max_batch_tokens = 64, .test = &test};
     struct kt_engine *e = NULL;
     kt_err err = {0};
@@ -341,13 +341,13 @@ static void load_that_cannot_fit_is_refused_before_it_starts(void)
              "message names needed and free memory: %s", err.msg);
 
     /* The same file with room to spare loads. */
-    unlink(mi);
+    kt_test_system("rm -rf '%s'", mi);
     mi = write_meminfo("meminfo-roomy", "MemTotal: 67108864 kB\nMemAvailable: 33554432 kB\n");
-    test.meminfo_path = mi;
+    test.host_root = mi;
     st = kt_engine_create(m, &p, &e, &err);
     KT_CHECK(st == KT_OK && kt_engine_expert_store_bytes(e) > 0, "%s", err.msg);
     kt_engine_destroy(e);
-    unlink(mi);
+    kt_test_system("rm -rf '%s'", mi);
     kt_model_close(m);
     unlink(path);
 }

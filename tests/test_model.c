@@ -3,7 +3,10 @@
  * exact keys real files carry, accepts every tensor layout of the family
  * (split and fused MLA, q-LoRA or plain attn_q, separate or fused expert
  * slabs, tied output, per-layer array keys), rejects each single defect with
- * the right status and a message naming the tensor or key, computes memory
+ * the right status and a message naming the tensor or key, refuses metadata
+ * the rest of the file contradicts (layers past block_count, shared experts
+ * the keys deny, special token ids past the vocabulary) naming both sides and
+ * out-of-range hyperparameters (KV heads, RoPE factors), computes memory
  * needs to the byte, and that kt-run --info reports all of it.
  *
  * Every model here is written by the test with the kt_gguf writer from a
@@ -832,6 +835,203 @@ static void key_defects_are_named(void)
     kt_model_close(m);
 }
 
+/* ---- metadata against the tensors ---------------------------------------------------- */
+
+/* Opens s, expects KT_ERR_FORMAT and a message holding every needle (both
+ * sides of the contradiction). */
+static void expect_contradiction(const struct spec *s, const char *what, const char *const *needles, size_t n)
+{
+    struct kt_model *m;
+    kt_err err;
+    kt_status st = open_spec(s, &m, &err);
+    KT_CHECK(st == KT_ERR_FORMAT && m == NULL, "%s: status %s (%s)", what, kt_status_name(st), err.msg);
+    for (size_t i = 0; i < n; i++)
+        KT_CHECK(strstr(err.msg, needles[i]), "%s: message lacks '%s': %s", what, needles[i], err.msg);
+    kt_model_close(m);
+}
+
+#define EXPECT_CONTRADICTION(s, what, ...)                                                                         \
+    expect_contradiction(s, what, (const char *const[]){__VA_ARGS__},                                              \
+                         sizeof((const char *const[]){__VA_ARGS__}) / sizeof(const char *))
+
+static void expect_opens(const struct spec *s, const char *what)
+{
+    struct kt_model *m;
+    kt_err err;
+    KT_CHECK(open_spec(s, &m, &err) == KT_OK, "%s: %s", what, err.msg);
+    kt_model_close(m);
+}
+
+static void layer_count_must_cover_every_layer_in_the_file(void)
+{
+    struct cfg c = v3_like();
+    c.n_layer = 4;
+    static struct spec base, s;
+    spec_build(&base, &c);
+    expect_opens(&base, "4 layers");
+
+    s = base;
+    find_key(&s, D "block_count")->u = 1;
+    EXPECT_CONTRADICTION(&s, "block_count 1 of 4", D "block_count: 1, but", "layers up to blk.3",
+                         "blk.1.attn_norm.weight is the first");
+    s = base;
+    find_key(&s, D "block_count")->u = 3;
+    EXPECT_CONTRADICTION(&s, "block_count 3 of 4", D "block_count: 3, but", "up to blk.3", "blk.3.attn_norm.weight");
+
+    /* An MTP layer after the last (DeepSeek-V3's blk.61) is not a layer block_count counts. */
+    s = base;
+    find_key(&s, D "block_count")->u = 3;
+    add_tensor(&s, 3, "nextn.enorm.weight", KT_TYPE_F32, 1, 64, 1, 1);
+    struct kt_model *m;
+    kt_err err;
+    KT_CHECK(open_spec(&s, &m, &err) == KT_OK, "a 4th layer with nextn.* tensors is MTP: %s", err.msg);
+    if (m)
+        KT_CHECK(m->hp.n_layer == 3 && m->n_tensors_extra > 10, "MTP tensors are extras: %u", m->n_tensors_extra);
+    kt_model_close(m);
+    /* ... but only right after: a layer beyond without them is refused. */
+    add_tensor(&s, 5, "attn_norm.weight", KT_TYPE_F32, 1, 64, 1, 1);
+    EXPECT_CONTRADICTION(&s, "a stray layer after MTP", D "block_count: 3", "up to blk.5", "blk.5.attn_norm.weight");
+}
+
+static void tensors_the_keys_say_are_absent_are_refused(void)
+{
+    static struct spec s;
+    struct cfg c = v3_like();
+    spec_build(&s, &c);
+    find_key(&s, D "expert_shared_count")->u = 0;
+    EXPECT_CONTRADICTION(&s, "shared count 0 (V3)", D "expert_shared_count: 0, but blk.1.ffn_gate_shexp.weight",
+                         "its width 32 is 1 x expert_feed_forward_length 32");
+    c = v2lite_like();
+    spec_build(&s, &c);
+    find_key(&s, D "expert_shared_count")->u = 0;
+    EXPECT_CONTRADICTION(&s, "shared count 0 (V2-Lite)", "blk.1.ffn_gate_shexp.weight", "64 is 2 x");
+    /* Only the down projection left: still shared experts. */
+    spec_build(&s, &c);
+    find_key(&s, D "expert_shared_count")->u = 0;
+    for (int il = 1; il < 3; il++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_shexp.weight", il);
+        drop_tensor(&s, name);
+        snprintf(name, sizeof name, "blk.%d.ffn_up_shexp.weight", il);
+        drop_tensor(&s, name);
+    }
+    EXPECT_CONTRADICTION(&s, "down_shexp only", "blk.1.ffn_down_shexp.weight (shared experts)");
+
+    /* A layer leading_dense_block_count makes dense that also holds a router and experts. */
+    c = v3_like();
+    spec_build(&s, &c);
+    find_key(&s, D "leading_dense_block_count")->u = 2;
+    add_tensor(&s, 1, "ffn_gate.weight", KT_TYPE_F32, 2, 64, 96, 1);
+    add_tensor(&s, 1, "ffn_up.weight", KT_TYPE_F32, 2, 64, 96, 1);
+    add_tensor(&s, 1, "ffn_down.weight", KT_TYPE_F32, 2, 96, 64, 1);
+    EXPECT_CONTRADICTION(&s, "dense layer with a router", D "leading_dense_block_count: 2 makes layer 1 dense",
+                         "blk.1.ffn_gate_inp.weight");
+}
+
+static void hyperparameters_out_of_range_are_refused(void)
+{
+    struct cfg c = v3_like();
+    static struct spec base, s;
+    spec_build(&base, &c);
+
+    /* head_count_kv: 1 (split) or head_count; the fused form stores head_count. */
+    static const uint64_t bad_kv[] = {0, 9, 2};
+    for (size_t i = 0; i < sizeof bad_kv / sizeof bad_kv[0]; i++) {
+        s = base;
+        find_key(&s, D "attention.head_count_kv")->u = bad_kv[i];
+        char want[64];
+        snprintf(want, sizeof want, D "attention.head_count_kv: %llu, but", (unsigned long long)bad_kv[i]);
+        EXPECT_CONTRADICTION(&s, want, want, "or head_count 4");
+    }
+    s = base;
+    find_key(&s, D "attention.head_count_kv")->u = 4;
+    expect_opens(&s, "head_count_kv = head_count");
+
+    /* A scaling type needs its factor; YaRN's is at least 1. */
+    s = base;
+    find_key(&s, D "rope.scaling.factor")->f = 0.0f;
+    EXPECT_CONTRADICTION(&s, "yarn factor 0", D "rope.scaling.factor: 0, but " D "rope.scaling.type is \"yarn\"",
+                         "at least 1");
+    s = base;
+    drop_key(&s, D "rope.scaling.factor");
+    EXPECT_CONTRADICTION(&s, "yarn without factor", D "rope.scaling.factor: missing, but");
+    s = base;
+    find_key(&s, D "rope.scaling.factor")->f = 0.5f;
+    EXPECT_CONTRADICTION(&s, "yarn factor 0.5", D "rope.scaling.factor: 0.5, but", "at least 1");
+    s = base;
+    snprintf(find_key(&s, D "rope.scaling.type")->str, sizeof s.keys[0].str, "linear");
+    find_key(&s, D "rope.scaling.factor")->f = 0.0f;
+    EXPECT_CONTRADICTION(&s, "linear factor 0", "is \"linear\", which needs a factor (above 0)");
+    s = base;
+    find_key(&s, D "rope.scaling.factor")->f = 5000.0f;
+    EXPECT_CONTRADICTION(&s, "factor 5000", D "rope.scaling.factor: 5000 is implausibly large");
+    s = base;
+    key_f(&s, D "rope.scaling.attn_factor", 0.0f);
+    EXPECT_CONTRADICTION(&s, "attn_factor 0", D "rope.scaling.attn_factor: 0 must be positive");
+    s = base;
+    find_key(&s, D "rope.scaling.yarn_log_multiplier")->f = -0.1f;
+    EXPECT_CONTRADICTION(&s, "negative log multiplier", D "rope.scaling.yarn_log_multiplier: -0.1 must not be");
+    /* No scaling with factor 0 is no scaling, as before. */
+    s = base;
+    snprintf(find_key(&s, D "rope.scaling.type")->str, sizeof s.keys[0].str, "none");
+    find_key(&s, D "rope.scaling.factor")->f = 0.0f;
+    expect_opens(&s, "type none, factor 0");
+}
+
+static void special_token_ids_must_be_in_the_vocabulary(void)
+{
+    struct cfg c = v3_like(); /* V 300 */
+    static struct spec base, s;
+    spec_build(&base, &c);
+    static const struct {
+        const char *key;
+        enum key_kind kind;
+        uint64_t v;
+        const char *want;
+    } bad[] = {
+        {"tokenizer.ggml.bos_token_id", K_U32, 1043, "tokenizer.ggml.bos_token_id: 1043 is not a token"},
+        {"tokenizer.ggml.eos_token_id", K_U32, 1u << 31, "tokenizer.ggml.eos_token_id: 2147483648 is not a token"},
+        {"tokenizer.ggml.eos_token_id", K_U32, 99999, "tokenizer.ggml.eos_token_id: 99999 is not a token"},
+        {"tokenizer.ggml.padding_token_id", K_U32, 300, "tokenizer.ggml.padding_token_id: 300 is not a token"},
+        {"tokenizer.ggml.eot_token_id", K_I32, (uint64_t)-1, "tokenizer.ggml.eot_token_id: -1 is not a token"},
+        {"tokenizer.ggml.bos_token_id", K_U64, 1ull << 40, "1099511627776 is not a token"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        s = base;
+        add_key(&s, bad[i].key, bad[i].kind)->u = bad[i].v;
+        EXPECT_CONTRADICTION(&s, bad[i].want, bad[i].want, "the vocabulary has 300 (ids 0 .. 299",
+                             "tokenizer.ggml.tokens");
+    }
+    s = base;
+    key_u(&s, "tokenizer.ggml.bos_token_id", 0);
+    key_u(&s, "tokenizer.ggml.eos_token_id", 299);
+    expect_opens(&s, "ids 0 and 299");
+
+    /* More tokens than the embedding has rows. */
+    s = base;
+    find_key(&s, "tokenizer.ggml.tokens")->u = 310;
+    EXPECT_CONTRADICTION(&s, "310 tokens for 300 rows", "tokenizer.ggml.tokens: 310 tokens, but token_embd.weight "
+                         "has rows for 300");
+
+    /* kt-run says so and exits 1 instead of running. */
+    const char *tool = kt_test_tool("kt-run");
+    if (access(tool, X_OK) != 0)
+        return;
+    s = base;
+    key_u(&s, "tokenizer.ggml.bos_token_id", 1043);
+    const char *model = kt_test_path("bad-bos.gguf"), *errp = kt_test_path("bad-bos.err");
+    if (!spec_write(&s, model))
+        return;
+    int rc = kt_test_system("'%s' -m '%s' -p hi -n 1 >/dev/null 2>'%s'", tool, model, errp);
+    size_t n;
+    char *etext = kt_test_read_file(errp, &n);
+    KT_CHECK(rc == 1 && etext && strstr(etext, "tokenizer.ggml.bos_token_id: 1043 is not a token"),
+             "kt-run on a bos id past the vocabulary: exit %d, '%s'", rc, etext ? etext : "");
+    free(etext);
+    unlink(model);
+    unlink(errp);
+}
+
 /* ---- memory ------------------------------------------------------------------------ */
 
 static void memory_need_matches_hand_count(void)
@@ -1015,6 +1215,10 @@ int main(void)
     KT_RUN(each_wrong_dim_is_named);
     KT_RUN(wrong_and_unsupported_types_are_named);
     KT_RUN(key_defects_are_named);
+    KT_RUN(layer_count_must_cover_every_layer_in_the_file);
+    KT_RUN(tensors_the_keys_say_are_absent_are_refused);
+    KT_RUN(hyperparameters_out_of_range_are_refused);
+    KT_RUN(special_token_ids_must_be_in_the_vocabulary);
     KT_RUN(memory_need_matches_hand_count);
     KT_RUN(kt_run_info_reports_the_model);
     KT_RUN(kt_synth_presets_open);

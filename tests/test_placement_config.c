@@ -444,6 +444,32 @@ static void bad_documents_name_line_and_key(void)
     }
 }
 
+/* Text libyaml's reader refuses (bad UTF-8, control characters) is reported
+ * where it is, not at 1:1: libyaml gives such errors a byte offset only. */
+static void unreadable_text_is_reported_at_its_line_and_column(void)
+{
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"version: 1\nattention: cpu\ndescription: caf\xff\n", "t.yaml:3:17: invalid leading UTF-8 octet (0xFF at byte 42)"},
+        /* CRLF line ends; the column counts é as one character, as libyaml's columns do */
+        {"version: 1\r\nattention: cpu\r\ndescription: \xc3\xa9 \xfe\r\n", "t.yaml:3:16: invalid leading UTF-8 octet (0xFE"},
+        {"version: 1\nattention: cpu\n\n# a comment \x80\n", "t.yaml:4:13: invalid leading UTF-8 octet (0x80"},
+        {"\xff", "t.yaml:1:1: invalid leading UTF-8 octet (0xFF at byte 0)"},
+        {"version: 1\nattention: cpu\ndescription: a\x01z\n", "t.yaml:3:15: control characters are not allowed (0x1 at"},
+        {"version: 1\nattention: cpu\ndescription: ab\xe2\x82", "t.yaml:3:16: incomplete UTF-8 octet sequence (at byte"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct kt_placement_config *c = NULL;
+        kt_err err = {0};
+        kt_status st = kt_placement_config_parse(cases[i].text, strlen(cases[i].text), "t.yaml", &c, &err);
+        KT_CHECK(st == KT_ERR_FORMAT && c == NULL && !strncmp(err.msg, cases[i].want, strlen(cases[i].want)) &&
+                     strstr(err.msg, "a config must be UTF-8 text"),
+                 "case %zu: want '%s...', got '%s'", i, cases[i].want, err.msg);
+        kt_placement_config_destroy(c);
+    }
+}
+
 static void deep_and_odd_input_is_refused_cleanly(void)
 {
     char deep[4096] = V1 "attention: cpu\nx: ";
@@ -1066,6 +1092,7 @@ int main(void)
     KT_RUN(shaped_model_matches_a_kt_synth_file);
     KT_RUN(every_shipped_config_parses_and_fits_its_model);
     KT_RUN(bad_documents_name_line_and_key);
+    KT_RUN(unreadable_text_is_reported_at_its_line_and_column);
     KT_RUN(deep_and_odd_input_is_refused_cleanly);
     KT_RUN(tiny_sim_puts_attention_shared_and_half_the_experts_on_sim);
     KT_RUN(budget_overflow_names_need_and_budget);

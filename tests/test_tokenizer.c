@@ -772,6 +772,34 @@ static void unknown_formats_are_refused_by_name(void)
     kt_tokenizer_destroy(t);
 }
 
+/* A bad token type or merge found after the loaders' scratch buffers were
+ * grown is refused by name; under LSan (the sanitizer build) a buffer left
+ * behind on that return fails this test at exit. */
+static void bad_tokens_and_merges_are_refused_without_leaks(void)
+{
+    const char *tokens[] = {"a", "b", "ab", "c", "d"};
+    const int32_t bad_type[] = {1, 1, 1, 1, 9}, negative_type[] = {1, 1, -1, 1, 1}, types[] = {1, 1, 1, 1, 1};
+    const char *merges[] = {"a b"}, *bad_merges[] = {"a b", "c d", "cd"};
+    struct vocab_spec v = {"gpt2", "gpt2", 5, tokens, bad_type, merges, 1, -1, -1, -1, false};
+    struct kt_tokenizer *t = NULL;
+    kt_err err = {0};
+    KT_CHECK(build_tokenizer(&v, &t, &err) == KT_ERR_FORMAT && t == NULL &&
+                 strstr(err.msg, "token 4 has type 9 in tokenizer.ggml.token_type"),
+             "type 9: %s", err.msg);
+    v.types = negative_type;
+    KT_CHECK(build_tokenizer(&v, &t, &err) == KT_ERR_FORMAT && t == NULL && strstr(err.msg, "token 2 has type -1"),
+             "type -1: %s", err.msg);
+    v.types = types;
+    v.merges = bad_merges;
+    v.n_merges = 3;
+    KT_CHECK(build_tokenizer(&v, &t, &err) == KT_ERR_FORMAT && t == NULL &&
+                 strstr(err.msg, "merge 2 (\"cd\") of tokenizer.ggml.merges has no space"),
+             "third merge without a space: %s", err.msg);
+    v.n_merges = 2;
+    KT_CHECK(build_tokenizer(&v, &t, &err) == KT_OK, "the first two merges load: %s", err.msg);
+    kt_tokenizer_destroy(t);
+}
+
 /* With no merges, a pair merges iff its concatenation is a token, lowest id
  * first; a whole piece that is a token is taken as is (tiktoken). */
 static void rank_merging_follows_tiktoken(void)
@@ -1017,6 +1045,7 @@ int main(void)
     KT_RUN(utf8_decoder_follows_the_standard);
     KT_RUN(empty_text_gives_no_tokens);
     KT_RUN(unknown_formats_are_refused_by_name);
+    KT_RUN(bad_tokens_and_merges_are_refused_without_leaks);
     KT_RUN(rank_merging_follows_tiktoken);
     KT_RUN(synth_vocabularies_load_and_round_trip);
     KT_RUN(unicode_tables_match_the_ucd);

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -100,6 +101,24 @@ float kt_test_rand_normal(unsigned long long *state)
     double u1 = ((double)(kt_test_rand_u64(state) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
     double u2 = (double)(kt_test_rand_u64(state) >> 11) * (1.0 / 9007199254740992.0);
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+bool kt_test_write_tree_file(const char *root, const char *rel, const char *text)
+{
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", root, rel) >= (int)sizeof path)
+        return false;
+    mkdir(root, 0755);
+    for (char *slash = strchr(path + strlen(root) + 1, '/'); slash; slash = strchr(slash + 1, '/')) {
+        *slash = 0;
+        mkdir(path, 0755); /* an existing folder is fine; a real failure shows at fopen */
+        *slash = '/';
+    }
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return false;
+    const bool ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok;
 }
 
 bool kt_test_files_equal(const char *a, const char *b)

@@ -55,6 +55,10 @@ int kt_test_system(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Reads a whole file into a malloc'd buffer; NULL on failure. */
 void *kt_test_read_file(const char *path, size_t *bytes);
 
+/* Writes text to ROOT/REL, making the folders on the way (fake /proc and
+ * /sys trees); false when it cannot. */
+bool kt_test_write_tree_file(const char *root, const char *rel, const char *text);
+
 /* True when both files can be read and hold the same bytes. */
 bool kt_test_files_equal(const char *a, const char *b);
 

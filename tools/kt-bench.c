@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "cpu/dispatch.h"
 #include "machine.h"
+#include "threads.h"
 
 /* ---- arguments ------------------------------------------------------------------ */
 
@@ -221,8 +222,8 @@ static bool opt_profile(void *opts, const char *arg, char *why, size_t why_size)
 }
 
 static const struct kt_cli_option options_table[] = {
-    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE | FOR_CHECK, "threads (default: online CPUs)",
-     opt_threads},
+    {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE | FOR_CHECK,
+     "threads (default: the CPUs this process may use)", opt_threads},
     {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK, "also write the results as JSON to FILE", opt_json},
     {"--seconds", NULL, "S", FOR_KERNELS | FOR_MACHINE, "time per measurement (default 1; machine: per point, 0.3)",
      opt_seconds},
@@ -363,8 +364,11 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
         return rc;
-    if (!o.threads)
-        o.threads = kt_bench_online_cpus();
+    kt_err err = {0};
+    if (!o.threads && kt_tool_default_threads("kt-bench", stderr, &o.threads, &err) != KT_OK) {
+        fprintf(stderr, "kt-bench: %s\n", err.msg);
+        return 1;
+    }
     if (!strcmp(o.command, "profile"))
         return kt_bench_profile(&o);
     if (!strcmp(o.command, "machine"))

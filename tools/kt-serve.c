@@ -21,6 +21,7 @@
 #include "cli.h"
 #include "placement_opt.h"
 #include "server.h"
+#include "threads.h"
 
 /* ---- options --------------------------------------------------------------------------------------- */
 
@@ -141,7 +142,7 @@ static const struct kt_cli_option options_table[] = {
     {"--port", NULL, "PORT", 0, "port (default 8080; 0: any free port, printed)", opt_port},
     {"--max-seqs", NULL, "N", 0, "sequences decoding at once; each n>1 choice counts (default 8)", opt_max_seqs},
     {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
-    {"--threads", "-t", "N", 0, "engine threads (default: online CPUs)", opt_threads},
+    {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
     {"--served-model-name", NULL, "NAME", 0, "the model's name in the API (default: file name without .gguf)",
      opt_name},
@@ -283,11 +284,14 @@ static bool load(struct kt_server *s, kt_err *err)
     uint32_t n_ctx = o->ctx;
     if (!n_ctx)
         n_ctx = s->model->hp.n_ctx_train && s->model->hp.n_ctx_train < 4096 ? s->model->hp.n_ctx_train : 4096;
+    uint32_t threads = o->threads;
+    if (!threads && kt_tool_default_threads("kt-serve", stderr, &threads, err) != KT_OK)
+        return false;
     const uint32_t block_tokens = 16;
     struct kt_engine_params ep = {
         .n_ctx = n_ctx,
         .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
-        .n_threads = o->threads,
+        .n_threads = threads,
         .kv_block_tokens = block_tokens,
         .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
         .max_batch_tokens = o->max_batch_tokens,

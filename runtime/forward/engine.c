@@ -542,7 +542,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     /* Last: the long step, after everything cheap that could fail. */
     if (!e->test.experts_in_place) {
         struct kt_expert_store_params sp = {.progress = d.progress,
-                                            .meminfo_path = e->test.meminfo_path,
+                                            .host_root = e->test.host_root,
                                             .keep_gguf_layout = e->test.keep_gguf_layout,
                                             .home_nodes = d.expert_home_nodes,
                                             .replica_nodes = d.expert_replica_nodes,

@@ -47,7 +47,7 @@ struct kt_engine_test_params; /* engine_test.h: knobs only tests set */
 struct kt_engine_params {
     uint32_t n_ctx;             /* most positions per sequence; 0: min(context_length, 4096) */
     uint32_t max_seqs;          /* sequence ids 0 .. max_seqs-1; 0: 1 */
-    uint32_t n_threads;         /* 0: online CPUs */
+    uint32_t n_threads;         /* 0: the CPUs this process may use (cgroup limits included: kt_cpu_budget_read) */
     uint32_t kv_block_tokens;   /* positions per KV block; 0: 16 */
     uint32_t kv_blocks;         /* blocks in the KV pool; 0: enough for every sequence at n_ctx */
     uint32_t max_batch_tokens;  /* most tokens per step; 0: 256 */

@@ -33,7 +33,9 @@ struct kt_engine_test_params {
     /* With attention on the device, decode batches replay each layer's
      * attention from a graph; this runs every batch directly instead. */
     bool no_device_graphs;
-    const char *meminfo_path;   /* the memory check before the load reads this; NULL: /proc/meminfo */
+    /* The memory check before the load reads proc/meminfo and the cgroup files
+     * (runtime/host/cgroup.h) under this directory instead of "/". */
+    const char *host_root;
     /* Before every step, move one routed expert of each MoE layer (the step's
      * number modulo n_expert) onto the device or off it (with a device), then
      * to the next node with cores (kt_engine_move_expert), and give the next

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cgroup.h"
 #include "cpu/dispatch.h"
 #include "meminfo.h"
 #include "pack_pipeline.h"
@@ -389,11 +390,13 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
     return KT_OK;
 }
 
-/* Packer threads beside the reading one: every other online CPU, at most 8. */
+/* Packer threads beside the reading one: every other CPU this process may
+ * use, at most 8; one where its limits cannot be read. */
 static int packer_threads(void)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN) - 1;
-    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+    struct kt_cpu_budget cpus;
+    const int n = kt_cpu_budget_read(NULL, &cpus, NULL) == KT_OK ? cpus.cpus - 1 : 1;
+    return n < 1 ? 1 : n > 8 ? 8 : n;
 }
 
 kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_expert_store_params *p,
@@ -457,7 +460,7 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         goto fail;
     }
     const int n_packers = s->staging_bytes ? packer_threads() : 0;
-    if ((st = kt_meminfo_check(d.meminfo_path, "loading the routed experts",
+    if ((st = kt_meminfo_check(d.host_root, "loading the routed experts",
                                s->bytes + (uint64_t)(n_packers + 1) * s->staging_bytes, err)) != KT_OK)
         goto fail;
     if (n_packers)

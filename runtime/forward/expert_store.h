@@ -58,7 +58,9 @@
 
 struct kt_expert_store_params {
     FILE *progress;             /* bytes, GB/s and ETA of the load; NULL: silent */
-    const char *meminfo_path;   /* NULL: /proc/meminfo (tests pass a fake) */
+    /* The memory check reads proc/meminfo and the cgroup files under this
+     * directory; NULL: "/" (tests pass a fake tree). */
+    const char *host_root;
     /* [n_layer * n_expert] home node of expert x of layer il at il * n_expert
      * + x (entries of dense layers ignored); NULL: round_robin_nodes. */
     const int *home_nodes;

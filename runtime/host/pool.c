@@ -15,6 +15,8 @@
  */
 #include "pool.h"
 
+#include "cgroup.h"
+
 #include <hwloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -209,8 +211,11 @@ kt_status kt_pool_create(int n_threads, struct kt_pool **out, kt_err *err)
 {
     *out = NULL;
     if (n_threads == 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        n_threads = n > 0 ? (int)n : 1;
+        struct kt_cpu_budget cpus;
+        kt_status st = kt_cpu_budget_read(NULL, &cpus, err);
+        if (st != KT_OK)
+            return st;
+        n_threads = cpus.cpus < MAX_WORKERS_PER_POOL ? cpus.cpus : MAX_WORKERS_PER_POOL;
     }
     if (n_threads < 1 || n_threads > MAX_WORKERS_PER_POOL)
         return kt_err_set(err, KT_ERR_INVALID, "pool: %d threads (1 .. %d)", n_threads, MAX_WORKERS_PER_POOL);

@@ -37,8 +37,9 @@ struct kt_pools; /* one pool per NUMA node that has cores */
 typedef void (*kt_pool_fn)(void *ctx, int64_t begin, int64_t end, int worker);
 
 /* A pool for n_threads threads in all, the caller of kt_pool_parallel_for
- * included (n_threads - 1 workers; 0: the number of online CPUs), not bound
- * to any core or node (kt_pool_node is -1). */
+ * included (n_threads - 1 workers; 0: the CPUs this process may use, its
+ * cgroup's limits included: kt_cpu_budget_read), not bound to any core or
+ * node (kt_pool_node is -1). */
 kt_status kt_pool_create(int n_threads, struct kt_pool **out, kt_err *err);
 /* Waits for a submitted job, then stops and joins the workers. */
 void kt_pool_destroy(struct kt_pool *p);

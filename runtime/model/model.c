@@ -8,7 +8,9 @@
  * exits; every failure is a status with a message that names the key or
  * tensor, what was expected and what the file has.  The first problem found
  * is the one reported, in a fixed order (hyperparameters, then token_embd,
- * output_norm, output, then layer by layer in the order of struct kt_layer).
+ * output_norm, output, then layer by layer in the order of struct kt_layer,
+ * then the metadata against the rest of the file: layers past block_count,
+ * tensors of parts the keys say are absent, special token ids).
  */
 #include "model.h"
 
@@ -24,6 +26,9 @@
 /* No real model dimension comes near this; it keeps the shape products
  * computed below far from int64 overflow. */
 #define KT_MODEL_MAX_DIM (1u << 24)
+
+/* No model stretches RoPE positions by more (DeepSeek-V3: 40, Kimi-K2: 32). */
+#define KT_MAX_ROPE_FACTOR 1024.0f
 
 const char *kt_tensor_class_name(enum kt_tensor_class c)
 {
@@ -211,6 +216,25 @@ static kt_status read_rope(const struct kt_gguf *g, struct kt_hparams *hp, kt_er
                               type_key, (int)(s.len > 32 ? 32 : s.len), s.ptr);
     }
 
+    /* A scaling type stretches positions by its factor: without one (absent
+     * or 0) it would silently be no scaling at all.  YaRN extends the context,
+     * so its factor is at least 1 (40 in DeepSeek-V3, 32 in Kimi-K2). */
+    const char *factor_key = KEY("rope.scaling.factor");
+    if (hp->rope_scaling != KT_ROPE_SCALING_NONE && factor == 0.0f)
+        return kt_err_set(err, KT_ERR_FORMAT,
+                          "%s: %s, but %s is \"%s\", which needs a factor (%s); fix the key, or set the type to "
+                          "\"none\"",
+                          factor_key, kt_gguf_find_kv(g, factor_key) ? "0" : "missing", type_key,
+                          kt_rope_scaling_name(hp->rope_scaling),
+                          hp->rope_scaling == KT_ROPE_SCALING_YARN ? "at least 1" : "above 0");
+    if (hp->rope_scaling == KT_ROPE_SCALING_YARN && factor < 1.0f)
+        return kt_err_set(err, KT_ERR_FORMAT,
+                          "%s: %g, but %s is \"yarn\", which extends the context by a factor of at least 1",
+                          factor_key, (double)factor, type_key);
+    if (factor > KT_MAX_ROPE_FACTOR)
+        return kt_err_set(err, KT_ERR_FORMAT, "%s: %g is implausibly large (at most %g)", factor_key, (double)factor,
+                          (double)KT_MAX_ROPE_FACTOR);
+
     if ((st = read_u32(g, KEY("rope.scaling.original_context_length"), false, hp->n_ctx_train, &hp->rope_orig_ctx,
                        err)) != KT_OK)
         return st;
@@ -231,7 +255,16 @@ static kt_status read_rope(const struct kt_gguf *g, struct kt_hparams *hp, kt_er
     if (!(hp->yarn_beta_slow > 0.0f))
         return kt_err_set(err, KT_ERR_FORMAT, "%s: %g must be positive", KEY("rope.scaling.yarn_beta_slow"),
                           (double)hp->yarn_beta_slow);
-    return read_f32(g, KEY("rope.scaling.attn_factor"), false, 1.0f, &hp->rope_attn_factor, err);
+    /* mscale = 1 + 0.1 L ln s and the attention factor scale every score: both must stay positive. */
+    if (!(hp->yarn_log_multiplier >= 0.0f))
+        return kt_err_set(err, KT_ERR_FORMAT, "%s: %g must not be negative", KEY("rope.scaling.yarn_log_multiplier"),
+                          (double)hp->yarn_log_multiplier);
+    if ((st = read_f32(g, KEY("rope.scaling.attn_factor"), false, 1.0f, &hp->rope_attn_factor, err)) != KT_OK)
+        return st;
+    if (!(hp->rope_attn_factor > 0.0f))
+        return kt_err_set(err, KT_ERR_FORMAT, "%s: %g must be positive", KEY("rope.scaling.attn_factor"),
+                          (double)hp->rope_attn_factor);
+    return KT_OK;
 }
 
 static kt_status read_moe(const struct kt_gguf *g, struct kt_hparams *hp, kt_err *err)
@@ -345,6 +378,14 @@ kt_status kt_hparams_read(const struct kt_gguf *g, struct kt_hparams *hp, kt_err
         (st = check_dim(KEY("rope.dimension_count"), hp->qk_rope_dim, err)) != KT_OK ||
         (st = read_f32(g, KEY("attention.layer_norm_rms_epsilon"), true, 0.0f, &hp->rms_eps, err)) != KT_OK)
         return st;
+    /* MLA files store one KV head (split attn_k_b/attn_v_b) or, in older
+     * fused files, head_count of them; kt needs neither, but any other count
+     * says the file is not the model its tensors describe. */
+    if (hp->n_head_kv != 1 && hp->n_head_kv != hp->n_head)
+        return kt_err_set(err, KT_ERR_FORMAT,
+                          "%s: %u, but an MLA model stores 1 (split attn_k_b/attn_v_b) or head_count %u (fused "
+                          "attn_kv_b); fix the key",
+                          KEY("attention.head_count_kv"), hp->n_head_kv, hp->n_head);
     if (hp->q_lora_rank && (st = check_dim(KEY("attention.q_lora_rank"), hp->q_lora_rank, err)) != KT_OK)
         return st;
     if (hp->qk_rope_dim % 2 != 0)
@@ -649,6 +690,137 @@ static kt_status build_table(struct table_builder *b, kt_err *err)
     return KT_OK;
 }
 
+/* ---- metadata against the file's other tensors ------------------------------------ */
+
+/* Layers past block_count the file may hold: multi-token-prediction layers. */
+#define KT_MODEL_MAX_MTP_LAYERS 16
+
+/* N of a "blk.N.REST" tensor name and REST; false for other names. */
+static bool block_number(const char *name, uint32_t *il, const char **rest)
+{
+    if (strncmp(name, "blk.", 4) != 0 || name[4] < '0' || name[4] > '9')
+        return false;
+    uint64_t n = 0;
+    const char *p = name + 4;
+    for (; *p >= '0' && *p <= '9'; p++)
+        if ((n = n * 10 + (uint64_t)(*p - '0')) > UINT32_MAX)
+            return false;
+    if (*p != '.')
+        return false;
+    *il = (uint32_t)n;
+    *rest = p + 1;
+    return true;
+}
+
+static bool holds(const uint32_t *list, uint32_t n, uint32_t v)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (list[i] == v)
+            return true;
+    return false;
+}
+
+/* Every blk.N tensor belongs to a layer block_count counts, except the
+ * layers after the last that hold "nextn." tensors: multi-token prediction
+ * (DeepSeek-V3's MTP), which kt does not run. */
+static kt_status check_layer_count(const struct kt_gguf *g, uint32_t n_layer, kt_err *err)
+{
+    uint32_t mtp[KT_MODEL_MAX_MTP_LAYERS], n_mtp = 0, il, top = 0;
+    const char *rest, *first = NULL;
+    for (uint64_t i = 0; i < g->n_tensors && n_mtp < KT_MODEL_MAX_MTP_LAYERS; i++)
+        if (block_number(g->tensors[i].name, &il, &rest) && il >= n_layer && !strncmp(rest, "nextn.", 6) &&
+            !holds(mtp, n_mtp, il))
+            mtp[n_mtp++] = il;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        if (!block_number(g->tensors[i].name, &il, &rest) || il < n_layer || holds(mtp, n_mtp, il))
+            continue;
+        first = first ? first : g->tensors[i].name;
+        top = il > top ? il : top;
+    }
+    if (!first)
+        return KT_OK;
+    return kt_err_set(err, KT_ERR_FORMAT,
+                      "%s: %u, but the file holds tensors of layers up to blk.%u (%s is the first): the key must "
+                      "count every layer (only MTP layers, with nextn.* tensors, may follow the last); fix the key",
+                      KEY("block_count"), n_layer, top, first);
+}
+
+/* Tensors of parts the metadata says the model lacks: a MoE layer's router or
+ * experts in a layer leading_dense_block_count makes dense, shared experts
+ * with expert_shared_count 0.  Left alone they would be ignored in silence
+ * and the model would compute something else. */
+static kt_status check_unclaimed_parts(const struct kt_gguf *g, const struct kt_hparams *hp, kt_err *err)
+{
+    static const char *const moe_parts[] = {"ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_gate_up_exps.weight",
+                                            "ffn_down_exps.weight"};
+    static const char *const shared_parts[] = {"ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"};
+    char name[KT_GGUF_MAX_NAME + 16];
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const bool dense = il < hp->n_dense_lead;
+        for (size_t i = 0; dense && i < sizeof moe_parts / sizeof moe_parts[0]; i++) {
+            snprintf(name, sizeof name, "blk.%u.%s", il, moe_parts[i]);
+            if (kt_gguf_find_tensor(g, name))
+                return kt_err_set(err, KT_ERR_FORMAT,
+                                  "%s: %u makes layer %u dense, but %s (a MoE layer's tensor) is in the file; fix "
+                                  "the key",
+                                  KEY("leading_dense_block_count"), hp->n_dense_lead, il, name);
+        }
+        for (size_t i = 0; !dense && hp->n_expert_shared == 0 && i < sizeof shared_parts / sizeof shared_parts[0];
+             i++) {
+            snprintf(name, sizeof name, "blk.%u.%s", il, shared_parts[i]);
+            const struct kt_gguf_tensor *t = kt_gguf_find_tensor(g, name);
+            if (!t)
+                continue;
+            const int64_t width = strstr(shared_parts[i], "down") ? t->ne[0] : t->ne[1];
+            char hint[128] = "";
+            if (hp->n_ff_exp && width > 0 && width % hp->n_ff_exp == 0)
+                snprintf(hint, sizeof hint, ": its width %lld is %lld x expert_feed_forward_length %u",
+                         (long long)width, (long long)(width / hp->n_ff_exp), hp->n_ff_exp);
+            return kt_err_set(err, KT_ERR_FORMAT,
+                              "%s: 0, but %s (shared experts) is in the file%s; set the key to the model's number "
+                              "of shared experts",
+                              KEY("expert_shared_count"), name, hint);
+        }
+    }
+    return KT_OK;
+}
+
+/* The tokenizer's list fits the embedding, and every special token id the
+ * tokenizer keys name (bos, eos, eot, padding, ...) is one of its tokens. */
+static kt_status check_token_ids(const struct kt_gguf *g, uint32_t n_vocab, kt_err *err)
+{
+    const char *tokens_key = "tokenizer.ggml.tokens";
+    const struct kt_gguf_kv *tokens = kt_gguf_find_kv(g, tokens_key);
+    uint64_t n_tokens = n_vocab;
+    if (tokens && tokens->value.type == KT_GGUF_ARRAY) {
+        n_tokens = tokens->value.arr.count;
+        if (n_tokens > n_vocab)
+            return kt_err_set(err, KT_ERR_FORMAT,
+                              "%s: %llu tokens, but token_embd.weight has rows for %u (vocab_size): ids %u and up "
+                              "would have no embedding; the tokenizer belongs to another model",
+                              tokens_key, (unsigned long long)n_tokens, n_vocab, n_vocab);
+    }
+    static const char prefix[] = "tokenizer.ggml.", suffix[] = "_token_id";
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const char *key = g->kv[i].key;
+        const size_t n = strlen(key);
+        if (n <= strlen(prefix) + strlen(suffix) || strncmp(key, prefix, strlen(prefix)) ||
+            strcmp(key + n - strlen(suffix), suffix))
+            continue;
+        int64_t id;
+        kt_status st = kt_gguf_get_int(g, key, &id, err);
+        if (st != KT_OK)
+            return st;
+        if (id < 0 || (uint64_t)id >= n_tokens)
+            return kt_err_set(err, KT_ERR_FORMAT,
+                              "%s: %lld is not a token: the vocabulary has %llu (ids 0 .. %llu, from %s); fix the "
+                              "key",
+                              key, (long long)id, (unsigned long long)n_tokens, (unsigned long long)n_tokens - 1,
+                              tokens ? tokens_key : KEY("vocab_size"));
+    }
+    return KT_OK;
+}
+
 kt_status kt_model_from_gguf(struct kt_gguf *g, struct kt_model **out, kt_err *err)
 {
     *out = NULL;
@@ -677,7 +849,9 @@ kt_status kt_model_from_gguf(struct kt_gguf *g, struct kt_model **out, kt_err *e
         goto fail_nomem;
     }
     struct table_builder b = {.g = g, .m = m, .used = used};
-    if ((st = build_table(&b, err)) != KT_OK)
+    if ((st = build_table(&b, err)) != KT_OK || (st = check_layer_count(g, m->hp.n_layer, err)) != KT_OK ||
+        (st = check_unclaimed_parts(g, &m->hp, err)) != KT_OK ||
+        (st = check_token_ids(g, m->hp.n_vocab, err)) != KT_OK)
         goto fail;
 
     for (uint64_t i = 0; i < g->n_tensors; i++) {

@@ -41,7 +41,7 @@ struct kt_hparams {
 
     float rope_freq_base;
     enum kt_rope_scaling rope_scaling; /* type absent: linear if factor != 1, else none */
-    float rope_scaling_factor;  /* s; 1 when absent or 0 */
+    float rope_scaling_factor;  /* s; 1 when absent or 0 without a scaling type (a type needs one) */
     uint32_t rope_orig_ctx;     /* rope.scaling.original_context_length */
     float yarn_log_multiplier;  /* as stored: 0.1 x mscale_all_dim */
     /* YaRN β: the file's values when present (as HF and DeepSeek's code use
@@ -166,8 +166,13 @@ void kt_model_identity(const struct kt_model *m, struct kt_model_identity *out);
 
 /* Opens a GGUF file, reads hyperparameters and builds the checked tensor
  * table.  The first missing tensor, wrong type or wrong shape fails with a
- * message naming the tensor, what was expected and what the file has.  Every
- * message starts with "PATH: ", as kt_gguf_open's do. */
+ * message naming the tensor, what was expected and what the file has.  Then
+ * the metadata must agree with the rest of the file (KT_ERR_FORMAT naming
+ * both sides): no blk.N tensors past block_count but MTP layers (nextn.*),
+ * no shared-expert tensors with expert_shared_count 0, no router or experts
+ * in a layer leading_dense_block_count makes dense, no more tokens than
+ * embedding rows, every tokenizer.ggml.*_token_id a token.  Every message
+ * starts with "PATH: ", as kt_gguf_open's do. */
 kt_status kt_model_open(const char *path, struct kt_model **out, kt_err *err);
 
 /* The same over an already-open GGUF; takes ownership of g on success only. */

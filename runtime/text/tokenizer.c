@@ -444,14 +444,21 @@ static kt_status load_tokens(struct kt_tokenizer *t, const struct kt_gguf *g, kt
     t->is_eog = calloc(t->n_vocab, 1);
     if (!t->type || !t->is_eog)
         return kt_err_set(err, KT_ERR_NOMEM, "tokenizer: out of memory for %u tokens", t->n_vocab);
-    char *piece = NULL;
+    st = KT_OK;
+    char *piece = NULL; /* one token's decoded bytes, grown as needed; freed on every return */
     size_t piece_cap = 0;
     for (uint32_t id = 0; id < t->n_vocab; id++) {
         int64_t ty = KT_TOK_NORMAL;
-        if (types && !kt_gguf_array_int(types, id, &ty))
-            return kt_err_set(err, KT_ERR_FORMAT, "tokenizer: tokenizer.ggml.token_type is not an integer array");
-        if (ty < KT_TOK_UNDEFINED || ty > KT_TOK_BYTE)
-            return kt_err_set(err, KT_ERR_FORMAT, "tokenizer: token %u has type %lld", id, (long long)ty);
+        if (types && !kt_gguf_array_int(types, id, &ty)) {
+            st = kt_err_set(err, KT_ERR_FORMAT, "tokenizer: tokenizer.ggml.token_type is an array of %s, not of "
+                            "integers", kt_gguf_type_name(types->elem_type));
+            goto done;
+        }
+        if (ty < KT_TOK_UNDEFINED || ty > KT_TOK_BYTE) {
+            st = kt_err_set(err, KT_ERR_FORMAT, "tokenizer: token %u has type %lld in tokenizer.ggml.token_type "
+                            "(types are %d .. %d)", id, (long long)ty, KT_TOK_UNDEFINED, KT_TOK_BYTE);
+            goto done;
+        }
         t->type[id] = (uint8_t)ty;
         const struct kt_gguf_str *s = &tokens->items[id].str;
         if ((st = arena_push(&t->text, s->ptr, s->len)) != KT_OK)
@@ -491,32 +498,36 @@ static kt_status load_tokens(struct kt_tokenizer *t, const struct kt_gguf *g, kt
             (st = trie_add(t, s->ptr, s->len, (int32_t)id)) != KT_OK)
             goto fail;
     }
-    free(piece);
-    return KT_OK;
+    goto done;
 fail:
+    st = kt_err_set(err, st, "tokenizer: %s loading %u tokens",
+                    st == KT_ERR_NOMEM ? "out of memory" : "more than 4 GiB of text", t->n_vocab);
+done:
     free(piece);
-    return kt_err_set(err, st, "tokenizer: %s loading %u tokens",
-                      st == KT_ERR_NOMEM ? "out of memory" : "more than 4 GiB of text", t->n_vocab);
+    return st;
 }
 
 static kt_status load_merges(struct kt_tokenizer *t, const struct kt_gguf_array *merges, kt_err *err)
 {
-    char *buf = NULL;
+    char *buf = NULL; /* one merge's decoded bytes, grown as needed; freed on every return */
     size_t buf_cap = 0;
     kt_status st = KT_OK;
-    for (uint64_t r = 0; r < merges->count && st == KT_OK; r++) {
+    for (uint64_t r = 0; r < merges->count; r++) {
         const struct kt_gguf_str *s = &merges->items[r].str;
         /* "left right", split at the first space after the first byte */
         const char *sp = s->len > 1 ? memchr(s->ptr + 1, ' ', s->len - 1) : NULL;
-        if (!sp)
-            return kt_err_set(err, KT_ERR_FORMAT, "tokenizer: merge %llu (\"%.*s\") has no space",
-                              (unsigned long long)r, (int)(s->len < 64 ? s->len : 64), s->ptr);
+        if (!sp) {
+            st = kt_err_set(err, KT_ERR_FORMAT, "tokenizer: merge %llu (\"%.*s\") of tokenizer.ggml.merges has no "
+                            "space between its two parts", (unsigned long long)r, (int)(s->len < 64 ? s->len : 64),
+                            s->ptr);
+            goto done;
+        }
         if (s->len > buf_cap) {
             buf_cap = 2 * s->len;
             char *grown = realloc(buf, buf_cap);
             if (!grown) {
                 st = KT_ERR_NOMEM;
-                break;
+                goto fail;
             }
             buf = grown;
         }
@@ -528,15 +539,18 @@ static kt_status load_merges(struct kt_tokenizer *t, const struct kt_gguf_array 
             continue; /* can never apply: symbols are byte strings */
         uint32_t left, right, merged;
         if ((st = symbol_for(t, buf, bl, &left)) != KT_OK || (st = symbol_for(t, buf + bl, br, &right)) != KT_OK ||
-            (st = symbol_for(t, buf, bl + br, &merged)) != KT_OK)
-            break;
-        st = pairmap_add(&t->merges, (uint64_t)left << 32 | right, (uint32_t)r, merged);
+            (st = symbol_for(t, buf, bl + br, &merged)) != KT_OK ||
+            (st = pairmap_add(&t->merges, (uint64_t)left << 32 | right, (uint32_t)r, merged)) != KT_OK)
+            goto fail;
     }
+    goto done;
+fail:
+    st = kt_err_set(err, st, "tokenizer: %s loading %llu merges",
+                    st == KT_ERR_NOMEM ? "out of memory" : "more than 2^32 symbols or 4 GiB of their text",
+                    (unsigned long long)merges->count);
+done:
     free(buf);
-    if (st != KT_OK)
-        return kt_err_set(err, st, "tokenizer: out of memory loading %llu merges",
-                          (unsigned long long)merges->count);
-    return KT_OK;
+    return st;
 }
 
 static kt_status load_eog(struct kt_tokenizer *t, const struct kt_gguf *g, kt_err *err)

@@ -13,7 +13,7 @@
 
 struct kt_bench_options {
     const char *command;        /* "kernels", "model", "profile", "machine" or "check" */
-    uint32_t threads;           /* 0: online CPUs */
+    uint32_t threads;           /* 0 until main sets the default (threads.h) */
     const char *json;           /* write results here too; NULL: table only */
 
     /* kernels */
@@ -61,7 +61,6 @@ int kt_bench_check(const struct kt_bench_options *o);
 
 /* Shared helpers (bench/common.c). */
 double kt_bench_now_seconds(void);
-uint32_t kt_bench_online_cpus(void);
 int kt_bench_write_json(void *root, const char *path); /* root: json_t *; 0 or 1 (after a message) */
 uint32_t kt_bench_argmax(const float *x, uint32_t n); /* the first largest of x[0 .. n-1]: greedy decoding */
 

@@ -1,13 +1,12 @@
 /*
- * common.c - small helpers both kt-bench jobs use: a monotonic clock, the
- * online CPU count, and writing the JSON document.  Never measures anything.
+ * common.c - small helpers the kt-bench jobs use: a monotonic clock and
+ * writing the JSON document.  Never measures anything.
  */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "bench.h"
 
@@ -16,12 +15,6 @@ double kt_bench_now_seconds(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-uint32_t kt_bench_online_cpus(void)
-{
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1u : n > 4096 ? 4096u : (uint32_t)n;
 }
 
 int kt_bench_write_json(void *root, const char *path)

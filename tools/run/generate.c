@@ -23,6 +23,7 @@
 #include "model.h"
 #include "run.h"
 #include "sampler.h"
+#include "threads.h"
 #include "tokenizer.h"
 
 static double now_seconds(void)
@@ -124,7 +125,10 @@ int kt_run_generate(const struct kt_run_options *o)
         goto fail;
     }
 
-    struct kt_engine_params ep = {.n_ctx = o->ctx, .max_seqs = 1, .n_threads = o->threads};
+    uint32_t threads = o->threads;
+    if (!threads && kt_tool_default_threads("kt-run", stderr, &threads, &err) != KT_OK)
+        goto fail;
+    struct kt_engine_params ep = {.n_ctx = o->ctx, .max_seqs = 1, .n_threads = threads};
     ep.progress = stderr; /* expert-store load progress */
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)

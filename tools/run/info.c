@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "meminfo.h"
 #include "model.h"
 #include "quant.h"
 #include "run.h"
@@ -174,6 +175,28 @@ static void print_memory_row(const struct kt_model *m, const char *label, int gp
     printf("  %-36s %10.2f %10.2f\n", label, gib(need.gpu_bytes), gib(need.cpu_bytes));
 }
 
+/* What this process can still allocate, and which limit decides: the host's
+ * MemAvailable or its cgroup's (a container's) memory limit. */
+static void print_available(void)
+{
+    struct kt_meminfo mi;
+    kt_err err = {0};
+    if (kt_meminfo_read(NULL, &mi, &err) != KT_OK) {
+        printf("  %-36s cannot tell: %s\n", "available to this process", err.msg);
+        return;
+    }
+    const struct kt_cgroup_memory *cg = &mi.cgroup;
+    if (cg->limited && cg->room_bytes < mi.host_available_bytes)
+        printf("  %-36s %10.2f GiB: cgroup v%d limit %.2f GiB (%s), %.2f GiB in use; the host has %.2f GiB\n",
+               "available to this process", gib(mi.available_bytes), cg->version, gib(cg->limit_bytes),
+               cg->limit_path, gib(cg->used_bytes), gib(mi.host_available_bytes));
+    else
+        printf("  %-36s %10.2f GiB: MemAvailable%s\n", "available to this process", gib(mi.available_bytes),
+               cg->limited ? " (its cgroup's limit leaves more)" : "");
+    if (cg->note[0])
+        printf("  %-36s %s\n", "", cg->note);
+}
+
 /* Rows: all on CPU, attention+shared on GPU, then each asked count of GPU
  * experts per layer; counts past the model's experts all mean "every
  * expert", so each distinct placement is shown once. */
@@ -203,6 +226,7 @@ static void print_memory(const struct kt_model *m, const struct kt_run_options *
             snprintf(label, sizeof label, "+ %u experts/layer on GPU", n);
         print_memory_row(m, label, (int)n, ctx);
     }
+    print_available();
 }
 
 int kt_run_info(const struct kt_run_options *o)

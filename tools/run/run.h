@@ -28,7 +28,7 @@ struct kt_run_options {
     float repeat_penalty, presence_penalty, frequency_penalty;
     bool seed_given;
     uint64_t seed;
-    uint32_t threads;           /* 0: online CPUs */
+    uint32_t threads;           /* 0: the CPUs this process may use (threads.h) */
     const char *logits_out;     /* float32 logits of the last position of every step */
     bool bandwidth;             /* measure a STREAM triad and report decode bytes/s against it */
     bool quiet;                 /* do not stream the generated text */
