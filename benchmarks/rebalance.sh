@@ -144,7 +144,9 @@ start_server() { # log args...
 metric_sum() { # the sum of the metric series matching a pattern
     curl -sf "http://127.0.0.1:$port/metrics" | awk -v p="$1" '$0 ~ p && $0 !~ /^#/ { s += $NF } END { printf "%.0f\n", s }'
 }
-# One batch of requests; prints: share tok/s gap_p99 gap_max migrations ok
+# One batch of requests; prints: share tok/s gap_p99 gap_max migrations ok.  kt-serve runs with
+# --max-seqs 1 in steps 5 and 6: the requests come one at a time, and its KV cache is then the
+# 4096 tokens kt-place planned for (8 sequences' would not fit the budget the plan fills).
 run_batch() { # prompts seed
     local dev0 all0 dev1 all1
     dev0=$(metric_sum '^kt:place_routed_pairs_total\{place="sim"\}')
@@ -164,7 +166,7 @@ table_row() { printf '%-6s %8.3f %10.2f %10.4f %10.4f %10s %6s\n' "$1" "$2" "$3"
 say "5. kt-serve, the rebalancer off, set B in batches of $batch requests (one at a time, 16 tokens each)"
 for p in a b; do
     echo "-- plan-$p.yaml"
-    start_server "serve-$p.log" --placement "$work/plan-$p.yaml" --rebalance-interval 0
+    start_server "serve-$p.log" --placement "$work/plan-$p.yaml" --rebalance-interval 0 --max-seqs 1
     table_head
     run_batch "$set_b" 100 >/dev/null # warm-up
     : >"$work/static-$p.txt"
@@ -179,7 +181,7 @@ static_p99=$(awk '{ if ($4 > m) m = $4 } END { printf "%.4f", m }' "$work/static
 echo "the hindsight plan's share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
 
 say "6. kt-serve from plan A, the rebalancer on (every $interval s): set A, then set B"
-start_server serve-rebalance.log --placement "$work/plan-a.yaml" --rebalance-interval "$interval" \
+start_server serve-rebalance.log --placement "$work/plan-a.yaml" --rebalance-interval "$interval" --max-seqs 1 \
     --machine "$work/machine-gpu-like.json" --plan-out "$work/plan-live.yaml"
 table_head
 for i in 1 2; do
