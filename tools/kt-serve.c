@@ -20,103 +20,81 @@
 
 #include "cli.h"
 #include "placement_opt.h"
+#include "preflight.h"
 #include "server.h"
 
 /* ---- options --------------------------------------------------------------------------------------- */
 
 #define OPTS(o) ((struct kt_serve_options *)(o))
 
-#define SECONDS_OPTION(fn, field, name)                                                          \
-    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
-    {                                                                                            \
-        double v;                                                                                \
-        if (!kt_cli_parse_double(arg, &v) || v < 0)                                              \
-            return kt_cli_invalid(why, ws, name, arg);                                           \
-        OPTS(o)->field = v;                                                                      \
-        return true;                                                                             \
-    }
-
-KT_CLI_STRING_OPTION(opt_model, model)
 KT_CLI_STRING_OPTION(opt_placement, placement)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
 KT_CLI_STRING_OPTION(opt_name, served_name)
 KT_CLI_STRING_OPTION(opt_profile_out, profile_out)
-KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port")
-KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
-KT_CLI_U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
-KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads")
-KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache (slots per MoE layer; 0: off)")
-KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
-KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
-KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
-KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections")
-KT_CLI_U32_OPTION(opt_per_client, max_connections_per_client, 0, 1u << 16, "--max-connections-per-client (0: no limit)")
-KT_CLI_U32_OPTION(opt_client_timeout, client_timeout_s, 1, 86400, "--client-timeout (whole seconds, 1 to 86400)")
-KT_CLI_U32_OPTION(opt_idle_timeout, idle_timeout_s, 1, 86400, "--idle-timeout (whole seconds, 1 to 86400)")
-SECONDS_OPTION(opt_timeout, request_timeout_s, "--request-timeout")
-SECONDS_OPTION(opt_shutdown, shutdown_timeout_s, "--shutdown-timeout")
-SECONDS_OPTION(opt_ping, ping_interval_s, "--sse-ping-interval")
+KT_CLI_STRING_OPTION(opt_machine, machine)
+KT_CLI_STRING_OPTION(opt_plan_out, plan_out)
+KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port", "0: any free port")
+KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs", NULL)
+KT_CLI_U32_OPTION(opt_ctx, ctx, 16, KT_TOOL_MAX_CTX, "--ctx", "positions per sequence; at most the model's "
+                  "context_length")
+KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
+KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting", NULL)
+KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 16, "--max-batch-tokens", "the engine's most per step")
+KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes", NULL)
+KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections", NULL)
+KT_CLI_U32_OPTION(opt_per_client, max_connections_per_client, 0, 1u << 16, "--max-connections-per-client",
+                  "0: no limit")
+KT_CLI_U32_OPTION(opt_client_timeout, client_timeout_s, 1, 86400, "--client-timeout", "whole seconds")
+KT_CLI_U32_OPTION(opt_idle_timeout, idle_timeout_s, 1, 86400, "--idle-timeout", "whole seconds")
+KT_CLI_DOUBLE_OPTION(opt_timeout, request_timeout_s, 0, 1e9, KT_CLI_CLOSED, "--request-timeout", "seconds; 0: no limit")
+KT_CLI_DOUBLE_OPTION(opt_shutdown, shutdown_timeout_s, 0, 1e9, KT_CLI_CLOSED, "--shutdown-timeout", "seconds")
+KT_CLI_DOUBLE_OPTION(opt_ping, ping_interval_s, 0, 1e9, KT_CLI_CLOSED, "--sse-ping-interval", "seconds")
+KT_CLI_DOUBLE_OPTION(opt_profile_half_life, profile_half_life, 0, 1e18, KT_CLI_CLOSED, "--profile-half-life",
+                     "tokens; 0: no decay")
+KT_CLI_DOUBLE_OPTION(opt_profile_interval, profile_interval_s, 0.01, 1e6, KT_CLI_CLOSED, "--profile-interval",
+                     "seconds")
+KT_CLI_DOUBLE_OPTION(opt_min_gain, rebalance_min_gain, 0, 1, KT_CLI_HI_OPEN, "--rebalance-min-gain",
+                     "a share of the step")
+KT_CLI_DOUBLE_OPTION(opt_migration_budget, migration_budget_mib, 0, 1e9, KT_CLI_LO_OPEN, "--migration-budget-mib",
+                     "MiB")
 
 static bool opt_prefix_cache(void *o, const char *arg, char *why, size_t ws)
 {
     OPTS(o)->prefix_cache_given = true;
-    return kt_cli_parse_u32(arg, 0, 4096, &OPTS(o)->prefix_cache) || kt_cli_invalid(why, ws, "--prefix-cache", arg);
+    return kt_cli_u32_arg("--prefix-cache", arg, 0, 4096, "prefixes; 0: off", &OPTS(o)->prefix_cache, why, ws);
 }
-
-static bool opt_profile_half_life(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e18)
-        return kt_cli_invalid(why, ws, "--profile-half-life (tokens, 0: no decay)", arg);
-    OPTS(o)->profile_half_life = v;
-    return true;
-}
-
-static bool opt_profile_interval(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0.01) || v > 1e6)
-        return kt_cli_invalid(why, ws, "--profile-interval (seconds, at least 0.01)", arg);
-    OPTS(o)->profile_interval_s = v;
-    return true;
-}
-
-KT_CLI_STRING_OPTION(opt_machine, machine)
-KT_CLI_STRING_OPTION(opt_plan_out, plan_out)
 
 static bool opt_rebalance_interval(void *o, const char *arg, char *why, size_t ws)
 {
     double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v == 0 || v >= 0.01) || v > 1e6)
-        return kt_cli_invalid(why, ws, "--rebalance-interval (seconds, at least 0.01; 0: off)", arg);
+    if (!kt_cli_double_arg("--rebalance-interval", arg, 0, 1e6, KT_CLI_CLOSED, "seconds; 0: off", &v, why, ws))
+        return false;
+    if (v != 0 && v < 0.01) {
+        snprintf(why, ws, "--rebalance-interval '%s' is out of range: give 0 (off) or a number in [0.01, 1e+06] "
+                          "(seconds)", arg);
+        return false;
+    }
     OPTS(o)->rebalance_interval_s = v;
     OPTS(o)->rebalance_given = true;
     return true;
 }
 
-static bool opt_min_gain(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0 && v < 1))
-        return kt_cli_invalid(why, ws, "--rebalance-min-gain (a share of the step, 0 to below 1)", arg);
-    OPTS(o)->rebalance_min_gain = v;
-    return true;
-}
-
-static bool opt_migration_budget(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v > 0) || v > 1e9)
-        return kt_cli_invalid(why, ws, "--migration-budget-mib (MiB, above 0)", arg);
-    OPTS(o)->migration_budget_mib = v;
-    return true;
-}
-
 static bool opt_expert_cache_policy(void *o, const char *arg, char *why, size_t ws)
 {
-    return kt_cli_parse_cache_policy(arg, &OPTS(o)->expert_cache_lfu) ||
-           kt_cli_invalid(why, ws, "--expert-cache-policy (lru or lfu)", arg);
+    OPTS(o)->expert_cache_policy_given = true;
+    return kt_cli_cache_policy_arg(arg, &OPTS(o)->expert_cache_lfu, why, ws);
+}
+
+static bool opt_model(void *o, const char *arg, char *why, size_t ws)
+{
+    if (OPTS(o)->model) {
+        snprintf(why, ws, "more than one model given ('%s' and '%s'): give one", OPTS(o)->model, arg);
+        return false;
+    }
+    OPTS(o)->model = arg;
+    return true;
 }
 
 static bool opt_forced(void *o, const char *arg, char *why, size_t ws)
@@ -200,13 +178,15 @@ static const struct kt_cli_option options_table[] = {
 #define N_OPTIONS (sizeof options_table / sizeof options_table[0])
 
 static void usage(FILE *f);
-static const struct kt_cli cli = {.prog = "kt-serve", .options = options_table, .n_options = N_OPTIONS,
-                                  .usage = usage, .operand = opt_model};
+#define SYNOPSIS                                                                                                       \
+    "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"             \
+    "                [--api-key KEY] [--served-model-name NAME] [options]\n"
+static const struct kt_cli cli = {.prog = "kt-serve", .synopsis = SYNOPSIS, .options = options_table,
+                                  .n_options = N_OPTIONS, .usage = usage, .operand = opt_model};
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"
-               "                [--api-key KEY] [--served-model-name NAME] [options]\n\n"
+    fprintf(f, SYNOPSIS "\n"
                "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health,\n"
                "/metrics, /tokenize, /detokenize, /version, /kt/profile (routing counts), /kt/placement (where\n"
                "experts live, the rebalancer, migrations), /kt/stats, /dashboard (a live page in a browser).\n\n"
@@ -407,13 +387,21 @@ int main(int argc, char **argv)
     if (rc >= 0)
         return rc;
     if (!s->o.model)
-        return kt_cli_usage_error(&cli, "%s", "no model given (-m MODEL)");
+        return kt_cli_usage_error(&cli, "%s", "no model given: give -m MODEL.gguf");
     if (!s->o.prefix_cache_given)
         s->o.prefix_cache = s->o.max_seqs;
     if (!s->o.max_batch_tokens)
         s->o.max_batch_tokens = s->o.max_seqs > 256 ? s->o.max_seqs : 256;
-    if (s->o.max_batch_tokens < s->o.max_seqs)
-        return kt_cli_usage_error(&cli, "%s", "--max-batch-tokens must be at least --max-seqs");
+    char line[512];
+    if (s->o.max_batch_tokens < s->o.max_seqs) {
+        snprintf(line, sizeof line, "--max-batch-tokens %u is below --max-seqs %u (each running sequence decodes a "
+                                    "token every step): give --max-batch-tokens %u or more", s->o.max_batch_tokens,
+                 s->o.max_seqs, s->o.max_seqs);
+        return kt_cli_usage_error(&cli, "%s", line);
+    }
+    if (s->o.expert_cache_policy_given && !s->o.expert_cache_slots)
+        return kt_cli_usage_error(&cli, "%s", "--expert-cache-policy picks what --expert-cache SLOTS keeps: give "
+                                              "--expert-cache too");
     uint32_t answered = s->o.max_seqs + s->o.max_waiting, enough = answered;
     while (enough - kt_conns_reserved(enough) < answered)
         enough++;

@@ -186,16 +186,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
     uint64_t *last[2] = {NULL, NULL}, *delta = NULL, last_tokens[2] = {0, 0};
     uint32_t *row_slot = NULL; /* [batch] the slot of each logits row of a step */
 
-    /* what can be checked without the model first: the output's folder, the prompts */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", o->output);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        slash[slash == dir] = 0;
-    if (access(slash ? dir : ".", W_OK) != 0) {
-        kt_err_set(&err, KT_ERR_IO, "%s: cannot write there: %s", o->output, strerror(errno));
-        goto fail;
-    }
+    /* what can be checked without the model first (the output files: kt-bench.c): the prompts */
     if (kt_tool_prompts_read(o->prompts, &set, &err) != KT_OK)
         goto fail;
     if (kt_model_open(o->model, &m, &err) != KT_OK)

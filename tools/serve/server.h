@@ -64,6 +64,7 @@ struct kt_serve_options {
     const char *plan_out;         /* write the live placement here (atomically); NULL: only GET /kt/placement */
     uint32_t expert_cache_slots;  /* the device's expert cache, slots per MoE layer; 0: none */
     bool expert_cache_lfu;        /* its policy: LFU, else LRU */
+    bool expert_cache_policy_given;
 };
 
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
