@@ -5,13 +5,14 @@
  * and --plan-out into a missing folder are refused before it listens (no
  * "listening" line; on a real-size model written header-only, before the
  * experts' memory check that a run without them reaches); a number out of
- * range states its range, a slip of an option's name gets the option meant.
- * --self-check passes the engine CPU-only and on configs/tiny-sim.yaml with
- * one PASS line before it listens, and leaves the engine clean: one sequence
- * serves (--max-seqs 1, no prefix cache: the check's sequence was removed)
- * and the routing profile counts only what was served.  It refuses to serve
- * a copy of the model with layer 2's FFN norm scaled, checked against the
- * original (exit 3, the numbers, the layer).
+ * range states its range, a slip of an option's name gets the option meant;
+ * a port in use names the address and what to do, as does an address that
+ * is not this machine's.  --self-check passes the engine CPU-only and on
+ * configs/tiny-sim.yaml with one PASS line before it listens, and leaves the
+ * engine clean: one sequence serves (--max-seqs 1, no prefix cache: the
+ * check's sequence was removed) and the routing profile counts only what was
+ * served.  It refuses to serve a copy of the model with layer 2's FFN norm
+ * scaled, checked against the original (exit 3, the numbers, the layer).
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -104,6 +105,30 @@ static void usage_errors_state_the_range_or_the_option_meant(void)
                  "%s: exit %d: %s", cases[i].args, rc, err ? err : "");
         free(err);
     }
+}
+
+static void a_port_in_use_names_the_address_and_the_fix(void)
+{
+    struct test_server a;
+    if (!server_start(&a, tiny, "-t 2 -q", false))
+        return;
+    char args[64], *err = NULL;
+    snprintf(args, sizeof args, "-q --port %d", a.port);
+    /* serve_exit passes --port 0 first; the later --port wins */
+    int rc = serve_exit(tiny, args, &err);
+    char want[128];
+    snprintf(want, sizeof want, "kt-serve: 127.0.0.1:%d is in use: another program listens there (another kt-serve?)",
+             a.port);
+    KT_CHECK(rc == 1 && err && strstr(err, want) && strstr(err, "give another --port (--port 0 takes any free one)") &&
+                 !strstr(err, "Failed to bind"),
+             "exit %d: %s", rc, err ? err : "");
+    free(err);
+    rc = serve_exit(tiny, "-q --host 192.0.2.1", &err); /* TEST-NET-1: no machine's own */
+    KT_CHECK(rc == 1 && err && strstr(err, "cannot listen on 192.0.2.1:0: --host 192.0.2.1 is not an address of this "
+                                           "machine"),
+             "exit %d: %s", rc, err ? err : "");
+    free(err);
+    KT_CHECK(server_stop(&a) == 0, "the first server stops cleanly");
 }
 
 /* The tokens GET /kt/profile counts, decode and prefill together. */
@@ -225,6 +250,7 @@ int main(void)
     }
     KT_RUN(bad_input_is_refused_before_listening);
     KT_RUN(usage_errors_state_the_range_or_the_option_meant);
+    KT_RUN(a_port_in_use_names_the_address_and_the_fix);
     RUN_WITH(self_check_passes_before_listening_and_leaves_the_engine_clean, NULL);
     RUN_WITH(self_check_passes_before_listening_and_leaves_the_engine_clean, "/configs/tiny-sim.yaml");
     KT_RUN(self_check_fail_refuses_to_serve);
