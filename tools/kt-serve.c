@@ -1,12 +1,15 @@
 /*
- * kt-serve.c - the OpenAI-compatible server: parse options, listen at once
- * (GET /health answers 503 with the load progress), load the model and
+ * kt-serve.c - the OpenAI-compatible server: parse options, check all it
+ * can before reading a weight (preflight: the model's header, the context,
+ * the placement, the machine file, output folders), listen (GET /health
+ * answers 503 with the load progress; with --self-check only once the
+ * loaded engine has passed the correctness check), load the model and
  * start the scheduler, then wait for SIGTERM/SIGINT: stop accepting, let
  * in-flight requests finish for --shutdown-timeout seconds, cancel the
  * rest, exit 0; a second signal meanwhile quits at once.  Exit status 1:
- * could not listen or load (one line saying why); 2: usage; 128 + the
- * signal: a second SIGTERM/SIGINT cut the drain short.  See
- * tools/serve/server.h for the threads.
+ * a refusal, or could not listen or load (one line saying why); 2: usage;
+ * 3: --self-check failed; 128 + the signal: a second SIGTERM/SIGINT cut the
+ * drain short.  See tools/serve/server.h for the threads.
  */
 #include <errno.h>
 #include <math.h>

@@ -1,8 +1,9 @@
 /*
  * info.c - kt-run --info: the file, every hyperparameter and the values
  * derived from them, tensor bytes by class, and the memory each GPU/CPU
- * placement needs.  It prints what the library computes and must never
- * compute model facts itself.
+ * placement needs; with --placement, a dry run of that plan (expert homes,
+ * memory per node and device, whether it fits: placement_opt.h).  It prints
+ * what the library computes and must never compute model facts itself.
  */
 #include <errno.h>
 #include <stdarg.h>

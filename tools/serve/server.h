@@ -8,10 +8,11 @@
  * scheduler publishes.  Handlers never touch the engine.  While it waits a
  * handler polls its socket: a client that went away cancels its job, whose
  * sequence the scheduler frees at the next step.  A watchdog thread closes
- * connections whose request is late (connections.c).  The main thread loads
- * the model (another thread answers /health with the progress meanwhile) and
- * then waits for SIGTERM/SIGINT to drain (on a thread of its own, so that a
- * second signal quits at once).
+ * connections whose request is late (connections.c).  The main thread checks
+ * the inputs (preflight) and listens; a loader thread loads the model while
+ * /health answers with the progress (with --self-check it checks the engine
+ * and only then listens); the main thread waits for SIGTERM/SIGINT to drain
+ * (on a thread of its own, so that a second signal quits at once).
  */
 #ifndef KT_SERVE_SERVER_H
 #define KT_SERVE_SERVER_H
