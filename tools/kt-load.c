@@ -342,6 +342,31 @@ static int report(const struct load *L, double wall_s)
     return failed ? 1 : 0;
 }
 
+/* One GET /health before the run: a server that is not there, or still
+ * loading, is said once instead of by every request.  Any other answer
+ * (a server without /health too) lets the run go on. */
+static bool server_answers(const struct load_options *o)
+{
+    struct kt_http_client c;
+    struct kt_buf body = {0};
+    char why[512];
+    if (!kt_http_client_request(&c, o->host, (int)o->port, "GET", "/health", o->api_key, NULL,
+                                o->timeout_s < 10 ? o->timeout_s : 10, why, sizeof why)) {
+        fprintf(stderr, "kt-load: nothing answers at %s:%u (%s): start kt-serve there, or give --host and --port\n",
+                o->host, o->port, why);
+        return false;
+    }
+    const bool read = kt_http_client_read_all(&c, &body);
+    const int status = c.status;
+    kt_http_client_close(&c);
+    if (read && status == 503)
+        fprintf(stderr, "kt-load: the server at %s:%u is not ready (GET /health answers 503: %.200s): run kt-load "
+                        "once it answers 200\n",
+                o->host, o->port, kt_buf_str(&body));
+    kt_buf_free(&body);
+    return !(read && status == 503);
+}
+
 /* ---- options and main ----------------------------------------------------------------------------------- */
 
 #define OPTS(o) ((struct load_options *)(o))
@@ -423,6 +448,10 @@ int main(int argc, char **argv)
     json_t *prompts = o.prompts_path ? prompts_read(o.prompts_path) : NULL;
     if (o.prompts_path && !prompts)
         return 1;
+    if (!server_answers(&o)) {
+        json_decref(prompts);
+        return 1;
+    }
     struct load L = {.o = &o, .prompts = prompts, .results = calloc(o.requests, sizeof *L.results)};
     pthread_t *threads = calloc(o.concurrency, sizeof *threads);
     rc = 1;
