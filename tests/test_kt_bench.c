@@ -504,17 +504,34 @@ static void bad_arguments_say_what_to_do(void)
         {"profile -m a.gguf", 2, "kt-bench: profile: give --prompts FILE (the prompts to route) and -o PROFILE.json"},
         {"kernels --json /nonexistent-dir/k.json", 1,
          "kt-bench: --json /nonexistent-dir/k.json: the folder /nonexistent-dir: No such file or directory"},
+        /* before the experts' memory check a real-size model fails on */
+        {"model -m HUGE --prompt-tokens 1000000 --gen-tokens 1000", 1,
+         "kt-bench: --prompt-tokens and --gen-tokens need 1001000 positions, more than "},
+        {"check -m HUGE --max-tokens 200000", 1, "kt-bench: the longest prompt and --max-tokens need "},
     };
+    char huge[1024];
+    snprintf(huge, sizeof huge, "%s", kt_test_path("say-k2-header.gguf"));
+    KT_CHECK(kt_test_system("'%s' --preset kimi-k2-slice --layers 61 --experts 384 --header-only -q -o '%s' "
+                            "> /dev/null",
+                            kt_test_tool("kt-synth"), huge) == 0,
+             "kt-synth --header-only");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = kt_test_system("'%s' %s > /dev/null 2> '%s'", bench, cases[i].args, out);
+        char args[2048];
+        const char *mark = strstr(cases[i].args, "HUGE");
+        if (mark)
+            snprintf(args, sizeof args, "%.*s%s%s", (int)(mark - cases[i].args), cases[i].args, huge, mark + 4);
+        else
+            snprintf(args, sizeof args, "%s", cases[i].args);
+        int rc = kt_test_system("'%s' %s > /dev/null 2> '%s'", bench, args, out);
         size_t n = 0;
         char *text = kt_test_read_file(out, &n);
-        KT_CHECK(rc == cases[i].want_rc && text && !strncmp(text, cases[i].want, strlen(cases[i].want)),
+        KT_CHECK(rc == cases[i].want_rc && text && !strncmp(text, cases[i].want, strlen(cases[i].want)) &&
+                     (!mark || strstr(text, "(context_length 131072): ")),
                  "'kt-bench %s': exit %d (want %d), stderr:\n%s", cases[i].args, rc, cases[i].want_rc,
                  text ? text : "");
         free(text);
     }
-    remove(out);
+    remove(out), remove(huge);
 }
 
 static void missing_model_exits_1_with_a_message(void)

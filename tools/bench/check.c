@@ -25,6 +25,7 @@
 #include "check.h"
 #include "engine.h"
 #include "placement_opt.h"
+#include "preflight.h"
 #include "prompts.h"
 #include "tokenizer.h"
 
@@ -205,11 +206,9 @@ int kt_bench_check(const struct kt_bench_options *o)
         longest = set.items[i].n_ids > longest ? set.items[i].n_ids : longest;
     }
     const uint32_t max_tokens = o->max_tokens ? o->max_tokens : KT_CHECK_MAX_TOKENS;
-    if (longest + max_tokens > (1u << 24)) {
-        kt_err_set(&err, KT_ERR_INVALID, "the longest prompt (%zu tokens) + --max-tokens %u is too long (at most %u)",
-                   longest, max_tokens, 1u << 24);
+    if (kt_tool_check_positions("the longest prompt and --max-tokens", longest + max_tokens, m, o->model,
+                                "shorten the prompts or lower --max-tokens", &err) != KT_OK)
         goto fail;
-    }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)(longest + max_tokens), .max_seqs = 1, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
     struct kt_engine_plan plan = {0};

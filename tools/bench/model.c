@@ -413,13 +413,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     const uint32_t n_layer = m->hp.n_layer;
     const size_t cells = (size_t)n_layer * m->hp.n_expert;
     const uint64_t n_ctx = (uint64_t)o->prompt_tokens + o->gen_tokens;
-    const uint64_t most = m->hp.n_ctx_train ? m->hp.n_ctx_train : 1u << 24;
-    if (n_ctx > most) {
-        kt_err_set(&err, KT_ERR_INVALID, "--prompt-tokens %u + --gen-tokens %u = %llu positions, more than %llu (%s): "
-                   "lower them", o->prompt_tokens, o->gen_tokens, (unsigned long long)n_ctx, (unsigned long long)most,
-                   m->hp.n_ctx_train ? "the model's context_length" : "the engine's most");
+    if (kt_tool_check_positions("--prompt-tokens and --gen-tokens", n_ctx, m, o->model, "lower them", &err) != KT_OK)
         goto fail;
-    }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = 1, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
     if (o->predict && predict_inputs(o, m, ep.topology, &mach, &prof, &err) != KT_OK)

@@ -24,6 +24,7 @@
 #include "bench.h"
 #include "engine.h"
 #include "placement_opt.h"
+#include "preflight.h"
 #include "prompts.h"
 #include "svg.h"
 #include "model.h"
@@ -201,10 +202,9 @@ int kt_bench_profile(const struct kt_bench_options *o)
     for (size_t i = 0; i < set.n; i++)
         longest = set.items[i].n_ids > longest ? set.items[i].n_ids : longest;
     const uint64_t n_ctx = longest + o->max_tokens;
-    if (n_ctx > (1u << 24)) {
-        kt_err_set(&err, KT_ERR_INVALID, "the longest prompt (%zu tokens) + --max-tokens is too long", longest);
+    if (kt_tool_check_positions("the longest prompt and --max-tokens", n_ctx, m, o->model,
+                                "shorten the prompts or lower --max-tokens", &err) != KT_OK)
         goto fail;
-    }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = o->batch, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
     struct kt_engine_plan plan = {0};

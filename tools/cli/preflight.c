@@ -55,3 +55,17 @@ kt_status kt_tool_check_context(const char *option, uint32_t ctx, const struct k
                           ctx, path, train, option, train);
     return KT_OK;
 }
+
+kt_status kt_tool_check_positions(const char *what, uint64_t positions, const struct kt_model *m, const char *path,
+                                  const char *fix, kt_err *err)
+{
+    const uint32_t train = m->hp.n_ctx_train;
+    const uint64_t most = train && train < KT_TOOL_MAX_CTX ? train : KT_TOOL_MAX_CTX;
+    if (positions <= most)
+        return KT_OK;
+    if (most == train)
+        return kt_err_set(err, KT_ERR_INVALID, "%s need %llu positions, more than %s was trained for "
+                          "(context_length %u): %s", what, (unsigned long long)positions, path, train, fix);
+    return kt_err_set(err, KT_ERR_INVALID, "%s need %llu positions, more than the engine holds (%u): %s", what,
+                      (unsigned long long)positions, KT_TOOL_MAX_CTX, fix);
+}

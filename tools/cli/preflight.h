@@ -32,4 +32,9 @@ uint32_t kt_tool_context(const struct kt_model *m, uint32_t ctx);
 kt_status kt_tool_check_context(const char *option, uint32_t ctx, const struct kt_model *m, const char *path,
                                 kt_err *err);
 
+/* KT_OK when a run needing `positions` per sequence fits the engine and the
+ * model's context_length; else "WHAT need N positions, more than ...: FIX". */
+kt_status kt_tool_check_positions(const char *what, uint64_t positions, const struct kt_model *m, const char *path,
+                                  const char *fix, kt_err *err);
+
 #endif
