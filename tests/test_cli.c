@@ -191,8 +191,8 @@ static void usage_errors_print_one_line_and_the_synopsis(void)
         int rc = parse(cases[i].args, cases[i].command, &o, &err);
         char want[512];
         snprintf(want, sizeof want, "%susage: tool [options]\n'tool --help' lists every option\n", cases[i].want);
-        KT_CHECK(rc == 2 && err && strcmp(err, want) == 0 && usage_calls == 0, "'%s': rc %d, stderr:\n%s", cases[i].args,
-                 rc, err ? err : "(none)");
+        KT_CHECK(rc == 2 && err && strcmp(err, want) == 0 && usage_calls == 0, "'%s': rc %d, stderr:\n%s",
+                 cases[i].args, rc, err ? err : "(none)");
         free(err);
     }
     struct opts o = {0};

@@ -220,7 +220,8 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
         return 0;
     }
     if (argc < 2)
-        return kt_cli_usage_error(&cli, "%s", "no command given: give one of kernels, model, profile, machine or check");
+        return kt_cli_usage_error(&cli, "%s",
+                                  "no command given: give one of kernels, model, profile, machine or check");
     char why[512];
     int index = kt_cli_choice_arg("the command", argv[1], command_names, N_COMMANDS, why, sizeof why);
     if (index < 0)
@@ -244,8 +245,9 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
         return kt_cli_usage_error(&cli, "%s", why);
     }
     if (which == FOR_MODEL && !o->predict && (o->machine || o->profile))
-        return kt_cli_usage_error(&cli, "%s", "--machine and --profile feed --predict's cost model: give --predict too, "
-                                              "or drop them");
+        return kt_cli_usage_error(&cli, "%s",
+                                  "--machine and --profile feed --predict's cost model: give --predict too, or "
+                                  "drop them");
     if (o->expert_cache_policy_given && !o->expert_cache_slots)
         return kt_cli_usage_error(&cli, "%s", "--expert-cache-policy picks what --expert-cache SLOTS keeps: give "
                                               "--expert-cache too");

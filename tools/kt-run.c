@@ -228,15 +228,18 @@ static int parse_args(int argc, char **argv, struct kt_run_options *o)
     if (!o->model)
         return kt_cli_usage_error(&cli, "%s", "no model given: give -m MODEL.gguf");
     if (o->prompt && o->chat)
-        return kt_cli_usage_error(&cli, "%s", "-p and --chat both given: give one (-p continues raw text, --chat answers a user turn)");
+        return kt_cli_usage_error(&cli, "%s", "-p and --chat both given: give one (-p continues raw text, --chat "
+                                              "answers a user turn)");
     if (o->system && !o->chat)
         return kt_cli_usage_error(&cli, "%s", "--system goes with --chat: give --chat TEXT too, or drop --system");
     if (!o->info && !o->prompt && !o->chat)
         return kt_cli_usage_error(&cli, "%s", "nothing to do: give -p TEXT, --chat TEXT or --info");
     if (o->info && (o->prompt || o->chat))
-        return kt_cli_usage_error(&cli, "%s", "--info describes the model and generates nothing: drop -p/--chat, or run them without --info");
+        return kt_cli_usage_error(&cli, "%s", "--info describes the model and generates nothing: drop -p/--chat, or "
+                                              "run them without --info");
     if (o->gpu_experts_given && !o->info)
-        return kt_cli_usage_error(&cli, "%s", "--gpu-experts picks the rows of --info's memory table: give --info too");
+        return kt_cli_usage_error(&cli, "%s",
+                                  "--gpu-experts picks the rows of --info's memory table: give --info too");
     return -1;
 }
 

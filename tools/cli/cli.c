@@ -217,8 +217,9 @@ char *kt_cli_suggest(const char *word, const char *const *names, size_t n, char 
     size_t len = 0;
     out[0] = 0;
     for (size_t k = 0; k < n_shown && len < size; k++)
-        len += (size_t)snprintf(out + len, size - len, "%s'%s'%s", k == 0 ? "did you mean " : k + 1 == n_shown ? " or " : ", ",
-                                shown[k], k + 1 == n_shown ? "?" : "");
+        len += (size_t)snprintf(out + len, size - len, "%s'%s'%s",
+                                k == 0 ? "did you mean " : k + 1 == n_shown ? " or " : ", ", shown[k],
+                                k + 1 == n_shown ? "?" : "");
     return out;
 }
 
