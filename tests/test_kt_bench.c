@@ -4,8 +4,10 @@
  * result per weight type and measured level; `model` on a tiny synthetic
  * model reports each layer and its per-layer split adds up to the steps'
  * wall time; `check` passes CPU-only and on the sim (configs/tiny-sim.yaml)
- * with every row in its JSON; bad arguments exit 2 with usage, a missing
- * model exits 1.
+ * with every row in its JSON; bad arguments exit 2 with usage and say what
+ * to do (the command or option meant, the commands an option belongs to, a
+ * number's range), an unwritable --json is refused before measuring, a
+ * missing model exits 1.
  * It checks shapes and consistency, never a speed (no timed assertions).
  */
 #include <jansson.h>
@@ -480,6 +482,58 @@ static void bad_arguments_exit_2_with_usage(void)
     remove(out);
 }
 
+/* Usage errors say what to do: the command or option meant, the commands an
+ * option belongs to, a number's range, what a command lacks; an output file
+ * that cannot be written is refused before anything is measured. */
+static void bad_arguments_say_what_to_do(void)
+{
+    const char *out = kt_test_path("say.txt");
+    const char *bench = kt_test_tool("kt-bench");
+    struct {
+        const char *args;
+        int want_rc;
+        const char *want;
+    } cases[] = {
+        {"kernel", 2, "kt-bench: the command 'kernel' is not one of kernels, model, machine, profile or check: did you "
+                      "mean 'kernels'?"},
+        {"kernels -m x.gguf", 2, "kt-bench: --model does not apply to kernels: it is an option of model, profile and "
+                                 "check"},
+        {"kernels --seconds 0", 2, "kt-bench: --seconds '0' is out of range: give a number in [0.01, 600]"},
+        {"model -m a.gguf --gen-token 4", 2, "kt-bench: unknown option '--gen-token': did you mean '--gen-tokens'?"},
+        {"model -m a.gguf --machine m.json", 2, "kt-bench: --machine and --profile feed --predict's cost model"},
+        {"profile -m a.gguf", 2, "kt-bench: profile: give --prompts FILE (the prompts to route) and -o PROFILE.json"},
+        {"kernels --json /nonexistent-dir/k.json", 1,
+         "kt-bench: --json /nonexistent-dir/k.json: the folder /nonexistent-dir: No such file or directory"},
+        /* before the experts' memory check a real-size model fails on */
+        {"model -m HUGE --prompt-tokens 1000000 --gen-tokens 1000", 1,
+         "kt-bench: --prompt-tokens and --gen-tokens need 1001000 positions, more than "},
+        {"check -m HUGE --max-tokens 200000", 1, "kt-bench: the longest prompt and --max-tokens need "},
+    };
+    char huge[1024];
+    snprintf(huge, sizeof huge, "%s", kt_test_path("say-k2-header.gguf"));
+    KT_CHECK(kt_test_system("'%s' --preset kimi-k2-slice --layers 61 --experts 384 --header-only -q -o '%s' "
+                            "> /dev/null",
+                            kt_test_tool("kt-synth"), huge) == 0,
+             "kt-synth --header-only");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char args[2048];
+        const char *mark = strstr(cases[i].args, "HUGE");
+        if (mark)
+            snprintf(args, sizeof args, "%.*s%s%s", (int)(mark - cases[i].args), cases[i].args, huge, mark + 4);
+        else
+            snprintf(args, sizeof args, "%s", cases[i].args);
+        int rc = kt_test_system("'%s' %s > /dev/null 2> '%s'", bench, args, out);
+        size_t n = 0;
+        char *text = kt_test_read_file(out, &n);
+        KT_CHECK(rc == cases[i].want_rc && text && !strncmp(text, cases[i].want, strlen(cases[i].want)) &&
+                     (!mark || strstr(text, "(context_length 131072): ")),
+                 "'kt-bench %s': exit %d (want %d), stderr:\n%s", cases[i].args, rc, cases[i].want_rc,
+                 text ? text : "");
+        free(text);
+    }
+    remove(out), remove(huge);
+}
+
 static void missing_model_exits_1_with_a_message(void)
 {
     const char *out = kt_test_path("missing.txt");
@@ -500,6 +554,7 @@ static void missing_model_exits_1_with_a_message(void)
 int main(void)
 {
     KT_RUN(bad_arguments_exit_2_with_usage);
+    KT_RUN(bad_arguments_say_what_to_do);
     KT_RUN(missing_model_exits_1_with_a_message);
     KT_RUN(model_reports_every_layer_and_splits_add_up);
     KT_RUN(model_predict_reports_every_layer);

@@ -210,12 +210,12 @@ static void kt_run_rejects_bad_input_with_a_message(void)
         const char *want;
     } cases[] = {
         {"-m /nonexistent.gguf -p hi", 1, "nonexistent"},
-        {"-m MODEL -p hi --chat hi", 2, "not both"},
-        {"-m MODEL --system x -p hi", 2, "--system"},
-        {"-m MODEL -p 'a long prompt that will not fit' --ctx 3", 1, "context"},
-        {"-m MODEL -p hi --temp -1", 1, "temperature"},
-        {"-m MODEL -p hi --top-p 0", 1, "top_p"},
-        {"-m MODEL -p hi --logits-out /nonexistent-dir/x", 1, "nonexistent-dir"},
+        {"-m MODEL -p hi --chat hi", 2, "-p and --chat both given: give one"},
+        {"-m MODEL --system x -p hi", 2, "--system goes with --chat"},
+        {"-m MODEL -p 'a long prompt that will not fit' --ctx 3", 1, "positions: give --ctx "},
+        {"-m MODEL -p hi --temp -1", 2, "--temp '-1' is out of range: give a number >= 0"},
+        {"-m MODEL -p hi --top-p 0", 2, "--top-p '0' is out of range: give a number in (0, 1]"},
+        {"-m MODEL -p hi --logits-out /nonexistent-dir/x", 1, "--logits-out /nonexistent-dir/x: the folder"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char args[2048];
@@ -235,6 +235,147 @@ static void kt_run_rejects_bad_input_with_a_message(void)
     remove(errp);
 }
 
+/* A real-size Kimi-K2 written header-only (541 GiB of holes): a run that got
+ * as far as loading its experts is refused for memory on any test machine,
+ * so each refusal below that names something else came before a weight was
+ * read.  The control run with nothing wrong shows that premise. */
+static void kt_run_refuses_bad_input_before_reading_a_weight(void)
+{
+    char huge[1024], bad_yaml[1024], errp[1024];
+    snprintf(huge, sizeof huge, "%s", kt_test_path("kt-run-k2-header.gguf"));
+    snprintf(bad_yaml, sizeof bad_yaml, "%s", kt_test_path("kt-run-bad-plan.yaml"));
+    snprintf(errp, sizeof errp, "%s", kt_test_path("kt-run-early.err"));
+    int rc = kt_test_system("%s --preset kimi-k2-slice --layers 61 --experts 384 --header-only -q -o %s >/dev/null",
+                            kt_test_tool("kt-synth"), huge);
+    KT_CHECK(rc == 0, "kt-synth --header-only: exit %d", rc);
+    FILE *f = fopen(bad_yaml, "w");
+    if (f) {
+        fputs("version: 1\nexperts:\n  cpu:\n    per_layer: lots\n", f);
+        fclose(f);
+    }
+    rc = kt_test_system("%s -m %s -p hi -n 1 -q >/dev/null 2>%s", kt_test_tool("kt-run"), huge, errp);
+    size_t n = 0;
+    char *text = kt_test_read_file(errp, &n);
+    const bool premise = rc == 1 && text && strstr(text, "needs") && strstr(text, "is available");
+    KT_CHECK(premise, "the control run is refused for memory: exit %d, '%s'", rc, text ? text : "");
+    free(text);
+    struct {
+        const char *args;
+        int want_rc;
+        const char *want;
+    } cases[] = {
+        {"-p hi --ctx 200000", 1, "--ctx 200000 is more than"},
+        {"-p hi --ctx 200000", 1, "(context_length 131072): give --ctx 131072 or less"},
+        {"-p hi --logits-out /nonexistent-dir/x", 1, "--logits-out /nonexistent-dir/x: the folder /nonexistent-dir"},
+        {"-p hi --placement BAD", 1, ":3:3: experts: CPU experts are placed under cpu:"},
+        {"-p 'a prompt longer than four tokens, by far' --ctx 4", 1, "the context holds 4 positions: give --ctx "},
+        {"-p hi --temp -1", 2, "--temp '-1' is out of range: give a number >= 0 (0: greedy)"},
+        {"-p hi --ctx 999999999", 2, "--ctx '999999999' is out of range: give a whole number from 1 to 16777216"},
+        {"-p hi --top-k 1.5", 2, "--top-k '1.5' is not a whole number: give a whole number from 0 to 2147483647"},
+        {"-p hi --repeat-penalty 0", 2, "--repeat-penalty '0' is out of range: give a number > 0 (1: off)"},
+        {"-p hi --frequency-penalty 3", 2, "--frequency-penalty '3' is out of range: give a number in [-2, 2]"},
+        {"-p hi --gpu-experts 8", 2, "--gpu-experts picks the rows of --info's memory table: give --info too"},
+    };
+    for (size_t i = 0; premise && i < sizeof cases / sizeof cases[0]; i++) {
+        char args[1400];
+        const char *mark = strstr(cases[i].args, "BAD");
+        if (mark)
+            snprintf(args, sizeof args, "%.*s%s%s", (int)(mark - cases[i].args), cases[i].args, bad_yaml, mark + 3);
+        else
+            snprintf(args, sizeof args, "%s", cases[i].args);
+        rc = kt_test_system("%s -m %s %s -n 1 -q >/dev/null 2>%s", kt_test_tool("kt-run"), huge, args, errp);
+        text = kt_test_read_file(errp, &n);
+        KT_CHECK(rc == cases[i].want_rc && text && strstr(text, cases[i].want) && !strstr(text, "is available") &&
+                     !strstr(text, "loading experts"),
+                 "'%s': exit %d (want %d), stderr '%s'", cases[i].args, rc, cases[i].want_rc, text ? text : "");
+        free(text);
+    }
+    remove(huge), remove(bad_yaml), remove(errp);
+}
+
+/* A slip of an option's name is answered with the option meant, then the
+ * synopsis, not the whole help (the line stays on the screen). */
+static void kt_run_suggests_the_option_meant(void)
+{
+    const char *errp = kt_test_path("kt-run-typo.err");
+    struct {
+        const char *args, *want;
+    } cases[] = {
+        {"--tmep 0.5", "kt-run: unknown option '--tmep': did you mean '--temp'?\n"},
+        {"--temperature 0.5", "kt-run: unknown option '--temperature': did you mean '--temp'?\n"},
+        {"--top 5", "kt-run: unknown option '--top': did you mean '--top-k' or '--top-p'?\n"},
+        {"--n-predict=4 --ctx-size 64", "kt-run: unknown option '--ctx-size': did you mean '--ctx'?\n"},
+        {"--bogus", "kt-run: unknown option '--bogus'\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = kt_test_system("%s -m %s -p hi %s >/dev/null 2>%s", kt_test_tool("kt-run"), kimi_model,
+                                cases[i].args, errp);
+        size_t n = 0;
+        char *text = kt_test_read_file(errp, &n);
+        KT_CHECK(rc == 2 && text && !strncmp(text, cases[i].want, strlen(cases[i].want)) &&
+                     strstr(text, "usage: kt-run -m MODEL") && strstr(text, "'kt-run --help' lists every option") &&
+                     !strstr(text, "--bandwidth"),
+                 "'%s': exit %d, stderr:\n%s", cases[i].args, rc, text ? text : "");
+        free(text);
+    }
+    remove(errp);
+}
+
+/* --info --placement is a dry run: the plan as kt-run would run it - each
+ * MoE layer's expert homes, compactly; memory per device and node; whether
+ * it fits (the loader's memory check) - and nothing is loaded. */
+static void kt_run_info_placement_is_a_dry_run(void)
+{
+    const char *out = kt_test_path("kt-run-dry.out"), *errp = kt_test_path("kt-run-dry.err");
+    int rc = kt_test_system("%s --info %s --placement %s/configs/tiny-sim.yaml >%s 2>%s", kt_test_tool("kt-run"),
+                            kimi_model, getenv("KT_SOURCE_DIR"), out, errp);
+    size_t n = 0;
+    char *text = kt_test_read_file(out, &n), *etext = kt_test_read_file(errp, &n);
+    static const char *const want[] = {
+        "placement (a dry run: nothing is loaded)",
+        "sim (sim, 25 GB/s, 10 us)",
+        "expert homes, per MoE layer",
+        "  layers 1-3: sim 0-15 (16); node 0 16-31 (16)\n",
+        "memory this plan needs",
+        "  node 0 ",
+        "routed experts (48 homed here",
+        "of its 0.500 GiB budget (sim)",
+        "host in all",
+        "fits this machine: yes",
+    };
+    KT_CHECK(rc == 0, "exit %d: %s", rc, etext ? etext : "");
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        KT_CHECK(text && strstr(text, want[i]), "the dry run lacks '%s':\n%s", want[i], text ? text : "");
+    KT_CHECK(etext && !strstr(etext, "loading experts"), "nothing loaded: %s", etext ? etext : "");
+    free(text), free(etext);
+
+    /* two NUMA nodes: the CPU's experts dealt over them, shown as strided runs */
+    rc = kt_test_system("KT_TOPOLOGY_SYNTHETIC='numa:2 core:1 pu:1' %s --info %s --placement %s/configs/tiny-sim.yaml "
+                        ">%s 2>%s",
+                        kt_test_tool("kt-run"), kimi_model, getenv("KT_SOURCE_DIR"), out, errp);
+    text = kt_test_read_file(out, &n);
+    KT_CHECK(rc == 0 && text && strstr(text, "sim 0-15 (16); node 0 16,18,...,30 (8); node 1 17,19,...,31 (8)") &&
+                 strstr(text, "  node 1 "),
+             "two nodes: exit %d\n%s", rc, text ? text : "");
+    free(text);
+
+    /* a plan that does not fit: a real-size model header, every expert on the CPU */
+    char huge[1024];
+    snprintf(huge, sizeof huge, "%s", kt_test_path("kt-run-dry-k2.gguf"));
+    rc = kt_test_system("%s --preset kimi-k2-slice --layers 61 --experts 384 --header-only -q -o %s >/dev/null",
+                        kt_test_tool("kt-synth"), huge);
+    rc = rc ? rc : kt_test_system("%s --info %s --placement %s/configs/cpu-only.yaml >%s 2>%s", kt_test_tool("kt-run"),
+                                  huge, getenv("KT_SOURCE_DIR"), out, errp);
+    text = kt_test_read_file(out, &n), etext = kt_test_read_file(errp, &n);
+    KT_CHECK(rc == 1 && text && strstr(text, "  layers 1-60: node 0 0-383 (384)\n") &&
+                 strstr(text, "fits this machine: no: this plan needs") &&
+                 etext && strstr(etext, "kt-run: the plan does not fit this machine: this plan needs") &&
+                 strstr(etext, "place more experts on a device"),
+             "a 541 GiB plan: exit %d\n%s\n%s", rc, text ? text : "", etext ? etext : "");
+    free(text), free(etext);
+    remove(huge), remove(out), remove(errp);
+}
+
 int main(void)
 {
     if (!make_models())
@@ -245,6 +386,9 @@ int main(void)
     KT_RUN(kt_run_gpu_plan_without_a_gpu_runs_cpu_only);
     KT_RUN(kt_run_chat_renders_each_family);
     KT_RUN(kt_run_rejects_bad_input_with_a_message);
+    KT_RUN(kt_run_refuses_bad_input_before_reading_a_weight);
+    KT_RUN(kt_run_suggests_the_option_meant);
+    KT_RUN(kt_run_info_placement_is_a_dry_run);
     remove(kimi_model);
     remove(deepseek_model);
     return kt_test_finish();

@@ -6,7 +6,9 @@
  * stream with the promised usage, the server must end idle with every
  * request accounted for, and it must exit 0 on SIGTERM (which, in the ASan
  * build, also means LeakSanitizer found no leak).  Then kt-load --prompts:
- * a file's prompts run in order, and a bad file stops it before any request.
+ * a file's prompts run in order, and a bad file stops it before any request,
+ * as do nothing listening (said once), --json into a missing folder, a
+ * --temperature the server would refuse and a slip of an option's name.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +110,53 @@ static void bad_prompts_file_fails_before_any_request(const struct test_server *
     unlink(prompts), unlink(log);
 }
 
+/* Refusals before the run, one line each and no request sent: nothing
+ * listening (said once, not per request), --json into a missing folder, a
+ * --temperature the server would refuse, and a slip of an option's name. */
+static void bad_runs_are_refused_before_any_request(const struct test_server *s)
+{
+    char log[1024];
+    snprintf(log, sizeof log, "%s", kt_test_path("kt-load-refused.err"));
+    /* a port nothing listens on: bound, then closed */
+    int fd = socket(AF_INET, SOCK_STREAM, 0), free_port = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &alen) == 0)
+        free_port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    char nobody[256];
+    snprintf(nobody, sizeof nobody,
+             "kt-load: nothing answers at 127.0.0.1:%d (connect 127.0.0.1:%d: Connection refused): start kt-serve "
+             "there, or give --host and --port\n",
+             free_port, free_port);
+    struct {
+        int port, want_rc;
+        const char *args, *want;
+    } cases[] = {
+        {free_port, 1, "-n 50", nobody},
+        {s->port, 1, "-n 2 --json /nonexistent-dir/out.json",
+         "kt-load: --json /nonexistent-dir/out.json: the folder /nonexistent-dir: No such file or directory"},
+        {s->port, 2, "-n 2 --temperature 3",
+         "kt-load: --temperature '3' is out of range: give a number in [0, 2] (OpenAI's range)"},
+        {s->port, 2, "-n 2 --concurency 4", "kt-load: unknown option '--concurency': did you mean '--concurrency'?"},
+    };
+    long long before = finished(s, "length");
+    for (size_t k = 0; free_port && k < sizeof cases / sizeof cases[0]; k++) {
+        int rc = kt_test_system("%s --port %d --max-tokens 4 %s >/dev/null 2>%s", kt_test_tool("kt-load"),
+                                cases[k].port, cases[k].args, log);
+        size_t len;
+        char *err = kt_test_read_file(log, &len);
+        KT_CHECK(rc == cases[k].want_rc && err && !strncmp(err, cases[k].want, strlen(cases[k].want)) &&
+                     (rc == 2 || strchr(err, '\n') == err + len - 1),
+                 "'%s': exit %d (want %d), stderr: %s", cases[k].args, rc, cases[k].want_rc, err ? err : "");
+        free(err);
+    }
+    KT_CHECK(free_port && finished(s, "length") == before, "a request reached the server");
+    unlink(log);
+}
+
+
 int main(void)
 {
     if (!have_curl())
@@ -148,6 +197,7 @@ int main(void)
         kt_buf_free(&out);
         RUN_WITH(prompts_file_requests_all_succeed, &s);
         RUN_WITH(bad_prompts_file_fails_before_any_request, &s);
+        RUN_WITH(bad_runs_are_refused_before_any_request, &s);
         int status = server_stop(&s);
         KT_CHECK(status == 0, "kt-serve exit status %d after SIGTERM (see %s)", status, s.log);
     }

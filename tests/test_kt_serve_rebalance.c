@@ -602,7 +602,8 @@ static void the_expert_cache_hits_and_keeps_the_greedy_answer(void)
     json_decref(j);
     KT_CHECK(server_stop(&s) == 0, "exit status");
     char *err = NULL;
-    KT_CHECK(serve_exit("--expert-cache 4", &err) != 0 && err && strstr(err, "--expert-cache needs a device"),
+    KT_CHECK(serve_exit("--expert-cache 4", &err) != 0 && err &&
+                 strstr(err, "--expert-cache 4 needs a device: give a --placement with one"),
              "a cache without a device: %s", err ? err : "");
     free(err);
     KT_CHECK(serve_exit("--expert-cache-policy mru", &err) != 0 && err && strstr(err, "--expert-cache-policy"),

@@ -566,6 +566,22 @@ static void cli_refuses_bad_input_and_writes_nothing(void)
     KT_CHECK(kt_place(args, out, msg, sizeof msg) == 1 && access(out, F_OK) != 0,
              "a baseline without an accelerator is refused and writes nothing");
 
+    /* usage errors: the value meant, the range */
+    static const struct {
+        const char *args, *want;
+    } usage[] = {
+        {"--device gpu", "kt-place: --device 'gpu' is not one of cuda, sim or cpu: a GPU is 'cuda'"},
+        {"--objective decod", "kt-place: --objective 'decod' is not one of decode, prefill or mixed: did you mean "
+                              "'decode'?"},
+        {"--expain", "kt-place: unknown option '--expain': did you mean '--explain'?"},
+        {"--batch 0", "kt-place: --batch '0' is out of range: give a whole number from 1 to 4096 (decode tokens per "
+                      "step)"},
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        rc = kt_place(usage[i].args, out, msg, sizeof msg);
+        KT_CHECK(rc == 2 && !strncmp(msg, usage[i].want, strlen(usage[i].want)) && access(out, F_OK) != 0,
+                 "'%s': exit %d: %s", usage[i].args, rc, msg);
+    }
     struct {
         const char *what, *args_fmt, *needle;
     } bad[] = {

@@ -1,7 +1,8 @@
 /*
  * test_synth.c - kt-synth writes deepseek2 files with a real family's layout,
- * reproducibly, with the weight statistics and router skew it promises; and
- * the progress reporter it drives reports what it should.
+ * reproducibly, with the weight statistics and router skew it promises; bad
+ * options are refused saying the value meant or the range; and the progress
+ * reporter it drives reports what it should.
  *
  * Files are read back with the GGUF reader and the model loader, never
  * through the generator's own tables: expected shapes, tensor order, key
@@ -780,6 +781,28 @@ static void invalid_options_fail_cleanly(void)
         KT_CHECK(rc == cases[i].want, "'%s' exited %d, expected %d", cases[i].args, rc, cases[i].want);
         KT_CHECK(!file_exists(path), "'%s' left a file", cases[i].args);
     }
+    /* what the refusals say: the value meant, the range */
+    static const struct {
+        const char *args, *want;
+    } said[] = {
+        {"--preset tny", "kt-synth: --preset 'tny' is not one of tiny, tiny-v3, kimi-k2-slice or deepseek-v3-slice: "
+                         "did you mean 'tiny'?\n"},
+        {"--preset tiny --layres 3", "kt-synth: unknown option '--layres': did you mean '--layers'?\n"},
+        {"--preset tiny --layers 0", "kt-synth: --layers '0' is out of range: give a whole number from 1 to 256"},
+        {"--preset tiny --experts-type q4k", "kt-synth: --experts-type: unknown type 'q4k'"},
+        {"--preset tiny --skew -1", "kt-synth: --skew '-1' is out of range: give a number in [0, 16] (0: uniform)"},
+    };
+    const char *said_log = kt_test_path("said.log");
+    for (size_t i = 0; i < sizeof said / sizeof *said; i++) {
+        int said_rc = kt_test_system("%s %s -q -o %s > /dev/null 2> %s", tool, said[i].args, path, said_log);
+        size_t said_n = 0;
+        char *said_text = kt_test_read_file(said_log, &said_n);
+        KT_CHECK(said_rc == 2 && said_text && !strncmp(said_text, said[i].want, strlen(said[i].want)) &&
+                     (i != 3 || strstr(said_text, "did you mean 'q4_k'?")),
+                 "'%s': exit %d: %s", said[i].args, said_rc, said_text ? said_text : "");
+        free(said_text);
+    }
+    unlink(said_log);
     int rc = kt_test_system("%s --preset tiny -q -o /nonexistent-dir/x.gguf > /dev/null 2>&1", tool);
     KT_CHECK(rc == 1, "unwritable path exited %d, expected 1", rc);
     rc = kt_test_system("%s --preset tiny --layers 3 --route-skew 0.5:1.5 --route-input 0.5 -q -o %s > /dev/null", tool,

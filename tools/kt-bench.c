@@ -21,54 +21,50 @@
 #include "cli.h"
 #include "cpu/dispatch.h"
 #include "machine.h"
+#include "preflight.h"
 #include "threads.h"
 
 /* ---- arguments ------------------------------------------------------------------ */
 
 enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8, FOR_CHECK = 16 };
+static const char *const command_names[] = {"kernels", "model", "machine", "profile", "check"}; /* by bit */
 
-static bool opt_threads(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 4096, &o->threads) || kt_cli_invalid(why, why_size, "--threads", arg);
-}
+#define OPTS(o) ((struct kt_bench_options *)(o))
 
-static bool opt_json(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    (void)why, (void)why_size;
-    o->json = arg;
-    return true;
-}
-
-static bool opt_seconds(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || v < 0.01 || v > 600.0)
-        return kt_cli_invalid(why, why_size, "--seconds (0.01 to 600)", arg);
-    o->seconds = v;
-    return true;
-}
-
-static bool opt_prefill_tokens(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 4096, &o->prefill_tokens) || kt_cli_invalid(why, why_size, "--prefill-tokens", arg);
-}
+KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_U32_OPTION(opt_prefill_tokens, prefill_tokens, 1, 4096, "--prefill-tokens", NULL)
+KT_CLI_U32_OPTION(opt_prompt_tokens, prompt_tokens, 1, 1u << 20, "--prompt-tokens", NULL)
+KT_CLI_U32_OPTION(opt_gen_tokens, gen_tokens, 1, 1u << 20, "--gen-tokens", NULL)
+KT_CLI_U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 20, "--max-tokens", NULL)
+KT_CLI_U32_OPTION(opt_batch, batch, 1, 256, "--batch", "prompts at once")
+KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
+KT_CLI_DOUBLE_OPTION(opt_seconds, seconds, 0.01, 600, KT_CLI_CLOSED, "--seconds", NULL)
+KT_CLI_DOUBLE_OPTION(opt_half_life, half_life, 0, 1e18, KT_CLI_CLOSED, "--half-life", "tokens; 0: no decay")
+KT_CLI_DOUBLE_OPTION(opt_sim_transfer, sim_transfer_gbps, 0, 1e6, KT_CLI_LO_OPEN, "--sim-transfer-gbps", "GB/s")
+KT_CLI_DOUBLE_OPTION(opt_sim_latency, sim_latency_us, 0, 1e6, KT_CLI_CLOSED, "--sim-latency-us", "microseconds")
+KT_CLI_STRING_OPTION(opt_json, json)
+KT_CLI_STRING_OPTION(opt_placement, placement)
+KT_CLI_STRING_OPTION(opt_prompts, prompts)
+KT_CLI_STRING_OPTION(opt_output, output)
+KT_CLI_STRING_OPTION(opt_svg, svg)
+KT_CLI_STRING_OPTION(opt_topology, topology)
+KT_CLI_STRING_OPTION(opt_machine, machine)
+KT_CLI_STRING_OPTION(opt_profile, profile)
 
 static bool opt_isa(void *opts, const char *arg, char *why, size_t why_size)
 {
     struct kt_bench_options *o = opts;
+    const char *names[4];
+    for (int i = 0; i < 4; i++)
+        names[i] = kt_isa_name((enum kt_isa)i);
     const char *p = arg;
     for (;;) {
+        char item[32];
         size_t n = strcspn(p, ",");
-        int found = -1;
-        for (int i = 0; i < 4 && found < 0; i++)
-            if (strlen(kt_isa_name((enum kt_isa)i)) == n && !strncmp(p, kt_isa_name((enum kt_isa)i), n))
-                found = i;
+        snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item ? n : sizeof item - 1), p);
+        int found = kt_cli_choice_arg("--isa: the level", item, names, 4, why, why_size);
         if (found < 0)
-            return kt_cli_invalid(why, why_size, "--isa (scalar,avx2,avx512,amx)", arg);
+            return false;
         o->isa_mask |= 1u << found;
         if (!p[n])
             return true;
@@ -80,117 +76,22 @@ static bool opt_model(void *opts, const char *arg, char *why, size_t why_size)
 {
     struct kt_bench_options *o = opts;
     if (o->model) {
-        snprintf(why, why_size, "more than one model given ('%s')", arg);
+        snprintf(why, why_size, "more than one model given ('%s' and '%s'): give one", o->model, arg);
         return false;
     }
     o->model = arg;
     return true;
 }
 
-static bool opt_prompt_tokens(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_seed(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 1u << 20, &o->prompt_tokens) || kt_cli_invalid(why, why_size, "--prompt-tokens", arg);
+    return kt_cli_u64_arg("--seed", arg, 0, UINT64_MAX, NULL, &OPTS(o)->seed, why, ws);
 }
 
-static bool opt_gen_tokens(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_expert_cache_policy(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 1u << 20, &o->gen_tokens) || kt_cli_invalid(why, why_size, "--gen-tokens", arg);
-}
-
-static bool opt_seed(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u64(arg, 0, UINT64_MAX, &o->seed) || kt_cli_invalid(why, why_size, "--seed", arg);
-}
-
-static bool opt_placement(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->placement = arg;
-    return true;
-}
-
-static bool opt_prompts(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->prompts = arg;
-    return true;
-}
-
-static bool opt_output(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->output = arg;
-    return true;
-}
-
-static bool opt_svg(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->svg = arg;
-    return true;
-}
-
-static bool opt_max_tokens(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 1u << 20, &o->max_tokens) || kt_cli_invalid(why, why_size, "--max-tokens", arg);
-}
-
-static bool opt_batch(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 256, &o->batch) || kt_cli_invalid(why, why_size, "--batch (1 to 256)", arg);
-}
-
-static bool opt_half_life(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e18)
-        return kt_cli_invalid(why, why_size, "--half-life (tokens, 0: no decay)", arg);
-    o->half_life = v;
-    return true;
-}
-
-static bool opt_expert_cache(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_bench_options *o = opts;
-    return kt_cli_parse_u32(arg, 0, 65536, &o->expert_cache_slots) ||
-           kt_cli_invalid(why, why_size, "--expert-cache (slots per MoE layer; 0: off)", arg);
-}
-
-static bool opt_expert_cache_policy(void *opts, const char *arg, char *why, size_t why_size)
-{
-    return kt_cli_parse_cache_policy(arg, &((struct kt_bench_options *)opts)->expert_cache_lfu) ||
-           kt_cli_invalid(why, why_size, "--expert-cache-policy (lru or lfu)", arg);
-}
-
-static bool opt_topology(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->topology = arg;
-    return true;
-}
-
-static bool opt_sim_transfer(void *opts, const char *arg, char *why, size_t why_size)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v > 0) || v > 1e6)
-        return kt_cli_invalid(why, why_size, "--sim-transfer-gbps (above 0)", arg);
-    ((struct kt_bench_options *)opts)->sim_transfer_gbps = v;
-    return true;
-}
-
-static bool opt_sim_latency(void *opts, const char *arg, char *why, size_t why_size)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e6)
-        return kt_cli_invalid(why, why_size, "--sim-latency-us (0 or more)", arg);
-    ((struct kt_bench_options *)opts)->sim_latency_us = v;
-    return true;
+    OPTS(o)->expert_cache_policy_given = true;
+    return kt_cli_cache_policy_arg(arg, &OPTS(o)->expert_cache_lfu, why, ws);
 }
 
 static bool opt_cold(void *opts, const char *arg, char *why, size_t why_size)
@@ -204,20 +105,6 @@ static bool opt_predict(void *opts, const char *arg, char *why, size_t why_size)
 {
     (void)arg, (void)why, (void)why_size;
     ((struct kt_bench_options *)opts)->predict = true;
-    return true;
-}
-
-static bool opt_machine(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->machine = arg;
-    return true;
-}
-
-static bool opt_profile(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_bench_options *)opts)->profile = arg;
     return true;
 }
 
@@ -266,8 +153,22 @@ static const struct kt_cli_option options_table[] = {
 
 static void usage(FILE *f);
 
+#define N_COMMANDS (sizeof command_names / sizeof command_names[0])
+#define SYNOPSIS                                                                                                       \
+    "usage: kt-bench kernels [--threads N] [--json FILE] [--seconds S] [--prefill-tokens N]\n"                       \
+    "       kt-bench model -m MODEL [--placement FILE] [--prompt-tokens N] [--gen-tokens N] [--threads N]\n"          \
+    "                      [--json FILE] [--predict [--machine FILE] [--profile FILE]]\n"                             \
+    "       kt-bench profile -m MODEL --prompts FILE [--max-tokens N] [--batch N] [--half-life T]\n"                  \
+    "                        -o PROFILE.json\n"                                                                      \
+    "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"                               \
+    "       kt-bench check -m MODEL [--placement FILE] [--prompts FILE] [--max-tokens N] [-t N]\n"                    \
+    "                      [--json FILE]\n"
+
 static const struct kt_cli cli = {
     .prog = "kt-bench",
+    .synopsis = SYNOPSIS,
+    .command_names = command_names,
+    .n_commands = N_COMMANDS,
     .options = options_table,
     .n_options = N_OPTIONS,
     .usage = usage,
@@ -292,14 +193,7 @@ static const char *command_label(unsigned commands)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kt-bench kernels [--threads N] [--json FILE] [--seconds S] [--prefill-tokens N]\n"
-               "       kt-bench model -m MODEL [--placement FILE] [--prompt-tokens N] [--gen-tokens N] [--threads N]\n"
-               "                      [--json FILE] [--predict [--machine FILE] [--profile FILE]]\n"
-               "       kt-bench profile -m MODEL --prompts FILE [--max-tokens N] [--batch N] [--half-life T]\n"
-               "                        -o PROFILE.json\n"
-               "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"
-               "       kt-bench check -m MODEL [--placement FILE] [--prompts FILE] [--max-tokens N] [-t N]\n"
-               "                      [--json FILE]\n"
+    fprintf(f, SYNOPSIS
                "\n  kernels  STREAM triad, FMA and int8 dot peaks, then every CPU kernel per weight type\n"
                "           and instruction set at a decode shape (GB/s, / triad) and a prefill shape\n"
                "           (GFLOP/s, / peak)\n"
@@ -327,34 +221,37 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
         return 0;
     }
     if (argc < 2)
-        return kt_cli_usage_error(&cli, "%s", "no command given (kernels, model, profile, machine or check)");
-    unsigned which;
-    if (!strcmp(argv[1], "kernels"))
-        which = FOR_KERNELS;
-    else if (!strcmp(argv[1], "model"))
-        which = FOR_MODEL;
-    else if (!strcmp(argv[1], "profile"))
-        which = FOR_PROFILE;
-    else if (!strcmp(argv[1], "machine"))
-        which = FOR_MACHINE;
-    else if (!strcmp(argv[1], "check"))
-        which = FOR_CHECK;
-    else
-        return kt_cli_usage_error(&cli, "unknown command '%s' (kernels, model, profile, machine or check)", argv[1]);
+        return kt_cli_usage_error(&cli, "%s",
+                                  "no command given: give one of kernels, model, profile, machine or check");
+    char why[512];
+    int index = kt_cli_choice_arg("the command", argv[1], command_names, N_COMMANDS, why, sizeof why);
+    if (index < 0)
+        return kt_cli_usage_error(&cli, "%s", why);
+    const unsigned which = 1u << index;
     o->command = argv[1];
     int rc = kt_cli_parse(&cli, argc, argv, 2, which, o);
     if (rc >= 0)
         return rc;
     if (!o->seconds)
         o->seconds = which == FOR_MACHINE ? 0.3 : 1.0;
-    if (which == FOR_MODEL && !o->model)
-        return kt_cli_usage_error(&cli, "%s", "model: no model given (-m MODEL)");
-    if (which == FOR_CHECK && !o->model)
-        return kt_cli_usage_error(&cli, "%s", "check: no model given (-m MODEL)");
+    if ((which & (FOR_MODEL | FOR_PROFILE | FOR_CHECK)) && !o->model) {
+        snprintf(why, sizeof why, "%s: no model given: give -m MODEL.gguf", o->command);
+        return kt_cli_usage_error(&cli, "%s", why);
+    }
     if (!o->max_tokens)
         o->max_tokens = which == FOR_CHECK ? KT_CHECK_MAX_TOKENS : 64;
-    if (which == FOR_PROFILE && (!o->model || !o->prompts || !o->output))
-        return kt_cli_usage_error(&cli, "%s", "profile: needs -m MODEL, --prompts FILE and -o PROFILE.json");
+    if (which == FOR_PROFILE && (!o->prompts || !o->output)) {
+        snprintf(why, sizeof why, "profile: give %s%s%s", o->prompts ? "" : "--prompts FILE (the prompts to route)",
+                 !o->prompts && !o->output ? " and " : "", o->output ? "" : "-o PROFILE.json (where to write it)");
+        return kt_cli_usage_error(&cli, "%s", why);
+    }
+    if (which == FOR_MODEL && !o->predict && (o->machine || o->profile))
+        return kt_cli_usage_error(&cli, "%s",
+                                  "--machine and --profile feed --predict's cost model: give --predict too, or "
+                                  "drop them");
+    if (o->expert_cache_policy_given && !o->expert_cache_slots)
+        return kt_cli_usage_error(&cli, "%s", "--expert-cache-policy picks what --expert-cache SLOTS keeps: give "
+                                              "--expert-cache too");
     return -1;
 }
 
@@ -364,7 +261,14 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
         return rc;
+    /* the files a run writes, before it measures for minutes or loads a model */
     kt_err err = {0};
+    if ((o.json && kt_tool_check_writable("--json", o.json, &err) != KT_OK) ||
+        (o.svg && kt_tool_check_writable("--svg", o.svg, &err) != KT_OK) ||
+        (o.output && kt_tool_check_writable("-o", o.output, &err) != KT_OK)) {
+        fprintf(stderr, "kt-bench: %s\n", err.msg);
+        return 1;
+    }
     if (!o.threads && kt_tool_default_threads("kt-bench", stderr, &o.threads, &err) != KT_OK) {
         fprintf(stderr, "kt-bench: %s\n", err.msg);
         return 1;

@@ -26,6 +26,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "preflight.h"
 #include "http_client.h"
 #include "sse_check.h"
 
@@ -341,37 +342,58 @@ static int report(const struct load *L, double wall_s)
     return failed ? 1 : 0;
 }
 
+/* One GET /health before the run: a server that is not there, or still
+ * loading, is said once instead of by every request.  Any other answer
+ * (a server without /health too) lets the run go on. */
+static bool server_answers(const struct load_options *o)
+{
+    struct kt_http_client c;
+    struct kt_buf body = {0};
+    char why[512];
+    if (!kt_http_client_request(&c, o->host, (int)o->port, "GET", "/health", o->api_key, NULL,
+                                o->timeout_s < 10 ? o->timeout_s : 10, why, sizeof why)) {
+        fprintf(stderr, "kt-load: nothing answers at %s:%u (%s): start kt-serve there, or give --host and --port\n",
+                o->host, o->port, why);
+        return false;
+    }
+    const bool read = kt_http_client_read_all(&c, &body);
+    const int status = c.status;
+    kt_http_client_close(&c);
+    if (read && status == 503)
+        fprintf(stderr, "kt-load: the server at %s:%u is not ready (GET /health answers 503: %.200s): run kt-load "
+                        "once it answers 200\n",
+                o->host, o->port, kt_buf_str(&body));
+    kt_buf_free(&body);
+    return !(read && status == 503);
+}
+
 /* ---- options and main ----------------------------------------------------------------------------------- */
 
 #define OPTS(o) ((struct load_options *)(o))
-KT_CLI_U32_OPTION(opt_port, port, 1, 65535, "--port")
-KT_CLI_U32_OPTION(opt_concurrency, concurrency, 1, 4096, "--concurrency")
-KT_CLI_U32_OPTION(opt_requests, requests, 1, 1u << 24, "--requests")
-KT_CLI_U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 24, "--max-tokens")
-KT_CLI_U32_OPTION(opt_words, prompt_words, 0, 1u << 20, "--prompt-words")
-KT_CLI_U32_OPTION(opt_disconnect, disconnect_every, 0, 1u << 24, "--disconnect-every")
+KT_CLI_U32_OPTION(opt_port, port, 1, 65535, "--port", NULL)
+KT_CLI_U32_OPTION(opt_concurrency, concurrency, 1, 4096, "--concurrency", NULL)
+KT_CLI_U32_OPTION(opt_requests, requests, 1, 1u << 24, "--requests", NULL)
+KT_CLI_U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 24, "--max-tokens", NULL)
+KT_CLI_U32_OPTION(opt_words, prompt_words, 0, 1u << 20, "--prompt-words", NULL)
+KT_CLI_U32_OPTION(opt_disconnect, disconnect_every, 0, 1u << 24, "--disconnect-every", "0: none")
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_key, api_key)
 KT_CLI_STRING_OPTION(opt_model, model)
 KT_CLI_STRING_OPTION(opt_json, json_out)
 KT_CLI_STRING_OPTION(opt_prompts, prompts_path)
-
-static bool opt_timeout(void *o, const char *arg, char *why, size_t ws)
-{
-    return (kt_cli_parse_double(arg, &OPTS(o)->timeout_s) && OPTS(o)->timeout_s > 0) ||
-           kt_cli_invalid(why, ws, "--timeout", arg);
-}
+KT_CLI_DOUBLE_OPTION(opt_timeout, timeout_s, 0, 1e9, KT_CLI_LO_OPEN, "--timeout", "seconds")
 
 static bool opt_seed(void *o, const char *arg, char *why, size_t ws)
 {
-    OPTS(o)->seed_given = kt_cli_parse_u64(arg, 0, INT64_MAX, &OPTS(o)->seed);
-    return OPTS(o)->seed_given || kt_cli_invalid(why, ws, "--seed", arg);
+    OPTS(o)->seed_given = kt_cli_u64_arg("--seed", arg, 0, INT64_MAX, NULL, &OPTS(o)->seed, why, ws);
+    return OPTS(o)->seed_given;
 }
 
 static bool opt_temperature(void *o, const char *arg, char *why, size_t ws)
 {
-    OPTS(o)->temperature_given = kt_cli_parse_double(arg, &OPTS(o)->temperature) && OPTS(o)->temperature >= 0;
-    return OPTS(o)->temperature_given || kt_cli_invalid(why, ws, "--temperature", arg);
+    OPTS(o)->temperature_given =
+        kt_cli_double_arg("--temperature", arg, 0, 2, KT_CLI_CLOSED, "OpenAI's range", &OPTS(o)->temperature, why, ws);
+    return OPTS(o)->temperature_given;
 }
 
 static const struct kt_cli_option options_table[] = {
@@ -394,12 +416,13 @@ static const struct kt_cli_option options_table[] = {
 };
 
 static void usage(FILE *f);
-static const struct kt_cli cli = {.prog = "kt-load", .options = options_table,
+#define SYNOPSIS "usage: kt-load [--host ADDR] [--port PORT] [-c N] [-n N] [--max-tokens N] [options]\n"
+static const struct kt_cli cli = {.prog = "kt-load", .synopsis = SYNOPSIS, .options = options_table,
                                   .n_options = sizeof options_table / sizeof options_table[0], .usage = usage};
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kt-load [--host ADDR] [--port PORT] [-c N] [-n N] [--max-tokens N] [options]\n\n"
+    fprintf(f, SYNOPSIS "\n"
                "Runs concurrent streaming chat requests against an OpenAI-compatible server and reports\n"
                "aggregate decode tok/s and time to first token p50/p99.\n\noptions:\n");
     kt_cli_print_options(f, &cli, NULL);
@@ -417,9 +440,18 @@ int main(int argc, char **argv)
         return rc;
     if (!o.requests)
         o.requests = 4 * o.concurrency;
+    kt_err err = {0};
+    if (o.json_out && kt_tool_check_writable("--json", o.json_out, &err) != KT_OK) { /* before the run, not after */
+        fprintf(stderr, "kt-load: %s\n", err.msg);
+        return 1;
+    }
     json_t *prompts = o.prompts_path ? prompts_read(o.prompts_path) : NULL;
     if (o.prompts_path && !prompts)
         return 1;
+    if (!server_answers(&o)) {
+        json_decref(prompts);
+        return 1;
+    }
     struct load L = {.o = &o, .prompts = prompts, .results = calloc(o.requests, sizeof *L.results)};
     pthread_t *threads = calloc(o.concurrency, sizeof *threads);
     rc = 1;

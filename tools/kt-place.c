@@ -12,12 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "cli.h"
 #include "config.h"
 #include "cost.h"
 #include "machine.h"
 #include "model.h"
+#include "placement_opt.h"
 #include "planner.h"
 #include "rebalance.h"
 #include "profile.h"
@@ -43,54 +45,37 @@ KT_CLI_STRING_OPTION(opt_output, output)
 KT_CLI_STRING_OPTION(opt_evaluate, evaluate)
 KT_CLI_STRING_OPTION(opt_svg, svg)
 KT_CLI_STRING_OPTION(opt_moves_from, moves_from)
-KT_CLI_U32_OPTION(opt_kv, kv_tokens, 1, 1u << 24, "--kv-tokens")
-KT_CLI_U32_OPTION(opt_batch, batch, 1, 4096, "--batch")
-KT_CLI_U32_OPTION(opt_prefill, prefill_tokens, 1, 1u << 20, "--prefill-tokens")
-KT_CLI_U32_OPTION(opt_context, context, 1, 1u << 24, "--context")
+KT_CLI_U32_OPTION(opt_kv, kv_tokens, 1, 1u << 24, "--kv-tokens", NULL)
+KT_CLI_U32_OPTION(opt_batch, batch, 1, 4096, "--batch", "decode tokens per step")
+KT_CLI_U32_OPTION(opt_prefill, prefill_tokens, 1, 1u << 20, "--prefill-tokens", NULL)
+KT_CLI_U32_OPTION(opt_context, context, 1, 1u << 24, "--context", "positions already cached")
+KT_CLI_DOUBLE_OPTION(opt_gpu_memory, gpu_memory_gib, 0, 1048576, KT_CLI_LO_OPEN, "--gpu-memory", "GiB")
+KT_CLI_DOUBLE_OPTION(opt_min_gain, min_gain, 0, 1, KT_CLI_HI_OPEN, "--min-gain", "a share of the step")
+KT_CLI_DOUBLE_OPTION(opt_move_budget, move_budget_mib, 0, 1e9, KT_CLI_LO_OPEN, "--move-budget-mib", "MiB")
 
 static bool opt_device(void *o, const char *arg, char *why, size_t ws)
 {
+    static const char *const devices[] = {"cuda", "sim", "cpu"};
     OPTS(o)->device = arg;
-    return strcmp(arg, "cuda") == 0 || strcmp(arg, "sim") == 0 || strcmp(arg, "cpu") == 0 ||
-           kt_cli_invalid(why, ws, "--device", arg);
+    if (strcasecmp(arg, "gpu") == 0) { /* the nearest word, cpu, is the opposite */
+        snprintf(why, ws, "--device '%s' is not one of cuda, sim or cpu: a GPU is 'cuda'", arg);
+        return false;
+    }
+    return kt_cli_choice_arg("--device", arg, devices, 3, why, ws) >= 0;
 }
 
 static bool opt_objective(void *o, const char *arg, char *why, size_t ws)
 {
+    static const char *const objectives[] = {"decode", "prefill", "mixed"};
     OPTS(o)->objective = arg;
-    return strcmp(arg, "decode") == 0 || strcmp(arg, "prefill") == 0 || strcmp(arg, "mixed") == 0 ||
-           kt_cli_invalid(why, ws, "--objective", arg);
-}
-
-static bool opt_gpu_memory(void *o, const char *arg, char *why, size_t ws)
-{
-    return (kt_cli_parse_double(arg, &OPTS(o)->gpu_memory_gib) && OPTS(o)->gpu_memory_gib > 0 &&
-            OPTS(o)->gpu_memory_gib <= 1048576) ||
-           kt_cli_invalid(why, ws, "--gpu-memory", arg);
+    return kt_cli_choice_arg("--objective", arg, objectives, 3, why, ws) >= 0;
 }
 
 static bool opt_baseline(void *o, const char *arg, char *why, size_t ws)
 {
     static const char *const names[KT_BASELINE_COUNT] = {"index", "equal", "top"};
-    for (int b = 0; b < KT_BASELINE_COUNT; b++)
-        if (strcmp(arg, names[b]) == 0) {
-            OPTS(o)->baseline = b;
-            return true;
-        }
-    return kt_cli_invalid(why, ws, "--baseline (index, equal or top)", arg);
-}
-
-static bool opt_min_gain(void *o, const char *arg, char *why, size_t ws)
-{
-    return (kt_cli_parse_double(arg, &OPTS(o)->min_gain) && OPTS(o)->min_gain >= 0 && OPTS(o)->min_gain < 1) ||
-           kt_cli_invalid(why, ws, "--min-gain (a share, 0 to below 1)", arg);
-}
-
-static bool opt_move_budget(void *o, const char *arg, char *why, size_t ws)
-{
-    return (kt_cli_parse_double(arg, &OPTS(o)->move_budget_mib) && OPTS(o)->move_budget_mib > 0 &&
-            OPTS(o)->move_budget_mib <= 1e9) ||
-           kt_cli_invalid(why, ws, "--move-budget-mib", arg);
+    OPTS(o)->baseline = kt_cli_choice_arg("--baseline", arg, names, KT_BASELINE_COUNT, why, ws);
+    return OPTS(o)->baseline >= 0;
 }
 
 static bool opt_explain(void *o, const char *arg, char *why, size_t ws)
@@ -133,16 +118,18 @@ static const struct kt_cli_option options_table[] = {
 };
 
 static void usage(FILE *f);
-static const struct kt_cli cli = {.prog = "kt-place", .options = options_table,
+#define SYNOPSIS                                                                                                       \
+    "usage: kt-place -m MODEL --profile profile.json --machine machine.json [--device cuda|sim]\n"                    \
+    "                [--gpu-memory GIB] [--kv-tokens N] [--batch B] [--objective decode|prefill|mixed]\n"             \
+    "                [--explain] [--svg FILE] [--baseline index|equal|top]\n"                                        \
+    "                [--moves-from SERVED.yaml [--min-gain S] [--move-budget-mib M]] -o plan.yaml\n"                 \
+    "       kt-place -m MODEL [--profile P] [--machine M] --evaluate plan.yaml\n"
+static const struct kt_cli cli = {.prog = "kt-place", .synopsis = SYNOPSIS, .options = options_table,
                                   .n_options = sizeof options_table / sizeof options_table[0], .usage = usage};
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kt-place -m MODEL --profile profile.json --machine machine.json [--device cuda|sim]\n"
-               "                [--gpu-memory GIB] [--kv-tokens N] [--batch B] [--objective decode|prefill|mixed]\n"
-               "                [--explain] [--svg FILE] [--baseline index|equal|top]\n"
-               "                [--moves-from SERVED.yaml [--min-gain S] [--move-budget-mib M]] -o plan.yaml\n"
-               "       kt-place -m MODEL [--profile P] [--machine M] --evaluate plan.yaml\n\n"
+    fprintf(f, SYNOPSIS "\n"
                "Plans where a model's parts and routed experts live (accelerator slots by marginal gain,\n"
                "CPU experts balanced over NUMA nodes) and writes a placement config v1 that kt-serve,\n"
                "kt-run and kt-bench load.\n\noptions:\n");
@@ -158,26 +145,6 @@ static void print_summary(const char *label, const struct kt_plan_summary *s, co
     if (ref && ref != s && s->decode_tok_s > 0)
         printf("   plan decodes %.2fx", ref->decode_tok_s / s->decode_tok_s);
     printf("\n");
-}
-
-/* "0-3, 7, 9-12" of layer il's experts where keep says. */
-static void print_homes(const struct kt_placement *p, uint32_t il, int device, int node)
-{
-    const struct kt_expert_home *h = p->layers[il].experts;
-    bool first = true;
-    uint32_t count = 0;
-    for (uint32_t x = 0; x < p->n_expert; x++) {
-        if (h[x].device != device || (device == 0 && h[x].node != node))
-            continue;
-        uint32_t last = x;
-        while (last + 1 < p->n_expert && h[last + 1].device == device && (device != 0 || h[last + 1].node == node))
-            last++;
-        printf(last == x ? "%s%u" : "%s%u-%u", first ? "" : ",", x, last);
-        count += last - x + 1;
-        first = false;
-        x = last;
-    }
-    printf("%s (%u)", first ? "none" : "", count);
 }
 
 static void explain(const struct kt_plan *plan)
@@ -214,12 +181,12 @@ static void explain(const struct kt_plan *plan)
                    L->cpu_sliced ? "row-sliced over every node" : "whole experts", l->balance);
         if (acc) {
             printf("  %s: ", acc);
-            print_homes(p, il, plan->accel, -1);
+            kt_tool_print_homes(stdout, p, il, plan->accel, -1);
             printf("\n");
         }
         for (int n = 0; n < p->n_nodes; n++) {
             printf("  node %d: ", n);
-            print_homes(p, il, 0, n);
+            kt_tool_print_homes(stdout, p, il, 0, n);
             printf("\n");
         }
     }

@@ -7,6 +7,7 @@
  * tools/ code prints.  Exit status: 0 done, 1 the model or run failed (one
  * line "kt-run: why"), 2 usage.
  */
+#include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,15 +15,18 @@
 #include <string.h>
 
 #include "cli.h"
+#include "preflight.h"
 #include "run.h"
 
 /* ---- arguments ------------------------------------------------------------------ */
+
+#define OPTS(o) ((struct kt_run_options *)(o))
 
 static bool opt_model(void *opts, const char *arg, char *why, size_t why_size)
 {
     struct kt_run_options *o = opts;
     if (o->model) {
-        snprintf(why, why_size, "more than one model given ('%s')", arg);
+        snprintf(why, why_size, "more than one model given ('%s' and '%s'): give one", o->model, arg);
         return false;
     }
     o->model = arg;
@@ -37,15 +41,19 @@ static bool opt_info(void *opts, const char *arg, char *why, size_t why_size)
     return true;
 }
 
-static bool opt_ctx(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, UINT32_MAX, &o->ctx) || kt_cli_invalid(why, why_size, "--ctx", arg);
-}
+KT_CLI_U32_OPTION(opt_ctx, ctx, 1, KT_TOOL_MAX_CTX, "--ctx", "positions; at most the model's context_length")
+KT_CLI_U32_OPTION(opt_n_predict, n_predict, 0, KT_TOOL_MAX_CTX, "-n", NULL)
+KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_STRING_OPTION(opt_prompt, prompt)
+KT_CLI_STRING_OPTION(opt_chat, chat)
+KT_CLI_STRING_OPTION(opt_system, system)
+KT_CLI_STRING_OPTION(opt_logits_out, logits_out)
+KT_CLI_STRING_OPTION(opt_placement, placement)
 
 static bool opt_gpu_experts(void *opts, const char *arg, char *why, size_t why_size)
 {
     struct kt_run_options *o = opts;
+    o->gpu_experts_given = true;
     o->n_gpu_experts = 0;
     const char *p = arg;
     for (;;) {
@@ -53,17 +61,17 @@ static bool opt_gpu_experts(void *opts, const char *arg, char *why, size_t why_s
         size_t n = strcspn(p, ",");
         uint32_t v;
         if (n == 0 || n >= sizeof item) {
-            snprintf(why, why_size, "--gpu-experts: '%s' is not a comma-separated list of counts", arg);
+            snprintf(why, why_size, "--gpu-experts '%s' is not a comma-separated list of counts: give e.g. 0,8,32",
+                     arg);
             return false;
         }
         memcpy(item, p, n);
         item[n] = 0;
-        if (!kt_cli_parse_u32(item, 0, 1u << 24, &v)) {
-            snprintf(why, why_size, "--gpu-experts: '%s' is not a count of experts", item);
+        if (!kt_cli_u32_arg("--gpu-experts: the count", item, 0, 1u << 24, "experts per layer", &v, why, why_size))
             return false;
-        }
         if (o->n_gpu_experts == KT_RUN_MAX_GPU_COUNTS) {
-            snprintf(why, why_size, "--gpu-experts: at most %d counts", KT_RUN_MAX_GPU_COUNTS);
+            snprintf(why, why_size, "--gpu-experts '%s' has more than %d counts: give at most %d", arg,
+                     KT_RUN_MAX_GPU_COUNTS, KT_RUN_MAX_GPU_COUNTS);
             return false;
         }
         o->gpu_experts[o->n_gpu_experts++] = (int)v;
@@ -71,36 +79,6 @@ static bool opt_gpu_experts(void *opts, const char *arg, char *why, size_t why_s
             return true;
         p += n + 1;
     }
-}
-
-static bool opt_prompt(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    (void)why, (void)why_size;
-    o->prompt = arg;
-    return true;
-}
-
-static bool opt_chat(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    (void)why, (void)why_size;
-    o->chat = arg;
-    return true;
-}
-
-static bool opt_system(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    (void)why, (void)why_size;
-    o->system = arg;
-    return true;
-}
-
-static bool opt_n_predict(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_u32(arg, 0, UINT32_MAX, &o->n_predict) || kt_cli_invalid(why, why_size, "-n", arg);
 }
 
 static bool opt_ignore_eos(void *opts, const char *arg, char *why, size_t why_size)
@@ -111,72 +89,54 @@ static bool opt_ignore_eos(void *opts, const char *arg, char *why, size_t why_si
     return true;
 }
 
-static bool opt_temp(void *opts, const char *arg, char *why, size_t why_size)
+/* The sampler's ranges (runtime/text/sampler.h), refused here with the option's name. */
+static bool opt_temp(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_float(arg, &o->temperature) || kt_cli_invalid(why, why_size, "--temp", arg);
+    return kt_cli_float_arg("--temp", arg, 0, INFINITY, KT_CLI_CLOSED, "0: greedy", &OPTS(o)->temperature, why, ws);
 }
 
-static bool opt_top_p(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_top_p(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_float(arg, &o->top_p) || kt_cli_invalid(why, why_size, "--top-p", arg);
+    return kt_cli_float_arg("--top-p", arg, 0, 1, KT_CLI_LO_OPEN, "1: off", &OPTS(o)->top_p, why, ws);
 }
 
-static bool opt_min_p(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_min_p(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_float(arg, &o->min_p) || kt_cli_invalid(why, why_size, "--min-p", arg);
+    return kt_cli_float_arg("--min-p", arg, 0, 1, KT_CLI_CLOSED, "0: off", &OPTS(o)->min_p, why, ws);
 }
 
-static bool opt_top_k(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_top_k(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
     uint32_t v;
-    if (!kt_cli_parse_u32(arg, 0, INT32_MAX, &v))
-        return kt_cli_invalid(why, why_size, "--top-k", arg);
-    o->top_k = (int32_t)v;
+    if (!kt_cli_u32_arg("--top-k", arg, 0, INT32_MAX, "0: off", &v, why, ws))
+        return false;
+    OPTS(o)->top_k = (int32_t)v;
     return true;
 }
 
-static bool opt_repeat_penalty(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_repeat_penalty(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_float(arg, &o->repeat_penalty) || kt_cli_invalid(why, why_size, "--repeat-penalty", arg);
+    return kt_cli_float_arg("--repeat-penalty", arg, 0, INFINITY, KT_CLI_LO_OPEN, "1: off", &OPTS(o)->repeat_penalty,
+                            why, ws);
 }
 
-static bool opt_presence_penalty(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_presence_penalty(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_float(arg, &o->presence_penalty) || kt_cli_invalid(why, why_size, "--presence-penalty", arg);
+    return kt_cli_float_arg("--presence-penalty", arg, -2, 2, KT_CLI_CLOSED, "0: off", &OPTS(o)->presence_penalty, why,
+                            ws);
 }
 
-static bool opt_frequency_penalty(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_frequency_penalty(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_float(arg, &o->frequency_penalty) || kt_cli_invalid(why, why_size, "--frequency-penalty", arg);
+    return kt_cli_float_arg("--frequency-penalty", arg, -2, 2, KT_CLI_CLOSED, "0: off", &OPTS(o)->frequency_penalty,
+                            why, ws);
 }
 
-static bool opt_seed(void *opts, const char *arg, char *why, size_t why_size)
+static bool opt_seed(void *o, const char *arg, char *why, size_t ws)
 {
-    struct kt_run_options *o = opts;
-    if (!kt_cli_parse_u64(arg, 0, UINT64_MAX, &o->seed))
-        return kt_cli_invalid(why, why_size, "--seed", arg);
-    o->seed_given = true;
-    return true;
-}
-
-static bool opt_threads(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    return kt_cli_parse_u32(arg, 1, 4096, &o->threads) || kt_cli_invalid(why, why_size, "--threads", arg);
-}
-
-static bool opt_logits_out(void *opts, const char *arg, char *why, size_t why_size)
-{
-    struct kt_run_options *o = opts;
-    (void)why, (void)why_size;
-    o->logits_out = arg;
+    if (!kt_cli_u64_arg("--seed", arg, 0, UINT64_MAX, NULL, &OPTS(o)->seed, why, ws))
+        return false;
+    OPTS(o)->seed_given = true;
     return true;
 }
 
@@ -196,16 +156,10 @@ static bool opt_quiet(void *opts, const char *arg, char *why, size_t why_size)
     return true;
 }
 
-static bool opt_placement(void *opts, const char *arg, char *why, size_t why_size)
-{
-    (void)why, (void)why_size;
-    ((struct kt_run_options *)opts)->placement = arg;
-    return true;
-}
-
 static const struct kt_cli_option options_table[] = {
     {"--model", "-m", "MODEL", 0, "GGUF model file (or give it as the first operand)", opt_model},
-    {"--info", NULL, NULL, 0, "describe the model: hyperparameters, tensors, memory per placement", opt_info},
+    {"--info", NULL, NULL, 0, "describe the model: hyperparameters, tensors, memory per placement; with --placement, "
+     "a dry run of that plan: where each expert lives, memory per device and node, whether it fits here", opt_info},
     {"--prompt", "-p", "TEXT", 0, "generate a continuation of TEXT", opt_prompt},
     {"--chat", NULL, "TEXT", 0, "generate the reply to one user turn, through the model's chat template", opt_chat},
     {"--system", NULL, "TEXT", 0, "system turn for --chat", opt_system},
@@ -234,8 +188,13 @@ static const struct kt_cli_option options_table[] = {
 
 static void usage(FILE *f);
 
+#define SYNOPSIS                                                                                                       \
+    "usage: kt-run -m MODEL (-p TEXT | --chat TEXT) [options]\n"                                                      \
+    "       kt-run --info [--placement FILE] [options] MODEL\n"
+
 static const struct kt_cli cli = {
     .prog = "kt-run",
+    .synopsis = SYNOPSIS,
     .options = options_table,
     .n_options = N_OPTIONS,
     .usage = usage,
@@ -244,8 +203,7 @@ static const struct kt_cli cli = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kt-run -m MODEL (-p TEXT | --chat TEXT) [options]\n"
-               "       kt-run --info [options] MODEL\n\noptions:\n");
+    fprintf(f, SYNOPSIS "\noptions:\n");
     kt_cli_print_options(f, &cli, NULL);
     fprintf(f, "\nenvironment:\n"
                "  KT_TOPOLOGY_SYNTHETIC=DESC  see NUMA nodes and cores as hwloc's synthetic description DESC says,\n"
@@ -268,15 +226,20 @@ static int parse_args(int argc, char **argv, struct kt_run_options *o)
     if (rc >= 0)
         return rc;
     if (!o->model)
-        return kt_cli_usage_error(&cli, "%s", "no model given");
+        return kt_cli_usage_error(&cli, "%s", "no model given: give -m MODEL.gguf");
     if (o->prompt && o->chat)
-        return kt_cli_usage_error(&cli, "%s", "give -p or --chat, not both");
+        return kt_cli_usage_error(&cli, "%s", "-p and --chat both given: give one (-p continues raw text, --chat "
+                                              "answers a user turn)");
     if (o->system && !o->chat)
-        return kt_cli_usage_error(&cli, "%s", "--system goes with --chat");
+        return kt_cli_usage_error(&cli, "%s", "--system goes with --chat: give --chat TEXT too, or drop --system");
     if (!o->info && !o->prompt && !o->chat)
         return kt_cli_usage_error(&cli, "%s", "nothing to do: give -p TEXT, --chat TEXT or --info");
     if (o->info && (o->prompt || o->chat))
-        return kt_cli_usage_error(&cli, "%s", "--info describes the model; run generation separately");
+        return kt_cli_usage_error(&cli, "%s", "--info describes the model and generates nothing: drop -p/--chat, or "
+                                              "run them without --info");
+    if (o->gpu_experts_given && !o->info)
+        return kt_cli_usage_error(&cli, "%s",
+                                  "--gpu-experts picks the rows of --info's memory table: give --info too");
     return -1;
 }
 

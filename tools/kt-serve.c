@@ -1,12 +1,15 @@
 /*
- * kt-serve.c - the OpenAI-compatible server: parse options, listen at once
- * (GET /health answers 503 with the load progress), load the model and
+ * kt-serve.c - the OpenAI-compatible server: parse options, check all it
+ * can before reading a weight (preflight: the model's header, the context,
+ * the placement, the machine file, output folders), listen (GET /health
+ * answers 503 with the load progress; with --self-check only once the
+ * loaded engine has passed the correctness check), load the model and
  * start the scheduler, then wait for SIGTERM/SIGINT: stop accepting, let
  * in-flight requests finish for --shutdown-timeout seconds, cancel the
  * rest, exit 0; a second signal meanwhile quits at once.  Exit status 1:
- * could not listen or load (one line saying why); 2: usage; 128 + the
- * signal: a second SIGTERM/SIGINT cut the drain short.  See
- * tools/serve/server.h for the threads.
+ * a refusal, or could not listen or load (one line saying why); 2: usage;
+ * 3: --self-check failed; 128 + the signal: a second SIGTERM/SIGINT cut the
+ * drain short.  See tools/serve/server.h for the threads.
  */
 #include <errno.h>
 #include <math.h>
@@ -20,6 +23,7 @@
 
 #include "cli.h"
 #include "placement_opt.h"
+#include "preflight.h"
 #include "server.h"
 #include "threads.h"
 
@@ -27,97 +31,82 @@
 
 #define OPTS(o) ((struct kt_serve_options *)(o))
 
-#define SECONDS_OPTION(fn, field, name)                                                          \
-    static bool fn(void *o, const char *arg, char *why, size_t ws)                               \
-    {                                                                                            \
-        double v;                                                                                \
-        if (!kt_cli_parse_double(arg, &v) || v < 0)                                              \
-            return kt_cli_invalid(why, ws, name, arg);                                           \
-        OPTS(o)->field = v;                                                                      \
-        return true;                                                                             \
-    }
-
-KT_CLI_STRING_OPTION(opt_model, model)
 KT_CLI_STRING_OPTION(opt_placement, placement)
+KT_CLI_STRING_OPTION(opt_self_check_reference, test_self_check_reference)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
 KT_CLI_STRING_OPTION(opt_name, served_name)
 KT_CLI_STRING_OPTION(opt_profile_out, profile_out)
-KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port")
-KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs")
-KT_CLI_U32_OPTION(opt_ctx, ctx, 16, 1u << 24, "--ctx")
-KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads")
-KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache (slots per MoE layer; 0: off)")
-KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting")
-KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 20, "--max-batch-tokens")
-KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes")
-KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections")
-KT_CLI_U32_OPTION(opt_per_client, max_connections_per_client, 0, 1u << 16, "--max-connections-per-client (0: no limit)")
-KT_CLI_U32_OPTION(opt_client_timeout, client_timeout_s, 1, 86400, "--client-timeout (whole seconds, 1 to 86400)")
-KT_CLI_U32_OPTION(opt_idle_timeout, idle_timeout_s, 1, 86400, "--idle-timeout (whole seconds, 1 to 86400)")
-SECONDS_OPTION(opt_timeout, request_timeout_s, "--request-timeout")
-SECONDS_OPTION(opt_shutdown, shutdown_timeout_s, "--shutdown-timeout")
-SECONDS_OPTION(opt_ping, ping_interval_s, "--sse-ping-interval")
+KT_CLI_STRING_OPTION(opt_machine, machine)
+KT_CLI_STRING_OPTION(opt_plan_out, plan_out)
+KT_CLI_U32_OPTION(opt_port, port, 0, 65535, "--port", "0: any free port")
+KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs", NULL)
+KT_CLI_U32_OPTION(opt_ctx, ctx, 16, KT_TOOL_MAX_CTX, "--ctx", "positions per sequence; at most the model's "
+                  "context_length")
+KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
+KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting", NULL)
+KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 16, "--max-batch-tokens", "the engine's most per step")
+KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes", NULL)
+KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections", NULL)
+KT_CLI_U32_OPTION(opt_per_client, max_connections_per_client, 0, 1u << 16, "--max-connections-per-client",
+                  "0: no limit")
+KT_CLI_U32_OPTION(opt_client_timeout, client_timeout_s, 1, 86400, "--client-timeout", "whole seconds")
+KT_CLI_U32_OPTION(opt_idle_timeout, idle_timeout_s, 1, 86400, "--idle-timeout", "whole seconds")
+KT_CLI_DOUBLE_OPTION(opt_timeout, request_timeout_s, 0, 1e9, KT_CLI_CLOSED, "--request-timeout", "seconds; 0: no limit")
+KT_CLI_DOUBLE_OPTION(opt_shutdown, shutdown_timeout_s, 0, 1e9, KT_CLI_CLOSED, "--shutdown-timeout", "seconds")
+KT_CLI_DOUBLE_OPTION(opt_ping, ping_interval_s, 0, 1e9, KT_CLI_CLOSED, "--sse-ping-interval", "seconds")
+KT_CLI_DOUBLE_OPTION(opt_profile_half_life, profile_half_life, 0, 1e18, KT_CLI_CLOSED, "--profile-half-life",
+                     "tokens; 0: no decay")
+KT_CLI_DOUBLE_OPTION(opt_profile_interval, profile_interval_s, 0.01, 1e6, KT_CLI_CLOSED, "--profile-interval",
+                     "seconds")
+KT_CLI_DOUBLE_OPTION(opt_min_gain, rebalance_min_gain, 0, 1, KT_CLI_HI_OPEN, "--rebalance-min-gain",
+                     "a share of the step")
+KT_CLI_DOUBLE_OPTION(opt_migration_budget, migration_budget_mib, 0, 1e9, KT_CLI_LO_OPEN, "--migration-budget-mib",
+                     "MiB")
 
 static bool opt_prefix_cache(void *o, const char *arg, char *why, size_t ws)
 {
     OPTS(o)->prefix_cache_given = true;
-    return kt_cli_parse_u32(arg, 0, 4096, &OPTS(o)->prefix_cache) || kt_cli_invalid(why, ws, "--prefix-cache", arg);
+    return kt_cli_u32_arg("--prefix-cache", arg, 0, 4096, "prefixes; 0: off", &OPTS(o)->prefix_cache, why, ws);
 }
-
-static bool opt_profile_half_life(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0) || v > 1e18)
-        return kt_cli_invalid(why, ws, "--profile-half-life (tokens, 0: no decay)", arg);
-    OPTS(o)->profile_half_life = v;
-    return true;
-}
-
-static bool opt_profile_interval(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0.01) || v > 1e6)
-        return kt_cli_invalid(why, ws, "--profile-interval (seconds, at least 0.01)", arg);
-    OPTS(o)->profile_interval_s = v;
-    return true;
-}
-
-KT_CLI_STRING_OPTION(opt_machine, machine)
-KT_CLI_STRING_OPTION(opt_plan_out, plan_out)
 
 static bool opt_rebalance_interval(void *o, const char *arg, char *why, size_t ws)
 {
     double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v == 0 || v >= 0.01) || v > 1e6)
-        return kt_cli_invalid(why, ws, "--rebalance-interval (seconds, at least 0.01; 0: off)", arg);
+    if (!kt_cli_double_arg("--rebalance-interval", arg, 0, 1e6, KT_CLI_CLOSED, "seconds; 0: off", &v, why, ws))
+        return false;
+    if (v != 0 && v < 0.01) {
+        snprintf(why, ws, "--rebalance-interval '%s' is out of range: give 0 (off) or a number in [0.01, 1e+06] "
+                          "(seconds)", arg);
+        return false;
+    }
     OPTS(o)->rebalance_interval_s = v;
     OPTS(o)->rebalance_given = true;
     return true;
 }
 
-static bool opt_min_gain(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v >= 0 && v < 1))
-        return kt_cli_invalid(why, ws, "--rebalance-min-gain (a share of the step, 0 to below 1)", arg);
-    OPTS(o)->rebalance_min_gain = v;
-    return true;
-}
-
-static bool opt_migration_budget(void *o, const char *arg, char *why, size_t ws)
-{
-    double v;
-    if (!kt_cli_parse_double(arg, &v) || !(v > 0) || v > 1e9)
-        return kt_cli_invalid(why, ws, "--migration-budget-mib (MiB, above 0)", arg);
-    OPTS(o)->migration_budget_mib = v;
-    return true;
-}
-
 static bool opt_expert_cache_policy(void *o, const char *arg, char *why, size_t ws)
 {
-    return kt_cli_parse_cache_policy(arg, &OPTS(o)->expert_cache_lfu) ||
-           kt_cli_invalid(why, ws, "--expert-cache-policy (lru or lfu)", arg);
+    OPTS(o)->expert_cache_policy_given = true;
+    return kt_cli_cache_policy_arg(arg, &OPTS(o)->expert_cache_lfu, why, ws);
+}
+
+static bool opt_model(void *o, const char *arg, char *why, size_t ws)
+{
+    if (OPTS(o)->model) {
+        snprintf(why, ws, "more than one model given ('%s' and '%s'): give one", OPTS(o)->model, arg);
+        return false;
+    }
+    OPTS(o)->model = arg;
+    return true;
+}
+
+static bool opt_self_check(void *o, const char *arg, char *why, size_t ws)
+{
+    (void)arg, (void)why, (void)ws;
+    OPTS(o)->self_check = true;
+    return true;
 }
 
 static bool opt_forced(void *o, const char *arg, char *why, size_t ws)
@@ -194,20 +183,27 @@ static const struct kt_cli_option options_table[] = {
      opt_expert_cache},
     {"--expert-cache-policy", NULL, "P", 0, "which experts the cache keeps: lru (recently routed, default) or lfu "
      "(most routed, decayed)", opt_expert_cache_policy},
+    {"--self-check", NULL, NULL, 0,
+     "before listening, check the loaded engine against a CPU reference reading the GGUF rows (kt-bench check's "
+     "core, 3 built-in prompts); refuse to serve on FAIL (exit status 3)", opt_self_check},
     {"--quiet", "-q", NULL, 0, "no log line per request", opt_quiet},
     {"--test-forced-output", NULL, NULL, 0, "tests only: honour the request field kt_test_forced_output",
      opt_forced},
+    {"--test-self-check-reference", NULL, "FILE", 0, "tests only: --self-check's reference reads this model file",
+     opt_self_check_reference},
 };
 #define N_OPTIONS (sizeof options_table / sizeof options_table[0])
 
 static void usage(FILE *f);
-static const struct kt_cli cli = {.prog = "kt-serve", .options = options_table, .n_options = N_OPTIONS,
-                                  .usage = usage, .operand = opt_model};
+#define SYNOPSIS                                                                                                       \
+    "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"             \
+    "                [--api-key KEY] [--served-model-name NAME] [--self-check] [options]\n"
+static const struct kt_cli cli = {.prog = "kt-serve", .synopsis = SYNOPSIS, .options = options_table,
+                                  .n_options = N_OPTIONS, .usage = usage, .operand = opt_model};
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kt-serve -m MODEL [--placement FILE] [--host ADDR] [--port PORT] [--max-seqs N] [--ctx N]\n"
-               "                [--api-key KEY] [--served-model-name NAME] [options]\n\n"
+    fprintf(f, SYNOPSIS "\n"
                "OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health,\n"
                "/metrics, /tokenize, /detokenize, /version, /kt/profile (routing counts), /kt/placement (where\n"
                "experts live, the rebalancer, migrations), /kt/stats, /dashboard (a live page in a browser).\n\n"
@@ -267,28 +263,34 @@ static const char *file_stem(const char *path, char *out, size_t size)
     return out;
 }
 
-static bool load(struct kt_server *s, kt_err *err)
+/* Everything that can be refused before a weight is read, done by main
+ * before it listens: the model file (it exists, can be read, its GGUF
+ * header and tensor table parse), its tokenizer, --ctx against the model,
+ * the placement (resolved and turned into the engine's parameters),
+ * --expert-cache's device, the machine file and --plan-out's folder, and
+ * --self-check's prompts.  The loader then builds on what it leaves in s. */
+static bool preflight(struct kt_server *s, kt_err *err)
 {
     const struct kt_serve_options *o = &s->o;
     if (kt_model_open(o->model, &s->model, err) != KT_OK)
+        return false;
+    if (kt_tool_check_context("--ctx", o->ctx, s->model, o->model, err) != KT_OK)
         return false;
     if (kt_tokenizer_create(s->model->gguf, &s->tok, err) != KT_OK) {
         kt_err_prefix(err, "%s", o->model);
         return false;
     }
     char why[256];
-    kt_chat_format format = kt_serve_chat_format(s->model->gguf, why, sizeof why);
-    if (format == KT_CHAT_FORMAT_UNKNOWN)
+    s->format = kt_serve_chat_format(s->model->gguf, why, sizeof why);
+    if (s->format == KT_CHAT_FORMAT_UNKNOWN)
         fprintf(stderr, "kt-serve: %s: %s; /v1/chat/completions will refuse requests\n", o->model, why);
 
-    uint32_t n_ctx = o->ctx;
-    if (!n_ctx)
-        n_ctx = s->model->hp.n_ctx_train && s->model->hp.n_ctx_train < 4096 ? s->model->hp.n_ctx_train : 4096;
+    const uint32_t n_ctx = kt_tool_context(s->model, o->ctx);
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-serve", stderr, &threads, err) != KT_OK)
         return false;
     const uint32_t block_tokens = 16;
-    struct kt_engine_params ep = {
+    s->ep = (struct kt_engine_params){
         .n_ctx = n_ctx,
         .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
         .n_threads = threads,
@@ -296,38 +298,66 @@ static bool load(struct kt_server *s, kt_err *err)
         .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
         .max_batch_tokens = o->max_batch_tokens,
     };
+    if (kt_tool_placement_load(o->placement, s->model, s->ep.topology, &s->config, &s->live, err) != KT_OK)
+        return false;
+    if (o->placement) {
+        kt_placement_describe(s->live, stderr);
+        if (kt_engine_plan_apply(s->live, &s->plan, &s->ep, stderr, err) != KT_OK)
+            return false;
+    }
+    if (o->expert_cache_slots && !s->ep.device) {
+        kt_err_set(err, KT_ERR_INVALID, "--expert-cache %u needs a device: give a --placement with one (e.g. "
+                                        "configs/tiny-sim.yaml), or drop --expert-cache", o->expert_cache_slots);
+        return false;
+    }
+    if (kt_serve_placement_preflight(s, s->live, &s->machine, err) != KT_OK)
+        return false;
+    if (o->profile_out && kt_tool_check_writable("--profile-out", o->profile_out, err) != KT_OK)
+        return false;
+    return !o->self_check || kt_serve_self_check_prepare(s, err) == KT_OK;
+}
+
+/* The slow part, on the loader thread: the engine (the experts load here),
+ * --self-check, the live placement, the profile, the scheduler. */
+static bool load(struct kt_server *s, kt_err *err)
+{
+    const struct kt_serve_options *o = &s->o;
     struct progress_sink sink = {.s = s};
     FILE *progress = fopencookie(&sink, "w", (cookie_io_functions_t){.write = progress_write});
     if (progress)
         setvbuf(progress, NULL, _IONBF, 0);
-    ep.progress = progress;
-    struct kt_engine_plan plan = {0};
-    struct kt_placement_config *config = NULL;
-    struct kt_placement *live = NULL;
-    bool ok = kt_tool_placement_load(o->placement, s->model, ep.topology, &config, &live, err) == KT_OK;
-    if (ok && o->placement) {
-        kt_placement_describe(live, stderr);
-        ok = kt_engine_plan_apply(live, &plan, &ep, stderr, err) == KT_OK;
-    }
+    s->ep.progress = progress;
     const struct kt_expert_cache_params cache = {
         o->expert_cache_slots, o->expert_cache_lfu ? KT_EXPERT_CACHE_LFU : KT_EXPERT_CACHE_LRU};
-    if (ok && o->expert_cache_slots && !ep.device) {
-        kt_err_set(err, KT_ERR_INVALID, "--expert-cache needs a device: a placement config (--placement) with one");
-        ok = false;
-    }
-    ep.expert_cache = o->expert_cache_slots ? &cache : NULL;
-    ok = ok && kt_engine_create(s->model, &ep, &s->engine, err) == KT_OK;
-    kt_engine_plan_free(&plan);
+    s->ep.expert_cache = o->expert_cache_slots ? &cache : NULL;
+    bool ok = kt_engine_create(s->model, &s->ep, &s->engine, err) == KT_OK;
+    s->ep.progress = NULL;
+    s->ep.expert_cache = NULL;
+    kt_engine_plan_free(&s->plan); /* only read at creation */
     if (progress)
         fclose(progress);
-    if (ok)
-        ok = kt_serve_placement_create(s, live, config, err) == KT_OK; /* takes live */
-    else
-        kt_placement_destroy(live);
-    kt_placement_config_destroy(config);
+    if (ok && o->self_check) {
+        bool pass = false;
+        ok = kt_serve_self_check_run(s, &pass, err) == KT_OK;
+        if (ok && !pass) {
+            s->exit_status = 3;
+            kt_err_set(err, KT_ERR_INVALID, "--self-check failed: not serving; `kt-bench check -m %s%s%s` shows every "
+                                            "row", o->model, o->placement ? " --placement " : "",
+                       o->placement ? o->placement : "");
+            ok = false;
+        }
+    }
     if (!ok)
         return false;
-    s->sm = (struct kt_serve_model){.tok = s->tok, .format = format, .n_ctx = n_ctx,
+    kt_serve_self_check_free(s);
+    struct kt_placement *live = s->live;
+    struct kt_machine *mach = s->machine;
+    s->live = NULL, s->machine = NULL;
+    if (kt_serve_placement_create(s, live, s->config, mach, err) != KT_OK) /* takes live and mach */
+        return false;
+    kt_placement_config_destroy(s->config);
+    s->config = NULL;
+    s->sm = (struct kt_serve_model){.tok = s->tok, .format = s->format, .n_ctx = s->ep.n_ctx,
                                     .n_vocab = kt_engine_n_vocab(s->engine),
                                     .allow_forced_output = o->test_forced_output};
     const struct kt_hparams *hp = &s->model->hp;
@@ -344,12 +374,28 @@ static bool load(struct kt_server *s, kt_err *err)
 
 static pthread_t g_main_thread; /* the loader signals it when loading fails */
 
+static void listening(const struct kt_server *s, const char *what)
+{
+    const bool v6 = strchr(s->o.host, ':') != NULL; /* http://[::1]:8080 */
+    fprintf(stderr, "kt-serve: listening on http://%s%s%s:%u (%s %s)\n", v6 ? "[" : "", s->o.host, v6 ? "]" : "",
+            s->port, what, s->o.model);
+}
+
 static void *loader_main(void *arg)
 {
     struct kt_server *s = arg;
     kt_err err = {0};
+    char why[512];
     double t0 = kt_monotonic_s();
-    if (load(s, &err)) {
+    bool ok = load(s, &err);
+    if (ok && s->o.self_check) { /* checked: only now listen */
+        ok = kt_http_start(s, why, sizeof why);
+        if (ok)
+            listening(s, "serving");
+        else
+            kt_err_set(&err, KT_ERR_IO, "%s", why);
+    }
+    if (ok) {
         atomic_store(&s->load_permille, 1000);
         atomic_store(&s->state, KT_SERVER_READY);
         fprintf(stderr, "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u\n",
@@ -392,6 +438,11 @@ static void teardown(struct kt_server *s)
     kt_serve_placement_destroy(s);
     kt_serve_profile_destroy(s);
     kt_engine_destroy(s->engine);
+    kt_serve_self_check_free(s);
+    kt_engine_plan_free(&s->plan);
+    kt_placement_destroy(s->live);
+    kt_placement_config_destroy(s->config);
+    free(s->machine);
     kt_tokenizer_destroy(s->tok);
     kt_model_close(s->model);
     kt_serve_metrics_destroy(&s->metrics);
@@ -411,13 +462,23 @@ int main(int argc, char **argv)
     if (rc >= 0)
         return rc;
     if (!s->o.model)
-        return kt_cli_usage_error(&cli, "%s", "no model given (-m MODEL)");
+        return kt_cli_usage_error(&cli, "%s", "no model given: give -m MODEL.gguf");
     if (!s->o.prefix_cache_given)
         s->o.prefix_cache = s->o.max_seqs;
     if (!s->o.max_batch_tokens)
         s->o.max_batch_tokens = s->o.max_seqs > 256 ? s->o.max_seqs : 256;
-    if (s->o.max_batch_tokens < s->o.max_seqs)
-        return kt_cli_usage_error(&cli, "%s", "--max-batch-tokens must be at least --max-seqs");
+    char line[512];
+    if (s->o.max_batch_tokens < s->o.max_seqs) {
+        snprintf(line, sizeof line, "--max-batch-tokens %u is below --max-seqs %u (each running sequence decodes a "
+                                    "token every step): give --max-batch-tokens %u or more", s->o.max_batch_tokens,
+                 s->o.max_seqs, s->o.max_seqs);
+        return kt_cli_usage_error(&cli, "%s", line);
+    }
+    if (s->o.expert_cache_policy_given && !s->o.expert_cache_slots)
+        return kt_cli_usage_error(&cli, "%s", "--expert-cache-policy picks what --expert-cache SLOTS keeps: give "
+                                              "--expert-cache too");
+    if (s->o.test_self_check_reference && !s->o.self_check)
+        return kt_cli_usage_error(&cli, "%s", "--test-self-check-reference goes with --self-check");
     uint32_t answered = s->o.max_seqs + s->o.max_waiting, enough = answered;
     while (enough - kt_conns_reserved(enough) < answered)
         enough++;
@@ -427,23 +488,19 @@ int main(int argc, char **argv)
                         "and wait, new clients (/health too) wait for a slot; --max-connections %u would not\n",
                 s->o.max_connections, kt_conns_reserved(s->o.max_connections),
                 s->o.max_connections - kt_conns_reserved(s->o.max_connections), answered, enough);
-    if (s->o.profile_out) { /* refuse a place the profile could never be written to before loading */
-        char dir[4096];
-        snprintf(dir, sizeof dir, "%s", s->o.profile_out);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            slash[slash == dir] = 0;
-        if (access(slash ? dir : ".", W_OK) != 0) {
-            fprintf(stderr, "kt-serve: --profile-out %s: cannot write there: %s\n", s->o.profile_out, strerror(errno));
-            return 1;
-        }
+    kt_serve_metrics_init(&s->metrics);
+    kt_err err = {0};
+    s->exit_status = 1;
+    if (!preflight(s, &err)) { /* before listening: nothing is loaded yet */
+        fprintf(stderr, "kt-serve: %s\n", err.msg);
+        teardown(s);
+        return 1;
     }
     file_stem(s->o.model, s->served_name, sizeof s->served_name);
     if (s->o.served_name)
         snprintf(s->served_name, sizeof s->served_name, "%s", s->o.served_name);
     s->created = (int64_t)time(NULL);
     s->id_seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid();
-    kt_serve_metrics_init(&s->metrics);
 
     /* Signals go to the main thread's sigwait only; every later thread inherits the mask. */
     sigset_t set;
@@ -455,12 +512,16 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     g_main_thread = pthread_self();
 
+    /* Listen at once (GET /health shows the load), or with --self-check once the engine passed it. */
     char why[512];
-    if (!kt_http_start(s, why, sizeof why)) {
-        fprintf(stderr, "kt-serve: %s\n", why);
-        return 1;
+    if (!s->o.self_check) {
+        if (!kt_http_start(s, why, sizeof why)) {
+            fprintf(stderr, "kt-serve: %s\n", why);
+            teardown(s);
+            return 1;
+        }
+        listening(s, "loading");
     }
-    fprintf(stderr, "kt-serve: listening on http://%s:%u (loading %s)\n", s->o.host, s->port, s->o.model);
     pthread_t loader;
     if (pthread_create(&loader, NULL, loader_main, s) != 0) {
         fprintf(stderr, "kt-serve: cannot start the loader thread\n");
@@ -485,17 +546,21 @@ int main(int argc, char **argv)
         fprintf(stderr, "kt-serve: %s\n", s->load_error);
         kt_http_stop(s);
         teardown(s);
-        return 1;
+        return s->exit_status;
     }
     int state = atomic_exchange(&s->state, KT_SERVER_STOPPING);
     fprintf(stderr, "kt-serve: %s: stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-    kt_http_quiesce(s);
     if (state == KT_SERVER_LOADING) {
-        /* the load cannot be interrupted and nothing is in flight */
-        kt_http_stop(s);
+        /* the load cannot be interrupted and nothing is in flight; with --self-check the
+         * loader may be starting the daemon this moment: exiting closes its socket */
+        if (!s->o.self_check) {
+            kt_http_quiesce(s);
+            kt_http_stop(s);
+        }
         fflush(stderr);
         _exit(0);
     }
+    kt_http_quiesce(s);
     pthread_join(loader, NULL);
     /* SIGUSR1 from here on: the drain is done.  A second SIGTERM/SIGINT quits at once. */
     double drain_t0 = kt_monotonic_s();
@@ -520,7 +585,7 @@ int main(int argc, char **argv)
     }
     write_profile(s); /* what was served, all of it */
     kt_serve_placement_stop(s);
-    kt_err err = {0};
+    err = (kt_err){0};
     if (kt_serve_placement_write(s, &err) != KT_OK)
         fprintf(stderr, "kt-serve: --plan-out: %s\n", err.msg);
     kt_http_stop(s);

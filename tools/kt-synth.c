@@ -3,11 +3,11 @@
  * real family (Kimi-K2 or DeepSeek-V3) with seeded random weights, so every
  * part of kt can be tested and timed without downloading a model.
  *
- * Only parses options, prints and exits; the generator lives in tools/synth.
+ * Only parses options (the tools' shared table, tools/cli/cli.h), prints and
+ * exits; the generator lives in tools/synth.
  * Exit status: 0 written, 1 failed (I/O, memory), 2 bad usage.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,11 +16,10 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cli.h"
 #include "progress.h"
 #include "quant.h"
 #include "synth.h"
-
-#define EXIT_USAGE 2
 
 static void usage(FILE *out)
 {
@@ -78,27 +77,6 @@ static void usage(FILE *out)
             KT_SYNTH_TINY_SKEW, KT_SYNTH_SLICE_SKEW, KT_SYNTH_DEFAULT_MERGES);
 }
 
-static int usage_error(const char *fmt, const char *arg)
-{
-    fprintf(stderr, "kt-synth: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(kt-synth --help for usage)\n");
-    return EXIT_USAGE;
-}
-
-static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
-{
-    if (!s || !*s || *s == '-')
-        return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || *end || v > max)
-        return false;
-    *out = v;
-    return true;
-}
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -106,156 +84,197 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-enum {
-    OPT_PRESET = 256, OPT_LAYERS, OPT_EXPERTS, OPT_SEED, OPT_SKEW, OPT_THREADS, OPT_MERGES, OPT_ROUTE_SKEW, OPT_ROUTE_INPUT,
-    OPT_EXPERTS_TYPE, OPT_SHARED_TYPE, OPT_ATTN_TYPE, OPT_FFN_TYPE, OPT_EMBD_TYPE, OPT_OUTPUT_TYPE, OPT_DENSE_TYPE,
-    OPT_HEADER_ONLY,
+/* ---- options ------------------------------------------------------------------------------- */
+
+/* What the command line asked for; applied over the preset's defaults. */
+struct synth_options {
+    const char *preset, *output, *dense_type, *role_type[KT_SYNTH_ROLE_COUNT];
+    uint32_t layers, experts, threads, merges;
+    uint64_t seed;
+    double skew, skew_max, route_input;
+    bool seed_given, skew_given, route_skew_given, route_input_given, merges_given, quiet, header_only;
 };
+
+#define OPTS(o) ((struct synth_options *)(o))
+KT_CLI_STRING_OPTION(opt_output, output)
+KT_CLI_U32_OPTION(opt_layers, layers, 1, KT_SYNTH_MAX_LAYERS, "--layers", "blocks")
+KT_CLI_U32_OPTION(opt_experts, experts, 1, KT_SYNTH_MAX_EXPERTS, "--experts", "routed experts per MoE layer")
+KT_CLI_U32_OPTION(opt_threads, threads, 1, 1024, "--threads", NULL)
+
+static bool opt_preset(void *o, const char *arg, char *why, size_t ws)
+{
+    static const char *const presets[] = {"tiny", "tiny-v3", "kimi-k2-slice", "deepseek-v3-slice"};
+    OPTS(o)->preset = arg;
+    return kt_cli_choice_arg("--preset", arg, presets, 4, why, ws) >= 0;
+}
+
+static bool opt_seed(void *o, const char *arg, char *why, size_t ws)
+{
+    OPTS(o)->seed_given = true;
+    return kt_cli_u64_arg("--seed", arg, 0, UINT64_MAX, NULL, &OPTS(o)->seed, why, ws);
+}
+
+static bool opt_merges(void *o, const char *arg, char *why, size_t ws)
+{
+    OPTS(o)->merges_given = true;
+    return kt_cli_u32_arg("--vocab-merges", arg, 0, 1u << 20, NULL, &OPTS(o)->merges, why, ws);
+}
+
+static bool opt_skew(void *o, const char *arg, char *why, size_t ws)
+{
+    OPTS(o)->skew_given = true;
+    return kt_cli_double_arg("--skew", arg, 0, 16, KT_CLI_CLOSED, "0: uniform", &OPTS(o)->skew, why, ws);
+}
+
+static bool opt_route_skew(void *o, const char *arg, char *why, size_t ws)
+{
+    char *colon = strchr(arg, ':'), *end;
+    double lo = NAN, hi = NAN;
+    if (colon) {
+        errno = 0;
+        lo = strtod(arg, &end);
+        if (errno || end != colon || end == arg)
+            lo = NAN;
+        hi = strtod(colon + 1, &end);
+        if (errno || *end || end == colon + 1)
+            hi = NAN;
+    }
+    if (!(lo >= 0 && hi >= lo && hi <= 16)) {
+        snprintf(why, ws, "--route-skew '%s' is not MIN:MAX with 0 <= MIN <= MAX <= 16: give e.g. 0.2:1.5", arg);
+        return false;
+    }
+    OPTS(o)->skew = lo, OPTS(o)->skew_max = hi, OPTS(o)->route_skew_given = true;
+    return true;
+}
+
+static bool opt_route_input(void *o, const char *arg, char *why, size_t ws)
+{
+    OPTS(o)->route_input_given = true;
+    return kt_cli_double_arg("--route-input", arg, 0, 1, KT_CLI_HI_OPEN, "a share of each token embedding",
+                             &OPTS(o)->route_input, why, ws);
+}
+
+/* A weight type kt-synth can write, checked here: "--experts-type 'q4k' ...". */
+static bool type_option(const char *name, const char *arg, const char **field, char *why, size_t ws)
+{
+    static const char *const types[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k",
+                                        "q5_k", "q6_k"};
+    kt_err err = {0};
+    if (kt_synth_parse_type(arg, &err) >= 0) {
+        *field = arg;
+        return true;
+    }
+    char hint[128];
+    kt_cli_suggest(arg, types, sizeof types / sizeof types[0], hint, sizeof hint);
+    snprintf(why, ws, "%s: %s%s%s", name, err.msg, hint[0] ? "; " : "", hint);
+    return false;
+}
+
+#define TYPE_OPTION(fn, name, role)                                                                                 \
+    static bool fn(void *o, const char *arg, char *why, size_t ws)                                                  \
+    {                                                                                                               \
+        return type_option(name, arg, &OPTS(o)->role_type[role], why, ws);                                          \
+    }
+TYPE_OPTION(opt_experts_type, "--experts-type", KT_SYNTH_ROLE_EXPERTS)
+TYPE_OPTION(opt_shared_type, "--shared-type", KT_SYNTH_ROLE_SHARED)
+TYPE_OPTION(opt_attn_type, "--attn-type", KT_SYNTH_ROLE_ATTN)
+TYPE_OPTION(opt_ffn_type, "--ffn-type", KT_SYNTH_ROLE_FFN)
+TYPE_OPTION(opt_embd_type, "--embd-type", KT_SYNTH_ROLE_EMBD)
+TYPE_OPTION(opt_output_type, "--output-type", KT_SYNTH_ROLE_OUTPUT)
+
+static bool opt_dense_type(void *o, const char *arg, char *why, size_t ws)
+{
+    return type_option("--dense-type", arg, &OPTS(o)->dense_type, why, ws);
+}
+
+static bool opt_header_only(void *o, const char *arg, char *why, size_t ws)
+{
+    (void)arg, (void)why, (void)ws;
+    OPTS(o)->header_only = true;
+    return true;
+}
+
+static bool opt_quiet(void *o, const char *arg, char *why, size_t ws)
+{
+    (void)arg, (void)why, (void)ws;
+    OPTS(o)->quiet = true;
+    return true;
+}
+
+/* The help text lists them (usage); the table parses them. */
+static const struct kt_cli_option options_table[] = {
+    {"--preset", NULL, "NAME", 0, "", opt_preset},
+    {"--output", "-o", "FILE", 0, "", opt_output},
+    {"--layers", NULL, "N", 0, "", opt_layers},
+    {"--experts", NULL, "N", 0, "", opt_experts},
+    {"--seed", NULL, "S", 0, "", opt_seed},
+    {"--skew", NULL, "S", 0, "", opt_skew},
+    {"--route-skew", NULL, "MIN:MAX", 0, "", opt_route_skew},
+    {"--route-input", NULL, "R", 0, "", opt_route_input},
+    {"--threads", NULL, "N", 0, "", opt_threads},
+    {"--vocab-merges", NULL, "N", 0, "", opt_merges},
+    {"--experts-type", NULL, "T", 0, "", opt_experts_type},
+    {"--shared-type", NULL, "T", 0, "", opt_shared_type},
+    {"--attn-type", NULL, "T", 0, "", opt_attn_type},
+    {"--ffn-type", NULL, "T", 0, "", opt_ffn_type},
+    {"--embd-type", NULL, "T", 0, "", opt_embd_type},
+    {"--output-type", NULL, "T", 0, "", opt_output_type},
+    {"--dense-type", NULL, "T", 0, "", opt_dense_type},
+    {"--header-only", NULL, NULL, 0, "", opt_header_only},
+    {"--quiet", "-q", NULL, 0, "", opt_quiet},
+};
+
+static const struct kt_cli cli = {.prog = "kt-synth",
+                                  .synopsis = "usage: kt-synth --preset NAME [-o FILE] [options]\n",
+                                  .options = options_table,
+                                  .n_options = sizeof options_table / sizeof options_table[0],
+                                  .usage = usage};
+
+/* ---- main --------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"preset", required_argument, NULL, OPT_PRESET},
-        {"output", required_argument, NULL, 'o'},
-        {"layers", required_argument, NULL, OPT_LAYERS},
-        {"experts", required_argument, NULL, OPT_EXPERTS},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"skew", required_argument, NULL, OPT_SKEW},
-        {"route-skew", required_argument, NULL, OPT_ROUTE_SKEW},
-        {"route-input", required_argument, NULL, OPT_ROUTE_INPUT},
-        {"threads", required_argument, NULL, OPT_THREADS},
-        {"vocab-merges", required_argument, NULL, OPT_MERGES},
-        {"experts-type", required_argument, NULL, OPT_EXPERTS_TYPE},
-        {"shared-type", required_argument, NULL, OPT_SHARED_TYPE},
-        {"attn-type", required_argument, NULL, OPT_ATTN_TYPE},
-        {"ffn-type", required_argument, NULL, OPT_FFN_TYPE},
-        {"embd-type", required_argument, NULL, OPT_EMBD_TYPE},
-        {"output-type", required_argument, NULL, OPT_OUTPUT_TYPE},
-        {"dense-type", required_argument, NULL, OPT_DENSE_TYPE},
-        {"header-only", no_argument, NULL, OPT_HEADER_ONLY},
-        {"quiet", no_argument, NULL, 'q'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *preset = NULL, *output = NULL, *layers = NULL, *experts = NULL, *seed = NULL, *skew = NULL;
-    const char *threads = NULL, *merges = NULL, *dense_type = NULL, *route_skew = NULL, *route_input = NULL;
-    const char *role_type[KT_SYNTH_ROLE_COUNT] = {0};
-    bool quiet = false, header_only = false;
-    int opt;
-    opterr = 0;
-    while ((opt = getopt_long(argc, argv, ":o:qh", opts, NULL)) != -1) {
-        switch (opt) {
-        case OPT_PRESET: preset = optarg; break;
-        case 'o': output = optarg; break;
-        case OPT_LAYERS: layers = optarg; break;
-        case OPT_EXPERTS: experts = optarg; break;
-        case OPT_SEED: seed = optarg; break;
-        case OPT_SKEW: skew = optarg; break;
-        case OPT_ROUTE_SKEW: route_skew = optarg; break;
-        case OPT_ROUTE_INPUT: route_input = optarg; break;
-        case OPT_THREADS: threads = optarg; break;
-        case OPT_MERGES: merges = optarg; break;
-        case OPT_EXPERTS_TYPE: role_type[KT_SYNTH_ROLE_EXPERTS] = optarg; break;
-        case OPT_SHARED_TYPE: role_type[KT_SYNTH_ROLE_SHARED] = optarg; break;
-        case OPT_ATTN_TYPE: role_type[KT_SYNTH_ROLE_ATTN] = optarg; break;
-        case OPT_FFN_TYPE: role_type[KT_SYNTH_ROLE_FFN] = optarg; break;
-        case OPT_EMBD_TYPE: role_type[KT_SYNTH_ROLE_EMBD] = optarg; break;
-        case OPT_OUTPUT_TYPE: role_type[KT_SYNTH_ROLE_OUTPUT] = optarg; break;
-        case OPT_DENSE_TYPE: dense_type = optarg; break;
-        case OPT_HEADER_ONLY: header_only = true; break;
-        case 'q': quiet = true; break;
-        case 'h': usage(stdout); return 0;
-        case ':': return usage_error("option %s needs a value", argv[optind - 1]);
-        default: return usage_error("unknown option %s", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        return usage_error("unexpected argument '%s'", argv[optind]);
-    if (!preset)
-        return usage_error("%s", "--preset is required (tiny, tiny-v3, kimi-k2-slice, deepseek-v3-slice)");
+    struct synth_options o = {0};
+    int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &o);
+    if (rc >= 0)
+        return rc;
+    if (!o.preset)
+        return kt_cli_usage_error(&cli, "%s", "no preset given: give --preset tiny, tiny-v3, kimi-k2-slice or "
+                                              "deepseek-v3-slice");
+    if (o.skew_given && o.route_skew_given)
+        return kt_cli_usage_error(&cli, "%s", "--skew and --route-skew both set the router skew: give one");
 
     kt_err err = {0};
     struct kt_synth_config cfg;
-    if (kt_synth_preset(preset, &cfg, &err) != KT_OK)
-        return usage_error("%s", err.msg);
-
-    uint64_t v;
-    if (layers) {
-        if (!parse_u64(layers, KT_SYNTH_MAX_LAYERS, &v) || v == 0)
-            return usage_error("--layers '%s': expected 1 .. 256", layers);
-        cfg.n_layer = (uint32_t)v;
-    }
-    if (experts) {
-        if (!parse_u64(experts, KT_SYNTH_MAX_EXPERTS, &v) || v == 0)
-            return usage_error("--experts '%s': expected 1 .. 1024", experts);
-        cfg.n_expert = (uint32_t)v;
-    }
-    if (seed) {
-        if (!parse_u64(seed, UINT64_MAX, &v))
-            return usage_error("--seed '%s': expected a non-negative integer", seed);
-        cfg.seed = v;
-    }
-    if (skew) {
-        char *end;
-        errno = 0;
-        double s = strtod(skew, &end);
-        if (errno || *end || !*skew || !isfinite(s))
-            return usage_error("--skew '%s': expected a number", skew);
-        cfg.skew = s;
-    }
-    if (route_skew) {
-        if (skew)
-            return usage_error("%s", "--skew and --route-skew both set the router skew: give one");
-        char *colon = strchr(route_skew, ':'), *end;
-        double lo = NAN, hi = NAN;
-        if (colon) {
-            errno = 0;
-            lo = strtod(route_skew, &end);
-            if (errno || end != colon || end == route_skew)
-                lo = NAN;
-            hi = strtod(colon + 1, &end);
-            if (errno || *end || end == colon + 1)
-                hi = NAN;
-        }
-        if (!(lo >= 0 && hi >= lo && hi <= 16))
-            return usage_error("--route-skew '%s': expected MIN:MAX with 0 <= MIN <= MAX <= 16", route_skew);
-        cfg.skew = lo;
-        cfg.skew_max = hi;
-    }
-    if (route_input) {
-        char *end;
-        errno = 0;
-        double r = strtod(route_input, &end);
-        if (errno || *end || !*route_input || !(r >= 0 && r < 1))
-            return usage_error("--route-input '%s': expected a number in [0, 1)", route_input);
-        cfg.route_input = r;
-    }
-    if (threads) {
-        if (!parse_u64(threads, 1024, &v) || v == 0)
-            return usage_error("--threads '%s': expected 1 .. 1024", threads);
-        cfg.n_threads = (uint32_t)v;
-    }
-    if (merges) {
-        if (!parse_u64(merges, 1u << 20, &v))
-            return usage_error("--vocab-merges '%s': expected a non-negative integer", merges);
-        cfg.vocab_merges = (uint32_t)v;
-    }
-    if (dense_type) {
-        int t = kt_synth_parse_type(dense_type, &err);
-        if (t < 0)
-            return usage_error("--dense-type: %s", err.msg);
+    if (kt_synth_preset(o.preset, &cfg, &err) != KT_OK)
+        return kt_cli_usage_error(&cli, "%s", err.msg);
+    if (o.layers)
+        cfg.n_layer = o.layers;
+    if (o.experts)
+        cfg.n_expert = o.experts;
+    if (o.seed_given)
+        cfg.seed = o.seed;
+    if (o.skew_given)
+        cfg.skew = o.skew;
+    if (o.route_skew_given)
+        cfg.skew = o.skew, cfg.skew_max = o.skew_max;
+    if (o.route_input_given)
+        cfg.route_input = o.route_input;
+    if (o.threads)
+        cfg.n_threads = o.threads;
+    if (o.merges_given)
+        cfg.vocab_merges = o.merges;
+    if (o.dense_type) {
+        const int t = kt_synth_parse_type(o.dense_type, &err);
         for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++)
             if (r != KT_SYNTH_ROLE_EXPERTS)
                 cfg.types[r] = t;
     }
-    for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++) {
-        if (!role_type[r])
-            continue;
-        int t = kt_synth_parse_type(role_type[r], &err);
-        if (t < 0)
-            return usage_error("%s", err.msg);
-        cfg.types[r] = t;
-    }
+    for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++)
+        if (o.role_type[r])
+            cfg.types[r] = kt_synth_parse_type(o.role_type[r], &err);
+    const bool quiet = o.quiet, header_only = o.header_only;
+    const char *output = o.output;
 
     char default_path[64];
     if (!output) {
@@ -267,7 +286,7 @@ int main(int argc, char **argv)
     kt_status s = kt_synth_plan_create(&cfg, &plan, &err);
     if (s != KT_OK) {
         if (s == KT_ERR_INVALID)
-            return usage_error("%s", err.msg);
+            return kt_cli_usage_error(&cli, "%s", err.msg);
         fprintf(stderr, "kt-synth: %s\n", err.msg);
         return 1;
     }

@@ -480,7 +480,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     if (!e)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     const struct kt_hparams *hp = &m->hp;
-    kt_status st;
+    kt_status st = KT_OK;
     e->model = m;
     e->hp = *hp;
 
@@ -496,14 +496,21 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     }
     if (d.reference) /* every weight read in place, in its GGUF rows */
         e->test.experts_in_place = e->test.keep_gguf_layout = true;
-    if (d.n_ctx > (1u << 24) || d.max_seqs > (1u << 16) || d.max_batch_tokens > (1u << 16) ||
-        e->test.attention_form > KT_ATTENTION_EXPANDED) {
-        st = kt_err_set(err, KT_ERR_INVALID,
-                        "engine: n_ctx %u (at most %u), max_seqs %u (at most %u), max_batch_tokens %u (at most %u), "
-                        "attention form %d",
-                        d.n_ctx, 1u << 24, d.max_seqs, 1u << 16, d.max_batch_tokens, 1u << 16, (int)e->test.attention_form);
+    /* each limit named with the value that broke it */
+    if (d.n_ctx > (1u << 24))
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: n_ctx %u is more than %u positions per sequence: lower it",
+                        d.n_ctx, 1u << 24);
+    else if (d.max_seqs > (1u << 16))
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: max_seqs %u is more than %u sequences: lower it", d.max_seqs,
+                        1u << 16);
+    else if (d.max_batch_tokens > (1u << 16))
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: max_batch_tokens %u is more than %u tokens a step: lower it",
+                        d.max_batch_tokens, 1u << 16);
+    else if (e->test.attention_form > KT_ATTENTION_EXPANDED)
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: attention form %d is not one of 0 to %d",
+                        (int)e->test.attention_form, (int)KT_ATTENTION_EXPANDED);
+    if (st != KT_OK)
         goto fail;
-    }
     e->params = d;
 
     struct kt_rope_params rp;

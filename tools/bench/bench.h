@@ -38,6 +38,7 @@ struct kt_bench_options {
     double half_life;           /* decay half-life in tokens; 0: none */
     uint32_t expert_cache_slots; /* profile: the device's expert cache, slots per MoE layer; 0: none */
     bool expert_cache_lfu;      /* ... LFU, else LRU */
+    bool expert_cache_policy_given;
 
     /* machine (threads, output and seconds too: time per measured point, default 0.3) */
     const char *topology;       /* hwloc synthetic description; NULL: KT_TOPOLOGY_SYNTHETIC or this machine */

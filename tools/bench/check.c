@@ -25,6 +25,7 @@
 #include "check.h"
 #include "engine.h"
 #include "placement_opt.h"
+#include "preflight.h"
 #include "prompts.h"
 #include "tokenizer.h"
 
@@ -36,18 +37,6 @@ static void prompt_label(const struct kt_bench_options *o, const struct kt_tool_
         snprintf(out, size, "line %u", set->items[i].line);
     else
         snprintf(out, size, "%s", kt_check_builtin_prompts[i].label);
-}
-
-/* The layer a prompt's divergence starts at, in words. */
-static void layer_words(const struct kt_check_report *r, const struct kt_check_prompt_report *pr, char *out,
-                        size_t size)
-{
-    if (pr->break_layer < 0)
-        snprintf(out, size, "no row is over %g", r->median_tol);
-    else if ((uint32_t)pr->break_layer == r->n_layer)
-        snprintf(out, size, "every layer agrees (within 1e-6): the output norm and head");
-    else
-        snprintf(out, size, "layer %d", pr->break_layer);
 }
 
 static void print_report(const struct kt_bench_options *o, const struct kt_tool_prompts *set,
@@ -91,7 +80,7 @@ static void print_report(const struct kt_bench_options *o, const struct kt_tool_
             continue;
         const struct kt_check_row *row = &pr->rows[pr->break_row];
         char where[128];
-        layer_words(r, pr, where, sizeof where);
+        kt_check_break_words(r, pr, where, sizeof where);
         printf("  first row over %g: position %u (step %u), %.3g; the residual stream after each layer:\n   ",
                r->median_tol, row->pos, row->step + 1, row->divergence);
         for (uint32_t il = 0; il < r->n_layer; il++)
@@ -115,7 +104,7 @@ static void print_report(const struct kt_bench_options *o, const struct kt_tool_
             continue;
         char label[64], where[128];
         prompt_label(o, set, i, label, sizeof label);
-        layer_words(r, pr, where, sizeof where);
+        kt_check_break_words(r, pr, where, sizeof where);
         printf("FAIL: prompt %zu (%s): median %.3g (at most %g), 9 rows in 10 within %.3g (at most %g); the "
                "divergence starts at %s\n",
                i + 1, label, pr->median, r->median_tol, pr->p90, r->p90_tol, where);
@@ -217,11 +206,9 @@ int kt_bench_check(const struct kt_bench_options *o)
         longest = set.items[i].n_ids > longest ? set.items[i].n_ids : longest;
     }
     const uint32_t max_tokens = o->max_tokens ? o->max_tokens : KT_CHECK_MAX_TOKENS;
-    if (longest + max_tokens > (1u << 24)) {
-        kt_err_set(&err, KT_ERR_INVALID, "the longest prompt (%zu tokens) + --max-tokens %u is too long (at most %u)",
-                   longest, max_tokens, 1u << 24);
+    if (kt_tool_check_positions("the longest prompt and --max-tokens", longest + max_tokens, m, o->model,
+                                "shorten the prompts or lower --max-tokens", &err) != KT_OK)
         goto fail;
-    }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)(longest + max_tokens), .max_seqs = 1, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
     struct kt_engine_plan plan = {0};

@@ -1039,18 +1039,6 @@ static kt_status measure_cuda(struct kt_machine_accel *a, double seconds, kt_err
     return st;
 }
 
-/* Whether the machine file can be written where asked: its folder exists and is writable. */
-static bool output_writable(const char *path, kt_err *err)
-{
-    char dir[4096];
-    const char *slash = strrchr(path, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1, slash ? path : ".");
-    if (access(dir, W_OK) == 0)
-        return true;
-    kt_err_set(err, KT_ERR_IO, "%s: cannot write in %s: %s", path, dir, strerror(errno));
-    return false;
-}
-
 /* ---- the job ---------------------------------------------------------------------------- */
 
 int kt_bench_machine(const struct kt_bench_options *o)
@@ -1075,8 +1063,6 @@ int kt_bench_machine(const struct kt_bench_options *o)
         kt_err_set(&err, KT_ERR_NOMEM, "cannot set KT_TOPOLOGY_SYNTHETIC");
         goto fail;
     }
-    if (o->output && !output_writable(o->output, &err)) /* before a minute of measuring, not after */
-        goto fail;
     if (kt_topology_create(o->topology, &topo, &err) != KT_OK)
         goto fail;
     const char *synthetic = o->topology ? o->topology : topo->synthetic ? getenv("KT_TOPOLOGY_SYNTHETIC") : "";

@@ -17,9 +17,10 @@
 #include "cost.h"
 #include "engine.h"
 #include "machine.h"
-#include "placement_opt.h"
 #include "membw.h"
 #include "model.h"
+#include "placement_opt.h"
+#include "preflight.h"
 #include "profile.h"
 #include "svg.h"
 
@@ -250,32 +251,53 @@ static void add_cost(struct kt_cost_layer *acc, const struct kt_cost_layer *l)
     acc->total_s += l->total_s;
 }
 
+/* --predict's inputs, read and checked before the engine loads a weight:
+ * the machine file (or the stated defaults for the placement's nodes) and
+ * the profile, which must be this model's; the caller frees both. */
+static kt_status predict_inputs(const struct kt_bench_options *o, const struct kt_model *m, const char *topology,
+                                struct kt_machine **mach, struct kt_profile **prof, kt_err *err)
+{
+    struct kt_placement *p = NULL;
+    *mach = NULL, *prof = NULL;
+    kt_status st = kt_tool_placement_resolve(o->placement, m, topology, &p, err);
+    if (st == KT_OK && o->machine) {
+        if ((st = kt_machine_load(o->machine, mach, err)) == KT_OK)
+            st = kt_machine_check_kind(*mach, o->machine, err);
+    } else if (st == KT_OK) {
+        if (!(*mach = calloc(1, sizeof **mach)))
+            st = kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        else
+            kt_machine_defaults(*mach, p->n_nodes);
+    }
+    if (st == KT_OK && (*mach)->n_defaulted > 0)
+        fprintf(stderr, "kt-bench: warning: %s: %u figures defaulted (first: %s); run kt-bench machine\n",
+                o->machine ? o->machine : "no --machine", (*mach)->n_defaulted, (*mach)->defaulted[0]);
+    if (st == KT_OK && o->profile) {
+        struct kt_model_identity id;
+        kt_model_identity(m, &id);
+        if ((st = kt_profile_load(o->profile, prof, err)) == KT_OK)
+            st = kt_profile_check_model(*prof, &id, o->profile, err);
+    }
+    kt_placement_destroy(p);
+    if (st != KT_OK) {
+        kt_err_prefix(err, "--predict");
+        free(*mach), kt_profile_destroy(*prof);
+        *mach = NULL, *prof = NULL;
+    }
+    return st;
+}
+
 /* The prediction of the run kt_bench_model makes: a prefill of prompt_tokens
  * in chunks of `chunk`, then gen_tokens decode steps at rising context. */
 static kt_status predict(const struct kt_bench_options *o, const struct kt_model *m, const char *topology,
-                         uint32_t threads, uint32_t chunk, struct prediction *pr, kt_err *err)
+                         const struct kt_machine *mach, const struct kt_profile *prof, uint32_t threads,
+                         uint32_t chunk, struct prediction *pr, kt_err *err)
 {
     struct kt_placement *p = NULL;
-    struct kt_machine *mach = NULL;
-    struct kt_profile *prof = NULL;
     struct kt_cost_model *c = NULL;
     struct kt_cost_layer *one = NULL;
     const uint32_t n_layer = m->hp.n_layer;
     kt_status st = kt_tool_placement_resolve(o->placement, m, topology, &p, err);
-    if (st == KT_OK && o->machine) {
-        if ((st = kt_machine_load(o->machine, &mach, err)) == KT_OK)
-            st = kt_machine_check_kind(mach, o->machine, err);
-    } else if (st == KT_OK) {
-        if (!(mach = calloc(1, sizeof *mach)))
-            st = kt_err_set(err, KT_ERR_NOMEM, "out of memory");
-        else
-            kt_machine_defaults(mach, p->n_nodes);
-    }
-    if (st == KT_OK && mach->n_defaulted > 0)
-        fprintf(stderr, "kt-bench: warning: %s: %u figures defaulted (first: %s); run kt-bench machine\n",
-                o->machine ? o->machine : "no --machine", mach->n_defaulted, mach->defaulted[0]);
-    if (st == KT_OK && o->profile)
-        st = kt_profile_load(o->profile, &prof, err);
     if (st == KT_OK)
         st = kt_cost_create(m, prof, mach, &c, err);
     if (st == KT_OK) {
@@ -305,8 +327,6 @@ static kt_status predict(const struct kt_bench_options *o, const struct kt_model
         kt_err_prefix(err, "--predict");
     free(one);
     kt_cost_destroy(c);
-    kt_profile_destroy(prof);
-    free(mach);
     kt_placement_destroy(p);
     return st;
 }
@@ -384,6 +404,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     struct phase pre = {.name = "prefill"}, dec = {.name = "decode"};
     uint64_t *routes[2] = {NULL, NULL}; /* (n_layer, n_expert) routed tokens, decode and prefill */
     struct prediction pred = {0};
+    struct kt_machine *mach = NULL; /* --predict's */
+    struct kt_profile *prof = NULL;
     json_t *root = NULL;
 
     if (kt_model_open(o->model, &m, &err) != KT_OK)
@@ -391,13 +413,12 @@ int kt_bench_model(const struct kt_bench_options *o)
     const uint32_t n_layer = m->hp.n_layer;
     const size_t cells = (size_t)n_layer * m->hp.n_expert;
     const uint64_t n_ctx = (uint64_t)o->prompt_tokens + o->gen_tokens;
-    if (n_ctx > (1u << 24)) {
-        kt_err_set(&err, KT_ERR_INVALID, "--prompt-tokens + --gen-tokens = %llu is too long",
-                   (unsigned long long)n_ctx);
+    if (kt_tool_check_positions("--prompt-tokens and --gen-tokens", n_ctx, m, o->model, "lower them", &err) != KT_OK)
         goto fail;
-    }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = 1, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
+    if (o->predict && predict_inputs(o, m, ep.topology, &mach, &prof, &err) != KT_OK)
+        goto fail;
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
         goto fail;
@@ -482,7 +503,7 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     dec.tokens = o->gen_tokens;
     take_stats(e, n_layer, &dec, routes, cells);
-    if (o->predict && predict(o, m, ep.topology, threads, chunk, &pred, &err) != KT_OK)
+    if (o->predict && predict(o, m, ep.topology, mach, prof, threads, chunk, &pred, &err) != KT_OK)
         goto fail;
     /* median block ratio */
     for (uint32_t a = 1; a < n_blocks; a++)
@@ -578,6 +599,8 @@ done:
     free(pred.layers[0]), free(pred.layers[1]);
     free(prompt), free(batch), free(logits);
     free(routes[0]), free(routes[1]);
+    free(mach);
+    kt_profile_destroy(prof);
     kt_engine_destroy(e);
     kt_model_close(m);
     return rc;

@@ -24,6 +24,7 @@
 #include "bench.h"
 #include "engine.h"
 #include "placement_opt.h"
+#include "preflight.h"
 #include "prompts.h"
 #include "svg.h"
 #include "model.h"
@@ -186,16 +187,7 @@ int kt_bench_profile(const struct kt_bench_options *o)
     uint64_t *last[2] = {NULL, NULL}, *delta = NULL, last_tokens[2] = {0, 0};
     uint32_t *row_slot = NULL; /* [batch] the slot of each logits row of a step */
 
-    /* what can be checked without the model first: the output's folder, the prompts */
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", o->output);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        slash[slash == dir] = 0;
-    if (access(slash ? dir : ".", W_OK) != 0) {
-        kt_err_set(&err, KT_ERR_IO, "%s: cannot write there: %s", o->output, strerror(errno));
-        goto fail;
-    }
+    /* what can be checked without the model first (the output files: kt-bench.c): the prompts */
     if (kt_tool_prompts_read(o->prompts, &set, &err) != KT_OK)
         goto fail;
     if (kt_model_open(o->model, &m, &err) != KT_OK)
@@ -210,10 +202,9 @@ int kt_bench_profile(const struct kt_bench_options *o)
     for (size_t i = 0; i < set.n; i++)
         longest = set.items[i].n_ids > longest ? set.items[i].n_ids : longest;
     const uint64_t n_ctx = longest + o->max_tokens;
-    if (n_ctx > (1u << 24)) {
-        kt_err_set(&err, KT_ERR_INVALID, "the longest prompt (%zu tokens) + --max-tokens is too long", longest);
+    if (kt_tool_check_positions("the longest prompt and --max-tokens", n_ctx, m, o->model,
+                                "shorten the prompts or lower --max-tokens", &err) != KT_OK)
         goto fail;
-    }
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = o->batch, .n_threads = o->threads,
                                   .progress = isatty(2) ? stderr : NULL};
     struct kt_engine_plan plan = {0};

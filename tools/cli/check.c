@@ -6,6 +6,7 @@
 #include "check.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -314,4 +315,15 @@ void kt_check_report_free(struct kt_check_report *r)
     }
     free(r->prompts);
     *r = (struct kt_check_report){0};
+}
+
+void kt_check_break_words(const struct kt_check_report *r, const struct kt_check_prompt_report *pr, char *out,
+                          size_t size)
+{
+    if (pr->break_layer < 0)
+        snprintf(out, size, "no row is over %g", r->median_tol);
+    else if ((uint32_t)pr->break_layer == r->n_layer)
+        snprintf(out, size, "every layer agrees (within 1e-6): the output norm and head");
+    else
+        snprintf(out, size, "layer %d", pr->break_layer);
 }

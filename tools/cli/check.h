@@ -114,6 +114,11 @@ kt_status kt_check_run(struct kt_model *m, struct kt_engine *candidate, const st
                        kt_err *err);
 void kt_check_report_free(struct kt_check_report *r);
 
+/* Where prompt pr's divergence starts, in words: "layer 2", "every layer agrees
+ * (within 1e-6): the output norm and head", or "no row is over 0.01". */
+void kt_check_break_words(const struct kt_check_report *r, const struct kt_check_prompt_report *pr, char *out,
+                          size_t size);
+
 /* The divergence of cand from ref over n values (the measure above). */
 double kt_check_divergence(const float *ref, const float *cand, size_t n);
 

@@ -4,8 +4,11 @@
 #include "placement_opt.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "kt_cuda.h"
+#include "meminfo.h"
 #include "topology.h"
 
 kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, const char *topology,
@@ -49,4 +52,159 @@ kt_status kt_tool_placement_apply(const char *path, const struct kt_model *m, st
     }
     kt_placement_destroy(p);
     return st;
+}
+
+/* ---- a dry run ----------------------------------------------------------------------------------- */
+
+static bool at_place(const struct kt_expert_home *h, int device, int node)
+{
+    return h->device == device && (device != 0 || h->node == node);
+}
+
+void kt_tool_print_homes(FILE *f, const struct kt_placement *p, uint32_t il, int device, int node)
+{
+    enum { MAX_GROUPS = 8 }; /* past this many, "..." and the count say the rest */
+    const struct kt_expert_home *h = p->layers[il].experts;
+    uint32_t n = 0, groups = 0;
+    uint32_t *x = malloc((p->n_expert + 1) * sizeof *x); /* the experts there, ascending */
+    for (uint32_t e = 0; x && h && e < p->n_expert; e++)
+        if (at_place(&h[e], device, node))
+            x[n++] = e;
+    /* runs "3-9", strided runs of three or more "37,39,...,383" (experts dealt over nodes), single experts */
+    for (uint32_t i = 0; i < n && groups < MAX_GROUPS; groups++) {
+        uint32_t j = i;
+        while (j + 1 < n && x[j + 1] == x[j] + 1)
+            j++;
+        const char *sep = i ? "," : "";
+        if (j > i) {
+            fprintf(f, "%s%u-%u", sep, x[i], x[j]);
+        } else if (i + 2 < n && x[i + 2] - x[i + 1] == x[i + 1] - x[i]) {
+            for (j = i + 2; j + 1 < n && x[j + 1] - x[j] == x[i + 1] - x[i];)
+                j++;
+            fprintf(f, j == i + 2 ? "%s%u,%u,%u" : "%s%u,%u,...,%u", sep, x[i], x[i + 1], x[j]);
+        } else {
+            fprintf(f, "%s%u", sep, x[i]);
+        }
+        i = j + 1;
+        if (groups + 1 == MAX_GROUPS && i < n)
+            fprintf(f, ",...");
+    }
+    fprintf(f, "%s (%u)", n ? "" : "none", n);
+    free(x);
+}
+
+/* Layers a and b hold the same experts at the same places (replicas and slicing too). */
+static bool same_homes(const struct kt_placement_layer *a, const struct kt_placement_layer *b, uint32_t n_expert)
+{
+    if (a->cpu_sliced != b->cpu_sliced)
+        return false;
+    for (uint32_t x = 0; x < n_expert; x++)
+        if (a->experts[x].device != b->experts[x].device || a->experts[x].node != b->experts[x].node ||
+            a->experts[x].replica_nodes != b->experts[x].replica_nodes)
+            return false;
+    return true;
+}
+
+void kt_tool_print_layer_homes(FILE *f, const struct kt_placement *p)
+{
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        const struct kt_placement_layer *L = &p->layers[il];
+        if (!L->is_moe || !L->experts)
+            continue;
+        uint32_t last = il;
+        while (last + 1 < p->n_layer && p->layers[last + 1].is_moe && p->layers[last + 1].experts &&
+               same_homes(L, &p->layers[last + 1], p->n_expert))
+            last++;
+        fprintf(f, last == il ? "  layer %u:" : "  layers %u-%u:", il, last);
+        bool any = false;
+        for (int d = 1; d < p->n_devices; d++) {
+            bool here = false;
+            for (uint32_t x = 0; x < p->n_expert && !here; x++)
+                here = L->experts[x].device == d;
+            if (!here)
+                continue;
+            fprintf(f, "%s %s ", any ? ";" : "", p->devices[d].name);
+            kt_tool_print_homes(f, p, il, d, -1);
+            any = true;
+        }
+        uint32_t replicated = 0;
+        for (int n = 0; n < p->n_nodes; n++) {
+            bool here = false;
+            for (uint32_t x = 0; x < p->n_expert; x++) {
+                here = here || at_place(&L->experts[x], 0, n);
+                replicated += n == 0 && L->experts[x].replica_nodes != 0;
+            }
+            if (!here)
+                continue;
+            fprintf(f, "%s node %d ", any ? ";" : "", n);
+            kt_tool_print_homes(f, p, il, 0, n);
+            any = true;
+        }
+        if (L->cpu_sliced)
+            fprintf(f, "; the CPU's experts row-sliced over every expert node");
+        if (replicated)
+            fprintf(f, "; %u replicated", replicated);
+        fputc('\n', f);
+        il = last;
+    }
+}
+
+static double gib(uint64_t bytes)
+{
+    return (double)bytes / (1024.0 * 1024.0 * 1024.0);
+}
+
+bool kt_tool_placement_fits(FILE *f, const struct kt_placement *p, const struct kt_engine_params *ep, kt_err *why)
+{
+    const struct kt_placement_device *cpu = &p->devices[0];
+    uint64_t experts = cpu->part_bytes[KT_PART_ROUTED_EXPERTS] + cpu->part_bytes[KT_PART_REPLICAS];
+    uint64_t sim = 0, displaced = 0, kv = cpu->part_bytes[KT_PART_KV_CACHE];
+    bool fits = true;
+    fprintf(f, "memory this plan needs\n");
+    for (int n = 0; n < p->n_nodes; n++)
+        if (p->node_bytes[n] || (p->expert_nodes >> n & 1))
+            fprintf(f, "  node %-12d %9.3f GiB  routed experts (%u homed here, replicas included in the bytes)\n", n,
+                    gib(p->node_bytes[n]), p->node_experts[n]);
+    for (int d = 1; d < p->n_devices; d++) {
+        const struct kt_placement_device *dev = &p->devices[d];
+        fprintf(f, "  %-17s %9.3f GiB  of its %.3f GiB budget (%s)\n", dev->name, gib(dev->bytes),
+                gib(dev->budget_bytes), kt_place_backend_name(dev->backend));
+        if (dev->backend == KT_PLACE_SIM) {
+            sim += dev->bytes; /* the sim's memory is the host's */
+        } else if (dev->backend == KT_PLACE_CUDA && !ep->device) {
+            /* no GPU: its experts run at home on node 0 (kt_engine_plan_apply said so) */
+            displaced += dev->part_bytes[KT_PART_ROUTED_EXPERTS];
+        } else if (dev->backend == KT_PLACE_CUDA) {
+            size_t free_bytes = 0, total = 0;
+            kt_err e = {0};
+            if (kt_cuda_mem_info(&free_bytes, &total, &e) != KT_OK) {
+                fprintf(f, "  %s: its free memory cannot be read (%s)\n", dev->name, e.msg);
+            } else if (dev->bytes > free_bytes) {
+                fits = false;
+                kt_err_set(why, KT_ERR_NOMEM, "'%s' needs %.2f GiB but the GPU has %.2f GiB free of %.2f: lower its "
+                                              "memory_gib or its experts in the placement",
+                           dev->name, gib(dev->bytes), gib(free_bytes), gib(total));
+            }
+        }
+    }
+    const uint64_t host = experts + sim + displaced + kv;
+    fprintf(f, "  %-17s %9.3f GiB  routed experts and replicas %.3f, sim memory %.3f, a GPU's experts without one "
+               "%.3f, KV cache %.3f (weights read in place from the file are not counted)\n",
+            "host in all", gib(host), gib(experts), gib(sim), gib(displaced), gib(kv));
+    kt_err e = {0};
+    if (fits && kt_meminfo_check(NULL, "this plan", host, &e) != KT_OK) {
+        fits = false;
+        if (e.status == KT_ERR_NOMEM)
+            kt_err_set(why, e.status, "%s: free memory, use a machine with more, or place more experts on a device",
+                       e.msg);
+        else
+            *why = e;
+    }
+    if (fits)
+        fprintf(f, "fits this machine: yes (%.3f GiB + %.3f GiB margin of host memory is available: the loader's "
+                   "check)\n",
+                gib(host), gib(kt_meminfo_margin_bytes(host)));
+    else
+        fprintf(f, "fits this machine: no: %s\n", why->msg);
+    return fits;
 }

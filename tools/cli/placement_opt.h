@@ -1,11 +1,16 @@
 /*
- * placement_opt.h - the --placement FILE option shared by kt-run and
- * kt-bench: load a placement config v1, resolve it against the model on this
- * machine's NUMA nodes, describe it on stderr, and set the engine's
- * placement parameters.
+ * placement_opt.h - the --placement FILE option shared by kt-run, kt-bench
+ * and kt-serve: load a placement config v1, resolve it against the model on
+ * this machine's NUMA nodes, describe it on stderr, and set the engine's
+ * placement parameters; and what a dry run of a plan shows (kt-run --info
+ * --placement): each expert's home, compactly, and whether the plan fits
+ * this machine.
  */
 #ifndef KT_TOOLS_PLACEMENT_OPT_H
 #define KT_TOOLS_PLACEMENT_OPT_H
+
+#include <stdbool.h>
+#include <stdio.h>
 
 #include "config.h"
 #include "engine.h"
@@ -26,5 +31,21 @@ kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, con
                                  struct kt_placement_config **config, struct kt_placement **out, kt_err *err);
 kt_status kt_tool_placement_resolve(const char *path, const struct kt_model *m, const char *topology,
                                     struct kt_placement **out, kt_err *err);
+
+/* Layer il's routed experts at one place - a device (device > 0), or CPU
+ * node `node` (device 0) - as "0-3,7,9-12 (9)", or "none (0)". */
+void kt_tool_print_homes(FILE *f, const struct kt_placement *p, uint32_t il, int device, int node);
+
+/* Every MoE layer's expert homes, one line per run of layers placed alike:
+ * "layers 1-60: gpu 0-7 (8); node 0 8-191 (184); node 1 192-383 (192)". */
+void kt_tool_print_layer_homes(FILE *f, const struct kt_placement *p);
+
+/* What the plan needs of this machine once ep (from kt_engine_plan_apply on
+ * p) runs it: printed per place, then the verdict.  The host's part -
+ * routed experts and replicas copied into node memory, the sim's memory, the
+ * KV cache on the CPU, and a GPU's experts when no GPU is there to take
+ * them - goes through the check the loader makes (kt_meminfo_check); a
+ * GPU's through its free memory.  Returns whether it fits; why says why not. */
+bool kt_tool_placement_fits(FILE *f, const struct kt_placement *p, const struct kt_engine_params *ep, kt_err *why);
 
 #endif

@@ -18,9 +18,10 @@
 #include "chat.h"
 #include "engine.h"
 #include "model_chat.h"
-#include "placement_opt.h"
 #include "membw.h"
 #include "model.h"
+#include "placement_opt.h"
+#include "preflight.h"
 #include "run.h"
 #include "sampler.h"
 #include "threads.h"
@@ -107,7 +108,10 @@ int kt_run_generate(const struct kt_run_options *o)
     int rc = 1;
     double t_start = now_seconds();
 
+    /* ---- everything that can be refused, before a weight is read ------------------ */
     if (kt_model_open(o->model, &g.model, &err) != KT_OK)
+        goto fail;
+    if (kt_tool_check_context("--ctx", o->ctx, g.model, o->model, &err) != KT_OK)
         goto fail;
     if (kt_tokenizer_create(g.model->gguf, &g.tok, &err) != KT_OK) {
         kt_err_prefix(&err, "%s", o->model);
@@ -121,30 +125,25 @@ int kt_run_generate(const struct kt_run_options *o)
         KT_OK)
         goto fail;
     if (g.n_prompt == 0) {
-        kt_err_set(&err, KT_ERR_INVALID, "the prompt has no tokens");
+        kt_err_set(&err, KT_ERR_INVALID, "the prompt has no tokens: give some text");
         goto fail;
     }
-
-    uint32_t threads = o->threads;
-    if (!threads && kt_tool_default_threads("kt-run", stderr, &threads, &err) != KT_OK)
-        goto fail;
-    struct kt_engine_params ep = {.n_ctx = o->ctx, .max_seqs = 1, .n_threads = threads};
-    ep.progress = stderr; /* expert-store load progress */
-    struct kt_engine_plan plan = {0};
-    if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
-        goto fail;
-    kt_status created = kt_engine_create(g.model, &ep, &g.engine, &err);
-    kt_engine_plan_free(&plan); /* only read at creation */
-    if (created != KT_OK)
-        goto fail;
-    const struct kt_engine_params *eff = kt_engine_params(g.engine);
-    if (g.n_prompt >= eff->n_ctx) {
-        kt_err_set(&err, KT_ERR_INVALID, "the prompt has %zu tokens; the context holds %u (raise --ctx)", g.n_prompt,
-                   eff->n_ctx);
+    const uint32_t n_ctx = kt_tool_context(g.model, o->ctx);
+    const uint32_t train = g.model->hp.n_ctx_train;
+    if (train && g.n_prompt >= train) {
+        kt_err_set(&err, KT_ERR_INVALID, "the prompt has %zu tokens; %s takes at most %u positions (context_length): "
+                   "shorten the prompt", g.n_prompt, o->model, train);
         goto fail;
     }
-    uint32_t n_vocab = kt_engine_n_vocab(g.engine);
-
+    if (g.n_prompt >= n_ctx) {
+        uint64_t want = (uint64_t)g.n_prompt + 1 + o->n_predict;
+        want = train && want > train ? train : want > KT_TOOL_MAX_CTX ? KT_TOOL_MAX_CTX : want;
+        kt_err_set(&err, KT_ERR_INVALID, "the prompt has %zu tokens; the context holds %u positions%s: give --ctx %llu "
+                   "(room for the prompt and -n %u new tokens), or a shorter prompt",
+                   g.n_prompt, n_ctx, o->ctx ? "" : " (the default)", (unsigned long long)want, o->n_predict);
+        goto fail;
+    }
+    const uint32_t n_vocab = g.model->hp.n_vocab;
     struct kt_sampler_params sp = kt_sampler_params_default();
     sp.temperature = o->temperature;
     sp.top_k = o->top_k;
@@ -156,16 +155,33 @@ int kt_run_generate(const struct kt_run_options *o)
     sp.seed = o->seed_given ? o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (kt_sampler_create(&sp, n_vocab, g.prompt, g.n_prompt, &g.sampler, &err) != KT_OK)
         goto fail;
+    if (o->logits_out && (kt_tool_check_writable("--logits-out", o->logits_out, &err) != KT_OK ||
+                          !(g.logits_file = fopen(o->logits_out, "wb")))) {
+        if (!err.msg[0])
+            kt_err_set(&err, KT_ERR_IO, "--logits-out %s: %s", o->logits_out, strerror(errno));
+        goto fail;
+    }
+
+    /* ---- the engine: the experts load here ---------------------------------------- */
+    uint32_t threads = o->threads;
+    if (!threads && kt_tool_default_threads("kt-run", stderr, &threads, &err) != KT_OK)
+        goto fail;
+    struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads};
+    ep.progress = stderr; /* expert-store load progress */
+    struct kt_engine_plan plan = {0};
+    if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
+        goto fail;
+    kt_status created = kt_engine_create(g.model, &ep, &g.engine, &err);
+    kt_engine_plan_free(&plan); /* only read at creation */
+    if (created != KT_OK)
+        goto fail;
+    const struct kt_engine_params *eff = kt_engine_params(g.engine);
 
     g.logits = malloc((size_t)n_vocab * sizeof(float));
     size_t piece_cap = kt_detok_max_bytes(g.tok) + 4;
     g.piece = malloc(piece_cap);
     if (!g.logits || !g.piece) {
         kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    if (o->logits_out && !(g.logits_file = fopen(o->logits_out, "wb"))) {
-        kt_err_set(&err, KT_ERR_IO, "%s: %s", o->logits_out, strerror(errno));
         goto fail;
     }
     if (kt_engine_seq_add(g.engine, 0, &err) != KT_OK)

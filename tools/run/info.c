@@ -1,8 +1,9 @@
 /*
  * info.c - kt-run --info: the file, every hyperparameter and the values
  * derived from them, tensor bytes by class, and the memory each GPU/CPU
- * placement needs.  It prints what the library computes and must never
- * compute model facts itself.
+ * placement needs; with --placement, a dry run of that plan (expert homes,
+ * memory per node and device, whether it fits: placement_opt.h).  It prints
+ * what the library computes and must never compute model facts itself.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -12,9 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_plan.h"
 #include "gguf.h"
 #include "meminfo.h"
 #include "model.h"
+#include "placement_opt.h"
+#include "preflight.h"
 #include "quant.h"
 #include "run.h"
 #include "status.h"
@@ -229,6 +233,30 @@ static void print_memory(const struct kt_model *m, const struct kt_run_options *
     print_available();
 }
 
+/* --info --placement FILE: the plan as kt-run would run it, nothing loaded.
+ * Returns whether it fits this machine; err says why not (or what failed). */
+static bool dry_run(const struct kt_run_options *o, const struct kt_model *m, kt_err *err)
+{
+    struct kt_placement *p = NULL;
+    struct kt_engine_plan plan = {0};
+    struct kt_engine_params ep = {.n_ctx = o->ctx};
+    bool fits = false;
+    printf("placement (a dry run: nothing is loaded)\n");
+    fflush(stdout);
+    if (kt_tool_placement_resolve(o->placement, m, NULL, &p, err) == KT_OK) {
+        kt_placement_describe(p, stdout);
+        fflush(stdout); /* kt_engine_plan_apply's notes (e.g. running CPU-only) in their place */
+        if (kt_engine_plan_apply(p, &plan, &ep, stdout, err) == KT_OK) {
+            printf("expert homes, per MoE layer (layers placed alike together)\n");
+            kt_tool_print_layer_homes(stdout, p);
+            fits = kt_tool_placement_fits(stdout, p, &ep, err);
+        }
+    }
+    kt_engine_plan_free(&plan);
+    kt_placement_destroy(p);
+    return fits;
+}
+
 int kt_run_info(const struct kt_run_options *o)
 {
     struct kt_model *m;
@@ -237,13 +265,24 @@ int kt_run_info(const struct kt_run_options *o)
         fprintf(stderr, "kt-run: %s\n", err.msg); /* the message starts with the path */
         return 1;
     }
+    if (kt_tool_check_context("--ctx", o->ctx, m, o->model, &err) != KT_OK) {
+        fprintf(stderr, "kt-run: %s\n", err.msg);
+        kt_model_close(m);
+        return 1;
+    }
     print_file(o->model, m);
     print_hparams(m);
     print_tensors(m);
     print_memory(m, o);
+    bool fits = !o->placement || dry_run(o, m, &err);
     kt_model_close(m);
     if (fflush(stdout) != 0) {
         fprintf(stderr, "kt-run: writing output: %s\n", strerror(errno));
+        return 1;
+    }
+    if (!fits) {
+        fprintf(stderr, "kt-run: %s%s\n", err.status == KT_ERR_NOMEM ? "the plan does not fit this machine: " : "",
+                err.msg);
         return 1;
     }
     return 0;

@@ -16,6 +16,7 @@ struct kt_run_options {
     uint32_t ctx;               /* 0: 4096, or the model's training context if smaller */
     int gpu_experts[KT_RUN_MAX_GPU_COUNTS];
     int n_gpu_experts;
+    bool gpu_experts_given;     /* --gpu-experts: only with --info */
 
     /* generation */
     const char *prompt;         /* -p: raw text, tokenized with BOS as the model adds it */

@@ -6,7 +6,9 @@
  * generate.c; this file decides nothing about their contents.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -306,6 +308,43 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     fprintf(stderr, "kt-serve: http: %s%s", line, n && line[n - 1] == '\n' ? "" : "\n");
 }
 
+/* A listening socket on --host:--port, made here rather than by
+ * libmicrohttpd so that a refusal can say which address and what to do
+ * (libmicrohttpd's own reads "Failed to bind to port 0" for any address it
+ * was given).  -1 with why filled. */
+static int listen_on(const struct kt_server *s, const struct addrinfo *ai, char *why, size_t why_size)
+{
+    char where[300];
+    snprintf(where, sizeof where, ai->ai_family == AF_INET6 ? "[%s]:%u" : "%s:%u", s->o.host, s->o.port);
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+        snprintf(why, why_size, "cannot make a socket for %s: %s", where, strerror(errno));
+        return -1;
+    }
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on); /* a port left in TIME_WAIT by a stopped kt-serve */
+    if (ai->ai_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+        const int e = errno;
+        if (e == EADDRINUSE)
+            snprintf(why, why_size, "%s is in use: another program listens there (another kt-serve?): stop it, or "
+                                    "give another --port (--port 0 takes any free one)", where);
+        else if (e == EADDRNOTAVAIL)
+            snprintf(why, why_size, "cannot listen on %s: --host %s is not an address of this machine: give one of "
+                                    "its addresses, 127.0.0.1 (this machine only) or 0.0.0.0 (every address)",
+                     where, s->o.host);
+        else if (e == EACCES)
+            snprintf(why, why_size, "cannot listen on %s: ports below 1024 need privileges: give --port 1024 or "
+                                    "above (default 8080)", where);
+        else
+            snprintf(why, why_size, "cannot listen on %s: %s", where, strerror(e));
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai;
@@ -313,14 +352,19 @@ bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
     snprintf(port, sizeof port, "%u", s->o.port);
     int rc = getaddrinfo(s->o.host, port, &hints, &ai);
     if (rc != 0) {
-        snprintf(why, why_size, "--host %s: %s", s->o.host, gai_strerror(rc));
+        snprintf(why, why_size, "--host %s: %s: give an address or a name this machine resolves, e.g. 127.0.0.1",
+                 s->o.host, gai_strerror(rc));
         return false;
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    const int fd = listen_on(s, ai, why, why_size);
+    freeaddrinfo(ai);
+    if (fd < 0)
+        return false;
     if (!kt_conns_start(s, why, why_size)) {
-        freeaddrinfo(ai);
+        close(fd);
         return false;
     }
     /* The logger must come first to catch every message.  A connection's
@@ -328,7 +372,7 @@ bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
      * connections.c switches it to --client-timeout while a request is on. */
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s,
                                  MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                                 MHD_OPTION_LISTEN_SOCKET, fd,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_NOTIFY_CONNECTION, kt_conns_notify, s,
                                  MHD_OPTION_URI_LOG_CALLBACK, kt_conns_request_begins, s,
@@ -336,11 +380,10 @@ bool kt_http_start(struct kt_server *s, char *why, size_t why_size)
                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_connections_per_client,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.idle_timeout_s,
                                  MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!s->daemon) {
+    if (!s->daemon) { /* fd is left open: whether libmicrohttpd closed it on failure is not stated */
         kt_conns_stop(s);
-        snprintf(why, why_size, "cannot listen on %s:%u (in use, or not an address of this machine)", s->o.host,
-                 s->o.port);
+        snprintf(why, why_size, "cannot start the HTTP server on %s:%u (libmicrohttpd refused; its message is above)",
+                 s->o.host, s->o.port);
         return false;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);

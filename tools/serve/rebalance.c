@@ -34,6 +34,7 @@
 #include "expert_store.h"
 #include "machine.h"
 #include "planner.h"
+#include "preflight.h"
 #include "rebalance.h"
 #include "server.h"
 #include "small_file.h"
@@ -124,27 +125,53 @@ static void account(struct kt_placement *p, const struct kt_expert_home *a, cons
 
 /* ---- creating, starting, stopping -------------------------------------------------------------- */
 
-/* Whether path's folder takes new files (the plan is written beside it, then renamed); errno says why not. */
-static bool can_write_into(const char *path)
+kt_status kt_serve_placement_preflight(const struct kt_server *s, const struct kt_placement *live,
+                                       struct kt_machine **mach, kt_err *err)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        slash[slash == dir] = 0;
-    return access(slash ? dir : ".", W_OK) == 0;
+    *mach = NULL;
+    kt_status st = s->o.plan_out ? kt_tool_check_writable("--plan-out", s->o.plan_out, err) : KT_OK;
+    if (st != KT_OK)
+        return st;
+    if (live->n_nodes > KT_EXPERT_MAX_NODES)
+        return kt_err_set(err, KT_ERR_INVALID,
+                          "the placement spans %d NUMA nodes; kt-serve moves experts on at most %d: give a "
+                          "placement whose cpu.nodes are among the first %d",
+                          live->n_nodes, KT_EXPERT_MAX_NODES, KT_EXPERT_MAX_NODES);
+    if (!s->o.machine) {
+        if (!(*mach = calloc(1, sizeof **mach)))
+            return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        kt_machine_defaults(*mach, live->n_nodes);
+        return KT_OK;
+    }
+    st = kt_machine_load(s->o.machine, mach, err);
+    if (st == KT_OK)
+        st = kt_machine_check_kind(*mach, s->o.machine, err);
+    if (st != KT_OK)
+        kt_err_prefix(err, "--machine");
+    if (st == KT_OK && (*mach)->n_nodes != live->n_nodes)
+        st = kt_err_set(err, KT_ERR_INVALID,
+                        "--machine %s describes %d NUMA node(s), this machine has %d: give the file `kt-bench "
+                        "machine -o FILE` writes here",
+                        s->o.machine, (*mach)->n_nodes, live->n_nodes);
+    if (st != KT_OK) {
+        free(*mach);
+        *mach = NULL;
+    }
+    return st;
 }
 
 kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *live,
-                                    const struct kt_placement_config *config, kt_err *err)
+                                    const struct kt_placement_config *config, struct kt_machine *mach, kt_err *err)
 {
     struct kt_serve_placement *sp = calloc(1, sizeof *sp);
     if (!sp) {
         kt_placement_destroy(live);
+        free(mach);
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     }
     s->placement = sp;
     sp->live = live;
+    sp->mach = mach;
     pthread_mutex_init(&sp->mu, NULL);
     pthread_cond_init(&sp->cv, NULL);
     sp->replicas_hot_per_layer = config ? kt_placement_config_replicas_hot_per_layer(config) : 0;
@@ -159,27 +186,8 @@ kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *li
                 account(live, h, &now, kt_layer_expert_bytes(s->model, il));
             *h = now;
         }
-    if (s->o.plan_out && !can_write_into(s->o.plan_out))
-        return kt_err_set(err, KT_ERR_IO, "--plan-out %s: cannot write there: %s", s->o.plan_out, strerror(errno));
-    if (live->n_nodes > KT_EXPERT_MAX_NODES)
-        return kt_err_set(err, KT_ERR_INVALID, "the placement spans %d NUMA nodes; kt-serve moves experts on at most %d",
-                          live->n_nodes, KT_EXPERT_MAX_NODES);
     if (!s->o.rebalance_given)
         s->o.rebalance_interval_s = sp->accel || live->n_nodes > 1 ? 60 : 0;
-    if (s->o.machine) {
-        kt_status st = kt_machine_load(s->o.machine, &sp->mach, err);
-        if (st == KT_OK)
-            st = kt_machine_check_kind(sp->mach, s->o.machine, err);
-        if (st != KT_OK)
-            return st;
-        if (sp->mach->n_nodes != live->n_nodes)
-            return kt_err_set(err, KT_ERR_INVALID, "--machine %s describes %d NUMA node(s), this machine has %d",
-                              s->o.machine, sp->mach->n_nodes, live->n_nodes);
-    } else {
-        if (!(sp->mach = calloc(1, sizeof *sp->mach)))
-            return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
-        kt_machine_defaults(sp->mach, live->n_nodes);
-    }
     /* every expert can be on its way at once, at most */
     sp->max_queue = live->n_layer * live->n_expert + 1;
     if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)))

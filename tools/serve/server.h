@@ -8,10 +8,11 @@
  * scheduler publishes.  Handlers never touch the engine.  While it waits a
  * handler polls its socket: a client that went away cancels its job, whose
  * sequence the scheduler frees at the next step.  A watchdog thread closes
- * connections whose request is late (connections.c).  The main thread loads
- * the model (another thread answers /health with the progress meanwhile) and
- * then waits for SIGTERM/SIGINT to drain (on a thread of its own, so that a
- * second signal quits at once).
+ * connections whose request is late (connections.c).  The main thread checks
+ * the inputs (preflight) and listens; a loader thread loads the model while
+ * /health answers with the progress (with --self-check it checks the engine
+ * and only then listens); the main thread waits for SIGTERM/SIGINT to drain
+ * (on a thread of its own, so that a second signal quits at once).
  */
 #ifndef KT_SERVE_SERVER_H
 #define KT_SERVE_SERVER_H
@@ -23,6 +24,7 @@
 #include <microhttpd.h>
 
 #include "engine.h"
+#include "engine_plan.h"
 #include "model.h"
 #include "scheduler.h"
 #include "serve_metrics.h"
@@ -64,6 +66,9 @@ struct kt_serve_options {
     const char *plan_out;         /* write the live placement here (atomically); NULL: only GET /kt/placement */
     uint32_t expert_cache_slots;  /* the device's expert cache, slots per MoE layer; 0: none */
     bool expert_cache_lfu;        /* its policy: LFU, else LRU */
+    bool expert_cache_policy_given;
+    bool self_check;              /* run the correctness check before listening; refuse to serve on FAIL */
+    const char *test_self_check_reference; /* tests only: the check's reference reads this file, not model */
 };
 
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
@@ -78,6 +83,16 @@ struct kt_server {
     atomic_int state;             /* enum kt_server_state */
     atomic_uint load_permille;    /* 0..1000 while loading */
     char load_error[1100];        /* KT_SERVER_FAILED: why (written before the state flips) */
+    int exit_status;              /* with KT_SERVER_FAILED: 1, or 3 when --self-check failed */
+
+    /* checked and prepared by main before it listens (preflight); the loader builds on them */
+    kt_chat_format format;        /* the model's chat template; KT_CHAT_FORMAT_UNKNOWN: chat is refused */
+    struct kt_engine_params ep;   /* the engine's; its placement fields point into plan */
+    struct kt_engine_plan plan;
+    struct kt_placement_config *config;
+    struct kt_placement *live;    /* the placement, handed to kt_serve_placement_create */
+    struct kt_machine *machine;   /* --machine or stated defaults, handed to kt_serve_placement_create */
+    struct kt_tool_prompts *check_prompts; /* --self-check's, tokenized */
 
     /* read-only once READY */
     struct kt_model *model;
@@ -155,15 +170,21 @@ enum MHD_Result kt_serve_profile_endpoint(struct kt_http_request *rq);
 struct kt_profile *kt_serve_profile_snapshot(struct kt_server *s); /* a copy of the live profile; NULL: none */
 
 /* rebalance.c: the live placement (GET /kt/placement, --plan-out) and the
- * rebalancer thread.  create: after the engine, taking `live` (the placement
- * it was created with) and the config it came from; start: once READY (no
+ * rebalancer thread.  preflight: before the engine (and before listening),
+ * --plan-out's folder, the placement's nodes and the machine file the
+ * rebalancer plans with (--machine, or stated defaults: *mach, handed to
+ * create); create: after the engine, taking `live` (the placement it was
+ * created with), the config it came from and the machine; start: once READY (no
  * thread when --rebalance-interval is 0); stop: ends the thread; destroy: after the
  * scheduler (discards copies not yet switched); after_step: the scheduler's hook (also updates
  * the profile). */
 struct kt_placement;
 struct kt_placement_config;
+struct kt_machine;
+kt_status kt_serve_placement_preflight(const struct kt_server *s, const struct kt_placement *live,
+                                       struct kt_machine **mach, kt_err *err);
 kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *live,
-                                    const struct kt_placement_config *config, kt_err *err);
+                                    const struct kt_placement_config *config, struct kt_machine *mach, kt_err *err);
 kt_status kt_serve_placement_start(struct kt_server *s, kt_err *err);
 void kt_serve_placement_stop(struct kt_server *s);
 void kt_serve_placement_destroy(struct kt_server *s);
@@ -172,6 +193,16 @@ kt_status kt_serve_placement_write(struct kt_server *s, kt_err *err); /* to --pl
 void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *out); /* Prometheus lines */
 enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq);
 enum MHD_Result kt_serve_stats_endpoint(struct kt_http_request *rq);
+
+/* self_check.c: --self-check.  prepare: before listening, the built-in prompts
+ * tokenized (s->check_prompts), refused when --ctx cannot hold them; run:
+ * after the engine is created, before the scheduler, the check against a CPU
+ * reference, its verdict logged (a PASS line, or each failing prompt with its
+ * numbers and the layer where the divergence starts); the engine is left
+ * with no sequence and its counters reset.  KT_OK when the check ran. */
+kt_status kt_serve_self_check_prepare(struct kt_server *s, kt_err *err);
+kt_status kt_serve_self_check_run(struct kt_server *s, bool *pass, kt_err *err);
+void kt_serve_self_check_free(struct kt_server *s);
 
 /* dashboard.c: GET /dashboard, one static page polling /kt/stats and /kt/placement */
 enum MHD_Result kt_serve_dashboard(struct kt_http_request *rq);
