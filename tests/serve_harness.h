@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -67,6 +68,8 @@ static inline bool server_start(struct test_server *s, const char *model, const 
     s->port = 0;
     s->pid = fork();
     if (s->pid == 0) {
+        /* a test that dies must not leave its server running (holding ctest's output open) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
         char cmd[4096];
         snprintf(cmd, sizeof cmd, "exec %s -m %s --port 0 %s 2>%s", kt_test_tool("kt-serve"), model, args, s->log);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);

@@ -17,9 +17,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-bool kt_http_client_request(struct kt_http_client *c, const char *host, int port, const char *method,
-                            const char *path, const char *api_key, const char *body, double timeout_s, char *why,
-                            size_t why_size)
+bool kt_http_client_send(struct kt_http_client *c, const char *host, int port, const void *request, size_t len,
+                         double timeout_s, char *why, size_t why_size)
 {
     memset(c, 0, sizeof *c);
     c->fd = -1;
@@ -46,6 +45,23 @@ bool kt_http_client_request(struct kt_http_client *c, const char *host, int port
     setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     int one = 1;
     setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    const char *bytes = request;
+    for (size_t sent = 0; sent < len;) {
+        ssize_t n = send(c->fd, bytes + sent, len - sent, MSG_NOSIGNAL);
+        if (n <= 0) {
+            snprintf(why, why_size, "send: %s", strerror(errno));
+            kt_http_client_close(c);
+            return false;
+        }
+        sent += (size_t)n;
+    }
+    return true;
+}
+
+bool kt_http_client_request(struct kt_http_client *c, const char *host, int port, const char *method,
+                            const char *path, const char *api_key, const char *body, double timeout_s, char *why,
+                            size_t why_size)
+{
     struct kt_buf req = {0};
     size_t body_len = body ? strlen(body) : 0;
     kt_buf_printf(&req, "%s %s HTTP/1.1\r\nHost: %s:%d\r\nConnection: close\r\nAccept: */*\r\n", method, path, host,
@@ -57,19 +73,16 @@ bool kt_http_client_request(struct kt_http_client *c, const char *host, int port
     kt_buf_puts(&req, "\r\n");
     if (body)
         kt_buf_append(&req, body, body_len);
-    bool ok = !req.out_of_memory;
-    for (size_t sent = 0; ok && sent < req.len;) {
-        ssize_t n = send(c->fd, req.bytes + sent, req.len - sent, MSG_NOSIGNAL);
-        if (n <= 0) {
-            snprintf(why, why_size, "send: %s", strerror(errno));
-            ok = false;
-        } else {
-            sent += (size_t)n;
-        }
+    bool ok;
+    if (req.out_of_memory) {
+        memset(c, 0, sizeof *c);
+        c->fd = -1;
+        snprintf(why, why_size, "out of memory building the request");
+        ok = false;
+    } else {
+        ok = kt_http_client_send(c, host, port, req.bytes, req.len, timeout_s, why, why_size);
     }
     kt_buf_free(&req);
-    if (!ok)
-        kt_http_client_close(c);
     return ok;
 }
 

@@ -28,6 +28,12 @@ bool kt_http_client_request(struct kt_http_client *c, const char *host, int port
                             const char *path, const char *api_key, const char *body, double timeout_s, char *why,
                             size_t why_size);
 
+/* Connects and sends request's len bytes as they are - a whole request, or
+ * one broken on purpose (the caller may then shutdown(c->fd, SHUT_WR) or
+ * close); false with why filled (and c closed) when that failed. */
+bool kt_http_client_send(struct kt_http_client *c, const char *host, int port, const void *request, size_t len,
+                         double timeout_s, char *why, size_t why_size);
+
 /* Reads until the headers are in (status, content_type) and then appends
  * whatever body bytes arrive to out.  Returns 1 when it appended (or read
  * headers), 0 at the end of the body, -1 on an error or timeout. */

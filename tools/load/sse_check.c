@@ -17,12 +17,60 @@ void kt_sse_check_init(struct kt_sse_check *c)
 void kt_sse_check_free(struct kt_sse_check *c)
 {
     kt_buf_free(&c->pending);
+    for (size_t k = 0; k < KT_SSE_MAX_CHOICES; k++)
+        kt_buf_free(&c->choices[k].content);
 }
 
 static void fail(struct kt_sse_check *c, const char *what, const char *data)
 {
     if (!c->error[0])
         snprintf(c->error, sizeof c->error, "event %zu: %s: %.80s", c->events, what, data ? data : "");
+}
+
+/* One choice of a chunk; returns true when it carried a token. */
+static bool check_choice(struct kt_sse_check *c, const json_t *ch, const char *data)
+{
+    const json_t *index = json_object_get(ch, "index");
+    const json_t *delta = json_object_get(ch, "delta");
+    const json_t *finish = json_object_get(ch, "finish_reason");
+    if (!json_is_integer(index) || json_integer_value(index) < 0 || json_integer_value(index) >= KT_SSE_MAX_CHOICES) {
+        fail(c, "a choice without a valid index", data);
+        return false;
+    }
+    size_t k = (size_t)json_integer_value(index);
+    struct kt_sse_choice *choice = &c->choices[k];
+    if (k >= c->n_choices)
+        c->n_choices = k + 1;
+    if (!json_is_object(delta)) {
+        fail(c, "a choice without a delta", data);
+        return false;
+    }
+    if (!choice->role_seen) {
+        const json_t *role = json_object_get(delta, "role");
+        if (!json_is_string(role) || strcmp(json_string_value(role), "assistant") != 0)
+            fail(c, "a choice's first chunk has no assistant role", data);
+        choice->role_seen = true;
+        return false;
+    }
+    if (choice->finished)
+        fail(c, "a chunk of a choice after its finish", data);
+    if (json_is_string(finish)) {
+        choice->finished = true;
+        snprintf(choice->finish_reason, sizeof choice->finish_reason, "%s", json_string_value(finish));
+    } else if (!json_is_null(finish)) {
+        fail(c, "finish_reason is neither null nor a string", data);
+    }
+    const json_t *content = json_object_get(delta, "content");
+    if (json_is_string(content))
+        kt_buf_append(&choice->content, json_string_value(content), json_string_length(content));
+    size_t i;
+    const json_t *call;
+    json_array_foreach(json_object_get(delta, "tool_calls"), i, call)
+    {
+        if (json_is_string(json_object_get(call, "id")))
+            choice->tool_calls++;
+    }
+    return json_object_size(delta) > 0;
 }
 
 /* One "data:" payload; returns true when it carried a token. */
@@ -52,20 +100,25 @@ static bool check_data(struct kt_sse_check *c, const char *data)
     const json_t *id = json_object_get(j, "id");
     const json_t *choices = json_object_get(j, "choices");
     const json_t *usage = json_object_get(j, "usage");
+    const char *object = json_string_value(json_object_get(j, "object"));
     if (err) {
         fail(c, "error event", data);
-    } else if (!json_is_string(id) || !json_is_array(choices) ||
-               strcmp(json_string_value(json_object_get(j, "object")) ? json_string_value(json_object_get(j, "object")) : "",
-                      "chat.completion.chunk") != 0) {
+    } else if (!json_is_string(id) || !json_is_array(choices) || !object ||
+               strcmp(object, "chat.completion.chunk") != 0) {
         fail(c, "not a chat.completion.chunk", data);
     } else {
         if (!c->id[0])
             snprintf(c->id, sizeof c->id, "%s", json_string_value(id));
         else if (strcmp(c->id, json_string_value(id)) != 0)
             fail(c, "the id changed", data);
+        if (c->usage_seen)
+            fail(c, "a chunk after the usage", data);
         if (json_array_size(choices) == 0) {
             if (!json_is_object(usage))
                 fail(c, "a chunk without choices or usage", data);
+            for (size_t k = 0; k < c->n_choices; k++)
+                if (!c->choices[k].finished)
+                    fail(c, "the usage before every choice finished", data);
             c->usage_seen = true;
             c->completion_tokens = json_integer_value(json_object_get(usage, "completion_tokens"));
             c->prompt_tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
@@ -74,30 +127,7 @@ static bool check_data(struct kt_sse_check *c, const char *data)
         }
         size_t i;
         const json_t *ch;
-        json_array_foreach(choices, i, ch)
-        {
-            const json_t *delta = json_object_get(ch, "delta");
-            const json_t *finish = json_object_get(ch, "finish_reason");
-            if (!json_is_object(delta)) {
-                fail(c, "a choice without a delta", data);
-                continue;
-            }
-            if (!c->role_seen) {
-                const json_t *role = json_object_get(delta, "role");
-                if (!json_is_string(role) || strcmp(json_string_value(role), "assistant") != 0)
-                    fail(c, "the first chunk has no assistant role", data);
-                c->role_seen = true;
-                continue;
-            }
-            if (c->finish_seen)
-                fail(c, "a chunk after the finish", data);
-            if (json_is_string(finish))
-                c->finish_seen = true;
-            else if (!json_is_null(finish))
-                fail(c, "finish_reason is neither null nor a string", data);
-            if (json_object_size(delta) > 0)
-                token = true;
-        }
+        json_array_foreach(choices, i, ch) token |= check_choice(c, ch, data);
     }
     json_decref(j);
     return token;
@@ -134,8 +164,15 @@ bool kt_sse_check_finish(struct kt_sse_check *c, bool want_usage)
         fail(c, "bytes after the last event", c->pending.bytes);
     if (!c->done)
         fail(c, "no [DONE]", NULL);
-    if (!c->finish_seen)
-        fail(c, "no finish_reason", NULL);
+    if (c->n_choices == 0)
+        fail(c, "no choice", NULL);
+    for (size_t k = 0; k < c->n_choices; k++) {
+        char why[64];
+        snprintf(why, sizeof why, "choice %zu %s", k,
+                 c->choices[k].role_seen ? "has no finish_reason" : "never opened");
+        if (!c->choices[k].finished)
+            fail(c, why, NULL);
+    }
     if (want_usage && !c->usage_seen)
         fail(c, "no usage chunk", NULL);
     return c->error[0] == 0;
