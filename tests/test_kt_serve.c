@@ -264,20 +264,38 @@ static void streaming_pings_and_usage(const struct test_server *s)
 
 /* A completions stream waiting behind a full batch sends pings like a chat
  * stream: it used to spin on the job without waiting, and never pinged. */
+/* Both sequences (--max-seqs 2) are held by long requests, known to run from
+ * /metrics rather than guessed from a sleep (a fixed 300 ms failed on loaded
+ * hosts: the background curls had not connected yet, and the stream ran at
+ * once). The stream then waits in the queue, and pings while it waits; the
+ * long requests' clients are killed once it waits, which cancels them. */
 static void a_queued_completions_stream_pings(const struct test_server *s)
 {
-    char cmd[1024];
-    for (int i = 0; i < 2; i++) { /* --max-seqs 2: both sequences busy for 2 s */
-        snprintf(cmd, sizeof cmd, "curl -s --max-time 2 -o /dev/null -d '{\"prompt\": \"x\", \"max_tokens\": 1500, "
-                                  "\"ignore_eos\": true}' http://127.0.0.1:%d/v1/completions &", s->port);
-        kt_test_system("%s", cmd);
-    }
-    usleep(300000);
+    KT_CHECK(wait_idle(s, 30), "an earlier case left requests running");
+    char pids[512];
+    snprintf(pids, sizeof pids, "%s", kt_test_path("queued-stream.pids"));
+    unlink(pids);
+    for (int i = 0; i < 2; i++)
+        kt_test_system("curl -s --max-time 120 -o /dev/null -d '{\"prompt\": \"x\", \"max_tokens\": 8000, "
+                       "\"ignore_eos\": true}' http://127.0.0.1:%d/v1/completions & echo $! >> %s",
+                       s->port, pids);
+    bool both = false;
+    for (double t0 = harness_now(); !both && harness_now() - t0 < 60; usleep(50000))
+        both = server_metric(s, "vllm:num_requests_running{") == 2 && server_metric(s, "vllm:num_requests_waiting{") == 0;
+    KT_CHECK(both, "the two long requests did not both run within 60 s");
+    /* in the background: once the stream waits in the queue, and has had time to ping, free the sequences */
+    kt_test_system("(for i in $(seq 1200); do curl -s http://127.0.0.1:%d/metrics | grep -q "
+                   "'^vllm:num_requests_waiting{.*} 1$' && break; sleep 0.05; done; sleep 0.2; kill $(cat %s)) "
+                   ">/dev/null 2>&1 &",
+                   s->port, pids);
     struct kt_buf out = {0};
-    int code = http(s, "-N", "/v1/completions",
-                    "{\"prompt\": \"x\", \"max_tokens\": 2, \"ignore_eos\": true, \"stream\": true}", &out, NULL);
+    int code = both ? http(s, "-N", "/v1/completions",
+                           "{\"prompt\": \"x\", \"max_tokens\": 2, \"ignore_eos\": true, \"stream\": true}", &out, NULL)
+                    : 0;
+    kt_test_system("kill $(cat %s) 2>/dev/null", pids);
+    unlink(pids);
     const char *t = kt_buf_str(&out);
-    KT_CHECK(code == 200 && strncmp(t, ": ping\n\n", 8) == 0 && strstr(t, "\"finish_reason\":\"length\""),
+    KT_CHECK(!both || (code == 200 && strncmp(t, ": ping\n\n", 8) == 0 && strstr(t, "\"finish_reason\":\"length\"")),
              "a queued completions stream: %.400s", t);
     KT_CHECK(wait_idle(s, 30), "the long requests are still running");
     kt_buf_free(&out);
