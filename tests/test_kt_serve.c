@@ -264,6 +264,29 @@ static void streaming_pings_and_usage(const struct test_server *s)
 
 /* A completions stream waiting behind a full batch sends pings like a chat
  * stream: it used to spin on the job without waiting, and never pinged. */
+/* Starts n long requests in the background, one at a time: each next one
+ * only once the server has taken the last (--max-waiting 1 turns a second
+ * arrival into a 429 while the first still waits to be admitted). True when
+ * the server then shows `running` running and `waiting` waiting, as /metrics
+ * tells, within 60 s each; the curls' pids are appended to the file `pids`. */
+static bool start_long_requests(const struct test_server *s, const char *pids, int n, int running, int waiting)
+{
+    for (int i = 0; i < n; i++) {
+        kt_test_system("curl -s --max-time 120 -o /dev/null -d '{\"prompt\": \"x\", \"max_tokens\": 8000, "
+                       "\"ignore_eos\": true}' http://127.0.0.1:%d/v1/completions & echo $! >> %s",
+                       s->port, pids);
+        int want_running = i + 1 < running ? i + 1 : running, want_waiting = i + 1 - want_running;
+        bool there = false;
+        for (double t0 = harness_now(); !there && harness_now() - t0 < 60; usleep(20000))
+            there = server_metric(s, "vllm:num_requests_running{") == want_running &&
+                    server_metric(s, "vllm:num_requests_waiting{") == want_waiting;
+        if (!there)
+            return false;
+    }
+    return server_metric(s, "vllm:num_requests_running{") == running &&
+           server_metric(s, "vllm:num_requests_waiting{") == waiting;
+}
+
 /* Both sequences (--max-seqs 2) are held by long requests, known to run from
  * /metrics rather than guessed from a sleep (a fixed 300 ms failed on loaded
  * hosts: the background curls had not connected yet, and the stream ran at
@@ -275,13 +298,7 @@ static void a_queued_completions_stream_pings(const struct test_server *s)
     char pids[512];
     snprintf(pids, sizeof pids, "%s", kt_test_path("queued-stream.pids"));
     unlink(pids);
-    for (int i = 0; i < 2; i++)
-        kt_test_system("curl -s --max-time 120 -o /dev/null -d '{\"prompt\": \"x\", \"max_tokens\": 8000, "
-                       "\"ignore_eos\": true}' http://127.0.0.1:%d/v1/completions & echo $! >> %s",
-                       s->port, pids);
-    bool both = false;
-    for (double t0 = harness_now(); !both && harness_now() - t0 < 60; usleep(50000))
-        both = server_metric(s, "vllm:num_requests_running{") == 2 && server_metric(s, "vllm:num_requests_waiting{") == 0;
+    bool both = start_long_requests(s, pids, 2, 2, 0);
     KT_CHECK(both, "the two long requests did not both run within 60 s");
     /* in the background: once the stream waits in the queue, and has had time to ping, free the sequences */
     kt_test_system("(for i in $(seq 1200); do curl -s http://127.0.0.1:%d/metrics | grep -q "
@@ -314,20 +331,18 @@ static long aborted_so_far(const struct test_server *s)
 static void full_queue_429_and_hangups_cancel(const struct test_server *s)
 {
     long aborted_before = aborted_so_far(s);
-    /* two long requests fill --max-seqs 2, one waits (--max-waiting 1): the next gets 429 */
-    const char *lng = "{\"prompt\": \"x\", \"max_tokens\": 1500, \"ignore_eos\": true}";
-    char cmd[1024];
-    for (int i = 0; i < 3; i++) {
-        snprintf(cmd, sizeof cmd, "curl -s --max-time 3 -o /dev/null -d '%s' http://127.0.0.1:%d/v1/completions &",
-                 lng, s->port);
-        kt_test_system("%s", cmd);
-        usleep(300000);
-    }
+    /* two long requests fill --max-seqs 2, a third waits (--max-waiting 1): the next gets 429 */
+    char pids[512];
+    snprintf(pids, sizeof pids, "%s", kt_test_path("full-queue.pids"));
+    unlink(pids);
+    KT_CHECK(start_long_requests(s, pids, 3, 2, 1), "two long requests did not run with a third waiting within 60 s");
     struct kt_buf out = {0}, head = {0};
     int code = http(s, NULL, "/v1/completions", "{\"prompt\": \"y\", \"max_tokens\": 2}", &out, &head);
     KT_CHECK(code == 429 && strcasestr(kt_buf_str(&head), "Retry-After:"), "queue full: %d %s", code,
              kt_buf_str(&out));
-    /* the curls hang up after 3 s; their jobs are cancelled and the server is idle again */
+    /* the clients hang up; their jobs are cancelled and the server is idle again */
+    kt_test_system("kill $(cat %s) 2>/dev/null", pids);
+    unlink(pids);
     KT_CHECK(wait_idle(s, 30), "requests still running after their clients left");
     KT_CHECK(aborted_so_far(s) == aborted_before + 3, "3 more aborted: %ld, then %ld", aborted_before,
              aborted_so_far(s));
