@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "cgroup.h"
 #include "engine.h"
 #include "engine_test.h"
@@ -381,6 +382,46 @@ static void garbage_is_an_error_naming_the_file(void)
 
 /* ---- the engine's load ------------------------------------------------------------------- */
 
+/* The load's memory check counts the engine's own host memory, predicted
+ * from the tensor table: the packed matrices exactly as the engine packs
+ * them (CPU-only, and with attention, dense and shared experts on the sim,
+ * where only the head stays), and the KV pool as the cache sizes it. */
+static void engine_host_bytes_are_predicted_exactly(void)
+{
+    char path[1024] = "";
+    struct kt_model *m = kt_test_synth_model("tiny", "--dense-type q8_0 --experts-type q4_k", path, sizeof path);
+    if (!m)
+        return;
+    struct kt_engine_params cpu = {.n_ctx = 64, .max_seqs = 3, .n_threads = 1, .max_batch_tokens = 16};
+    const struct kt_backend_params backend = {.kind = KT_BACKEND_SIM, .name = "sim"};
+    struct kt_engine_params sim = cpu;
+    sim.device = &backend, sim.attention_on_device = sim.dense_on_device = sim.shared_on_device = true;
+    const struct kt_engine_params *cases[] = {&cpu, &sim};
+    uint64_t packed_cpu = 0;
+    for (int i = 0; i < 2; i++) {
+        const struct kt_engine_host_bytes want = kt_engine_host_bytes(m, cases[i]);
+        struct kt_engine *e = NULL;
+        kt_err err = {0};
+        KT_CHECK(kt_engine_create(m, cases[i], &e, &err) == KT_OK, "%s", err.msg);
+        if (!e)
+            continue;
+        KT_CHECK(want.packed == kt_engine_host_packed_bytes(e), "case %d: predicted %llu packed bytes, packed %llu",
+                 i, (unsigned long long)want.packed, (unsigned long long)kt_engine_host_packed_bytes(e));
+        struct kt_kv_cache_stats kv;
+        kt_kv_cache_stats(kt_engine_kv_cache(e), &kv);
+        const uint64_t kv_bytes = i == 0 ? kv.block_bytes * kv.n_blocks : 0; /* on the sim with attention */
+        KT_CHECK(want.kv_cache == kv_bytes, "case %d: predicted %llu KV bytes, the pool has %llu", i,
+                 (unsigned long long)want.kv_cache, (unsigned long long)kv_bytes);
+        if (i == 0)
+            packed_cpu = want.packed;
+        kt_engine_destroy(e);
+    }
+    KT_CHECK(packed_cpu > kt_engine_host_bytes(m, &sim).packed && kt_engine_host_bytes(m, &sim).packed > 0,
+             "the sim takes attention, dense and shared experts: %llu then %llu", (unsigned long long)packed_cpu,
+             (unsigned long long)kt_engine_host_bytes(m, &sim).packed);
+    kt_test_synth_remove(m, path);
+}
+
 static void engine_load_is_refused_by_a_fake_cgroup(void)
 {
     char path[1024] = "";
@@ -403,7 +444,8 @@ static void engine_load_is_refused_by_a_fake_cgroup(void)
     kt_err err = {0};
     kt_status st = kt_engine_create(m, &p, &e, &err);
     KT_CHECK(st == KT_ERR_NOMEM && e == NULL, "status %s: %s", kt_status_name(st), err.msg);
-    KT_CHECK(strstr(err.msg, "loading the routed experts needs") && strstr(err.msg, "memory limit is 0.25 GiB") &&
+    KT_CHECK(strstr(err.msg, "loading the routed experts, packing the host matrices and the KV cache needs") &&
+                 strstr(err.msg, "memory limit is 0.25 GiB") &&
                  strstr(err.msg, "/sys/fs/cgroup/kt/memory.max"),
              "message: %s", err.msg);
     kt_engine_destroy(e);
@@ -571,6 +613,7 @@ int main(void)
     KT_RUN(max_and_missing_files_mean_no_limit);
     KT_RUN(v1_hierarchies_and_container_mounts);
     KT_RUN(garbage_is_an_error_naming_the_file);
+    KT_RUN(engine_host_bytes_are_predicted_exactly);
     KT_RUN(engine_load_is_refused_by_a_fake_cgroup);
     KT_RUN(cpu_quota_and_cpuset_set_the_thread_count);
     KT_RUN(cpu_garbage_is_an_error_naming_the_file);

@@ -279,9 +279,21 @@ static void kt_run_in_a_memory_cgroup(void)
     char *etext = slurp(err);
     KT_CHECK(exit_code(status) == 1, "kt-run in a 256 MiB group: exit %d (137 is the kernel killing it), stderr:\n%s",
              exit_code(status), etext);
-    KT_CHECK(strstr(etext, "kt-run: loading the routed experts needs") && strstr(etext, "memory limit is 0.25 GiB") &&
+    KT_CHECK(strstr(etext, "kt-run: loading the routed experts, packing the host matrices and the KV cache needs") &&
+                 strstr(etext, "memory limit is 0.25 GiB") &&
                  strstr(etext, g->limit_file) && strstr(etext, "raise the limit"),
              "the refusal names the limit and its file %s:\n%s", g->limit_file, etext);
+    free(etext);
+
+    /* kt-serve refuses the same before it listens: no "listening" line, no /health that answers "loading" */
+    char serve[8 * PATH_BYTES];
+    snprintf(serve, sizeof serve, "exec timeout 60 '%s' -m '%s' --port 0 --ctx 128 -t 1 >'%s' 2>'%s'",
+             kt_test_tool("kt-serve"), model, out, err);
+    status = run_in_groups(groups, serve);
+    etext = slurp(err);
+    KT_CHECK(exit_code(status) == 1 && strstr(etext, "kt-serve: this plan needs") &&
+                 strstr(etext, "memory limit is 0.25 GiB") && !strstr(etext, "listening"),
+             "kt-serve in a 256 MiB group: exit %d, stderr:\n%s", exit_code(status), etext);
     free(etext);
 
     /* 2 GiB: it loads and runs; --info reports the group's limit. */

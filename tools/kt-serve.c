@@ -267,8 +267,8 @@ static const char *file_stem(const char *path, char *out, size_t size)
  * before it listens: the model file (it exists, can be read, its GGUF
  * header and tensor table parse), its tokenizer, --ctx against the model,
  * the placement (resolved and turned into the engine's parameters),
- * --expert-cache's device, the machine file and --plan-out's folder, and
- * --self-check's prompts.  The loader then builds on what it leaves in s. */
+ * --expert-cache's device, the machine file and --plan-out's folder, that
+ * the plan fits the host's memory (and a GPU's), and --self-check's prompts.  The loader then builds on what it leaves in s. */
 static bool preflight(struct kt_server *s, kt_err *err)
 {
     const struct kt_serve_options *o = &s->o;
@@ -311,6 +311,13 @@ static bool preflight(struct kt_server *s, kt_err *err)
         return false;
     }
     if (kt_serve_placement_preflight(s, s->live, &s->machine, err) != KT_OK)
+        return false;
+    /* the loader's memory check, made now: a model that does not fit is refused before kt-serve listens */
+    FILE *quiet = fopen("/dev/null", "w");
+    const bool fits = !quiet || kt_tool_placement_fits(quiet, s->model, s->live, &s->ep, err);
+    if (quiet)
+        fclose(quiet);
+    if (!fits)
         return false;
     if (o->profile_out && kt_tool_check_writable("--profile-out", o->profile_out, err) != KT_OK)
         return false;

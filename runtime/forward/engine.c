@@ -467,6 +467,58 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
     return st;
 }
 
+/* ---- host memory, before creation --------------------------------------------------------- */
+
+/* Bytes of t's rows repacked for the host kernels; 0 where the level has no packed format for its type. */
+static uint64_t packed_bytes(const struct kt_gguf_tensor *t)
+{
+    if (!t)
+        return 0;
+    const struct kt_mat m = kt_mat_from_tensor(t);
+    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m.type);
+    return k && k->packed ? kt_packed_bytes(k->packed, m.n_in, m.n_out) : 0;
+}
+
+struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const struct kt_engine_params *p)
+{
+    const struct kt_hparams *hp = &m->hp;
+    const struct kt_engine_params d = kt_fwd_params_resolved(hp, p);
+    const bool dev = d.device != NULL;
+    struct kt_engine_host_bytes b = {0};
+    /* the matrices pack_host_weights packs, where the device does not run them */
+    if (!(dev && d.output_on_device))
+        b.packed += packed_bytes(m->output);
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const struct kt_layer *t = &m->layers[il];
+        if (!(dev && d.attention_on_device))
+            b.packed += packed_bytes(t->attn_q_a) + packed_bytes(t->attn_q_b) + packed_bytes(t->attn_q) +
+                        packed_bytes(t->attn_kv_a_mqa) + packed_bytes(t->attn_output);
+        if (!t->is_moe && !(dev && d.dense_on_device))
+            b.packed += packed_bytes(t->ffn_gate) + packed_bytes(t->ffn_up) + packed_bytes(t->ffn_down);
+        if (t->is_moe && !(dev && d.shared_on_device))
+            b.packed += packed_bytes(t->ffn_gate_shexp) + packed_bytes(t->ffn_up_shexp) +
+                        packed_bytes(t->ffn_down_shexp);
+    }
+    if (!(dev && d.attention_on_device)) {
+        struct kt_kv_cache_params kp = {.n_layer = hp->n_layer, .row_floats = hp->kv_lora_rank + hp->qk_rope_dim,
+                                        .block_tokens = d.kv_block_tokens, .n_blocks = d.kv_blocks,
+                                        .max_seqs = d.max_seqs, .n_ctx = d.n_ctx};
+        uint64_t kv = 0;
+        kt_err ignored = {0};
+        if (kt_kv_cache_pool_bytes(&kp, &kv, &ignored) == KT_OK)
+            b.kv_cache = kv;
+    }
+    return b;
+}
+
+uint64_t kt_engine_host_packed_bytes(const struct kt_engine *e)
+{
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < e->n_packed_blocks; i++)
+        bytes += e->packed_block_bytes[i];
+    return bytes;
+}
+
 static kt_status kv_cache_create(struct kt_engine *e, kt_err *err)
 {
     const struct kt_kv_cache_params kp = kt_fwd_kv_params(e);
@@ -555,6 +607,10 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                                             .replica_nodes = d.expert_replica_nodes,
                                             .sliced_layers = slice_nodes ? d.layer_sliced : NULL,
                                             .slice_nodes = slice_nodes};
+        if (!e->test.keep_gguf_layout) {
+            const struct kt_engine_host_bytes hb = kt_engine_host_bytes(m, &d);
+            sp.other_host_bytes = hb.packed + hb.kv_cache;
+        }
         if (e->test.experts_round_robin && e->pools)
             sp.round_robin_nodes = e->topo->n_nodes;
         if ((st = kt_expert_store_create(m, &sp, &e->experts, err)))

@@ -327,6 +327,21 @@ const char *kt_engine_device_name(const struct kt_engine *e);
  * alone: what a planner reserves on a device that holds anything (placement
  * counts it as the "working buffers" part).  cuda: the device is a GPU. */
 uint64_t kt_engine_device_work_bytes(const struct kt_model *m, const struct kt_engine_params *p, bool cuda);
+/* Host memory an engine for model m with params p takes besides the file
+ * it maps, from the tensor table alone (before creation): the packed copies
+ * of the matrices the host multiplies whole (attention projections, dense
+ * FFNs, shared experts, the output head, each where the device does not
+ * run it and the CPU level has a packed format for its type) and the KV
+ * cache when attention stays on the host.  The routed experts are the
+ * placement's and the expert store's to count. */
+struct kt_engine_host_bytes {
+    uint64_t packed;
+    uint64_t kv_cache;
+};
+struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const struct kt_engine_params *p);
+/* Bytes of the host matrices this engine packed (what kt_engine_host_bytes
+ * predicted as `packed`). */
+uint64_t kt_engine_host_packed_bytes(const struct kt_engine *e);
 /* What the engine's device holds in all, and of it working buffers; KT_ERR_NOT_FOUND without a device. */
 kt_status kt_engine_device_bytes(const struct kt_engine *e, uint64_t *total, uint64_t *work);
 

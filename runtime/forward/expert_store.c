@@ -460,8 +460,12 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         goto fail;
     }
     const int n_packers = s->staging_bytes ? packer_threads() : 0;
-    if ((st = kt_meminfo_check(d.host_root, "loading the routed experts",
-                               s->bytes + (uint64_t)(n_packers + 1) * s->staging_bytes, err)) != KT_OK)
+    if ((st = kt_meminfo_check(d.host_root,
+                               d.other_host_bytes ? "loading the routed experts, packing the host matrices and the "
+                                                    "KV cache"
+                                                  : "loading the routed experts",
+                               s->bytes + (uint64_t)(n_packers + 1) * s->staging_bytes + d.other_host_bytes,
+                               err)) != KT_OK)
         goto fail;
     if (n_packers)
         packers = kt_pack_pipeline_create(n_packers, (size_t)s->staging_bytes);

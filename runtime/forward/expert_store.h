@@ -79,6 +79,10 @@ struct kt_expert_store_params {
      * expert); its home nodes are kept as given, for reports only. */
     const uint8_t *sliced_layers;
     uint16_t slice_nodes;       /* bit i: node i holds a share; at least two bits when sliced_layers is set */
+    /* Host memory the engine takes besides the experts (its packed
+     * matrices, its KV cache: kt_engine_host_bytes), counted in the one
+     * memory check made before anything is read. */
+    uint64_t other_host_bytes;
 };
 
 /* Rows are sliced in whole blocks of this many (moe.c's rows per task, a

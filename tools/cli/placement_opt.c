@@ -154,11 +154,13 @@ static double gib(uint64_t bytes)
     return (double)bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
-bool kt_tool_placement_fits(FILE *f, const struct kt_placement *p, const struct kt_engine_params *ep, kt_err *why)
+bool kt_tool_placement_fits(FILE *f, const struct kt_model *m, const struct kt_placement *p,
+                            const struct kt_engine_params *ep, kt_err *why)
 {
     const struct kt_placement_device *cpu = &p->devices[0];
     uint64_t experts = cpu->part_bytes[KT_PART_ROUTED_EXPERTS] + cpu->part_bytes[KT_PART_REPLICAS];
-    uint64_t sim = 0, displaced = 0, kv = cpu->part_bytes[KT_PART_KV_CACHE];
+    const struct kt_engine_host_bytes engine = kt_engine_host_bytes(m, ep); /* the engine's own, as it allocates */
+    uint64_t sim = 0, displaced = 0, kv = engine.kv_cache, packed = engine.packed;
     bool fits = true;
     fprintf(f, "memory this plan needs\n");
     for (int n = 0; n < p->n_nodes; n++)
@@ -187,10 +189,11 @@ bool kt_tool_placement_fits(FILE *f, const struct kt_placement *p, const struct 
             }
         }
     }
-    const uint64_t host = experts + sim + displaced + kv;
+    const uint64_t host = experts + sim + displaced + kv + packed;
     fprintf(f, "  %-17s %9.3f GiB  routed experts and replicas %.3f, sim memory %.3f, a GPU's experts without one "
-               "%.3f, KV cache %.3f (weights read in place from the file are not counted)\n",
-            "host in all", gib(host), gib(experts), gib(sim), gib(displaced), gib(kv));
+               "%.3f, KV cache %.3f, host matrices packed %.3f (weights read in place from the file are not "
+               "counted)\n",
+            "host in all", gib(host), gib(experts), gib(sim), gib(displaced), gib(kv), gib(packed));
     kt_err e = {0};
     if (fits && kt_meminfo_check(NULL, "this plan", host, &e) != KT_OK) {
         fits = false;

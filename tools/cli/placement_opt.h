@@ -41,11 +41,13 @@ void kt_tool_print_homes(FILE *f, const struct kt_placement *p, uint32_t il, int
 void kt_tool_print_layer_homes(FILE *f, const struct kt_placement *p);
 
 /* What the plan needs of this machine once ep (from kt_engine_plan_apply on
- * p) runs it: printed per place, then the verdict.  The host's part -
- * routed experts and replicas copied into node memory, the sim's memory, the
- * KV cache on the CPU, and a GPU's experts when no GPU is there to take
- * them - goes through the check the loader makes (kt_meminfo_check); a
- * GPU's through its free memory.  Returns whether it fits; why says why not. */
-bool kt_tool_placement_fits(FILE *f, const struct kt_placement *p, const struct kt_engine_params *ep, kt_err *why);
+ * p) runs model m: printed per place, then the verdict.  The host's part -
+ * routed experts and replicas copied into node memory, the sim's memory, a
+ * GPU's experts when no GPU is there to take them, and the engine's own
+ * (kt_engine_host_bytes: the KV cache on the CPU, the host matrices packed)
+ * - goes through the check the loader makes (kt_meminfo_check); a GPU's
+ * through its free memory.  Returns whether it fits; why says why not. */
+bool kt_tool_placement_fits(FILE *f, const struct kt_model *m, const struct kt_placement *p,
+                            const struct kt_engine_params *ep, kt_err *why);
 
 #endif

@@ -249,7 +249,7 @@ static bool dry_run(const struct kt_run_options *o, const struct kt_model *m, kt
         if (kt_engine_plan_apply(p, &plan, &ep, stdout, err) == KT_OK) {
             printf("expert homes, per MoE layer (layers placed alike together)\n");
             kt_tool_print_layer_homes(stdout, p);
-            fits = kt_tool_placement_fits(stdout, p, &ep, err);
+            fits = kt_tool_placement_fits(stdout, m, p, &ep, err);
         }
     }
     kt_engine_plan_free(&plan);
