@@ -312,16 +312,17 @@ static bool preflight(struct kt_server *s, kt_err *err)
     }
     if (kt_serve_placement_preflight(s, s->live, &s->machine, err) != KT_OK)
         return false;
-    /* the loader's memory check, made now: a model that does not fit is refused before kt-serve listens */
+    if (o->profile_out && kt_tool_check_writable("--profile-out", o->profile_out, err) != KT_OK)
+        return false;
+    if (o->self_check && kt_serve_self_check_prepare(s, err) != KT_OK)
+        return false;
+    /* last, as the loader's is: its memory check, made now, so a model that does not fit is refused
+     * before kt-serve listens */
     FILE *quiet = fopen("/dev/null", "w");
     const bool fits = !quiet || kt_tool_placement_fits(quiet, s->model, s->live, &s->ep, err);
     if (quiet)
         fclose(quiet);
-    if (!fits)
-        return false;
-    if (o->profile_out && kt_tool_check_writable("--profile-out", o->profile_out, err) != KT_OK)
-        return false;
-    return !o->self_check || kt_serve_self_check_prepare(s, err) == KT_OK;
+    return fits;
 }
 
 /* The slow part, on the loader thread: the engine (the experts load here),

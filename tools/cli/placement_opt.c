@@ -198,8 +198,7 @@ bool kt_tool_placement_fits(FILE *f, const struct kt_model *m, const struct kt_p
     if (fits && kt_meminfo_check(NULL, "this plan", host, &e) != KT_OK) {
         fits = false;
         if (e.status == KT_ERR_NOMEM)
-            kt_err_set(why, e.status, "%s: free memory, use a machine with more, or place more experts on a device",
-                       e.msg);
+            kt_err_set(why, e.status, "%s, or place more experts on a device", e.msg);
         else
             *why = e;
     }
