@@ -5,7 +5,9 @@
  * target's, once the hysteresis lets the step move): each round it takes the
  * pending move, or the swap of a move onto a device with one off it, with
  * the best predicted gain per byte that fits the bytes left, applies it to
- * the working homes and goes on until nothing gains or fits.  A candidate's
+ * the working homes and goes on until nothing gains or fits.  Replica drops
+ * the target makes are applied first; replica adds are candidates like the
+ * homes.  A candidate's
  * gain alone is cached with its layer's version and computed again only
  * after that layer changed; a swap's is computed when weighed.
  */
@@ -17,6 +19,8 @@
 
 struct candidate {
     uint32_t layer, expert;
+    enum kt_move_kind kind;
+    int node;                    /* a replica's node */
     bool done;
     double gain_s;               /* alone, on the working homes */
     uint32_t version;            /* of its layer when gain_s was computed */
@@ -50,9 +54,17 @@ static bool same_home(const struct kt_expert_home *a, const struct kt_expert_hom
     return a->device == b->device && (a->device > 0 || a->node == b->node);
 }
 
-/* The target's home of candidate k, keeping the working replica set (not moved here). */
+/* The target's home of candidate k, keeping the working replica set (changed only by replica moves). */
 static struct kt_expert_home target_home(struct state *s, const struct candidate *k)
 {
+    if (k->kind != KT_MOVE_HOME) {
+        struct kt_expert_home h = *home_of(s, k->layer, k->expert);
+        if (k->kind == KT_MOVE_REPLICA_ADD)
+            h.replica_nodes |= 1ull << k->node;
+        else
+            h.replica_nodes &= ~(1ull << k->node);
+        return h;
+    }
     struct kt_expert_home h = *kt_placement_expert(s->target, k->layer, k->expert);
     h.replica_nodes = home_of(s, k->layer, k->expert)->replica_nodes;
     if (h.device > 0)
@@ -78,6 +90,28 @@ static double gain_of(struct state *s, const struct candidate *a, const struct c
     return gain;
 }
 
+/* Layer k->layer's time with candidate k made (the working homes kept). */
+static double layer_time_with(struct state *s, const struct candidate *k)
+{
+    struct kt_expert_home *h = home_of(s, k->layer, k->expert), saved = *h;
+    *h = target_home(s, k);
+    const double t = layer_time(s, k->layer);
+    *h = saved;
+    return t;
+}
+
+/* Room for one more candidate beyond the one per expert (replica candidates); false out of memory. */
+static bool grow_candidates(struct state *s, size_t *cap)
+{
+    if (s->n_cand < *cap)
+        return true;
+    struct candidate *c = realloc(s->cand, 2 * *cap * sizeof *c);
+    if (!c)
+        return false;
+    s->cand = c, *cap *= 2;
+    return true;
+}
+
 static double cached_gain(struct state *s, struct candidate *k)
 {
     if (k->version != s->version[k->layer]) {
@@ -90,7 +124,7 @@ static double cached_gain(struct state *s, struct candidate *k)
 static void apply(struct state *s, struct candidate *k)
 {
     const struct kt_expert_home from = *home_of(s, k->layer, k->expert), to = target_home(s, k);
-    const uint64_t eb = kt_layer_expert_bytes(s->m, k->layer);
+    const uint64_t eb = k->kind == KT_MOVE_HOME ? kt_layer_expert_bytes(s->m, k->layer) : 0; /* device bytes */
     if (from.device > 0)
         s->free_bytes[from.device] += eb;
     if (to.device > 0)
@@ -111,9 +145,16 @@ static kt_status add_move(struct kt_rebalance *r, uint32_t *cap, struct state *s
             return kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
         r->moves = mv, *cap = n;
     }
-    const uint64_t eb = kt_layer_expert_bytes(s->m, k->layer);
-    r->moves[r->n_moves++] = (struct kt_move){k->layer, k->expert, *home_of(s, k->layer, k->expert), target_home(s, k),
-                                              eb, gain, paired_with};
+    const uint64_t eb = k->kind == KT_MOVE_REPLICA_DROP ? 0 : kt_layer_expert_bytes(s->m, k->layer);
+    r->moves[r->n_moves++] = (struct kt_move){k->kind,
+                                              k->node,
+                                              k->layer,
+                                              k->expert,
+                                              *home_of(s, k->layer, k->expert),
+                                              target_home(s, k),
+                                              eb,
+                                              gain,
+                                              paired_with};
     r->bytes += eb;
     return KT_OK;
 }
@@ -146,7 +187,8 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
     s.homes = calloc((size_t)L * (N ? N : 1), sizeof *s.homes);
     s.version = calloc(L ? L : 1, sizeof *s.version);
     s.layer_s = calloc(L ? L : 1, sizeof *s.layer_s);
-    s.cand = calloc((size_t)L * (N ? N : 1), sizeof *s.cand);
+    size_t cand_cap = (size_t)L * (N ? N : 1);
+    s.cand = calloc(cand_cap, sizeof *s.cand);
     uint32_t cap = 0;
     if (!s.homes || !s.version || !s.layer_s || !s.cand) {
         st = kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
@@ -166,15 +208,47 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
         s.layer_s[il] = layer_time(&s, il);
         out->before_s += s.layer_s[il];
         target_s += kt_cost_layer(c, cur, il, target->layers[il].experts, cur->layers[il].cpu_sliced, &s.q, NULL);
-        for (uint32_t x = 0; x < N; x++)
-            if (!same_home(&cur->layers[il].experts[x], &target->layers[il].experts[x]))
-                s.cand[s.n_cand++] = (struct candidate){il, x, false, 0.0, UINT32_MAX};
+        for (uint32_t x = 0; x < N; x++) {
+            const struct kt_expert_home *a = &cur->layers[il].experts[x], *b = &target->layers[il].experts[x];
+            if (!grow_candidates(&s, &cand_cap)) {
+                st = kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
+                goto done;
+            }
+            if (!same_home(a, b)) {
+                s.cand[s.n_cand++] = (struct candidate){il, x, KT_MOVE_HOME, -1, false, 0.0, UINT32_MAX};
+                continue;
+            }
+            /* the same CPU node: its replicas, one candidate per node that differs (none in a sliced layer) */
+            const uint64_t differ = a->device == 0 && !cur->layers[il].cpu_sliced
+                                        ? (a->replica_nodes ^ b->replica_nodes) & ~(1ull << (a->node & 63))
+                                        : 0;
+            for (int n = 0; n < cur->n_nodes && n < 64; n++)
+                if ((differ >> n & 1) && grow_candidates(&s, &cand_cap))
+                    s.cand[s.n_cand++] = (struct candidate){
+                        il, x, b->replica_nodes >> n & 1 ? KT_MOVE_REPLICA_ADD : KT_MOVE_REPLICA_DROP, n, false, 0.0,
+                        UINT32_MAX};
+                else if (differ >> n & 1) {
+                    st = kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
+                    goto done;
+                }
+        }
     }
     /* hysteresis: nothing moves unless the target saves enough of the step */
     if (!(target_s < out->before_s * (1.0 - rp->min_gain))) {
         out->n_pending = s.n_cand;
         out->after_s = out->before_s;
         goto done;
+    }
+    /* the target's replica drops first: they free the node memory its adds may take */
+    for (uint32_t i = 0; i < s.n_cand; i++) {
+        struct candidate *k = &s.cand[i];
+        if (k->kind != KT_MOVE_REPLICA_DROP)
+            continue;
+        const double gain = s.layer_s[k->layer] - (layer_time_with(&s, k));
+        if ((st = add_move(out, &cap, &s, k, gain, -1, err)))
+            goto done;
+        apply(&s, k);
+        out->gain_s += gain;
     }
     uint64_t left = rp->budget_bytes ? rp->budget_bytes : UINT64_MAX;
     for (;;) {

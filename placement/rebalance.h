@@ -18,9 +18,13 @@
  * than min_gain (a share); then only moves that gain are taken.  At most
  * budget_bytes are copied in a round; the rest waits for the next one.
  *
- * Not moved here: replicas and the row-sliced flag (the target's replica
- * sets and slicing are left as they are) - the engine changes neither while
- * it serves yet.  Pure arithmetic: no thread, no device, no file.
+ * Replicas change the same way, for an expert the target keeps on the same
+ * CPU node: a replica the target drops is dropped first in the round (it
+ * frees node memory the adds may need; bytes 0), and a replica it adds is a
+ * move of the expert's bytes to that node, weighed by gain per byte with
+ * the others.  Not changed here: the row-sliced flag (a sliced layer takes
+ * no replicas, and its slicing stays as it is).  Pure arithmetic: no thread,
+ * no device, no file.
  */
 #ifndef KT_PLACEMENT_REBALANCE_H
 #define KT_PLACEMENT_REBALANCE_H
@@ -31,7 +35,15 @@
 #include "plan.h"
 #include "status.h"
 
+enum kt_move_kind {
+    KT_MOVE_HOME,                /* the expert's home changes: from -> to */
+    KT_MOVE_REPLICA_ADD,         /* a replica on node `node` (to = from with its bit set) */
+    KT_MOVE_REPLICA_DROP,        /* the replica on node `node` goes (to = from without its bit) */
+};
+
 struct kt_move {
+    enum kt_move_kind kind;
+    int node;                    /* the replica's node (replica moves) */
     uint32_t layer, expert;
     struct kt_expert_home from, to;
     uint64_t bytes;              /* copied to the new home: the expert's GGUF bytes */

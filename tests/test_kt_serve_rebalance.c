@@ -463,6 +463,76 @@ static void moves_keep_the_greedy_answer_and_the_plan_serves_the_same_places(voi
     unlink(plan);
 }
 
+/* Replicas in the live placement's JSON: copies beyond the homes. */
+static long count_replicas(const json_t *placement)
+{
+    long n = 0;
+    const json_t *layers = json_object_get(placement, "layers");
+    for (size_t il = 0; il < json_array_size(layers); il++) {
+        const json_t *r = json_object_get(json_array_get(layers, il), "replicas");
+        for (size_t x = 0; x < json_array_size(r); x++)
+            n += (long)json_array_size(json_array_get(r, x));
+    }
+    return n;
+}
+
+/* Replicas move too: CPU only on both nodes, the two hottest experts of each
+ * layer replicated; with no --machine the planner's target has none (no
+ * node memory is stated), so the rebalancer drops them (those of rounds
+ * whose target gains past the hysteresis), between steps, and logs each
+ * drop; a replica computes the same bytes, so the greedy answer stays the
+ * same. */
+static void replicas_are_dropped_between_steps(void)
+{
+    char config[1024], args[2600];
+    snprintf(config, sizeof config, "%s", kt_test_path("replicas.yaml"));
+    FILE *f = fopen(config, "w");
+    if (!f) {
+        KT_CHECK(false, "cannot write %s", config);
+        return;
+    }
+    fputs("version: 1\ndescription: both nodes, two replicas a layer\nattention: cpu\ncpu:\n  nodes: auto\n"
+          "  replicas:\n    hot_per_layer: 2\n",
+          f);
+    fclose(f);
+    struct test_server s;
+    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
+             "--rebalance-interval 0.2", config);
+    if (!server_start(&s, tiny, args, true)) {
+        unlink(config);
+        return;
+    }
+    json_t *first = get_json(&s, "/kt/placement");
+    const long at_start = count_replicas(first);
+    KT_CHECK(at_start == 3 * 2, "the config's replicas at the start: %ld", at_start);
+    char *before = greedy_answer(&s);
+    json_t *j = NULL;
+    bool dropped = false;
+    const double t0 = harness_now();
+    for (int round = 0; harness_now() - t0 < 120 && !dropped; round++) {
+        send_traffic(&s, 2, 300 + 2 * round);
+        json_decref(j);
+        j = get_json(&s, "/kt/placement");
+        dropped = count_replicas(j) < at_start &&
+                  json_integer_value(json_object_get(json_object_get(j, "rebalancer"), "in_flight")) == 0;
+    }
+    const long left = count_replicas(j);
+    KT_CHECK(dropped, "replicas left: %ld of %ld", left, at_start);
+    printf("  %ld of %ld replicas dropped (the rest while the target's gain stays under the hysteresis)\n",
+           at_start - left, at_start);
+    KT_CHECK(json_integer_value(json_object_get(j, "migrations_total")) >= at_start - left &&
+                 json_integer_value(json_object_get(j, "migrations_failed")) == 0,
+             "each drop logged: %lld moves, %lld failed", (long long)json_integer_value(json_object_get(j, "migrations_total")),
+             (long long)json_integer_value(json_object_get(j, "migrations_failed")));
+    char *after = greedy_answer(&s);
+    KT_CHECK(before && after && strcmp(before, after) == 0, "the greedy answer changed as replicas went:\n%s\n%s",
+             before, after);
+    free(before), free(after);
+    json_decref(first), json_decref(j);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    unlink(config);
+}
+
 /* A tiny expert is 0.75 MiB: a budget below it still lets one move at a time through. */
 static void a_budget_below_one_expert_still_moves_experts(void)
 {
@@ -634,6 +704,7 @@ int main(void)
     KT_RUN(nothing_moves_with_the_rebalancer_off);
     KT_RUN(moves_keep_the_greedy_answer_and_the_plan_serves_the_same_places);
     KT_RUN(a_budget_below_one_expert_still_moves_experts);
+    KT_RUN(replicas_are_dropped_between_steps);
     KT_RUN(bad_rebalancing_options_are_refused);
     KT_RUN(api_key_guards_kt_endpoints_but_not_the_dashboard);
     KT_RUN(the_expert_cache_hits_and_keeps_the_greedy_answer);

@@ -302,6 +302,94 @@ static void marginal_gain_beats_equal_per_layer_on_skewed_layers(void)
     kt_model_close(m);
 }
 
+/* Replicas follow the traffic too: serving two CPU nodes (every expert
+ * homed on node 0, node 1 holding copies) with replicas of A's two hottest
+ * experts a layer while the target replicates B's, the rebalancer drops A's
+ * (first, no bytes) and adds B's (the expert's bytes, each gaining by B's
+ * cost model), so that after its moves every expert has the target's
+ * replicas. */
+static struct kt_placement *with_replicas(const struct kt_placement *from, const struct kt_model *m, uint32_t shift)
+{
+    struct kt_placement *p = kt_placement_clone(from);
+    const uint32_t n = m->hp.n_expert;
+    for (uint32_t il = 0; p && il < p->n_layer; il++) {
+        struct kt_placement_layer *L = &p->layers[il];
+        L->cpu_sliced = false; /* replicas need whole experts */
+        for (uint32_t x = 0; L->experts && x < n; x++) /* every expert on node 0: node 1 only serves copies */
+            L->experts[x].replica_nodes = 0, L->experts[x].node = 0;
+        for (uint32_t r = 0; L->experts && r < 2; r++) { /* the two hottest of zipf_shifted(shift) */
+            struct kt_expert_home *h = &L->experts[(r * 5 + il * 3 + shift) % n];
+            if (h->device == 0)
+                h->replica_nodes = p->expert_nodes & ~(1ull << h->node);
+        }
+    }
+    return p;
+}
+
+static void rebalancer_adds_and_drops_replicas(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const double skew[4] = {0, 1.5, 1.5, 1.5};
+    struct kt_profile *pa = zipf_shifted(m, skew, 0), *pb = zipf_shifted(m, skew, 7);
+    struct kt_machine mach;
+    two_nodes(&mach, 0.086);
+    for (int n = 0; n < mach.n_nodes; n++) /* room for copies */
+        mach.nodes[n].memory_bytes = 64ull << 30;
+    struct kt_planner_options o = {.device = KT_PLACE_CPU};
+    struct kt_cost_model *ca = NULL, *cb = NULL;
+    struct kt_plan *plan_a = make_plan(m, pa, &mach, &o, &ca), *plan_b = make_plan(m, pb, &mach, &o, &cb);
+    struct kt_placement *cur = plan_a ? with_replicas(plan_a->placement, m, 0) : NULL;
+    struct kt_placement *tgt = cur ? with_replicas(cur, m, 7) : NULL;
+    if (cur && tgt) {
+        KT_CHECK(__builtin_popcountll(cur->expert_nodes) == 2, "premise: experts on two nodes");
+        /* at batch 16: a replica lets a hot expert's tokens split over two nodes (at batch 1 it only
+         * evens the nodes' expected load, which the cost model prices as no gain here) */
+        struct kt_rebalance_params rp = {.query = {.mode = KT_COST_DECODE, .batch = 16}, .min_gain = 0.0};
+        struct kt_rebalance r;
+        kt_err err = {0};
+        KT_CHECK(kt_rebalance_plan(cb, m, cur, tgt, &rp, &r, &err) == KT_OK, "%s", err.msg);
+        struct kt_placement *now = kt_placement_clone(cur);
+        uint32_t adds = 0, drops = 0;
+        for (uint32_t i = 0; now && i < r.n_moves; i++) {
+            const struct kt_move *mv = &r.moves[i];
+            struct kt_expert_home *h = &now->layers[mv->layer].experts[mv->expert];
+            KT_CHECK(h->replica_nodes == mv->from.replica_nodes, "move %u starts from the replicas left", i);
+            adds += mv->kind == KT_MOVE_REPLICA_ADD, drops += mv->kind == KT_MOVE_REPLICA_DROP;
+            KT_CHECK(mv->kind != KT_MOVE_REPLICA_DROP || adds == 0, "drop %u after an add", i);
+            *h = mv->to;
+        }
+        uint32_t extra = 0, missing = 0;
+        for (uint32_t il = 0; now && il < m->hp.n_layer; il++)
+            for (uint32_t x = 0; now->layers[il].experts && x < m->hp.n_expert; x++) {
+                const struct kt_expert_home *h = &now->layers[il].experts[x], *t = kt_placement_expert(tgt, il, x);
+                if (h->device != t->device || h->node != t->node)
+                    continue;
+                extra += __builtin_popcountll(h->replica_nodes & ~t->replica_nodes);
+                missing += __builtin_popcountll(t->replica_nodes & ~h->replica_nodes);
+            }
+        printf("replicas A -> B: %u added, %u dropped, %u of B's not added (no gain), %.3f -> %.3f ms\n", adds, drops,
+               missing, r.before_s * 1e3, r.after_s * 1e3);
+        KT_CHECK(adds > 0 && drops > 0 && extra == 0 && missing == 0,
+                 "%u added, %u dropped, %u kept that the target does not have, %u of its not added", adds, drops, extra,
+                 missing);
+        KT_CHECK(r.after_s < r.before_s && fabs((r.before_s - r.after_s) - r.gain_s) < 1e-9 + 1e-6 * r.before_s,
+                 "%.9g -> %.9g s, gains %.9g s", r.before_s, r.after_s, r.gain_s);
+        kt_placement_destroy(now);
+        kt_rebalance_free(&r);
+    }
+    kt_placement_destroy(cur);
+    kt_placement_destroy(tgt);
+    kt_plan_destroy(plan_a);
+    kt_plan_destroy(plan_b);
+    kt_cost_destroy(ca);
+    kt_cost_destroy(cb);
+    kt_profile_destroy(pa);
+    kt_profile_destroy(pb);
+    kt_model_close(m);
+}
+
 /* The rebalancer (rebalance.h): serving the plan of profile A while traffic
  * routes as profile B, it moves experts toward B's plan - gaining by the cost
  * model of B, the accelerator never over its budget after any move, within
@@ -337,10 +425,26 @@ static void rebalancer_moves_toward_the_live_profiles_plan(void)
             if (cur->layers[il].experts)
                 memcpy(homes + (size_t)il * m->hp.n_expert, cur->layers[il].experts, m->hp.n_expert * sizeof *homes);
         uint64_t bytes = 0;
+        uint32_t adds = 0, drops = 0;
         for (uint32_t i = 0; i < r.n_moves; i++) {
             const struct kt_move *mv = &r.moves[i];
             struct kt_expert_home *h = &homes[(size_t)mv->layer * m->hp.n_expert + mv->expert];
-            KT_CHECK(h->device == mv->from.device && h->node == mv->from.node, "move %u starts from its home", i);
+            KT_CHECK(h->device == mv->from.device && h->node == mv->from.node && h->replica_nodes == mv->from.replica_nodes,
+                     "move %u starts from its home and replicas", i);
+            if (mv->kind != KT_MOVE_HOME) { /* replicas: a drop is free and comes before every add */
+                const bool add = mv->kind == KT_MOVE_REPLICA_ADD;
+                const uint64_t want = kt_placement_expert(tgt, mv->layer, mv->expert)->replica_nodes;
+                KT_CHECK(h->device == 0 && mv->node != h->node && (h->replica_nodes >> mv->node & 1) == !add &&
+                             (want >> mv->node & 1) == add,
+                         "move %u: a replica the target %s on node %d", i, add ? "adds" : "drops", mv->node);
+                KT_CHECK(add ? mv->bytes == kt_layer_expert_bytes(m, mv->layer) && mv->gain_s > 0 : mv->bytes == 0,
+                         "move %u: bytes %llu, gain %.3g", i, (unsigned long long)mv->bytes, mv->gain_s);
+                KT_CHECK(add || adds == 0, "drop %u after an add", i);
+                adds += add, drops += !add;
+                h->replica_nodes = mv->to.replica_nodes;
+                bytes += mv->bytes;
+                continue;
+            }
             const struct kt_expert_home *want = kt_placement_expert(tgt, mv->layer, mv->expert);
             KT_CHECK(mv->to.device == want->device && (want->device > 0 || mv->to.node == want->node),
                      "move %u goes to the target's home", i);
@@ -354,8 +458,12 @@ static void rebalancer_moves_toward_the_live_profiles_plan(void)
         uint32_t paired = 0;
         for (uint32_t i = 0; i < r.n_moves; i++)
             paired += r.moves[i].paired_with >= 0;
-        printf("rebalance A -> B: %u moves (%u onto a full device, paired), %u pending, %.3f -> %.3f ms\n", r.n_moves,
-               paired, r.n_pending, r.before_s * 1e3, r.after_s * 1e3);
+        printf("rebalance A -> B: %u moves (%u onto a full device, paired; %u replicas added, %u dropped), %u pending, "
+               "%.3f -> %.3f ms\n",
+               r.n_moves, paired, adds, drops, r.n_pending, r.before_s * 1e3, r.after_s * 1e3);
+        KT_CHECK(plan_a->replicas_hot_per_layer == 0 || (adds > 0 && drops > 0),
+                 "A's plan has %u replicas a layer, B's hot set differs: %u added, %u dropped",
+                 plan_a->replicas_hot_per_layer, adds, drops);
         KT_CHECK(paired > 0, "no move went onto the device as a swap");
         KT_CHECK(bytes == r.bytes, "bytes %llu, reported %llu", (unsigned long long)bytes, (unsigned long long)r.bytes);
         free(homes);
@@ -696,6 +804,7 @@ int main(void)
     KT_RUN(planner_slices_a_layer_whole_experts_cannot_balance);
     KT_RUN(marginal_gain_beats_equal_per_layer_on_skewed_layers);
     KT_RUN(rebalancer_moves_toward_the_live_profiles_plan);
+    KT_RUN(rebalancer_adds_and_drops_replicas);
     KT_RUN(budget_without_room_for_attention_is_refused);
     KT_RUN(cli_refuses_bad_input_and_writes_nothing);
     KT_RUN(kimi_k2_header_plans_within_a_sanity_bound);

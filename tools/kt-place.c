@@ -379,10 +379,17 @@ static char *moves_report(const char *path, const struct kt_model *m, const stru
             for (uint32_t i = 0; i < r.n_moves; i++) {
                 const struct kt_move *mv = &r.moves[i];
                 char from[48], to[48];
-                fprintf(f, "  %3u. layer %u expert %u: %s -> %s, %.1f MiB", i + 1, mv->layer, mv->expert,
-                        home_name(cur, &mv->from, from, sizeof from), home_name(cur, &mv->to, to, sizeof to),
-                        (double)mv->bytes / 1048576.0);
-                if (mv->paired_with >= 0)
+                if (mv->kind != KT_MOVE_HOME)
+                    fprintf(f, "  %3u. layer %u expert %u: a replica on node %d %s (home %s), %.1f MiB", i + 1,
+                            mv->layer, mv->expert, mv->node, mv->kind == KT_MOVE_REPLICA_ADD ? "added" : "dropped",
+                            home_name(cur, &mv->from, from, sizeof from), (double)mv->bytes / 1048576.0);
+                else
+                    fprintf(f, "  %3u. layer %u expert %u: %s -> %s, %.1f MiB", i + 1, mv->layer, mv->expert,
+                            home_name(cur, &mv->from, from, sizeof from), home_name(cur, &mv->to, to, sizeof to),
+                            (double)mv->bytes / 1048576.0);
+                if (mv->kind == KT_MOVE_REPLICA_DROP)
+                    fprintf(f, ", %s %.4f ms\n", mv->gain_s < 0 ? "costs" : "saves", 1e3 * fabs(mv->gain_s));
+                else if (mv->paired_with >= 0)
                     fprintf(f, ", saves %.4f ms with move %d (a swap)\n", 1e3 * mv->gain_s,
                             mv->paired_with + 1);
                 else if (mv->gain_s > 0)

@@ -283,11 +283,18 @@ static void note_error(struct kt_serve_placement *sp, const char *what, const kt
 }
 
 /* Whether the engine can make move mv of placement cur: a CPU copy that moves
- * must be whole (no row-sliced layer) and go to a node without a replica of it. */
+ * must be whole (no row-sliced layer) and go to a node without a replica of
+ * it; a replica is added to a CPU-homed expert of a whole layer, on a node
+ * with no copy of it. */
 static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
 {
     const struct kt_placement_layer *L = &cur->layers[mv->layer];
     const struct kt_expert_home *h = &L->experts[mv->expert];
+    if (mv->kind == KT_MOVE_REPLICA_ADD)
+        return !L->cpu_sliced && h->device == 0 && mv->node >= 0 && mv->node < cur->n_nodes && mv->node != h->node &&
+               !(h->replica_nodes >> mv->node & 1);
+    if (mv->kind == KT_MOVE_REPLICA_DROP)
+        return mv->node >= 0 && mv->node < cur->n_nodes && (h->replica_nodes >> mv->node & 1);
     const bool cpu_copy_moves = mv->to.device == 0 && (mv->from.device != 0 || mv->from.node != mv->to.node);
     return !(cpu_copy_moves && (L->cpu_sliced || (mv->to.node >= 0 && (h->replica_nodes >> mv->to.node & 1))));
 }
@@ -369,14 +376,18 @@ static void round_once(struct kt_server *s)
         if (!movable(cur, mv))
             continue;
         struct kt_expert_copy *copy = NULL;
-        /* the CPU copy goes to its new node here, while steps run */
-        if (mv->to.device == 0 && kt_engine_expert_node(s->engine, mv->layer, mv->expert) != mv->to.node &&
-            kt_engine_expert_copy(s->engine, mv->layer, mv->expert, mv->to.node, &copy, &err) != KT_OK) {
+        /* the CPU copy goes to its new node here, while steps run (a new replica's to its node) */
+        const bool copies = mv->kind == KT_MOVE_REPLICA_ADD ||
+                            (mv->kind == KT_MOVE_HOME && mv->to.device == 0 &&
+                             kt_engine_expert_node(s->engine, mv->layer, mv->expert) != mv->to.node);
+        if (copies && kt_engine_expert_copy(s->engine, mv->layer, mv->expert,
+                                            mv->kind == KT_MOVE_HOME ? mv->to.node : mv->node, &copy, &err) != KT_OK) {
             char what[64];
             snprintf(what, sizeof what, "layer %u expert %u", mv->layer, mv->expert);
             note_error(sp, what, &err);
             pthread_mutex_lock(&sp->mu);
-            log_move(sp, mv, place_of(cur, &mv->from), place_of(cur, &mv->to), false);
+            log_move(sp, mv, place_of(cur, &mv->from), mv->kind == KT_MOVE_HOME ? place_of(cur, &mv->to) : mv->node,
+                     false);
             pthread_mutex_unlock(&sp->mu);
             continue;
         }
@@ -457,12 +468,52 @@ static void account(struct kt_placement *p, const struct kt_expert_home *a, cons
     }
 }
 
+/* Adds or drops a replica on the engine (scheduler thread, between steps)
+ * and reads the expert's replica set back into the live placement. */
+static void make_replica_move(struct kt_server *s, const struct handoff *h)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const struct kt_move *mv = &h->mv;
+    kt_err err = {0};
+    const kt_status st = mv->kind == KT_MOVE_REPLICA_ADD
+                             ? kt_engine_expert_add_replica(s->engine, h->copy, &err)
+                             : kt_engine_expert_drop_replica(s->engine, mv->layer, mv->expert, mv->node, &err);
+    if (st != KT_OK && mv->kind == KT_MOVE_REPLICA_ADD)
+        kt_expert_copy_discard(h->copy);
+    const uint64_t now_bits = kt_engine_expert_replica_nodes(s->engine, mv->layer, mv->expert);
+    const bool want = mv->kind == KT_MOVE_REPLICA_ADD;
+    pthread_mutex_lock(&sp->mu);
+    struct kt_expert_home *live = &sp->live->layers[mv->layer].experts[mv->expert];
+    const bool had = live->replica_nodes >> mv->node & 1, has = now_bits >> mv->node & 1;
+    if (had != has) { /* the replica's bytes on its node */
+        const uint64_t bytes = kt_layer_expert_bytes(s->model, mv->layer);
+        const int64_t sign = has ? 1 : -1;
+        sp->live->devices[0].bytes += (uint64_t)(sign * (int64_t)bytes);
+        sp->live->devices[0].part_bytes[KT_PART_REPLICAS] += (uint64_t)(sign * (int64_t)bytes);
+        sp->live->node_bytes[mv->node] += (uint64_t)(sign * (int64_t)bytes);
+    }
+    live->replica_nodes = now_bits;
+    const int home = place_of(sp->live, live);
+    /* an add is logged home -> the replica's node, a drop the other way */
+    log_move(sp, mv, want ? home : mv->node, want ? mv->node : home, st == KT_OK && has == want);
+    if (st != KT_OK)
+        snprintf(sp->last_error, sizeof sp->last_error, "layer %u expert %u: %.200s", mv->layer, mv->expert, err.msg);
+    pthread_mutex_unlock(&sp->mu);
+    if (st != KT_OK)
+        fprintf(stderr, "kt-serve: rebalancer: layer %u expert %u: its replica on node %d %s: %s\n", mv->layer,
+                mv->expert, mv->node, want ? "is not added" : "stays", err.msg);
+}
+
 /* Makes one move on the engine; false when the step's one upload is spent
  * and mv needs another (it waits for the next step). */
 static bool make_move(struct kt_server *s, const struct handoff *h, bool *uploaded)
 {
     struct kt_serve_placement *sp = s->placement;
     const struct kt_move *mv = &h->mv;
+    if (mv->kind != KT_MOVE_HOME) {
+        make_replica_move(s, h);
+        return true;
+    }
     if (mv->to.device != 0 && *uploaded)
         return false;
     kt_err err = {0};
