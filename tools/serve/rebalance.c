@@ -6,7 +6,8 @@
  * --plan-out writes it as a placement config kt-serve can start from.
  *
  * Every --rebalance-interval seconds a thread of its own plans from a copy
- * of the live profile with kt-place's planner (placement/planner.h), picks
+ * of the live profile with kt-place's planner (placement/planner.h), for
+ * the batch it decodes at (the mean of the last decode steps), picks
  * the moves worth their bytes (placement/rebalance.h: hysteresis, best gain
  * per byte first) and makes them without holding up a step:
  *   - a copy to another NUMA node is made here, while steps run
@@ -318,6 +319,8 @@ static bool hand_off(struct kt_serve_placement *sp, const struct kt_move *mv, st
     return ok;
 }
 
+static void recent_steps(const struct kt_serve_placement *sp, double *step_s, double *tokens);
+
 static void round_once(struct kt_server *s)
 {
     struct kt_serve_placement *sp = s->placement;
@@ -332,7 +335,10 @@ static void round_once(struct kt_server *s)
     pthread_mutex_lock(&sp->mu);
     cur = kt_placement_clone(sp->live);
     const uint64_t cache_bytes = sp->cache.device_bytes; /* the device's expert cache is not the planner's */
+    double step_s = 0, step_tokens = 0; /* the batch it decodes at: plans and gains for it */
+    recent_steps(sp, &step_s, &step_tokens);
     pthread_mutex_unlock(&sp->mu);
+    const uint32_t batch = step_tokens >= 1.5 ? (uint32_t)lround(step_tokens) : 1;
     if (!cur) {
         kt_err_set(&err, KT_ERR_NOMEM, "out of memory");
         note_error(sp, "copying the placement", &err);
@@ -345,7 +351,7 @@ static void round_once(struct kt_server *s)
                                                                  : 0,
         .budget_source = "the served placement's device",
         .kv_tokens = cur->kv_tokens,
-        .batch = 1,
+        .batch = batch,
         .objective = KT_PLAN_DECODE,
     };
     const uint64_t budget = (uint64_t)(s->o.migration_budget_mib * 1048576.0);
@@ -355,7 +361,7 @@ static void round_once(struct kt_server *s)
         if (cur->layers[il].experts && 2 * kt_layer_expert_bytes(s->model, il) > round_bytes)
             round_bytes = 2 * kt_layer_expert_bytes(s->model, il);
     const struct kt_rebalance_params rp = {
-        .query = {.mode = KT_COST_DECODE, .batch = 1, .context = 512},
+        .query = {.mode = KT_COST_DECODE, .batch = batch, .context = 512},
         .min_gain = s->o.rebalance_min_gain,
         .budget_bytes = round_bytes,
     };
