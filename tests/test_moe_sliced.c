@@ -173,6 +173,74 @@ static void shares_are_the_whole_experts_rows(const char *extra)
     kt_test_synth_remove(m, path);
 }
 
+/* A whole layer sliced while serving (kt_expert_store_slice_copy, then
+ * _switch) holds the bytes a store sliced at load holds, byte for byte, in
+ * the same layout; its whole copies are given back. */
+static void slicing_a_layer_later_gives_the_loads_shares(const char *extra)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", extra, path, sizeof path);
+    if (!m)
+        return;
+    uint8_t *all = sliced_layers(m, 0, m->hp.n_layer);
+    struct kt_expert_store *later = NULL, *at_load = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_expert_store_create(m, NULL, &later, &err) == KT_OK, "whole store: %s", err.msg);
+    KT_CHECK(kt_expert_store_create(m, &(struct kt_expert_store_params){.sliced_layers = all, .slice_nodes = 0x5},
+                                    &at_load, &err) == KT_OK,
+             "sliced store: %s", err.msg);
+    const uint64_t bytes_whole = later ? kt_expert_store_bytes(later) : 0;
+    for (uint32_t il = 0; later && at_load && il < m->hp.n_layer; il++) {
+        if (!m->layers[il].is_moe)
+            continue;
+        struct kt_layer_slices *c = NULL;
+        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x4, &c, &err) == KT_ERR_INVALID && !c &&
+                     strstr(err.msg, "two or more"),
+                 "one node is no slicing: %s", err.msg);
+        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, &c, &err) == KT_OK && c, "%s", err.msg);
+        KT_CHECK(!kt_expert_store_layout(later, il)->sliced, "layer %u: whole until the switch", il);
+        KT_CHECK(c && kt_expert_store_slice_switch(later, c, &err) == KT_OK, "%s", err.msg);
+        const struct kt_expert_layout *a = kt_expert_store_layout(later, il), *b = kt_expert_store_layout(at_load, il);
+        KT_CHECK(a->sliced && a->slice_nodes == 0x5 && !memcmp(a->slice, b->slice, sizeof a->slice) &&
+                     a->gate_packed == b->gate_packed && a->down_packed == b->down_packed,
+                 "layer %u: the load's sliced layout", il);
+        for (uint32_t x = 0; x < m->hp.n_expert; x++)
+            for (int node = 0; node < KT_EXPERT_MAX_NODES; node++) {
+                const struct kt_stored_expert *se = kt_expert_store_expert(later, il, x);
+                const struct kt_stored_expert *le = kt_expert_store_expert(at_load, il, x);
+                if (!(0x5 >> node & 1)) {
+                    KT_CHECK(!se->slice[node] && !se->copy[node], "layer %u expert %u: nothing on node %d", il, x,
+                             node);
+                    continue;
+                }
+                KT_CHECK(se->data == NULL && se->nodes == 0x5 && se->slice[node] &&
+                             !memcmp(se->slice[node], le->slice[node], b->slice[node].bytes),
+                         "%s layer %u expert %u: node %d's share differs from the load's", extra, il, x, node);
+            }
+        c = NULL;
+        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, &c, &err) == KT_ERR_INVALID && !c,
+                 "a sliced layer again: %s", err.msg);
+    }
+    KT_CHECK(!later || !at_load || kt_expert_store_bytes(later) == kt_expert_store_bytes(at_load),
+             "bytes: whole %llu, sliced later %llu, sliced at load %llu", (unsigned long long)bytes_whole,
+             (unsigned long long)(later ? kt_expert_store_bytes(later) : 0),
+             (unsigned long long)(at_load ? kt_expert_store_bytes(at_load) : 0));
+    kt_expert_store_destroy(later);
+    kt_expert_store_destroy(at_load);
+    free(all);
+    kt_test_synth_remove(m, path);
+}
+
+static void slicing_later_f32(void)
+{
+    slicing_a_layer_later_gives_the_loads_shares("");
+}
+
+static void slicing_later_q4_k(void)
+{
+    slicing_a_layer_later_gives_the_loads_shares("--experts-type q4_k");
+}
+
 static void shares_are_whole_rows_f32(void)
 {
     shares_are_the_whole_experts_rows("");
@@ -382,6 +450,8 @@ int main(void)
 {
     KT_RUN(slices_partition_rows_in_whole_blocks);
     KT_RUN(shares_are_whole_rows_f32);
+    KT_RUN(slicing_later_f32);
+    KT_RUN(slicing_later_q4_k);
     KT_RUN(shares_are_whole_rows_q4_k);
     KT_RUN(tiny_sliced_logits_identical);
     KT_RUN(tiny_v3_sliced_logits_identical);

@@ -364,17 +364,21 @@ static kt_status create_pools(struct kt_engine *e, const struct kt_engine_params
 
 /* The parts of row-sliced layers (engine.h layer_sliced): the nodes of
  * expert_slice_nodes (0: every node with a pool), each with its pool; fewer
- * than two leave every layer whole (n_slices 0, *nodes 0). */
+ * than two leave every layer whole (n_slices 0, *nodes 0).  Made whenever
+ * two or more nodes have pools, so a layer can be sliced while serving
+ * (kt_engine_layer_slice_copy); *nodes is set only when layers start sliced. */
 static kt_status plan_slices(struct kt_engine *e, const struct kt_engine_params *d, uint16_t *nodes, kt_err *err)
 {
     *nodes = 0;
-    if (!d->layer_sliced || !e->pools || e->test.experts_in_place)
+    if (!e->pools || e->test.experts_in_place)
         return KT_OK;
     uint32_t with_pool = 0;
     for (int g = 0; g < e->n_pools; g++)
         if (kt_pool_node(e->expert_pools[g]) >= 0 && kt_pool_node(e->expert_pools[g]) < KT_EXPERT_MAX_NODES)
             with_pool |= 1u << kt_pool_node(e->expert_pools[g]);
     const uint32_t want = d->expert_slice_nodes ? d->expert_slice_nodes : with_pool;
+    if ((want & ~with_pool) && !d->layer_sliced)
+        return KT_OK; /* only a start sliced is refused for it */
     if (want & ~with_pool)
         return kt_err_set(err, KT_ERR_INVALID,
                           "engine: expert_slice_nodes 0x%x names node %d, which has no worker pool (nodes with pools: "
@@ -394,7 +398,8 @@ static kt_status plan_slices(struct kt_engine *e, const struct kt_engine_params 
                                : -1;
     }
     e->n_slices = __builtin_popcount(want);
-    *nodes = (uint16_t)want;
+    e->slice_nodes = (uint16_t)want;
+    *nodes = d->layer_sliced ? (uint16_t)want : 0;
     return KT_OK;
 }
 
@@ -1057,6 +1062,28 @@ kt_status kt_engine_expert_switch(struct kt_engine *e, struct kt_expert_copy *c,
 kt_status kt_engine_expert_add_replica(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err)
 {
     return kt_expert_store_add_replica(e->experts, c, err);
+}
+
+kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, struct kt_layer_slices **out,
+                                     kt_err *err)
+{
+    *out = NULL;
+    if (!e->experts)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: they cannot be sliced");
+    if (e->n_slices < 2)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u: the engine has worker pools on fewer than two nodes: "
+                                                   "nothing to slice over", il);
+    return kt_expert_store_slice_copy(e->experts, e->model, il, e->slice_nodes, out, err);
+}
+
+kt_status kt_engine_layer_slice_switch(struct kt_engine *e, struct kt_layer_slices *c, kt_err *err)
+{
+    return kt_expert_store_slice_switch(e->experts, c, err);
+}
+
+bool kt_engine_layer_sliced(const struct kt_engine *e, uint32_t il)
+{
+    return e->experts && il < e->hp.n_layer && kt_expert_store_layout(e->experts, il)->sliced;
 }
 
 kt_status kt_engine_expert_drop_replica(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err)

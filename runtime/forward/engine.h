@@ -248,6 +248,18 @@ int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x);
 kt_status kt_engine_expert_add_replica(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err);
 kt_status kt_engine_expert_drop_replica(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err);
 uint16_t kt_engine_expert_replica_nodes(const struct kt_engine *e, uint32_t il, uint32_t x);
+/* A whole layer row-sliced while serving (expert_store.h): the shares of
+ * every node with a pool are made by kt_engine_layer_slice_copy (any thread,
+ * while steps run, no other move of the layer meanwhile) and the layer
+ * switches between two steps (kt_engine_layer_slice_switch, on the stepping
+ * thread); the same bytes, so bit-identical logits.  KT_ERR_UNSUPPORTED
+ * with pools on fewer than two nodes.  kt_engine_layer_sliced: whether
+ * layer il's CPU experts are sliced now. */
+struct kt_layer_slices;
+kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, struct kt_layer_slices **out,
+                                     kt_err *err);
+kt_status kt_engine_layer_slice_switch(struct kt_engine *e, struct kt_layer_slices *c, kt_err *err);
+bool kt_engine_layer_sliced(const struct kt_engine *e, uint32_t il);
 
 /* Moving a routed expert between the host and the device (an engine with
  * one), on the stepping thread between steps.  kt_engine_expert_to_device

@@ -732,3 +732,147 @@ uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c)
 {
     return c ? c->map_bytes : 0;
 }
+
+/* ---- slicing a layer while serving ------------------------------------------------------------ */
+
+struct kt_layer_slices {
+    uint32_t il;
+    struct kt_expert_layout layout;             /* the sliced layout */
+    uint64_t stride[KT_EXPERT_MAX_NODES];        /* node n's share of one expert, rounded up */
+    uint8_t *base[KT_EXPERT_MAX_NODES];          /* (n_expert, stride[n]) bound to node n */
+    size_t map_bytes[KT_EXPERT_MAX_NODES];
+};
+
+/* Tensor and packed format of matrix `matrix` (0 gate, 1 up, 2 down) of the layer. */
+static const struct slab *matrix_slab(const struct store_layer *sl, int matrix, const struct kt_packed_format **packed)
+{
+    for (int i = 0; i < sl->n_slabs; i++)
+        for (int p = 0; p < sl->slabs[i].n_parts; p++)
+            if (sl->slabs[i].part[p].matrix == matrix) {
+                *packed = sl->slabs[i].part[p].packed;
+                return &sl->slabs[i];
+            }
+    return NULL;
+}
+
+void kt_layer_slices_discard(struct kt_layer_slices *c)
+{
+    if (!c)
+        return;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        if (c->base[n])
+            munmap(c->base[n], c->map_bytes[n]);
+    free(c);
+}
+
+uint64_t kt_layer_slices_bytes(const struct kt_layer_slices *c)
+{
+    uint64_t bytes = 0;
+    for (int n = 0; c && n < KT_EXPERT_MAX_NODES; n++)
+        bytes += c->map_bytes[n];
+    return bytes;
+}
+
+kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
+                                     uint16_t slice_nodes, struct kt_layer_slices **out, kt_err *err)
+{
+    *out = NULL;
+    if (il >= s->n_layer || !s->layers[il].experts)
+        return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u has no routed experts", il);
+    const struct store_layer *sl = &s->layers[il];
+    if (sl->layout.sliced)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u is row-sliced already", il);
+    if (__builtin_popcount(slice_nodes) < 2)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u: slicing needs two or more nodes (0x%x)", il, slice_nodes);
+    struct kt_layer_slices *c = calloc(1, sizeof *c);
+    if (!c)
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
+    struct store_layer plan = *sl; /* plan_slices writes only its layout and strides */
+    plan_slices(m, &plan, slice_nodes);
+    c->il = il;
+    c->layout = plan.layout;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+        if (!(slice_nodes >> n & 1))
+            continue;
+        c->stride[n] = plan.slice_stride[n];
+        c->map_bytes[n] = (size_t)round_up((uint64_t)s->n_expert * c->stride[n], LAYER_ALIGN);
+        if (!(c->base[n] = map_layer(c->map_bytes[n], n))) {
+            const size_t bytes = c->map_bytes[n];
+            kt_layer_slices_discard(c);
+            return kt_err_set(err, KT_ERR_NOMEM, "expert store: no memory on node %d to slice layer %u (%zu bytes)", n,
+                              il, bytes);
+        }
+    }
+    const uint64_t whole_at[3] = {sl->layout.gate_offset, sl->layout.up_offset, sl->layout.down_offset};
+    for (int matrix = 0; matrix < 3; matrix++) {
+        const struct kt_packed_format *packed = NULL;
+        const struct slab *sb = matrix_slab(sl, matrix, &packed);
+        if (!sb)
+            continue;
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+            if (!c->base[n])
+                continue;
+            const struct kt_expert_slice *sh = &c->layout.slice[n];
+            const int64_t first = matrix == 2 ? sh->out_first : sh->ff_first, rows = matrix == 2 ? sh->n_out : sh->n_ff;
+            const uint64_t at = matrix == 0 ? sh->gate_offset : matrix == 1 ? sh->up_offset : sh->down_offset;
+            /* rows from a whole block on: the same bytes packing them alone gives */
+            const uint64_t from = whole_at[matrix] + matrix_bytes(sb->t, packed, first);
+            const uint64_t bytes = matrix_bytes(sb->t, packed, rows);
+            for (uint32_t x = 0; rows > 0 && x < s->n_expert; x++)
+                memcpy(c->base[n] + (size_t)x * c->stride[n] + at, sl->experts[x].data + from, bytes);
+        }
+    }
+    *out = c;
+    return KT_OK;
+}
+
+kt_status kt_expert_store_slice_switch(struct kt_expert_store *s, struct kt_layer_slices *c, kt_err *err)
+{
+    struct store_layer *sl = &s->layers[c->il];
+    if (sl->layout.sliced) {
+        const uint32_t il = c->il;
+        kt_layer_slices_discard(c);
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u is row-sliced already", il);
+    }
+    /* the whole copies go: the load-time mappings and the copies made while serving */
+    for (uint32_t x = 0; sl->own && x < s->n_expert; x++)
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+            const size_t i = (size_t)x * KT_EXPERT_MAX_NODES + (size_t)n;
+            if (sl->own[i]) {
+                munmap(sl->own[i], sl->own_bytes[i]);
+                s->bytes -= sl->own_bytes[i];
+            }
+        }
+    free(sl->own), free(sl->own_bytes);
+    sl->own = NULL, sl->own_bytes = NULL;
+    const uint64_t data_before = (uint64_t)sl->layout.expert_bytes * s->n_expert; /* approximately: homes */
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+        if (sl->base[n]) {
+            munmap(sl->base[n], sl->map_bytes[n]);
+            s->bytes -= sl->map_bytes[n];
+        }
+        sl->base[n] = c->base[n];
+        sl->map_bytes[n] = c->map_bytes[n];
+        sl->slice_stride[n] = c->stride[n];
+        sl->copies_on[n] = c->base[n] ? s->n_expert : 0;
+        s->bytes += c->map_bytes[n];
+    }
+    sl->layout = c->layout;
+    uint64_t data_after = 0;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        if (c->base[n])
+            data_after += sl->layout.slice[n].bytes * s->n_expert;
+    s->data_bytes = s->data_bytes - (s->data_bytes < data_before ? s->data_bytes : data_before) + data_after;
+    for (uint32_t x = 0; x < s->n_expert; x++) {
+        struct kt_stored_expert *se = &sl->experts[x];
+        se->data = NULL;
+        se->nodes = sl->layout.slice_nodes;
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+            se->copy[n] = NULL;
+            se->slice[n] = c->base[n] ? c->base[n] + (size_t)x * c->stride[n] : NULL;
+        }
+    }
+    free(c);
+    (void)err;
+    return KT_OK;
+}

@@ -181,4 +181,23 @@ kt_status kt_expert_store_drop_replica(struct kt_expert_store *s, uint32_t il, u
 void kt_expert_copy_discard(struct kt_expert_copy *c);
 uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c); /* the memory it holds */
 
+/*
+ * Slicing a whole layer while the engine serves (the rebalancer's way to even
+ * the nodes at batch 1): kt_expert_store_slice_copy cuts every expert of
+ * layer il into the shares of slice_nodes (>= 2 nodes), each share in its
+ * node's memory - any thread, while steps run: it only reads the experts,
+ * and no other move of that layer may be made meanwhile - with the same
+ * bytes a load sliced from the start puts there (whole blocks of packed rows
+ * are contiguous); kt_expert_store_slice_switch makes the layer sliced
+ * between two steps and gives back the whole copies (homes and replicas).
+ * KT_ERR_INVALID for a layer already sliced or fewer than two nodes;
+ * KT_ERR_NOMEM leaves the layer whole.  m is the model the store was made for.
+ */
+struct kt_layer_slices;
+kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
+                                     uint16_t slice_nodes, struct kt_layer_slices **out, kt_err *err);
+kt_status kt_expert_store_slice_switch(struct kt_expert_store *s, struct kt_layer_slices *c, kt_err *err);
+void kt_layer_slices_discard(struct kt_layer_slices *c);
+uint64_t kt_layer_slices_bytes(const struct kt_layer_slices *c); /* the memory it holds */
+
 #endif

@@ -265,6 +265,7 @@ struct kt_engine {
      * pool g computes part pool_slice[g] (-1: none; parts in node order) and
      * numbers its share of a step's tasks in slice_first[g * (Ne + 2) ..] */
     int n_slices;
+    uint16_t slice_nodes;       /* bit i: node i holds a part (n_slices bits) */
     int *pool_slice;            /* [n_pools] */
     uint32_t *slice_first;      /* [n_pools * (Ne + 2)] */
     struct kt_mat token_embd;   /* {E -> V} rows are embeddings */
