@@ -32,6 +32,7 @@ struct state {
     const struct kt_placement *cur, *target;
     struct kt_cost_query q;
     struct kt_expert_home *homes;  /* [n_layer * n_expert]: the working homes */
+    bool *sliced;                  /* [n_layer]: the working row-sliced flags */
     uint32_t *version;             /* [n_layer] */
     double *layer_s;               /* [n_layer]: the working homes' time, at version */
     struct candidate *cand;
@@ -46,7 +47,7 @@ static struct kt_expert_home *home_of(struct state *s, uint32_t il, uint32_t x)
 
 static double layer_time(struct state *s, uint32_t il)
 {
-    return kt_cost_layer(s->c, s->cur, il, home_of(s, il, 0), s->cur->layers[il].cpu_sliced, &s->q, NULL);
+    return kt_cost_layer(s->c, s->cur, il, home_of(s, il, 0), s->sliced[il], &s->q, NULL);
 }
 
 static bool same_home(const struct kt_expert_home *a, const struct kt_expert_home *b)
@@ -54,11 +55,15 @@ static bool same_home(const struct kt_expert_home *a, const struct kt_expert_hom
     return a->device == b->device && (a->device > 0 || a->node == b->node);
 }
 
+static double sliced_time(struct state *s, uint32_t il);
+
 /* The target's home of candidate k, keeping the working replica set (changed only by replica moves). */
 static struct kt_expert_home target_home(struct state *s, const struct candidate *k)
 {
     if (k->kind != KT_MOVE_HOME) {
         struct kt_expert_home h = *home_of(s, k->layer, k->expert);
+        if (k->kind == KT_MOVE_LAYER_SLICE) /* not a move of expert 0: no device, no pairing */
+            return (struct kt_expert_home){.device = 0, .node = h.device == 0 ? h.node : 0};
         if (k->kind == KT_MOVE_REPLICA_ADD)
             h.replica_nodes |= 1ull << k->node;
         else
@@ -75,6 +80,8 @@ static struct kt_expert_home target_home(struct state *s, const struct candidate
 /* Time saved by moving candidates a (and b, when not NULL) to their targets. */
 static double gain_of(struct state *s, const struct candidate *a, const struct candidate *b)
 {
+    if (a->kind == KT_MOVE_LAYER_SLICE) /* never paired */
+        return s->layer_s[a->layer] - sliced_time(s, a->layer);
     const struct candidate *k[2] = {a, b};
     struct kt_expert_home saved[2];
     for (int i = 0; i < 2 && k[i]; i++) {
@@ -88,6 +95,24 @@ static double gain_of(struct state *s, const struct candidate *a, const struct c
         if (k[i])
             *home_of(s, k[i]->layer, k[i]->expert) = saved[i];
     return gain;
+}
+
+/* Layer il's time row-sliced, its replicas gone (the working homes kept). */
+static double sliced_time(struct state *s, uint32_t il)
+{
+    const uint32_t N = s->cur->n_expert;
+    uint64_t *saved = malloc(N * sizeof *saved);
+    if (!saved)
+        return s->layer_s[il]; /* out of memory: no gain, so no move */
+    for (uint32_t x = 0; x < N; x++)
+        saved[x] = home_of(s, il, x)->replica_nodes, home_of(s, il, x)->replica_nodes = 0;
+    s->sliced[il] = true;
+    const double t = layer_time(s, il);
+    s->sliced[il] = false;
+    for (uint32_t x = 0; x < N; x++)
+        home_of(s, il, x)->replica_nodes = saved[x];
+    free(saved);
+    return t;
 }
 
 /* Layer k->layer's time with candidate k made (the working homes kept). */
@@ -123,6 +148,15 @@ static double cached_gain(struct state *s, struct candidate *k)
 
 static void apply(struct state *s, struct candidate *k)
 {
+    if (k->kind == KT_MOVE_LAYER_SLICE) {
+        for (uint32_t x = 0; x < s->cur->n_expert; x++)
+            home_of(s, k->layer, x)->replica_nodes = 0;
+        s->sliced[k->layer] = true;
+        k->done = true;
+        s->version[k->layer]++;
+        s->layer_s[k->layer] = layer_time(s, k->layer);
+        return;
+    }
     const struct kt_expert_home from = *home_of(s, k->layer, k->expert), to = target_home(s, k);
     const uint64_t eb = k->kind == KT_MOVE_HOME ? kt_layer_expert_bytes(s->m, k->layer) : 0; /* device bytes */
     if (from.device > 0)
@@ -135,6 +169,13 @@ static void apply(struct state *s, struct candidate *k)
     s->layer_s[k->layer] = layer_time(s, k->layer);
 }
 
+/* Bytes a candidate copies: an expert, none for a drop, every expert of the layer for a slice. */
+static uint64_t candidate_bytes(const struct state *s, const struct candidate *k)
+{
+    const uint64_t eb = kt_layer_expert_bytes(s->m, k->layer);
+    return k->kind == KT_MOVE_REPLICA_DROP ? 0 : k->kind == KT_MOVE_LAYER_SLICE ? eb * s->cur->n_expert : eb;
+}
+
 static kt_status add_move(struct kt_rebalance *r, uint32_t *cap, struct state *s, struct candidate *k, double gain,
                           int32_t paired_with, kt_err *err)
 {
@@ -145,7 +186,7 @@ static kt_status add_move(struct kt_rebalance *r, uint32_t *cap, struct state *s
             return kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
         r->moves = mv, *cap = n;
     }
-    const uint64_t eb = k->kind == KT_MOVE_REPLICA_DROP ? 0 : kt_layer_expert_bytes(s->m, k->layer);
+    const uint64_t eb = candidate_bytes(s, k);
     r->moves[r->n_moves++] = (struct kt_move){k->kind,
                                               k->node,
                                               k->layer,
@@ -183,14 +224,15 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
     if (st)
         return st;
     const uint32_t L = cur->n_layer, N = cur->n_expert;
-    struct state s = {c, m, cur, target, rp->query, NULL, NULL, NULL, NULL, 0, {0}};
+    struct state s = {.c = c, .m = m, .cur = cur, .target = target, .q = rp->query};
     s.homes = calloc((size_t)L * (N ? N : 1), sizeof *s.homes);
     s.version = calloc(L ? L : 1, sizeof *s.version);
     s.layer_s = calloc(L ? L : 1, sizeof *s.layer_s);
+    s.sliced = calloc(L ? L : 1, sizeof *s.sliced);
     size_t cand_cap = (size_t)L * (N ? N : 1);
     s.cand = calloc(cand_cap, sizeof *s.cand);
     uint32_t cap = 0;
-    if (!s.homes || !s.version || !s.layer_s || !s.cand) {
+    if (!s.homes || !s.version || !s.layer_s || !s.cand || !s.sliced) {
         st = kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
         goto done;
     }
@@ -205,15 +247,23 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
         if (!cur->layers[il].experts)
             continue;
         memcpy(home_of(&s, il, 0), cur->layers[il].experts, N * sizeof *s.homes);
+        s.sliced[il] = cur->layers[il].cpu_sliced;
         s.layer_s[il] = layer_time(&s, il);
         out->before_s += s.layer_s[il];
-        target_s += kt_cost_layer(c, cur, il, target->layers[il].experts, cur->layers[il].cpu_sliced, &s.q, NULL);
+        /* a sliced layer stays sliced: the target is priced as it can be reached */
+        const bool slice = !cur->layers[il].cpu_sliced && target->layers[il].cpu_sliced;
+        const bool to_sliced = cur->layers[il].cpu_sliced || target->layers[il].cpu_sliced;
+        target_s += kt_cost_layer(c, cur, il, target->layers[il].experts, to_sliced, &s.q, NULL);
+        if (slice && grow_candidates(&s, &cand_cap))
+            s.cand[s.n_cand++] = (struct candidate){il, 0, KT_MOVE_LAYER_SLICE, -1, false, 0.0, UINT32_MAX};
         for (uint32_t x = 0; x < N; x++) {
             const struct kt_expert_home *a = &cur->layers[il].experts[x], *b = &target->layers[il].experts[x];
             if (!grow_candidates(&s, &cand_cap)) {
                 st = kt_err_set(err, KT_ERR_NOMEM, "rebalance: out of memory");
                 goto done;
             }
+            if (to_sliced && a->device == 0 && b->device == 0)
+                continue; /* a sliced layer's CPU experts have no home or replicas to move */
             if (!same_home(a, b)) {
                 s.cand[s.n_cand++] = (struct candidate){il, x, KT_MOVE_HOME, -1, false, 0.0, UINT32_MAX};
                 continue;
@@ -260,7 +310,7 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
             if (k->done)
                 continue;
             const struct kt_expert_home to = target_home(&s, k);
-            const uint64_t eb = kt_layer_expert_bytes(m, k->layer);
+            const uint64_t eb = candidate_bytes(&s, k);
             /* alone, where the device has room; and onto a device, as a swap with a
              * pending move off it: the one that loses the least, and the best of
              * its own layer (a layer's hot set changing is a swap within it) */
@@ -316,7 +366,7 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
         if (cur->layers[il].experts)
             out->after_s += s.layer_s[il];
 done:
-    free(s.homes), free(s.version), free(s.layer_s), free(s.cand);
+    free(s.homes), free(s.version), free(s.layer_s), free(s.cand), free(s.sliced);
     if (st)
         kt_rebalance_free(out);
     return st;

@@ -22,9 +22,12 @@
  * CPU node: a replica the target drops is dropped first in the round (it
  * frees node memory the adds may need; bytes 0), and a replica it adds is a
  * move of the expert's bytes to that node, weighed by gain per byte with
- * the others.  Not changed here: the row-sliced flag (a sliced layer takes
- * no replicas, and its slicing stays as it is).  Pure arithmetic: no thread,
- * no device, no file.
+ * the others.  A layer the target row-slices and the placement serves whole
+ * is sliced by one move (its bytes: every expert of the layer, copied into
+ * the nodes' shares), weighed like the others; the layer's CPU home and
+ * replica moves are then left out (a sliced layer has neither), its device
+ * moves stay.  A sliced layer is not made whole again here.  Pure
+ * arithmetic: no thread, no device, no file.
  */
 #ifndef KT_PLACEMENT_REBALANCE_H
 #define KT_PLACEMENT_REBALANCE_H
@@ -39,6 +42,7 @@ enum kt_move_kind {
     KT_MOVE_HOME,                /* the expert's home changes: from -> to */
     KT_MOVE_REPLICA_ADD,         /* a replica on node `node` (to = from with its bit set) */
     KT_MOVE_REPLICA_DROP,        /* the replica on node `node` goes (to = from without its bit) */
+    KT_MOVE_LAYER_SLICE,         /* the whole layer's CPU experts row-sliced over the nodes (expert 0; from = to) */
 };
 
 struct kt_move {

@@ -189,8 +189,10 @@ static void check_placement_shape(const json_t *j, bool traffic, bool enabled)
         const json_int_t layer = json_integer_value(json_object_get(m, "layer"));
         const json_int_t expert = json_integer_value(json_object_get(m, "expert"));
         const bool m_ok = json_is_true(json_object_get(m, "ok"));
+        const char *kind = json_string_value(json_object_get(m, "kind"));
+        const bool slice = kind && !strcmp(kind, "slice"); /* the whole layer: no expert changes place */
         KT_CHECK(json_num(m, "time") > 1.6e9 && layer >= 1 && layer < n_layer && expert >= 0 && expert < n_expert &&
-                     from >= 0 && to >= 0 && (!m_ok || from != to) &&
+                     from >= 0 && to >= 0 && (!m_ok || slice || from != to) &&
                      json_integer_value(json_object_get(m, "bytes")) > 0 && json_is_boolean(json_object_get(m, "ok")),
                  "migration %zu: %s", i, json_dumps(m, 0));
         ok += m_ok;
@@ -231,7 +233,11 @@ static void check_log_against_places(const json_t *before, const json_t *after)
         const json_t *m = json_array_get(log, i);
         const json_int_t il = json_integer_value(json_object_get(m, "layer"));
         const json_int_t x = json_integer_value(json_object_get(m, "expert"));
-        if (json_is_true(json_object_get(m, "ok")) && il < 4 && x < 32)
+        const char *kind = json_string_value(json_object_get(m, "kind"));
+        KT_CHECK(kind && (!strcmp(kind, "home") || !strcmp(kind, "replica_add") || !strcmp(kind, "replica_drop") ||
+                          !strcmp(kind, "slice")),
+                 "migration %zu: kind %s", i, kind ? kind : "(none)");
+        if (json_is_true(json_object_get(m, "ok")) && il < 4 && x < 32 && kind && !strcmp(kind, "home"))
             last_to[il][x] = json_string_value(json_object_get(m, "to"));
     }
     uint32_t changed = 0;
@@ -267,7 +273,9 @@ static void check_metrics(const struct test_server *s, const json_t *placement)
                  "migration counter: %.120s", at + 1);
         sum += v, lines++;
     }
-    KT_CHECK(lines > 0 && sum == (double)total, "%d migration counters sum to %g, /kt/placement says %lld", lines, sum,
+    const double slices = metric(text, "kt:layer_slices_total"); /* moves without a source and target */
+    KT_CHECK(lines > 0 && slices >= 0 && sum + slices == (double)total,
+             "%d migration counters sum to %g and %g layers were sliced, /kt/placement says %lld", lines, sum, slices,
              (long long)total);
     const json_t *r = json_object_get(placement, "rebalancer");
     KT_CHECK(metric(text, "kt:rebalance_rounds_total") >= (double)json_integer_value(json_object_get(r, "rounds")) &&
@@ -520,15 +528,79 @@ static void replicas_are_dropped_between_steps(void)
     KT_CHECK(dropped, "replicas left: %ld of %ld", left, at_start);
     printf("  %ld of %ld replicas dropped (the rest while the target's gain stays under the hysteresis)\n",
            at_start - left, at_start);
-    KT_CHECK(json_integer_value(json_object_get(j, "migrations_total")) >= at_start - left &&
-                 json_integer_value(json_object_get(j, "migrations_failed")) == 0,
-             "each drop logged: %lld moves, %lld failed", (long long)json_integer_value(json_object_get(j, "migrations_total")),
+    long drops = 0, slices = 0; /* a replica goes by a drop, or with its layer sliced */
+    const json_t *log = json_object_get(j, "migrations");
+    for (size_t i = 0; i < json_array_size(log); i++) {
+        const json_t *m = json_array_get(log, i);
+        const char *kind = json_string_value(json_object_get(m, "kind"));
+        drops += kind && !strcmp(kind, "replica_drop") && json_is_true(json_object_get(m, "ok"));
+        slices += kind && !strcmp(kind, "slice") && json_is_true(json_object_get(m, "ok"));
+    }
+    printf("  by %ld replica drops and %ld layer slices\n", drops, slices);
+    KT_CHECK(drops + 2 * slices >= at_start - left && json_integer_value(json_object_get(j, "migrations_failed")) == 0,
+             "each drop logged: %ld drops, %ld slices, %lld failed", drops, slices,
              (long long)json_integer_value(json_object_get(j, "migrations_failed")));
     char *after = greedy_answer(&s);
     KT_CHECK(before && after && strcmp(before, after) == 0, "the greedy answer changed as replicas went:\n%s\n%s",
              before, after);
     free(before), free(after);
     json_decref(first), json_decref(j);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    unlink(config);
+}
+
+/* Layers sliced while serving: CPU only on both nodes, every layer whole at
+ * the start; at batch 1 the planner row-slices them (a whole expert's tokens
+ * fall unevenly on two nodes), so the rebalancer slices a layer between two
+ * steps - logged as a "slice" - and the greedy answer stays the same (the
+ * shares hold the whole experts' bytes). */
+static void layers_are_sliced_between_steps(void)
+{
+    char config[1024], args[2600];
+    snprintf(config, sizeof config, "%s", kt_test_path("whole.yaml"));
+    FILE *f = fopen(config, "w");
+    if (!f) {
+        KT_CHECK(false, "cannot write %s", config);
+        return;
+    }
+    fputs("version: 1\ndescription: both nodes, whole experts\nattention: cpu\ncpu:\n  nodes: auto\n", f);
+    fclose(f);
+    struct test_server s;
+    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
+             "--rebalance-interval 0.2", config);
+    if (!server_start(&s, tiny, args, true)) {
+        unlink(config);
+        return;
+    }
+    char *before = greedy_answer(&s);
+    json_t *j = NULL;
+    long sliced = 0;
+    const double t0 = harness_now();
+    for (int round = 0; harness_now() - t0 < 120 && !sliced; round++) {
+        send_traffic(&s, 2, 700 + 2 * round);
+        json_decref(j);
+        j = get_json(&s, "/kt/placement");
+        const json_t *layers = json_object_get(j, "layers");
+        for (size_t il = 0; il < json_array_size(layers); il++)
+            sliced += json_is_true(json_object_get(json_array_get(layers, il), "sliced"));
+        if (json_integer_value(json_object_get(json_object_get(j, "rebalancer"), "in_flight")) != 0)
+            sliced = 0;
+    }
+    KT_CHECK(sliced > 0, "no layer sliced: %s", json_dumps(json_object_get(j, "rebalancer"), 0));
+    long logged = 0;
+    const json_t *log = json_object_get(j, "migrations");
+    for (size_t i = 0; i < json_array_size(log); i++) {
+        const json_t *m = json_array_get(log, i);
+        logged += !strcmp(json_string_value(json_object_get(m, "kind")), "slice") &&
+                  json_is_true(json_object_get(m, "ok"));
+    }
+    printf("  %ld layers sliced while serving (%ld logged)\n", sliced, logged);
+    KT_CHECK(logged == sliced, "%ld sliced layers, %ld slices logged", sliced, logged);
+    char *after = greedy_answer(&s);
+    KT_CHECK(before && after && strcmp(before, after) == 0, "the greedy answer changed as layers were sliced:\n%s\n%s",
+             before, after);
+    free(before), free(after);
+    json_decref(j);
     KT_CHECK(server_stop(&s) == 0, "exit status");
     unlink(config);
 }
@@ -705,6 +777,7 @@ int main(void)
     KT_RUN(moves_keep_the_greedy_answer_and_the_plan_serves_the_same_places);
     KT_RUN(a_budget_below_one_expert_still_moves_experts);
     KT_RUN(replicas_are_dropped_between_steps);
+    KT_RUN(layers_are_sliced_between_steps);
     KT_RUN(bad_rebalancing_options_are_refused);
     KT_RUN(api_key_guards_kt_endpoints_but_not_the_dashboard);
     KT_RUN(the_expert_cache_hits_and_keeps_the_greedy_answer);

@@ -390,6 +390,67 @@ static void rebalancer_adds_and_drops_replicas(void)
     kt_model_close(m);
 }
 
+/* A layer the target row-slices, served whole, is sliced by one move: the
+ * layer's bytes (every expert), a gain by the cost model, no CPU home or
+ * replica moves left in it; a layer served sliced is never made whole. */
+static void rebalancer_slices_whole_layers(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    const double skew[4] = {0, 1.5, 1.5, 1.5};
+    struct kt_profile *pb = zipf_shifted(m, skew, 7);
+    struct kt_machine mach;
+    two_nodes(&mach, 0.086);
+    struct kt_planner_options o = {.device = KT_PLACE_CPU};
+    struct kt_cost_model *cb = NULL;
+    struct kt_plan *plan = make_plan(m, pb, &mach, &o, &cb);
+    struct kt_placement *whole = plan ? kt_placement_clone(plan->placement) : NULL;
+    uint32_t target_sliced = 0;
+    for (uint32_t il = 0; whole && il < whole->n_layer; il++) {
+        target_sliced += plan->placement->layers[il].cpu_sliced;
+        whole->layers[il].cpu_sliced = false;
+    }
+    if (whole) {
+        KT_CHECK(target_sliced > 0, "premise: the plan slices a layer at batch 1 on two nodes");
+        struct kt_rebalance_params rp = {.query = {.mode = KT_COST_DECODE, .batch = 1}, .min_gain = 0.0};
+        struct kt_rebalance r;
+        kt_err err = {0};
+        KT_CHECK(kt_rebalance_plan(cb, m, whole, plan->placement, &rp, &r, &err) == KT_OK, "%s", err.msg);
+        uint32_t slices = 0, cpu_moves_in_sliced = 0;
+        for (uint32_t i = 0; i < r.n_moves; i++) {
+            const struct kt_move *mv = &r.moves[i];
+            const bool sliced = plan->placement->layers[mv->layer].cpu_sliced;
+            if (mv->kind == KT_MOVE_LAYER_SLICE) {
+                slices++;
+                KT_CHECK(sliced && mv->bytes == kt_layer_expert_bytes(m, mv->layer) * m->hp.n_expert &&
+                             mv->gain_s > 0,
+                         "slice of layer %u: bytes %llu, gain %.3g", mv->layer, (unsigned long long)mv->bytes,
+                         mv->gain_s);
+            } else {
+                cpu_moves_in_sliced += sliced && mv->from.device == 0 && mv->to.device == 0;
+            }
+        }
+        printf("slicing: %u of %u layers sliced by the rebalancer, %.3f -> %.3f ms\n", slices, target_sliced,
+               r.before_s * 1e3, r.after_s * 1e3);
+        KT_CHECK(slices == target_sliced && cpu_moves_in_sliced == 0 && r.after_s < r.before_s,
+                 "%u slices of %u, %u CPU moves in sliced layers", slices, target_sliced, cpu_moves_in_sliced);
+        kt_rebalance_free(&r);
+        /* served sliced, planned whole: nothing makes it whole again */
+        KT_CHECK(kt_rebalance_plan(cb, m, plan->placement, whole, &rp, &r, &err) == KT_OK, "%s", err.msg);
+        uint32_t unslices = 0;
+        for (uint32_t i = 0; i < r.n_moves; i++)
+            unslices += r.moves[i].kind == KT_MOVE_LAYER_SLICE;
+        KT_CHECK(unslices == 0, "%u layers sliced the wrong way", unslices);
+        kt_rebalance_free(&r);
+    }
+    kt_placement_destroy(whole);
+    kt_plan_destroy(plan);
+    kt_cost_destroy(cb);
+    kt_profile_destroy(pb);
+    kt_model_close(m);
+}
+
 /* The rebalancer (rebalance.h): serving the plan of profile A while traffic
  * routes as profile B, it moves experts toward B's plan - gaining by the cost
  * model of B, the accelerator never over its budget after any move, within
@@ -429,6 +490,10 @@ static void rebalancer_moves_toward_the_live_profiles_plan(void)
         for (uint32_t i = 0; i < r.n_moves; i++) {
             const struct kt_move *mv = &r.moves[i];
             struct kt_expert_home *h = &homes[(size_t)mv->layer * m->hp.n_expert + mv->expert];
+            if (mv->kind == KT_MOVE_LAYER_SLICE) { /* the layer's experts, no home */
+                bytes += mv->bytes;
+                continue;
+            }
             KT_CHECK(h->device == mv->from.device && h->node == mv->from.node && h->replica_nodes == mv->from.replica_nodes,
                      "move %u starts from its home and replicas", i);
             if (mv->kind != KT_MOVE_HOME) { /* replicas: a drop is free and comes before every add */
@@ -805,6 +870,7 @@ int main(void)
     KT_RUN(marginal_gain_beats_equal_per_layer_on_skewed_layers);
     KT_RUN(rebalancer_moves_toward_the_live_profiles_plan);
     KT_RUN(rebalancer_adds_and_drops_replicas);
+    KT_RUN(rebalancer_slices_whole_layers);
     KT_RUN(budget_without_room_for_attention_is_refused);
     KT_RUN(cli_refuses_bad_input_and_writes_nothing);
     KT_RUN(kimi_k2_header_plans_within_a_sanity_bound);

@@ -379,7 +379,10 @@ static char *moves_report(const char *path, const struct kt_model *m, const stru
             for (uint32_t i = 0; i < r.n_moves; i++) {
                 const struct kt_move *mv = &r.moves[i];
                 char from[48], to[48];
-                if (mv->kind != KT_MOVE_HOME)
+                if (mv->kind == KT_MOVE_LAYER_SLICE)
+                    fprintf(f, "  %3u. layer %u: every expert row-sliced over the nodes, %.1f MiB", i + 1, mv->layer,
+                            (double)mv->bytes / 1048576.0);
+                else if (mv->kind != KT_MOVE_HOME)
                     fprintf(f, "  %3u. layer %u expert %u: a replica on node %d %s (home %s), %.1f MiB", i + 1,
                             mv->layer, mv->expert, mv->node, mv->kind == KT_MOVE_REPLICA_ADD ? "added" : "dropped",
                             home_name(cur, &mv->from, from, sizeof from), (double)mv->bytes / 1048576.0);

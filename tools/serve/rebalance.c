@@ -46,14 +46,17 @@
 #define MIN_PROFILE_TOKENS 16              /* a round needs this much routing seen */
 #define RECENT_STEPS 32                    /* decode steps the measured step time is the mean of */
 
-/* A move on its way: the copy made on the target node, if it needed one. */
+/* A move on its way: the copy made on the target node, if it needed one
+ * (a layer to slice: its shares). */
 struct handoff {
     struct kt_move mv;
     struct kt_expert_copy *copy;
+    struct kt_layer_slices *slices;
 };
 
 struct migration {
     double time;                           /* unix seconds */
+    enum kt_move_kind kind;
     uint32_t layer, expert;
     int from, to;                          /* places */
     uint64_t bytes;
@@ -76,7 +79,7 @@ struct kt_serve_placement {
     uint32_t replicas_hot_per_layer;       /* the config's, for --plan-out */
 
     /* guarded by mu: what /kt/placement and /metrics report */
-    uint64_t rounds, moves_ok, moves_failed, bytes_moved;
+    uint64_t rounds, moves_ok, moves_failed, bytes_moved, layers_sliced;
     uint64_t pair_moves[MAX_PLACES][MAX_PLACES], pair_bytes[MAX_PLACES][MAX_PLACES];
     double before_s, after_s;              /* the last round's predicted MoE step, now and planned */
     uint32_t pending;                      /* homes the last round left as served */
@@ -91,6 +94,11 @@ struct kt_serve_placement {
     uint64_t n_recent;                     /* written in all; the last RECENT_STEPS are kept */
     /* the scheduler thread's: the engine's counts after the step before */
     uint64_t seen_moe_ns, seen_tokens[2];
+    /* [n_layer * 16] each layer's node pairs at the last step, and the pairs
+     * per place summed step by step (a layer sliced while serving counts its
+     * pairs on every slice node from then on, not before) */
+    uint64_t *seen_node_pairs;
+    uint64_t sum_pairs[MAX_PLACES];
 
     /* guarded by mu: the device's expert cache after the last step (--expert-cache; NULL: none) */
     struct kt_expert_cache_stats cache;    /* every layer's counters summed */
@@ -191,7 +199,8 @@ kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *li
         s->o.rebalance_interval_s = sp->accel || live->n_nodes > 1 ? 60 : 0;
     /* every expert can be on its way at once, at most */
     sp->max_queue = live->n_layer * live->n_expert + 1;
-    if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)))
+    if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)) ||
+        !(sp->seen_node_pairs = calloc((size_t)live->n_layer * 16, sizeof *sp->seen_node_pairs)))
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     if (kt_engine_expert_cache_stats(s->engine, -1, &sp->cache) &&
         (!(sp->cache_layers = calloc(live->n_layer, sizeof *sp->cache_layers)) ||
@@ -238,11 +247,12 @@ void kt_serve_placement_destroy(struct kt_server *s)
         return;
     kt_serve_placement_stop(s);
     for (; sp->q_len; sp->q_len--, sp->q_head = (sp->q_head + 1) % sp->max_queue) /* the scheduler is gone */
-        kt_expert_copy_discard(sp->queue[sp->q_head].copy);
+        kt_expert_copy_discard(sp->queue[sp->q_head].copy), kt_layer_slices_discard(sp->queue[sp->q_head].slices);
     pthread_mutex_destroy(&sp->mu);
     pthread_cond_destroy(&sp->cv);
     kt_placement_destroy(sp->live);
     free(sp->queue);
+    free(sp->seen_node_pairs);
     free(sp->mach);
     free(sp->cache_layers);
     free(sp->cached);
@@ -263,12 +273,13 @@ static double unix_now(void)
 static void log_move(struct kt_serve_placement *sp, const struct kt_move *mv, int from, int to, bool ok)
 {
     struct migration *m = &sp->log[sp->n_log++ % LOG_SIZE];
-    *m = (struct migration){.time = unix_now(), .layer = mv->layer, .expert = mv->expert, .from = from, .to = to,
-                            .bytes = mv->bytes, .ok = ok};
+    *m = (struct migration){.time = unix_now(), .kind = mv->kind, .layer = mv->layer, .expert = mv->expert,
+                            .from = from, .to = to, .bytes = mv->bytes, .ok = ok};
     if (ok) {
         sp->moves_ok++;
         sp->bytes_moved += mv->bytes;
-        if (from >= 0 && from < MAX_PLACES && to >= 0 && to < MAX_PLACES)
+        sp->layers_sliced += mv->kind == KT_MOVE_LAYER_SLICE;
+        if (mv->kind != KT_MOVE_LAYER_SLICE && from >= 0 && from < MAX_PLACES && to >= 0 && to < MAX_PLACES)
             sp->pair_moves[from][to]++, sp->pair_bytes[from][to] += mv->bytes;
     } else {
         sp->moves_failed++;
@@ -291,6 +302,8 @@ static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
 {
     const struct kt_placement_layer *L = &cur->layers[mv->layer];
     const struct kt_expert_home *h = &L->experts[mv->expert];
+    if (mv->kind == KT_MOVE_LAYER_SLICE)
+        return !L->cpu_sliced;
     if (mv->kind == KT_MOVE_REPLICA_ADD)
         return !L->cpu_sliced && h->device == 0 && mv->node >= 0 && mv->node < cur->n_nodes && mv->node != h->node &&
                !(h->replica_nodes >> mv->node & 1);
@@ -303,19 +316,19 @@ static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
 /* Hands mv (with its copy) to the scheduler thread, waiting while the copies
  * on their way exceed the budget; false when stopping (the copy discarded). */
 static bool hand_off(struct kt_serve_placement *sp, const struct kt_move *mv, struct kt_expert_copy *copy,
-                     uint64_t budget_bytes)
+                     struct kt_layer_slices *slices, uint64_t budget_bytes)
 {
     pthread_mutex_lock(&sp->mu);
     while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + mv->bytes > budget_bytes))
         pthread_cond_wait(&sp->cv, &sp->mu);
     const bool ok = !sp->stop;
     if (ok) {
-        sp->queue[(sp->q_head + sp->q_len++) % sp->max_queue] = (struct handoff){*mv, copy};
+        sp->queue[(sp->q_head + sp->q_len++) % sp->max_queue] = (struct handoff){*mv, copy, slices};
         sp->queued_bytes += mv->bytes;
     }
     pthread_mutex_unlock(&sp->mu);
     if (!ok)
-        kt_expert_copy_discard(copy);
+        kt_expert_copy_discard(copy), kt_layer_slices_discard(slices);
     return ok;
 }
 
@@ -382,6 +395,22 @@ static void round_once(struct kt_server *s)
         if (!movable(cur, mv))
             continue;
         struct kt_expert_copy *copy = NULL;
+        struct kt_layer_slices *slices = NULL;
+        if (mv->kind == KT_MOVE_LAYER_SLICE) { /* every expert's shares, here, while steps run */
+            if (kt_engine_layer_slice_copy(s->engine, mv->layer, &slices, &err) != KT_OK) {
+                char what[64];
+                snprintf(what, sizeof what, "slicing layer %u", mv->layer);
+                note_error(sp, what, &err);
+                pthread_mutex_lock(&sp->mu);
+                log_move(sp, mv, 0, 0, false);
+                pthread_mutex_unlock(&sp->mu);
+                continue;
+            }
+            if (!hand_off(sp, mv, NULL, slices, budget))
+                break;
+            handed++;
+            continue;
+        }
         /* the CPU copy goes to its new node here, while steps run (a new replica's to its node) */
         const bool copies = mv->kind == KT_MOVE_REPLICA_ADD ||
                             (mv->kind == KT_MOVE_HOME && mv->to.device == 0 &&
@@ -397,7 +426,7 @@ static void round_once(struct kt_server *s)
             pthread_mutex_unlock(&sp->mu);
             continue;
         }
-        if (!hand_off(sp, mv, copy, budget))
+        if (!hand_off(sp, mv, copy, slices, budget))
             break;
         handed++;
     }
@@ -510,12 +539,59 @@ static void make_replica_move(struct kt_server *s, const struct handoff *h)
                 mv->expert, mv->node, want ? "is not added" : "stays", err.msg);
 }
 
+/* Slices a layer on the engine (scheduler thread, between steps): the live
+ * placement's layer becomes sliced, its replicas gone, each node holding
+ * its share of every CPU expert. */
+static void make_slice_move(struct kt_server *s, const struct handoff *h)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const struct kt_move *mv = &h->mv;
+    kt_err err = {0};
+    const kt_status st = kt_engine_layer_slice_switch(s->engine, h->slices, &err); /* takes h->slices */
+    const bool sliced = kt_engine_layer_sliced(s->engine, mv->layer);
+    pthread_mutex_lock(&sp->mu);
+    struct kt_placement *p = sp->live;
+    struct kt_placement_layer *L = &p->layers[mv->layer];
+    if (sliced && !L->cpu_sliced) {
+        const uint64_t eb = kt_layer_expert_bytes(s->model, mv->layer);
+        const int parts = __builtin_popcountll(p->expert_nodes) > 1 ? __builtin_popcountll(p->expert_nodes) : 1;
+        for (uint32_t x = 0; x < p->n_expert; x++) {
+            struct kt_expert_home *e = &L->experts[x];
+            if (e->device != 0)
+                continue;
+            if (e->node >= 0 && e->node < p->n_nodes)
+                p->node_bytes[e->node] -= eb;
+            for (int n = 0; n < p->n_nodes && n < 64; n++) {
+                if (e->replica_nodes >> n & 1) {
+                    p->node_bytes[n] -= eb;
+                    p->devices[0].bytes -= eb;
+                    p->devices[0].part_bytes[KT_PART_REPLICAS] -= eb;
+                }
+                if (p->expert_nodes >> n & 1)
+                    p->node_bytes[n] += eb / (uint64_t)parts;
+            }
+            e->replica_nodes = 0;
+        }
+        L->cpu_sliced = true;
+    }
+    log_move(sp, mv, 0, 0, st == KT_OK && sliced);
+    if (st != KT_OK)
+        snprintf(sp->last_error, sizeof sp->last_error, "slicing layer %u: %.200s", mv->layer, err.msg);
+    pthread_mutex_unlock(&sp->mu);
+    if (st != KT_OK)
+        fprintf(stderr, "kt-serve: rebalancer: layer %u stays whole: %s\n", mv->layer, err.msg);
+}
+
 /* Makes one move on the engine; false when the step's one upload is spent
  * and mv needs another (it waits for the next step). */
 static bool make_move(struct kt_server *s, const struct handoff *h, bool *uploaded)
 {
     struct kt_serve_placement *sp = s->placement;
     const struct kt_move *mv = &h->mv;
+    if (mv->kind == KT_MOVE_LAYER_SLICE) {
+        make_slice_move(s, h);
+        return true;
+    }
     if (mv->kind != KT_MOVE_HOME) {
         make_replica_move(s, h);
         return true;
@@ -571,14 +647,25 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
         if (!L->experts || !kt_engine_layer_stats(e, il, &ls))
             continue;
         moe_ns += ls.attention_ns + ls.router_ns + ls.experts_ns + ls.combine_ns;
-        uint64_t slices = 0;
-        for (int n = 0; n < p->n_nodes && n < 16; n++)
-            slices += L->cpu_sliced && ls.node_pairs[n];
+        uint64_t *seen = sp->seen_node_pairs + (size_t)il * 16, slices = 0, step_all = 0, given = 0;
+        int first = -1;
         for (int n = 0; n < p->n_nodes && n < 16; n++) {
-            pairs[n] += slices ? ls.node_pairs[n] / slices : ls.node_pairs[n];
+            const bool part = L->cpu_sliced && ls.node_pairs[n] > seen[n];
+            slices += part;
+            first = part && first < 0 ? n : first;
+            step_all += ls.node_pairs[n] - seen[n];
+        }
+        for (int n = 0; n < p->n_nodes && n < 16; n++) {
+            const uint64_t step = ls.node_pairs[n] - seen[n], mine = slices ? step / slices : step;
+            sp->sum_pairs[n] += mine, given += mine;
+            seen[n] = ls.node_pairs[n];
             on_nodes += ls.node_pairs[n];
         }
+        if (slices && first >= 0) /* every slice node counted each pair: the rest of the division to one */
+            sp->sum_pairs[first] += step_all / slices - given;
     }
+    for (int n = 0; n < p->n_nodes && n < 16; n++)
+        pairs[n] = sp->sum_pairs[n];
     const uint64_t all = es.tokens * s->metrics.routed_pairs_per_token;
     const uint64_t on_device = es.device_routed_pairs; /* the expert cache's hits included */
     if (sp->accel)
@@ -730,6 +817,10 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
              sp->pair_moves);
     by_route(o, sp, "kt:expert_migrated_bytes_total", "Bytes copied for those moves, by source and target.",
              sp->pair_bytes);
+    kt_buf_printf(o, "# HELP kt:layer_slices_total Layers row-sliced over the nodes while serving (each one move of "
+                     "kt:expert_migrations' total, not counted by source and target).\n"
+                     "# TYPE kt:layer_slices_total counter\nkt:layer_slices_total %llu\n",
+                  (unsigned long long)sp->layers_sliced);
     kt_buf_printf(o, "# HELP kt:expert_migrations_failed_total Moves that failed (the old home kept serving).\n"
                      "# TYPE kt:expert_migrations_failed_total counter\nkt:expert_migrations_failed_total %llu\n",
                   (unsigned long long)sp->moves_failed);
@@ -906,9 +997,11 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
         const struct migration *m = &sp->log[i % LOG_SIZE];
         char from[40], to[40];
         place_name(p, m->from, from, sizeof from), place_name(p, m->to, to, sizeof to);
-        json_array_append_new(log, json_pack("{s:f, s:I, s:I, s:s, s:s, s:I, s:b}", "time", m->time, "layer",
-                                             (json_int_t)m->layer, "expert", (json_int_t)m->expert, "from", from,
-                                             "to", to, "bytes", (json_int_t)m->bytes, "ok", m->ok));
+        static const char *const kinds[] = {"home", "replica_add", "replica_drop", "slice"};
+        json_array_append_new(log, json_pack("{s:f, s:s, s:I, s:I, s:s, s:s, s:I, s:b}", "time", m->time, "kind",
+                                             kinds[m->kind], "layer", (json_int_t)m->layer, "expert",
+                                             (json_int_t)m->expert, "from", from, "to", to, "bytes",
+                                             (json_int_t)m->bytes, "ok", m->ok));
     }
     json_object_set_new(j, "model", json_string(s->served_name));
     json_object_set_new(j, "n_layer", json_integer(p->n_layer));
