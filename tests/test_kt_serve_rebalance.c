@@ -484,6 +484,29 @@ static long count_replicas(const json_t *placement)
     return n;
 }
 
+/* kt-serve on tiny from the placement config `yaml` (written to name in the
+ * scratch folder, its path left in config), rebalancing every 0.2 s; false
+ * (after a failed check, the file gone) when it does not start. */
+static bool start_cpu_only(struct test_server *s, char *config, size_t config_size, const char *name, const char *yaml)
+{
+    snprintf(config, config_size, "%s", kt_test_path(name));
+    FILE *f = fopen(config, "w");
+    if (!f) {
+        KT_CHECK(false, "cannot write %s", config);
+        return false;
+    }
+    fputs(yaml, f);
+    fclose(f);
+    char args[2600];
+    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
+             "--rebalance-interval 0.2", config);
+    if (!server_start(s, tiny, args, true)) {
+        unlink(config);
+        return false;
+    }
+    return true;
+}
+
 /* Replicas move too: CPU only on both nodes, the two hottest experts of each
  * layer replicated; with no --machine the planner's target has none (no
  * node memory is stated), so the rebalancer drops them (those of rounds
@@ -492,24 +515,12 @@ static long count_replicas(const json_t *placement)
  * same. */
 static void replicas_are_dropped_between_steps(void)
 {
-    char config[1024], args[2600];
-    snprintf(config, sizeof config, "%s", kt_test_path("replicas.yaml"));
-    FILE *f = fopen(config, "w");
-    if (!f) {
-        KT_CHECK(false, "cannot write %s", config);
-        return;
-    }
-    fputs("version: 1\ndescription: both nodes, two replicas a layer\nattention: cpu\ncpu:\n  nodes: auto\n"
-          "  replicas:\n    hot_per_layer: 2\n",
-          f);
-    fclose(f);
+    char config[1024];
     struct test_server s;
-    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
-             "--rebalance-interval 0.2", config);
-    if (!server_start(&s, tiny, args, true)) {
-        unlink(config);
+    if (!start_cpu_only(&s, config, sizeof config, "replicas.yaml",
+                        "version: 1\ndescription: both nodes, two replicas a layer\nattention: cpu\ncpu:\n"
+                        "  nodes: auto\n  replicas:\n    hot_per_layer: 2\n"))
         return;
-    }
     json_t *first = get_json(&s, "/kt/placement");
     const long at_start = count_replicas(first);
     KT_CHECK(at_start == 3 * 2, "the config's replicas at the start: %ld", at_start);
@@ -556,22 +567,11 @@ static void replicas_are_dropped_between_steps(void)
  * shares hold the whole experts' bytes). */
 static void layers_are_sliced_between_steps(void)
 {
-    char config[1024], args[2600];
-    snprintf(config, sizeof config, "%s", kt_test_path("whole.yaml"));
-    FILE *f = fopen(config, "w");
-    if (!f) {
-        KT_CHECK(false, "cannot write %s", config);
-        return;
-    }
-    fputs("version: 1\ndescription: both nodes, whole experts\nattention: cpu\ncpu:\n  nodes: auto\n", f);
-    fclose(f);
+    char config[1024];
     struct test_server s;
-    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
-             "--rebalance-interval 0.2", config);
-    if (!server_start(&s, tiny, args, true)) {
-        unlink(config);
+    if (!start_cpu_only(&s, config, sizeof config, "whole.yaml",
+                        "version: 1\ndescription: both nodes, whole experts\nattention: cpu\ncpu:\n  nodes: auto\n"))
         return;
-    }
     char *before = greedy_answer(&s);
     json_t *j = NULL;
     long sliced = 0;
