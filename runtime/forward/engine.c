@@ -481,7 +481,7 @@ static uint64_t packed_bytes(const struct kt_gguf_tensor *t)
         return 0;
     const struct kt_mat m = kt_mat_from_tensor(t);
     const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m.type);
-    return k && k->packed ? kt_packed_bytes(k->packed, m.n_in, m.n_out) : 0;
+    return k && k->packed && m.n_out >= (int64_t)k->packed->rows ? kt_packed_bytes(k->packed, m.n_in, m.n_out) : 0;
 }
 
 struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const struct kt_engine_params *p)
