@@ -165,6 +165,8 @@ struct kt_engine_stats {
  * parts cover the layer's whole time, without overlap. */
 struct kt_engine_layer_stats {
     uint64_t attention_ns;      /* attention norm, attention, its residual add */
+    uint64_t attention_proj_ns; /* ... of it the host's projections (W_qa, W_qb or W_q, W_kva, W_o) with
+                                   their activations' quantization; the rest is norms, RoPE and the heads */
     uint64_t router_ns;         /* router logits and top-k (0 in dense layers) */
     uint64_t experts_ns;        /* the rest of the FFN: routed and shared experts and their weighted
                                    sum (moe.c times that sum with the experts), or the dense FFN */
