@@ -362,6 +362,8 @@ static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
     j->fn(ctx, begin, end, thread);
     const uint64_t ns = kt_fwd_now_ns() - t0;
     __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, ns, __ATOMIC_RELAXED);
+    if (thread >= 0 && thread < 16)
+        __atomic_add_fetch(&j->e->stats.thread_busy_ns[thread], ns, __ATOMIC_RELAXED);
     if (j->node >= 0 && j->node < 16) {
         __atomic_add_fetch(&j->e->stats.node_busy_ns[j->node], ns, __ATOMIC_RELAXED);
         __atomic_add_fetch(&j->e->step_node_busy[j->node], ns, __ATOMIC_RELAXED);
