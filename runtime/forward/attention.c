@@ -124,6 +124,7 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank, row = kvr + dr;
     const uint32_t n_groups = (H + j->group - 1) / j->group;
+    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
 
     for (int64_t i = begin; i < end; i++) {
         const uint32_t b = j->items[i / n_groups], h0 = (uint32_t)(i % n_groups) * j->group;
@@ -139,17 +140,21 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
             memcpy(query + kvr, q_h + dn, dr * sizeof(float));
         }
         kt_kv_cache_rows(e->kv, tok->seq, j->il, n_kv, s->rows);
-        /* keys are whole rows [c | k_pe], values their first kvr floats: c */
-        for (uint32_t t = 0; t < n_kv; t++)
+        /* keys are whole rows [c | k_pe], values their first kvr floats: c;
+         * rows in blocks that stay in L2 while every head of the group reads them */
+        for (uint32_t t0 = 0; t0 < n_kv; t0 += KT_ATTN_EXPAND_ROWS) {
+            const uint32_t nt = n_kv - t0 < KT_ATTN_EXPAND_ROWS ? n_kv - t0 : KT_ATTN_EXPAND_ROWS;
             for (uint32_t g = 0; g < G; g++)
-                s->scores[g * n_ctx + t] = e->kq_scale * kt_dot_f32(s->query + (size_t)g * row, s->rows[t], row);
+                f->dot_rows(s->query + (size_t)g * row, s->rows + t0, nt, row, e->kq_scale, s->scores + g * n_ctx + t0,
+                            1);
+        }
         for (uint32_t g = 0; g < G; g++) {
             kt_softmax(s->scores + g * n_ctx, n_kv);
             memset(s->o_lat + (size_t)g * kvr, 0, kvr * sizeof(float));
         }
         for (uint32_t t = 0; t < n_kv; t++)
             for (uint32_t g = 0; g < G; g++)
-                kt_axpy_f32(s->o_lat + (size_t)g * kvr, s->scores[g * n_ctx + t], s->rows[t], kvr);
+                f->axpy(s->o_lat + (size_t)g * kvr, s->scores[g * n_ctx + t], s->rows[t], kvr);
 
         for (uint32_t g = 0; g < G; g++) {
             struct kt_mat uv = uv_head_abs(e, L, h0 + g);  /* o_h = W_UV,h o_lat */
@@ -157,6 +162,19 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
             kt_matvec_q(&uv, s->act_q, e->o + ((size_t)b * H + h0 + g) * dv);
         }
     }
+}
+
+/* kt_attention_head (kernels/cpu/ref/ops.c) step for step, its dot products
+ * and sums through the level's float row ops: the same bits, faster. */
+static void attention_head(float *out, const float *q, const float *const *k, const float *const *v, int64_t n_kv,
+                           int64_t dk, int64_t dv, float scale, float *scores)
+{
+    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
+    f->dot_rows(q, k, n_kv, dk, scale, scores, 1);
+    kt_softmax(scores, n_kv);
+    memset(out, 0, (size_t)dv * sizeof *out);
+    for (int64_t t = 0; t < n_kv; t++)
+        f->axpy(out, scores[t], v[t], dv);
 }
 
 /* Item i = (chunk items[i / H], head i % H): every query of one sequence's
@@ -197,8 +215,8 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
         for (uint32_t q = 0; q < ch->n; q++) {
             const uint32_t b = ch->tokens[q];
             const float *q_h = e->q + ((size_t)b * H + h) * dk; /* [q_nope | q_pe] */
-            kt_attention_head(e->o + ((size_t)b * H + h) * dv, q_h, s->k_rows, s->v_rows, ch->start + q + 1, dk, dv,
-                              e->kq_scale, s->scores);
+            attention_head(e->o + ((size_t)b * H + h) * dv, q_h, s->k_rows, s->v_rows, ch->start + q + 1, dk, dv,
+                           e->kq_scale, s->scores);
         }
     }
 }

@@ -825,14 +825,15 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     if (e->n_pools > 1)
         note_node_balance(e, il);
 
-    /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
+    /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h) (kt_axpy_f32's bits). */
+    void (*const axpy)(float *, float, const float *, int64_t) = kt_cpu_kernels()->f32.axpy;
     for (uint32_t t = 0; t < T; t++) {
         float *o = out + (size_t)t * E;
         memset(o, 0, E * sizeof(float));
         for (uint32_t j = 0; j < k; j++)
-            kt_axpy_f32(o, e->route_weights[t * k + j], e->bufs.pair_out + (size_t)e->pair_of[t * k + j] * E, E);
+            axpy(o, e->route_weights[t * k + j], e->bufs.pair_out + (size_t)e->pair_of[t * k + j] * E, E);
         if (shared)
-            kt_axpy_f32(o, 1.0f, e->bufs.pair_out + (size_t)(shared_pair + t) * E, E);
+            axpy(o, 1.0f, e->bufs.pair_out + (size_t)(shared_pair + t) * E, E);
     }
     e->stats.experts_ns += kt_fwd_now_ns() - t1;
 }
