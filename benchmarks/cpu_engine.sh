@@ -34,7 +34,7 @@ trap 'rm -rf "$out"' EXIT
 for i in $(seq 1 "$repeats"); do
     echo "== kt-bench model, run $i"
     "$build/tools/kt-bench" model -m "$model" -t "$threads" > "$out/model.$i" 2>&1 || true
-    grep -E "engine created|STREAM triad|^prefill|^decode|weight bytes per token|^parts|^  (decode|prefill), " \
+    grep -E "engine created|STREAM triad|^(prefill|decode) +[0-9]|^decode (weight|/)|weight bytes per token|^parts|^  (decode|prefill), " \
         "$out/model.$i" || true
 done
 
