@@ -14,6 +14,7 @@
 
 #include "cpu/cpu_features.h"
 #include "cpu/dispatch.h"
+#include "cpu/ref/ops.h"
 #include "quant.h"
 
 #include <math.h>
@@ -711,6 +712,74 @@ static void simd_dots_match_scalar_twins(void)
     free(act);
 }
 
+/* The float row ops (attention scores and axpy) of every SIMD level give the
+ * scalar twin's bits on odd lengths and row counts (tails of 1-7 elements,
+ * 1-3 rows past a group of four), misaligned rows, a strided output, and
+ * values that cancel. */
+static void f32_row_ops_match_scalar_twins_on_odd_shapes(void)
+{
+    enum kt_isa levels[KT_ISA_AMX];
+    const int nl = simd_levels(levels);
+    if (nl == 0) {
+        printf("  skipped: no AVX2 (with FMA and F16C) on this CPU\n");
+        return;
+    }
+    const struct kt_cpu_kernels *s = scalar_kernels();
+    enum { MAX_N = 583, MAX_ROWS = 13, STRIDE = 3 };
+    float *x = kt_test_xmalloc((MAX_N + 1) * sizeof *x);
+    float *data = kt_test_xmalloc((size_t)MAX_ROWS * (MAX_N + 1) * sizeof *data);
+    float ref[MAX_ROWS * STRIDE], got[MAX_ROWS * STRIDE], y_ref[MAX_N], y_got[MAX_N];
+    const float *rows[MAX_ROWS];
+    uint64_t seed = 0x243f6a8885a308d3ull;
+    for (int64_t i = 0; i < (int64_t)MAX_ROWS * (MAX_N + 1); i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        data[i] = ((float)(int32_t)(seed >> 32) * 0x1p-31f) * (i % 7 == 0 ? 1e3f : 1.0f); /* mixed magnitudes */
+    }
+    for (int64_t i = 0; i < MAX_N + 1; i++)
+        x[i] = data[i * 5 % ((int64_t)MAX_ROWS * MAX_N)] - 0.25f;
+    const int64_t lengths[] = {1, 3, 7, 8, 9, 15, 17, 64, 127, 192, 513, 576, 583};
+    int compared = 0, failed = 0, nonzero = 0;
+    for (int l = 0; l < nl; l++) {
+        const struct kt_cpu_f32_kernels *t = &kt_cpu_kernels_for(levels[l])->f32;
+        for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+            const int64_t n = lengths[li];
+            for (int64_t n_rows = 1; n_rows <= MAX_ROWS; n_rows++) {
+                for (int64_t r = 0; r < n_rows; r++) /* odd offsets: rows not 32-byte aligned */
+                    rows[r] = data + r * (MAX_N + 1) + (r % 2);
+                const float *xs = x + (n_rows % 2);
+                for (int i = 0; i < MAX_ROWS * STRIDE; i++)
+                    ref[i] = got[i] = -1.0f;
+                s->f32.dot_rows(xs, rows, n_rows, n, 0.0883883f, ref, STRIDE);
+                t->dot_rows(xs, rows, n_rows, n, 0.0883883f, got, STRIDE);
+                for (int i = 0; i < MAX_ROWS * STRIDE; i++) {
+                    const bool ok = f32_bits(ref[i]) == f32_bits(got[i]);
+                    if (!ok && failed++ < 3)
+                        fprintf(stderr, "  %s dot_rows n=%lld rows=%lld out %d: ref %.9g, simd %.9g\n",
+                                kt_isa_name(levels[l]), (long long)n, (long long)n_rows, i, ref[i], got[i]);
+                    compared++;
+                    nonzero += i % STRIDE == 0 && i / STRIDE < n_rows && ref[i] != 0.0f;
+                }
+            }
+            for (int64_t i = 0; i < n; i++)
+                y_ref[i] = y_got[i] = data[(i * 3 + 1) % MAX_N];
+            s->f32.axpy(y_ref, -0.7310586f, rows[1], n);
+            t->axpy(y_got, -0.7310586f, rows[1], n);
+            for (int64_t i = 0; i < n; i++) {
+                if (f32_bits(y_ref[i]) != f32_bits(y_got[i]) && failed++ < 3)
+                    fprintf(stderr, "  %s axpy n=%lld element %lld: ref %.9g, simd %.9g\n", kt_isa_name(levels[l]),
+                            (long long)n, (long long)i, y_ref[i], y_got[i]);
+                compared++;
+            }
+        }
+    }
+    KT_CHECK(s->f32.dot_rows == kt_dot_rows_f32 && s->f32.axpy == kt_axpy_f32, "the scalar level is ops.c's twins");
+    KT_CHECK(failed == 0, "%d of %d float row results differ from the scalar twins (must be bit-exact)", failed,
+             compared);
+    KT_CHECK(nonzero > compared / (4 * STRIDE), "only %d nonzero scores: a vacuous comparison", nonzero);
+    free(x);
+    free(data);
+}
+
 /* A kernel that reads one element past n faults on the guard page. */
 static void kernels_stay_inside_their_rows(void)
 {
@@ -1002,6 +1071,7 @@ int main(int argc, char **argv)
     KT_RUN(half_widening_agrees_with_quant_c_on_every_value);
     KT_RUN(activation_quantizers_match_reference_bit_for_bit);
     KT_RUN(simd_dots_match_scalar_twins);
+    KT_RUN(f32_row_ops_match_scalar_twins_on_odd_shapes);
     KT_RUN(kernels_stay_inside_their_rows);
     KT_RUN(gemv_equals_one_vec_dot_per_row);
     KT_RUN(gemv_odd_shapes_in_bounds);

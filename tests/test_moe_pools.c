@@ -7,8 +7,9 @@
  * on node 0 but replicated on node 1 (then node 1's pool must take a share of
  * the pairs: replicas spread the work), and with an expert of every layer moved
  * to another node before every step; a moved expert runs on its new node's
- * pool, and what cannot move is refused; and decode speed on this machine,
- * printed each way.
+ * pool, and what cannot move is refused; every thread of an 8-thread pool
+ * runs expert tasks at batch 1 and in a prefill; and decode speed on this
+ * machine, printed each way.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -357,8 +358,57 @@ static void decode_speed_on_this_machine(void)
     remove_synth(m, path);
 }
 
+/* The routed and shared experts' work is split into (expert, 64-row) tasks,
+ * not experts alone, so every thread of a pool works at batch 1 - with 8
+ * threads and only top-k + 1 units to run - and in a prefill: each thread
+ * index's expert busy time is positive in both phases (a 32-token prefill
+ * run 8 times, 24 decode steps). */
+static void every_thread_works_at_batch_1_and_in_prefill(void)
+{
+    char path[1024];
+    struct kt_model *m = open_synth("tiny", path, sizeof path);
+    if (!m)
+        return;
+    enum { THREADS = 8, PREFILL = 32, STEPS = 24 }; /* engine(): 64 positions */
+    const struct kt_engine_params p = {.n_threads = THREADS, .topology = "package:1 numa:1 core:8 pu:1"};
+    struct kt_engine *e = engine(m, &p);
+    kt_err err = {0};
+    struct kt_batch_token bt[PREFILL];
+    for (uint32_t i = 0; i < PREFILL; i++)
+        bt[i] = (struct kt_batch_token){(int32_t)(i * 37 % m->hp.n_vocab), 0, i, false};
+    KT_CHECK(e && kt_engine_seq_add(e, 0, &err) == KT_OK, "%s", err.msg);
+    for (int phase = 0; e && phase < 2; phase++) {
+        kt_engine_stats_reset(e);
+        if (phase == 0) { /* the prompt 8 times over (8 threads share 2 cores here: one may sit out a step) */
+            for (int r = 0; r < 8; r++)
+                KT_CHECK(kt_engine_seq_truncate(e, 0, 0, &err) == KT_OK &&
+                             kt_engine_step(e, &(struct kt_batch){PREFILL, bt}, NULL, &err) == KT_OK,
+                         "prefill: %s", err.msg);
+        } else {
+            for (uint32_t s = 0; s < STEPS; s++) {
+                struct kt_batch_token t = {(int32_t)(s * 11 % m->hp.n_vocab), 0, PREFILL + s, false};
+                KT_CHECK(kt_engine_step(e, &(struct kt_batch){1, &t}, NULL, &err) == KT_OK, "decode: %s", err.msg);
+            }
+        }
+        struct kt_engine_stats st;
+        kt_engine_stats(e, &st);
+        int idle = 0;
+        printf("  %s, expert busy ms by thread:", phase ? "decode (batch 1)" : "prefill (32 tokens)");
+        for (int i = 0; i < THREADS; i++) {
+            printf(" %.2f", st.thread_busy_ns[i] * 1e-6);
+            idle += st.thread_busy_ns[i] == 0;
+        }
+        printf("\n");
+        KT_CHECK(idle == 0, "%s: %d of %d threads ran no expert task", phase ? "decode" : "prefill", idle, THREADS);
+        KT_CHECK(st.thread_busy_ns[THREADS] == 0, "a thread index past the pool's %d threads", THREADS);
+    }
+    kt_engine_destroy(e);
+    remove_synth(m, path);
+}
+
 int main(void)
 {
+    KT_RUN(every_thread_works_at_batch_1_and_in_prefill);
     KT_RUN(store_homes_experts_round_robin);
     KT_RUN(tiny_logits_identical_on_node_pools);
     KT_RUN(replicas_spread_pairs_over_both_nodes);

@@ -8,10 +8,11 @@
  * can hand out an AVX2 kernel on a CPU without AVX2.
  *
  * Levels and their rows today:
- *   scalar  kernels/cpu/ref dot products, quant.c from_float for activations
+ *   scalar  kernels/cpu/ref dot products, quant.c from_float for activations,
+ *           ops.c's float row ops (attention scores, axpy)
  *   avx2    kernels/cpu/avx2 for F32/F16/BF16, Q8_0/Q4_0/Q5_0, Q4_K/Q5_K/Q6_K
  *           and the Q8_0/Q8_K quantizers; the scalar rows for the rest
- *           (Q4_1/Q5_1 against Q8_1)
+ *           (Q4_1/Q5_1 against Q8_1); float row ops f32_rows_avx2.c
  *           gemm: kernels/cpu/avx2/gemm_avx2.c for Q8_0 and Q4_K,
  *           gemm_kquant_avx2.c for Q5_K and Q6_K, gemm_float_avx2.c for
  *           F32/F16/BF16, a loop over vec_dot for the rest
@@ -28,6 +29,7 @@
 #include "cpu/dispatch.h"
 
 #include "cpu/cpu_features.h"
+#include "cpu/ref/ops.h"
 #include "cpu/ref/vec_dot_ref.h"
 
 #include <pthread.h>
@@ -35,6 +37,7 @@
 #include <strings.h>
 
 #ifdef KT_HAVE_AVX2_KERNELS
+#include "cpu/avx2/f32_rows_avx2.h"
 #include "cpu/avx2/gemm_avx2.h"
 #include "cpu/avx2/gemm_float_avx2.h"
 #include "cpu/avx2/gemm_kquant_avx2.h"
@@ -103,6 +106,8 @@ static const struct dot_row scalar_dots[] = {KT_SCALAR_DOTS(KT_DOT_ROW)};
 /* Rows for the scalar dot products, activations quantized by quant.c. */
 static void fill_scalar(struct kt_cpu_kernels *t)
 {
+    t->f32.dot_rows = kt_dot_rows_f32;
+    t->f32.axpy = kt_axpy_f32;
     for (size_t k = 0; k < sizeof scalar_dots / sizeof scalar_dots[0]; k++) {
         const struct kt_type_traits *w = kt_type_traits(scalar_dots[k].type);
         struct kt_cpu_type_kernels *row = &t->type[scalar_dots[k].type];
@@ -155,6 +160,8 @@ static const struct {
 static void fill_avx2(struct kt_cpu_kernels *t)
 {
     fill_scalar(t);
+    t->f32.dot_rows = kt_dot_rows_f32_avx2;
+    t->f32.axpy = kt_axpy_f32_avx2;
     for (size_t k = 0; k < sizeof avx2_dots / sizeof avx2_dots[0]; k++) {
         t->type[avx2_dots[k].type].vec_dot = avx2_dots[k].vec_dot;
         t->type[avx2_dots[k].type].gemv = avx2_dots[k].gemv;

@@ -55,10 +55,22 @@ struct kt_cpu_type_kernels {
     const struct kt_packed_format *packed;
 };
 
+/* Float row operations of attention over the latent cache and of the MoE
+ * combine: each is bit for bit its kernels/cpu/ref/ops.c twin. */
+struct kt_cpu_f32_kernels {
+    /* out[t * out_stride] = scale * kt_dot_f32(x, rows[t], n) for t < n_rows
+     * (the reference's eight interleaved partial sums per row; x * rows[t]
+     * or rows[t] * x: the same products). */
+    void (*dot_rows)(const float *x, const float *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                     int64_t out_stride);
+    void (*axpy)(float *y, float a, const float *x, int64_t n); /* kt_axpy_f32: y[i] += a * x[i] */
+};
+
 struct kt_cpu_kernels {
     enum kt_isa isa;         /* the level in use */
     enum kt_isa isa_max;     /* the best level this CPU supports */
     struct kt_cpu_type_kernels type[KT_TYPE_COUNT];
+    struct kt_cpu_f32_kernels f32;
 };
 
 /* The table (thread-safe; initialised on first call). */

@@ -63,11 +63,24 @@ static struct kt_mat uv_head(const struct kt_engine *e, const struct kt_layer_we
     return L->fused_kv_b ? kt_mat_rows(L->uv, h * (dn + dv) + dn, dv) : kt_mat_rows(L->uv, h * dv, dv);
 }
 
+/* The absorbed form's W_UK,h (split files: kvr rows of dn) and W_UV,h, packed where the engine packed them. */
+static struct kt_mat uk_head_abs(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t h)
+{
+    const int64_t kvr = e->hp.kv_lora_rank;
+    return L->fused_kv_b ? uk_head(e, L, h) : kt_mat_rows(L->uk_abs, h * kvr, kvr);
+}
+
+static struct kt_mat uv_head_abs(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t h)
+{
+    const int64_t dv = e->hp.v_head_dim;
+    return L->fused_kv_b ? uv_head(e, L, h) : kt_mat_rows(L->uv_abs, h * dv, dv);
+}
+
 /* q_abs (kvr) = W_UK,h^T q_nope (dn). */
 static void absorb_query(const struct kt_engine *e, const struct kt_layer_weights *L, uint32_t h, const float *q_nope,
                          float *q_abs, struct kt_thread_scratch *s)
 {
-    struct kt_mat uk = uk_head(e, L, h);
+    struct kt_mat uk = uk_head_abs(e, L, h);
     if (L->fused_kv_b) {
         kt_matvec_transposed(&uk, q_nope, q_abs, s->tmp);
     } else {
@@ -111,6 +124,7 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank, row = kvr + dr;
     const uint32_t n_groups = (H + j->group - 1) / j->group;
+    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
 
     for (int64_t i = begin; i < end; i++) {
         const uint32_t b = j->items[i / n_groups], h0 = (uint32_t)(i % n_groups) * j->group;
@@ -126,24 +140,41 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
             memcpy(query + kvr, q_h + dn, dr * sizeof(float));
         }
         kt_kv_cache_rows(e->kv, tok->seq, j->il, n_kv, s->rows);
-        /* keys are whole rows [c | k_pe], values their first kvr floats: c */
-        for (uint32_t t = 0; t < n_kv; t++)
+        /* keys are whole rows [c | k_pe], values their first kvr floats: c;
+         * rows in blocks that stay in L2 while every head of the group reads them */
+        for (uint32_t t0 = 0; t0 < n_kv; t0 += KT_ATTN_EXPAND_ROWS) {
+            const uint32_t nt = n_kv - t0 < KT_ATTN_EXPAND_ROWS ? n_kv - t0 : KT_ATTN_EXPAND_ROWS;
             for (uint32_t g = 0; g < G; g++)
-                s->scores[g * n_ctx + t] = e->kq_scale * kt_dot_f32(s->query + (size_t)g * row, s->rows[t], row);
+                f->dot_rows(s->query + (size_t)g * row, s->rows + t0, nt, row, e->kq_scale, s->scores + g * n_ctx + t0,
+                            1);
+        }
         for (uint32_t g = 0; g < G; g++) {
             kt_softmax(s->scores + g * n_ctx, n_kv);
             memset(s->o_lat + (size_t)g * kvr, 0, kvr * sizeof(float));
         }
         for (uint32_t t = 0; t < n_kv; t++)
             for (uint32_t g = 0; g < G; g++)
-                kt_axpy_f32(s->o_lat + (size_t)g * kvr, s->scores[g * n_ctx + t], s->rows[t], kvr);
+                f->axpy(s->o_lat + (size_t)g * kvr, s->scores[g * n_ctx + t], s->rows[t], kvr);
 
         for (uint32_t g = 0; g < G; g++) {
-            struct kt_mat uv = uv_head(e, L, h0 + g);      /* o_h = W_UV,h o_lat */
+            struct kt_mat uv = uv_head_abs(e, L, h0 + g);  /* o_h = W_UV,h o_lat */
             kt_quantize_rows(NULL, uv.type, s->o_lat + (size_t)g * kvr, 1, kvr, s->act_q);
             kt_matvec_q(&uv, s->act_q, e->o + ((size_t)b * H + h0 + g) * dv);
         }
     }
+}
+
+/* kt_attention_head (kernels/cpu/ref/ops.c) step for step, its dot products
+ * and sums through the level's float row ops: the same bits, faster. */
+static void attention_head(float *out, const float *q, const float *const *k, const float *const *v, int64_t n_kv,
+                           int64_t dk, int64_t dv, float scale, float *scores)
+{
+    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
+    f->dot_rows(q, k, n_kv, dk, scale, scores, 1);
+    kt_softmax(scores, n_kv);
+    memset(out, 0, (size_t)dv * sizeof *out);
+    for (int64_t t = 0; t < n_kv; t++)
+        f->axpy(out, scores[t], v[t], dv);
 }
 
 /* Item i = (chunk items[i / H], head i % H): every query of one sequence's
@@ -165,21 +196,27 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
         dequantize_head(e, L, h, s);
         const struct kt_mat w_uk = kt_mat_f32(s->w_uk, dn, kvr), w_uv = kt_mat_f32(s->w_uv, dv, kvr);
         kt_kv_cache_rows(e->kv, ch->seq, j->il, n_ctx, s->rows);
+        /* k_nope = W_UK,h c and v = W_UV,h c for a block of positions at once
+         * (F32 weights take c as it is; each output is the float the row's
+         * own matvec gives, kt_mat_gemm), the block's latents gathered first */
+        for (uint32_t t0 = 0; t0 < n_ctx; t0 += KT_ATTN_EXPAND_ROWS) {
+            const uint32_t nt = n_ctx - t0 < KT_ATTN_EXPAND_ROWS ? n_ctx - t0 : KT_ATTN_EXPAND_ROWS;
+            for (uint32_t t = 0; t < nt; t++)
+                memcpy(s->c_block + (size_t)t * kvr, s->rows[t0 + t], kvr * sizeof(float));
+            kt_mat_gemm(&w_uk, s->c_block, kvr * sizeof(float), nt, s->k_exp + (size_t)t0 * dk, dk);
+            kt_mat_gemm(&w_uv, s->c_block, kvr * sizeof(float), nt, s->v_exp + (size_t)t0 * dv, dv);
+        }
         for (uint32_t t = 0; t < n_ctx; t++) {
-            const float *c = s->rows[t], *k_pe = s->rows[t] + kvr;
-            float *k = s->k_exp + (size_t)t * dk; /* [k_nope = W_UK,h c | k_pe] */
-            float *v = s->v_exp + (size_t)t * dv; /* W_UV,h c */
-            kt_matvec_q(&w_uk, c, k);             /* F32 weights take c as it is */
-            memcpy(k + dn, k_pe, dr * sizeof(float));
-            kt_matvec_q(&w_uv, c, v);
+            float *k = s->k_exp + (size_t)t * dk; /* [k_nope | k_pe] */
+            memcpy(k + dn, s->rows[t] + kvr, dr * sizeof(float));
             s->k_rows[t] = k;
-            s->v_rows[t] = v;
+            s->v_rows[t] = s->v_exp + (size_t)t * dv;
         }
         for (uint32_t q = 0; q < ch->n; q++) {
             const uint32_t b = ch->tokens[q];
             const float *q_h = e->q + ((size_t)b * H + h) * dk; /* [q_nope | q_pe] */
-            kt_attention_head(e->o + ((size_t)b * H + h) * dv, q_h, s->k_rows, s->v_rows, ch->start + q + 1, dk, dv,
-                              e->kq_scale, s->scores);
+            attention_head(e->o + ((size_t)b * H + h) * dv, q_h, s->k_rows, s->v_rows, ch->start + q + 1, dk, dv,
+                           e->kq_scale, s->scores);
         }
     }
 }
@@ -196,6 +233,7 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
     /* h feeds W_qa (or W_q) and W_kva: converted once when both take one format.
      * Then queries (T, H*dk) and the compressed KV (T, kvr+dr). */
     const struct kt_mat *w_q_in = qr > 0 ? &L->q_a : &L->q;
+    uint64_t t_proj = kt_fwd_now_ns();
     kt_fwd_matmul(e, w_q_in, h, T, qr > 0 ? e->qa : e->q, e->xq);
     if (kt_mat_kernels_for(L->kv_a.type)->vec_dot_type == kt_mat_kernels_for(w_q_in->type)->vec_dot_type)
         kt_fwd_matmul_q(e, &L->kv_a, e->xq, T, e->kv_a);
@@ -206,6 +244,7 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
             kt_rmsnorm(e->qa + (size_t)t * qr, e->qa + (size_t)t * qr, L->q_a_norm, qr, hp->rms_eps);
         kt_fwd_matmul(e, &L->q_b, e->qa, T, e->q, e->xq);
     }
+    e->layer_stats[il].attention_proj_ns += kt_fwd_now_ns() - t_proj;
 
     /* Each token's cache row [c | k_pe] and its roped q_pe.  All rows of the
      * step are written before any head reads, so a chunk sees itself. */
@@ -242,7 +281,9 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
     kt_pool_parallel_for(e->pool, (int64_t)n_expanded * H, 1, expanded_task, &job);
 
     /* a = W_o concat_h(o_h)   (T, E) */
+    t_proj = kt_fwd_now_ns();
     kt_fwd_matmul(e, &L->out, e->o, T, out, e->xq);
+    e->layer_stats[il].attention_proj_ns += kt_fwd_now_ns() - t_proj;
 }
 
 void kt_fwd_attention_block(struct kt_engine *e, uint32_t il, float *x)

@@ -142,6 +142,7 @@ static kt_status build_layer(const struct kt_layer *t, struct kt_layer_weights *
             return st;
         L->uk_uv_bytes = t->attn_k_b->nbytes + t->attn_v_b->nbytes;
     }
+    L->uk_abs = L->uk, L->uv_abs = L->uv;
 
     L->is_moe = t->is_moe;
     if (!t->is_moe)
@@ -312,6 +313,7 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
         CARVE(ts->w_uv, dv * kvr);
         CARVE(ts->k_exp, n_ctx * dk);
         CARVE(ts->v_exp, n_ctx * dv);
+        CARVE(ts->c_block, (size_t)KT_ATTN_EXPAND_ROWS * kvr);
     }
 #undef CARVE
 }
@@ -411,7 +413,7 @@ static kt_status plan_slices(struct kt_engine *e, const struct kt_engine_params 
  * groups at the expert path's bandwidth, and a mapping of huge pages costs
  * fewer TLB misses than the file's 4 KiB page-cache pages.  The file's pages
  * it read are then released from this process. */
-static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
+static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, bool drop_file_pages, kt_err *err)
 {
     const struct kt_packed_format *f = m->data && !m->packed ? kt_mat_kernels_for(m->type)->packed : NULL;
     if (!f || m->n_out < (int64_t)f->rows)
@@ -430,7 +432,7 @@ static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, kt_err *er
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = ((uintptr_t)m->data + page - 1) / page * page;
     const uintptr_t hi = ((uintptr_t)m->data + (uintptr_t)m->n_out * m->row_bytes) / page * page;
-    if (hi > lo)
+    if (drop_file_pages && hi > lo)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
     e->packed_blocks[e->n_packed_blocks] = p;
     e->packed_block_bytes[e->n_packed_blocks++] = bytes;
@@ -441,17 +443,27 @@ static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, kt_err *er
 
 /* The matrices the host multiplies whole (attention projections, dense
  * FFNs, shared experts, the output head), each packed where its level has
- * a format and it stays on the host.  W_UK / W_UV stay in GGUF rows: they
- * are read per head. */
+ * a format and it stays on the host.  Split W_UK / W_UV keep their GGUF
+ * rows (the expanded form dequantizes them) and get packed copies for the
+ * absorbed form, which multiplies one head's slice (whole groups: kvr and dv
+ * are multiples of 16) per token: a packed tile streams it at the projections'
+ * rate where one vec_dot per 128-wide row did not (kt-bench model, decode). */
+/* Whether a packed m can be sliced per head: heads of head_rows rows start on group boundaries. */
+static bool heads_whole_groups(const struct kt_mat *m, int64_t head_rows)
+{
+    const struct kt_packed_format *f = kt_mat_kernels_for(m->type)->packed;
+    return f && head_rows % f->rows == 0;
+}
+
 static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
 {
     const uint32_t n_layer = e->hp.n_layer;
-    e->max_packed_blocks = 12 * n_layer + 1;
+    e->max_packed_blocks = 14 * n_layer + 1;
     e->packed_blocks = calloc(e->max_packed_blocks, sizeof *e->packed_blocks);
     e->packed_block_bytes = calloc(e->max_packed_blocks, sizeof *e->packed_block_bytes);
     if (!e->packed_blocks || !e->packed_block_bytes)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    kt_status st = e->dev.output.data ? KT_OK : pack_host_mat(e, &e->output, err);
+    kt_status st = e->dev.output.data ? KT_OK : pack_host_mat(e, &e->output, true, err);
     for (uint32_t il = 0; il < n_layer && st == KT_OK; il++) {
         struct kt_layer_weights *L = &e->layers[il];
         /* what the device holds a copy of runs there: leave it in GGUF rows */
@@ -467,7 +479,11 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
         };
         for (size_t i = 0; i < sizeof mats / sizeof mats[0] && st == KT_OK; i++)
             if (mats[i].on_host)
-                st = pack_host_mat(e, mats[i].m, err);
+                st = pack_host_mat(e, mats[i].m, true, err);
+        if (st == KT_OK && !e->dev.layers && !L->fused_kv_b && heads_whole_groups(&L->uk_abs, e->hp.kv_lora_rank))
+            st = pack_host_mat(e, &L->uk_abs, false, err);
+        if (st == KT_OK && !e->dev.layers && !L->fused_kv_b && heads_whole_groups(&L->uv_abs, e->hp.v_head_dim))
+            st = pack_host_mat(e, &L->uv_abs, false, err);
     }
     return st;
 }

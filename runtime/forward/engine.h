@@ -157,6 +157,9 @@ struct kt_engine_stats {
     uint64_t device_wait_ns;    /* time the step waited for the device after its own expert work */
     uint64_t cpu_experts_busy_ns; /* CPU threads' time in expert and dense FFN tasks, summed over threads */
     uint64_t node_busy_ns[16];  /* ... of it, the threads of topology node i's pool (with pools) */
+    /* ... of it by thread: index i is thread i of its pool (a pool's workers
+     * 0 .. n-1, then a caller that helps it), summed over pools, i < 16 */
+    uint64_t thread_busy_ns[16];
     uint64_t experts_moved;     /* routed experts that changed home (node or device) between steps */
     uint64_t experts_moved_bytes; /* ... bytes copied for them */
 };
@@ -165,6 +168,8 @@ struct kt_engine_stats {
  * parts cover the layer's whole time, without overlap. */
 struct kt_engine_layer_stats {
     uint64_t attention_ns;      /* attention norm, attention, its residual add */
+    uint64_t attention_proj_ns; /* ... of it the host's projections (W_qa, W_qb or W_q, W_kva, W_o) with
+                                   their activations' quantization; the rest is norms, RoPE and the heads */
     uint64_t router_ns;         /* router logits and top-k (0 in dense layers) */
     uint64_t experts_ns;        /* the rest of the FFN: routed and shared experts and their weighted
                                    sum (moe.c times that sum with the experts), or the dense FFN */

@@ -45,6 +45,10 @@ struct kt_layer_weights {
      * attn_v_b as H*dv rows of kvr.  Fused files: both are attn_kv_b, H*(dn+dv)
      * rows of kvr; head h's W_UK rows at h*(dn+dv), its W_UV rows after them. */
     struct kt_mat uk, uv;
+    /* The absorbed form's views of split uk and uv: copies packed for the
+     * level's kernel where it has a format (uk, uv stay in GGUF rows for the
+     * expanded form, which dequantizes them), else uk and uv themselves. */
+    struct kt_mat uk_abs, uv_abs;
     bool fused_kv_b;
     uint64_t uk_uv_bytes;       /* bytes of attn_k_b + attn_v_b (or attn_kv_b) */
     struct kt_mat out;          /* {H*dv -> E} */
@@ -137,6 +141,9 @@ struct kt_device_part {
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
 #define KT_ATTN_HEAD_GROUP 8
+/* Cache rows the expanded form gathers at a time into one block of latents,
+ * multiplied by W_UK,h and W_UV,h as one tiled product. */
+#define KT_ATTN_EXPAND_ROWS 64
 
 /* The engine's accelerator (backend.h) and what lives on it: weights copied
  * there, its step buffers, its graphs.  All zero without a device; device.c
@@ -225,6 +232,7 @@ struct kt_thread_scratch {
     float *w_uv;                /* (dv, kvr) W_UV,h dequantized */
     float *k_exp;               /* (n_ctx, dk) expanded keys [k_nope | k_pe] of one head */
     float *v_exp;               /* (n_ctx, dv) expanded values of one head */
+    float *c_block;             /* (KT_ATTN_EXPAND_ROWS, kvr) latents c of consecutive cache rows */
 };
 
 /* engine.c: the largest quantized activation row (bytes) any matrix of model m

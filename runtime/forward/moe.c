@@ -362,6 +362,8 @@ static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
     j->fn(ctx, begin, end, thread);
     const uint64_t ns = kt_fwd_now_ns() - t0;
     __atomic_add_fetch(&j->e->stats.cpu_experts_busy_ns, ns, __ATOMIC_RELAXED);
+    if (thread >= 0 && thread < 16)
+        __atomic_add_fetch(&j->e->stats.thread_busy_ns[thread], ns, __ATOMIC_RELAXED);
     if (j->node >= 0 && j->node < 16) {
         __atomic_add_fetch(&j->e->stats.node_busy_ns[j->node], ns, __ATOMIC_RELAXED);
         __atomic_add_fetch(&j->e->step_node_busy[j->node], ns, __ATOMIC_RELAXED);
@@ -823,14 +825,15 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     if (e->n_pools > 1)
         note_node_balance(e, il);
 
-    /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h). */
+    /* out = sum_j w_j Expert_j(h) in selection order, then + Shared(h) (kt_axpy_f32's bits). */
+    void (*const axpy)(float *, float, const float *, int64_t) = kt_cpu_kernels()->f32.axpy;
     for (uint32_t t = 0; t < T; t++) {
         float *o = out + (size_t)t * E;
         memset(o, 0, E * sizeof(float));
         for (uint32_t j = 0; j < k; j++)
-            kt_axpy_f32(o, e->route_weights[t * k + j], e->bufs.pair_out + (size_t)e->pair_of[t * k + j] * E, E);
+            axpy(o, e->route_weights[t * k + j], e->bufs.pair_out + (size_t)e->pair_of[t * k + j] * E, E);
         if (shared)
-            kt_axpy_f32(o, 1.0f, e->bufs.pair_out + (size_t)(shared_pair + t) * E, E);
+            axpy(o, 1.0f, e->bufs.pair_out + (size_t)(shared_pair + t) * E, E);
     }
     e->stats.experts_ns += kt_fwd_now_ns() - t1;
 }

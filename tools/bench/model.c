@@ -18,6 +18,7 @@
 #include "engine.h"
 #include "machine.h"
 #include "membw.h"
+#include "peak.h"
 #include "model.h"
 #include "placement_opt.h"
 #include "preflight.h"
@@ -234,6 +235,107 @@ static void print_phase(const struct phase *ph, uint32_t n_layer)
                 printf(" %u: %.3f", il, (double)ph->layers[il].node_busy_max_ns / (double)ph->layers[il].node_busy_mean_ns);
         printf("\n");
     }
+}
+
+/* ---- each part against its limit ------------------------------------------------------------ */
+
+static uint64_t tensor_bytes(const struct kt_gguf_tensor *t)
+{
+    return t ? t->nbytes : 0;
+}
+
+/* Multiply-adds of a 2-D tensor's product with one token ({n_in, n_out}): n_in * n_out. */
+static double tensor_macs(const struct kt_gguf_tensor *t)
+{
+    return t ? (double)t->ne[0] * (double)(t->ne[1] * t->ne[2] * t->ne[3]) : 0.0;
+}
+
+/* What each part of a step moves or computes, from the file's tensor table
+ * and the routing the engine counted: bytes as stored in the file (packed
+ * copies hold the same quants), int8 ops as 2 per multiply-add. */
+struct part_work {
+    double attention_bytes;     /* per token: every layer's projections, W_UK and W_UV */
+    double attention_macs;      /* per token: the projections alone (W_qa, W_qb / W_q, W_kva, W_o) */
+    double expert_bytes;        /* one routed expert's gate, up and down of a MoE layer */
+    double expert_macs;         /* its multiply-adds per token */
+    double shared_bytes;        /* per token, all MoE layers' shared experts */
+    double shared_macs;
+    double dense_macs;          /* per token, dense FFN layers */
+    double head_macs;           /* per token whose logits are wanted */
+};
+
+static void part_work(const struct kt_model *m, struct part_work *w)
+{
+    memset(w, 0, sizeof *w);
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const struct kt_layer *l = &m->layers[il];
+        const struct kt_gguf_tensor *proj[] = {l->attn_q_a, l->attn_q_b, l->attn_q, l->attn_kv_a_mqa, l->attn_output};
+        for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++)
+            w->attention_bytes += tensor_bytes(proj[i]), w->attention_macs += tensor_macs(proj[i]);
+        w->attention_bytes += tensor_bytes(l->attn_k_b) + tensor_bytes(l->attn_v_b) + tensor_bytes(l->attn_kv_b);
+        if (!l->is_moe) {
+            w->dense_macs += tensor_macs(l->ffn_gate) + tensor_macs(l->ffn_up) + tensor_macs(l->ffn_down);
+            continue;
+        }
+        const double ne = m->hp.n_expert;
+        w->expert_bytes = (tensor_bytes(l->ffn_gate_exps) + tensor_bytes(l->ffn_up_exps) +
+                           tensor_bytes(l->ffn_gate_up_exps) + tensor_bytes(l->ffn_down_exps)) / ne;
+        w->expert_macs = (tensor_macs(l->ffn_gate_exps) + tensor_macs(l->ffn_up_exps) +
+                          tensor_macs(l->ffn_gate_up_exps) + tensor_macs(l->ffn_down_exps)) / ne;
+        w->shared_bytes += tensor_bytes(l->ffn_gate_shexp) + tensor_bytes(l->ffn_up_shexp) + tensor_bytes(l->ffn_down_shexp);
+        w->shared_macs += tensor_macs(l->ffn_gate_shexp) + tensor_macs(l->ffn_up_shexp) + tensor_macs(l->ffn_down_shexp);
+    }
+    w->head_macs = tensor_macs(m->output);
+}
+
+/*
+ * The issue-16 table in one run: decode parts as bytes / time against the
+ * mean of the triads measured beside the decode blocks; prefill parts as
+ * int8 ops / time against the mean of the int8 dot peaks measured just
+ * before and after the timed prefill.
+ * "attention" at decode is the whole attention (projections and heads);
+ * at prefill both the projections alone (their own clock) and the whole
+ * attention are given, each with the projections' ops.
+ */
+static void print_parts(const struct kt_model *m, const struct phase *pre, const struct phase *dec,
+                        uint64_t *const routes[2], double decode_triad_gbps, const struct kt_peak_result *peak)
+{
+    struct part_work w;
+    part_work(m, &w);
+    const uint32_t n_layer = m->hp.n_layer, ne = m->hp.n_expert;
+    uint64_t att_ns[2] = {0}, proj_ns[2] = {0}, moe_ns[2] = {0}, pairs[2] = {0}, total_ns[2] = {0};
+    const struct phase *ph[2] = {pre, dec};
+    for (int p = 0; p < 2; p++)
+        for (uint32_t il = 0; il < n_layer; il++) {
+            const struct kt_engine_layer_stats *l = &ph[p]->layers[il];
+            att_ns[p] += l->attention_ns, proj_ns[p] += l->attention_proj_ns, total_ns[p] += layer_total_ns(l);
+            if (m->layers[il].is_moe) {
+                moe_ns[p] += l->experts_ns;
+                for (uint32_t x = 0; x < ne; x++)
+                    pairs[p] += routes[p ? KT_ROUTE_DECODE : KT_ROUTE_PREFILL][(size_t)il * ne + x];
+            }
+        }
+    const double tok[2] = {pre->tokens, dec->tokens};
+    printf("\nparts against their limits (decode: bytes / time over the mean of the decode phase's triads, "
+           "%.2f GB/s; prefill: int8 ops / time over the %s int8 dot peak beside it, %.1f GOP/s):\n",
+           decode_triad_gbps, kt_isa_name(peak->isa), peak->best_gops);
+    const double dec_att = w.attention_bytes * tok[1] / (att_ns[1] * 1e-9) * 1e-9;
+    const double dec_exp = (w.expert_bytes * pairs[1] + w.shared_bytes * tok[1]) / (moe_ns[1] * 1e-9) * 1e-9;
+    printf("  decode, attention (all of it)        %7.2f GB/s = %.3f x triad\n", dec_att, dec_att / decode_triad_gbps);
+    printf("  decode, routed + shared experts      %7.2f GB/s = %.3f x triad  (%.2f routed pairs per token)\n",
+           dec_exp, dec_exp / decode_triad_gbps, pairs[1] / tok[1]);
+    const double pre_proj = 2 * w.attention_macs * tok[0] / (proj_ns[0] * 1e-9) * 1e-9;
+    const double pre_att = 2 * w.attention_macs * tok[0] / (att_ns[0] * 1e-9) * 1e-9;
+    const double pre_exp = 2 * (w.expert_macs * pairs[0] + w.shared_macs * tok[0]) / (moe_ns[0] * 1e-9) * 1e-9;
+    const double pre_all = 2 * (w.attention_macs * tok[0] + w.expert_macs * pairs[0] + w.shared_macs * tok[0] +
+                                w.dense_macs * tok[0] + w.head_macs) / pre->seconds * 1e-9;
+    printf("  prefill, attention projections       %7.1f GOP/s = %.3f of peak  (%.1f of %.1f ms attention)\n",
+           pre_proj, pre_proj / peak->best_gops, proj_ns[0] * 1e-6, att_ns[0] * 1e-6);
+    printf("  prefill, attention (all of it)       %7.1f GOP/s = %.3f of peak  (the projections' ops)\n", pre_att,
+           pre_att / peak->best_gops);
+    printf("  prefill, routed + shared experts     %7.1f GOP/s = %.3f of peak\n", pre_exp, pre_exp / peak->best_gops);
+    printf("  prefill, whole step                  %7.1f GOP/s = %.3f of peak  (every product's ops / wall time)\n",
+           pre_all, pre_all / peak->best_gops);
 }
 
 /* ---- --predict: the cost model beside the measured times ---------------------------------- */
@@ -462,6 +564,17 @@ int kt_bench_model(const struct kt_bench_options *o)
     if (!o->cold && (prefill(e, prompt, o->prompt_tokens, chunk, batch, logits, &err) != KT_OK ||
                      kt_engine_seq_truncate(e, 0, 0, &err) != KT_OK))
         goto fail;
+    /* The int8 dot peak on the same threads just before and just after the
+     * timed prefill (their mean is the prefill parts' limit: a shared
+     * machine's contention moves both sides), at the highest level with a loop. */
+    struct kt_peak_result peak = {0}, peak_after = {0};
+    int peak_isa = -1;
+    for (int isa = (int)kt_cpu_kernels()->isa; isa >= 0 && peak_isa < 0; isa--)
+        if (kt_peak_available(KT_PEAK_DOT_INT8, (enum kt_isa)isa))
+            peak_isa = isa;
+    if (peak_isa >= 0 &&
+        kt_peak_measure(KT_PEAK_DOT_INT8, (enum kt_isa)peak_isa, (int)threads, 0.5, 3, &peak, &err) != KT_OK)
+        goto fail;
     kt_engine_stats_reset(e);
     double t0 = kt_bench_now_seconds();
     if (prefill(e, prompt, o->prompt_tokens, chunk, batch, logits, &err) != KT_OK)
@@ -469,6 +582,11 @@ int kt_bench_model(const struct kt_bench_options *o)
     pre.seconds = kt_bench_now_seconds() - t0;
     pre.tokens = o->prompt_tokens;
     take_stats(e, n_layer, &pre, routes, cells);
+    if (peak_isa >= 0) {
+        if (kt_peak_measure(KT_PEAK_DOT_INT8, (enum kt_isa)peak_isa, (int)threads, 0.5, 3, &peak_after, &err) != KT_OK)
+            goto fail;
+        peak.best_gops = 0.5 * (peak.best_gops + peak_after.best_gops);
+    }
 
     /* Greedy decode, one token per step, in blocks of DECODE_BLOCK tokens
      * with a short triad before each block and after the last: each block's
@@ -480,6 +598,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     struct kt_triad_result before, after;
     if (kt_stream_triad(0, (int)threads, 2, &before, &err) != KT_OK)
         goto fail;
+    double decode_triad_sum = before.best_gbps;
+    uint32_t decode_triads = 1;
     for (uint32_t i = 0; i < o->gen_tokens;) {
         struct kt_engine_stats s0, s1;
         kt_engine_stats(e, &s0);
@@ -496,6 +616,7 @@ int kt_bench_model(const struct kt_bench_options *o)
         kt_engine_stats(e, &s1);
         if (kt_stream_triad(0, (int)threads, 2, &after, &err) != KT_OK)
             goto fail;
+        decode_triad_sum += after.best_gbps, decode_triads++;
         if (n_blocks < KT_BENCH_MAX_BLOCKS && block_s > 0)
             block_ratio[n_blocks++] = (double)(s1.weight_bytes - s0.weight_bytes) / block_s * 1e-9 /
                                       (0.5 * (before.best_gbps + after.best_gbps));
@@ -551,6 +672,8 @@ int kt_bench_model(const struct kt_bench_options *o)
                ph->device.bytes_in / 1e6, ph->device.bytes_out / 1e6, (unsigned long long)ph->stats.device_pairs,
                ph->stats.device_wait_ns / 1e6);
     }
+    if (peak.best_gops > 0 && dec.tokens > 0 && pre.tokens > 0)
+        print_parts(m, &pre, &dec, routes, decode_triad_sum / decode_triads, &peak);
     print_phase(&pre, n_layer);
     print_phase(&dec, n_layer);
     if (o->svg && draw_split(o->svg, o->model, &dec, n_layer, &err) != KT_OK)

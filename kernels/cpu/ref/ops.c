@@ -86,6 +86,13 @@ void kt_axpy_f32(float *y, float a, const float *x, int64_t n)
         y[i] += a * x[i];
 }
 
+void kt_dot_rows_f32(const float *x, const float *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                     int64_t out_stride)
+{
+    for (int64_t t = 0; t < n_rows; t++)
+        out[t * out_stride] = scale * kt_dot_f32(x, rows[t], n);
+}
+
 /* ---- RoPE with YaRN ---------------------------------------------------------------- */
 
 /* YaRN's correction dimension: the (fractional) pair index whose wavelength

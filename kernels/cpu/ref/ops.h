@@ -39,6 +39,9 @@ void kt_swiglu(float *out, const float *gate, const float *up, int64_t n);
 
 float kt_dot_f32(const float *a, const float *b, int64_t n); /* sum a[i] b[i], in eight interleaved partial sums */
 void kt_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a x */
+/* out[t * out_stride] = scale * kt_dot_f32(x, rows[t], n), t < n_rows: attention's scores. */
+void kt_dot_rows_f32(const float *x, const float *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                     int64_t out_stride);
 
 /* ---- RoPE with YaRN ---------------------------------------------------------------- */
 

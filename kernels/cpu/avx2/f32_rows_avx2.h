@@ -1,0 +1,15 @@
+/*
+ * f32_rows_avx2.h - AVX2 twins of the float row ops kt_dot_rows_f32 and
+ * kt_axpy_f32 (kernels/cpu/ref/ops.c), bit for bit (dispatch.h, struct
+ * kt_cpu_f32_kernels).
+ */
+#ifndef KT_F32_ROWS_AVX2_H
+#define KT_F32_ROWS_AVX2_H
+
+#include <stdint.h>
+
+void kt_dot_rows_f32_avx2(const float *x, const float *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                          int64_t out_stride);
+void kt_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
+
+#endif
