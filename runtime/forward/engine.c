@@ -500,6 +500,13 @@ static uint64_t packed_bytes(const struct kt_gguf_tensor *t)
     return k && k->packed && m.n_out >= (int64_t)k->packed->rows ? kt_packed_bytes(k->packed, m.n_in, m.n_out) : 0;
 }
 
+/* packed_bytes of a per-head matrix, where heads of head_rows rows start on its format's groups (else 0). */
+static uint64_t packed_heads_bytes(const struct kt_gguf_tensor *t, int64_t head_rows)
+{
+    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(t->type);
+    return k && k->packed && head_rows % k->packed->rows == 0 ? packed_bytes(t) : 0;
+}
+
 struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const struct kt_engine_params *p)
 {
     const struct kt_hparams *hp = &m->hp;
@@ -511,9 +518,15 @@ struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const
         b.packed += packed_bytes(m->output);
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct kt_layer *t = &m->layers[il];
-        if (!(dev && d.attention_on_device))
+        if (!(dev && d.attention_on_device)) {
             b.packed += packed_bytes(t->attn_q_a) + packed_bytes(t->attn_q_b) + packed_bytes(t->attn_q) +
                         packed_bytes(t->attn_kv_a_mqa) + packed_bytes(t->attn_output);
+            /* split W_UK / W_UV: packed copies for the absorbed form where heads are whole groups */
+            if (!t->attn_kv_b && t->attn_k_b && t->attn_v_b) {
+                b.packed += packed_heads_bytes(t->attn_k_b, hp->kv_lora_rank);
+                b.packed += packed_heads_bytes(t->attn_v_b, hp->v_head_dim);
+            }
+        }
         if (!t->is_moe && !(dev && d.dense_on_device))
             b.packed += packed_bytes(t->ffn_gate) + packed_bytes(t->ffn_up) + packed_bytes(t->ffn_down);
         if (t->is_moe && !(dev && d.shared_on_device))

@@ -348,7 +348,9 @@ uint64_t kt_engine_device_work_bytes(const struct kt_model *m, const struct kt_e
  * it maps, from the tensor table alone (before creation): the packed copies
  * of the matrices the host multiplies whole (attention projections, dense
  * FFNs, shared experts, the output head, each where the device does not
- * run it and the CPU level has a packed format for its type) and the KV
+ * run it and the CPU level has a packed format for its type; the split
+ * W_UK / W_UV's copies for the absorbed form where heads fill whole packed
+ * groups) and the KV
  * cache when attention stays on the host.  The routed experts are the
  * placement's and the expert store's to count. */
 struct kt_engine_host_bytes {
