@@ -42,6 +42,12 @@ uint64_t kt_peak_dot_int8_avx512(uint64_t iters, float *sink)
     __m512i s = acc[0];
     for (int k = 1; k < CHAINS; k++)
         s = _mm512_add_epi32(s, acc[k]);
-    *sink = (float)_mm512_reduce_add_epi32(s);
+    /* the lanes wrap (they are only a sink): summed unsigned, as _mm512_reduce_add_epi32's signed adds
+     * would overflow, which is undefined in C (UBSan caught it in kt-bench model's peak) */
+    uint32_t lanes[16], sum = 0;
+    _mm512_storeu_si512(lanes, s);
+    for (int k = 0; k < 16; k++)
+        sum += lanes[k];
+    *sink = (float)sum;
     return iters * CHAINS * 64 * 2;
 }
