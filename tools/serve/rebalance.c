@@ -17,8 +17,8 @@
  *     each copy the expert's home, takes experts off the device and uploads
  *     at most one expert a step onto it (the copy is queued ahead of that
  *     step's device work, never waited for by the host).
- * The rebalancer's thread runs at SCHED_IDLE: its planning and copies take only
- * cores the steps leave idle.  A move that fails leaves the old home serving; either way the live
+ * The rebalancer's thread runs at nice 10: its planning and copies yield to
+ * the steps on a shared core.  A move that fails leaves the old home serving; either way the live
  * placement is read back from the engine, and the move is logged.  The next
  * round waits until the last one's moves are all made, so it plans from the
  * placement that runs.  mu guards what the rebalancer, the scheduler thread
@@ -28,7 +28,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -451,11 +451,11 @@ static void *rebalancer_main(void *arg)
 {
     struct kt_server *s = arg;
     struct kt_serve_placement *sp = s->placement;
-    /* planning and copying run only on cores the steps leave idle: a round never takes a step's core */
-    const struct sched_param idle = {.sched_priority = 0};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle) != 0)
-        fprintf(stderr, "kt-serve: rebalancer: cannot lower its thread's priority (SCHED_IDLE); it competes with "
-                        "the steps for cores\n");
+    /* planning and copying yield to the steps: nice 10 weighs this thread about a tenth of a step
+     * thread on a shared core (SCHED_IDLE starved it on a busy host: a round's moves never finished) */
+    if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
+        fprintf(stderr, "kt-serve: rebalancer: cannot lower its thread's priority (nice 10): it competes with the "
+                        "steps for cores\n");
     for (;;) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
