@@ -793,6 +793,9 @@ static void *scheduler_main(void *arg)
             s->q_head = (s->q_head + 1) % s->p.max_waiting;
             s->q_len--;
         }
+        /* off the queue and not yet running: counted as running, so a drain does not see an idle
+         * scheduler while they are in this thread's hands (admit sets it from n_runs again) */
+        s->n_runs_shared = s->n_runs + n_admitted;
         if (s->p.metrics) {
             pthread_mutex_lock(&s->p.metrics->mu);
             s->p.metrics->requests_waiting = (uint32_t)s->q_len;
