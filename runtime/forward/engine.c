@@ -413,10 +413,20 @@ static kt_status plan_slices(struct kt_engine *e, const struct kt_engine_params 
  * groups at the expert path's bandwidth, and a mapping of huge pages costs
  * fewer TLB misses than the file's 4 KiB page-cache pages.  The file's pages
  * it read are then released from this process. */
+/* The packed format m gets on the host, or NULL: it stays in GGUF rows (no
+ * format for its type, or fewer rows than one group).  kt_engine_host_bytes
+ * predicts with the same rule. */
+static const struct kt_packed_format *host_pack_format(const struct kt_mat *m)
+{
+    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m->type);
+    const struct kt_packed_format *f = k ? k->packed : NULL;
+    return f && m->n_out >= (int64_t)f->rows ? f : NULL;
+}
+
 static kt_status pack_host_mat(struct kt_engine *e, struct kt_mat *m, bool drop_file_pages, kt_err *err)
 {
-    const struct kt_packed_format *f = m->data && !m->packed ? kt_mat_kernels_for(m->type)->packed : NULL;
-    if (!f || m->n_out < (int64_t)f->rows)
+    const struct kt_packed_format *f = m->data && !m->packed ? host_pack_format(m) : NULL;
+    if (!f)
         return KT_OK;
     if (e->n_packed_blocks == e->max_packed_blocks)
         return kt_err_set(err, KT_ERR_INVALID, "engine: packed weight table full");
@@ -496,15 +506,15 @@ static uint64_t packed_bytes(const struct kt_gguf_tensor *t)
     if (!t)
         return 0;
     const struct kt_mat m = kt_mat_from_tensor(t);
-    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(m.type);
-    return k && k->packed && m.n_out >= (int64_t)k->packed->rows ? kt_packed_bytes(k->packed, m.n_in, m.n_out) : 0;
+    const struct kt_packed_format *f = host_pack_format(&m);
+    return f ? kt_packed_bytes(f, m.n_in, m.n_out) : 0;
 }
 
 /* packed_bytes of a per-head matrix, where heads of head_rows rows start on its format's groups (else 0). */
 static uint64_t packed_heads_bytes(const struct kt_gguf_tensor *t, int64_t head_rows)
 {
-    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(t->type);
-    return k && k->packed && head_rows % k->packed->rows == 0 ? packed_bytes(t) : 0;
+    const struct kt_mat m = kt_mat_from_tensor(t);
+    return heads_whole_groups(&m, head_rows) ? packed_bytes(t) : 0;
 }
 
 struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const struct kt_engine_params *p)
