@@ -5,8 +5,9 @@
  * forked from one prompt, prompts reusing cached prefixes); stop strings end
  * text exactly; cancelling frees the sequence; a full queue refuses; drain
  * finishes what runs; the request histograms all count the completed
- * requests.
+ * requests; a poke runs its hook between two steps, or at once when idle.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -438,6 +439,65 @@ static void a_long_prefill_does_not_stall_running_streams(void)
     kt_sched_destroy(s);
 }
 
+/* kt_sched_poke: an idle scheduler calls the poked hook at once; a busy one
+ * right after a step (after_step has run for it), never during one. */
+struct poke_log {
+    _Atomic uint32_t steps, pokes, pokes_after_a_step;
+    _Atomic bool in_step_hook;
+};
+
+static void poke_after_step(void *ctx, const struct kt_engine *e)
+{
+    (void)e;
+    struct poke_log *l = ctx;
+    atomic_fetch_add(&l->steps, 1);
+}
+
+static void poke_hook(void *ctx)
+{
+    struct poke_log *l = ctx;
+    atomic_fetch_add(&l->pokes, 1);
+    if (atomic_load(&l->steps) > 0)
+        atomic_fetch_add(&l->pokes_after_a_step, 1);
+}
+
+static bool wait_for(_Atomic uint32_t *v, uint32_t want)
+{
+    for (int i = 0; i < 3000 && atomic_load(v) < want; i++)
+        usleep(1000);
+    return atomic_load(v) >= want;
+}
+
+static void a_poke_runs_its_hook_between_steps_or_at_once_when_idle(void)
+{
+    struct poke_log l = {0};
+    struct kt_sched *s = NULL;
+    kt_err err = {0};
+    struct kt_sched_params p = {.engine = g_engine, .tok = g_tok, .max_running_seqs = MAX_RUNNING, .max_waiting = 4,
+                                .max_batch_tokens = 64, .metrics = &g_metrics, .after_step = poke_after_step,
+                                .poked = poke_hook, .after_step_ctx = &l};
+    const bool created = kt_sched_create(&p, &s, &err) == KT_OK;
+    KT_CHECK(created, "%s", err.msg);
+    if (!created)
+        return;
+    kt_sched_poke(s);
+    KT_CHECK(wait_for(&l.pokes, 1) && atomic_load(&l.steps) == 0, "idle: poked %u times, %u steps",
+             atomic_load(&l.pokes), atomic_load(&l.steps));
+    usleep(20000);
+    KT_CHECK(atomic_load(&l.pokes) == 1, "one poke, one call: %u", atomic_load(&l.pokes));
+
+    struct kt_job *job = job_from("{\"prompt\": \"Hello\", \"max_tokens\": 40, \"ignore_eos\": true}");
+    kt_sched_submit(s, job);
+    KT_CHECK(wait_for(&l.steps, 2), "the job did not step");
+    kt_sched_poke(s);
+    KT_CHECK(wait_for(&l.pokes, 2) && atomic_load(&l.pokes_after_a_step) == 1, "busy: poked %u times (%u after a step)",
+             atomic_load(&l.pokes), atomic_load(&l.pokes_after_a_step));
+    wait_done(job);
+    kt_job_release(job);
+    kt_sched_destroy(s);
+    KT_CHECK(atomic_load(&l.pokes) == 2, "two pokes, two calls: %u", atomic_load(&l.pokes));
+}
+
 int main(void)
 {
     if (!setup())
@@ -451,6 +511,7 @@ int main(void)
     KT_RUN(drain_finishes_running_jobs_then_refuses);
     KT_RUN(forced_output_and_chat_stop_at_the_end_token);
     KT_RUN(request_histograms_count_the_same_requests);
+    KT_RUN(a_poke_runs_its_hook_between_steps_or_at_once_when_idle);
     kt_engine_destroy(g_engine);
     kt_tokenizer_destroy(g_tok);
     kt_model_close(g_model);

@@ -376,7 +376,8 @@ static bool load(struct kt_server *s, kt_err *err)
     struct kt_sched_params sp = {.engine = s->engine, .tok = s->tok, .max_running_seqs = o->max_seqs,
                                  .max_waiting = o->max_waiting, .max_batch_tokens = o->max_batch_tokens,
                                  .prefix_cache_entries = o->prefix_cache, .metrics = &s->metrics,
-                                 .after_step = kt_serve_after_step, .after_step_ctx = s};
+                                 .after_step = kt_serve_after_step, .poked = kt_serve_make_moves,
+                                 .after_step_ctx = s};
     return kt_sched_create(&sp, &s->sched, err) == KT_OK && kt_serve_placement_start(s, err) == KT_OK;
 }
 

@@ -185,7 +185,7 @@ struct kt_sched {
     pthread_cond_t idle;     /* drain waits here */
     struct kt_job **queue;   /* ring of max_waiting */
     size_t q_head, q_len;
-    bool accepting, stop, cancel_all;
+    bool accepting, stop, cancel_all, poked;
     uint32_t n_runs_shared;  /* running jobs, as drain sees them */
 
     /* thread-owned from here on */
@@ -759,8 +759,15 @@ static void *scheduler_main(void *arg)
         uint32_t n_admitted = 0, admitted_seqs = 0;
         double now = kt_monotonic_s();
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && s->q_len == 0 && s->n_runs == 0)
+        while (!s->stop && s->q_len == 0 && s->n_runs == 0 && !s->poked)
             pthread_cond_wait(&s->wake, &s->mu);
+        if (s->poked && !s->stop && s->q_len == 0 && s->n_runs == 0) {
+            s->poked = false; /* idle: nothing to step, so call it now */
+            pthread_mutex_unlock(&s->mu);
+            if (s->p.poked)
+                s->p.poked(s->p.after_step_ctx);
+            continue;
+        }
         if (s->stop && s->q_len == 0 && s->n_runs == 0) {
             pthread_mutex_unlock(&s->mu);
             break;
@@ -815,6 +822,12 @@ static void *scheduler_main(void *arg)
                 end_run(s, r, KT_FINISH_TIMEOUT, "the request timed out");
         }
         step(s);
+        pthread_mutex_lock(&s->mu); /* asked before or during the step: now, between two steps */
+        const bool poked = s->poked;
+        s->poked = false;
+        pthread_mutex_unlock(&s->mu);
+        if (poked && s->p.poked)
+            s->p.poked(s->p.after_step_ctx);
         pthread_mutex_lock(&s->mu);
         s->n_runs_shared = s->n_runs;
         if (s->p.metrics) {
@@ -923,6 +936,14 @@ enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job)
     }
     pthread_mutex_unlock(&s->mu);
     return r;
+}
+
+void kt_sched_poke(struct kt_sched *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->poked = true;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
 }
 
 void kt_sched_drain(struct kt_sched *s, double grace_s)

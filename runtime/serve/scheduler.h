@@ -111,6 +111,10 @@ struct kt_sched_params {
      * (kt_engine_route_counts).  NULL: none. */
     void (*after_step)(void *ctx, const struct kt_engine *e);
     void *after_step_ctx;
+    /* Called on the scheduler thread, with after_step_ctx, when kt_sched_poke
+     * asked while no job runs or waits (work that waits for "between two
+     * steps" is done at once on an idle server).  NULL: none. */
+    void (*poked)(void *ctx);
 };
 
 /* Engine sequences and KV blocks the scheduler needs from the engine. */
@@ -131,6 +135,10 @@ enum kt_submit_result {
 
 /* Queues the job; on KT_SUBMIT_OK the scheduler holds its own reference. */
 enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job);
+
+/* Asks the scheduler thread to call p.poked once it is between two steps: after
+ * the step it is making, or at once when idle (any thread). */
+void kt_sched_poke(struct kt_sched *s);
 
 /* Stops accepting jobs, lets running and queued ones finish for up to
  * grace_s seconds, cancels the rest, and returns when none is left. */

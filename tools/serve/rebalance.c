@@ -16,7 +16,9 @@
  *   - the scheduler thread, between two steps (kt_serve_after_step), makes
  *     each copy the expert's home, takes experts off the device and uploads
  *     at most one expert a step onto it (the copy is queued ahead of that
- *     step's device work, never waited for by the host).
+ *     step's device work, never waited for by the host); on an idle server
+ *     the rebalancer pokes the scheduler (kt_sched_poke), which makes them
+ *     at once (kt_serve_make_moves), one upload a pass.
  * The rebalancer's thread runs at nice 10: its planning and copies yield to
  * the steps on a shared core.  A move that fails leaves the old home serving; either way the live
  * placement is read back from the engine, and the move is logged.  The next
@@ -82,6 +84,7 @@ struct kt_serve_placement {
 
     /* guarded by mu: what /kt/placement and /metrics report */
     uint64_t rounds, moves_ok, moves_failed, bytes_moved, layers_sliced;
+    bool in_round;                         /* a round has moves to hand off or waits for them to be made */
     uint64_t pair_moves[MAX_PLACES][MAX_PLACES], pair_bytes[MAX_PLACES][MAX_PLACES];
     double before_s, after_s;              /* the last round's predicted MoE step, now and planned */
     uint32_t pending;                      /* homes the last round left as served */
@@ -315,6 +318,35 @@ static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
     return !(cpu_copy_moves && (L->cpu_sliced || (mv->to.node >= 0 && (h->replica_nodes >> mv->to.node & 1))));
 }
 
+/* True when the scheduler thread may be changing what mv's copy reads: a move
+ * handed off and not yet made (the one being made included) switches or
+ * frees the same expert's copies, or a slice move is on either side in the
+ * same layer (slicing reads, or unmaps, every expert of it). */
+static bool touches(const struct kt_move *queued, const struct kt_move *mv)
+{
+    return queued->layer == mv->layer && (queued->kind == KT_MOVE_LAYER_SLICE || mv->kind == KT_MOVE_LAYER_SLICE ||
+                                          queued->expert == mv->expert);
+}
+
+/* Waits until no move handed off touches what mv's copy reads (a switch of
+ * the expert would unmap, or give back the pages of, the copy being read);
+ * false when stopping. */
+static bool wait_untouched(struct kt_serve_placement *sp, const struct kt_move *mv)
+{
+    pthread_mutex_lock(&sp->mu);
+    for (;;) {
+        bool busy = false;
+        for (uint32_t i = 0; i < sp->q_len && !busy; i++)
+            busy = touches(&sp->queue[(sp->q_head + i) % sp->max_queue].mv, mv);
+        if (!busy || sp->stop)
+            break;
+        pthread_cond_wait(&sp->cv, &sp->mu);
+    }
+    const bool ok = !sp->stop;
+    pthread_mutex_unlock(&sp->mu);
+    return ok;
+}
+
 /* Hands mv (with its copy) to the scheduler thread, waiting while the copies
  * on their way exceed the budget; false when stopping (the copy discarded). */
 static bool hand_off(struct kt_serve_placement *sp, const struct kt_move *mv, struct kt_expert_copy *copy,
@@ -388,6 +420,7 @@ static void round_once(struct kt_server *s)
     }
     pthread_mutex_lock(&sp->mu);
     sp->rounds++;
+    sp->in_round = true;
     sp->before_s = r.before_s, sp->after_s = r.after_s;
     sp->pending = r.n_pending;
     pthread_mutex_unlock(&sp->mu);
@@ -396,6 +429,8 @@ static void round_once(struct kt_server *s)
         const struct kt_move *mv = &r.moves[i];
         if (!movable(cur, mv))
             continue;
+        if (!wait_untouched(sp, mv))
+            break;
         struct kt_expert_copy *copy = NULL;
         struct kt_layer_slices *slices = NULL;
         if (mv->kind == KT_MOVE_LAYER_SLICE) { /* every expert's shares, here, while steps run */
@@ -411,11 +446,14 @@ static void round_once(struct kt_server *s)
             if (!hand_off(sp, mv, NULL, slices, budget))
                 break;
             handed++;
+            kt_sched_poke(s->sched); /* made between two steps, or at once on an idle server */
             continue;
         }
         /* the CPU copy goes to its new node here, while steps run (a new replica's to its node) */
+        /* (a row-sliced layer holds every expert's rows on its nodes: one off the device needs no copy) */
         const bool copies = mv->kind == KT_MOVE_REPLICA_ADD ||
                             (mv->kind == KT_MOVE_HOME && mv->to.device == 0 &&
+                             !kt_engine_layer_sliced(s->engine, mv->layer) &&
                              kt_engine_expert_node(s->engine, mv->layer, mv->expert) != mv->to.node);
         if (copies && kt_engine_expert_copy(s->engine, mv->layer, mv->expert,
                                             mv->kind == KT_MOVE_HOME ? mv->to.node : mv->node, &copy, &err) != KT_OK) {
@@ -431,6 +469,7 @@ static void round_once(struct kt_server *s)
         if (!hand_off(sp, mv, copy, slices, budget))
             break;
         handed++;
+        kt_sched_poke(s->sched);
     }
     /* the next round plans from what runs: wait for these to be made */
     pthread_mutex_lock(&sp->mu);
@@ -439,6 +478,9 @@ static void round_once(struct kt_server *s)
     pthread_mutex_unlock(&sp->mu);
     if (handed && s->o.plan_out && kt_serve_placement_write(s, &err) != KT_OK)
         note_error(sp, "--plan-out", &err);
+    pthread_mutex_lock(&sp->mu);
+    sp->in_round = false;
+    pthread_mutex_unlock(&sp->mu);
 done:
     kt_rebalance_free(&r);
     kt_plan_destroy(plan);
@@ -626,7 +668,10 @@ static bool make_move(struct kt_server *s, const struct handoff *h, bool *upload
         account(sp->live, &was, &now, kt_layer_expert_bytes(s->model, mv->layer));
     *live = now;
     const int to = place_of(sp->live, &now);
-    log_move(sp, mv, place_of(sp->live, &was), to, st == KT_OK && to == place_of(sp->live, &mv->to));
+    /* a row-sliced layer's expert off the device is on all its nodes: the target's node is any of them */
+    const bool reached = to == place_of(sp->live, &mv->to) ||
+                         (now.device == 0 && mv->to.device == 0 && kt_engine_layer_sliced(s->engine, mv->layer));
+    log_move(sp, mv, place_of(sp->live, &was), to, st == KT_OK && reached);
     if (st != KT_OK)
         snprintf(sp->last_error, sizeof sp->last_error, "layer %u expert %u: %.200s", mv->layer, mv->expert, err.msg);
     pthread_mutex_unlock(&sp->mu);
@@ -710,7 +755,15 @@ void kt_serve_after_step(void *ctx, const struct kt_engine *e)
     kt_serve_profile_after_step(s->profile, e);
     if (!sp)
         return;
-    measure_step(s, e);
+    measure_step(s, e); /* moves: kt_serve_make_moves, when the rebalancer pokes */
+}
+
+void kt_serve_make_moves(void *ctx)
+{
+    struct kt_server *s = ctx;
+    struct kt_serve_placement *sp = s->placement;
+    if (!sp)
+        return;
     bool uploaded = false;
     for (;;) {
         pthread_mutex_lock(&sp->mu);
@@ -719,8 +772,12 @@ void kt_serve_after_step(void *ctx, const struct kt_engine *e)
         if (any)
             h = sp->queue[sp->q_head];
         pthread_mutex_unlock(&sp->mu);
-        if (!any || !make_move(s, &h, &uploaded))
+        if (!any)
             break;
+        if (!make_move(s, &h, &uploaded)) { /* the next upload after the next step, or at once when idle */
+            kt_sched_poke(s->sched);
+            break;
+        }
         pthread_mutex_lock(&sp->mu);
         sp->q_head = (sp->q_head + 1) % sp->max_queue;
         sp->q_len--;
@@ -1019,8 +1076,8 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
     recent_steps(sp, &step_s, &step_tokens);
     json_object_set_new(
         j, "rebalancer",
-        json_pack("{s:b, s:f, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:s}", "enabled", sp->started, "interval_s",
-                  s->o.rebalance_interval_s, "rounds", (json_int_t)sp->rounds, "in_flight", (json_int_t)sp->q_len,
+        json_pack("{s:b, s:f, s:I, s:b, s:I, s:I, s:f, s:f, s:f, s:f, s:s}", "enabled", sp->started, "interval_s",
+                  s->o.rebalance_interval_s, "rounds", (json_int_t)sp->rounds, "in_round", sp->in_round, "in_flight", (json_int_t)sp->q_len,
                   "pending", (json_int_t)sp->pending, "predicted_before_ms", 1e3 * sp->before_s,
                   "predicted_after_ms", 1e3 * sp->after_s, "measured_ms", 1e3 * step_s, "measured_tokens",
                   step_tokens, "last_error", sp->last_error));

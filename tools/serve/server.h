@@ -177,7 +177,7 @@ struct kt_profile *kt_serve_profile_snapshot(struct kt_server *s); /* a copy of 
  * created with), the config it came from and the machine; start: once READY (no
  * thread when --rebalance-interval is 0); stop: ends the thread; destroy: after the
  * scheduler (discards copies not yet switched); after_step: the scheduler's hook (also updates
- * the profile). */
+ * the profile); make_moves: its poked hook (an idle server makes moves at once). */
 struct kt_placement;
 struct kt_placement_config;
 struct kt_machine;
@@ -189,6 +189,7 @@ kt_status kt_serve_placement_start(struct kt_server *s, kt_err *err);
 void kt_serve_placement_stop(struct kt_server *s);
 void kt_serve_placement_destroy(struct kt_server *s);
 void kt_serve_after_step(void *ctx, const struct kt_engine *e);
+void kt_serve_make_moves(void *ctx); /* the scheduler's poked hook: the moves handed off, made now */
 kt_status kt_serve_placement_write(struct kt_server *s, kt_err *err); /* to --plan-out; KT_OK without one */
 void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *out); /* Prometheus lines */
 enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq);
