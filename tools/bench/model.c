@@ -255,6 +255,7 @@ static double tensor_macs(const struct kt_gguf_tensor *t)
  * copies hold the same quants), int8 ops as 2 per multiply-add. */
 struct part_work {
     double attention_bytes;     /* per token: every layer's projections, W_UK and W_UV */
+    double attention_proj_bytes; /* per token: the projections alone */
     double attention_macs;      /* per token: the projections alone (W_qa, W_qb / W_q, W_kva, W_o) */
     double expert_bytes;        /* one routed expert's gate, up and down of a MoE layer */
     double expert_macs;         /* its multiply-adds per token */
@@ -270,8 +271,10 @@ static void part_work(const struct kt_model *m, struct part_work *w)
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const struct kt_layer *l = &m->layers[il];
         const struct kt_gguf_tensor *proj[] = {l->attn_q_a, l->attn_q_b, l->attn_q, l->attn_kv_a_mqa, l->attn_output};
-        for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++)
+        for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
             w->attention_bytes += tensor_bytes(proj[i]), w->attention_macs += tensor_macs(proj[i]);
+            w->attention_proj_bytes += tensor_bytes(proj[i]);
+        }
         w->attention_bytes += tensor_bytes(l->attn_k_b) + tensor_bytes(l->attn_v_b) + tensor_bytes(l->attn_kv_b);
         if (!l->is_moe) {
             w->dense_macs += tensor_macs(l->ffn_gate) + tensor_macs(l->ffn_up) + tensor_macs(l->ffn_down);
@@ -322,6 +325,9 @@ static void print_parts(const struct kt_model *m, const struct phase *pre, const
     const double dec_att = w.attention_bytes * tok[1] / (att_ns[1] * 1e-9) * 1e-9;
     const double dec_exp = (w.expert_bytes * pairs[1] + w.shared_bytes * tok[1]) / (moe_ns[1] * 1e-9) * 1e-9;
     printf("  decode, attention (all of it)        %7.2f GB/s = %.3f x triad\n", dec_att, dec_att / decode_triad_gbps);
+    const double dec_proj = w.attention_proj_bytes * tok[1] / (proj_ns[1] * 1e-9) * 1e-9;
+    printf("  decode, attention projections        %7.2f GB/s = %.3f x triad  (%.3f of %.3f ms attention a token)\n",
+           dec_proj, dec_proj / decode_triad_gbps, proj_ns[1] * 1e-6 / tok[1], att_ns[1] * 1e-6 / tok[1]);
     printf("  decode, routed + shared experts      %7.2f GB/s = %.3f x triad  (%.2f routed pairs per token)\n",
            dec_exp, dec_exp / decode_triad_gbps, pairs[1] / tok[1]);
     const double pre_proj = 2 * w.attention_macs * tok[0] / (proj_ns[0] * 1e-9) * 1e-9;
