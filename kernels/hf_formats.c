@@ -1,0 +1,169 @@
+/*
+ * hf_formats.c - scalar decoding of the native Hugging Face weight formats
+ * (see hf_formats.h).  This is the definition the fast kernels are tested
+ * against, so it reads like the formats' specifications: one element at a
+ * time, every bit position spelled out, no lookup tables built at run time.
+ * It must never round where the format does not, and never read past the
+ * bytes a shape implies.
+ *
+ * Where each layout was confirmed (sources read, not copied):
+ *   INT4 pack-quantized  vllm-project/compressed-tensors,
+ *                        src/compressed_tensors/compressors/quantized_compressors/pack_quantized.py
+ *                        (pack_to_int32 / unpack_from_int32: value + 8, element i of
+ *                        a word at bit 4i) and quantization/lifecycle/forward.py
+ *                        (group strategy: x_q * scale, zero point 0 when symmetric)
+ *   FP8 block scales     deepseek-ai/DeepSeek-V3, inference/kernel.py (weight_dequant:
+ *                        y = float(x) * s[row / 128][col / 128], ceil-divided grid)
+ *   MXFP4 (HF)           openai/gpt-oss, gpt_oss/torch/weights.py (_get_mxfp4_tensor:
+ *                        low nibble -> even element, ldexp(value, scale - 127))
+ *   MXFP4 (GGUF)         ggml-org/llama.cpp, ggml/src/ggml-quants.c (dequantize_row_mxfp4:
+ *                        low nibbles elements 0..15, high 16..31) and ggml-impl.h
+ *                        (ggml_e8m0_to_fp32_half)
+ *   E4M3, E2M1, E8M0     OCP 8-bit Floating Point Specification (OFP8) rev 1.0 and
+ *                        OCP Microscaling Formats (MX) v1.0
+ */
+#include "hf_formats.h"
+
+#include "quant.h"
+
+#include <string.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "hf_formats.c reads little-endian tensor bytes in host order: little-endian hosts only"
+#endif
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- scalar codes ------------------------------------------------------------------ */
+
+float kt_fp8_e4m3_to_f32(uint8_t code)
+{
+    const uint32_t sign = (uint32_t)(code & 0x80u) << 24;
+    const uint32_t exp = (code >> 3) & 0xfu;
+    const uint32_t mant = code & 0x7u;
+    if (exp == 0xfu && mant == 0x7u) /* the only NaN pattern; e4m3fn has no inf */
+        return f32_from_bits(sign | 0x7fc00000u);
+    if (exp == 0) { /* subnormal: mant/8 * 2^-6 = mant * 2^-9, exact in F32 */
+        const float mag = (float)mant * 0x1p-9f;
+        return sign ? -mag : mag;
+    }
+    /* normal: (1 + mant/8) * 2^(exp-7); F32 exponent field exp - 7 + 127 */
+    return f32_from_bits(sign | (exp + 120u) << 23 | mant << 20);
+}
+
+float kt_e2m1_to_f32(uint8_t code)
+{
+    /* magnitudes of s.ee.m: e=0 is subnormal m * 0.5, else (1 + m/2) * 2^(e-1) */
+    static const float magnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float mag = magnitude[code & 0x7u];
+    return (code & 0x8u) ? -mag : mag;
+}
+
+float kt_e8m0_to_f32(uint8_t code)
+{
+    if (code == 0xffu)
+        return f32_from_bits(0x7fc00000u);
+    if (code == 0) /* 2^-127 is below F32's normal range: the subnormal with bit 22 set */
+        return f32_from_bits(0x00400000u);
+    return f32_from_bits((uint32_t)code << 23);
+}
+
+/* ---- rows ---------------------------------------------------------------------------- */
+
+static uint32_t load_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static float load_f32(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static float load_bf16(const uint8_t *p)
+{
+    kt_bf16 v;
+    memcpy(&v, p, sizeof v);
+    return kt_bf16_to_fp32(v);
+}
+
+static int64_t ceil_div(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+void kt_int4_pack_row_to_f32(const void *weight_packed, const void *weight_scale, int64_t cols,
+                             int64_t group_size, int64_t row, float *out)
+{
+    const int64_t words = ceil_div(cols, 8), groups = ceil_div(cols, group_size);
+    const uint8_t *packed = (const uint8_t *)weight_packed + (size_t)(row * words) * 4; /* (rows, words) I32 */
+    const uint8_t *scale = (const uint8_t *)weight_scale + (size_t)(row * groups) * 2;  /* (rows, groups) BF16 */
+    for (int64_t c = 0; c < cols; c++) {
+        const uint32_t word = load_u32(packed + (size_t)(c / 8) * 4);
+        const int q = (int)((word >> (4 * (c % 8))) & 0xfu) - 8;
+        out[c] = (float)q * load_bf16(scale + (size_t)(c / group_size) * 2);
+    }
+}
+
+void kt_fp8_block_row_to_f32(const void *weight, const void *weight_scale_inv, int64_t cols, int64_t block_rows,
+                             int64_t block_cols, int64_t row, float *out)
+{
+    const int64_t scale_cols = ceil_div(cols, block_cols);
+    const uint8_t *w = (const uint8_t *)weight + (size_t)(row * cols);                      /* (rows, cols) F8_E4M3 */
+    const uint8_t *s = (const uint8_t *)weight_scale_inv + (size_t)((row / block_rows) * scale_cols) * 4; /* F32 */
+    for (int64_t c = 0; c < cols; c++)
+        out[c] = kt_fp8_e4m3_to_f32(w[c]) * load_f32(s + (size_t)(c / block_cols) * 4);
+}
+
+void kt_mxfp4_row_to_f32(const void *blocks, const void *scales, int64_t cols, int64_t row, float *out)
+{
+    const int64_t n_blocks = cols / 32;
+    const uint8_t *b = (const uint8_t *)blocks + (size_t)(row * n_blocks) * 16; /* (rows, cols/32, 16) U8 */
+    const uint8_t *e = (const uint8_t *)scales + (size_t)(row * n_blocks);      /* (rows, cols/32) E8M0 */
+    for (int64_t i = 0; i < n_blocks; i++) {
+        const float scale = kt_e8m0_to_f32(e[i]);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t byte = b[i * 16 + j];
+            out[i * 32 + 2 * j] = kt_e2m1_to_f32(byte & 0xfu) * scale;
+            out[i * 32 + 2 * j + 1] = kt_e2m1_to_f32(byte >> 4) * scale;
+        }
+    }
+}
+
+void kt_bf16_row_to_f32(const void *weight, int64_t cols, int64_t row, float *out)
+{
+    const uint8_t *w = (const uint8_t *)weight + (size_t)(row * cols) * 2; /* (rows, cols) BF16 */
+    for (int64_t c = 0; c < cols; c++)
+        out[c] = load_bf16(w + (size_t)c * 2);
+}
+
+/* ggml's "half" E8M0: 2^(e-128), applied to e2m1 values doubled to integers */
+static float e8m0_half(uint8_t e)
+{
+    if (e < 2) /* 2^-128 and 2^-127: F32 subnormals */
+        return f32_from_bits(0x00200000u << e);
+    return f32_from_bits((uint32_t)(e - 1) << 23);
+}
+
+void kt_mxfp4_gguf_to_f32(const void *blocks, float *out, int64_t n)
+{
+    const struct kt_block_mxfp4 *x = blocks;
+    for (int64_t i = 0; i < n / 32; i++) {
+        struct kt_block_mxfp4 b;
+        memcpy(&b, &x[i], sizeof b);
+        const float d = e8m0_half(b.e);
+        for (int j = 0; j < 16; j++) {
+            out[i * 32 + j] = 2.0f * kt_e2m1_to_f32(b.qs[j] & 0xfu) * d;
+            out[i * 32 + j + 16] = 2.0f * kt_e2m1_to_f32(b.qs[j] >> 4) * d;
+        }
+    }
+}

@@ -1,0 +1,74 @@
+/*
+ * hf_formats.h - the weight formats Hugging Face checkpoints ship natively
+ * (compressed-tensors INT4, DeepSeek-V3 block FP8, MXFP4, BF16), decoded to
+ * F32 exactly as each format defines them: the scalar reference every faster
+ * kernel for these formats is compared with, bit for bit.
+ *
+ * Pointers are raw tensor bytes as stored (little-endian, possibly unaligned:
+ * a safetensors shard aligns nothing), so every multi-byte value is read with
+ * memcpy.  Callers pass shapes already checked against the tensors' sizes;
+ * these functions never allocate and never fail.  Where a format's own
+ * tooling rounds its result to BF16, the value here is the exact product
+ * before that rounding (runtime/model/README.md, "Native weight formats").
+ */
+#ifndef KT_HF_FORMATS_H
+#define KT_HF_FORMATS_H
+
+#include <assert.h>
+#include <stdint.h>
+
+/* ---- scalar codes -------------------------------------------------------------- */
+
+/* OCP FP8 E4M3 ("e4m3fn", safetensors F8_E4M3): s.eeee.mmm, bias 7, no
+ * infinities, S.1111.111 is NaN, largest finite 448. */
+float kt_fp8_e4m3_to_f32(uint8_t code);
+
+/* OCP FP4 E2M1 (low 4 bits of code): s.ee.m, bias 1, values 0, 0.5, 1, 1.5,
+ * 2, 3, 4, 6 and their negatives (-0 included). */
+float kt_e2m1_to_f32(uint8_t code);
+
+/* OCP E8M0 scale: 2^(code - 127); 255 is NaN; 0 is 2^-127 (an F32 subnormal). */
+float kt_e8m0_to_f32(uint8_t code);
+
+/* ---- rows of native weight tensors ---------------------------------------------- */
+
+/* compressed-tensors pack-quantized INT4, symmetric, per-group scales.
+ * weight_packed: (rows, ceil(cols/8)) I32; word w of a row holds elements
+ * 8w..8w+7, element 8w+k in bits 4k..4k+3 as q+8 (q in [-8, 7]); padding
+ * nibbles past cols are ignored.  weight_scale: (rows, ceil(cols/group_size))
+ * BF16.  out[c] = q[c] * scale[c / group_size]; the last group may be partial. */
+void kt_int4_pack_row_to_f32(const void *weight_packed, const void *weight_scale, int64_t cols,
+                             int64_t group_size, int64_t row, float *out);
+
+/* DeepSeek-V3 block FP8.  weight: (rows, cols) F8_E4M3;  weight_scale_inv:
+ * (ceil(rows/block_rows), ceil(cols/block_cols)) F32 (block 128x128 in the
+ * real checkpoints); edge blocks may be partial.
+ * out[c] = fp8(weight[row][c]) * scale_inv[row / block_rows][c / block_cols],
+ * one F32 multiply. */
+void kt_fp8_block_row_to_f32(const void *weight, const void *weight_scale_inv, int64_t cols, int64_t block_rows,
+                             int64_t block_cols, int64_t row, float *out);
+
+/* MXFP4 as Hugging Face checkpoints store it (gpt-oss): blocks (rows, cols/32,
+ * 16) U8 and scales (rows, cols/32) U8 (E8M0); cols is a multiple of 32.
+ * Element 2j of a block is the low nibble of byte j, element 2j+1 the high one.
+ * out = e2m1 * 2^(scale-127), one F32 multiply; a scale of 255 makes the whole
+ * block NaN (OCP MX v1.0). */
+void kt_mxfp4_row_to_f32(const void *blocks, const void *scales, int64_t cols, int64_t row, float *out);
+
+/* BF16 (rows, cols): widened exactly. */
+void kt_bf16_row_to_f32(const void *weight, int64_t cols, int64_t row, float *out);
+
+/* ---- GGUF's MXFP4 (ggml type 39) ------------------------------------------------ */
+
+/* ggml's block: the E8M0 byte, then 16 bytes whose low nibbles are elements
+ * 0..15 and high nibbles elements 16..31 (not HF's interleaving). */
+struct kt_block_mxfp4 { uint8_t e; uint8_t qs[16]; };
+static_assert(sizeof(struct kt_block_mxfp4) == 17, "mxfp4 block size");
+
+/* n (a multiple of 32) elements of GGUF MXFP4, as ggml decodes them:
+ * (2 * e2m1) * 2^(e-128), which is e2m1 * 2^(e-127) for every e; 255 is not
+ * NaN here (ggml's scale for it is 2^127 on the doubled values), only
+ * products past the F32 range become inf. */
+void kt_mxfp4_gguf_to_f32(const void *blocks, float *out, int64_t n);
+
+#endif
