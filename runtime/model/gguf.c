@@ -253,6 +253,8 @@ struct reader_internal {
     struct name_index tensor_index;
     void *map;          /* mmap'd region, NULL for caller buffers */
     size_t map_bytes;
+    void (*release)(void *owner); /* kt_gguf_from_parts: frees what kv and tensors point into */
+    void *owner;
 };
 
 struct parser {
@@ -728,6 +730,60 @@ kt_status kt_gguf_open(const char *path, struct kt_gguf **out, kt_err *err)
     return open_common(g, out, err);
 }
 
+kt_status kt_gguf_from_parts(struct kt_gguf_kv *kv, uint64_t n_kv, struct kt_gguf_tensor *tensors,
+                             uint64_t n_tensors, void (*release)(void *owner), void *owner, const char *path,
+                             struct kt_gguf **out, kt_err *err)
+{
+    *out = NULL;
+    struct kt_gguf *g = gguf_alloc();
+    if (!g) {
+        if (release)
+            release(owner);
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", path);
+    }
+    struct reader_internal *in = g->internal;
+    in->release = release, in->owner = owner;
+    g->version = KT_GGUF_VERSION;
+    g->alignment = KT_GGUF_DEFAULT_ALIGNMENT;
+    g->kv = kv, g->n_kv = n_kv;
+    g->tensors = tensors, g->n_tensors = n_tensors;
+    g->base = k_empty;
+    snprintf(g->path, sizeof g->path, "%s", path);
+    kt_status st = KT_OK;
+    if (n_kv > UINT32_MAX - 1 || n_tensors > UINT32_MAX - 1 || !index_init(&in->kv_index, &in->arena, n_kv) ||
+        !index_init(&in->tensor_index, &in->arena, n_tensors))
+        st = kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory indexing %" PRIu64 " keys and %" PRIu64 " tensors", path,
+                        n_kv, n_tensors);
+    for (uint64_t i = 0; st == KT_OK && i < n_kv; i++) {
+        uint64_t slot = index_probe(&in->kv_index, kv[i].key, strlen(kv[i].key), kv_name_of, g);
+        if (in->kv_index.slots[slot])
+            st = kt_err_set(err, KT_ERR_FORMAT, "%s: key %s given twice", path, kv[i].key);
+        in->kv_index.slots[slot] = (uint32_t)i + 1;
+    }
+    for (uint64_t i = 0; st == KT_OK && i < n_tensors; i++) {
+        const struct kt_gguf_tensor *t = &tensors[i];
+        const struct kt_type_traits *tr = kt_type_traits(t->type);
+        uint64_t nbytes = 0;
+        if (!tr || tr->block_elems <= 0 || t->ne[0] % tr->block_elems != 0 || !tensor_nbytes(tr, t->ne, &nbytes) ||
+            nbytes != t->nbytes || (!t->data && nbytes)) {
+            st = kt_err_set(err, KT_ERR_FORMAT, "%s: tensor %s: type %s, shape [%" PRId64 ", %" PRId64 ", %" PRId64
+                            ", %" PRId64 "] and %" PRIu64 " bytes do not agree", path, t->name, kt_type_name(t->type),
+                            t->ne[0], t->ne[1], t->ne[2], t->ne[3], t->nbytes);
+            break;
+        }
+        uint64_t slot = index_probe(&in->tensor_index, t->name, strlen(t->name), tensor_name_of, g);
+        if (in->tensor_index.slots[slot])
+            st = kt_err_set(err, KT_ERR_FORMAT, "%s: tensor %s given twice", path, t->name);
+        in->tensor_index.slots[slot] = (uint32_t)i + 1;
+    }
+    if (st != KT_OK) {
+        kt_gguf_close(g);
+        return st;
+    }
+    *out = g;
+    return KT_OK;
+}
+
 void kt_gguf_close(struct kt_gguf *g)
 {
     if (!g)
@@ -736,6 +792,8 @@ void kt_gguf_close(struct kt_gguf *g)
     if (in) {
         if (in->map)
             munmap(in->map, in->map_bytes);
+        if (in->release)
+            in->release(in->owner);
         arena_free(&in->arena);
         free(in);
     }

@@ -121,6 +121,15 @@ kt_status kt_gguf_open(const char *path, struct kt_gguf **out, kt_err *err);
 /* Parses a caller-owned buffer, which must outlive the result. */
 kt_status kt_gguf_open_memory(const void *data, size_t bytes, struct kt_gguf **out, kt_err *err);
 
+/* A GGUF made in memory by another model source (a Hugging Face directory):
+ * kv and tensors are the caller's, filled in, and stay valid until close,
+ * which calls release(owner) (also on failure here).  Builds the lookup
+ * indexes; refuses a key or tensor given twice and a tensor whose type,
+ * shape and byte count disagree.  path names it in messages. */
+kt_status kt_gguf_from_parts(struct kt_gguf_kv *kv, uint64_t n_kv, struct kt_gguf_tensor *tensors,
+                             uint64_t n_tensors, void (*release)(void *owner), void *owner, const char *path,
+                             struct kt_gguf **out, kt_err *err);
+
 void kt_gguf_close(struct kt_gguf *g);
 
 /* Lookups; NULL if absent. */
