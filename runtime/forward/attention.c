@@ -234,11 +234,13 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
      * Then queries (T, H*dk) and the compressed KV (T, kvr+dr). */
     const struct kt_mat *w_q_in = qr > 0 ? &L->q_a : &L->q;
     uint64_t t_proj = kt_fwd_now_ns();
-    kt_fwd_matmul(e, w_q_in, h, T, qr > 0 ? e->qa : e->q, e->xq);
-    if (kt_mat_kernels_for(L->kv_a.type)->vec_dot_type == kt_mat_kernels_for(w_q_in->type)->vec_dot_type)
-        kt_fwd_matmul_q(e, &L->kv_a, e->xq, T, e->kv_a);
-    else
+    if (kt_mat_kernels_for(L->kv_a.type)->vec_dot_type == kt_mat_kernels_for(w_q_in->type)->vec_dot_type) {
+        kt_quantize_rows(e->pool, w_q_in->type, h, T, w_q_in->n_in, e->xq); /* both in one hand-off */
+        kt_fwd_matmul_q_pair(e, w_q_in, &L->kv_a, e->xq, T, qr > 0 ? e->qa : e->q, e->kv_a);
+    } else {
+        kt_fwd_matmul(e, w_q_in, h, T, qr > 0 ? e->qa : e->q, e->xq);
         kt_fwd_matmul(e, &L->kv_a, h, T, e->kv_a, e->xq);
+    }
     if (qr > 0) {
         for (uint32_t t = 0; t < T; t++)
             kt_rmsnorm(e->qa + (size_t)t * qr, e->qa + (size_t)t * qr, L->q_a_norm, qr, hp->rms_eps);

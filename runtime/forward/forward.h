@@ -360,6 +360,10 @@ void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, 
 /* The same with x already in xq, quantized for m.type (or a type of the same format). */
 void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t *xq, int64_t n_rows, float *y);
 
+/* ya = A xq and yb = B xq in one hand-off (kt_matmul_q_pair). */
+void kt_fwd_matmul_q_pair(struct kt_engine *e, const struct kt_mat *a, const struct kt_mat *b, const uint8_t *xq,
+                          int64_t n_rows, float *ya, float *yb);
+
 /* Layer il's attention weights where attention runs: the device's copies
  * when attention_on_device, else the host's. */
 static inline const struct kt_layer_weights *kt_fwd_attention_weights(const struct kt_engine *e, uint32_t il)

@@ -199,6 +199,16 @@ static void onednn_task(void *ctx, int64_t begin, int64_t end, int thread)
     }
 }
 
+/* Rows per task of the table path for m on n_threads: about 8 slices per
+ * thread balance uneven progress without much claiming; at least 4 rows, at
+ * most 64 (a slice should stay in L2 for a batch). */
+static int64_t table_grain(const struct kt_mat *m, int n_threads)
+{
+    int64_t grain = m->n_out / (8 * n_threads);
+    grain = grain < 4 ? 4 : grain > 64 ? 64 : grain;
+    return m->packed ? (grain + 15) / 16 * 16 : grain; /* slices start on group boundaries */
+}
+
 void kt_matmul_q(struct kt_pool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
                  int64_t y_stride)
 {
@@ -213,16 +223,48 @@ void kt_matmul_q(struct kt_pool *pool, const struct kt_mat *m, const void *xq, i
             kt_pool_parallel_for(pool, slices, 1, onednn_task, &j);
         return;
     }
-    /* About 8 slices per thread balance uneven progress without much claiming;
-     * at least 4 rows, at most 64 (a slice should stay in L2 for a batch). */
-    int64_t grain = m->n_out / (8 * n_threads);
-    grain = grain < 4 ? 4 : grain > 64 ? 64 : grain;
-    if (m->packed) /* slices start on group boundaries */
-        grain = (grain + 15) / 16 * 16;
+    const int64_t grain = table_grain(m, n_threads);
     if (n_threads == 1)
         matmul_task(&j, 0, m->n_out, 0);
     else
         kt_pool_parallel_for(pool, m->n_out, grain, matmul_task, &j);
+}
+
+/* Two products of the same activations in one hand-off (the attention's W_qa
+ * and W_kva): slices of the first matrix, then of the second, claimed from
+ * one counter, so neither waits at a barrier for the other.  Each row is
+ * computed by the same task as alone (matmul_task). */
+struct pair_job {
+    struct matmul_job j[2];
+    int64_t grain[2], tasks0;
+};
+
+static void pair_task(void *ctx, int64_t begin, int64_t end, int thread)
+{
+    const struct pair_job *p = ctx;
+    for (int64_t t = begin; t < end; t++) {
+        const int which = t >= p->tasks0;
+        const int64_t r0 = (which ? t - p->tasks0 : t) * p->grain[which], n = p->j[which].m->n_out;
+        matmul_task((void *)&p->j[which], r0, r0 + p->grain[which] < n ? r0 + p->grain[which] : n, thread);
+    }
+}
+
+void kt_matmul_q_pair(struct kt_pool *pool, const struct kt_mat *a, const struct kt_mat *b, const void *xq,
+                      int64_t n_rows, float *ya, float *yb)
+{
+    const struct kt_cpu_type_kernels *ka = kt_mat_kernels_for(a->type), *kb = kt_mat_kernels_for(b->type);
+    const int n_threads = pool ? kt_pool_n_threads(pool) : 1;
+    if (n_threads == 1 || ka->vec_dot_type != kb->vec_dot_type || onednn_runs(a, n_rows) || onednn_runs(b, n_rows)) {
+        kt_matmul_q(pool, a, xq, n_rows, ya, a->n_out);
+        kt_matmul_q(pool, b, xq, n_rows, yb, b->n_out);
+        return;
+    }
+    const size_t act_bytes = kt_type_row_bytes(ka->vec_dot_type, a->n_in);
+    struct pair_job p = {.j = {{a, ka->gemv, ka->gemm, xq, act_bytes, n_rows, ya, a->n_out},
+                               {b, kb->gemv, kb->gemm, xq, act_bytes, n_rows, yb, b->n_out}},
+                         .grain = {table_grain(a, n_threads), table_grain(b, n_threads)}};
+    p.tasks0 = (a->n_out + p.grain[0] - 1) / p.grain[0];
+    kt_pool_parallel_for(pool, p.tasks0 + (b->n_out + p.grain[1] - 1) / p.grain[1], 1, pair_task, &p);
 }
 
 void kt_matvec_q(const struct kt_mat *m, const void *xq, float *y)

@@ -71,6 +71,12 @@ void kt_quantize_rows(struct kt_pool *pool, int weight_type, const float *x, int
 void kt_matmul_q(struct kt_pool *pool, const struct kt_mat *m, const void *xq, int64_t n_rows, float *y,
                  int64_t y_stride);
 
+/* ya = A xq and yb = B xq (y strides: the matrices' n_out) in one hand-off
+ * when both take activations of one format (else one after the other):
+ * every output bit for bit what kt_matmul_q gives. */
+void kt_matmul_q_pair(struct kt_pool *pool, const struct kt_mat *a, const struct kt_mat *b, const void *xq,
+                      int64_t n_rows, float *ya, float *yb);
+
 /* The single-thread product of one row (used inside parallel tasks):
  * y[o] = W[o] . xq for o < m.n_out. */
 void kt_matvec_q(const struct kt_mat *m, const void *xq, float *y);

@@ -22,6 +22,13 @@ void kt_fwd_matmul_q(struct kt_engine *e, const struct kt_mat *m, const uint8_t 
     e->stats.weight_bytes += kt_mat_bytes(m);
 }
 
+void kt_fwd_matmul_q_pair(struct kt_engine *e, const struct kt_mat *a, const struct kt_mat *b, const uint8_t *xq,
+                          int64_t n_rows, float *ya, float *yb)
+{
+    kt_matmul_q_pair(e->pool, a, b, xq, n_rows, ya, yb);
+    e->stats.weight_bytes += kt_mat_bytes(a) + kt_mat_bytes(b);
+}
+
 void kt_fwd_matmul(struct kt_engine *e, const struct kt_mat *m, const float *x, int64_t n_rows, float *y,
                    uint8_t *xq)
 {
