@@ -44,6 +44,15 @@ static float *run(struct kt_model *m, const struct kt_engine_params *extra, stru
     return kt_test_engine_greedy(m, &p, prompt, PROMPT_LEN, DECODE_STEPS, NULL, stats, NULL);
 }
 
+static int32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return (int32_t)best;
+}
+
 /* [n_layer] 1 for the MoE layers in [first, last]. */
 static uint8_t *sliced_layers(const struct kt_model *m, uint32_t first, uint32_t last)
 {
@@ -239,6 +248,135 @@ static void slicing_later_f32(void)
 static void slicing_later_q4_k(void)
 {
     slicing_a_layer_later_gives_the_loads_shares("--experts-type q4_k");
+}
+
+/* A layer sliced at load made whole again holds, expert for expert, the bytes
+ * a whole load with the same homes holds, and as much memory; a whole layer
+ * is refused, and so is a home past the store's nodes. */
+static void making_a_layer_whole_gives_the_whole_loads_experts(const char *extra)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", extra, path, sizeof path);
+    if (!m)
+        return;
+    const uint32_t L = m->hp.n_layer, Ne = m->hp.n_expert;
+    uint8_t *all = sliced_layers(m, 0, L);
+    int *homes = kt_test_xmalloc((size_t)L * Ne * sizeof *homes);
+    for (size_t i = 0; i < (size_t)L * Ne; i++)
+        homes[i] = (i * 7 % 3 == 0) ? 2 : 0; /* nodes 0 and 2, unevenly */
+    struct kt_expert_store *whole = NULL, *sliced = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_expert_store_create(m, &(struct kt_expert_store_params){.home_nodes = homes}, &whole, &err) == KT_OK,
+             "whole store: %s", err.msg);
+    KT_CHECK(kt_expert_store_create(m, &(struct kt_expert_store_params){.sliced_layers = all, .slice_nodes = 0x5},
+                                    &sliced, &err) == KT_OK,
+             "sliced store: %s", err.msg);
+    for (uint32_t il = 0; whole && sliced && il < L; il++) {
+        if (!m->layers[il].is_moe)
+            continue;
+        struct kt_layer_whole *c = NULL;
+        KT_CHECK(kt_expert_store_whole_copy(whole, il, homes + (size_t)il * Ne, &c, &err) == KT_ERR_INVALID && !c &&
+                     strstr(err.msg, "whole already"),
+                 "a whole layer: %s", err.msg);
+        int bad[64];
+        for (uint32_t x = 0; x < Ne && x < 64; x++)
+            bad[x] = x == 3 ? KT_EXPERT_MAX_NODES : 0;
+        KT_CHECK(Ne > 64 || (kt_expert_store_whole_copy(sliced, il, bad, &c, &err) == KT_ERR_INVALID && !c &&
+                             strstr(err.msg, "expert 3: home node")),
+                 "a home past the nodes: %s", err.msg);
+        KT_CHECK(kt_expert_store_whole_copy(sliced, il, homes + (size_t)il * Ne, &c, &err) == KT_OK && c, "%s",
+                 err.msg);
+        KT_CHECK(kt_expert_store_layout(sliced, il)->sliced, "layer %u: sliced until the switch", il);
+        KT_CHECK(c && kt_expert_store_whole_switch(sliced, c, &err) == KT_OK, "%s", err.msg);
+        const struct kt_expert_layout *a = kt_expert_store_layout(sliced, il), *b = kt_expert_store_layout(whole, il);
+        KT_CHECK(!a->sliced && a->slice_nodes == 0 && a->expert_bytes == b->expert_bytes &&
+                     a->gate_packed == b->gate_packed && a->down_packed == b->down_packed,
+                 "layer %u: the whole load's layout", il);
+        for (uint32_t x = 0; x < Ne; x++) {
+            const struct kt_stored_expert *se = kt_expert_store_expert(sliced, il, x);
+            const struct kt_stored_expert *we = kt_expert_store_expert(whole, il, x);
+            KT_CHECK(se->data && se->home_node == we->home_node && se->nodes == we->nodes &&
+                         se->copy[se->home_node] == se->data && !se->slice[0] && !se->slice[2] &&
+                         !memcmp(se->data, we->data, a->expert_bytes),
+                     "%s layer %u expert %u: differs from the whole load's (home %d/%d)", extra, il, x, se->home_node,
+                     we->home_node);
+        }
+    }
+    KT_CHECK(!whole || !sliced || (kt_expert_store_bytes(sliced) == kt_expert_store_bytes(whole) &&
+                                   kt_expert_store_data_bytes(sliced) == kt_expert_store_data_bytes(whole)),
+             "bytes: made whole %llu (data %llu), whole at load %llu (data %llu)",
+             (unsigned long long)(sliced ? kt_expert_store_bytes(sliced) : 0),
+             (unsigned long long)(sliced ? kt_expert_store_data_bytes(sliced) : 0),
+             (unsigned long long)(whole ? kt_expert_store_bytes(whole) : 0),
+             (unsigned long long)(whole ? kt_expert_store_data_bytes(whole) : 0));
+    kt_expert_store_destroy(whole);
+    kt_expert_store_destroy(sliced);
+    free(all), free(homes);
+    kt_test_synth_remove(m, path);
+}
+
+static void whole_again_f32(void)
+{
+    making_a_layer_whole_gives_the_whole_loads_experts("");
+}
+
+static void whole_again_q4_k(void)
+{
+    making_a_layer_whole_gives_the_whole_loads_experts("--experts-type q4_k");
+}
+
+/* An engine whose layers are sliced after the prompt and made whole again two
+ * decode steps later gives, step for step, the logits of one never sliced. */
+static void slicing_and_unslicing_between_steps_keeps_every_logit(void)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model("tiny", "--experts-type q4_k", path, sizeof path);
+    if (!m)
+        return;
+    const struct kt_engine_params p = {.n_threads = 2, .topology = TWO_NODES, .n_ctx = 64, .kv_block_tokens = 8,
+                                       .max_batch_tokens = 64};
+    struct kt_engine_stats st;
+    float *base = run(m, &p, &st);
+    struct kt_engine *e = NULL;
+    kt_err err = {0};
+    const uint32_t V = m->hp.n_vocab, Ne = m->hp.n_expert;
+    float *logits = kt_test_xmalloc((size_t)(PROMPT_LEN + DECODE_STEPS) * V * sizeof *logits);
+    struct kt_batch_token bt[PROMPT_LEN];
+    for (uint32_t i = 0; i < PROMPT_LEN; i++)
+        bt[i] = (struct kt_batch_token){prompt[i], 0, i, true};
+    bool ok = base && kt_engine_create(m, &p, &e, &err) == KT_OK && kt_engine_seq_add(e, 0, &err) == KT_OK &&
+              kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, logits, &err) == KT_OK;
+    int *homes = kt_test_xmalloc(Ne * sizeof *homes);
+    for (uint32_t s = 0; ok && s < DECODE_STEPS; s++) {
+        for (uint32_t il = 0; ok && il < m->hp.n_layer && (s == 0 || s == 2); il++) {
+            if (!m->layers[il].is_moe)
+                continue;
+            if (s == 0) {
+                struct kt_layer_slices *c = NULL;
+                ok = kt_engine_layer_slice_copy(e, il, &c, &err) == KT_OK &&
+                     kt_engine_layer_slice_switch(e, c, &err) == KT_OK && kt_engine_layer_sliced(e, il);
+            } else {
+                for (uint32_t x = 0; x < Ne; x++)
+                    homes[x] = (int)((x + il) % 2);
+                struct kt_layer_whole *c = NULL;
+                ok = kt_engine_layer_whole_copy(e, il, homes, &c, &err) == KT_OK &&
+                     kt_engine_layer_whole_switch(e, c, &err) == KT_OK && !kt_engine_layer_sliced(e, il) &&
+                     kt_engine_expert_node(e, il, 1) == (int)((1 + il) % 2);
+            }
+        }
+        const int32_t next = argmax(logits + (size_t)(PROMPT_LEN + s - 1) * V, V);
+        struct kt_batch_token t = {next, 0, PROMPT_LEN + s, true};
+        ok = ok && kt_engine_step(e, &(struct kt_batch){1, &t}, logits + (size_t)(PROMPT_LEN + s) * V, &err) == KT_OK;
+    }
+    KT_CHECK(ok, "%s", err.msg);
+    KT_CHECK(!ok || memcmp(logits, base, (size_t)(PROMPT_LEN + DECODE_STEPS) * V * sizeof *logits) == 0,
+             "logits differ from the never-sliced engine's");
+    struct kt_layer_whole *c = NULL;
+    KT_CHECK(!e || !ok || (kt_engine_layer_whole_copy(e, 1, homes, &c, &err) == KT_ERR_INVALID && !c),
+             "layer 1 is whole: refused (%s)", err.msg);
+    kt_engine_destroy(e);
+    free(base), free(logits), free(homes);
+    kt_test_synth_remove(m, path);
 }
 
 static void shares_are_whole_rows_f32(void)
@@ -452,6 +590,9 @@ int main(void)
     KT_RUN(shares_are_whole_rows_f32);
     KT_RUN(slicing_later_f32);
     KT_RUN(slicing_later_q4_k);
+    KT_RUN(whole_again_f32);
+    KT_RUN(whole_again_q4_k);
+    KT_RUN(slicing_and_unslicing_between_steps_keeps_every_logit);
     KT_RUN(shares_are_whole_rows_q4_k);
     KT_RUN(tiny_sliced_logits_identical);
     KT_RUN(tiny_v3_sliced_logits_identical);

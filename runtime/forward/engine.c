@@ -1125,6 +1125,26 @@ bool kt_engine_layer_sliced(const struct kt_engine *e, uint32_t il)
     return e->experts && il < e->hp.n_layer && kt_expert_store_layout(e->experts, il)->sliced;
 }
 
+kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, const int *homes,
+                                     struct kt_layer_whole **out, kt_err *err)
+{
+    *out = NULL;
+    if (!e->experts)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: no layer is sliced");
+    if (il >= e->hp.n_layer || !e->layers[il].is_moe)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u has no routed experts", il);
+    for (uint32_t x = 0; x < e->hp.n_expert; x++)
+        if (homes[x] < 0 || homes[x] >= e->topo->n_nodes || e->topo->nodes[homes[x]].n_cores == 0)
+            return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u: node %d is not a node with cores of this "
+                              "engine's topology (%d nodes)", il, x, homes[x], e->topo->n_nodes);
+    return kt_expert_store_whole_copy(e->experts, il, homes, out, err);
+}
+
+kt_status kt_engine_layer_whole_switch(struct kt_engine *e, struct kt_layer_whole *c, kt_err *err)
+{
+    return kt_expert_store_whole_switch(e->experts, c, err);
+}
+
 kt_status kt_engine_expert_drop_replica(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err)
 {
     if (!e->experts)

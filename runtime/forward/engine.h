@@ -265,6 +265,13 @@ kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, str
                                      kt_err *err);
 kt_status kt_engine_layer_slice_switch(struct kt_engine *e, struct kt_layer_slices *c, kt_err *err);
 bool kt_engine_layer_sliced(const struct kt_engine *e, uint32_t il);
+/* And back: layer il made whole again, expert x homed on node homes[x] (a
+ * node with a pool), the same way (kt_engine_layer_whole_copy any thread,
+ * kt_engine_layer_whole_switch on the stepping thread): bit-identical. */
+struct kt_layer_whole;
+kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, const int *homes,
+                                     struct kt_layer_whole **out, kt_err *err);
+kt_status kt_engine_layer_whole_switch(struct kt_engine *e, struct kt_layer_whole *c, kt_err *err);
 
 /* Moving a routed expert between the host and the device (an engine with
  * one), on the stepping thread between steps.  kt_engine_expert_to_device

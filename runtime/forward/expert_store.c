@@ -876,3 +876,136 @@ kt_status kt_expert_store_slice_switch(struct kt_expert_store *s, struct kt_laye
     (void)err;
     return KT_OK;
 }
+
+/* ---- making a sliced layer whole again while serving ------------------------------------------ */
+
+struct kt_layer_whole {
+    uint32_t il;
+    int *home;                               /* [n_expert] each expert's node */
+    uint32_t *slot;                          /* [n_expert] its place in base[home] */
+    uint32_t count[KT_EXPERT_MAX_NODES];     /* experts homed on each node */
+    uint8_t *base[KT_EXPERT_MAX_NODES];      /* (count[n], stride) bound to node n */
+    size_t map_bytes[KT_EXPERT_MAX_NODES];
+};
+
+void kt_layer_whole_discard(struct kt_layer_whole *c)
+{
+    if (!c)
+        return;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        if (c->base[n])
+            munmap(c->base[n], c->map_bytes[n]);
+    free(c->home), free(c->slot);
+    free(c);
+}
+
+uint64_t kt_layer_whole_bytes(const struct kt_layer_whole *c)
+{
+    uint64_t bytes = 0;
+    for (int n = 0; c && n < KT_EXPERT_MAX_NODES; n++)
+        bytes += c->map_bytes[n];
+    return bytes;
+}
+
+kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes,
+                                     struct kt_layer_whole **out, kt_err *err)
+{
+    *out = NULL;
+    if (il >= s->n_layer || !s->layers[il].experts)
+        return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u has no routed experts", il);
+    const struct store_layer *sl = &s->layers[il];
+    if (!sl->layout.sliced)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u is whole already", il);
+    struct kt_layer_whole *c = calloc(1, sizeof *c);
+    if (!c || !(c->home = calloc(s->n_expert, sizeof *c->home)) || !(c->slot = calloc(s->n_expert, sizeof *c->slot))) {
+        kt_layer_whole_discard(c);
+        return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
+    }
+    c->il = il;
+    for (uint32_t x = 0; x < s->n_expert; x++) {
+        if (homes[x] < 0 || homes[x] >= KT_EXPERT_MAX_NODES) {
+            const int h = homes[x];
+            kt_layer_whole_discard(c);
+            return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u: home node %d is not 0..%d", il, x, h,
+                              KT_EXPERT_MAX_NODES - 1);
+        }
+        c->home[x] = homes[x];
+        c->slot[x] = c->count[homes[x]]++;
+    }
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+        if (!c->count[n])
+            continue;
+        c->map_bytes[n] = (size_t)round_up((uint64_t)c->count[n] * sl->stride, LAYER_ALIGN);
+        if (!(c->base[n] = map_layer(c->map_bytes[n], n))) {
+            const size_t bytes = c->map_bytes[n];
+            kt_layer_whole_discard(c);
+            return kt_err_set(err, KT_ERR_NOMEM, "expert store: no memory on node %d to make layer %u whole (%zu "
+                              "bytes)", n, il, bytes);
+        }
+    }
+    /* each node's share goes back where the whole expert keeps those rows:
+     * the inverse of kt_expert_store_slice_copy, the same bytes */
+    const uint64_t whole_at[3] = {sl->layout.gate_offset, sl->layout.up_offset, sl->layout.down_offset};
+    for (int matrix = 0; matrix < 3; matrix++) {
+        const struct kt_packed_format *packed = NULL;
+        const struct slab *sb = matrix_slab(sl, matrix, &packed);
+        if (!sb)
+            continue;
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+            if (!(sl->layout.slice_nodes >> n & 1))
+                continue;
+            const struct kt_expert_slice *sh = &sl->layout.slice[n];
+            const int64_t first = matrix == 2 ? sh->out_first : sh->ff_first, rows = matrix == 2 ? sh->n_out : sh->n_ff;
+            const uint64_t at = matrix == 0 ? sh->gate_offset : matrix == 1 ? sh->up_offset : sh->down_offset;
+            const uint64_t to = whole_at[matrix] + matrix_bytes(sb->t, packed, first);
+            const uint64_t bytes = matrix_bytes(sb->t, packed, rows);
+            for (uint32_t x = 0; rows > 0 && x < s->n_expert; x++)
+                memcpy(c->base[c->home[x]] + (size_t)c->slot[x] * sl->stride + to, sl->experts[x].slice[n] + at,
+                       bytes);
+        }
+    }
+    *out = c;
+    return KT_OK;
+}
+
+kt_status kt_expert_store_whole_switch(struct kt_expert_store *s, struct kt_layer_whole *c, kt_err *err)
+{
+    struct store_layer *sl = &s->layers[c->il];
+    if (!sl->layout.sliced) {
+        const uint32_t il = c->il;
+        kt_layer_whole_discard(c);
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u is whole already", il);
+    }
+    uint64_t data_before = 0;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
+        if (sl->layout.slice_nodes >> n & 1)
+            data_before += sl->layout.slice[n].bytes * s->n_expert;
+        if (sl->base[n]) { /* the shares go */
+            munmap(sl->base[n], sl->map_bytes[n]);
+            s->bytes -= sl->map_bytes[n];
+        }
+        sl->base[n] = c->base[n], c->base[n] = NULL;
+        sl->map_bytes[n] = c->map_bytes[n];
+        sl->slice_stride[n] = 0;
+        sl->copies_on[n] = c->count[n];
+        s->bytes += c->map_bytes[n];
+    }
+    sl->layout.sliced = false;
+    sl->layout.slice_nodes = 0;
+    memset(sl->layout.slice, 0, sizeof sl->layout.slice);
+    const uint64_t data_after = (uint64_t)sl->layout.expert_bytes * s->n_expert;
+    s->data_bytes = s->data_bytes - (s->data_bytes < data_before ? s->data_bytes : data_before) + data_after;
+    for (uint32_t x = 0; x < s->n_expert; x++) {
+        struct kt_stored_expert *se = &sl->experts[x];
+        const int home = c->home[x];
+        memset(se->copy, 0, sizeof se->copy);
+        memset(se->slice, 0, sizeof se->slice);
+        se->copy[home] = sl->base[home] + (size_t)c->slot[x] * sl->stride;
+        se->data = se->copy[home];
+        se->home_node = home;
+        se->nodes = (uint16_t)(1u << home);
+    }
+    kt_layer_whole_discard(c);
+    (void)err;
+    return KT_OK;
+}

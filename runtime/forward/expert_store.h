@@ -200,4 +200,21 @@ kt_status kt_expert_store_slice_switch(struct kt_expert_store *s, struct kt_laye
 void kt_layer_slices_discard(struct kt_layer_slices *c);
 uint64_t kt_layer_slices_bytes(const struct kt_layer_slices *c); /* the memory it holds */
 
+/*
+ * Making a row-sliced layer whole again while serving (the rebalancer undoes a
+ * slice the live profile no longer pays for): kt_expert_store_whole_copy puts
+ * every expert back together from the nodes' shares into the memory of
+ * homes[x] (one mapping per node) - any thread, while steps run, no other
+ * move of that layer meanwhile - with the bytes a whole load puts there;
+ * kt_expert_store_whole_switch makes the layer whole between two steps and
+ * gives back the shares.  KT_ERR_INVALID for a whole layer or a home past
+ * KT_EXPERT_MAX_NODES; KT_ERR_NOMEM leaves the layer sliced.
+ */
+struct kt_layer_whole;
+kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes,
+                                     struct kt_layer_whole **out, kt_err *err);
+kt_status kt_expert_store_whole_switch(struct kt_expert_store *s, struct kt_layer_whole *c, kt_err *err);
+void kt_layer_whole_discard(struct kt_layer_whole *c);
+uint64_t kt_layer_whole_bytes(const struct kt_layer_whole *c); /* the memory it holds */
+
 #endif
