@@ -13,7 +13,9 @@
  * and with half of every layer's experts and the shared experts on the sim
  * device; each slice node counts every CPU pair (node_pairs equal, their
  * sum twice the whole-expert run's); replicas in a sliced layer and slice
- * nodes without a pool are refused at creation.
+ * nodes without a pool are refused at creation.  A layer sliced while
+ * serving and made whole again holds the bytes of a load with those homes,
+ * and an engine doing both between steps keeps every logit.
  */
 #include <stdio.h>
 #include <stdlib.h>
