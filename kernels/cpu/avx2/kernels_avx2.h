@@ -29,6 +29,8 @@ void kt_vec_dot_q5_0_q8_0_avx2(int64_t n, float *out, const void *w, const void 
 void kt_vec_dot_q4_K_q8_K_avx2(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_q5_K_q8_K_avx2(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_q6_K_q8_K_avx2(int64_t n, float *out, const void *w, const void *a);
+void kt_vec_dot_mxfp4_q8_0_avx2(int64_t n, float *out, const void *w, const void *a);
+void kt_vec_dot_fp8_b128_f32_avx2(int64_t n, float *out, const void *w, const void *a); /* bit-exact: ref's 64 lanes */
 
 /* kt_from_float_fn: activation quantizers, bit-exact with quant.c's */
 void kt_quantize_q8_0_avx2(const float *x, void *dst, int64_t n);
