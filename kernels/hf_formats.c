@@ -147,7 +147,7 @@ void kt_bf16_row_to_f32(const void *weight, int64_t cols, int64_t row, float *ou
 }
 
 /* ggml's "half" E8M0: 2^(e-128), applied to e2m1 values doubled to integers */
-static float e8m0_half(uint8_t e)
+float kt_e8m0_half_to_f32(uint8_t e)
 {
     if (e < 2) /* 2^-128 and 2^-127: F32 subnormals */
         return f32_from_bits(0x00200000u << e);
@@ -160,10 +160,70 @@ void kt_mxfp4_gguf_to_f32(const void *blocks, float *out, int64_t n)
     for (int64_t i = 0; i < n / 32; i++) {
         struct kt_block_mxfp4 b;
         memcpy(&b, &x[i], sizeof b);
-        const float d = e8m0_half(b.e);
+        const float d = kt_e8m0_half_to_f32(b.e);
         for (int j = 0; j < 16; j++) {
             out[i * 32 + j] = 2.0f * kt_e2m1_to_f32(b.qs[j] & 0xfu) * d;
             out[i * 32 + j + 16] = 2.0f * kt_e2m1_to_f32(b.qs[j] >> 4) * d;
         }
     }
+}
+
+void kt_unpack_mxfp4(const struct kt_block_mxfp4 *b, int8_t q[32])
+{
+    for (int j = 0; j < 16; j++) {
+        q[j] = (int8_t)(2.0f * kt_e2m1_to_f32(b->qs[j] & 0xfu));
+        q[j + 16] = (int8_t)(2.0f * kt_e2m1_to_f32(b->qs[j] >> 4));
+    }
+}
+
+/* ---- block FP8 as FP8_B128 ----------------------------------------------------------- */
+
+static bool e4m3_is_nan(uint8_t code)
+{
+    return (code & 0x7fu) == 0x7fu;
+}
+
+static bool f32_is_finite(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (u & 0x7f800000u) != 0x7f800000u;
+}
+
+bool kt_fp8_b128_from_hf(const void *weight, const void *weight_scale_inv, int64_t rows, int64_t cols,
+                         int64_t row, void *dst_row)
+{
+    if (cols <= 0 || cols % KT_QK_FP8 != 0 || row < 0 || row >= rows)
+        return false;
+    const int64_t n_blocks = cols / KT_QK_FP8;
+    const uint8_t *w = (const uint8_t *)weight + (size_t)(row * cols);                           /* (rows, cols) */
+    const uint8_t *s = (const uint8_t *)weight_scale_inv + (size_t)((row / 128) * n_blocks) * 4; /* (.., cols/128) */
+    struct kt_block_fp8_b128 *dst = dst_row;
+    for (int64_t j = 0; j < n_blocks; j++) {
+        struct kt_block_fp8_b128 b;
+        b.d = load_f32(s + (size_t)j * 4);
+        memcpy(b.q, w + (size_t)j * KT_QK_FP8, KT_QK_FP8);
+        if (!f32_is_finite(b.d))
+            return false;
+        for (int i = 0; i < KT_QK_FP8; i++)
+            if (e4m3_is_nan(b.q[i]))
+                return false;
+        memcpy(&dst[j], &b, sizeof b);
+    }
+    return true;
+}
+
+bool kt_fp8_b128_check_row(const void *row, int64_t n)
+{
+    const struct kt_block_fp8_b128 *x = row;
+    for (int64_t j = 0; j < n / KT_QK_FP8; j++) {
+        struct kt_block_fp8_b128 b;
+        memcpy(&b, &x[j], sizeof b);
+        if (!f32_is_finite(b.d))
+            return false;
+        for (int i = 0; i < KT_QK_FP8; i++)
+            if (e4m3_is_nan(b.q[i]))
+                return false;
+    }
+    return true;
 }

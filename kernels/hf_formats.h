@@ -15,6 +15,7 @@
 #define KT_HF_FORMATS_H
 
 #include <assert.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* ---- scalar codes -------------------------------------------------------------- */
@@ -29,6 +30,11 @@ float kt_e2m1_to_f32(uint8_t code);
 
 /* OCP E8M0 scale: 2^(code - 127); 255 is NaN; 0 is 2^-127 (an F32 subnormal). */
 float kt_e8m0_to_f32(uint8_t code);
+
+/* ggml's E8M0 for GGUF MXFP4, which scales E2M1 values doubled to integers:
+ * 2^(code - 128) for every code, exact (0 and 1 are F32 subnormals, 255 is
+ * 2^127, not NaN). */
+float kt_e8m0_half_to_f32(uint8_t code);
 
 /* ---- rows of native weight tensors ---------------------------------------------- */
 
@@ -70,5 +76,26 @@ static_assert(sizeof(struct kt_block_mxfp4) == 17, "mxfp4 block size");
  * NaN here (ggml's scale for it is 2^127 on the doubled values), only
  * products past the F32 range become inf. */
 void kt_mxfp4_gguf_to_f32(const void *blocks, float *out, int64_t n);
+
+
+/* The block's 32 E2M1 values doubled, in element order: integers in [-12, 12]
+ * (2 * e2m1(code)), so element i is q[i] * kt_e8m0_half_to_f32(b->e). */
+void kt_unpack_mxfp4(const struct kt_block_mxfp4 *b, int8_t q[32]);
+
+/* ---- block FP8 as kt's row-contiguous KT_TYPE_FP8_B128 (quant.h) ----------------- */
+
+/* Row `row` of a DeepSeek-V3 block-FP8 tensor, weight (rows, cols) F8_E4M3 and
+ * weight_scale_inv (ceil(rows/128), cols/128) F32, as cols/128 blocks of
+ * struct kt_block_fp8_b128 at dst_row: block j's d = scale_inv[row/128][j], its
+ * q the row's bytes 128j .. 128j+127 unchanged.  False, with dst_row in an
+ * unspecified state, when cols is not a positive multiple of 128, row is not in
+ * [0, rows), a weight byte is the E4M3 NaN (0x7f, 0xff) or a scale is not
+ * finite: the FP8_B128 kernels assume none of these. */
+bool kt_fp8_b128_from_hf(const void *weight, const void *weight_scale_inv, int64_t rows, int64_t cols,
+                         int64_t row, void *dst_row);
+
+/* True when n elements (a multiple of 128) of FP8_B128 have finite scales and
+ * no NaN codes, the precondition of every FP8_B128 kernel. */
+bool kt_fp8_b128_check_row(const void *row, int64_t n);
 
 #endif

@@ -18,6 +18,7 @@
 #include "quant.h"
 
 #include "cpu/ref/vec_dot_ref.h"
+#include "hf_formats.h"
 
 #include <ctype.h>
 #include <float.h>
@@ -743,6 +744,100 @@ static void q6_K_from_float(const float *x, void *dst, int64_t n)
 }
 
 /* ---------------------------------------------------------------------------- */
+/* native formats: MXFP4 (GGUF type 39) and kt's FP8_B128                        */
+/* ---------------------------------------------------------------------------- */
+
+/* Decoding is hf_formats.c's, the formats' definition. */
+static void mxfp4_to_float(const void *src, float *dst, int64_t n)
+{
+    kt_mxfp4_gguf_to_f32(src, dst, n);
+}
+
+/* The E2M1 code (0..7) whose doubled magnitude {0,1,2,3,4,6,8,12} is nearest
+ * to v >= 0; a tie goes to the even code, as round-to-nearest-even would. */
+static uint8_t e2m1_nearest_doubled(float v)
+{
+    static const float doubled[8] = {0, 1, 2, 3, 4, 6, 8, 12};
+    uint8_t best = 0;
+    for (uint8_t c = 1; c < 8; c++) {
+        const float dc = fabsf(doubled[c] - v), db = fabsf(doubled[best] - v);
+        if (dc < db || (dc == db && (c & 1) == 0))
+            best = c;
+    }
+    return best;
+}
+
+/* Per block: the smallest scale 2^(e-128) with amax <= 12 * scale (e clamped
+ * to 0..254), then every value to its nearest doubled E2M1 code. */
+static void mxfp4_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kt_block_mxfp4 *y = dst;
+    for (int64_t i = 0; i < n / KT_QK; i++) {
+        const float *x = src + i * KT_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < KT_QK; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        int e = 127;
+        if (amax > 0.0f) {
+            int k;
+            const float m = frexpf(amax / 12.0f, &k); /* amax/12 = m * 2^k, m in [0.5, 1) */
+            e = 128 + (m > 0.5f ? k : k - 1);
+            e = e < 0 ? 0 : e > 254 ? 254 : e;
+        }
+        const float inv = 1.0f / kt_e8m0_half_to_f32((uint8_t)e);
+        struct kt_block_mxfp4 b = {.e = (uint8_t)e};
+        for (int j = 0; j < KT_QK; j++) {
+            const uint8_t code = (uint8_t)(e2m1_nearest_doubled(fabsf(x[j]) * inv) | (x[j] < 0.0f ? 8u : 0u));
+            b.qs[j % 16] |= (uint8_t)(j < 16 ? code : code << 4);
+        }
+        memcpy(&y[i], &b, sizeof b);
+    }
+}
+
+/* x = e4m3(q) * d, one F32 multiply: kt_fp8_block_row_to_f32's value. */
+static void fp8_b128_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kt_block_fp8_b128 *x = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = kt_fp8_e4m3_to_f32(x[i / KT_QK_FP8].q[i % KT_QK_FP8]) * x[i / KT_QK_FP8].d;
+}
+
+/* The E4M3 code nearest to v (to nearest even; |v| >= 448 saturates to 448). */
+static uint8_t e4m3_nearest(float v)
+{
+    const uint8_t sign = v < 0.0f ? 0x80u : 0u;
+    const float a = fabsf(v);
+    if (a >= 448.0f)
+        return sign | 0x7eu;
+    if (a < 0x1p-6f) /* subnormal m * 2^-9, m = 8 carries into the smallest normal */
+        return sign | (uint8_t)nearbyintf(a * 512.0f);
+    int k;
+    const float f = frexpf(a, &k); /* a = (2f) * 2^(k-1), 2f in [1, 2) */
+    int exp = k - 1 + 7, mant = (int)nearbyintf((2.0f * f - 1.0f) * 8.0f);
+    if (mant == 8) {
+        mant = 0;
+        exp++;
+    }
+    return sign | (uint8_t)(exp << 3 | mant);
+}
+
+/* Per block of 128: d = amax / 448, q = the code nearest to x / d. */
+static void fp8_b128_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kt_block_fp8_b128 *y = dst;
+    for (int64_t i = 0; i < n / KT_QK_FP8; i++) {
+        const float *x = src + i * KT_QK_FP8;
+        float amax = 0.0f;
+        for (int j = 0; j < KT_QK_FP8; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        struct kt_block_fp8_b128 b = {.d = amax > 0.0f ? amax / 448.0f : 1.0f};
+        for (int j = 0; j < KT_QK_FP8; j++)
+            b.q[j] = e4m3_nearest(x[j] / b.d);
+        memcpy(&y[i], &b, sizeof b);
+    }
+}
+
+/* ---------------------------------------------------------------------------- */
 /* the traits table                                                              */
 /* ---------------------------------------------------------------------------- */
 
@@ -790,7 +885,10 @@ static const struct kt_type_traits type_traits[KT_TYPE_COUNT] = {
     [KT_TYPE_IQ1_M] = {"iq1_m", KT_QK_K, 56, true, NULL, NULL, KT_TYPE_Q8_K, NULL},
     [KT_TYPE_TQ1_0] = {"tq1_0", KT_QK_K, 54, true, NULL, NULL, KT_TYPE_Q8_K, NULL},
     [KT_TYPE_TQ2_0] = {"tq2_0", KT_QK_K, 66, true, NULL, NULL, KT_TYPE_Q8_K, NULL},
-    [KT_TYPE_MXFP4] = {"mxfp4", KT_QK, 17, true, NULL, NULL, KT_TYPE_Q8_0, NULL},
+    [KT_TYPE_MXFP4] = {"mxfp4", KT_QK, sizeof(struct kt_block_mxfp4), true, mxfp4_to_float, mxfp4_from_float,
+                       KT_TYPE_Q8_0, kt_vec_dot_mxfp4_q8_0_ref},
+    [KT_TYPE_FP8_B128] = {"fp8_b128", KT_QK_FP8, sizeof(struct kt_block_fp8_b128), true, fp8_b128_to_float,
+                          fp8_b128_from_float, KT_TYPE_F32, kt_vec_dot_fp8_b128_f32_ref},
 };
 
 const struct kt_type_traits *kt_type_traits(int type)

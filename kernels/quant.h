@@ -53,11 +53,15 @@ enum kt_type {
     KT_TYPE_TQ1_0 = 34,
     KT_TYPE_TQ2_0 = 35,
     KT_TYPE_MXFP4 = 39,
-    KT_TYPE_COUNT = 40,
+    /* kt-internal, never in a GGUF file (ids >= KT_TYPE_GGUF_END are refused there) */
+    KT_TYPE_FP8_B128 = 40, /* DeepSeek-V3 block FP8, one row's blocks self-contained */
+    KT_TYPE_COUNT = 41,
 };
 
 #define KT_QK 32   /* elements per legacy block (Q4_0 .. Q8_1) */
 #define KT_QK_K 256 /* elements per K-quant super-block */
+#define KT_TYPE_GGUF_END 40 /* GGUF defines type ids below this; kt's own types start here */
+#define KT_QK_FP8 128 /* elements per FP8_B128 block: one 128-column block of a 128x128 scale tile */
 
 /* Half-precision scalars are stored as raw bits. */
 typedef uint16_t kt_fp16;
@@ -93,6 +97,16 @@ static_assert(sizeof(struct kt_block_q4_K) == 144, "q4_K block size");
 static_assert(sizeof(struct kt_block_q5_K) == 176, "q5_K block size");
 static_assert(sizeof(struct kt_block_q6_K) == 210, "q6_K block size");
 static_assert(sizeof(struct kt_block_q8_K) == 292, "q8_K block size");
+
+/* ---- kt-internal native formats ----------------------------------------------- */
+
+/* Block FP8 (DeepSeek-V3's F8_E4M3 weight with 128x128 weight_scale_inv),
+ * converted at load so each row carries its own scales: x[i] = e4m3(q[i]) * d,
+ * d = weight_scale_inv[row / 128][block].  q never holds the E4M3 NaN codes
+ * 0x7f / 0xff (refused at load: kt_fp8_b128_check_row in hf_formats.h), and d is
+ * finite; the SIMD kernels rely on both. */
+struct kt_block_fp8_b128 { float d; uint8_t q[KT_QK_FP8]; };
+static_assert(sizeof(struct kt_block_fp8_b128) == 132, "fp8_b128 block size");
 
 /* ---- traits ------------------------------------------------------------------ */
 

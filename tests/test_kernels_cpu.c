@@ -176,6 +176,16 @@ static void max_block(int type, uint8_t *b, size_t bytes, bool odd)
         memset(b + offsetof(struct kt_block_q6_K, scales), odd ? 0x7f : 0x80, 16);
         put_fp16(b, offsetof(struct kt_block_q6_K, d), 1.0f);
         break;
+    case KT_TYPE_MXFP4: /* every value -6 or +6 (doubled -12 / 12) at the scale 2^3 */
+        memset(b, odd ? 0xff : 0x77, bytes);
+        b[0] = 130;
+        break;
+    case KT_TYPE_FP8_B128: { /* every code -448 or +448 */
+        memset(b, odd ? 0xfe : 0x7e, bytes);
+        const float d = odd ? 0.25f : 1.0f;
+        memcpy(b, &d, sizeof d);
+        break;
+    }
     default: { /* legacy 4/5-bit: all codes 0 or all codes max */
         memset(b, odd ? 0xff : 0x00, bytes);
         size_t off[2];
@@ -183,6 +193,21 @@ static void max_block(int type, uint8_t *b, size_t bytes, bool odd)
         for (int k = 0; k < count; k++)
             put_fp16(b, off[k], k == 0 ? 3.0f : -1.0f);
     }
+    }
+}
+
+/* Random bits of the native formats made usable: MXFP4 scales 2^-10 .. 2^9
+ * (2^127 would overflow every sum), FP8_B128 finite scales and no NaN codes
+ * (refused at load). */
+static void tame_native_block(int type, uint8_t *blk, int64_t b)
+{
+    if (type == KT_TYPE_MXFP4)
+        blk[0] = (uint8_t)(118 + blk[0] % 20);
+    if (type == KT_TYPE_FP8_B128) {
+        const float d = kt_test_rand_normal(&g_rng) * (b % 5 == 4 ? 30.0f : 0.002f);
+        memcpy(blk, &d, sizeof d);
+        for (size_t i = sizeof d; i < sizeof(struct kt_block_fp8_b128); i++)
+            blk[i] = (blk[i] & 0x7f) == 0x7f ? blk[i] ^ 1 : blk[i];
     }
 }
 
@@ -219,6 +244,7 @@ static void make_weights(int type, int64_t n, enum weight_pattern pattern, void 
         const int count = fp16_fields(type, off);
         for (int k = 0; k < count; k++) /* finite, occasionally large scales */
             put_fp16(blk, off[k], kt_test_rand_normal(&g_rng) * (b % 5 == 4 ? 300.0f : 0.02f));
+        tame_native_block(type, blk, b);
         if (pattern == W_ZERO_BLOCKS && b % 3 == 1)
             memset(blk, 0, block_bytes);
     }
@@ -369,7 +395,8 @@ static void avx2_rows_use_simd_kernels_for_the_hot_types(void)
         return;
     }
     const int simd_types[] = {KT_TYPE_F32, KT_TYPE_F16, KT_TYPE_BF16, KT_TYPE_Q8_0, KT_TYPE_Q4_0,
-                              KT_TYPE_Q5_0, KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K};
+                              KT_TYPE_Q5_0, KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K,
+                              KT_TYPE_MXFP4, KT_TYPE_FP8_B128};
     for (size_t i = 0; i < sizeof simd_types / sizeof simd_types[0]; i++) {
         const int type = simd_types[i];
         KT_CHECK(avx2->type[type].vec_dot != scalar_kernels()->type[type].vec_dot, "%s: avx2 row is the reference",
@@ -394,7 +421,7 @@ static void avx2_rows_use_simd_kernels_for_the_hot_types(void)
             /* AMX is the avx512 rows with expert weights packed for tiles
              * (kernels/cpu/dispatch.c), so it has AVX-512's Q8_0 and Q4_K dots
              * too; this was first seen on a CPU with AMX (an H200 host) */
-            bool own = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K;
+            bool own = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_MXFP4 || type == KT_TYPE_FP8_B128;
             const bool own_gemm = type == KT_TYPE_Q5_K || type == KT_TYPE_Q6_K || type == KT_TYPE_F32 ||
                                   type == KT_TYPE_F16 || type == KT_TYPE_BF16;
             KT_CHECK(r->vec_dot_type == a->vec_dot_type && r->quantize_act == a->quantize_act,

@@ -77,6 +77,7 @@ static const struct {
     {KT_TYPE_F64, "f64", 1, 8},           {KT_TYPE_IQ1_M, "iq1_m", 256, 56},
     {KT_TYPE_BF16, "bf16", 1, 2},         {KT_TYPE_TQ1_0, "tq1_0", 256, 54},
     {KT_TYPE_TQ2_0, "tq2_0", 256, 66},    {KT_TYPE_MXFP4, "mxfp4", 32, 17},
+    {KT_TYPE_FP8_B128, "fp8_b128", 128, 132}, /* kt-internal: no GGUF file holds it */
 };
 #define N_GGML_SIZES (int)(sizeof ggml_sizes / sizeof ggml_sizes[0])
 
@@ -130,7 +131,7 @@ static void computed_types_have_math_and_dot_products(void)
         {KT_TYPE_Q4_0, KT_TYPE_Q8_0, true}, {KT_TYPE_Q5_0, KT_TYPE_Q8_0, true}, {KT_TYPE_Q8_0, KT_TYPE_Q8_0, true},
         {KT_TYPE_Q4_1, KT_TYPE_Q8_1, true}, {KT_TYPE_Q5_1, KT_TYPE_Q8_1, true}, {KT_TYPE_Q4_K, KT_TYPE_Q8_K, true},
         {KT_TYPE_Q5_K, KT_TYPE_Q8_K, true}, {KT_TYPE_Q6_K, KT_TYPE_Q8_K, true}, {KT_TYPE_Q8_1, KT_TYPE_Q8_1, false},
-        {KT_TYPE_Q8_K, KT_TYPE_Q8_K, false},
+        {KT_TYPE_Q8_K, KT_TYPE_Q8_K, false}, {KT_TYPE_MXFP4, KT_TYPE_Q8_0, true}, {KT_TYPE_FP8_B128, KT_TYPE_F32, true},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const struct kt_type_traits *t = kt_type_traits(want[i].type);

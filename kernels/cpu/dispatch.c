@@ -10,7 +10,8 @@
  * Levels and their rows today:
  *   scalar  kernels/cpu/ref dot products, quant.c from_float for activations,
  *           ops.c's float row ops (attention scores, axpy)
- *   avx2    kernels/cpu/avx2 for F32/F16/BF16, Q8_0/Q4_0/Q5_0, Q4_K/Q5_K/Q6_K
+ *   avx2    kernels/cpu/avx2 for F32/F16/BF16, Q8_0/Q4_0/Q5_0, Q4_K/Q5_K/Q6_K,
+ *           MXFP4 and FP8_B128 (vec_dot_native_avx2.c)
  *           and the Q8_0/Q8_K quantizers; the scalar rows for the rest
  *           (Q4_1/Q5_1 against Q8_1); float row ops f32_rows_avx2.c
  *           gemm: kernels/cpu/avx2/gemm_avx2.c for Q8_0 and Q4_K,
@@ -18,8 +19,9 @@
  *           F32/F16/BF16, a loop over vec_dot for the rest
  *           packed: Q4_K and Q8_0 expert weights 8 rows per group
  *           (kernels/cpu/avx2/packed_avx2.c)
- *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0 and Q4_K and tiled gemms
- *           for Q8_0, Q4_K, Q5_K, Q6_K (VNNI) and F32/F16/BF16 over the avx2
+ *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0, Q4_K and MXFP4, FP8_B128
+ *           (fp8_avx512.c), and tiled gemms for Q8_0, Q4_K, Q5_K, Q6_K (VNNI),
+ *           FP8_B128 and F32/F16/BF16 over the avx2
  *           rows (each level's features include AVX2's)
  *           packed: Q4_K and Q8_0 expert weights 16 rows per group for
  *           vpdpbusd (kernels/cpu/avx512/packed_avx512.c)
@@ -98,7 +100,9 @@ struct dot_row {
     X(KT_TYPE_Q5_1, kt_vec_dot_q5_1_q8_1_ref)                                                     \
     X(KT_TYPE_Q4_K, kt_vec_dot_q4_K_q8_K_ref)                                                     \
     X(KT_TYPE_Q5_K, kt_vec_dot_q5_K_q8_K_ref)                                                     \
-    X(KT_TYPE_Q6_K, kt_vec_dot_q6_K_q8_K_ref)
+    X(KT_TYPE_Q6_K, kt_vec_dot_q6_K_q8_K_ref)                                                     \
+    X(KT_TYPE_MXFP4, kt_vec_dot_mxfp4_q8_0_ref)                                                   \
+    X(KT_TYPE_FP8_B128, kt_vec_dot_fp8_b128_f32_ref)
 
 KT_SCALAR_DOTS(KT_DEFINE_GEMV)
 static const struct dot_row scalar_dots[] = {KT_SCALAR_DOTS(KT_DOT_ROW)};
@@ -129,7 +133,9 @@ static void fill_scalar(struct kt_cpu_kernels *t)
     X(KT_TYPE_Q5_0, kt_vec_dot_q5_0_q8_0_avx2)                                                    \
     X(KT_TYPE_Q4_K, kt_vec_dot_q4_K_q8_K_avx2)                                                    \
     X(KT_TYPE_Q5_K, kt_vec_dot_q5_K_q8_K_avx2)                                                    \
-    X(KT_TYPE_Q6_K, kt_vec_dot_q6_K_q8_K_avx2)
+    X(KT_TYPE_Q6_K, kt_vec_dot_q6_K_q8_K_avx2)                                                    \
+    X(KT_TYPE_MXFP4, kt_vec_dot_mxfp4_q8_0_avx2)                                                  \
+    X(KT_TYPE_FP8_B128, kt_vec_dot_fp8_b128_f32_avx2)
 
 KT_AVX2_DOTS(KT_DEFINE_GEMV)
 static const struct dot_row avx2_dots[] = {KT_AVX2_DOTS(KT_DOT_ROW)};
@@ -190,7 +196,9 @@ static void fill_avx2(struct kt_cpu_kernels *t)
 #ifdef KT_HAVE_AVX512_KERNELS
 #define KT_AVX512_DOTS(X)                                                                         \
     X(KT_TYPE_Q8_0, kt_vec_dot_q8_0_q8_0_avx512)                                                  \
-    X(KT_TYPE_Q4_K, kt_vec_dot_q4_K_q8_K_avx512)
+    X(KT_TYPE_Q4_K, kt_vec_dot_q4_K_q8_K_avx512)                                                  \
+    X(KT_TYPE_MXFP4, kt_vec_dot_mxfp4_q8_0_avx512)                                                \
+    X(KT_TYPE_FP8_B128, kt_vec_dot_fp8_b128_f32_avx512)
 
 KT_AVX512_DOTS(KT_DEFINE_GEMV)
 static const struct dot_row avx512_dots[] = {KT_AVX512_DOTS(KT_DOT_ROW)};
@@ -217,6 +225,7 @@ static void fill_avx512(struct kt_cpu_kernels *t)
     t->type[KT_TYPE_F32].gemm = kt_gemm_f32_f32_avx512;
     t->type[KT_TYPE_F16].gemm = kt_gemm_f16_f32_avx512;
     t->type[KT_TYPE_BF16].gemm = kt_gemm_bf16_f32_avx512;
+    t->type[KT_TYPE_FP8_B128].gemm = kt_gemm_fp8_b128_f32_avx512; /* 4 tokens per decoded block */
     t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx512; /* 16 rows per group, vpdpbusd */
     t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx512;
 }

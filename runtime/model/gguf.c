@@ -547,7 +547,7 @@ static kt_status parse_tensor_infos(struct parser *p)
         if ((s = read_u32(p, &type, "tensor type")))
             return s;
         const struct kt_type_traits *tr = kt_type_traits((int)type);
-        if (type > INT32_MAX || !tr || tr->block_elems <= 0 || tr->block_bytes == 0)
+        if (type >= KT_TYPE_GGUF_END || !tr || tr->block_elems <= 0 || tr->block_bytes == 0) /* kt's own ids too */
             return parse_fail(p, "unknown tensor type %" PRIu32 " at byte %" PRIu64, type, type_at);
         t->type = (int)type;
         if (t->ne[0] % tr->block_elems != 0)
@@ -1397,7 +1397,7 @@ kt_status kt_gguf_writer_add_tensor(struct kt_gguf_writer *w, const char *name, 
         return kt_err_set(err, KT_ERR_INVALID, "tensor '%s': n_dims %" PRIu32 " is not 1..%d", name, n_dims,
                           KT_GGUF_MAX_DIMS);
     const struct kt_type_traits *tr = kt_type_traits(type);
-    if (!tr || tr->block_elems <= 0 || tr->block_bytes == 0)
+    if (type >= KT_TYPE_GGUF_END || !tr || tr->block_elems <= 0 || tr->block_bytes == 0) /* no kt-internal ids */
         return kt_err_set(err, KT_ERR_INVALID, "tensor '%s': unknown type %d", name, type);
     struct writer_tensor t = {.n_dims = n_dims, .type = type};
     memcpy(t.name, name, len + 1);

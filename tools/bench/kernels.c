@@ -45,7 +45,8 @@
 #define PREFILL_TASK_ROWS 16
 
 static const enum kt_type bench_types[] = {KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K, KT_TYPE_Q8_0,
-                                           KT_TYPE_BF16, KT_TYPE_F16, KT_TYPE_F32};
+                                           KT_TYPE_BF16, KT_TYPE_F16, KT_TYPE_F32, KT_TYPE_MXFP4,
+                                           KT_TYPE_FP8_B128};
 #define N_TYPES (sizeof bench_types / sizeof bench_types[0])
 
 /* ---- references ----------------------------------------------------------------- */
@@ -604,7 +605,8 @@ int kt_bench_kernels(const struct kt_bench_options *o)
                 kt_err_set(&err, KT_ERR_NOMEM, "cannot allocate the %s activations", kt_type_name(type));
                 goto fail;
             }
-            const bool quantized = kt_type_traits(r->type)->is_quantized;
+            /* integer dot products: FP8_B128 is quantized but multiplies floats (F32 activations) */
+            const bool quantized = kt_type_traits(r->type)->is_quantized && k->vec_dot_type != KT_TYPE_F32;
             const int peak_kind = quantized ? KT_PEAK_DOT_INT8 : KT_PEAK_FMA_F32;
             const double peak = best_peak[peak_kind];
             const double ratio_triad = r->decode_gbps / triad.best_gbps;

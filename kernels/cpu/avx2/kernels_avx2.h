@@ -8,7 +8,8 @@
  * Every function here computes what its scalar twin in kernels/cpu/ref or
  * quant.c computes.  The quantized dot products sum integers exactly and then
  * apply the block scales in the reference's order, so they equal the reference
- * bit for bit; the F32/F16/BF16 dot products accumulate in float lanes, so they
+ * bit for bit (MXFP4 included); FP8_B128 keeps its reference's 64 FMA lanes and
+ * their halving, bit for bit too; the F32/F16/BF16 dot products accumulate in float lanes, so they
  * equal the reference (summed in double) up to float summation error.  Dot
  * products expect activations from the matching quantize_act: Q8_0 quants in
  * [-127, 127], Q8_K quants in [-128, 127] with bsums equal to the sums of qs.
@@ -29,6 +30,8 @@ void kt_vec_dot_q5_0_q8_0_avx2(int64_t n, float *out, const void *w, const void 
 void kt_vec_dot_q4_K_q8_K_avx2(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_q5_K_q8_K_avx2(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_q6_K_q8_K_avx2(int64_t n, float *out, const void *w, const void *a);
+void kt_vec_dot_mxfp4_q8_0_avx2(int64_t n, float *out, const void *w, const void *a);
+void kt_vec_dot_fp8_b128_f32_avx2(int64_t n, float *out, const void *w, const void *a); /* bit-exact: ref's 64 lanes */
 
 /* kt_from_float_fn: activation quantizers, bit-exact with quant.c's */
 void kt_quantize_q8_0_avx2(const float *x, void *dst, int64_t n);

@@ -140,4 +140,38 @@ static inline __m256i dot_i8_32(__m256i x, __m256i y)
     return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
 }
 
+/* ---- native formats (MXFP4, FP8_B128) ------------------------------------------ */
+
+/* 2^(e-128), exact: kt_e8m0_half_to_f32 with integer ops. */
+static inline float e8m0_half_f32(uint8_t e)
+{
+    const uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The 32 doubled E2M1 values of an MXFP4 block (16 bytes: low nibbles elements
+ * 0..15, high nibbles 16..31) as signed bytes in [-12, 12]: kt_unpack_mxfp4. */
+static inline __m256i mxfp4_quants_32(const uint8_t qs[16])
+{
+    const __m256i doubled = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4,
+                                             6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    return _mm256_shuffle_epi8(doubled, unpack_nibbles_32(qs));
+}
+
+/* Eight E4M3 codes (no NaN codes) as F32 times d, each e4m3(q) * d exactly as
+ * the reference: the 7 magnitude bits placed at F32 bit 20 give the value
+ * times 2^-120 (the exponent field e4 + 0, a subnormal F32 for e4 = 0), and
+ * the multiply by 2^120 is exact for every code; then one multiply by d.
+ * Needs MXCSR's DAZ off (the C default), like every kernel here. */
+static inline __m256 e4m3x8_times(const uint8_t q[8], __m256 d)
+{
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
+    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p120f));
+    return _mm256_mul_ps(v, d);
+}
+
 #endif

@@ -18,5 +18,8 @@ void kt_gemm_q8_0_q8_0_avx512(int64_t n, const void *w, size_t row_bytes, int64_
                               size_t act_bytes, int64_t n_tok, float *y, int64_t y_stride);
 void kt_gemm_q4_K_q8_K_avx512(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, const void *a,
                               size_t act_bytes, int64_t n_tok, float *y, int64_t y_stride);
+/* kernels/cpu/avx512/fp8_avx512.c: FP8_B128 weights against F32 activation rows */
+void kt_gemm_fp8_b128_f32_avx512(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, const void *a,
+                                 size_t act_bytes, int64_t n_tok, float *y, int64_t y_stride);
 
 #endif

@@ -16,6 +16,7 @@
 
 #include "cpu/avx512/kernels_avx512.h"
 #include "cpu/avx2/simd_avx2.h"
+#include "hf_formats.h"
 
 /* ---- Q8_0 x Q8_0 --------------------------------------------------------------- */
 
@@ -156,6 +157,47 @@ void kt_vec_dot_q4_K_q8_K_avx512(int64_t n, float *out, const void *w, const voi
         const int32_t sum_m = hsum_epi32(m);
         const float d = fp16_to_f32(x[i].d), dmin = fp16_to_f32(x[i].dmin);
         sum += d * y[i].d * (float)sum_q - dmin * y[i].d * (float)sum_m;
+    }
+    *out = sum;
+}
+
+/* ---- MXFP4 x Q8_0 -------------------------------------------------------------- */
+
+/* The doubled E2M1 values of two blocks side by side (blocks are 17 bytes apart). */
+static inline __m512i two_blocks_mxfp4(const struct kt_block_mxfp4 *b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(mxfp4_quants_32(b[0].qs)), mxfp4_quants_32(b[1].qs), 1);
+}
+
+/* Per block: sum += (2^(e-128) * da) * (float)sumi, as kt_vec_dot_mxfp4_q8_0_ref. */
+void kt_vec_dot_mxfp4_q8_0_avx512(int64_t n, float *out, const void *w, const void *a)
+{
+    const struct kt_block_mxfp4 *x = w; /* (n/32) */
+    const struct kt_block_q8_0 *y = a;  /* (n/32) */
+    const int64_t nb = n / KT_QK;
+    float sum = 0.0f;
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        prefetch_ahead(&x[i], 8 * sizeof x[i]);
+        __m512i s[4]; /* s[j]: lanes 0-7 block i+2j, lanes 8-15 block i+2j+1 */
+        for (int j = 0; j < 4; j++)
+            s[j] = dot_i8_64(two_blocks_mxfp4(&x[i + 2 * j]), two_blocks_q8_0(&y[i + 2 * j]));
+        const __m128i sum03 = hsum4_epi32(lo256(s[0]), hi256(s[0]), lo256(s[1]), hi256(s[1]));
+        const __m128i sum47 = hsum4_epi32(lo256(s[2]), hi256(s[2]), lo256(s[3]), hi256(s[3]));
+        const __m256 sumi = _mm256_cvtepi32_ps(_mm256_setr_m128i(sum03, sum47));
+        float dw[8];
+        for (int k = 0; k < 8; k++)
+            dw[k] = e8m0_half_f32(x[i + k].e);
+        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(dw), eight_fp16(&y[i].d, sizeof y[i])), sumi);
+        sum = add_lanes_in_order(sum, _mm256_castps256_ps128(t));
+        sum = add_lanes_in_order(sum, _mm256_extractf128_ps(t, 1));
+    }
+    for (; i < nb; i++) {
+        const __m256i wq = mxfp4_quants_32(x[i].qs);
+        const __m256i aq = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i sa = _mm256_mask_sub_epi8(aq, _mm256_movepi8_mask(wq), _mm256_setzero_si256(), aq);
+        const int32_t sumi = hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), sa));
+        sum += e8m0_half_f32(x[i].e) * fp16_to_f32(y[i].d) * (float)sumi;
     }
     *out = sum;
 }

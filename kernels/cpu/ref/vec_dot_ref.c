@@ -11,6 +11,9 @@
 #include "vec_dot_ref.h"
 
 #include "quant.h"
+#include "hf_formats.h"
+
+#include <math.h>
 
 /* ---- plain floats ------------------------------------------------------------ */
 /* Weights F32 / F16 / BF16, activations F32; summed in double. */
@@ -203,4 +206,56 @@ void kt_vec_dot_q6_K_q8_K_ref(int64_t n, float *out, const void *w, const void *
         sum += kt_fp16_to_fp32(x[i].d) * y[i].d * (float)sumi;
     }
     *out = sum;
+}
+
+/* ---- native formats ---------------------------------------------------------- */
+
+/*
+ * MXFP4 · Q8_0.  Per block of 32: w = 2^(e-128) * qw with qw = 2 * e2m1 an
+ * integer in [-12, 12], a = da*qa, so dot = (2^(e-128) * da) * sum(qw*qa),
+ * the integer sum exact, like Q4_0's.  2^(e-128) is exact for every e
+ * (kt_e8m0_half_to_f32: 0 and 1 are F32 subnormals, 255 is 2^127 as ggml
+ * reads it, not NaN); the product with da is one rounding, exact unless it
+ * leaves F32's normal range (e near 0 or 255 only: subnormal or inf, as
+ * to_float's values would be).
+ */
+void kt_vec_dot_mxfp4_q8_0_ref(int64_t n, float *out, const void *w, const void *a)
+{
+    const struct kt_block_mxfp4 *x = w; /* (n/32) blocks */
+    const struct kt_block_q8_0 *y = a;  /* (n/32) blocks */
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KT_QK; i++) {
+        int8_t q[KT_QK];
+        kt_unpack_mxfp4(&x[i], q);
+        int32_t sumi = 0;
+        for (int j = 0; j < KT_QK; j++)
+            sumi += q[j] * y[i].qs[j];
+        sum += kt_e8m0_half_to_f32(x[i].e) * kt_fp16_to_fp32(y[i].d) * (float)sumi;
+    }
+    *out = sum;
+}
+
+/*
+ * FP8_B128 · F32.  Each weight is to_float's value e4m3(q) * d (one multiply),
+ * and element i is fused-multiply-added into partial sum i % KT_FP8_LANES in
+ * element order; the 64 partial sums are then halved pairwise (lane l takes
+ * lane l + 32, then l + 16, ... l + 1).  A SIMD level keeps those 64 lanes in
+ * registers, so it reproduces this bit for bit.  Against the exact dot the
+ * error is that of float summation: at most about (n/64 + 6) * 2^-24 *
+ * sum |w*a|.  Rows must hold no NaN codes (kt_fp8_b128_check_row).
+ */
+void kt_vec_dot_fp8_b128_f32_ref(int64_t n, float *out, const void *w, const void *a)
+{
+    const struct kt_block_fp8_b128 *x = w; /* (n/128) blocks */
+    const float *y = a;                    /* (n) */
+    float lane[KT_FP8_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        const struct kt_block_fp8_b128 *b = &x[i / KT_QK_FP8];
+        const float wi = kt_fp8_e4m3_to_f32(b->q[i % KT_QK_FP8]) * b->d;
+        lane[i % KT_FP8_LANES] = fmaf(wi, y[i], lane[i % KT_FP8_LANES]);
+    }
+    for (int half = KT_FP8_LANES / 2; half >= 1; half /= 2)
+        for (int l = 0; l < half; l++)
+            lane[l] = lane[l] + lane[l + half];
+    *out = lane[0];
 }

@@ -29,4 +29,10 @@ void kt_vec_dot_q4_K_q8_K_ref(int64_t n, float *out, const void *w, const void *
 void kt_vec_dot_q5_K_q8_K_ref(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_q6_K_q8_K_ref(int64_t n, float *out, const void *w, const void *a);
 
+/* native formats: GGUF MXFP4 against Q8_0; kt's block FP8 against F32 in
+ * KT_FP8_LANES interleaved partial sums (the order every SIMD level keeps) */
+#define KT_FP8_LANES 64
+void kt_vec_dot_mxfp4_q8_0_ref(int64_t n, float *out, const void *w, const void *a);
+void kt_vec_dot_fp8_b128_f32_ref(int64_t n, float *out, const void *w, const void *a);
+
 #endif

@@ -1,0 +1,116 @@
+/*
+ * fp8_avx512.c - AVX-512 products of kt's block FP8 (FP8_B128) weights with
+ * F32 activations: the decode dot product and the prefill gemm.
+ *
+ * Both keep kt_vec_dot_fp8_b128_f32_ref's order: weight i is e4m3(q) * d (the
+ * codes widened with integer ops, then two exact-or-once-rounded multiplies,
+ * e4m3x16_times), fused-multiply-added into lane i % 64 of four 16-lane
+ * registers, and the 64 lanes are halved pairwise (l + 32, + 16, + 8, then
+ * hsum_ps's + 4, + 2, + 1).  So each output equals the reference, and every
+ * other level's, bit for bit.  The gemm decodes each 128-element block once
+ * into eight registers and feeds it to the accumulators of 4 tokens (24 of
+ * the 32 registers; 8 tokens would spill).  Never change an element's lane or
+ * the halving order, never read past a row's n elements; rows must hold no
+ * E4M3 NaN codes (kt_fp8_b128_check_row).
+ */
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VL__)
+#error "fp8_avx512.c needs the AVX-512 level flags (kernels/CMakeLists.txt sets them for cpu/avx512/*.c)"
+#endif
+
+#include "cpu/avx2/simd_avx2.h"
+#include "cpu/avx512/gemm_avx512.h"
+#include "cpu/avx512/kernels_avx512.h"
+#include "cpu/ref/vec_dot_ref.h"
+
+/* Weight bytes of one row panel, run against every token group (see gemm_avx512.c). */
+#define KT_FP8_PANEL_BYTES (640 * 1024)
+#define KT_FP8_TOKENS 4
+
+static_assert(KT_FP8_LANES == 64, "four registers of 16 lanes");
+
+/* Sixteen codes times d, each exactly kt_fp8_e4m3_to_f32(q) * d (see e4m3x8_times). */
+static inline __m512 e4m3x16_times(const uint8_t q[16], __m512 d)
+{
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24);
+    const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x7f)), 20);
+    const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(sign, mag)), _mm512_set1_ps(0x1p120f));
+    return _mm512_mul_ps(v, d);
+}
+
+/* The reference's halving of the 64 lanes acc[0..3] (lanes 16k .. 16k+15). */
+static inline float lanes_sum(const __m512 acc[4])
+{
+    const __m512 h32 = _mm512_add_ps(acc[0], acc[2]); /* lanes 0-15: l + (l + 32) */
+    const __m512 h32b = _mm512_add_ps(acc[1], acc[3]); /* lanes 16-31 */
+    const __m512 h16 = _mm512_add_ps(h32, h32b);      /* l + (l + 16) */
+    return hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(h16), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(h16), 1))));
+}
+
+void kt_vec_dot_fp8_b128_f32_avx512(int64_t n, float *out, const void *w, const void *a)
+{
+    const struct kt_block_fp8_b128 *x = w; /* (n/128) blocks */
+    const float *y = a;                    /* (n) */
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t i = 0; i < n / KT_QK_FP8; i++) {
+        prefetch_ahead(&x[i], sizeof x[i]);
+        const __m512 d = _mm512_set1_ps(x[i].d);
+        const float *yb = y + i * KT_QK_FP8;
+        for (int c = 0; c < 8; c++) /* elements 16c .. 16c+15: lanes 16(c%4) .. */
+            acc[c % 4] = _mm512_fmadd_ps(e4m3x16_times(x[i].q + 16 * c, d), _mm512_loadu_ps(yb + 16 * c), acc[c % 4]);
+    }
+    *out = lanes_sum(acc);
+}
+
+static inline int64_t min_i64(int64_t a, int64_t b)
+{
+    return a < b ? a : b;
+}
+
+/* out[k] = dot(row x, token k) for the KT_FP8_TOKENS rows tok[]: vec_dot's
+ * lanes, one set per token. */
+static void fp8_tile(int64_t nb, const struct kt_block_fp8_b128 *x, const float *const tok[KT_FP8_TOKENS],
+                     float out[KT_FP8_TOKENS])
+{
+    __m512 acc[KT_FP8_TOKENS][4];
+    for (int k = 0; k < KT_FP8_TOKENS; k++)
+        for (int j = 0; j < 4; j++)
+            acc[k][j] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const __m512 d = _mm512_set1_ps(x[i].d);
+        __m512 wv[8];
+        for (int c = 0; c < 8; c++)
+            wv[c] = e4m3x16_times(x[i].q + 16 * c, d);
+        for (int k = 0; k < KT_FP8_TOKENS; k++) {
+            const float *yb = tok[k] + i * KT_QK_FP8;
+            for (int c = 0; c < 8; c++)
+                acc[k][c % 4] = _mm512_fmadd_ps(wv[c], _mm512_loadu_ps(yb + 16 * c), acc[k][c % 4]);
+        }
+    }
+    for (int k = 0; k < KT_FP8_TOKENS; k++)
+        out[k] = lanes_sum(acc[k]);
+}
+
+void kt_gemm_fp8_b128_f32_avx512(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, const void *a,
+                                 size_t act_bytes, int64_t n_tok, float *y, int64_t y_stride)
+{
+    const uint8_t *wb = w, *ab = a;
+    const int64_t nb = n / KT_QK_FP8;
+    int64_t panel = (int64_t)(KT_FP8_PANEL_BYTES / (row_bytes ? row_bytes : 1));
+    panel = panel < 1 ? 1 : panel;
+    for (int64_t r0 = 0; r0 < n_rows; r0 += panel) {
+        const int64_t r1 = min_i64(r0 + panel, n_rows);
+        for (int64_t t = 0; t < n_tok; t += KT_FP8_TOKENS) {
+            const int64_t nt = min_i64(KT_FP8_TOKENS, n_tok - t);
+            const float *tok[KT_FP8_TOKENS]; /* a short group repeats its last token */
+            for (int k = 0; k < KT_FP8_TOKENS; k++)
+                tok[k] = (const float *)(const void *)(ab + (size_t)(t + min_i64(k, nt - 1)) * act_bytes);
+            for (int64_t r = r0; r < r1; r++) {
+                float out[KT_FP8_TOKENS];
+                fp8_tile(nb, (const void *)(wb + (size_t)r * row_bytes), tok, out);
+                for (int64_t k = 0; k < nt; k++)
+                    y[(t + k) * y_stride + r] = out[k];
+            }
+        }
+    }
+}
