@@ -56,13 +56,14 @@ static bool same_home(const struct kt_expert_home *a, const struct kt_expert_hom
 }
 
 static double sliced_time(struct state *s, uint32_t il);
+static double whole_time(struct state *s, uint32_t il);
 
 /* The target's home of candidate k, keeping the working replica set (changed only by replica moves). */
 static struct kt_expert_home target_home(struct state *s, const struct candidate *k)
 {
     if (k->kind != KT_MOVE_HOME) {
         struct kt_expert_home h = *home_of(s, k->layer, k->expert);
-        if (k->kind == KT_MOVE_LAYER_SLICE) /* not a move of expert 0: no device, no pairing */
+        if (k->kind == KT_MOVE_LAYER_SLICE || k->kind == KT_MOVE_LAYER_WHOLE) /* a layer's: no device, no pairing */
             return (struct kt_expert_home){.device = 0, .node = h.device == 0 ? h.node : 0};
         if (k->kind == KT_MOVE_REPLICA_ADD)
             h.replica_nodes |= 1ull << k->node;
@@ -82,6 +83,8 @@ static double gain_of(struct state *s, const struct candidate *a, const struct c
 {
     if (a->kind == KT_MOVE_LAYER_SLICE) /* never paired */
         return s->layer_s[a->layer] - sliced_time(s, a->layer);
+    if (a->kind == KT_MOVE_LAYER_WHOLE)
+        return s->layer_s[a->layer] - whole_time(s, a->layer);
     const struct candidate *k[2] = {a, b};
     struct kt_expert_home saved[2];
     for (int i = 0; i < 2 && k[i]; i++) {
@@ -111,6 +114,36 @@ static double sliced_time(struct state *s, uint32_t il)
     s->sliced[il] = false;
     for (uint32_t x = 0; x < N; x++)
         home_of(s, il, x)->replica_nodes = saved[x];
+    free(saved);
+    return t;
+}
+
+/* Layer il made whole: every CPU expert on its target node (one on the
+ * device, or going there, keeps its working home), no replicas. */
+static void make_whole(struct state *s, uint32_t il)
+{
+    for (uint32_t x = 0; x < s->cur->n_expert; x++) {
+        struct kt_expert_home *h = home_of(s, il, x);
+        const struct kt_expert_home *t = kt_placement_expert(s->target, il, x);
+        h->replica_nodes = 0;
+        if (h->device == 0)
+            h->node = t->device == 0 && t->node >= 0 ? t->node : h->node;
+    }
+    s->sliced[il] = false;
+}
+
+/* Layer il's time made whole (the working homes kept). */
+static double whole_time(struct state *s, uint32_t il)
+{
+    const uint32_t N = s->cur->n_expert;
+    struct kt_expert_home *saved = malloc(N * sizeof *saved);
+    if (!saved)
+        return s->layer_s[il]; /* out of memory: no gain, so no move */
+    memcpy(saved, home_of(s, il, 0), N * sizeof *saved);
+    make_whole(s, il);
+    const double t = layer_time(s, il);
+    memcpy(home_of(s, il, 0), saved, N * sizeof *saved);
+    s->sliced[il] = true;
     free(saved);
     return t;
 }
@@ -148,6 +181,13 @@ static double cached_gain(struct state *s, struct candidate *k)
 
 static void apply(struct state *s, struct candidate *k)
 {
+    if (k->kind == KT_MOVE_LAYER_WHOLE) {
+        make_whole(s, k->layer);
+        k->done = true;
+        s->version[k->layer]++;
+        s->layer_s[k->layer] = layer_time(s, k->layer);
+        return;
+    }
     if (k->kind == KT_MOVE_LAYER_SLICE) {
         for (uint32_t x = 0; x < s->cur->n_expert; x++)
             home_of(s, k->layer, x)->replica_nodes = 0;
@@ -173,7 +213,9 @@ static void apply(struct state *s, struct candidate *k)
 static uint64_t candidate_bytes(const struct state *s, const struct candidate *k)
 {
     const uint64_t eb = kt_layer_expert_bytes(s->m, k->layer);
-    return k->kind == KT_MOVE_REPLICA_DROP ? 0 : k->kind == KT_MOVE_LAYER_SLICE ? eb * s->cur->n_expert : eb;
+    return k->kind == KT_MOVE_REPLICA_DROP                                        ? 0
+           : k->kind == KT_MOVE_LAYER_SLICE || k->kind == KT_MOVE_LAYER_WHOLE ? eb * s->cur->n_expert
+                                                                                : eb;
 }
 
 static kt_status add_move(struct kt_rebalance *r, uint32_t *cap, struct state *s, struct candidate *k, double gain,
@@ -250,12 +292,14 @@ kt_status kt_rebalance_plan(const struct kt_cost_model *c, const struct kt_model
         s.sliced[il] = cur->layers[il].cpu_sliced;
         s.layer_s[il] = layer_time(&s, il);
         out->before_s += s.layer_s[il];
-        /* a sliced layer stays sliced: the target is priced as it can be reached */
+        /* a layer sliced or made whole is one move of the whole layer */
         const bool slice = !cur->layers[il].cpu_sliced && target->layers[il].cpu_sliced;
+        const bool whole = cur->layers[il].cpu_sliced && !target->layers[il].cpu_sliced;
         const bool to_sliced = cur->layers[il].cpu_sliced || target->layers[il].cpu_sliced;
-        target_s += kt_cost_layer(c, cur, il, target->layers[il].experts, to_sliced, &s.q, NULL);
-        if (slice && grow_candidates(&s, &cand_cap))
-            s.cand[s.n_cand++] = (struct candidate){il, 0, KT_MOVE_LAYER_SLICE, -1, false, 0.0, UINT32_MAX};
+        target_s += kt_cost_layer(c, cur, il, target->layers[il].experts, target->layers[il].cpu_sliced, &s.q, NULL);
+        if ((slice || whole) && grow_candidates(&s, &cand_cap))
+            s.cand[s.n_cand++] = (struct candidate){il, 0, slice ? KT_MOVE_LAYER_SLICE : KT_MOVE_LAYER_WHOLE, -1, false,
+                                                    0.0, UINT32_MAX};
         for (uint32_t x = 0; x < N; x++) {
             const struct kt_expert_home *a = &cur->layers[il].experts[x], *b = &target->layers[il].experts[x];
             if (!grow_candidates(&s, &cand_cap)) {

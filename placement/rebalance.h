@@ -26,7 +26,10 @@
  * is sliced by one move (its bytes: every expert of the layer, copied into
  * the nodes' shares), weighed like the others; the layer's CPU home and
  * replica moves are then left out (a sliced layer has neither), its device
- * moves stay.  A sliced layer is not made whole again here.  Pure
+ * moves stay.  The other way, a layer served sliced that the target keeps
+ * whole is made whole by one move of the same bytes (KT_MOVE_LAYER_WHOLE:
+ * every CPU expert back on the target's node, no replicas: those come in a
+ * later round), weighed the same.  Pure
  * arithmetic: no thread, no device, no file.
  */
 #ifndef KT_PLACEMENT_REBALANCE_H
@@ -43,6 +46,7 @@ enum kt_move_kind {
     KT_MOVE_REPLICA_ADD,         /* a replica on node `node` (to = from with its bit set) */
     KT_MOVE_REPLICA_DROP,        /* the replica on node `node` goes (to = from without its bit) */
     KT_MOVE_LAYER_SLICE,         /* the whole layer's CPU experts row-sliced over the nodes (expert 0; from = to) */
+    KT_MOVE_LAYER_WHOLE,         /* a row-sliced layer made whole again, each CPU expert on the target's node (expert 0) */
 };
 
 struct kt_move {

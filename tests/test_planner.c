@@ -392,7 +392,10 @@ static void rebalancer_adds_and_drops_replicas(void)
 
 /* A layer the target row-slices, served whole, is sliced by one move: the
  * layer's bytes (every expert), a gain by the cost model, no CPU home or
- * replica moves left in it; a layer served sliced is never made whole. */
+ * replica moves left in it.  The other way: served sliced, planned whole at
+ * batch 1 (slicing faster), nothing is made whole; on nodes of unequal speed
+ * with evenly routed traffic (the plan keeps the layers whole, the faster node
+ * holding more), each is made whole by one move of the same bytes. */
 static void rebalancer_slices_whole_layers(void)
 {
     struct kt_model *m = tiny();
@@ -436,13 +439,55 @@ static void rebalancer_slices_whole_layers(void)
         KT_CHECK(slices == target_sliced && cpu_moves_in_sliced == 0 && r.after_s < r.before_s,
                  "%u slices of %u, %u CPU moves in sliced layers", slices, target_sliced, cpu_moves_in_sliced);
         kt_rebalance_free(&r);
-        /* served sliced, planned whole: nothing makes it whole again */
+        /* served sliced, planned whole at batch 1, where slicing is faster: nothing is made whole */
         KT_CHECK(kt_rebalance_plan(cb, m, plan->placement, whole, &rp, &r, &err) == KT_OK, "%s", err.msg);
         uint32_t unslices = 0;
         for (uint32_t i = 0; i < r.n_moves; i++)
-            unslices += r.moves[i].kind == KT_MOVE_LAYER_SLICE;
-        KT_CHECK(unslices == 0, "%u layers sliced the wrong way", unslices);
+            unslices += r.moves[i].kind == KT_MOVE_LAYER_SLICE || r.moves[i].kind == KT_MOVE_LAYER_WHOLE;
+        KT_CHECK(unslices == 0, "%u layers sliced or made whole at batch 1", unslices);
         kt_rebalance_free(&r);
+        /* on nodes of unequal speed (node 1 at 40%), evenly routed traffic: the plan keeps the layers
+         * whole, more experts on the faster node, which an even slice cannot match: made whole again */
+        struct kt_machine uneven = mach;
+        for (int t = 0; t < KT_TYPE_COUNT; t++)
+            uneven.nodes[1].decode[t].gbps *= 0.4;
+        uneven.nodes[1].triad_gbps *= 0.4;
+        const double flat[4] = {0, 0, 0, 0};
+        struct kt_profile *pu = zipf_shifted(m, flat, 0);
+        struct kt_cost_model *c64 = NULL;
+        struct kt_plan *plan64 = make_plan(m, pu, &uneven, &o, &c64);
+        uint32_t whole64 = 0;
+        for (uint32_t il = 0; plan64 && il < m->hp.n_layer; il++)
+            whole64 += plan->placement->layers[il].cpu_sliced && !plan64->placement->layers[il].cpu_sliced;
+        struct kt_rebalance_params rp64 = {.query = {.mode = KT_COST_DECODE, .batch = 1}, .min_gain = 0.0};
+        KT_CHECK(plan64 && whole64 > 0, "premise: on uneven nodes the plan keeps a sliced layer whole");
+        if (plan64 && whole64 > 0 &&
+            kt_rebalance_plan(c64, m, plan->placement, plan64->placement, &rp64, &r, &err) == KT_OK) {
+            uint32_t wholes = 0, cpu_moves = 0;
+            for (uint32_t i = 0; i < r.n_moves; i++) {
+                const struct kt_move *mv = &r.moves[i];
+                const bool was_sliced = plan->placement->layers[mv->layer].cpu_sliced;
+                if (mv->kind == KT_MOVE_LAYER_WHOLE) {
+                    wholes++;
+                    KT_CHECK(was_sliced && !plan64->placement->layers[mv->layer].cpu_sliced &&
+                                 mv->bytes == kt_layer_expert_bytes(m, mv->layer) * m->hp.n_expert && mv->gain_s > 0,
+                             "whole layer %u: bytes %llu, gain %.3g", mv->layer, (unsigned long long)mv->bytes,
+                             mv->gain_s);
+                } else {
+                    cpu_moves += was_sliced && mv->kind != KT_MOVE_HOME;
+                }
+            }
+            printf("unslicing on uneven nodes: %u of %u layers made whole, %.3f -> %.3f ms\n", wholes, whole64,
+                   r.before_s * 1e3, r.after_s * 1e3);
+            KT_CHECK(wholes == whole64 && cpu_moves == 0 && r.after_s < r.before_s,
+                     "%u made whole of %u, %u replica moves in them", wholes, whole64, cpu_moves);
+            kt_rebalance_free(&r);
+        } else if (plan64 && whole64 > 0) {
+            KT_CHECK(false, "%s", err.msg);
+        }
+        kt_plan_destroy(plan64);
+        kt_cost_destroy(c64);
+        kt_profile_destroy(pu);
     }
     kt_placement_destroy(whole);
     kt_plan_destroy(plan);
