@@ -6,14 +6,17 @@
  * /metrics' migration counters and measured shares, /kt/stats; --plan-out
  * written at exit and served again gives every expert the same place; with
  * --rebalance-interval 0 nothing moves; a --migration-budget-mib below one
- * expert still moves them; bad rebalancing options are refused up front;
- * --api-key guards /kt/ but not /dashboard.
+ * expert still moves them; layers are sliced while serving, and sliced ones
+ * are made whole again on nodes of unequal speed, the answer unchanged; bad
+ * rebalancing options are refused up front; --api-key guards /kt/ but not
+ * /dashboard.
  */
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "machine.h"
 #include "model.h"
 #include "serve_harness.h"
 
@@ -609,6 +612,77 @@ static void layers_are_sliced_between_steps(void)
     unlink(config);
 }
 
+/* And back: both nodes, every layer sliced by the config, and a machine whose
+ * node 1 runs at 40% of node 0: a whole layer can give the faster node more
+ * experts, which an even slice cannot, so the rebalancer makes the layers
+ * whole again between steps, logs each, and the greedy answer stays. */
+static void sliced_layers_are_made_whole_between_steps(void)
+{
+    char machine[1024];
+    snprintf(machine, sizeof machine, "%s", kt_test_path("uneven.machine.json"));
+    struct kt_machine mach;
+    kt_machine_defaults(&mach, 2);
+    for (int t = 0; t < KT_TYPE_COUNT; t++)
+        mach.nodes[1].decode[t].gbps *= 0.4;
+    mach.nodes[1].triad_gbps *= 0.4;
+    kt_err err = {0};
+    KT_CHECK(kt_machine_save(&mach, machine, &err) == KT_OK, "%s", err.msg);
+    char config[1024];
+    snprintf(config, sizeof config, "%s", kt_test_path("sliced.yaml"));
+    FILE *f = fopen(config, "w");
+    KT_CHECK(f && fputs("version: 1\ndescription: both nodes, sliced\nattention: cpu\ncpu:\n  nodes: auto\n"
+                        "  sliced: all\n", f) >= 0 && fclose(f) == 0, "writing %s", config);
+    char args[3000];
+    snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
+             "--rebalance-interval 0.2 --machine '%s'", config, machine);
+    struct test_server s;
+    if (!server_start(&s, tiny, args, true)) {
+        unlink(config), unlink(machine);
+        return;
+    }
+    json_t *j = get_json(&s, "/kt/placement");
+    long sliced_at_start = 0;
+    for (size_t il = 0; il < json_array_size(json_object_get(j, "layers")); il++)
+        sliced_at_start += json_is_true(json_object_get(json_array_get(json_object_get(j, "layers"), il), "sliced"));
+    KT_CHECK(sliced_at_start == 3, "the config slices the 3 MoE layers: %ld", sliced_at_start);
+    char *before = greedy_answer(&s);
+    long whole = 0;
+    const double t0 = harness_now();
+    for (int round = 0; harness_now() - t0 < 120 && !whole; round++) {
+        send_traffic(&s, 2, 1300 + 2 * round);
+        json_decref(j);
+        j = get_json(&s, "/kt/placement");
+        const json_t *layers = json_object_get(j, "layers"), *rb = json_object_get(j, "rebalancer");
+        for (size_t il = 0; il < json_array_size(layers); il++)
+            whole += json_is_false(json_object_get(json_array_get(layers, il), "sliced")) &&
+                     json_array_size(json_object_get(json_array_get(layers, il), "place")) > 0;
+        if (json_integer_value(json_object_get(rb, "in_flight")) != 0 || !json_is_false(json_object_get(rb, "in_round")))
+            whole = 0;
+    }
+    KT_CHECK(whole > 0, "no layer made whole: %s", json_dumps(json_object_get(j, "rebalancer"), 0));
+    long logged = 0;
+    const json_t *log = json_object_get(j, "migrations");
+    for (size_t i = 0; i < json_array_size(log); i++) {
+        const json_t *m = json_array_get(log, i);
+        logged += !strcmp(json_string_value(json_object_get(m, "kind")), "whole") &&
+                  json_is_true(json_object_get(m, "ok"));
+    }
+    printf("  %ld layers made whole while serving (%ld logged)\n", whole, logged);
+    KT_CHECK(logged == whole, "%ld whole layers, %ld logged", whole, logged);
+    struct kt_buf out = {0};
+    KT_CHECK(http(&s, NULL, "/metrics", NULL, &out, NULL) == 200 &&
+                 metric(kt_buf_str(&out), "kt:layers_made_whole_total") == (double)logged,
+             "kt:layers_made_whole_total");
+    kt_buf_free(&out);
+    char *after = greedy_answer(&s);
+    KT_CHECK(before && after && strcmp(before, after) == 0, "the greedy answer changed as layers were made whole:\n"
+             "%s\n%s", before, after);
+    free(before), free(after);
+    json_decref(j);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    unlink(config), unlink(machine);
+}
+
 /* A tiny expert is 0.75 MiB: a budget below it still lets one move at a time through. */
 static void a_budget_below_one_expert_still_moves_experts(void)
 {
@@ -782,6 +856,7 @@ int main(void)
     KT_RUN(a_budget_below_one_expert_still_moves_experts);
     KT_RUN(replicas_are_dropped_between_steps);
     KT_RUN(layers_are_sliced_between_steps);
+    KT_RUN(sliced_layers_are_made_whole_between_steps);
     KT_RUN(bad_rebalancing_options_are_refused);
     KT_RUN(api_key_guards_kt_endpoints_but_not_the_dashboard);
     KT_RUN(the_expert_cache_hits_and_keeps_the_greedy_answer);

@@ -382,6 +382,9 @@ static char *moves_report(const char *path, const struct kt_model *m, const stru
                 if (mv->kind == KT_MOVE_LAYER_SLICE)
                     fprintf(f, "  %3u. layer %u: every expert row-sliced over the nodes, %.1f MiB", i + 1, mv->layer,
                             (double)mv->bytes / 1048576.0);
+                else if (mv->kind == KT_MOVE_LAYER_WHOLE)
+                    fprintf(f, "  %3u. layer %u: made whole again, every expert on its node, %.1f MiB", i + 1,
+                            mv->layer, (double)mv->bytes / 1048576.0);
                 else if (mv->kind != KT_MOVE_HOME)
                     fprintf(f, "  %3u. layer %u expert %u: a replica on node %d %s (home %s), %.1f MiB", i + 1,
                             mv->layer, mv->expert, mv->node, mv->kind == KT_MOVE_REPLICA_ADD ? "added" : "dropped",

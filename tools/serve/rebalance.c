@@ -56,6 +56,7 @@ struct handoff {
     struct kt_move mv;
     struct kt_expert_copy *copy;
     struct kt_layer_slices *slices;
+    struct kt_layer_whole *whole;          /* KT_MOVE_LAYER_WHOLE: the experts put back together */
 };
 
 struct migration {
@@ -83,7 +84,7 @@ struct kt_serve_placement {
     uint32_t replicas_hot_per_layer;       /* the config's, for --plan-out */
 
     /* guarded by mu: what /kt/placement and /metrics report */
-    uint64_t rounds, moves_ok, moves_failed, bytes_moved, layers_sliced;
+    uint64_t rounds, moves_ok, moves_failed, bytes_moved, layers_sliced, layers_whole;
     bool in_round;                         /* a round has moves to hand off or waits for them to be made */
     uint64_t pair_moves[MAX_PLACES][MAX_PLACES], pair_bytes[MAX_PLACES][MAX_PLACES];
     double before_s, after_s;              /* the last round's predicted MoE step, now and planned */
@@ -252,7 +253,8 @@ void kt_serve_placement_destroy(struct kt_server *s)
         return;
     kt_serve_placement_stop(s);
     for (; sp->q_len; sp->q_len--, sp->q_head = (sp->q_head + 1) % sp->max_queue) /* the scheduler is gone */
-        kt_expert_copy_discard(sp->queue[sp->q_head].copy), kt_layer_slices_discard(sp->queue[sp->q_head].slices);
+        kt_expert_copy_discard(sp->queue[sp->q_head].copy), kt_layer_slices_discard(sp->queue[sp->q_head].slices),
+            kt_layer_whole_discard(sp->queue[sp->q_head].whole);
     pthread_mutex_destroy(&sp->mu);
     pthread_cond_destroy(&sp->cv);
     kt_placement_destroy(sp->live);
@@ -284,7 +286,8 @@ static void log_move(struct kt_serve_placement *sp, const struct kt_move *mv, in
         sp->moves_ok++;
         sp->bytes_moved += mv->bytes;
         sp->layers_sliced += mv->kind == KT_MOVE_LAYER_SLICE;
-        if (mv->kind != KT_MOVE_LAYER_SLICE && from >= 0 && from < MAX_PLACES && to >= 0 && to < MAX_PLACES)
+        sp->layers_whole += mv->kind == KT_MOVE_LAYER_WHOLE;
+        if (mv->kind != KT_MOVE_LAYER_SLICE && mv->kind != KT_MOVE_LAYER_WHOLE && from >= 0 && from < MAX_PLACES && to >= 0 && to < MAX_PLACES)
             sp->pair_moves[from][to]++, sp->pair_bytes[from][to] += mv->bytes;
     } else {
         sp->moves_failed++;
@@ -309,6 +312,8 @@ static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
     const struct kt_expert_home *h = &L->experts[mv->expert];
     if (mv->kind == KT_MOVE_LAYER_SLICE)
         return !L->cpu_sliced;
+    if (mv->kind == KT_MOVE_LAYER_WHOLE)
+        return L->cpu_sliced;
     if (mv->kind == KT_MOVE_REPLICA_ADD)
         return !L->cpu_sliced && h->device == 0 && mv->node >= 0 && mv->node < cur->n_nodes && mv->node != h->node &&
                !(h->replica_nodes >> mv->node & 1);
@@ -320,12 +325,13 @@ static bool movable(const struct kt_placement *cur, const struct kt_move *mv)
 
 /* True when the scheduler thread may be changing what mv's copy reads: a move
  * handed off and not yet made (the one being made included) switches or
- * frees the same expert's copies, or a slice move is on either side in the
- * same layer (slicing reads, or unmaps, every expert of it). */
+ * frees the same expert's copies, or a slice or whole-again move is on either
+ * side in the same layer (it reads, or unmaps, every expert of it). */
 static bool touches(const struct kt_move *queued, const struct kt_move *mv)
 {
-    return queued->layer == mv->layer && (queued->kind == KT_MOVE_LAYER_SLICE || mv->kind == KT_MOVE_LAYER_SLICE ||
-                                          queued->expert == mv->expert);
+    const bool layer_wide = queued->kind == KT_MOVE_LAYER_SLICE || queued->kind == KT_MOVE_LAYER_WHOLE ||
+                            mv->kind == KT_MOVE_LAYER_SLICE || mv->kind == KT_MOVE_LAYER_WHOLE;
+    return queued->layer == mv->layer && (layer_wide || queued->expert == mv->expert);
 }
 
 /* Waits until no move handed off touches what mv's copy reads (a switch of
@@ -349,24 +355,44 @@ static bool wait_untouched(struct kt_serve_placement *sp, const struct kt_move *
 
 /* Hands mv (with its copy) to the scheduler thread, waiting while the copies
  * on their way exceed the budget; false when stopping (the copy discarded). */
-static bool hand_off(struct kt_serve_placement *sp, const struct kt_move *mv, struct kt_expert_copy *copy,
-                     struct kt_layer_slices *slices, uint64_t budget_bytes)
+static bool hand_off(struct kt_serve_placement *sp, struct handoff h, uint64_t budget_bytes)
 {
     pthread_mutex_lock(&sp->mu);
-    while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + mv->bytes > budget_bytes))
+    while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + h.mv.bytes > budget_bytes))
         pthread_cond_wait(&sp->cv, &sp->mu);
     const bool ok = !sp->stop;
     if (ok) {
-        sp->queue[(sp->q_head + sp->q_len++) % sp->max_queue] = (struct handoff){*mv, copy, slices};
-        sp->queued_bytes += mv->bytes;
+        sp->queue[(sp->q_head + sp->q_len++) % sp->max_queue] = h;
+        sp->queued_bytes += h.mv.bytes;
     }
     pthread_mutex_unlock(&sp->mu);
     if (!ok)
-        kt_expert_copy_discard(copy), kt_layer_slices_discard(slices);
+        kt_expert_copy_discard(h.copy), kt_layer_slices_discard(h.slices), kt_layer_whole_discard(h.whole);
     return ok;
 }
 
 static void recent_steps(const struct kt_serve_placement *sp, double *step_s, double *tokens);
+
+/* Layer il's experts put back together for a move that makes it whole: each
+ * on its node in the target (one the target keeps on the device: the lowest
+ * node the placement homes experts on). */
+static kt_status whole_copy(struct kt_server *s, const struct kt_placement *cur, const struct kt_placement *target,
+                            uint32_t il, struct kt_layer_whole **out, kt_err *err)
+{
+    const uint32_t N = cur->n_expert;
+    int *homes = malloc((N ? N : 1) * sizeof *homes);
+    if (!homes)
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+    const uint64_t mask = cur->expert_nodes ? cur->expert_nodes : 1;
+    const int first = __builtin_ctzll(mask);
+    for (uint32_t x = 0; x < N; x++) {
+        const struct kt_expert_home *t = kt_placement_expert(target, il, x);
+        homes[x] = t->device == 0 && t->node >= 0 && t->node < cur->n_nodes ? t->node : first;
+    }
+    const kt_status st = kt_engine_layer_whole_copy(s->engine, il, homes, out, err);
+    free(homes);
+    return st;
+}
 
 static void round_once(struct kt_server *s)
 {
@@ -443,10 +469,27 @@ static void round_once(struct kt_server *s)
                 pthread_mutex_unlock(&sp->mu);
                 continue;
             }
-            if (!hand_off(sp, mv, NULL, slices, budget))
+            if (!hand_off(sp, (struct handoff){*mv, NULL, slices, NULL}, budget))
                 break;
             handed++;
             kt_sched_poke(s->sched); /* made between two steps, or at once on an idle server */
+            continue;
+        }
+        if (mv->kind == KT_MOVE_LAYER_WHOLE) { /* every expert put back together on its target node, here */
+            struct kt_layer_whole *whole = NULL;
+            if (whole_copy(s, cur, plan->placement, mv->layer, &whole, &err) != KT_OK) {
+                char what[64];
+                snprintf(what, sizeof what, "making layer %u whole", mv->layer);
+                note_error(sp, what, &err);
+                pthread_mutex_lock(&sp->mu);
+                log_move(sp, mv, 0, 0, false);
+                pthread_mutex_unlock(&sp->mu);
+                continue;
+            }
+            if (!hand_off(sp, (struct handoff){*mv, NULL, NULL, whole}, budget))
+                break;
+            handed++;
+            kt_sched_poke(s->sched);
             continue;
         }
         /* the CPU copy goes to its new node here, while steps run (a new replica's to its node) */
@@ -466,7 +509,7 @@ static void round_once(struct kt_server *s)
             pthread_mutex_unlock(&sp->mu);
             continue;
         }
-        if (!hand_off(sp, mv, copy, slices, budget))
+        if (!hand_off(sp, (struct handoff){*mv, copy, NULL, NULL}, budget))
             break;
         handed++;
         kt_sched_poke(s->sched);
@@ -631,6 +674,43 @@ static void make_slice_move(struct kt_server *s, const struct handoff *h)
         fprintf(stderr, "kt-serve: rebalancer: layer %u stays whole: %s\n", mv->layer, err.msg);
 }
 
+/* Makes a sliced layer whole on the engine (scheduler thread, between steps):
+ * the live placement's CPU experts go back to their nodes. */
+static void make_whole_move(struct kt_server *s, const struct handoff *h)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const struct kt_move *mv = &h->mv;
+    kt_err err = {0};
+    const kt_status st = kt_engine_layer_whole_switch(s->engine, h->whole, &err); /* takes h->whole */
+    const bool whole = !kt_engine_layer_sliced(s->engine, mv->layer);
+    pthread_mutex_lock(&sp->mu);
+    struct kt_placement *p = sp->live;
+    struct kt_placement_layer *L = &p->layers[mv->layer];
+    if (whole && L->cpu_sliced) {
+        const uint64_t eb = kt_layer_expert_bytes(s->model, mv->layer);
+        const int parts = __builtin_popcountll(p->expert_nodes) > 1 ? __builtin_popcountll(p->expert_nodes) : 1;
+        for (uint32_t x = 0; x < p->n_expert; x++) {
+            struct kt_expert_home *e = &L->experts[x];
+            if (e->device != 0)
+                continue;
+            for (int n = 0; n < p->n_nodes && n < 64; n++)
+                if (p->expert_nodes >> n & 1)
+                    p->node_bytes[n] -= eb / (uint64_t)parts;
+            const int node = kt_engine_expert_node(s->engine, mv->layer, x);
+            e->node = node >= 0 ? node : e->node;
+            if (e->node >= 0 && e->node < p->n_nodes)
+                p->node_bytes[e->node] += eb;
+        }
+        L->cpu_sliced = false;
+    }
+    log_move(sp, mv, 0, 0, st == KT_OK && whole);
+    if (st != KT_OK)
+        snprintf(sp->last_error, sizeof sp->last_error, "making layer %u whole: %.200s", mv->layer, err.msg);
+    pthread_mutex_unlock(&sp->mu);
+    if (st != KT_OK)
+        fprintf(stderr, "kt-serve: rebalancer: layer %u stays sliced: %s\n", mv->layer, err.msg);
+}
+
 /* Makes one move on the engine; false when the step's one upload is spent
  * and mv needs another (it waits for the next step). */
 static bool make_move(struct kt_server *s, const struct handoff *h, bool *uploaded)
@@ -639,6 +719,10 @@ static bool make_move(struct kt_server *s, const struct handoff *h, bool *upload
     const struct kt_move *mv = &h->mv;
     if (mv->kind == KT_MOVE_LAYER_SLICE) {
         make_slice_move(s, h);
+        return true;
+    }
+    if (mv->kind == KT_MOVE_LAYER_WHOLE) {
+        make_whole_move(s, h);
         return true;
     }
     if (mv->kind != KT_MOVE_HOME) {
@@ -885,6 +969,10 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
                      "kt:expert_migrations' total, not counted by source and target).\n"
                      "# TYPE kt:layer_slices_total counter\nkt:layer_slices_total %llu\n",
                   (unsigned long long)sp->layers_sliced);
+    kt_buf_printf(o, "# HELP kt:layers_made_whole_total Row-sliced layers made whole again while serving (each one move "
+                     "of kt:expert_migrations' total).\n"
+                     "# TYPE kt:layers_made_whole_total counter\nkt:layers_made_whole_total %llu\n",
+                  (unsigned long long)sp->layers_whole);
     kt_buf_printf(o, "# HELP kt:expert_migrations_failed_total Moves that failed (the old home kept serving).\n"
                      "# TYPE kt:expert_migrations_failed_total counter\nkt:expert_migrations_failed_total %llu\n",
                   (unsigned long long)sp->moves_failed);
@@ -1061,7 +1149,7 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
         const struct migration *m = &sp->log[i % LOG_SIZE];
         char from[40], to[40];
         place_name(p, m->from, from, sizeof from), place_name(p, m->to, to, sizeof to);
-        static const char *const kinds[] = {"home", "replica_add", "replica_drop", "slice"};
+        static const char *const kinds[] = {"home", "replica_add", "replica_drop", "slice", "whole"};
         json_array_append_new(log, json_pack("{s:f, s:s, s:I, s:I, s:s, s:s, s:I, s:b}", "time", m->time, "kind",
                                              kinds[m->kind], "layer", (json_int_t)m->layer, "expert",
                                              (json_int_t)m->expert, "from", from, "to", to, "bytes",
