@@ -189,7 +189,9 @@ static bool write_ckpt(const char *dir, const struct ckpt *c)
         free(text);
         json_decref(header);
     }
-    char *index = json_dumps(json_pack("{s:{}, s:o}", "metadata", "weight_map", map), JSON_COMPACT);
+    json_t *root = json_pack("{s:{}, s:o}", "metadata", "weight_map", map); /* takes map */
+    char *index = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
     char path[1200];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     FILE *f = fopen(path, "w");
