@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -543,6 +544,10 @@ static kt_status write_index(const struct hf_writer *w, const char *dir, struct 
 /* The shortest decimal that reads back as v (what the config's number must give as an F32). */
 static void shortest(char *out, size_t n, float v)
 {
+    if (v == floorf(v) && fabsf(v) < 1e9f) { /* whole numbers as the real configs write them: 50000.0 */
+        snprintf(out, n, "%.1f", (double)v);
+        return;
+    }
     for (int digits = 1; digits <= 9; digits++) {
         snprintf(out, n, "%.*g", digits, (double)v);
         if ((float)strtod(out, NULL) == v)
