@@ -26,6 +26,7 @@
 
 #include "quant.h"
 
+#include <math.h>
 #include <string.h>
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -226,4 +227,81 @@ bool kt_fp8_b128_check_row(const void *row, int64_t n)
                 return false;
     }
     return true;
+}
+
+/* ---- encoders ------------------------------------------------------------------------ */
+
+/* x (0 <= x < 2^23) rounded to an integer, ties to even: exact, whatever the
+ * rounding mode (the fraction of a float below 2^23 is exact). */
+static float round_half_even(float x)
+{
+    const float whole = floorf(x), frac = x - whole;
+    if (frac > 0.5f || (frac == 0.5f && fmodf(whole, 2.0f) != 0.0f))
+        return whole + 1.0f;
+    return whole;
+}
+
+uint8_t kt_f32_to_fp8_e4m3(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const uint32_t mag = u & 0x7fffffffu;
+    if (mag > 0x7f800000u)
+        return 0x7f; /* NaN (the sign is dropped: e4m3fn's NaNs are S.1111.111 either way) */
+    if (mag >= 0x43e00000u) /* 448 and up, infinity included: saturate */
+        return sign | 0x7e;
+    if (mag < 0x3c800000u) { /* below 2^-6: a multiple of 2^-9; code 8 (= 8 x 2^-9) is the smallest normal */
+        float a;
+        memcpy(&a, &mag, sizeof a);
+        return sign | (uint8_t)round_half_even(a * 512.0f);
+    }
+    /* normal: keep 3 of the 23 mantissa bits, ties to even; a carry into the
+     * exponent is the next binade's code (the encoding is monotonic) */
+    const uint32_t exp = (mag >> 23) - 120u; /* E4M3 exponent field, 1 .. 15 */
+    uint32_t code = exp << 3 | ((mag >> 20) & 0x7u);
+    const uint32_t rest = mag & 0xfffffu, half = 0x80000u;
+    if (rest > half || (rest == half && (code & 1u)))
+        code++;
+    return sign | (uint8_t)code; /* < 448 rounds to at most 0x7e: the NaN code is never reached */
+}
+
+void kt_fp8_block_stripe_from_f32(const float *w, int64_t rows, int64_t cols, int64_t block_cols, uint8_t *q,
+                                  float *scale_inv)
+{
+    for (int64_t c0 = 0, j = 0; c0 < cols; c0 += block_cols, j++) {
+        const int64_t c1 = c0 + block_cols < cols ? c0 + block_cols : cols;
+        float amax = 0.0f;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = c0; c < c1; c++)
+                amax = fmaxf(amax, fabsf(w[r * cols + c]));
+        const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+        scale_inv[j] = s;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = c0; c < c1; c++)
+                q[r * cols + c] = kt_f32_to_fp8_e4m3(w[r * cols + c] / s);
+    }
+}
+
+void kt_int4_pack_row_from_f32(const float *w, int64_t cols, int64_t group_size, void *packed_row, void *scale_row)
+{
+    uint8_t *packed = packed_row, *scales = scale_row;
+    memset(packed, 0, (size_t)ceil_div(cols, 8) * 4);
+    for (int64_t g0 = 0, g = 0; g0 < cols; g0 += group_size, g++) {
+        const int64_t g1 = g0 + group_size < cols ? g0 + group_size : cols;
+        float amax = 0.0f;
+        for (int64_t c = g0; c < g1; c++)
+            amax = fmaxf(amax, fabsf(w[c]));
+        const kt_bf16 scale_bits = kt_fp32_to_bf16(amax / 7.0f);
+        const float scale = kt_bf16_to_fp32(scale_bits);
+        memcpy(scales + (size_t)g * 2, &scale_bits, 2);
+        for (int64_t c = g0; c < g1; c++) {
+            float v = scale > 0.0f ? w[c] / scale : 0.0f;
+            v = fminf(fmaxf(v, -8.0f), 7.0f);
+            const int q = v < 0.0f ? -(int)round_half_even(-v) : (int)round_half_even(v);
+            uint32_t word = load_u32(packed + (size_t)(c / 8) * 4);
+            word |= (uint32_t)(q + 8) << (4 * (c % 8));
+            memcpy(packed + (size_t)(c / 8) * 4, &word, 4);
+        }
+    }
 }

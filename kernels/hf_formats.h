@@ -2,7 +2,9 @@
  * hf_formats.h - the weight formats Hugging Face checkpoints ship natively
  * (compressed-tensors INT4, DeepSeek-V3 block FP8, MXFP4, BF16), decoded to
  * F32 exactly as each format defines them: the scalar reference every faster
- * kernel for these formats is compared with, bit for bit.
+ * kernel for these formats is compared with, bit for bit.  Encoders for FP8
+ * and INT4 (round to nearest even, as the formats' own quantizers) write
+ * kt-synth's synthetic checkpoints.
  *
  * Pointers are raw tensor bytes as stored (little-endian, possibly unaligned:
  * a safetensors shard aligns nothing), so every multi-byte value is read with
@@ -77,7 +79,6 @@ static_assert(sizeof(struct kt_block_mxfp4) == 17, "mxfp4 block size");
  * products past the F32 range become inf. */
 void kt_mxfp4_gguf_to_f32(const void *blocks, float *out, int64_t n);
 
-
 /* The block's 32 E2M1 values doubled, in element order: integers in [-12, 12]
  * (2 * e2m1(code)), so element i is q[i] * kt_e8m0_half_to_f32(b->e). */
 void kt_unpack_mxfp4(const struct kt_block_mxfp4 *b, int8_t q[32]);
@@ -97,5 +98,31 @@ bool kt_fp8_b128_from_hf(const void *weight, const void *weight_scale_inv, int64
 /* True when n elements (a multiple of 128) of FP8_B128 have finite scales and
  * no NaN codes, the precondition of every FP8_B128 kernel. */
 bool kt_fp8_b128_check_row(const void *row, int64_t n);
+
+/* ---- encoders: F32 to the native formats (kt-synth's HF directories) ------------ */
+
+/* F32 to OCP E4M3 (e4m3fn), rounded to nearest, ties to even, saturating:
+ * |x| >= 448 (infinities included) gives ±448 (0x7E / 0xFE), NaN gives 0x7F;
+ * values below the smallest subnormal (2^-9) round to ±0 or ±2^-9.
+ * kt_fp8_e4m3_to_f32(kt_f32_to_fp8_e4m3(x)) is the E4M3 value nearest x. */
+uint8_t kt_f32_to_fp8_e4m3(float x);
+
+/* One stripe of block FP8: rows (<= the block's rows) x cols of w, row-major,
+ * quantized with one scale per block_cols columns of the stripe:
+ * scale_inv[j] = max|w| over the block / 448 (1 for an all-zero block),
+ * q = kt_f32_to_fp8_e4m3(w / scale_inv[j]).  q: rows x cols codes;
+ * scale_inv: ceil(cols / block_cols) F32 values. */
+void kt_fp8_block_stripe_from_f32(const float *w, int64_t rows, int64_t cols, int64_t block_cols, uint8_t *q,
+                                  float *scale_inv);
+
+/* One row of cols F32 values to compressed-tensors pack-quantized INT4 (the
+ * layout kt_int4_pack_row_to_f32 reads): per group of group_size, scale =
+ * BF16 (nearest even) of max|w| / 7, q = clamp(round-half-even(w / scale),
+ * -8, 7) (q = 0 where the scale is 0).  packed_row: ceil(cols/8) I32 words
+ * (padding nibbles 0); scale_row: ceil(cols/group_size) BF16.  Decoding
+ * gives q * scale exactly, and |w - q * scale| <= scale / 2 (up to one F32
+ * rounding of w / scale at a tie), i.e. <= max|w| / 14 * (1 + 2^-8) with
+ * the BF16 rounding of the scale. */
+void kt_int4_pack_row_from_f32(const float *w, int64_t cols, int64_t group_size, void *packed_row, void *scale_row);
 
 #endif

@@ -367,6 +367,164 @@ static void bf16_rows_widen_exactly(void)
     }
 }
 
+/* ---- encoders ------------------------------------------------------------------------- */
+
+/* The E4M3 code nearest x by search over every finite code, ties to the even
+ * code (mantissa lsb 0), saturating at 448; computed in double. */
+static uint8_t e4m3_nearest(float x)
+{
+    if (isnan(x))
+        return 0x7f;
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    const double a = fabs((double)x);
+    if (a >= 448.0)
+        return sign | 0x7e;
+    unsigned best = 0;
+    for (unsigned code = 1; code <= 0x7e; code++) {
+        const double d = fabs(e4m3_expected(code) - a), db = fabs(e4m3_expected(best) - a);
+        if (d < db || (d == db && (code & 1) == 0))
+            best = code;
+    }
+    return sign | (uint8_t)best;
+}
+
+static int e4m3_mismatches;
+
+static void check_e4m3(float x)
+{
+    const uint8_t got = kt_f32_to_fp8_e4m3(x), want = e4m3_nearest(x);
+    if (got != want && e4m3_mismatches++ < 8)
+        KT_CHECK(got == want, "x %a: code 0x%02x, nearest 0x%02x", (double)x, got, want);
+}
+
+static void fp8_e4m3_encoder_rounds_to_the_nearest_code_ties_to_even(void)
+{
+    e4m3_mismatches = 0;
+    for (unsigned code = 0; code < 256; code++) {
+        if ((code & 0x7f) == 0x7f)
+            continue;
+        const float v = (float)e4m3_expected(code);
+        KT_CHECK(kt_f32_to_fp8_e4m3(v) == code, "code 0x%02x does not encode back (0x%02x)", code,
+                 kt_f32_to_fp8_e4m3(v));
+        if ((code & 0x7f) == 0x7e)
+            continue;
+        /* the midpoint to the next magnitude (exact in F32) is a tie; its neighbours are not */
+        const float mid = (float)((e4m3_expected(code) + e4m3_expected(code + 1)) / 2);
+        const uint8_t even = (code & 1) ? (uint8_t)(code + 1) : (uint8_t)code;
+        KT_CHECK(kt_f32_to_fp8_e4m3(mid) == even, "tie %a after 0x%02x: 0x%02x, want the even 0x%02x", (double)mid,
+                 code, kt_f32_to_fp8_e4m3(mid), even);
+        check_e4m3(mid);
+        check_e4m3(nextafterf(mid, 0.0f));
+        check_e4m3(nextafterf(mid, mid * 2.0f));
+    }
+    /* every 251st F32 from 2^-12 to 512, both signs: subnormals, normals, saturation */
+    for (uint32_t u = 0x39800000u; u <= 0x44000000u; u += 251) {
+        float x;
+        memcpy(&x, &u, sizeof x);
+        check_e4m3(x);
+        check_e4m3(-x);
+    }
+    const float special[] = {0.0f, -0.0f, 0x1p-10f, 0x1p-11f, 0x1.8p-10f, 1e-30f, 448.0f, 464.0f, 479.9f, 480.0f,
+                             1e9f, INFINITY, -INFINITY, NAN, FLT_MIN, FLT_TRUE_MIN};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
+        check_e4m3(special[i]);
+        check_e4m3(-special[i]);
+    }
+    KT_CHECK(e4m3_mismatches == 0, "%d inputs encode to another code than the nearest", e4m3_mismatches);
+    KT_CHECK(kt_f32_to_fp8_e4m3(1e9f) == 0x7e && kt_f32_to_fp8_e4m3(-INFINITY) == 0xfe &&
+                 kt_f32_to_fp8_e4m3(NAN) == 0x7f && kt_f32_to_fp8_e4m3(0x1p-10f) == 0x00 &&
+                 kt_f32_to_fp8_e4m3(0x1.8p-10f) == 0x01,
+             "saturation, NaN, or the subnormal ties");
+}
+
+/* Deterministic test values: a small LCG, uniform in [-amp, amp). */
+static float lcg_value(uint64_t *state, float amp)
+{
+    *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return amp * ((float)(*state >> 40) / (float)(1u << 24) * 2.0f - 1.0f);
+}
+
+static void fp8_block_stripe_encoder_meets_its_bound(void)
+{
+    enum { ROWS = 5, COLS = 300, BC = 128, NB = 3 };
+    static float w[ROWS * COLS];
+    uint64_t st = 7;
+    for (int i = 0; i < ROWS * COLS; i++)
+        w[i] = lcg_value(&st, (i % COLS) < BC ? 0.05f : 3.0f); /* blocks of different scales */
+    for (int r = 0; r < ROWS; r++) /* the last (partial) block all zero, one tiny value aside */
+        for (int c = 2 * BC; c < COLS; c++)
+            w[r * COLS + c] = 0.0f;
+    w[3 * COLS + 299] = 0x1p-20f;
+    w[1 * COLS + 5] = 0.0f;
+    static uint8_t q[ROWS * COLS];
+    float s[NB];
+    kt_fp8_block_stripe_from_f32(w, ROWS, COLS, BC, q, s);
+    for (int j = 0; j < NB; j++) {
+        float amax = 0;
+        for (int r = 0; r < ROWS; r++)
+            for (int c = j * BC; c < COLS && c < (j + 1) * BC; c++)
+                amax = fmaxf(amax, fabsf(w[r * COLS + c]));
+        KT_CHECK(s[j] == amax / 448.0f, "block %d: scale_inv %g, want max %g / 448", j, (double)s[j], (double)amax);
+    }
+    float row[COLS];
+    int bad = 0;
+    for (int r = 0; r < ROWS; r++) {
+        kt_fp8_block_row_to_f32(q, s, COLS, 128, BC, r, row);
+        for (int c = 0; c < COLS; c++) {
+            const float x = w[r * COLS + c], sc = s[c / BC];
+            const double bound = sc * fmax(fabs((double)x / sc) / 16, 0x1p-10) + fabs((double)x) * 0x1p-22;
+            if (q[r * COLS + c] != kt_f32_to_fp8_e4m3(x / sc) || fabs((double)row[c] - x) > bound)
+                KT_CHECK(bad++ > 4, "[%d][%d]: %g decodes to %g (bound %g)", r, c, (double)x, (double)row[c], bound);
+        }
+    }
+    KT_CHECK(bad == 0, "%d elements off", bad);
+    /* an all-zero block stores scale 1 */
+    float zeros[4 * 8] = {0}, one;
+    uint8_t zq[4 * 8];
+    kt_fp8_block_stripe_from_f32(zeros, 4, 8, 8, zq, &one);
+    KT_CHECK(one == 1.0f && zq[0] == 0 && zq[31] == 0, "all-zero block: scale %g", (double)one);
+}
+
+static void int4_pack_encoder_round_trips_within_half_a_scale(void)
+{
+    enum { COLS = 77, GS = 32, GROUPS = 3, WORDS = 10 };
+    float w[COLS];
+    uint64_t st = 99;
+    for (int c = 0; c < COLS; c++)
+        w[c] = lcg_value(&st, c < GS ? 0.01f : 2.0f);
+    for (int c = GS; c < 2 * GS; c++) /* the second group: exact multiples of its scale, ties included */
+        w[c] = (float)((c % 16) - 8) * 0.25f + ((c % 3) == 0 ? 0.125f : 0.0f);
+    w[2 * GS + 1] = -w[2 * GS + 1] * 4; /* a negative extreme decides a group's scale */
+    uint8_t packed[WORDS * 4 + 1], scales[GROUPS * 2 + 1];
+    kt_int4_pack_row_from_f32(w, COLS, GS, packed + 1, scales + 1); /* odd addresses */
+    float out[COLS];
+    kt_int4_pack_row_to_f32(packed + 1, scales + 1, COLS, GS, 0, out);
+    for (int g = 0; g < GROUPS; g++) {
+        float amax = 0;
+        for (int c = g * GS; c < COLS && c < (g + 1) * GS; c++)
+            amax = fmaxf(amax, fabsf(w[c]));
+        uint16_t h;
+        memcpy(&h, scales + 1 + 2 * g, 2);
+        const double scale = bf16_expected(h), want = (double)amax / 7;
+        KT_CHECK(fabs(scale - want) <= want * 0x1p-9, "group %d: scale %g, want BF16 of %g", g, scale, want);
+        for (int c = g * GS; c < COLS && c < (g + 1) * GS; c++) {
+            uint32_t word;
+            memcpy(&word, packed + 1 + 4 * (c / 8), 4);
+            const int q = (int)((word >> (4 * (c % 8))) & 15) - 8;
+            double x = w[c] / (float)scale, rq = nearbyint(x); /* F32 division as the encoder; ties to even */
+            rq = fmin(fmax(rq, -8), 7);
+            KT_CHECK(q == (int)rq, "[%d]: q %d, want round(%g) = %g", c, q, x, rq);
+            KT_CHECK(out[c] == (float)(q * scale), "[%d]: decoded %g is not q * scale", c, (double)out[c]);
+            KT_CHECK(fabs((double)out[c] - w[c]) <= scale / 2 * (1 + 0x1p-20) &&
+                         fabs((double)out[c] - w[c]) <= amax / 14.0 * (1 + 0x1p-8),
+                     "[%d]: |%g - %g| above half a scale (%g)", c, (double)w[c], (double)out[c], scale);
+        }
+    }
+    uint32_t last;
+    memcpy(&last, packed + 1 + 4 * (WORDS - 1), 4);
+    KT_CHECK((last >> 20) == 0, "padding nibbles past column %d are not 0: word %08x", COLS, last);
+}
+
 int main(void)
 {
     KT_RUN(fp8_e4m3_all_256_codes_match_the_ofp8_definition);
@@ -380,5 +538,8 @@ int main(void)
     KT_RUN(mxfp4_hf_rows_match_the_definition);
     KT_RUN(mxfp4_gguf_blocks_match_ggml);
     KT_RUN(bf16_rows_widen_exactly);
+    KT_RUN(fp8_e4m3_encoder_rounds_to_the_nearest_code_ties_to_even);
+    KT_RUN(fp8_block_stripe_encoder_meets_its_bound);
+    KT_RUN(int4_pack_encoder_round_trips_within_half_a_scale);
     return kt_test_finish();
 }

@@ -60,6 +60,16 @@ static void usage(FILE *out)
             "  --embd-type T         token_embd\n"
             "  --output-type T       output (lm_head)\n"
             "  --dense-type T        every matrix but the routed experts; the options above override it\n"
+            "  --format gguf|hf      gguf (default): one GGUF file; hf: a Hugging Face checkpoint\n"
+            "                        directory (-o DIR, default <preset>-hf; new or empty) of the same\n"
+            "                        random model: config.json, safetensors shards and index,\n"
+            "                        tokenizer.json, tokenizer_config.json\n"
+            "  --hf-weights W        how --format hf stores weights: bf16 (everything BF16), fp8 (block\n"
+            "                        FP8 128x128 in the layers, like DeepSeek-V3) or int4-experts\n"
+            "                        (compressed-tensors INT4 g32 routed experts, the rest BF16, like\n"
+            "                        Kimi-K2-Thinking).  Default: int4-experts for Kimi presets, fp8 for\n"
+            "                        DeepSeek-V3's\n"
+            "  --hf-shard-mib N      --format hf shard size limit in MiB (default 4096)\n"
             "  --header-only         write the header (metadata, tensor table) and leave the data a\n"
             "                        hole: the file has its full size but takes ~1 MB on disk (on a\n"
             "                        file system with sparse files) and every weight reads as zero.\n"
@@ -92,6 +102,8 @@ struct synth_options {
     uint32_t layers, experts, threads, merges;
     uint64_t seed;
     double skew, skew_max, route_input;
+    const char *format, *hf_weights;
+    uint32_t hf_shard_mib;
     bool seed_given, skew_given, route_skew_given, route_input_given, merges_given, quiet, header_only;
 };
 
@@ -187,6 +199,22 @@ static bool opt_dense_type(void *o, const char *arg, char *why, size_t ws)
     return type_option("--dense-type", arg, &OPTS(o)->dense_type, why, ws);
 }
 
+static bool opt_format(void *o, const char *arg, char *why, size_t ws)
+{
+    static const char *const formats[] = {"gguf", "hf"};
+    OPTS(o)->format = arg;
+    return kt_cli_choice_arg("--format", arg, formats, 2, why, ws) >= 0;
+}
+
+static bool opt_hf_weights(void *o, const char *arg, char *why, size_t ws)
+{
+    static const char *const weights[] = {"bf16", "fp8", "int4-experts"};
+    OPTS(o)->hf_weights = arg;
+    return kt_cli_choice_arg("--hf-weights", arg, weights, 3, why, ws) >= 0;
+}
+
+KT_CLI_U32_OPTION(opt_hf_shard_mib, hf_shard_mib, 1, 1u << 20, "--hf-shard-mib", "MiB per shard")
+
 static bool opt_header_only(void *o, const char *arg, char *why, size_t ws)
 {
     (void)arg, (void)why, (void)ws;
@@ -220,6 +248,9 @@ static const struct kt_cli_option options_table[] = {
     {"--embd-type", NULL, "T", 0, "", opt_embd_type},
     {"--output-type", NULL, "T", 0, "", opt_output_type},
     {"--dense-type", NULL, "T", 0, "", opt_dense_type},
+    {"--format", NULL, "gguf|hf", 0, "", opt_format},
+    {"--hf-weights", NULL, "W", 0, "", opt_hf_weights},
+    {"--hf-shard-mib", NULL, "N", 0, "", opt_hf_shard_mib},
     {"--header-only", NULL, NULL, 0, "", opt_header_only},
     {"--quiet", "-q", NULL, 0, "", opt_quiet},
 };
@@ -243,6 +274,18 @@ int main(int argc, char **argv)
                                               "deepseek-v3-slice");
     if (o.skew_given && o.route_skew_given)
         return kt_cli_usage_error(&cli, "%s", "--skew and --route-skew both set the router skew: give one");
+
+    const bool hf = o.format && strcmp(o.format, "hf") == 0;
+    if (!hf && (o.hf_weights || o.hf_shard_mib))
+        return kt_cli_usage_error(&cli, "%s", "--hf-weights and --hf-shard-mib apply to --format hf only");
+    if (hf && o.header_only)
+        return kt_cli_usage_error(&cli, "%s", "--header-only writes a GGUF file: it does not go with --format hf");
+    if (hf && o.dense_type)
+        return kt_cli_usage_error(&cli, "%s", "--dense-type sets GGUF types: with --format hf give --hf-weights");
+    for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++)
+        if (hf && o.role_type[r])
+            return kt_cli_usage_error(&cli, "%s", "the --*-type options set GGUF types: with --format hf give "
+                                                  "--hf-weights");
 
     kt_err err = {0};
     struct kt_synth_config cfg;
@@ -278,7 +321,7 @@ int main(int argc, char **argv)
 
     char default_path[64];
     if (!output) {
-        snprintf(default_path, sizeof default_path, "%s.gguf", cfg.preset);
+        snprintf(default_path, sizeof default_path, hf ? "%s-hf" : "%s.gguf", cfg.preset);
         output = default_path;
     }
 
@@ -299,6 +342,36 @@ int main(int argc, char **argv)
 
     double t0 = now_s();
     struct kt_progress *progress = NULL;
+    if (hf) {
+        struct kt_synth_hf_options ho = {kt_synth_hf_default_weights(&cfg),
+                                         (uint64_t)(o.hf_shard_mib ? o.hf_shard_mib : 4096) << 20};
+        if (o.hf_weights && kt_synth_hf_weights_parse(o.hf_weights, &ho.weights, &err) != KT_OK) {
+            kt_synth_plan_destroy(plan);
+            return kt_cli_usage_error(&cli, "%s", err.msg);
+        }
+        char label[96];
+        snprintf(label, sizeof label, "kt-synth %s", output);
+        uint64_t bytes = 0;
+        uint32_t shards = 0;
+        s = kt_synth_hf_size(plan, &ho, &bytes, &shards, &err);
+        progress = quiet || s != KT_OK ? NULL : kt_progress_create(stderr, label, bytes, KT_PROGRESS_AUTO);
+        if (s == KT_OK)
+            s = kt_synth_write_hf(plan, output, &ho, progress, &bytes, &shards, &err);
+        if (s == KT_OK)
+            kt_progress_finish(progress);
+        kt_progress_destroy(progress);
+        kt_synth_plan_destroy(plan);
+        if (s != KT_OK) {
+            fprintf(stderr, "kt-synth: %s\n", err.msg);
+            return s == KT_ERR_INVALID ? 2 : 1;
+        }
+        char size[32];
+        kt_format_bytes(size, sizeof size, bytes);
+        static const char *const weights[] = {"bf16", "fp8", "int4-experts"};
+        printf("wrote %s/: %s weights, %" PRIu64 " tensor bytes (%s) in %u shard%s, %.2f s\n", output,
+               weights[ho.weights], bytes, size, shards, shards == 1 ? "" : "s", now_s() - t0);
+        return 0;
+    }
     if (header_only) {
         s = kt_synth_write_header_only(plan, output, &err);
     } else {

@@ -156,4 +156,38 @@ uint32_t kt_synth_file_type(int t);
 kt_status kt_synth_expert_ranks(const struct kt_synth_plan *plan, uint32_t layer, uint32_t *rank_of_expert,
                                 kt_err *err);
 
+/* ---- Hugging Face checkpoint directories (hf.c) ---- */
+
+/* How --format hf stores the weights (norms BF16 and e_score_correction_bias
+ * F32 in every mode; embed_tokens, lm_head and the router BF16). */
+enum kt_synth_hf_weights {
+    KT_SYNTH_HF_BF16,         /* every linear BF16, no quantization_config */
+    KT_SYNTH_HF_FP8,          /* DeepSeek-V3: every linear of the layers block FP8 (128 x 128, E4M3) */
+    KT_SYNTH_HF_INT4_EXPERTS, /* Kimi-K2-Thinking: routed experts INT4 pack-quantized (group 32), the rest BF16 */
+};
+
+struct kt_synth_hf_options {
+    enum kt_synth_hf_weights weights;
+    uint64_t shard_bytes;     /* a shard holds modules up to this size (a bigger module: a shard of its own) */
+};
+
+/* "bf16", "fp8" or "int4-experts"; KT_ERR_INVALID naming the choices otherwise. */
+kt_status kt_synth_hf_weights_parse(const char *name, enum kt_synth_hf_weights *out, kt_err *err);
+
+/* The real family's storage: int4-experts for Kimi-K2 presets, fp8 for DeepSeek-V3's. */
+enum kt_synth_hf_weights kt_synth_hf_default_weights(const struct kt_synth_config *cfg);
+
+/* The tensor bytes and shard count kt_synth_write_hf will write. */
+kt_status kt_synth_hf_size(const struct kt_synth_plan *plan, const struct kt_synth_hf_options *opt,
+                           uint64_t *total_bytes, uint32_t *n_shards, kt_err *err);
+
+/* Writes the plan's model, the same values as its GGUF file (same seed), into
+ * dir as a Hugging Face checkpoint: config.json, model.safetensors.index.json,
+ * model-0000K-of-0000N.safetensors, tokenizer.json, tokenizer_config.json.
+ * dir must be new or empty (KT_ERR_INVALID otherwise); on failure the files
+ * written are removed again.  Memory stays at a few stripes of 128 rows.
+ * total_bytes and n_shards (may be NULL) get the tensor bytes and shards. */
+kt_status kt_synth_write_hf(const struct kt_synth_plan *plan, const char *dir, const struct kt_synth_hf_options *opt,
+                            struct kt_progress *progress, uint64_t *total_bytes, uint32_t *n_shards, kt_err *err);
+
 #endif
