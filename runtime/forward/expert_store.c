@@ -755,22 +755,33 @@ static const struct slab *matrix_slab(const struct store_layer *sl, int matrix, 
     return NULL;
 }
 
+/* A layer copy's mappings, one per node (slices or whole experts): unmapped; their bytes. */
+static void unmap_nodes(uint8_t *const base[KT_EXPERT_MAX_NODES], const size_t bytes[KT_EXPERT_MAX_NODES])
+{
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        if (base[n])
+            munmap(base[n], bytes[n]);
+}
+
+static uint64_t nodes_bytes(const size_t bytes[KT_EXPERT_MAX_NODES])
+{
+    uint64_t sum = 0;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        sum += bytes[n];
+    return sum;
+}
+
 void kt_layer_slices_discard(struct kt_layer_slices *c)
 {
     if (!c)
         return;
-    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
-        if (c->base[n])
-            munmap(c->base[n], c->map_bytes[n]);
+    unmap_nodes(c->base, c->map_bytes);
     free(c);
 }
 
 uint64_t kt_layer_slices_bytes(const struct kt_layer_slices *c)
 {
-    uint64_t bytes = 0;
-    for (int n = 0; c && n < KT_EXPERT_MAX_NODES; n++)
-        bytes += c->map_bytes[n];
-    return bytes;
+    return c ? nodes_bytes(c->map_bytes) : 0;
 }
 
 kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
@@ -892,19 +903,14 @@ void kt_layer_whole_discard(struct kt_layer_whole *c)
 {
     if (!c)
         return;
-    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
-        if (c->base[n])
-            munmap(c->base[n], c->map_bytes[n]);
+    unmap_nodes(c->base, c->map_bytes);
     free(c->home), free(c->slot);
     free(c);
 }
 
 uint64_t kt_layer_whole_bytes(const struct kt_layer_whole *c)
 {
-    uint64_t bytes = 0;
-    for (int n = 0; c && n < KT_EXPERT_MAX_NODES; n++)
-        bytes += c->map_bytes[n];
-    return bytes;
+    return c ? nodes_bytes(c->map_bytes) : 0;
 }
 
 kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes,

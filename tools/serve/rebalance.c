@@ -457,41 +457,29 @@ static void round_once(struct kt_server *s)
             continue;
         if (!wait_untouched(sp, mv))
             break;
-        struct kt_expert_copy *copy = NULL;
-        struct kt_layer_slices *slices = NULL;
-        if (mv->kind == KT_MOVE_LAYER_SLICE) { /* every expert's shares, here, while steps run */
-            if (kt_engine_layer_slice_copy(s->engine, mv->layer, &slices, &err) != KT_OK) {
+        if (mv->kind == KT_MOVE_LAYER_SLICE || mv->kind == KT_MOVE_LAYER_WHOLE) {
+            /* every expert cut into the nodes' shares, or put back together on its target node: here,
+             * while steps run */
+            const bool slice = mv->kind == KT_MOVE_LAYER_SLICE;
+            struct handoff h = {*mv, NULL, NULL, NULL};
+            if ((slice ? kt_engine_layer_slice_copy(s->engine, mv->layer, &h.slices, &err)
+                       : whole_copy(s, cur, plan->placement, mv->layer, &h.whole, &err)) != KT_OK) {
                 char what[64];
-                snprintf(what, sizeof what, "slicing layer %u", mv->layer);
+                snprintf(what, sizeof what, "%s layer %u%s", slice ? "slicing" : "making", mv->layer,
+                         slice ? "" : " whole");
                 note_error(sp, what, &err);
                 pthread_mutex_lock(&sp->mu);
                 log_move(sp, mv, 0, 0, false);
                 pthread_mutex_unlock(&sp->mu);
                 continue;
             }
-            if (!hand_off(sp, (struct handoff){*mv, NULL, slices, NULL}, budget))
+            if (!hand_off(sp, h, budget))
                 break;
             handed++;
             kt_sched_poke(s->sched); /* made between two steps, or at once on an idle server */
             continue;
         }
-        if (mv->kind == KT_MOVE_LAYER_WHOLE) { /* every expert put back together on its target node, here */
-            struct kt_layer_whole *whole = NULL;
-            if (whole_copy(s, cur, plan->placement, mv->layer, &whole, &err) != KT_OK) {
-                char what[64];
-                snprintf(what, sizeof what, "making layer %u whole", mv->layer);
-                note_error(sp, what, &err);
-                pthread_mutex_lock(&sp->mu);
-                log_move(sp, mv, 0, 0, false);
-                pthread_mutex_unlock(&sp->mu);
-                continue;
-            }
-            if (!hand_off(sp, (struct handoff){*mv, NULL, NULL, whole}, budget))
-                break;
-            handed++;
-            kt_sched_poke(s->sched);
-            continue;
-        }
+        struct kt_expert_copy *copy = NULL;
         /* the CPU copy goes to its new node here, while steps run (a new replica's to its node) */
         /* (a row-sliced layer holds every expert's rows on its nodes: one off the device needs no copy) */
         const bool copies = mv->kind == KT_MOVE_REPLICA_ADD ||
@@ -631,6 +619,19 @@ static void make_replica_move(struct kt_server *s, const struct handoff *h)
                 mv->expert, mv->node, want ? "is not added" : "stays", err.msg);
 }
 
+/* A layer move's end (mu held, released here): logged, ok when the switch
+ * left the layer as the move wanted; a failure noted and said. */
+static void end_layer_move(struct kt_serve_placement *sp, const struct kt_move *mv, kt_status st, bool done,
+                           const kt_err *err, const char *doing, const char *stays)
+{
+    log_move(sp, mv, 0, 0, st == KT_OK && done);
+    if (st != KT_OK)
+        snprintf(sp->last_error, sizeof sp->last_error, "%s layer %u: %.200s", doing, mv->layer, err->msg);
+    pthread_mutex_unlock(&sp->mu);
+    if (st != KT_OK)
+        fprintf(stderr, "kt-serve: rebalancer: layer %u stays %s: %s\n", mv->layer, stays, err->msg);
+}
+
 /* Slices a layer on the engine (scheduler thread, between steps): the live
  * placement's layer becomes sliced, its replicas gone, each node holding
  * its share of every CPU expert. */
@@ -666,12 +667,7 @@ static void make_slice_move(struct kt_server *s, const struct handoff *h)
         }
         L->cpu_sliced = true;
     }
-    log_move(sp, mv, 0, 0, st == KT_OK && sliced);
-    if (st != KT_OK)
-        snprintf(sp->last_error, sizeof sp->last_error, "slicing layer %u: %.200s", mv->layer, err.msg);
-    pthread_mutex_unlock(&sp->mu);
-    if (st != KT_OK)
-        fprintf(stderr, "kt-serve: rebalancer: layer %u stays whole: %s\n", mv->layer, err.msg);
+    end_layer_move(sp, mv, st, sliced, &err, "slicing", "whole");
 }
 
 /* Makes a sliced layer whole on the engine (scheduler thread, between steps):
@@ -703,12 +699,7 @@ static void make_whole_move(struct kt_server *s, const struct handoff *h)
         }
         L->cpu_sliced = false;
     }
-    log_move(sp, mv, 0, 0, st == KT_OK && whole);
-    if (st != KT_OK)
-        snprintf(sp->last_error, sizeof sp->last_error, "making layer %u whole: %.200s", mv->layer, err.msg);
-    pthread_mutex_unlock(&sp->mu);
-    if (st != KT_OK)
-        fprintf(stderr, "kt-serve: rebalancer: layer %u stays sliced: %s\n", mv->layer, err.msg);
+    end_layer_move(sp, mv, st, whole, &err, "making whole", "sliced");
 }
 
 /* Makes one move on the engine; false when the step's one upload is spent
