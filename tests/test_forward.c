@@ -48,7 +48,7 @@ static const int32_t prompt[PROMPT_LEN + 8] = {1, 17, 300, 42, 999, 5, 77, 512, 
 
 /* ---- models ---------------------------------------------------------------------------- */
 
-enum { TINY, TINY_V3, TINY_Q8, TINY_Q4K, TINY_MIXED, TINY_FUSED, TINY_GATE_UP, N_MODELS };
+enum { TINY, TINY_V3, TINY_Q8, TINY_Q4K, TINY_MIXED, TINY_FUSED, TINY_GATE_UP, TINY_MXFP4, N_MODELS };
 static const char *model_args[N_MODELS] = {
     "--preset tiny",
     "--preset tiny-v3",
@@ -57,9 +57,11 @@ static const char *model_args[N_MODELS] = {
     "--preset tiny --experts-type q4_k --dense-type q8_0", /* the slices' mix: Q8_K and Q8_0 activations */
     NULL, /* the variants are rewritten from TINY by make_variant */
     NULL,
+    "--preset tiny --experts-type mxfp4", /* GGUF's MXFP4 experts (type 39) */
 };
 static const char *model_names[N_MODELS] = {"tiny",         "tiny-v3",         "tiny-q8_0",        "tiny-q4_k",
-                                            "tiny-q4_k+q8_0", "tiny-fused-kv_b", "tiny-gate_up_exps"};
+                                            "tiny-q4_k+q8_0", "tiny-fused-kv_b", "tiny-gate_up_exps",
+                                            "tiny-mxfp4"};
 static char model_paths[N_MODELS][1024];
 static struct kt_model *models[N_MODELS];
 
@@ -507,13 +509,16 @@ static void compare_twin(int which, struct agreement vs_f32, struct agreement vs
  * minimum sits where a near tie in routing flips an expert (position 0 of
  * q8_0: margin 0.0026 in layer 2); bounds leave room for such flips only.
  * Mixing formats (q4_k experts, q8_0 elsewhere, as the slices and real
- * Q4_K_M files do) must not cost more than either alone. */
+ * Q4_K_M files do) must not cost more than either alone.  mxfp4 experts
+ * (GGUF type 39, E2M1 with a power-of-two scale per 32): 0.9964 / 0.9925 vs
+ * f32, 0.999994 vs its reference. */
 static void twins_agree_within_stated_tolerances(void)
 {
     const struct agreement own = {0.999, 0.99, 0.9};
     compare_twin(TINY_Q8, (struct agreement){0.999, 0.99, 0.9}, own);
     compare_twin(TINY_Q4K, (struct agreement){0.98, 0.95, 0.75}, own);
     compare_twin(TINY_MIXED, (struct agreement){0.98, 0.95, 0.75}, own);
+    compare_twin(TINY_MXFP4, (struct agreement){0.99, 0.98, 0.75}, own);
 }
 
 /* ---- (e) routing ---------------------------------------------------------------------------- */
