@@ -6,7 +6,8 @@
  * class to the bytes computed here from the shapes; a missing expert matrix,
  * a wrong shape, FP8 weights without scales or in an INT4 checkpoint, a
  * scale grid of the wrong size, an INT4 weight_shape that disagrees and a
- * module stored twice are refused naming the tensor.
+ * module stored twice are refused naming the tensor.  kt_model_open given a
+ * checkpoint directory describes it and refuses it for now.
  *
  * The shards are written sparse (header, then a hole): only headers and
  * weight_shape values are read, never a weight.
@@ -344,11 +345,37 @@ static void bad_checkpoints_are_refused_naming_the_tensor(void)
     free(c.e);
 }
 
+/* kt_model_open on a directory: a checkpoint is described (name, layers,
+ * experts, format, bytes) and refused for now; another directory says why
+ * it is none. */
+static void a_model_path_that_is_a_checkpoint_is_described(void)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", kt_test_path("hf-describe"));
+    kt_test_system("rm -rf '%s'", dir);
+    KT_CHECK(kt_test_system("%s --preset tiny --format hf --hf-weights int4-experts -q -o '%s' >/dev/null 2>&1",
+                            kt_test_tool("kt-synth"), dir) == 0,
+             "kt-synth --format hf");
+    struct kt_model *m = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_model_open(dir, &m, &err) == KT_ERR_UNSUPPORTED && !m && strstr(err.msg, "a Hugging Face checkpoint") &&
+                 strstr(err.msg, "4 layers, 32 experts (8 used), compressed-tensors INT4") &&
+                 strstr(err.msg, "in 1 shard") && strstr(err.msg, "give a GGUF file"),
+             "%s", err.msg);
+    kt_test_system("rm -rf '%s'", dir);
+    mkdir(dir, 0755);
+    KT_CHECK(kt_model_open(dir, &m, &err) == KT_ERR_UNSUPPORTED && !m && strstr(err.msg, "not a checkpoint") &&
+                 strstr(err.msg, "config.json"),
+             "an empty directory: %s", err.msg);
+    rmdir(dir);
+}
+
 int main(void)
 {
     if (tiny_hparams()) {
         KT_RUN(checkpoints_are_matched_and_summed_by_class);
         KT_RUN(bad_checkpoints_are_refused_naming_the_tensor);
+        KT_RUN(a_model_path_that_is_a_checkpoint_is_described);
     }
     return kt_test_finish();
 }

@@ -16,6 +16,7 @@
  */
 #include "hf_tensors.h"
 
+#include "gguf.h"
 #include "safetensors.h"
 
 #include <inttypes.h>
@@ -269,4 +270,38 @@ kt_status kt_hf_inventory(const struct kt_st_dir *dir, const struct kt_hparams *
     inv->n_unused = dir->n_tensors - inv->n_used;
     inv->unused_bytes = all - used;
     return KT_OK;
+}
+
+/* ---- what a directory is, for a tool given one ---------------------------------------------- */
+
+kt_status kt_hf_describe(const char *dir, char *out, size_t out_size, kt_err *err)
+{
+    struct kt_gguf *meta = NULL;
+    struct kt_st_dir *d = NULL;
+    struct kt_hf_quant q;
+    struct kt_hparams hp;
+    struct kt_hf_inventory inv;
+    kt_status st = kt_hf_config_read(dir, &meta, &q, err);
+    if (st == KT_OK)
+        st = kt_hparams_read(meta, &hp, err);
+    if (st == KT_OK)
+        st = kt_st_open_dir(dir, &d, err);
+    if (st == KT_OK)
+        st = kt_hf_inventory(d, &hp, &q, &inv, err);
+    if (st == KT_OK) {
+        struct kt_gguf_str name = {0};
+        kt_err e2 = {0};
+        kt_gguf_get_str(meta, "general.name", &name, &e2);
+        uint64_t bytes = 0;
+        for (int c = 0; c < KT_CLASS_COUNT; c++)
+            bytes += inv.class_bytes[c];
+        static const char *const formats[] = {"unquantized", "block FP8", "compressed-tensors INT4", "MXFP4"};
+        snprintf(out, out_size, "%.*s: %u layers, %u experts (%u used), %s, %.2f GiB in %u shard%s (routed experts "
+                 "%.2f GiB)", (int)(name.len < 96 ? name.len : 96), name.ptr, hp.n_layer, hp.n_expert,
+                 hp.n_expert_used, formats[q.format], (double)bytes / (1u << 30), d->n_shards,
+                 d->n_shards == 1 ? "" : "s", (double)inv.class_bytes[KT_CLASS_ROUTED_EXPERTS] / (1u << 30));
+    }
+    kt_st_close(d);
+    kt_gguf_close(meta);
+    return st;
 }

@@ -58,4 +58,9 @@ kt_status kt_hf_find_linear(const struct kt_st_dir *dir, const struct kt_hf_quan
 kt_status kt_hf_inventory(const struct kt_st_dir *dir, const struct kt_hparams *hp, const struct kt_hf_quant *q,
                           struct kt_hf_inventory *inv, kt_err *err);
 
+/* One line on the checkpoint in DIR (name, layers, experts, weight format,
+ * bytes, shards), having read its config and checked its tensors: for a
+ * tool handed a directory it cannot load yet. */
+kt_status kt_hf_describe(const char *dir, char *out, size_t out_size, kt_err *err);
+
 #endif

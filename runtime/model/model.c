@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "hf_tensors.h"
 #include "quant.h"
 
 #define KEY(k) "deepseek2." k
@@ -878,6 +880,17 @@ fail:
 kt_status kt_model_open(const char *path, struct kt_model **out, kt_err *err)
 {
     *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face checkpoint, perhaps */
+        char what[400];
+        kt_err e2 = {0};
+        if (kt_hf_describe(path, what, sizeof what, &e2) != KT_OK)
+            return kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: a directory, and not a checkpoint kt can read: %s", path,
+                              e2.msg);
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: a Hugging Face checkpoint (%s): kt reads its config, "
+                          "tensors and tokenizer but cannot run a model from a directory yet; give a GGUF file", path,
+                          what);
+    }
     struct kt_gguf *g;
     kt_status st = kt_gguf_open(path, &g, err);
     if (st != KT_OK)
