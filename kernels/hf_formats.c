@@ -305,3 +305,29 @@ void kt_int4_pack_row_from_f32(const float *w, int64_t cols, int64_t group_size,
         }
     }
 }
+
+/* ---- INT4 pack-quantized as Q4_0 ------------------------------------------------------ */
+
+bool kt_q4_0_from_int4_row(const void *weight_packed, const void *weight_scale, int64_t cols, int64_t row, void *dst)
+{
+    if (cols <= 0 || cols % 32 != 0 || row < 0)
+        return false;
+    const int64_t words = cols / 8, groups = cols / 32;
+    const uint8_t *packed = (const uint8_t *)weight_packed + (size_t)(row * words) * 4; /* (rows, words) I32 */
+    const uint8_t *scale = (const uint8_t *)weight_scale + (size_t)(row * groups) * 2;  /* (rows, groups) BF16 */
+    struct kt_block_q4_0 *out = dst;
+    for (int64_t g = 0; g < groups; g++) {
+        const float s = load_bf16(scale + (size_t)g * 2);
+        const kt_fp16 d = kt_fp32_to_fp16(s);
+        if (!isfinite(s) || kt_fp16_to_fp32(d) != s) /* the scale must survive as FP16 exactly */
+            return false;
+        struct kt_block_q4_0 b = {.d = d};
+        for (int j = 0; j < 32; j++) { /* element c of the group: word c / 8, nibble c % 8; Q4_0: j low, j + 16 high */
+            const int64_t c = g * 32 + j;
+            const uint8_t nib = (uint8_t)((load_u32(packed + (size_t)(c / 8) * 4) >> (4 * (c % 8))) & 0xfu);
+            b.qs[j % 16] |= (uint8_t)(j < 16 ? nib : nib << 4);
+        }
+        memcpy(&out[g], &b, sizeof b);
+    }
+    return true;
+}

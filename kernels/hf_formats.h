@@ -99,6 +99,18 @@ bool kt_fp8_b128_from_hf(const void *weight, const void *weight_scale_inv, int64
  * no NaN codes, the precondition of every FP8_B128 kernel. */
 bool kt_fp8_b128_check_row(const void *row, int64_t n);
 
+/* ---- compressed-tensors INT4 as Q4_0 --------------------------------------------- */
+
+/* Row `row` of an INT4 pack-quantized tensor with group size 32 (weight_packed
+ * (rows, cols/8) I32, weight_scale (rows, cols/32) BF16) as cols/32 Q4_0 blocks
+ * at dst: each nibble (q + 8) kept, the group's scale as the block's FP16 d, so
+ * Q4_0's d * (nibble - 8) is q * scale bit for bit.  False (dst unspecified)
+ * when cols is not a positive multiple of 32 or a scale is not exactly an FP16
+ * value (not finite, past 65504, or below 2^-17 where FP16 subnormals drop
+ * BF16's bits): a loader must then keep another form, never round. */
+bool kt_q4_0_from_int4_row(const void *weight_packed, const void *weight_scale, int64_t cols, int64_t row,
+                           void *dst);
+
 /* ---- encoders: F32 to the native formats (kt-synth's HF directories) ------------ */
 
 /* F32 to OCP E4M3 (e4m3fn), rounded to nearest, ties to even, saturating:

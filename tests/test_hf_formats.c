@@ -10,6 +10,7 @@
  * vectors that pin which nibble is which element.
  */
 #include "hf_formats.h"
+#include "quant.h"
 #include "testlib.h"
 
 #include <float.h>
@@ -199,6 +200,58 @@ static void int4_pack_rows_match_the_definition(void)
         free(scales);
         free(out);
     }
+}
+
+/* kt_q4_0_from_int4_row: Q4_0's d * (nibble - 8) is q * scale bit for bit
+ * for every scale FP16 holds exactly (normals, and subnormals from 2^-17 up
+ * with their 7 BF16 mantissa bits); a scale FP16 would round (below 2^-17,
+ * past 65504, not finite) or a width not a multiple of 32 is refused. */
+static void int4_rows_become_q4_0_exactly_or_are_refused(void)
+{
+    const int64_t rows = 3, cols = 96, groups = cols / 32;
+    unsigned long long state = 23;
+    int8_t q[3 * 96];
+    uint8_t packed[3 * 12 * 4 + 1], scales[3 * 3 * 2 + 1];
+    for (int64_t i = 0; i < rows * cols; i++)
+        q[i] = (int8_t)((int)(kt_test_rand_u64(&state) % 16) - 8);
+    pack_int4(q, rows, cols, 0, packed + 1);
+    /* BF16 scales of exponents 2^-17 .. 2^15 (biased 110 .. 142), any mantissa, either sign */
+    for (int64_t i = 0; i < rows * groups; i++) {
+        uint16_t h = (uint16_t)((kt_test_rand_u64(&state) & 0x807f) | ((110 + kt_test_rand_u64(&state) % 33) << 7));
+        memcpy(scales + 1 + i * 2, &h, 2);
+    }
+    const uint16_t smallest = (uint16_t)(110u << 7 | 0x01); /* (1 + 2^-7) 2^-17: 129 FP16 subnormal steps */
+    memcpy(scales + 1, &smallest, 2);
+    struct kt_block_q4_0 blocks[3];
+    float want[96], got[96];
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const bool ok = kt_q4_0_from_int4_row(packed + 1, scales + 1, cols, r, blocks);
+        KT_CHECK(ok, "row %lld refused", (long long)r);
+        kt_int4_pack_row_to_f32(packed + 1, scales + 1, cols, 32, r, want);
+        kt_type_traits(KT_TYPE_Q4_0)->to_float(blocks, got, cols);
+        for (int64_t c = 0; ok && c < cols; c++)
+            bad += !same(got[c], want[c]);
+    }
+    KT_CHECK(bad == 0, "%d of %lld values differ from the INT4 decoding", bad, (long long)(rows * cols));
+    static const struct {
+        uint16_t scale;
+        const char *what;
+    } refused[] = {
+        {(uint16_t)(109u << 7 | 0x01), "(1 + 2^-7) 2^-18: below FP16's last bit"},
+        {(uint16_t)(143u << 7), "2^16: past FP16's range"},
+        {0x7f80, "infinity"},
+        {0x7fc0, "NaN"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        uint8_t s[6];
+        memcpy(s, scales + 1, 6);
+        memcpy(s + 2, &refused[i].scale, 2);
+        KT_CHECK(!kt_q4_0_from_int4_row(packed + 1, s, cols, 0, blocks), "a scale of %s taken", refused[i].what);
+    }
+    KT_CHECK(!kt_q4_0_from_int4_row(packed + 1, scales + 1, 48, 0, blocks) &&
+                 !kt_q4_0_from_int4_row(packed + 1, scales + 1, 0, 0, blocks),
+             "widths not a positive multiple of 32 taken");
 }
 
 /* ---- FP8 with block scales --------------------------------------------------------------- */
@@ -532,6 +585,7 @@ int main(void)
     KT_RUN(e8m0_all_256_codes_match_the_mx_definition);
     KT_RUN(int4_pack_nibble_order_is_low_nibble_first_offset_8);
     KT_RUN(int4_pack_rows_match_the_definition);
+    KT_RUN(int4_rows_become_q4_0_exactly_or_are_refused);
     KT_RUN(fp8_block_rows_match_the_definition);
     KT_RUN(fp8_block_scale_follows_row_and_column_blocks);
     KT_RUN(mxfp4_hf_low_nibble_is_the_even_element);
