@@ -802,25 +802,6 @@ static void fp8_b128_to_float(const void *src, float *dst, int64_t n)
         dst[i] = kt_fp8_e4m3_to_f32(x[i / KT_QK_FP8].q[i % KT_QK_FP8]) * x[i / KT_QK_FP8].d;
 }
 
-/* The E4M3 code nearest to v (to nearest even; |v| >= 448 saturates to 448). */
-static uint8_t e4m3_nearest(float v)
-{
-    const uint8_t sign = v < 0.0f ? 0x80u : 0u;
-    const float a = fabsf(v);
-    if (a >= 448.0f)
-        return sign | 0x7eu;
-    if (a < 0x1p-6f) /* subnormal m * 2^-9, m = 8 carries into the smallest normal */
-        return sign | (uint8_t)nearbyintf(a * 512.0f);
-    int k;
-    const float f = frexpf(a, &k); /* a = (2f) * 2^(k-1), 2f in [1, 2) */
-    int exp = k - 1 + 7, mant = (int)nearbyintf((2.0f * f - 1.0f) * 8.0f);
-    if (mant == 8) {
-        mant = 0;
-        exp++;
-    }
-    return sign | (uint8_t)(exp << 3 | mant);
-}
-
 /* Per block of 128: d = amax / 448, q = the code nearest to x / d. */
 static void fp8_b128_from_float(const float *src, void *dst, int64_t n)
 {
@@ -832,7 +813,7 @@ static void fp8_b128_from_float(const float *src, void *dst, int64_t n)
             amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
         struct kt_block_fp8_b128 b = {.d = amax > 0.0f ? amax / 448.0f : 1.0f};
         for (int j = 0; j < KT_QK_FP8; j++)
-            b.q[j] = e4m3_nearest(x[j] / b.d);
+            b.q[j] = kt_f32_to_fp8_e4m3(x[j] / b.d); /* nearest, ties to even, saturating (hf_formats.h) */
         memcpy(&y[i], &b, sizeof b);
     }
 }
