@@ -590,8 +590,17 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                         d.device->name ? d.device->name : "unnamed");
         goto fail;
     }
-    if (d.reference) /* every weight read in place, in its GGUF rows */
-        e->test.experts_in_place = e->test.keep_gguf_layout = true;
+    /* every weight read in its GGUF rows: in place, or for a checkpoint's
+     * experts (which are never in memory whole) the store's copy of them */
+    if (d.reference)
+        e->test.experts_in_place = !kt_model_experts_streamed(m), e->test.keep_gguf_layout = true;
+    if (e->test.experts_in_place && kt_model_experts_streamed(m)) {
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: a checkpoint's experts are read into the expert store, not "
+                        "used in place");
+        goto fail;
+    }
+    if ((st = kt_model_weights_ready(m, err)) != KT_OK)
+        goto fail;
     /* each limit named with the value that broke it */
     if (d.n_ctx > (1u << 24))
         st = kt_err_set(err, KT_ERR_INVALID, "engine: n_ctx %u is more than %u positions per sequence: lower it",
