@@ -18,6 +18,7 @@
  *    read into a store in their GGUF rows) and a CPU-only and a sim-device
  *    candidate agree at divergence 0, and a second engine made from the same
  *    model reads the same weights;
+ *  - kt-run (--info, a prompt, a dry run of a plan), kt-place take a directory;
  *  - an INT4 scale FP16 cannot hold exactly refuses the load, naming the tensor.
  */
 #include <fcntl.h>
@@ -382,6 +383,41 @@ static void an_int4_scale_fp16_cannot_hold_refuses_the_load(void)
     kt_model_close(m);
 }
 
+/* ---- the tools: -m DIR wherever -m FILE.gguf goes ------------------------------------------- */
+
+static void the_tools_take_a_directory(void)
+{
+    char out[1100];
+    snprintf(out, sizeof out, "%s", kt_test_path("hf-model-tool.out"));
+    size_t n = 0;
+    const char *dir = paths[DIR_FP8];
+    KT_CHECK(kt_test_system("'%s' --info '%s' > '%s' 2>&1", kt_test_tool("kt-run"), dir, out) == 0, "kt-run --info");
+    char *text = kt_test_read_file(out, &n);
+    KT_CHECK(text && strstr(text, "checkpoint") && strstr(text, "block FP8") && strstr(text, "converted from a "
+             "checkpoint") == NULL, "kt-run --info: %s", text ? text : "(nothing)");
+    free(text);
+    KT_CHECK(kt_test_system("'%s' -m '%s' -p 'The river' -n 6 --temp 0 -t 2 > '%s' 2>&1", kt_test_tool("kt-run"), dir,
+                            out) == 0,
+             "kt-run -m DIR");
+    text = kt_test_read_file(out, &n);
+    KT_CHECK(text && strstr(text, "peak memory"), "kt-run -m DIR: %s", text ? text : "(nothing)");
+    free(text);
+    char plan[1100];
+    snprintf(plan, sizeof plan, "%s", kt_test_path("hf-model-plan.yaml"));
+    KT_CHECK(kt_test_system("'%s' -m '%s' -o '%s' > '%s' 2>&1", kt_test_tool("kt-place"), dir, plan, out) == 0,
+             "kt-place -m DIR");
+    /* the plan names the directory's model and dry-runs against it, the checkpoint's conversions counted */
+    KT_CHECK(kt_test_system("'%s' --info --placement '%s' '%s' > '%s' 2>&1", kt_test_tool("kt-run"), plan, dir, out) ==
+                 0,
+             "kt-run --info --placement");
+    text = kt_test_read_file(out, &n);
+    KT_CHECK(text && strstr(text, "converted from a checkpoint") && strstr(text, "fits this machine: yes"),
+             "dry run: %s", text ? text : "(nothing)");
+    free(text);
+    unlink(plan);
+    unlink(out);
+}
+
 int main(void)
 {
     if (make_models()) {
@@ -389,6 +425,7 @@ int main(void)
         KT_RUN(experts_and_converted_tensors_are_the_formats_definition);
         KT_RUN(logits_match_the_gguf_within_the_formats_rounding);
         KT_RUN(check_of_a_directory_passes_at_zero_divergence);
+        KT_RUN(the_tools_take_a_directory);
         KT_RUN(an_int4_scale_fp16_cannot_hold_refuses_the_load);
     }
     for (int f = 0; f < N_FORMS; f++)

@@ -922,6 +922,15 @@ kt_status kt_model_weights_ready(const struct kt_model *m, kt_err *err)
     return m->hf ? kt_hf_weights_ready(m->hf, err) : KT_OK;
 }
 
+uint64_t kt_model_converted_bytes(const struct kt_model *m)
+{
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
+        if (m->gguf->tensors[i].source == KT_TENSOR_DEFERRED)
+            bytes += m->gguf->tensors[i].nbytes;
+    return bytes;
+}
+
 bool kt_model_experts_streamed(const struct kt_model *m)
 {
     return m->hf != NULL;

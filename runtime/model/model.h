@@ -193,6 +193,11 @@ void kt_model_close(struct kt_model *m);
  * calls it before it reads a weight. */
 kt_status kt_model_weights_ready(const struct kt_model *m, kt_err *err);
 
+/* Bytes kt_model_weights_ready converts into memory of its own (a
+ * checkpoint's deferred tensors: not file pages, so a memory check counts
+ * them); 0 for a GGUF file. */
+uint64_t kt_model_converted_bytes(const struct kt_model *m);
+
 /* True when the stacked expert tensors have no data (a checkpoint): expert x's
  * slab is only had through kt_model_read_expert. */
 bool kt_model_experts_streamed(const struct kt_model *m);
