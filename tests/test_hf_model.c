@@ -102,7 +102,9 @@ static void each_stored_form_becomes_its_kt_type(void)
     expect(bf, "blk.1.ffn_gate_exps.weight", KT_TYPE_BF16, S, "bf16 experts");
     /* tiny's E = 512 and kvr = 128 are multiples of 128, q_lora_rank 192 is not */
     expect(fp, "blk.1.attn_q_a.weight", KT_TYPE_FP8_B128, D, "fp8");
-    expect(fp, "blk.1.attn_kv_b.weight", KT_TYPE_FP8_B128, D, "fp8");
+    expect(fp, "blk.1.attn_v_b.weight", KT_TYPE_FP8_B128, D, "fp8 (kvr 128 wide rows)");
+    expect(fp, "blk.1.attn_k_b.weight", KT_TYPE_F32, D, "fp8 (tiny's dn 32: a k_b row spans no whole block)");
+    expect(bf, "blk.1.attn_k_b.weight", KT_TYPE_BF16, D, "bf16 k_b");
     expect(fp, "blk.1.attn_q_b.weight", KT_TYPE_F32, D, "fp8, 192 columns");
     expect(fp, "blk.1.ffn_down_exps.weight", KT_TYPE_FP8_B128, S, "fp8 experts");
     expect(fp, "output.weight", KT_TYPE_BF16, M, "fp8 head");
@@ -112,11 +114,19 @@ static void each_stored_form_becomes_its_kt_type(void)
     const struct kt_gguf_tensor *t = tensor(fp, "blk.1.attn_q_a.weight");
     KT_CHECK(t && !t->data, "a deferred tensor has data before the weights are made ready");
     kt_err err = {0};
-    KT_CHECK(kt_model_weights_ready(fp, &err) == KT_OK && kt_model_weights_ready(fp, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_model_weights_ready(fp, NULL, NULL, &err) == KT_OK && kt_model_weights_ready(fp, NULL, NULL, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(t && t->data, "a deferred tensor has no data after the weights are made ready");
-    /* the same class sums as the GGUF's table, by element count */
+    /* the same table as the GGUF's: names and shapes (the identity's
+     * fingerprint, so profiles and plans made on one hold for the other) and
+     * element counts */
     struct kt_model *g = open_form(GGUF_F32);
     if (g) {
+        struct kt_model_identity a, c;
+        kt_model_identity(g, &a);
+        kt_model_identity(i4, &c);
+        KT_CHECK(a.fingerprint == c.fingerprint && i4->hp.mla_split && i4->hp.n_head_kv == 1,
+                 "fingerprints %llx (gguf) vs %llx (checkpoint), split %d", (unsigned long long)a.fingerprint,
+                 (unsigned long long)c.fingerprint, (int)i4->hp.mla_split);
         KT_CHECK(g->n_params == i4->n_params && g->hp.n_vocab == i4->hp.n_vocab, "parameters %llu vs %llu",
                  (unsigned long long)g->n_params, (unsigned long long)i4->n_params);
         KT_CHECK(kt_layer_expert_bytes(i4, 1) == 3 * (uint64_t)g->hp.n_ff_exp * g->hp.n_embd / 32 * 18,
@@ -174,6 +184,39 @@ static uint64_t mismatches(const struct kt_st_dir *d, const char *module, int ty
     return bad;
 }
 
+/* attn_k_b / attn_v_b against kv_b_proj decoded: v_b row h*dv + j is kv_b
+ * row h*(dn+dv) + dn + j, k_b row h*kvr + c element i is kv_b[h*(dn+dv) + i][c]. */
+static uint64_t kv_b_mismatches(const struct kt_model *m, const struct kt_st_dir *d, uint32_t il)
+{
+    const struct kt_hparams *hp = &m->hp;
+    const int64_t dn = hp->qk_nope_dim, dv = hp->v_head_dim, H = hp->n_head, kvr = hp->kv_lora_rank;
+    const struct kt_layer *L = &m->layers[il];
+    char module[200];
+    snprintf(module, sizeof module, "model.layers.%u.self_attn.kv_b_proj", il);
+    float *row = malloc((size_t)kvr * sizeof *row), *k = malloc((size_t)dn * sizeof *k);
+    float *v = malloc((size_t)kvr * sizeof *v);
+    uint64_t bad = 0;
+    const size_t k_row = kt_type_row_bytes(L->attn_k_b->type, dn), v_row = kt_type_row_bytes(L->attn_v_b->type, kvr);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t r = 0; r < dn + dv; r++) {
+            if (!decode_row(d, module, kvr, h * (dn + dv) + r, row))
+                return 1;
+            if (r >= dn) {
+                kt_type_traits(L->attn_v_b->type)
+                    ->to_float((const uint8_t *)L->attn_v_b->data + (size_t)(h * dv + r - dn) * v_row, v, kvr);
+                bad += memcmp(v, row, (size_t)kvr * sizeof *v) != 0;
+                continue;
+            }
+            for (int64_t c = 0; c < kvr; c++) {
+                kt_type_traits(L->attn_k_b->type)
+                    ->to_float((const uint8_t *)L->attn_k_b->data + (size_t)(h * kvr + c) * k_row, k, dn);
+                bad += memcmp(&k[r], &row[c], sizeof *k) != 0;
+            }
+        }
+    free(row), free(k), free(v);
+    return bad;
+}
+
 static void experts_and_converted_tensors_are_the_formats_definition(void)
 {
     for (int f = DIR_BF16; f < N_FORMS; f++) {
@@ -181,7 +224,7 @@ static void experts_and_converted_tensors_are_the_formats_definition(void)
         struct kt_st_dir *d = NULL;
         kt_err err = {0};
         KT_CHECK(kt_st_open_dir(paths[f], &d, &err) == KT_OK, "%s", err.msg);
-        if (!m || !d || kt_model_weights_ready(m, &err) != KT_OK) {
+        if (!m || !d || kt_model_weights_ready(m, NULL, NULL, &err) != KT_OK) {
             KT_CHECK(false, "%s: %s", form_names[f], err.msg);
             kt_model_close(m), kt_st_close(d);
             continue;
@@ -217,6 +260,7 @@ static void experts_and_converted_tensors_are_the_formats_definition(void)
                               L->ffn_gate_inp->ne[1]);
             snprintf(module, sizeof module, "model.layers.%u.input_layernorm", il);
             bad += mismatches(d, module, KT_TYPE_F32, L->attn_norm->data, hp->n_embd, 1);
+            bad += kv_b_mismatches(m, d, il);
         }
         printf("     %s: %llu expert rows and each MoE layer's q_a, q_b, router and norm compared\n", form_names[f],
                (unsigned long long)rows);

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "progress.h"
 
 #define DEFAULT_CTX 4096u
 #define DEFAULT_BLOCK_TOKENS 16u
@@ -569,6 +570,23 @@ static kt_status kv_cache_create(struct kt_engine *e, kt_err *err)
     return kt_kv_cache_create(&kp, &e->kv, err);
 }
 
+static void progress_add(void *ctx, uint64_t bytes)
+{
+    kt_progress_add(ctx, bytes);
+}
+
+/* The model's converted tensors (a checkpoint's), with a progress bar of their own. */
+static kt_status weights_ready(const struct kt_model *m, FILE *out, kt_err *err)
+{
+    const uint64_t bytes = kt_model_converted_bytes(m);
+    struct kt_progress *prog = bytes ? kt_progress_create(out, "converting weights", bytes, KT_PROGRESS_AUTO) : NULL;
+    kt_status st = kt_model_weights_ready(m, prog ? progress_add : NULL, prog, err);
+    if (prog && st == KT_OK)
+        kt_progress_finish(prog);
+    kt_progress_destroy(prog);
+    return st;
+}
+
 kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p, struct kt_engine **out, kt_err *err)
 {
     *out = NULL;
@@ -599,7 +617,7 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                         "used in place");
         goto fail;
     }
-    if ((st = kt_model_weights_ready(m, err)) != KT_OK)
+    if ((st = weights_ready(m, d.progress, err)) != KT_OK)
         goto fail;
     /* each limit named with the value that broke it */
     if (d.n_ctx > (1u << 24))

@@ -8,7 +8,8 @@
  *   blk.L.attn_norm <- input_layernorm, attn_q_a / attn_q_a_norm / attn_q_b
  *   (or attn_q) <- self_attn.q_a_proj / q_a_layernorm / q_b_proj (q_proj),
  *   attn_kv_a_mqa / attn_kv_a_norm / attn_kv_b <- kv_a_proj_with_mqa /
- *   kv_a_layernorm / kv_b_proj (the fused MLA form), attn_output <- o_proj,
+ *   kv_a_layernorm, attn_k_b + attn_v_b <- kv_b_proj (split, as llama.cpp's
+ *   files are: the same table as a converted GGUF's), attn_output <- o_proj,
  *   ffn_norm <- post_attention_layernorm; dense ffn_{gate,up,down} <- mlp.*_proj;
  *   ffn_gate_inp / exp_probs_b.bias <- mlp.gate / e_score_correction_bias,
  *   ffn_{gate,up,down}_exps <- mlp.experts.X.*_proj stacked on the outer dim,
@@ -47,9 +48,12 @@
 #define DATA_ALIGN 64
 
 /* Where one kt tensor's bytes come from. */
+enum kv_b_half { WHOLE = 0, K_B, V_B };
+
 struct tensor_src {
     struct kt_hf_linear lin;        /* a linear or a vector (PLAIN, its weight the values) */
     struct kt_hf_linear *experts;   /* streamed: [n_expert], into kt_hf_weights.expert_lins */
+    enum kv_b_half half;            /* attn_k_b / attn_v_b: lin is kv_b_proj, split as below */
 };
 
 struct kt_hf_weights {
@@ -175,6 +179,78 @@ static void drop_linear(const struct kt_hf_linear *l)
     drop_pages(l->weight->data, l->weight->bytes);
     if (l->scale)
         drop_pages(l->scale->data, l->scale->bytes);
+}
+
+/* ---- kv_b_proj as attn_k_b / attn_v_b ----------------------------------------------------- */
+
+/* kv_b_proj (H*(dn+dv), kvr) holds per head h its dn key rows, then its dv
+ * value rows.  kt's split form, as llama.cpp's converter writes it
+ * (convert_hf_to_gguf.py, DeepseekV2Model): attn_v_b {kvr, dv, H} is the value
+ * rows as they are (row h*dv + j = kv_b row h*(dn+dv) + dn + j); attn_k_b
+ * {dn, kvr, H} the key rows transposed per head (row h*kvr + c, element i =
+ * kv_b[h*(dn+dv) + i][c]).  The types: v_b a linear's (linear_type); k_b the
+ * stored dtype for plain weights, FP8_B128 when each k_b row lies in one
+ * 128 x 128 scale block (dn and dn + dv multiples of 128, as in every real
+ * model), else F32 by the definition. */
+static int k_b_type(const struct kt_hf_linear *kv_b, const struct kt_hf_quant *q, uint32_t dn, uint32_t dv)
+{
+    if (kv_b->stored == KT_HF_STORED_PLAIN)
+        return linear_type(kv_b, q);
+    if (kv_b->stored == KT_HF_STORED_FP8 && q->block_rows == KT_QK_FP8 && q->block_cols == KT_QK_FP8 &&
+        dn % KT_QK_FP8 == 0 && (dn + dv) % KT_QK_FP8 == 0)
+        return KT_TYPE_FP8_B128;
+    return KT_TYPE_F32;
+}
+
+static kt_status convert_k_b(const struct kt_hf_weights *w, const struct kt_hf_linear *l, int type, uint8_t *dst,
+                             kt_err *err)
+{
+    const int64_t dn = w->hp.qk_nope_dim, dv = w->hp.v_head_dim, H = w->hp.n_head, kvr = (int64_t)l->in;
+    const size_t row_bytes = kt_type_row_bytes(type, dn);
+    const uint8_t *src = l->weight->data;
+    float *rows = NULL; /* F32: one head's dn key rows of kvr values, decoded */
+    if (type == KT_TYPE_F32 && !(rows = malloc((size_t)(dn * kvr) * sizeof *rows)))
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory splitting %s", w->dir, l->weight->name);
+    kt_status st = KT_OK;
+    for (int64_t h = 0; h < H && st == KT_OK; h++) {
+        const int64_t r0 = h * (dn + dv);
+        if (rows)
+            st = convert_rows(w, l, KT_TYPE_F32, r0, dn, (uint8_t *)rows, l->weight->name, err);
+        for (int64_t c = 0; c < kvr && st == KT_OK; c++) {
+            uint8_t *out = dst + (size_t)(h * kvr + c) * row_bytes;
+            if (rows) {
+                for (int64_t i = 0; i < dn; i++)
+                    memcpy(out + 4 * i, &rows[i * kvr + c], 4);
+            } else if (type == KT_TYPE_FP8_B128) {
+                struct kt_block_fp8_b128 *b = (struct kt_block_fp8_b128 *)(void *)out;
+                const uint64_t scale_cols = (l->in + KT_QK_FP8 - 1) / KT_QK_FP8;
+                memcpy(&b->d, (const uint8_t *)l->scale->data + 4 * ((uint64_t)r0 / KT_QK_FP8 * scale_cols +
+                                                                      (uint64_t)c / KT_QK_FP8),
+                       4);
+                for (int64_t i = 0; i < dn; i++)
+                    b->q[i] = src[(size_t)(r0 + i) * (size_t)kvr + (size_t)c];
+                if (!kt_fp8_b128_check_row(out, dn))
+                    st = kt_err_set(err, KT_ERR_FORMAT, "%s: %s: an E4M3 NaN code or a scale that is not finite",
+                                    w->dir, l->weight->name);
+            } else { /* BF16 / F16: two bytes an element */
+                for (int64_t i = 0; i < dn; i++)
+                    memcpy(out + 2 * i, src + 2 * ((size_t)(r0 + i) * (size_t)kvr + (size_t)c), 2);
+            }
+        }
+    }
+    free(rows);
+    return st;
+}
+
+static kt_status convert_v_b(const struct kt_hf_weights *w, const struct kt_hf_linear *l, int type, uint8_t *dst,
+                             kt_err *err)
+{
+    const int64_t dn = w->hp.qk_nope_dim, dv = w->hp.v_head_dim, H = w->hp.n_head;
+    const size_t head_bytes = (size_t)dv * kt_type_row_bytes(type, (int64_t)l->in);
+    kt_status st = KT_OK;
+    for (int64_t h = 0; h < H && st == KT_OK; h++)
+        st = convert_rows(w, l, type, h * (dn + dv) + dn, dv, dst + (size_t)h * head_bytes, l->weight->name, err);
+    return st;
 }
 
 /* ---- the table -------------------------------------------------------------------------- */
@@ -321,6 +397,34 @@ static kt_status experts(struct builder *b, uint32_t il, const char *gguf_part, 
     return KT_OK;
 }
 
+/* kv_b_proj as the split attn_k_b and attn_v_b, both deferred (see above). */
+static kt_status kv_b(struct builder *b, uint32_t il, const char *module)
+{
+    const struct kt_hparams *hp = &b->w->hp;
+    const uint64_t H = hp->n_head, dn = hp->qk_nope_dim, dv = hp->v_head_dim, kvr = hp->kv_lora_rank;
+    struct kt_hf_linear l;
+    kt_status st = find(b, &b->w->q, module, H * (dn + dv), kvr, &l);
+    if (st != KT_OK)
+        return st;
+    char name[KT_GGUF_MAX_NAME];
+    struct tensor_src *src;
+    snprintf(name, sizeof name, "blk.%u.attn_k_b.weight", il);
+    struct kt_gguf_tensor *t = add_tensor(b, name, k_b_type(&l, &b->w->q, (uint32_t)dn, (uint32_t)dv), 3,
+                                          (const int64_t[]){(int64_t)dn, (int64_t)kvr, (int64_t)H}, &src);
+    if (!t)
+        return KT_ERR_NOMEM;
+    t->source = KT_TENSOR_DEFERRED;
+    src->lin = l, src->half = K_B;
+    snprintf(name, sizeof name, "blk.%u.attn_v_b.weight", il);
+    if (!(t = add_tensor(b, name, linear_type(&l, &b->w->q), 3, (const int64_t[]){(int64_t)kvr, (int64_t)dv,
+                         (int64_t)H}, &src)))
+        return KT_ERR_NOMEM;
+    t->source = KT_TENSOR_DEFERRED;
+    src->lin = l, src->half = V_B;
+    b->w->stored_bytes += l.weight->bytes + (l.scale ? l.scale->bytes : 0);
+    return KT_OK;
+}
+
 static kt_status build_layer(struct builder *b, uint32_t il)
 {
     const struct kt_hparams *hp = &b->w->hp;
@@ -342,7 +446,7 @@ static kt_status build_layer(struct builder *b, uint32_t il)
     }
     if ((st = linear(b, GG("attn_kv_a_mqa.weight"), HF("self_attn.kv_a_proj_with_mqa"), kvr + dr, E)) ||
         (st = vector(b, GG("attn_kv_a_norm.weight"), HF("self_attn.kv_a_layernorm.weight"), kvr, true)) ||
-        (st = linear(b, GG("attn_kv_b.weight"), HF("self_attn.kv_b_proj"), H * (dn + dv), kvr)) ||
+        (st = kv_b(b, il, HF("self_attn.kv_b_proj"))) ||
         (st = linear(b, GG("attn_output.weight"), HF("self_attn.o_proj"), E, H * dv)) ||
         (st = vector(b, GG("ffn_norm.weight"), HF("post_attention_layernorm.weight"), E, true)))
         return st;
@@ -417,6 +521,29 @@ static void release(void *owner)
     weights_free(owner);
 }
 
+#define N_SPLIT_KEYS 5
+
+/* The keys of the split MLA form the table has (attn_k_b / attn_v_b), as in
+ * llama.cpp's files: one KV head, key/value_length the latent row, the head
+ * dims in *_mla.  config.json's keys (hf_config.c) describe the fused form. */
+static void split_mla_keys(struct kt_hf_weights *w)
+{
+    const struct kt_hparams *hp = &w->hp;
+    static const char *const keys[N_SPLIT_KEYS] = {
+        "deepseek2.attention.head_count_kv", "deepseek2.attention.key_length", "deepseek2.attention.value_length",
+        "deepseek2.attention.key_length_mla", "deepseek2.attention.value_length_mla"};
+    const uint32_t values[N_SPLIT_KEYS] = {1, hp->kv_lora_rank + hp->qk_rope_dim, hp->kv_lora_rank,
+                                           hp->qk_nope_dim + hp->qk_rope_dim, hp->v_head_dim};
+    for (int k = 0; k < N_SPLIT_KEYS; k++) {
+        uint64_t i = 0;
+        while (i < w->n_kv && strcmp(w->kv[i].key, keys[k]) != 0)
+            i++;
+        if (i == w->n_kv) /* a new record */
+            w->kv[w->n_kv++] = (struct kt_gguf_kv){.key = (char *)keys[k]};
+        w->kv[i].value = (struct kt_gguf_value){.type = KT_GGUF_UINT32, .u32 = values[k]};
+    }
+}
+
 kt_status kt_hf_model_open(const char *dir, struct kt_gguf **out, struct kt_hf_weights **weights, kt_err *err)
 {
     *out = NULL;
@@ -447,12 +574,13 @@ kt_status kt_hf_model_open(const char *dir, struct kt_gguf **out, struct kt_hf_w
         return st;
     }
     w->n_kv = w->meta->n_kv + w->tok->n_kv;
-    if (!(w->kv = malloc((w->n_kv ? w->n_kv : 1) * sizeof *w->kv))) {
+    if (!(w->kv = malloc((w->n_kv + N_SPLIT_KEYS) * sizeof *w->kv))) {
         weights_free(w);
         return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", dir);
     }
     memcpy(w->kv, w->meta->kv, w->meta->n_kv * sizeof *w->kv);
     memcpy(w->kv + w->meta->n_kv, w->tok->kv, w->tok->n_kv * sizeof *w->kv);
+    split_mla_keys(w);
     /* from here the GGUF owns w: it is released when the GGUF closes, also on failure */
     st = kt_gguf_from_parts(w->kv, w->n_kv, w->tensors, w->n_tensors, release, w, dir, out, err);
     if (st == KT_OK)
@@ -462,7 +590,8 @@ kt_status kt_hf_model_open(const char *dir, struct kt_gguf **out, struct kt_hf_w
 
 /* ---- reading ------------------------------------------------------------------------------ */
 
-static kt_status make_ready(struct kt_hf_weights *w, kt_err *err)
+static kt_status make_ready(struct kt_hf_weights *w, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                            kt_err *err)
 {
     size_t bytes = 0;
     for (uint64_t i = 0; i < w->n_tensors; i++)
@@ -489,22 +618,28 @@ static kt_status make_ready(struct kt_hf_weights *w, kt_err *err)
         if (t->source != KT_TENSOR_DEFERRED)
             continue;
         const struct kt_hf_linear *l = &w->src[i].lin;
-        kt_status st = convert_rows(w, l, t->type, 0, (int64_t)l->out, at, t->name, err);
+        kt_status st = w->src[i].half == K_B   ? convert_k_b(w, l, t->type, at, err)
+                       : w->src[i].half == V_B ? convert_v_b(w, l, t->type, at, err)
+                                               : convert_rows(w, l, t->type, 0, (int64_t)l->out, at, t->name, err);
         if (st != KT_OK)
             return st;
-        drop_linear(l);
+        if (w->src[i].half != K_B) /* v_b, made next, reads the same pages */
+            drop_linear(l);
         t->data = at;
         at += round_up(t->nbytes, DATA_ALIGN);
+        if (progress)
+            progress(ctx, t->nbytes);
     }
     return KT_OK;
 }
 
-kt_status kt_hf_weights_ready(struct kt_hf_weights *w, kt_err *err)
+kt_status kt_hf_weights_ready(struct kt_hf_weights *w, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                              kt_err *err)
 {
     pthread_mutex_lock(&w->lock);
     if (!w->ready) {
         kt_err e = {0};
-        w->ready_status = make_ready(w, &e);
+        w->ready_status = make_ready(w, progress, ctx, &e);
         snprintf(w->ready_msg, sizeof w->ready_msg, "%s", e.msg);
         w->ready = true;
     }

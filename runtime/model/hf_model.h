@@ -47,8 +47,10 @@ struct kt_hf_weights;
 kt_status kt_hf_model_open(const char *dir, struct kt_gguf **out, struct kt_hf_weights **weights, kt_err *err);
 
 /* Converts every deferred tensor into memory of its own and points its data
- * there; later calls return at once.  Safe from several threads. */
-kt_status kt_hf_weights_ready(struct kt_hf_weights *w, kt_err *err);
+ * there, calling progress(ctx, bytes) (may be NULL) as each tensor is done;
+ * later calls return at once.  Safe from several threads. */
+kt_status kt_hf_weights_ready(struct kt_hf_weights *w, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                              kt_err *err);
 
 /* Expert x's slab of the streamed stacked tensor t (t->nbytes / n_expert
  * bytes: its rows in t's type) into dst. */

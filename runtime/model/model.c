@@ -917,9 +917,10 @@ void kt_model_close(struct kt_model *m)
     free(m);
 }
 
-kt_status kt_model_weights_ready(const struct kt_model *m, kt_err *err)
+kt_status kt_model_weights_ready(const struct kt_model *m, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                                 kt_err *err)
 {
-    return m->hf ? kt_hf_weights_ready(m->hf, err) : KT_OK;
+    return m->hf ? kt_hf_weights_ready(m->hf, progress, ctx, err) : KT_OK;
 }
 
 uint64_t kt_model_converted_bytes(const struct kt_model *m)

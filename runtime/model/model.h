@@ -189,9 +189,11 @@ kt_status kt_model_from_gguf(struct kt_gguf *g, struct kt_model **out, kt_err *e
 void kt_model_close(struct kt_model *m);
 
 /* Makes every tensor's data valid but the streamed experts' (a checkpoint
- * converts what it must, once; a GGUF file has nothing to do).  The engine
- * calls it before it reads a weight. */
-kt_status kt_model_weights_ready(const struct kt_model *m, kt_err *err);
+ * converts what it must, once, calling progress(ctx, bytes) (may be NULL)
+ * as it goes; a GGUF file has nothing to do).  The engine calls it before it
+ * reads a weight. */
+kt_status kt_model_weights_ready(const struct kt_model *m, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                                 kt_err *err);
 
 /* Bytes kt_model_weights_ready converts into memory of its own (a
  * checkpoint's deferred tensors: not file pages, so a memory check counts
