@@ -165,9 +165,7 @@ static kt_status convert_rows(const struct kt_hf_weights *w, const struct kt_hf_
  * again from the file if ever touched again. */
 static void drop_pages(const void *p, uint64_t n)
 {
-    static long page;
-    if (!page)
-        page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    const long page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
     const uintptr_t lo = round_up((uintptr_t)p, (uint64_t)page);
     const uintptr_t hi = ((uintptr_t)p + n) / (uintptr_t)page * (uintptr_t)page;
     if (hi > lo)
@@ -653,8 +651,9 @@ kt_status kt_hf_weights_ready(struct kt_hf_weights *w, void (*progress)(void *ct
 kt_status kt_hf_read_expert(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
                             kt_err *err)
 {
-    const uint64_t i = (uint64_t)(t - w->tensors);
-    if (t < w->tensors || i >= w->n_tensors || t->source != KT_TENSOR_STREAMED || x >= (uint64_t)t->ne[2])
+    const uintptr_t at = (uintptr_t)t - (uintptr_t)w->tensors; /* wraps past n_tensors when t is not ours */
+    const uint64_t i = at / sizeof *t;
+    if (at % sizeof *t || i >= w->n_tensors || t->source != KT_TENSOR_STREAMED || x >= (uint64_t)t->ne[2])
         return kt_err_set(err, KT_ERR_INVALID, "%s: %s expert %u is not a streamed expert of this checkpoint", w->dir,
                           t->name, x);
     const struct kt_hf_linear *l = &w->src[i].experts[x];
