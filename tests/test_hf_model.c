@@ -17,7 +17,8 @@
  *  - kt-bench check's core on a directory: its reference form (the experts
  *    read into a store in their GGUF rows) and a CPU-only and a sim-device
  *    candidate agree at divergence 0, and a second engine made from the same
- *    model reads the same weights;
+ *    model reads the same weights; everything on a GPU (a real one, or
+ *    tests/cuda_emulated.c's emulation) within the check's GPU tolerances;
  *  - kt-run (--info, a prompt, a dry run of a plan), kt-place take a directory;
  *  - an INT4 scale FP16 cannot hold exactly refuses the load, naming the tensor.
  */
@@ -32,6 +33,7 @@
 #include "check.h"
 #include "engine.h"
 #include "hf_formats.h"
+#include "kt_cuda.h"
 #include "model.h"
 #include "quant.h"
 #include "reference_forward.h"
@@ -462,13 +464,65 @@ static void the_tools_take_a_directory(void)
     unlink(out);
 }
 
+/* Everything on a CUDA device (tests/cuda_emulated.c's host emulation in
+ * test_hf_model_cuda_emulated): a checkpoint's split attention, its Q4_0 or
+ * FP8_B128 experts read through host buffers for their upload, within the
+ * check's tolerances for a GPU. */
+static void check_of_a_directory_on_a_gpu(void)
+{
+    kt_err why = {0};
+    if (kt_cuda_device_count(&why) == 0) {
+        printf("  skipped: no CUDA device (%s); test_hf_model_cuda_emulated runs this case\n", why.msg);
+        return;
+    }
+    const int forms[] = {DIR_INT4, DIR_FP8};
+    for (size_t f = 0; f < 2; f++) {
+        struct kt_model *m = open_form(forms[f]);
+        if (!m)
+            continue;
+        const size_t LE = (size_t)m->hp.n_layer * m->hp.n_expert;
+        uint8_t *all = kt_test_xmalloc(LE);
+        memset(all, 1, LE);
+        const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+        const struct kt_engine_params p = {.n_ctx = 128, .n_threads = 2, .device = &gpu, .expert_on_device = all,
+                                           .shared_on_device = true, .dense_on_device = true,
+                                           .attention_on_device = true, .output_on_device = true};
+        const struct kt_check_prompt prompts[1] = {{prompt, N_PROMPT}};
+        struct kt_engine *e = NULL;
+        kt_err err = {0};
+        struct kt_check_report r = {0};
+        kt_status st = kt_engine_create(m, &p, &e, &err);
+        KT_CHECK(st == KT_OK, "%s on the GPU: %s", form_names[forms[f]], err.msg);
+        if (st == KT_OK)
+            st = kt_check_run(m, e, prompts, 1, &(struct kt_check_params){.max_tokens = 6, .n_threads = 2}, &r, &err);
+        if (st == KT_OK && r.n_prompts == 1)
+            printf("     %s on the GPU: median %.3g, 9 in 10 %.3g, worst %.3g (tolerances %g / %g)\n",
+                   form_names[forms[f]], r.prompts[0].median, r.prompts[0].p90, r.prompts[0].worst, r.median_tol,
+                   r.p90_tol);
+        KT_CHECK(st == KT_OK && r.pass, "%s on the GPU: %s", form_names[forms[f]], st == KT_OK ? "FAIL" : err.msg);
+        kt_check_report_free(&r);
+        kt_engine_destroy(e);
+        free(all);
+        kt_model_close(m);
+    }
+}
+
 int main(void)
 {
+#ifdef KT_TEST_CUDA_EMULATED /* only the GPU case, against tests/cuda_emulated.c */
+    printf("kt_cuda.h emulated on the host: the engine's cuda path, not the GPU kernels\n");
+    if (make_models())
+        KT_RUN(check_of_a_directory_on_a_gpu);
+    for (int f = 0; f < N_FORMS; f++)
+        kt_test_system("rm -rf '%s'", paths[f]);
+    return kt_test_finish();
+#endif
     if (make_models()) {
         KT_RUN(each_stored_form_becomes_its_kt_type);
         KT_RUN(experts_and_converted_tensors_are_the_formats_definition);
         KT_RUN(logits_match_the_gguf_within_the_formats_rounding);
         KT_RUN(check_of_a_directory_passes_at_zero_divergence);
+        KT_RUN(check_of_a_directory_on_a_gpu);
         KT_RUN(the_tools_take_a_directory);
         KT_RUN(an_int4_scale_fp16_cannot_hold_refuses_the_load);
     }

@@ -43,7 +43,10 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
 {
     void *p = NULL;
     const size_t bytes = (size_t)kt_mat_bytes(m);
-    const struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
+    struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
+    if (!cm.data) /* sizing a checkpoint's streamed expert: its rows are read only to be placed; the check needs
+                     an address, never read, aligned as the device buffer will be */
+        cm.data = (const void *)e;
     kt_status st;
     if (e->dev.sizing && kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA && /* refused before anything is placed */
         (st = kt_cuda_mat_usable(&cm, kt_type_name(m->type), err)) != KT_OK) {
@@ -758,7 +761,8 @@ kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uin
     struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], x);
     struct kt_mat *mats[3] = {&w.gate, &w.up, &w.down};
     void *dst[3] = {NULL, NULL, NULL};
-    kt_status st = KT_OK;
+    uint8_t *host[3] = {NULL, NULL, NULL}; /* a checkpoint's expert, read first so its rows can be checked */
+    kt_status st = read_streamed_expert(e, il, x, &w, host, err);
     for (int i = 0; i < 3 && st == KT_OK; i++) {
         const struct kt_cuda_mat cm = kt_fwd_cuda_mat(mats[i]);
         if (cuda)
@@ -767,16 +771,12 @@ kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uin
             st = device_alloc(e, (size_t)kt_mat_bytes(mats[i]), &dst[i], err);
     }
     if (st != KT_OK) { /* the device's budget or block table: nothing changes */
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 3; i++) {
             if (dst[i])
                 device_release(e, dst[i]);
+            free(host[i]);
+        }
         kt_err_prefix(err, "device '%s': layer %u expert %u", kt_backend_name(e->dev.backend), il, x);
-        return st;
-    }
-    uint8_t *host[3] = {NULL, NULL, NULL};
-    if ((st = read_streamed_expert(e, il, x, &w, host, err)) != KT_OK) {
-        for (int i = 0; i < 3; i++)
-            device_release(e, dst[i]);
         return st;
     }
     *bytes = 0;
