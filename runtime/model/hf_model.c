@@ -172,6 +172,19 @@ static void drop_pages(const void *p, uint64_t n)
         madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+/* Asks the kernel to read l's pages ahead (a mapping faults 4 KiB at a time otherwise). */
+static void will_need(const struct kt_hf_linear *l)
+{
+    const long page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    const struct kt_st_tensor *parts[2] = {l->weight, l->scale};
+    for (int i = 0; i < 2; i++) {
+        if (!parts[i])
+            continue;
+        const uintptr_t lo = (uintptr_t)parts[i]->data / (uintptr_t)page * (uintptr_t)page;
+        madvise((void *)lo, (uintptr_t)parts[i]->data + parts[i]->bytes - lo, MADV_WILLNEED);
+    }
+}
+
 static void drop_linear(const struct kt_hf_linear *l)
 {
     drop_pages(l->weight->data, l->weight->bytes);
@@ -657,6 +670,10 @@ kt_status kt_hf_read_expert(struct kt_hf_weights *w, const struct kt_gguf_tensor
         return kt_err_set(err, KT_ERR_INVALID, "%s: %s expert %u is not a streamed expert of this checkpoint", w->dir,
                           t->name, x);
     const struct kt_hf_linear *l = &w->src[i].experts[x];
+    if (x == 0)
+        will_need(l);
+    if (x + 1 < (uint64_t)t->ne[2]) /* the next expert's pages read ahead while this one converts */
+        will_need(&w->src[i].experts[x + 1]);
     kt_status st = convert_rows(w, l, t->type, 0, (int64_t)l->out, dst, t->name, err);
     drop_linear(l);
     return st;
