@@ -45,7 +45,8 @@ static const char *const texts[] = {
 /* The GGUF's tokenizer.ggml.merges and the directory's, one for one. */
 static bool same_merges(const struct kt_gguf *a, const struct kt_gguf *b, uint64_t *na, uint64_t *nb)
 {
-    const struct kt_gguf_kv *x = kt_gguf_find_kv(a, "tokenizer.ggml.merges"), *y = kt_gguf_find_kv(b, "tokenizer.ggml.merges");
+    const struct kt_gguf_kv *x = kt_gguf_find_kv(a, "tokenizer.ggml.merges");
+    const struct kt_gguf_kv *y = kt_gguf_find_kv(b, "tokenizer.ggml.merges");
     *na = x ? x->value.arr.count : 0;
     *nb = y ? y->value.arr.count : 0;
     if (!x || !y || *na != *nb)
@@ -282,7 +283,8 @@ static void tiktoken_ranks_give_the_merges_bpe_reaches(void)
         const char *text = kt_token_text(t, tokens[i].id, &len);
         KT_CHECK(text && len == strlen(tokens[i].text) && memcmp(text, tokens[i].text, len) == 0 &&
                      kt_token_type(t, tokens[i].id) == tokens[i].type,
-                 "token %d: \"%.*s\" type %d", tokens[i].id, (int)len, text ? text : "", kt_token_type(t, tokens[i].id));
+                 "token %d: \"%.*s\" type %d", tokens[i].id, (int)len, text ? text : "",
+                 kt_token_type(t, tokens[i].id));
     }
     KT_CHECK(kt_tokenizer_n_vocab(t) == 22 && kt_tokenizer_bos(t) == 18 && kt_tokenizer_eos(t) == 20 &&
                  !kt_tokenizer_add_bos(t) && strcmp(kt_tokenizer_pre(t), "kimi-k2") == 0,

@@ -436,9 +436,11 @@ static void kimi_directory_ships_tiktoken_like_kimi_k2_thinking(void)
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     text = kt_test_read_file(path, &n);
     KT_CHECK(text && strstr(text, "\"1024\": {\n      \"content\": \"[BOS]\"") &&
-                 strstr(text, "\"content\": \"<|tool_call_begin|>\",\n      \"lstrip\": false,\n      \"normalized\": "
-                              "false,\n      \"rstrip\": false,\n      \"single_word\": false,\n      \"special\": false") &&
-                 strstr(text, "\"tokenizer_class\": \"TikTokenTokenizer\"") && strstr(text, "\"eos_token\": \"[EOS]\"") &&
+                 strstr(text, "\"content\": \"<|tool_call_begin|>\",\n      \"lstrip\": false,\n      "
+                              "\"normalized\": false,\n      \"rstrip\": false,\n      \"single_word\": false,\n"
+                              "      \"special\": false") &&
+                 strstr(text, "\"tokenizer_class\": \"TikTokenTokenizer\"") &&
+                 strstr(text, "\"eos_token\": \"[EOS]\"") &&
                  !strstr(text, "chat_template"),
              "tokenizer_config.json: not Kimi's form");
     free(text);

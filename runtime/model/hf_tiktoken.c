@@ -167,13 +167,11 @@ static bool split_line(const char *line, size_t n, const char **b, size_t *nb, c
 
 static kt_status read_ranks(const char *text, size_t len, const char *label, struct ranks *r, kt_err *err)
 {
-    size_t max_lines = 1;
-    for (size_t i = 0; i < len; i++)
-        max_lines += text[i] == '\n';
-    r->start = malloc((max_lines + 1) * sizeof *r->start);
+    size_t cap = 1024; /* grows with the ranks read, each at least 7 bytes of the file ("AA== 0\n") */
+    r->start = malloc((cap + 1) * sizeof *r->start);
     r->bytes = malloc(len / 4 * 3 + 3);
     if (!r->start || !r->bytes)
-        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory for %zu lines", label, max_lines);
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory for %zu bytes", label, len);
     r->start[0] = 0;
     size_t line_no = 0, used = 0;
     for (size_t at = 0; at < len;) {
@@ -215,6 +213,13 @@ static kt_status read_ranks(const char *text, size_t len, const char *label, str
             return kt_err_set(err, KT_ERR_FORMAT, "%s:%zu: a token of %ld bytes (1 to %u)", label, line_no, got,
                               KT_TIKTOKEN_MAX_TOKEN_BYTES);
         used += (size_t)got;
+        if (r->n == cap) {
+            size_t *grown = realloc(r->start, (2 * cap + 1) * sizeof *r->start);
+            if (!grown)
+                return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory for %u ranks", label, r->n);
+            r->start = grown;
+            cap *= 2;
+        }
         r->start[++r->n] = used;
     }
     if (r->n == 0)

@@ -22,6 +22,9 @@
 
 #define MAX_TOKENS (1u << 30)
 #define KIMI_RESERVED 256 /* tokenization_kimi.py: num_reserved_special_tokens */
+/* Kimi's tiktoken.model holds 163,584 lines (the base64 of a token, mostly a few bytes, and its rank); the
+ * limit bounds a hostile file's memory (a small multiple of its size) and time (hf_tiktoken.h) */
+#define TIKTOKEN_MAX_BYTES (32u << 20)
 #define TYPE_NORMAL 1
 #define TYPE_CONTROL 3
 #define TYPE_USER_DEFINED 4
@@ -573,7 +576,8 @@ kt_status kt_hf_tokenizer_read(const char *dir, struct kt_gguf **out, kt_err *er
     char *tok = NULL, *tiktoken = NULL, *cfg = NULL, *jinja = NULL;
     size_t tok_len = 0, tiktoken_len = 0, cfg_len = 0, jinja_len = 0;
     if ((st = read_optional(dir, "tokenizer.json", 256u << 20, &tok, &tok_len, err)) != KT_OK ||
-        (!tok && (st = read_optional(dir, "tiktoken.model", 64u << 20, &tiktoken, &tiktoken_len, err)) != KT_OK) ||
+        (!tok &&
+         (st = read_optional(dir, "tiktoken.model", TIKTOKEN_MAX_BYTES, &tiktoken, &tiktoken_len, err)) != KT_OK) ||
         (st = read_optional(dir, "tokenizer_config.json", 64u << 20, &cfg, &cfg_len, err)) != KT_OK ||
         (st = read_optional(dir, "chat_template.jinja", 16u << 20, &jinja, &jinja_len, err)) != KT_OK)
         goto done;
