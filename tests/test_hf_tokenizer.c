@@ -10,7 +10,8 @@
  * CJK, emoji, special tokens) to the same ids with and without special
  * parsing, and carries the same chat template, recognised as the same
  * revision.  A hand-written tiktoken.model gives the merges and specials the
- * conversion rule implies; a template kt does not render reaches the chat
+ * conversion rule implies, and a pseudo-random 6000-rank one the merges a
+ * plain implementation of llama.cpp's loop gives; a template kt does not render reaches the chat
  * layer and is refused there, as a GGUF's is.  Malformed and unsupported
  * tokenizer files (tokenizer.json, tiktoken.model, tokenizer_config.json) are
  * refused naming the file and field or line.
@@ -316,6 +317,149 @@ done:
     kt_gguf_close(g);
 }
 
+/* ---- the merge rule against a plain implementation of it, on a vocabulary BPE training did not make ---- */
+
+#define RANDOM_RANKS 6000
+#define RANDOM_MAX_BYTES 12
+
+struct random_vocab {
+    unsigned char bytes[RANDOM_RANKS][RANDOM_MAX_BYTES];
+    int len[RANDOM_RANKS];
+    int slot[16384]; /* rank + 1 by FNV of the bytes, 0 empty */
+};
+
+static unsigned slot_of(const struct random_vocab *v, const unsigned char *p, int n)
+{
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < n; i++)
+        h = (h ^ p[i]) * 16777619u;
+    unsigned k = h & 16383;
+    while (v->slot[k] && (v->len[v->slot[k] - 1] != n || memcmp(v->bytes[v->slot[k] - 1], p, (size_t)n) != 0))
+        k = (k + 1) & 16383;
+    return k;
+}
+
+static int rank_of_bytes(const struct random_vocab *v, const unsigned char *p, int n)
+{
+    return n <= RANDOM_MAX_BYTES ? v->slot[slot_of(v, p, n)] - 1 : -1;
+}
+
+/* The converter's loop as it reads: parts as byte strings, the lowest-ranked pair (first of equals) merged
+ * while its rank is below the token's; the merge text when two parts remain. */
+static bool plain_merge(const struct random_vocab *v, int q, char *out)
+{
+    unsigned char part[RANDOM_MAX_BYTES][RANDOM_MAX_BYTES];
+    int plen[RANDOM_MAX_BYTES], parts = v->len[q];
+    for (int i = 0; i < parts; i++)
+        part[i][0] = v->bytes[q][i], plen[i] = 1;
+    for (;;) {
+        int best = -1, best_rank = 0;
+        for (int i = 0; i + 1 < parts; i++) {
+            unsigned char joined[2 * RANDOM_MAX_BYTES];
+            memcpy(joined, part[i], (size_t)plen[i]);
+            memcpy(joined + plen[i], part[i + 1], (size_t)plen[i + 1]);
+            const int r = rank_of_bytes(v, joined, plen[i] + plen[i + 1]);
+            if (r >= 0 && (best < 0 || r < best_rank))
+                best = i, best_rank = r;
+        }
+        if (best < 0 || best_rank >= q)
+            break;
+        memcpy(part[best] + plen[best], part[best + 1], (size_t)plen[best + 1]);
+        plen[best] += plen[best + 1];
+        for (int i = best + 1; i + 1 < parts; i++)
+            memcpy(part[i], part[i + 1], (size_t)plen[i + 1]), plen[i] = plen[i + 1];
+        parts--;
+    }
+    if (parts != 2)
+        return false;
+    size_t o = 0;
+    for (int side = 0; side < 2; side++) {
+        if (side)
+            out[o++] = ' ';
+        for (int i = 0; i < plen[side]; i++) { /* GPT-2's byte table, written out */
+            const unsigned b = part[side][i];
+            const bool same = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+            const unsigned c = same ? b : b <= 0x20 ? 0x100 + b : b <= 0xA0 ? 0x121 + (b - 0x7F) : 0x143;
+            if (c < 0x80) {
+                out[o++] = (char)c;
+            } else {
+                out[o++] = (char)(0xC0 | c >> 6);
+                out[o++] = (char)(0x80 | (c & 0x3F));
+            }
+        }
+    }
+    out[o] = '\0';
+    return true;
+}
+
+static void tiktoken_merges_follow_the_converters_rule_on_random_ranks(void)
+{
+    struct random_vocab *v = calloc(1, sizeof *v);
+    char *model = malloc(RANDOM_RANKS * 32);
+    struct kt_gguf *g = NULL;
+    kt_err err = {0};
+    if (!v || !model) {
+        KT_CHECK(false, "out of memory");
+        goto done;
+    }
+    /* 256 bytes, then tokens each the concatenation of two earlier ones (some reachable by merges, some not) */
+    uint64_t x = 88172645463325252ull;
+    int n = 0;
+    size_t at = 0;
+    while (n < RANDOM_RANKS) {
+        unsigned char t[2 * RANDOM_MAX_BYTES];
+        int len = 1;
+        if (n < 256) {
+            t[0] = (unsigned char)n;
+        } else {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const int a = (int)(x % (uint64_t)n), b = (int)((x >> 32) % (uint64_t)n);
+            len = v->len[a] + v->len[b];
+            if (len > RANDOM_MAX_BYTES)
+                continue;
+            memcpy(t, v->bytes[a], (size_t)v->len[a]);
+            memcpy(t + v->len[a], v->bytes[b], (size_t)v->len[b]);
+        }
+        const unsigned k = slot_of(v, t, len);
+        if (v->slot[k])
+            continue;
+        memcpy(v->bytes[n], t, (size_t)len);
+        v->len[n] = len;
+        v->slot[k] = n + 1;
+        static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < len; i += 3) {
+            const uint32_t w = (uint32_t)t[i] << 16 | (i + 1 < len ? (uint32_t)t[i + 1] << 8 : 0) |
+                               (i + 2 < len ? t[i + 2] : 0);
+            model[at++] = b64[w >> 18], model[at++] = b64[(w >> 12) & 63];
+            model[at++] = i + 1 < len ? b64[(w >> 6) & 63] : '=';
+            model[at++] = i + 2 < len ? b64[w & 63] : '=';
+        }
+        at += (size_t)sprintf(model + at, " %d\n", n);
+        n++;
+    }
+    KT_CHECK(kt_hf_tokenizer_parse_tiktoken(model, at, NULL, 0, 0, "random", &g, &err) == KT_OK, "%s", err.msg);
+    const struct kt_gguf_kv *merges = g ? kt_gguf_find_kv(g, "tokenizer.ggml.merges") : NULL;
+    uint64_t m = 0, differ = 0, none = 0;
+    for (int q = 256; merges && q < RANDOM_RANKS; q++) {
+        char want[4 * RANDOM_MAX_BYTES + 2];
+        if (!plain_merge(v, q, want)) {
+            none++;
+            continue;
+        }
+        const struct kt_gguf_str got = m < merges->value.arr.count ? merges->value.arr.items[m].str
+                                                                   : (struct kt_gguf_str){"", 0};
+        differ += got.len != strlen(want) || memcmp(got.ptr, want, got.len) != 0;
+        m++;
+    }
+    KT_CHECK(merges && m == merges->value.arr.count && differ == 0 && none > 0 && m > 1000,
+             "%llu merges expected (%llu tokens without one), %llu made, %llu differ", (unsigned long long)m,
+             (unsigned long long)none, merges ? (unsigned long long)merges->value.arr.count : 0ull,
+             (unsigned long long)differ);
+done:
+    kt_gguf_close(g);
+    free(v), free(model);
+}
+
 static void bad_tiktoken_files_are_refused(void)
 {
     char long_line[2000], long_token[1500];
@@ -461,6 +605,7 @@ int main(void)
     KT_RUN(tiny_v3_directory_tokenizes_as_its_gguf);
     KT_RUN(bad_tokenizer_files_are_refused);
     KT_RUN(tiktoken_ranks_give_the_merges_bpe_reaches);
+    KT_RUN(tiktoken_merges_follow_the_converters_rule_on_random_ranks);
     KT_RUN(bad_tiktoken_files_are_refused);
     KT_RUN(a_directory_without_the_files_says_what_is_missing);
     KT_RUN(an_unrendered_template_is_refused_by_the_chat_layer);
