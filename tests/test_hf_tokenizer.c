@@ -157,6 +157,10 @@ static void a_directory_tokenizes_as_its_gguf(const char *preset)
             free(ia), free(ib);
         }
     KT_CHECK(same_template(m->gguf, hf), "%s: the chat templates differ", preset);
+    uint32_t pad_gguf = 0, pad_dir = 1;
+    KT_CHECK(kt_gguf_get_uint32(m->gguf, "tokenizer.ggml.padding_token_id", &pad_gguf, &err) == KT_OK &&
+                 kt_gguf_get_uint32(hf, "tokenizer.ggml.padding_token_id", &pad_dir, &err) == KT_OK && pad_gguf == pad_dir,
+             "%s: padding id %u in the GGUF, %u from the directory", preset, pad_gguf, pad_dir);
     kt_chat_format fa, fb;
     kt_err ea = {0}, eb = {0};
     KT_CHECK(template_format(m->gguf, &fa, &ea) == KT_OK && template_format(hf, &fb, &eb) == KT_OK && fa == fb,
