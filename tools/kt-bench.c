@@ -117,7 +117,7 @@ static const struct kt_cli_option options_table[] = {
     {"--prefill-tokens", NULL, "N", FOR_KERNELS, "tokens of the prefill shape (default 128)", opt_prefill_tokens},
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
-    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "GGUF model file", opt_model},
+    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "GGUF model file or Hugging Face checkpoint directory", opt_model},
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
     {"--gen-tokens", NULL, "N", FOR_MODEL, "tokens to decode greedily (default 32)", opt_gen_tokens},
     {"--seed", NULL, "S", FOR_MODEL, "seed of the random prompt (default 1)", opt_seed},
