@@ -564,14 +564,25 @@ static kt_status step_seq0(struct kt_engine *e, const int32_t *tok, uint32_t n, 
  * 16-core host outran the sim so it was never idle); kt_engine_expert_to_device
  * takes a cached expert out of the cache; and a cache the device's budget
  * cannot take is refused naming need and room, changing nothing. */
-static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, double link_gbps, uint64_t idle_ns,
-                                          bool chunked)
+static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy, double link_gbps, uint64_t idle_ns,
+                                             bool chunked, const char *hf_weights)
 {
     char path[1024];
-    struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
+    struct kt_model *m = NULL;
+    if (hf_weights) { /* a checkpoint directory: its experts converted into the cache's host rows chunk by chunk */
+        snprintf(path, sizeof path, "%s", kt_test_path("cache-hf"));
+        kt_test_system("rm -rf '%s'", path);
+        kt_err e0 = {0};
+        KT_CHECK(kt_test_system("'%s' --preset tiny --format hf --hf-weights %s -q -o '%s' >/dev/null 2>&1",
+                                kt_test_tool("kt-synth"), hf_weights, path) == 0 &&
+                     kt_model_open(path, &m, &e0) == KT_OK,
+                 "checkpoint %s: %s", hf_weights, e0.msg);
+    } else {
+        m = kt_test_synth_model("tiny", "", path, sizeof path);
+    }
     if (!m)
         return;
-    const char *name = policy == KT_EXPERT_CACHE_LFU ? "lfu" : "lru";
+    const char *name = hf_weights ? hf_weights : policy == KT_EXPERT_CACHE_LFU ? "lfu" : "lru";
     const size_t V = m->hp.n_vocab;
     const uint32_t Ne = m->hp.n_expert, k = m->hp.n_expert_used, STEPS = 40, SLOTS = 4;
     struct expert_masks masks = make_masks(m);
@@ -661,7 +672,27 @@ done:
     kt_engine_destroy(ref);
     free(got), free(want);
     free_masks(&masks);
-    kt_test_synth_remove(m, path);
+    if (hf_weights) {
+        kt_model_close(m);
+        kt_test_system("rm -rf '%s'", path);
+    } else {
+        kt_test_synth_remove(m, path);
+    }
+}
+
+static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, double link_gbps, uint64_t idle_ns,
+                                          bool chunked)
+{
+    expert_cache_matches_cpu_only_on(policy, link_gbps, idle_ns, chunked, NULL);
+}
+
+/* A checkpoint's INT4 and FP8 experts are never in memory whole: the cache
+ * converts each into its host rows as the chunks need them (a slow link:
+ * many chunks an expert), with the same logits as CPU-only. */
+static void expert_cache_on_a_checkpoint_matches_cpu_only(void)
+{
+    expert_cache_matches_cpu_only_on(KT_EXPERT_CACHE_LRU, 0.2, 200000, true, "int4-experts"); /* Q4_0: 1/7 of F32 */
+    expert_cache_matches_cpu_only_on(KT_EXPERT_CACHE_LFU, 25, 0, false, "fp8");
 }
 
 static void expert_cache_lru_matches_cpu_only(void)
@@ -865,6 +896,7 @@ int main(void)
     KT_RUN(expert_cache_lru_matches_cpu_only);
     KT_RUN(expert_cache_lfu_matches_cpu_only);
     KT_RUN(expert_cache_uploads_in_chunks_over_a_slow_link);
+    KT_RUN(expert_cache_on_a_checkpoint_matches_cpu_only);
     KT_RUN(expert_cache_over_the_budget_is_refused);
     return kt_test_finish();
 }

@@ -41,6 +41,7 @@ struct cache_slot {
     uint32_t expert;                     /* UINT32_MAX: empty */
     uint64_t loaded;                     /* bytes of it queued so far */
     bool ready;                          /* all queued: the expert runs here */
+    int64_t rows[3];                     /* a checkpoint's: rows of gate, up, down read into the layer's host */
 };
 
 struct cache_layer {
@@ -52,6 +53,11 @@ struct cache_layer {
     uint64_t *last_used;                 /* [Ne] the step that last routed to it (LRU) */
     float *freq;                         /* [Ne] decayed routed pairs (LFU) */
     int32_t loading;                     /* the slot being copied; -1: none */
+    /* a checkpoint's experts are never in memory whole: the one loading is
+     * read (converted) here first, [gate | up | down] at seg_offset; made at
+     * the layer's first load and reused, since a load starts only in a step
+     * after the last one's copies finished */
+    uint8_t *host;
     uint64_t budget_bytes;               /* what the next chunk may copy */
     uint64_t chunk_bytes;                /* what this step's chunk copied */
     struct kt_expert_cache_stats stats;
@@ -88,6 +94,7 @@ void kt_cache_destroy(struct kt_engine *e)
         if (cl->mem)
             kt_backend_free(e->dev.backend, cl->mem, (size_t)(cl->slot_bytes * c->p.slots_per_layer));
         free(cl->slots);
+        free(cl->host);
         free(cl->slot_of);
         free(cl->last_used);
         free(cl->freq);
@@ -106,9 +113,6 @@ kt_status kt_engine_expert_cache_start(struct kt_engine *e, const struct kt_expe
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "expert cache: this engine has no device");
     if (e->dev.cache)
         return kt_err_set(err, KT_ERR_INVALID, "expert cache: already started");
-    if (kt_model_experts_streamed(e->model)) /* its chunks are copied from the model file's pages */
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "expert cache: not yet for a checkpoint directory, whose experts "
-                          "are only in the expert store: serve a GGUF file, or drop --expert-cache");
     if (p->slots_per_layer == 0 || p->slots_per_layer > e->hp.n_expert)
         return kt_err_set(err, KT_ERR_INVALID, "expert cache: %u slots per layer (1 .. %u, the experts per layer)",
                           p->slots_per_layer, e->hp.n_expert);
@@ -280,6 +284,35 @@ void kt_cache_route(struct kt_engine *e, uint32_t il)
     cl->loading = s;
 }
 
+/* A checkpoint's expert, converted into cl->host as its chunks need it:
+ * bytes [0, end) of segment i (and the rest of the row end falls in), the
+ * rows already converted counted in slot->rows[i].  False (the slot
+ * emptied) when it cannot be read. */
+static bool read_streamed(struct kt_engine *e, uint32_t il, struct cache_layer *cl, struct cache_slot *slot, int i,
+                          uint64_t end)
+{
+    const struct kt_layer *t = &e->model->layers[il];
+    const struct kt_gguf_tensor *slabs[3] = {t->ffn_gate_exps, t->ffn_up_exps, t->ffn_down_exps};
+    const struct kt_gguf_tensor *slab = slabs[i];
+    bool ok = slab != NULL;
+    if (ok && !cl->host)
+        ok = (cl->host = malloc((size_t)cl->slot_bytes)) != NULL;
+    if (ok) {
+        const uint64_t row = kt_type_row_bytes(slab->type, slab->ne[0]);
+        const int64_t want = (int64_t)((end + row - 1) / row); /* rows covering [0, end) */
+        kt_err err = {0};
+        if (want > slot->rows[i])
+            ok = kt_model_read_expert_rows(e->model, slab, slot->expert, slot->rows[i], want - slot->rows[i],
+                                           cl->host + cl->seg_offset[i] + (uint64_t)slot->rows[i] * row,
+                                           &err) == KT_OK;
+        if (ok && want > slot->rows[i])
+            slot->rows[i] = want;
+    }
+    if (!ok)
+        evict(e, il, cl->loading);
+    return ok;
+}
+
 void kt_cache_copy(struct kt_engine *e, uint32_t il)
 {
     struct kt_expert_cache *c = e->dev.cache;
@@ -295,7 +328,11 @@ void kt_cache_copy(struct kt_engine *e, uint32_t il)
     if (n < MIN_CHUNK_BYTES && n < total - slot->loaded)
         return; /* no spare time measured yet, or too little of it */
     const struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], slot->expert);
+    const bool streamed = kt_model_experts_streamed(e->model);
     const uint8_t *src[3] = {w.gate.data, w.up.data, w.down.data};
+    if (streamed)
+        for (int i = 0; i < 3; i++)
+            src[i] = cl->host ? cl->host + cl->seg_offset[i] : NULL; /* made at the first read_streamed */
     uint8_t *const base = cl->mem + (uint64_t)cl->loading * cl->slot_bytes;
     /* [slot->loaded, end) of the three segments laid end to end */
     const uint64_t end = slot->loaded + n;
@@ -305,6 +342,10 @@ void kt_cache_copy(struct kt_engine *e, uint32_t il)
         if (at >= end || at >= seg_end)
             continue;
         const uint64_t off = at - seg_start, len = (end < seg_end ? end : seg_end) - at;
+        if (streamed && !read_streamed(e, il, cl, slot, i, off + len))
+            return; /* the slot was given up; the expert keeps running where it is */
+        if (streamed)
+            src[i] = cl->host + cl->seg_offset[i];
         const void *from = src[i] + off;
         if (c->staging) { /* cuda: from page-locked memory, so the copy is asynchronous */
             memcpy(c->staging + staged, from, (size_t)len);

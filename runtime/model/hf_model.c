@@ -664,18 +664,26 @@ kt_status kt_hf_weights_ready(struct kt_hf_weights *w, void (*progress)(void *ct
 kt_status kt_hf_read_expert(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
                             kt_err *err)
 {
+    return kt_hf_read_expert_rows(w, t, x, 0, t->ne[1], dst, err);
+}
+
+kt_status kt_hf_read_expert_rows(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, int64_t first,
+                                 int64_t n, void *dst, kt_err *err)
+{
     const uintptr_t at = (uintptr_t)t - (uintptr_t)w->tensors; /* wraps past n_tensors when t is not ours */
     const uint64_t i = at / sizeof *t;
-    if (at % sizeof *t || i >= w->n_tensors || t->source != KT_TENSOR_STREAMED || x >= (uint64_t)t->ne[2])
-        return kt_err_set(err, KT_ERR_INVALID, "%s: %s expert %u is not a streamed expert of this checkpoint", w->dir,
-                          t->name, x);
+    if (at % sizeof *t || i >= w->n_tensors || t->source != KT_TENSOR_STREAMED || x >= (uint64_t)t->ne[2] ||
+        first < 0 || n < 0 || first > t->ne[1] - n)
+        return kt_err_set(err, KT_ERR_INVALID, "%s: %s expert %u rows %lld + %lld are not a streamed expert's of this "
+                          "checkpoint", w->dir, t->name, x, (long long)first, (long long)n);
     const struct kt_hf_linear *l = &w->src[i].experts[x];
-    if (x == 0)
+    if (first == 0 && x == 0)
         will_need(l);
-    if (x + 1 < (uint64_t)t->ne[2]) /* the next expert's pages read ahead while this one converts */
+    if (first == 0 && x + 1 < (uint64_t)t->ne[2]) /* the next expert's pages read ahead while this one converts */
         will_need(&w->src[i].experts[x + 1]);
-    kt_status st = convert_rows(w, l, t->type, 0, (int64_t)l->out, dst, t->name, err);
-    drop_linear(l);
+    kt_status st = convert_rows(w, l, t->type, first, n, dst, t->name, err);
+    if (first + n == t->ne[1])
+        drop_linear(l);
     return st;
 }
 

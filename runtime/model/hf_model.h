@@ -57,6 +57,11 @@ kt_status kt_hf_weights_ready(struct kt_hf_weights *w, void (*progress)(void *ct
 kt_status kt_hf_read_expert(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
                             kt_err *err);
 
+/* Rows [first, first + n) of that slab (of t->ne[1]) into dst; the shard
+ * pages are given back once the last row is read. */
+kt_status kt_hf_read_expert_rows(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, int64_t first,
+                                 int64_t n, void *dst, kt_err *err);
+
 /* Bytes of checkpoint data (shard bytes of the weights kt uses) behind the
  * table, for load throughput. */
 uint64_t kt_hf_stored_bytes(const struct kt_hf_weights *w);

@@ -940,12 +940,19 @@ bool kt_model_experts_streamed(const struct kt_model *m)
 kt_status kt_model_read_expert(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
                                kt_err *err)
 {
+    return kt_model_read_expert_rows(m, t, x, 0, t->ne[1], dst, err);
+}
+
+kt_status kt_model_read_expert_rows(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x,
+                                    int64_t first, int64_t n, void *dst, kt_err *err)
+{
     if (m->hf)
-        return kt_hf_read_expert(m->hf, t, x, dst, err);
-    const uint64_t slab = t->nbytes / (uint64_t)t->ne[2];
-    if (!t->data || x >= (uint64_t)t->ne[2])
-        return kt_err_set(err, KT_ERR_INVALID, "%s: expert %u of %s is not in the file", m->gguf->path, x, t->name);
-    memcpy(dst, (const uint8_t *)t->data + (size_t)x * slab, (size_t)slab);
+        return kt_hf_read_expert_rows(m->hf, t, x, first, n, dst, err);
+    const size_t row = kt_type_row_bytes(t->type, t->ne[0]);
+    if (!t->data || x >= (uint64_t)t->ne[2] || first < 0 || n < 0 || first > t->ne[1] - n)
+        return kt_err_set(err, KT_ERR_INVALID, "%s: rows %lld + %lld of expert %u of %s are not in the file",
+                          m->gguf->path, (long long)first, (long long)n, x, t->name);
+    memcpy(dst, (const uint8_t *)t->data + ((size_t)x * (size_t)t->ne[1] + (size_t)first) * row, (size_t)n * row);
     return KT_OK;
 }
 

@@ -209,6 +209,10 @@ bool kt_model_experts_streamed(const struct kt_model *m);
 kt_status kt_model_read_expert(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
                                kt_err *err);
 
+/* Rows [first, first + n) of that slab (rows of t->ne[1], in t's type) into dst. */
+kt_status kt_model_read_expert_rows(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x,
+                                    int64_t first, int64_t n, void *dst, kt_err *err);
+
 /* Memory one placement needs, in bytes. */
 struct kt_memory_need {
     uint64_t gpu_bytes;         /* weights on the GPU + latent KV cache there */
