@@ -88,8 +88,7 @@ static uint32_t byte_code_point(unsigned char b)
     return 0x143; /* 0xAD */
 }
 
-/* n bytes as byte-level text at out (room for 2n + 1); its length. */
-static size_t byte_level(const unsigned char *p, size_t n, char *out)
+size_t kt_byte_level_text(const unsigned char *p, size_t n, char *out)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -294,7 +293,7 @@ static kt_status make_texts(const struct ranks *r, const char *label, struct kt_
             st = kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", label);
             goto done;
         }
-        byte_level(tok, n, out->texts[q]);
+        kt_byte_level_text(tok, n, out->texts[q]);
         const size_t split = n >= 2 ? two_part_split(r, q, part_end, pair_rank) : 0;
         if (split == 0)
             continue;
@@ -303,9 +302,9 @@ static kt_status make_texts(const struct ranks *r, const char *label, struct kt_
             st = kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", label);
             goto done;
         }
-        const size_t left = byte_level(tok, split, m);
+        const size_t left = kt_byte_level_text(tok, split, m);
         m[left] = ' ';
-        byte_level(tok + split, n - split, m + left + 1);
+        kt_byte_level_text(tok + split, n - split, m + left + 1);
         out->merges[out->n_merges++] = m;
     }
 done:

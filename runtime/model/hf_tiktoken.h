@@ -36,4 +36,9 @@ kt_status kt_tiktoken_parse(const char *text, size_t len, const char *label, str
 /* Frees what parse made (texts or merges set to NULL by a caller that took them are skipped). */
 void kt_tiktoken_free(struct kt_tiktoken *t);
 
+/* n bytes as GPT-2 byte-level text (each byte's code point, printable
+ * Latin-1 as itself and the other 68 as U+0100..U+0143, in UTF-8) at out,
+ * which has room for 2n + 1; NUL-terminated; its length. */
+size_t kt_byte_level_text(const unsigned char *p, size_t n, char *out);
+
 #endif

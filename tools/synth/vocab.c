@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "corpus.h"
+#include "hf_tiktoken.h"
 #include "templates.h"
 
 #define MAX_MERGES 100000u
@@ -817,41 +818,11 @@ static const struct special_token kimi_back[] = {
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* GPT-2's byte-to-code-point table: printable Latin-1 bytes map to
- * themselves, the other 68 (in byte order) to U+0100.. U+0143. */
-static uint32_t byte_code_point(unsigned char b)
-{
-    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)
-        return b;
-    if (b <= 0x20)
-        return 0x100 + b;
-    if (b <= 0xA0)
-        return 0x100 + 0x21 + (b - 0x7F);
-    return 0x143; /* 0xAD */
-}
-
-/* Byte-level text of n bytes: each byte's code point as UTF-8 (1 or 2 bytes). */
-static size_t byte_level_encode(const unsigned char *p, size_t n, char *out)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t c = byte_code_point(p[i]);
-        if (c < 0x80) {
-            out[o++] = (char)c;
-        } else {
-            out[o++] = (char)(0xC0 | (c >> 6));
-            out[o++] = (char)(0x80 | (c & 0x3F));
-        }
-    }
-    out[o] = 0;
-    return o;
-}
-
 static char *byte_level_dup(const struct token_store *s, uint32_t id)
 {
     char *out = malloc(2 * token_len(s, id) + 1);
     if (out)
-        byte_level_encode(token_ptr(s, id), token_len(s, id), out);
+        kt_byte_level_text(token_ptr(s, id), token_len(s, id), out);
     return out;
 }
 
@@ -928,9 +899,9 @@ kt_status kt_synth_vocab_build(enum kt_synth_family family, uint32_t n_merges, s
         size_t nl = token_len(&tr.tokens, left), nr = token_len(&tr.tokens, right);
         char *m = malloc(2 * (nl + nr) + 2);
         if (m) {
-            size_t o = byte_level_encode(token_ptr(&tr.tokens, left), nl, m);
+            size_t o = kt_byte_level_text(token_ptr(&tr.tokens, left), nl, m);
             m[o] = ' ';
-            byte_level_encode(token_ptr(&tr.tokens, right), nr, m + o + 1);
+            kt_byte_level_text(token_ptr(&tr.tokens, right), nr, m + o + 1);
         }
         out->merges[r] = m;
     }
