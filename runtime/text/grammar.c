@@ -1,0 +1,1536 @@
+/*
+ * grammar.c - the pushdown automaton behind constrained decoding and its
+ * token masks (see grammar.h).
+ *
+ * A stack is an array of frames {node, a, b}: the node's kind decides what
+ * a and b hold (a phase and a counter, a trie position, ...).  A state is a
+ * set of stacks whose top frames all wait for a symbol (a byte 0..255, or
+ * 256 + a special token id), plus whether the empty stack - the sentence
+ * done - is among them.  Stepping a state by a symbol steps every stack's
+ * top frame and then closes the result: epsilon moves (entering a sequence's
+ * next item, taking each branch of an alternative, popping a finished
+ * frame) are taken until every stack waits again.
+ *
+ * States live in one growable arena of uint32 words:
+ *   [words, complete, n_stacks, (depth, frames[depth] as 3 words)...]
+ * The current state sits at offset 0; a mask walk builds the state after
+ * each prefix of a trie path above it, one level per byte, and pops levels
+ * as the depth-first walk backs up.  The vocabulary's trie is stored in
+ * preorder with each node's subtree end, so the walk is a linear scan that
+ * skips a whole subtree when its first byte fails.
+ *
+ * Inside a JSON string most tokens only add characters, which would make the
+ * walk visit the whole trie; so when every stack waits in a string body, the
+ * mask is the precomputed set of "plain" tokens (complete UTF-8, no quote,
+ * backslash or control byte) that fit the length left, plus the few "live"
+ * tokens (a plain run ending at a quote, a backslash or an unfinished UTF-8
+ * character) stepped one by one from their first such byte.
+ */
+#include "grammar.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the grammar ------------------------------------------------------------------- */
+
+enum kind {
+    K_SEQ,
+    K_ALT,
+    K_REPEAT,
+    K_FORWARD,
+    K_LITERALS, /* first: trie root */
+    K_TOKEN,    /* min: token id */
+    K_STRING,   /* min, max: characters */
+    K_NUMBER,   /* min: enum kt_grammar_number */
+    K_ARRAY,    /* child: item; min, max: items */
+    K_OBJECT,   /* first: props index, n: count */
+    K_MAP,      /* child: value; min: the key string node */
+};
+
+struct node {
+    uint8_t kind;
+    uint32_t n, first;   /* items / props / trie root */
+    uint32_t min, max;
+    uint32_t child;      /* repeat item, array item, map value, forward target */
+};
+
+#define NONE UINT32_MAX
+
+struct tnode {           /* a literal trie's node */
+    uint32_t first_child, next_sibling;
+    int32_t value;       /* terminal: which literal / property; -1 inner */
+    uint8_t byte;
+};
+
+struct prop {
+    uint32_t value;
+    bool required;
+    uint32_t key_root;   /* trie of the keys that may come next when this is the first left */
+    bool can_close;      /* no required property from here on */
+};
+
+struct kt_grammar {
+    struct node *nodes;
+    size_t n_nodes, cap_nodes;
+    uint32_t *items;
+    size_t n_items, cap_items;
+    struct tnode *trie;
+    size_t n_trie, cap_trie;
+    struct prop *props;  /* per object: n + 1 entries (the last: nothing left) */
+    size_t n_props, cap_props;
+    int32_t *tokens;     /* special tokens some node names, distinct */
+    size_t n_tokens, cap_tokens;
+    uint32_t root;
+    bool has_root;
+};
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return true;
+    size_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+#define GROW(arr, n, cap, need) grow((void **)&(arr), &(cap), (need), sizeof *(arr))
+
+kt_status kt_grammar_create(struct kt_grammar **out, kt_err *err)
+{
+    *out = calloc(1, sizeof **out);
+    return *out ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "grammar: out of memory");
+}
+
+void kt_grammar_destroy(struct kt_grammar *g)
+{
+    if (!g)
+        return;
+    free(g->nodes);
+    free(g->items);
+    free(g->trie);
+    free(g->props);
+    free(g->tokens);
+    free(g);
+}
+
+static kt_status nomem(kt_err *err)
+{
+    return kt_err_set(err, KT_ERR_NOMEM, "grammar: out of memory");
+}
+
+static kt_status add_node(struct kt_grammar *g, struct node n, uint32_t *id, kt_err *err)
+{
+    if (g->n_nodes >= NONE - 1 || !GROW(g->nodes, g->n_nodes, g->cap_nodes, g->n_nodes + 1))
+        return nomem(err);
+    g->nodes[g->n_nodes] = n;
+    *id = (uint32_t)g->n_nodes++;
+    return KT_OK;
+}
+
+static kt_status check_ids(const struct kt_grammar *g, const uint32_t *items, size_t n, kt_err *err)
+{
+    for (size_t i = 0; i < n; i++)
+        if (items[i] >= g->n_nodes)
+            return kt_err_set(err, KT_ERR_INVALID, "grammar: node %u does not exist", items[i]);
+    return KT_OK;
+}
+
+static kt_status add_items(struct kt_grammar *g, const uint32_t *items, size_t n, uint32_t *first, kt_err *err)
+{
+    if (!GROW(g->items, g->n_items, g->cap_items, g->n_items + n))
+        return nomem(err);
+    memcpy(g->items + g->n_items, items, n * sizeof *items);
+    *first = (uint32_t)g->n_items;
+    g->n_items += n;
+    return KT_OK;
+}
+
+static kt_status trie_new(struct kt_grammar *g, uint8_t byte, uint32_t *id, kt_err *err)
+{
+    if (!GROW(g->trie, g->n_trie, g->cap_trie, g->n_trie + 1))
+        return nomem(err);
+    g->trie[g->n_trie] = (struct tnode){NONE, NONE, -1, byte};
+    *id = (uint32_t)g->n_trie++;
+    return KT_OK;
+}
+
+static uint32_t trie_child(const struct kt_grammar *g, uint32_t t, uint8_t byte)
+{
+    for (uint32_t c = g->trie[t].first_child; c != NONE; c = g->trie[c].next_sibling)
+        if (g->trie[c].byte == byte)
+            return c;
+    return NONE;
+}
+
+/* Adds text to the trie at root with terminal value; KT_ERR_INVALID on a duplicate. */
+static kt_status trie_add(struct kt_grammar *g, uint32_t root, const char *text, size_t len, int32_t value,
+                          kt_err *err)
+{
+    uint32_t t = root;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t b = (uint8_t)text[i];
+        uint32_t c = trie_child(g, t, b);
+        if (c == NONE) {
+            kt_status st = trie_new(g, b, &c, err);
+            if (st != KT_OK)
+                return st;
+            g->trie[c].next_sibling = g->trie[t].first_child;
+            g->trie[t].first_child = c;
+        }
+        t = c;
+    }
+    if (g->trie[t].value >= 0)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: the same literal twice");
+    g->trie[t].value = value;
+    return KT_OK;
+}
+
+kt_status kt_grammar_literals(struct kt_grammar *g, const char *const *texts, const size_t *lens, size_t n,
+                              uint32_t *node, kt_err *err)
+{
+    if (n == 0)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: an empty set of literals matches nothing");
+    uint32_t root = 0;
+    kt_status st = trie_new(g, 0, &root, err);
+    for (size_t i = 0; st == KT_OK && i < n; i++) {
+        if (lens[i] == 0) {
+            st = kt_err_set(err, KT_ERR_INVALID, "grammar: an empty literal");
+            break;
+        }
+        st = trie_add(g, root, texts[i], lens[i], (int32_t)i, err);
+    }
+    if (st != KT_OK)
+        return st;
+    return add_node(g, (struct node){.kind = K_LITERALS, .first = root}, node, err);
+}
+
+kt_status kt_grammar_literal(struct kt_grammar *g, const char *bytes, size_t len, uint32_t *node, kt_err *err)
+{
+    return kt_grammar_literals(g, &bytes, &len, 1, node, err);
+}
+
+kt_status kt_grammar_token(struct kt_grammar *g, int32_t token, uint32_t *node, kt_err *err)
+{
+    if (token < 0)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: token id %d", token);
+    size_t i = 0;
+    while (i < g->n_tokens && g->tokens[i] != token)
+        i++;
+    if (i == g->n_tokens) {
+        if (!GROW(g->tokens, g->n_tokens, g->cap_tokens, g->n_tokens + 1))
+            return nomem(err);
+        g->tokens[g->n_tokens++] = token;
+    }
+    return add_node(g, (struct node){.kind = K_TOKEN, .min = (uint32_t)token}, node, err);
+}
+
+kt_status kt_grammar_seq(struct kt_grammar *g, const uint32_t *items, size_t n, uint32_t *node, kt_err *err)
+{
+    uint32_t first = 0;
+    kt_status st = check_ids(g, items, n, err);
+    if (st == KT_OK)
+        st = add_items(g, items, n, &first, err);
+    if (st != KT_OK)
+        return st;
+    return add_node(g, (struct node){.kind = K_SEQ, .n = (uint32_t)n, .first = first}, node, err);
+}
+
+kt_status kt_grammar_alt(struct kt_grammar *g, const uint32_t *items, size_t n, uint32_t *node, kt_err *err)
+{
+    if (n == 0)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: an alternative of nothing matches nothing");
+    uint32_t first = 0;
+    kt_status st = check_ids(g, items, n, err);
+    if (st == KT_OK)
+        st = add_items(g, items, n, &first, err);
+    if (st != KT_OK)
+        return st;
+    return add_node(g, (struct node){.kind = K_ALT, .n = (uint32_t)n, .first = first}, node, err);
+}
+
+kt_status kt_grammar_repeat(struct kt_grammar *g, uint32_t item, uint32_t min, uint32_t max, uint32_t *node,
+                            kt_err *err)
+{
+    kt_status st = check_ids(g, &item, 1, err);
+    if (st != KT_OK)
+        return st;
+    if (min > max)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: repeat %u..%u", min, max);
+    return add_node(g, (struct node){.kind = K_REPEAT, .child = item, .min = min, .max = max}, node, err);
+}
+
+kt_status kt_grammar_forward(struct kt_grammar *g, uint32_t *node, kt_err *err)
+{
+    return add_node(g, (struct node){.kind = K_FORWARD, .child = NONE}, node, err);
+}
+
+kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t target, kt_err *err)
+{
+    if (forward >= g->n_nodes || g->nodes[forward].kind != K_FORWARD || target >= g->n_nodes)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: node %u is not a forward node", forward);
+    for (uint32_t t = target, hops = 0; g->nodes[t].kind == K_FORWARD; t = g->nodes[t].child, hops++)
+        if (t == forward || g->nodes[t].child == NONE || hops > g->n_nodes)
+            return kt_err_set(err, KT_ERR_INVALID, "grammar: a reference that only refers to itself");
+    g->nodes[forward].child = target;
+    return KT_OK;
+}
+
+kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,
+                                 kt_err *err)
+{
+    if (min_chars > max_chars)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: string length %u..%u", min_chars, max_chars);
+    return add_node(g, (struct node){.kind = K_STRING, .min = min_chars, .max = max_chars}, node, err);
+}
+
+kt_status kt_grammar_json_number(struct kt_grammar *g, enum kt_grammar_number kind, uint32_t *node, kt_err *err)
+{
+    return add_node(g, (struct node){.kind = K_NUMBER, .min = (uint32_t)kind}, node, err);
+}
+
+kt_status kt_grammar_json_array(struct kt_grammar *g, uint32_t item, uint32_t min_items, uint32_t max_items,
+                                uint32_t *node, kt_err *err)
+{
+    kt_status st = check_ids(g, &item, 1, err);
+    if (st != KT_OK)
+        return st;
+    if (min_items > max_items)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: array length %u..%u", min_items, max_items);
+    if (max_items != KT_GRAMMAR_UNBOUNDED && max_items > (1u << 28))
+        max_items = KT_GRAMMAR_UNBOUNDED;
+    if (min_items > (1u << 28))
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "grammar: more than 2^28 array items");
+    return add_node(g, (struct node){.kind = K_ARRAY, .child = item, .min = min_items, .max = max_items}, node, err);
+}
+
+/* The key as JSON text, quotes included. */
+static char *json_key_text(const char *name, size_t len, size_t *out_len)
+{
+    char *s = malloc(6 * len + 3);
+    if (!s)
+        return NULL;
+    size_t k = 0;
+    s[k++] = '"';
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c == '"' || c == '\\') {
+            s[k++] = '\\';
+            s[k++] = (char)c;
+        } else if (c < 0x20) {
+            static const char hex[] = "0123456789abcdef";
+            memcpy(s + k, "\\u00", 4);
+            k += 4;
+            s[k++] = hex[c >> 4];
+            s[k++] = hex[c & 15];
+        } else {
+            s[k++] = (char)c;
+        }
+    }
+    s[k++] = '"';
+    *out_len = k;
+    return s;
+}
+
+kt_status kt_grammar_json_object(struct kt_grammar *g, const struct kt_grammar_property *props, size_t n,
+                                 uint32_t *node, kt_err *err)
+{
+    if (n > 256)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "grammar: an object of %zu properties (at most 256)", n);
+    for (size_t i = 0; i < n; i++) {
+        kt_status st = check_ids(g, &props[i].value, 1, err);
+        if (st != KT_OK)
+            return st;
+        for (size_t j = 0; j < i; j++)
+            if (props[j].name_len == props[i].name_len && memcmp(props[j].name, props[i].name, props[i].name_len) == 0)
+                return kt_err_set(err, KT_ERR_INVALID, "grammar: property '%.*s' twice", (int)props[i].name_len,
+                                  props[i].name);
+    }
+    if (!GROW(g->props, g->n_props, g->cap_props, g->n_props + n + 1))
+        return nomem(err);
+    size_t first = g->n_props;
+    g->n_props += n + 1;
+    bool can_close = true;
+    for (size_t i = n + 1; i-- > 0;) {
+        struct prop *p = &g->props[first + i];
+        *p = (struct prop){.value = i < n ? props[i].value : NONE, .required = i < n && props[i].required,
+                           .key_root = NONE};
+        can_close = can_close && !p->required;
+        p->can_close = can_close;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kt_status st = trie_new(g, 0, &g->props[first + i].key_root, err);
+        for (size_t j = i; st == KT_OK && j < n; j++) {
+            size_t len;
+            char *key = json_key_text(props[j].name, props[j].name_len, &len);
+            if (!key)
+                return nomem(err);
+            st = trie_add(g, g->props[first + i].key_root, key, len, (int32_t)j, err);
+            free(key);
+            if (props[j].required)
+                break;
+        }
+        if (st != KT_OK)
+            return st;
+    }
+    return add_node(g, (struct node){.kind = K_OBJECT, .first = (uint32_t)first, .n = (uint32_t)n}, node, err);
+}
+
+kt_status kt_grammar_json_map(struct kt_grammar *g, uint32_t value, uint32_t *node, kt_err *err)
+{
+    uint32_t key = 0;
+    kt_status st = check_ids(g, &value, 1, err);
+    if (st == KT_OK)
+        st = kt_grammar_json_string(g, 0, KT_GRAMMAR_UNBOUNDED, &key, err);
+    if (st != KT_OK)
+        return st;
+    return add_node(g, (struct node){.kind = K_MAP, .child = value, .min = key}, node, err);
+}
+
+kt_status kt_grammar_set_root(struct kt_grammar *g, uint32_t node, kt_err *err)
+{
+    kt_status st = check_ids(g, &node, 1, err);
+    if (st != KT_OK)
+        return st;
+    for (size_t i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].kind == K_FORWARD && g->nodes[i].child == NONE)
+            return kt_err_set(err, KT_ERR_INVALID, "grammar: forward node %zu was never defined", i);
+    g->root = node;
+    g->has_root = true;
+    return KT_OK;
+}
+
+/* ---- the vocabulary ------------------------------------------------------------------ */
+
+enum plain_class { PLAIN_ALL, PLAIN_DEAD, PLAIN_LIVE };
+
+struct kt_grammar_vocab {
+    uint32_t n_tokens, n_mask, mask_words;
+    /* the trie of text tokens in preorder; node 0 is the root (no byte) */
+    uint32_t n_nodes;
+    uint8_t *byte;          /* [n_nodes] */
+    uint16_t *depth;        /* [n_nodes] bytes from the root */
+    uint32_t *subtree_end;  /* [n_nodes] first node after this one's subtree */
+    uint32_t *tok_first;    /* [n_nodes] into tok_list; tok_count 0: no token ends here */
+    uint16_t *tok_count;
+    uint32_t *tok_list;     /* token ids sorted by bytes */
+    uint32_t max_len;
+    /* strings: per text token, how it reads inside a string body */
+    uint32_t *plain_bits;   /* [mask_words] the PLAIN_ALL tokens */
+    uint16_t *plain_chars;  /* [n_tokens] characters of the plain run (PLAIN_ALL: all) */
+    uint16_t *plain_bytes;  /* [n_tokens] bytes of the plain run */
+    uint32_t max_plain_chars;
+    uint32_t *live;         /* [n_live] PLAIN_LIVE token ids */
+    uint32_t n_live;
+    const char **bytes;     /* [n_tokens] copies' pointers into text */
+    uint32_t *lens;
+    char *text;
+    bool *special;          /* [n_tokens] */
+    int32_t *eog;
+    size_t n_eog;
+};
+
+uint32_t kt_grammar_vocab_mask_words(const struct kt_grammar_vocab *v)
+{
+    return v->mask_words;
+}
+
+void kt_grammar_vocab_destroy(struct kt_grammar_vocab *v)
+{
+    if (!v)
+        return;
+    free(v->byte);
+    free(v->depth);
+    free(v->subtree_end);
+    free(v->tok_first);
+    free(v->tok_count);
+    free(v->tok_list);
+    free(v->plain_bits);
+    free(v->plain_chars);
+    free(v->plain_bytes);
+    free(v->live);
+    free(v->bytes);
+    free(v->lens);
+    free(v->text);
+    free(v->special);
+    free(v->eog);
+    free(v);
+}
+
+/* Bytes of the UTF-8 character starting at s (at most n bytes), 0 if not a
+ * whole valid one. */
+static size_t utf8_char(const unsigned char *s, size_t n)
+{
+    unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        if (c == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (s[i] < 0x80 || s[i] > 0xBF)
+            return 0;
+    return len;
+}
+
+/* How the token reads in a string body: the plain run's bytes and characters,
+ * and what stops it (nothing, a byte no string holds, or one the automaton must see). */
+static enum plain_class classify(const unsigned char *s, size_t n, uint32_t *run_bytes, uint32_t *run_chars)
+{
+    size_t i = 0, chars = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c == '"' || c == '\\')
+            break;
+        if (c < 0x20)
+            goto dead;
+        size_t k = utf8_char(s + i, n - i);
+        if (k == 0)
+            break;
+        i += k;
+        chars++;
+    }
+    *run_bytes = (uint32_t)i;
+    *run_chars = (uint32_t)chars;
+    if (i == n)
+        return PLAIN_ALL;
+    unsigned char c = s[i];
+    if (c == '"' || c == '\\')
+        return PLAIN_LIVE;
+    /* an unfinished character at the very end may be finished by the next token */
+    if (c >= 0xC2 && c <= 0xF4) {
+        size_t rest = n - i;
+        unsigned char tmp[4] = {c, 0x80, 0x80, 0x80};
+        memcpy(tmp, s + i, rest < 4 ? rest : 4);
+        if (c == 0xE0)
+            tmp[1] = rest > 1 ? tmp[1] : 0xA0;
+        if (c == 0xF0)
+            tmp[1] = rest > 1 ? tmp[1] : 0x90;
+        size_t need = utf8_char(tmp, 4);
+        if (need > rest)
+            return PLAIN_LIVE;
+    }
+dead:
+    *run_bytes = (uint32_t)i;
+    *run_chars = (uint32_t)chars;
+    return PLAIN_DEAD;
+}
+
+struct sort_ctx_item {
+    const unsigned char *s;
+    uint32_t len, id;
+};
+
+static int compare_bytes(const void *pa, const void *pb)
+{
+    const struct sort_ctx_item *a = pa, *b = pb;
+    uint32_t n = a->len < b->len ? a->len : b->len;
+    int c = memcmp(a->s, b->s, n);
+    if (c)
+        return c;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return a->id < b->id ? -1 : (a->id > b->id);
+}
+
+kt_status kt_grammar_vocab_create(const char *const *bytes, const size_t *lens, const bool *special,
+                                  uint32_t n_tokens, uint32_t n_mask, const int32_t *eog, size_t n_eog,
+                                  struct kt_grammar_vocab **out, kt_err *err)
+{
+    *out = NULL;
+    if (n_mask < n_tokens)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar vocabulary: a mask of %u bits for %u tokens", n_mask,
+                          n_tokens);
+    struct kt_grammar_vocab *v = calloc(1, sizeof *v);
+    struct sort_ctx_item *items = NULL;
+    uint32_t *path = NULL;
+    if (!v)
+        return nomem(err);
+    v->n_tokens = n_tokens;
+    v->n_mask = n_mask;
+    v->mask_words = (n_mask + 31) / 32;
+    size_t total = 0;
+    for (uint32_t i = 0; i < n_tokens; i++)
+        total += lens[i];
+    v->text = malloc(total ? total : 1);
+    v->bytes = calloc(n_tokens ? n_tokens : 1, sizeof *v->bytes);
+    v->lens = calloc(n_tokens ? n_tokens : 1, sizeof *v->lens);
+    v->special = calloc(n_tokens ? n_tokens : 1, sizeof *v->special);
+    v->plain_bits = calloc(v->mask_words ? v->mask_words : 1, sizeof *v->plain_bits);
+    v->plain_chars = calloc(n_tokens ? n_tokens : 1, sizeof *v->plain_chars);
+    v->plain_bytes = calloc(n_tokens ? n_tokens : 1, sizeof *v->plain_bytes);
+    v->live = malloc((n_tokens ? n_tokens : 1) * sizeof *v->live);
+    v->eog = malloc((n_eog ? n_eog : 1) * sizeof *v->eog);
+    items = malloc((n_tokens ? n_tokens : 1) * sizeof *items);
+    if (!v->text || !v->bytes || !v->lens || !v->special || !v->plain_bits || !v->plain_chars || !v->plain_bytes ||
+        !v->live || !v->eog || !items)
+        goto nomem;
+    size_t off = 0, n_text = 0;
+    for (uint32_t i = 0; i < n_tokens; i++) {
+        if (lens[i] > 65535) {
+            kt_grammar_vocab_destroy(v);
+            free(items);
+            return kt_err_set(err, KT_ERR_UNSUPPORTED, "grammar vocabulary: token %u is %zu bytes long", i, lens[i]);
+        }
+        memcpy(v->text + off, bytes[i], lens[i]);
+        v->bytes[i] = v->text + off;
+        v->lens[i] = (uint32_t)lens[i];
+        off += lens[i];
+        v->special[i] = special[i] || lens[i] == 0;
+        if (v->special[i])
+            continue;
+        items[n_text++] = (struct sort_ctx_item){(const unsigned char *)v->bytes[i], v->lens[i], i};
+        if (v->lens[i] > v->max_len)
+            v->max_len = v->lens[i];
+        uint32_t rb, rc;
+        enum plain_class pc = classify((const unsigned char *)v->bytes[i], v->lens[i], &rb, &rc);
+        v->plain_bytes[i] = (uint16_t)rb;
+        v->plain_chars[i] = (uint16_t)rc;
+        if (pc == PLAIN_ALL) {
+            v->plain_bits[i >> 5] |= 1u << (i & 31);
+            if (rc > v->max_plain_chars)
+                v->max_plain_chars = rc;
+        } else if (pc == PLAIN_LIVE) {
+            v->live[v->n_live++] = i;
+        }
+    }
+    for (size_t i = 0; i < n_eog; i++) {
+        if (eog[i] < 0 || (uint32_t)eog[i] >= n_tokens)
+            continue;
+        v->eog[v->n_eog++] = eog[i];
+    }
+    qsort(items, n_text, sizeof *items, compare_bytes);
+
+    /* Preorder trie from the sorted tokens: each token shares its longest
+     * common prefix with the previous one's path. */
+    size_t cap = 1 + total;
+    v->byte = malloc(cap);
+    v->depth = malloc(cap * sizeof *v->depth);
+    v->subtree_end = malloc(cap * sizeof *v->subtree_end);
+    v->tok_first = malloc(cap * sizeof *v->tok_first);
+    v->tok_count = calloc(cap, sizeof *v->tok_count);
+    v->tok_list = malloc((n_text ? n_text : 1) * sizeof *v->tok_list);
+    path = malloc((v->max_len + 2) * sizeof *path);
+    if (!v->byte || !v->depth || !v->subtree_end || !v->tok_first || !v->tok_count || !v->tok_list || !path)
+        goto nomem;
+    uint32_t n_nodes = 1;
+    v->byte[0] = 0;
+    v->depth[0] = 0;
+    path[0] = 0;
+    uint32_t path_len = 1; /* nodes on the current path, root included */
+    const unsigned char *prev = NULL;
+    uint32_t prev_len = 0;
+    for (size_t t = 0; t < n_text; t++) {
+        const unsigned char *s = items[t].s;
+        uint32_t len = items[t].len, lcp = 0;
+        while (prev && lcp < len && lcp < prev_len && s[lcp] == prev[lcp])
+            lcp++;
+        for (uint32_t d = lcp + 1; d < path_len; d++) /* nodes leaving the path end their subtrees here */
+            v->subtree_end[path[d]] = n_nodes;
+        path_len = lcp + 1;
+        for (uint32_t d = lcp; d < len; d++) {
+            uint32_t id = n_nodes++;
+            v->byte[id] = s[d];
+            v->depth[id] = (uint16_t)(d + 1);
+            v->tok_count[id] = 0;
+            path[path_len++] = id;
+        }
+        uint32_t leaf = path[len];
+        if (v->tok_count[leaf] == 0)
+            v->tok_first[leaf] = (uint32_t)t;
+        if (v->tok_count[leaf] < UINT16_MAX)
+            v->tok_count[leaf]++;
+        v->tok_list[t] = items[t].id;
+        prev = s;
+        prev_len = len;
+    }
+    for (uint32_t d = 0; d < path_len; d++)
+        v->subtree_end[path[d]] = n_nodes;
+    v->n_nodes = n_nodes;
+    free(items);
+    free(path);
+    *out = v;
+    return KT_OK;
+nomem:
+    free(items);
+    free(path);
+    kt_grammar_vocab_destroy(v);
+    return nomem(err);
+}
+
+kt_status kt_grammar_vocab_from_tokenizer(const struct kt_tokenizer *t, uint32_t n_mask,
+                                          struct kt_grammar_vocab **out, kt_err *err)
+{
+    int32_t n = kt_tokenizer_n_vocab(t);
+    if (n < 0)
+        n = 0;
+    const char **bytes = calloc((size_t)n + 1, sizeof *bytes);
+    size_t *lens = calloc((size_t)n + 1, sizeof *lens);
+    bool *special = calloc((size_t)n + 1, sizeof *special);
+    kt_status st;
+    if (!bytes || !lens || !special) {
+        st = nomem(err);
+        goto done;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        enum kt_tok_type ty = kt_token_type(t, i);
+        bytes[i] = kt_token_bytes(t, i, &lens[i]);
+        if (!bytes[i])
+            bytes[i] = "", lens[i] = 0;
+        special[i] = !(ty == KT_TOK_NORMAL || ty == KT_TOK_BYTE || ty == KT_TOK_UNDEFINED);
+    }
+    size_t n_eog;
+    const int32_t *eog = kt_tokenizer_eog_ids(t, &n_eog);
+    st = kt_grammar_vocab_create(bytes, lens, special, (uint32_t)n, n_mask < (uint32_t)n ? (uint32_t)n : n_mask, eog,
+                                 n_eog, out, err);
+done:
+    free(bytes);
+    free(lens);
+    free(special);
+    return st;
+}
+
+/* ---- the automaton --------------------------------------------------------------------- */
+
+struct frame {
+    uint32_t node, a, b;
+};
+
+#define FRAME_WORDS 3
+#define HDR_WORDS 3 /* words, complete, n_stacks */
+
+struct kt_grammar_matcher {
+    const struct kt_grammar *g;
+    const struct kt_grammar_vocab *v;
+    uint32_t *w;             /* the arena; the current state at 0 */
+    size_t len, cap;
+    bool oom;                /* an arena or scratch allocation failed: masks go empty */
+    bool ended;              /* end-of-generation was accepted */
+    int budget;              /* epsilon moves left in this step */
+    int branches;            /* nested branch copies on the C stack now */
+    struct frame scratch[KT_GRAMMAR_MAX_DEPTH];
+    size_t *level;           /* [max_len + 2] arena offset of each walk level's state */
+};
+
+/* Object phases (a: phase | index << 3). */
+enum { O_OPEN, O_KEY_OR_CLOSE, O_KEY, O_COLON, O_VALUE, O_AFTER, O_KEY_ONLY };
+/* Array phases (a: phase | count << 3). */
+enum { A_OPEN, A_FIRST, A_AFTER, A_NEXT };
+/* String phases (a: phase | utf8 left << 3 | first-continuation kind << 5 | hex digits << 7 | hex << 10). */
+enum { S_OPEN, S_BODY, S_ESC, S_HEX };
+/* Number phases (a). */
+enum { N_START, N_SIGN, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
+
+#define PH(a) ((a) & 7u)
+#define IDX(a) ((a) >> 3)
+
+static struct frame frame_init(const struct kt_grammar *g, uint32_t node)
+{
+    struct frame f = {node, 0, 0};
+    if (g->nodes[node].kind == K_LITERALS)
+        f.b = g->nodes[node].first;
+    return f;
+}
+
+static bool reserve(struct kt_grammar_matcher *m, size_t words)
+{
+    if (m->len + words <= m->cap)
+        return true;
+    size_t c = m->cap ? m->cap : 1024;
+    while (c < m->len + words)
+        c *= 2;
+    uint32_t *w = realloc(m->w, c * sizeof *w);
+    if (!w) {
+        m->oom = true;
+        return false;
+    }
+    m->w = w;
+    m->cap = c;
+    return true;
+}
+
+/* State being built at the arena's end, starting at offset start. */
+static bool state_begin(struct kt_grammar_matcher *m, size_t *start)
+{
+    if (!reserve(m, HDR_WORDS))
+        return false;
+    *start = m->len;
+    m->w[m->len] = HDR_WORDS;
+    m->w[m->len + 1] = 0;
+    m->w[m->len + 2] = 0;
+    m->len += HDR_WORDS;
+    return true;
+}
+
+static void emit(struct kt_grammar_matcher *m, size_t start, const struct frame *st, uint32_t depth)
+{
+    uint32_t *h = m->w + start;
+    if (depth == 0) {
+        h[1] = 1;
+        return;
+    }
+    size_t words = 1 + FRAME_WORDS * (size_t)depth;
+    size_t p = start + HDR_WORDS;
+    for (uint32_t s = 0; s < h[2]; s++) {
+        uint32_t d = m->w[p];
+        if (d == depth && memcmp(m->w + p + 1, st, depth * sizeof *st) == 0)
+            return;
+        p += 1 + FRAME_WORDS * (size_t)d;
+    }
+    if (h[2] >= KT_GRAMMAR_MAX_STACKS)
+        return;
+    if (!reserve(m, words))
+        return;
+    h = m->w + start;
+    m->w[m->len] = depth;
+    memcpy(m->w + m->len + 1, st, depth * sizeof *st);
+    m->len += words;
+    h[0] += (uint32_t)words;
+    h[2]++;
+}
+
+static bool is_ws(int c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+static bool push(const struct kt_grammar *g, struct frame *st, uint32_t *depth, uint32_t node)
+{
+    if (*depth >= KT_GRAMMAR_MAX_DEPTH)
+        return false;
+    st[(*depth)++] = frame_init(g, node);
+    return true;
+}
+
+static void closure(struct kt_grammar_matcher *m, size_t start, struct frame *st, uint32_t depth);
+
+/* A branch of a closure on its own copy of the stack (bounded nesting: each holds a copy on the C stack). */
+static void branch(struct kt_grammar_matcher *m, size_t start, const struct frame *st, uint32_t depth,
+                   struct frame replace_top, bool replace)
+{
+    if (m->branches >= 32)
+        return;
+    struct frame copy[KT_GRAMMAR_MAX_DEPTH];
+    memcpy(copy, st, depth * sizeof *st);
+    if (replace)
+        copy[depth - 1] = replace_top;
+    m->branches++;
+    closure(m, start, copy, depth);
+    m->branches--;
+}
+
+/* Takes every epsilon move from the stack st[depth] (modified) and emits the
+ * waiting stacks into the state at start. */
+static void closure(struct kt_grammar_matcher *m, size_t start, struct frame *st, uint32_t depth)
+{
+    const struct kt_grammar *g = m->g;
+    for (;;) {
+        if (--m->budget < 0)
+            return;
+        if (depth == 0) {
+            emit(m, start, st, 0);
+            return;
+        }
+        struct frame *f = &st[depth - 1];
+        const struct node *n = &g->nodes[f->node];
+        switch (n->kind) {
+        case K_SEQ:
+            if (f->a < n->n) {
+                uint32_t child = g->items[n->first + f->a++];
+                if (!push(g, st, &depth, child))
+                    return;
+            } else {
+                depth--;
+            }
+            continue;
+        case K_FORWARD:
+            *f = frame_init(g, n->child);
+            continue;
+        case K_ALT: {
+            for (uint32_t i = 1; i < n->n; i++)
+                branch(m, start, st, depth, frame_init(g, g->items[n->first + i]), true);
+            *f = frame_init(g, g->items[n->first]);
+            continue;
+        }
+        case K_REPEAT: {
+            bool more = f->a < n->max, end = f->a >= n->min;
+            if (more && end) {
+                branch(m, start, st, depth - 1, *f, false);
+            }
+            if (more) {
+                f->a++;
+                if (!push(g, st, &depth, n->child))
+                    return;
+            } else if (end) {
+                depth--;
+            } else {
+                return;
+            }
+            continue;
+        }
+        case K_LITERALS: {
+            const struct tnode *t = &g->trie[f->b];
+            if (t->value >= 0) {
+                if (t->first_child == NONE) {
+                    depth--;
+                    continue;
+                }
+                branch(m, start, st, depth - 1, *f, false);
+            }
+            emit(m, start, st, depth);
+            return;
+        }
+        case K_NUMBER: {
+            uint32_t ph = f->a;
+            if (ph == N_ZERO || ph == N_INT || ph == N_FRAC || ph == N_EXP) {
+                branch(m, start, st, depth - 1, *f, false);
+            }
+            emit(m, start, st, depth);
+            return;
+        }
+        case K_OBJECT:
+        case K_MAP:
+            if (PH(f->a) == O_VALUE) {
+                if (f->b < KT_GRAMMAR_MAX_WS)
+                    emit(m, start, st, depth); /* whitespace before the value */
+                uint32_t j = IDX(f->a);
+                uint32_t value = n->kind == K_MAP ? n->child : g->props[n->first + j].value;
+                f->a = O_AFTER | ((n->kind == K_MAP ? 0 : j + 1) << 3);
+                f->b = 0;
+                if (!push(g, st, &depth, value))
+                    return;
+                continue;
+            }
+            emit(m, start, st, depth);
+            return;
+        case K_ARRAY: {
+            uint32_t ph = PH(f->a);
+            if ((ph == A_FIRST && n->max > 0) || ph == A_NEXT) {
+                if (f->b < KT_GRAMMAR_MAX_WS || (ph == A_FIRST && n->min == 0))
+                    emit(m, start, st, depth); /* whitespace, or ']' */
+                uint32_t count = IDX(f->a) + 1;
+                f->a = A_AFTER | (count << 3);
+                f->b = 0;
+                if (!push(g, st, &depth, n->child))
+                    return;
+                continue;
+            }
+            emit(m, start, st, depth);
+            return;
+        }
+        default:
+            emit(m, start, st, depth);
+            return;
+        }
+    }
+}
+
+static bool hex_digit(int c, uint32_t *v)
+{
+    if (c >= '0' && c <= '9')
+        *v = (uint32_t)(c - '0');
+    else if (c >= 'a' && c <= 'f')
+        *v = (uint32_t)(c - 'a' + 10);
+    else if (c >= 'A' && c <= 'F')
+        *v = (uint32_t)(c - 'A' + 10);
+    else
+        return false;
+    return true;
+}
+
+/* One byte in a string body or escape; false if it cannot be there. */
+static bool step_string(const struct node *n, struct frame *f, uint32_t *depth, int c)
+{
+    uint32_t ph = PH(f->a);
+    uint32_t left = (f->a >> 3) & 3, kind = (f->a >> 5) & 3;
+    switch (ph) {
+    case S_OPEN:
+        if (c != '"')
+            return false;
+        f->a = S_BODY;
+        return true;
+    case S_BODY:
+        if (left) {
+            unsigned lo = 0x80, hi = 0xBF;
+            if (kind == 1)
+                lo = 0xA0;
+            else if (kind == 2)
+                hi = 0x9F;
+            else if (kind == 3)
+                lo = 0x90;
+            if ((f->a >> 12) & 1) /* F4 */
+                hi = 0x8F, f->a &= ~(1u << 12);
+            if (c < (int)lo || c > (int)hi)
+                return false;
+            f->a = S_BODY | ((left - 1) << 3);
+            return true;
+        }
+        if (c == '"') {
+            if (f->b < n->min)
+                return false;
+            (*depth)--;
+            return true;
+        }
+        if (c == '\\') {
+            if (f->b >= n->max)
+                return false;
+            f->a = S_ESC;
+            return true;
+        }
+        if (c < 0x20 || (c >= 0x80 && c < 0xC2) || c > 0xF4)
+            return false;
+        if (f->b >= n->max)
+            return false;
+        f->b++;
+        if (c >= 0xC2) {
+            uint32_t need = c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+            uint32_t k = c == 0xE0 ? 1 : c == 0xED ? 2 : c == 0xF0 ? 3 : 0;
+            f->a = S_BODY | (need << 3) | (k << 5) | (c == 0xF4 ? 1u << 12 : 0);
+        }
+        return true;
+    case S_ESC:
+        if (c == 'u') {
+            f->a = S_HEX;
+            return true;
+        }
+        if (!strchr("\"\\/bfnrt", c) || c == 0)
+            return false;
+        f->b++;
+        f->a = S_BODY;
+        return true;
+    case S_HEX: {
+        uint32_t digits = (f->a >> 7) & 7, value = f->a >> 10, d;
+        if (!hex_digit(c, &d))
+            return false;
+        value = value << 4 | d;
+        digits++;
+        if (digits == 2 && value >= 0xD8 && value <= 0xDF)
+            return false; /* a surrogate: jansson (and strict JSON readers) refuse a lone one */
+        if (digits == 4) {
+            if (value == 0)
+                return false; /* NUL */
+            f->b++;
+            f->a = S_BODY;
+            return true;
+        }
+        f->a = S_HEX | (digits << 7) | (value << 10);
+        return true;
+    }
+    }
+    return false;
+}
+
+static bool step_number(const struct node *n, struct frame *f, int c)
+{
+    enum kt_grammar_number kind = (enum kt_grammar_number)n->min;
+    bool digit = c >= '0' && c <= '9';
+    bool real = kind == KT_GRAMMAR_NUMBER;
+    switch (f->a) {
+    case N_START:
+        if (c == '-' && kind != KT_GRAMMAR_DIGITS) {
+            f->a = N_SIGN;
+            return true;
+        }
+        /* fall through */
+    case N_SIGN:
+        if (c == '0') {
+            f->a = N_ZERO;
+            return true;
+        }
+        if (digit) {
+            f->a = N_INT;
+            f->b = 1;
+            return true;
+        }
+        return false;
+    case N_ZERO:
+    case N_INT:
+        if (digit && f->a == N_INT && f->b < 15) {
+            f->b++;
+            return true;
+        }
+        if (real && c == '.') {
+            f->a = N_DOT;
+            f->b = 0;
+            return true;
+        }
+        if (real && (c == 'e' || c == 'E')) {
+            f->a = N_E;
+            f->b = 0;
+            return true;
+        }
+        return false;
+    case N_DOT:
+    case N_FRAC:
+        if (digit && f->b < 15) {
+            f->a = N_FRAC;
+            f->b++;
+            return true;
+        }
+        if (f->a == N_FRAC && (c == 'e' || c == 'E')) {
+            f->a = N_E;
+            f->b = 0;
+            return true;
+        }
+        return false;
+    case N_E:
+        if (c == '+' || c == '-') {
+            f->a = N_ESIGN;
+            return true;
+        }
+        /* fall through */
+    case N_ESIGN:
+    case N_EXP:
+        if (digit && f->b < 2) {
+            f->a = N_EXP;
+            f->b++;
+            return true;
+        }
+        return false;
+    }
+    return false;
+}
+
+/* Steps the waiting top frame of st[*depth] by symbol c; false if it cannot take it. */
+static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *depth, int c)
+{
+    struct frame *f = &st[*depth - 1];
+    const struct node *n = &g->nodes[f->node];
+    if (c >= 256) {
+        if (n->kind != K_TOKEN || (int)n->min != c - 256)
+            return false;
+        (*depth)--;
+        return true;
+    }
+    switch (n->kind) {
+    case K_LITERALS: {
+        uint32_t t = trie_child(g, f->b, (uint8_t)c);
+        if (t == NONE)
+            return false;
+        f->b = t;
+        return true;
+    }
+    case K_STRING:
+        return step_string(n, f, depth, c);
+    case K_NUMBER:
+        return step_number(n, f, c);
+    case K_ARRAY: {
+        uint32_t ph = PH(f->a), count = IDX(f->a);
+        if (ph == A_OPEN) {
+            if (c != '[')
+                return false;
+            f->a = A_FIRST;
+            f->b = 0;
+            return true;
+        }
+        if (is_ws(c)) {
+            if (f->b >= KT_GRAMMAR_MAX_WS)
+                return false;
+            f->b++;
+            return true;
+        }
+        if (c == ']' && ((ph == A_FIRST && n->min == 0) || (ph == A_AFTER && count >= n->min))) {
+            (*depth)--;
+            return true;
+        }
+        if (c == ',' && ph == A_AFTER && count < n->max) {
+            f->a = A_NEXT | (count << 3);
+            f->b = 0;
+            return true;
+        }
+        return false;
+    }
+    case K_OBJECT:
+    case K_MAP: {
+        bool map = n->kind == K_MAP;
+        uint32_t ph = PH(f->a), i = IDX(f->a);
+        if (ph == O_OPEN) {
+            if (c != '{')
+                return false;
+            f->a = O_KEY_OR_CLOSE;
+            f->b = 0;
+            return true;
+        }
+        if (ph == O_KEY) {
+            uint32_t t = trie_child(g, f->b, (uint8_t)c);
+            if (t == NONE)
+                return false;
+            if (g->trie[t].value >= 0) {
+                f->a = O_COLON | ((uint32_t)g->trie[t].value << 3);
+                f->b = 0;
+            } else {
+                f->b = t;
+            }
+            return true;
+        }
+        if (is_ws(c)) {
+            if (f->b >= KT_GRAMMAR_MAX_WS)
+                return false;
+            f->b++;
+            return true;
+        }
+        switch (ph) {
+        case O_KEY_OR_CLOSE:
+        case O_KEY_ONLY:
+            if (c == '}' && ph == O_KEY_OR_CLOSE && (map || g->props[n->first + i].can_close)) {
+                (*depth)--;
+                return true;
+            }
+            if (map) {
+                if (c != '"' || *depth >= KT_GRAMMAR_MAX_DEPTH)
+                    return false;
+                f->a = O_COLON;
+                f->b = 0;
+                st[(*depth)++] = (struct frame){n->min, S_BODY, 0};
+                return true;
+            }
+            if (i >= n->n)
+                return false;
+            {
+                uint32_t t = trie_child(g, g->props[n->first + i].key_root, (uint8_t)c);
+                if (t == NONE)
+                    return false;
+                f->a = O_KEY | (i << 3);
+                f->b = t;
+            }
+            return true;
+        case O_COLON:
+            if (c != ':')
+                return false;
+            f->a = O_VALUE | (i << 3);
+            f->b = 0;
+            return true;
+        case O_AFTER:
+            if (c == '}' && (map || g->props[n->first + i].can_close)) {
+                (*depth)--;
+                return true;
+            }
+            if (c == ',' && (map || i < n->n)) {
+                f->a = O_KEY_ONLY | (i << 3);
+                f->b = 0;
+                return true;
+            }
+            return false;
+        default: /* O_VALUE: only whitespace, taken above */
+            return false;
+        }
+    }
+    default:
+        return false;
+    }
+}
+
+/* Builds at the arena's end the state after symbol c from the state at from;
+ * returns the new state's offset, or NONE-like SIZE_MAX when nothing fits. */
+static size_t step_state(struct kt_grammar_matcher *m, size_t from, int c)
+{
+    size_t start;
+    if (!state_begin(m, &start))
+        return SIZE_MAX;
+    m->budget = 4096;
+    uint32_t n_stacks = m->w[from + 2];
+    size_t p = from + HDR_WORDS;
+    for (uint32_t s = 0; s < n_stacks; s++) {
+        uint32_t depth = m->w[p];
+        memcpy(m->scratch, m->w + p + 1, depth * sizeof *m->scratch);
+        p += 1 + FRAME_WORDS * (size_t)depth;
+        if (step_top(m->g, m->scratch, &depth, c))
+            closure(m, start, m->scratch, depth);
+    }
+    if (m->w[start + 2] == 0 && m->w[start + 1] == 0) {
+        m->len = start;
+        return SIZE_MAX;
+    }
+    return start;
+}
+
+kt_status kt_grammar_matcher_create(const struct kt_grammar *g, const struct kt_grammar_vocab *v,
+                                    struct kt_grammar_matcher **out, kt_err *err)
+{
+    *out = NULL;
+    if (!g->has_root)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: no root");
+    struct kt_grammar_matcher *m = calloc(1, sizeof *m);
+    if (!m)
+        return nomem(err);
+    m->g = g;
+    m->v = v;
+    m->level = malloc((v->max_len + 2) * sizeof *m->level);
+    size_t start;
+    if (!m->level || !state_begin(m, &start)) {
+        kt_grammar_matcher_destroy(m);
+        return nomem(err);
+    }
+    struct frame st[KT_GRAMMAR_MAX_DEPTH];
+    st[0] = frame_init(g, g->root);
+    m->budget = 4096;
+    closure(m, start, st, 1);
+    if (m->oom) {
+        kt_grammar_matcher_destroy(m);
+        return nomem(err);
+    }
+    *out = m;
+    return KT_OK;
+}
+
+void kt_grammar_matcher_destroy(struct kt_grammar_matcher *m)
+{
+    if (!m)
+        return;
+    free(m->w);
+    free(m->level);
+    free(m);
+}
+
+bool kt_grammar_matcher_complete(const struct kt_grammar_matcher *m)
+{
+    return m->ended || m->w[1] != 0;
+}
+
+bool kt_grammar_matcher_closed(const struct kt_grammar_matcher *m)
+{
+    return m->ended || (m->w[1] != 0 && m->w[2] == 0);
+}
+
+/* Makes the state at off (ending at the arena's end) the current one. */
+static void adopt(struct kt_grammar_matcher *m, size_t off)
+{
+    size_t words = m->w[off];
+    memmove(m->w, m->w + off, words * sizeof *m->w);
+    m->len = words;
+}
+
+bool kt_grammar_matcher_accept_bytes(struct kt_grammar_matcher *m, const char *bytes, size_t len)
+{
+    if (m->ended)
+        return len == 0;
+    size_t base = m->len, cur = 0;
+    for (size_t i = 0; i < len; i++) {
+        size_t next = step_state(m, cur, (unsigned char)bytes[i]);
+        if (next == SIZE_MAX) {
+            m->len = base;
+            return false;
+        }
+        cur = next;
+    }
+    if (len)
+        adopt(m, cur);
+    return true;
+}
+
+static bool is_eog(const struct kt_grammar_vocab *v, int32_t token)
+{
+    for (size_t i = 0; i < v->n_eog; i++)
+        if (v->eog[i] == token)
+            return true;
+    return false;
+}
+
+kt_status kt_grammar_matcher_accept_token(struct kt_grammar_matcher *m, int32_t token, kt_err *err)
+{
+    const struct kt_grammar_vocab *v = m->v;
+    if (token < 0 || (uint32_t)token >= v->n_tokens || m->ended)
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: token %d cannot follow the output", token);
+    if (is_eog(v, token)) {
+        if (!kt_grammar_matcher_complete(m))
+            return kt_err_set(err, KT_ERR_INVALID, "grammar: the output ended before it was complete");
+        m->ended = true;
+        return KT_OK;
+    }
+    if (v->special[token]) {
+        size_t next = step_state(m, 0, 256 + token);
+        if (next == SIZE_MAX)
+            return kt_err_set(err, KT_ERR_INVALID, "grammar: special token %d cannot follow the output", token);
+        adopt(m, next);
+        return KT_OK;
+    }
+    if (!kt_grammar_matcher_accept_bytes(m, v->bytes[token], v->lens[token]))
+        return kt_err_set(err, KT_ERR_INVALID, "grammar: token %d cannot follow the output", token);
+    return KT_OK;
+}
+
+static void set_bit(uint32_t *mask, uint32_t id)
+{
+    mask[id >> 5] |= 1u << (id & 31);
+}
+
+/* Every stack of the current state waits in a string body with no character
+ * half done: the plain-token shortcut applies.  *room: most characters any
+ * stack may still add. */
+static bool all_in_string_body(const struct kt_grammar_matcher *m, uint32_t *room)
+{
+    uint32_t n_stacks = m->w[2];
+    if (n_stacks == 0)
+        return false;
+    size_t p = HDR_WORDS;
+    *room = 0;
+    for (uint32_t s = 0; s < n_stacks; s++) {
+        uint32_t depth = m->w[p];
+        const struct frame *top = (const struct frame *)(m->w + p + 1) + depth - 1;
+        const struct node *n = &m->g->nodes[top->node];
+        if (n->kind != K_STRING || top->a != S_BODY)
+            return false;
+        uint32_t r = n->max == KT_GRAMMAR_UNBOUNDED ? UINT32_MAX : n->max - top->b;
+        if (r > *room)
+            *room = r;
+        p += 1 + FRAME_WORDS * (size_t)depth;
+    }
+    return true;
+}
+
+/* The current state with chars characters added to every stack's string,
+ * dropping stacks without room; SIZE_MAX when none is left. */
+static size_t state_with_chars(struct kt_grammar_matcher *m, uint32_t chars)
+{
+    size_t start;
+    if (!state_begin(m, &start))
+        return SIZE_MAX;
+    uint32_t n_stacks = m->w[2];
+    size_t p = HDR_WORDS;
+    for (uint32_t s = 0; s < n_stacks; s++) {
+        uint32_t depth = m->w[p];
+        memcpy(m->scratch, m->w + p + 1, depth * sizeof *m->scratch);
+        p += 1 + FRAME_WORDS * (size_t)depth;
+        struct frame *top = &m->scratch[depth - 1];
+        const struct node *n = &m->g->nodes[top->node];
+        if (n->max != KT_GRAMMAR_UNBOUNDED && n->max - top->b < chars)
+            continue;
+        top->b += chars;
+        emit(m, start, m->scratch, depth);
+    }
+    if (m->w[start + 2] == 0) {
+        m->len = start;
+        return SIZE_MAX;
+    }
+    return start;
+}
+
+static void string_mask(struct kt_grammar_matcher *m, uint32_t room, uint32_t *mask)
+{
+    const struct kt_grammar_vocab *v = m->v;
+    if (room >= v->max_plain_chars) {
+        memcpy(mask, v->plain_bits, v->mask_words * sizeof *mask);
+    } else {
+        for (uint32_t w = 0; w < v->mask_words; w++) {
+            uint32_t bits = v->plain_bits[w];
+            while (bits) {
+                uint32_t id = w * 32 + (uint32_t)__builtin_ctz(bits);
+                bits &= bits - 1;
+                if (v->plain_chars[id] <= room)
+                    mask[w] |= 1u << (id & 31);
+            }
+        }
+    }
+    size_t base = m->len;
+    for (uint32_t k = 0; k < v->n_live; k++) {
+        uint32_t id = v->live[k];
+        if (v->plain_chars[id] > room)
+            continue;
+        size_t cur = v->plain_chars[id] ? state_with_chars(m, v->plain_chars[id]) : 0;
+        const unsigned char *s = (const unsigned char *)v->bytes[id];
+        for (uint32_t i = v->plain_bytes[id]; cur != SIZE_MAX && i < v->lens[id]; i++)
+            cur = step_state(m, cur, s[i]);
+        if (cur != SIZE_MAX)
+            set_bit(mask, id);
+        m->len = base;
+    }
+}
+
+/* The whole trie, depth first, skipping every subtree whose path fails. */
+static void trie_mask(struct kt_grammar_matcher *m, uint32_t *mask)
+{
+    const struct kt_grammar_vocab *v = m->v;
+    size_t base = m->len;
+    m->level[0] = 0;
+    uint32_t i = 1;
+    while (i < v->n_nodes) {
+        uint32_t d = v->depth[i];
+        m->len = d == 1 ? base : m->w[m->level[d - 1]] + m->level[d - 1];
+        size_t next = step_state(m, m->level[d - 1], v->byte[i]);
+        if (next == SIZE_MAX) {
+            i = v->subtree_end[i];
+            continue;
+        }
+        m->level[d] = next;
+        for (uint32_t k = 0; k < v->tok_count[i]; k++)
+            set_bit(mask, v->tok_list[v->tok_first[i] + k]);
+        i++;
+    }
+    m->len = base;
+}
+
+uint32_t kt_grammar_matcher_fill_mask(struct kt_grammar_matcher *m, uint32_t *mask)
+{
+    const struct kt_grammar_vocab *v = m->v;
+    memset(mask, 0, v->mask_words * sizeof *mask);
+    if (m->oom)
+        return 0;
+    if (!m->ended) {
+        if (m->w[1])
+            for (size_t i = 0; i < v->n_eog; i++)
+                set_bit(mask, (uint32_t)v->eog[i]);
+        for (size_t k = 0; k < m->g->n_tokens; k++) {
+            int32_t t = m->g->tokens[k];
+            if ((uint32_t)t >= v->n_tokens || !v->special[t])
+                continue;
+            size_t base = m->len;
+            if (step_state(m, 0, 256 + t) != SIZE_MAX)
+                set_bit(mask, (uint32_t)t);
+            m->len = base;
+        }
+        uint32_t room;
+        if (all_in_string_body(m, &room))
+            string_mask(m, room, mask);
+        else if (m->w[2] > 0)
+            trie_mask(m, mask);
+    }
+    uint32_t count = 0;
+    for (uint32_t w = 0; w < v->mask_words; w++)
+        count += (uint32_t)__builtin_popcount(mask[w]);
+    return count;
+}
+
+bool kt_grammar_matcher_can_accept(struct kt_grammar_matcher *m, int32_t token)
+{
+    const struct kt_grammar_vocab *v = m->v;
+    if (token < 0 || (uint32_t)token >= v->n_tokens || m->ended || m->oom)
+        return false;
+    if (is_eog(v, token))
+        return m->w[1] != 0;
+    size_t base = m->len, cur = 0;
+    if (v->special[token]) {
+        bool ok = false;
+        for (size_t k = 0; k < m->g->n_tokens && !ok; k++)
+            ok = m->g->tokens[k] == token;
+        ok = ok && step_state(m, 0, 256 + token) != SIZE_MAX;
+        m->len = base;
+        return ok;
+    }
+    const unsigned char *s = (const unsigned char *)v->bytes[token];
+    for (uint32_t i = 0; cur != SIZE_MAX && i < v->lens[token]; i++)
+        cur = step_state(m, cur, s[i]);
+    m->len = base;
+    return cur != SIZE_MAX;
+}

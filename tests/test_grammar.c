@@ -1,0 +1,735 @@
+/*
+ * test_grammar.c - constrained decoding (grammar.h, json_schema.h): every
+ * construct accepts what it should and refuses what it should; masks hold
+ * exactly the tokens that one-token-at-a-time stepping accepts, end of
+ * generation only when the output is complete, and never nothing; and over
+ * random schemas and seeds the constrained output always parses (jansson)
+ * and validates against its schema (the small validator below, written from
+ * the JSON Schema rules, not from the compiler).
+ */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grammar.h"
+#include "json_schema.h"
+#include "testlib.h"
+
+/* ---- a small vocabulary: every byte, JSON-ish pieces, words, CJK, partial UTF-8 ---- */
+
+static const char *const pieces[] = {
+    "{", "}", "{\"", "\"}", "\":", "\": ", "\",", "\", \"", ",\"", "\"", "\n", "\n  ", "  ", " ", "[", "]", "[]",
+    "{}", "[\"", "\"]", "],", "},", "}}", "]]", "true", "false", "null", "tr", "ue", "nu", "ll", "0", "1", "12",
+    "345", "-", "-1", ".", ".5", "e", "E+", "e-", "10", "00", "name", "age", "tags", "id", "ok", "kind", "a", "b",
+    "c", "x", "hello", " world", "the", "\\", "\\n", "\\\"", "\\u", "00e9", "d8", "\xe4\xb8\xad", "\xe6\x96\x87",
+    "\xe4\xb8", "\xad", "\xf0\x9f", "\x98\x80", "\xc3\xa9", "caf\xc3\xa9", "\":\"", "\":[", "\":{", "\":1",
+    "\":true", "\"name\"", "\"age\"", "\"a\":", "\"b\":", "\":\"x\"}", "\t", "\r\n", "\"\n", "get_weather",
+    "get", "_weather", ":", "0,", "1}", "\"x\"", "xy", "abc", "é", "~", "/", "\x7f",
+};
+
+enum { TOK_EOS = 0, TOK_CALL, TOK_THINK, N_SPECIAL };
+static const char *const specials[N_SPECIAL] = {"<|eos|>", "<|call|>", "<think>"};
+
+struct vocab {
+    struct kt_grammar_vocab *v;
+    const char *bytes[512];
+    size_t lens[512];
+    bool special[512];
+    char single[256];
+    uint32_t n;
+    int32_t eos, call;
+};
+
+static struct vocab V;
+
+static void vocab_build(void)
+{
+    uint32_t n = 0;
+    for (int b = 0; b < 256; b++) {
+        V.single[b] = (char)b;
+        V.bytes[n] = &V.single[b];
+        V.lens[n++] = 1;
+    }
+    for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++) {
+        V.bytes[n] = pieces[i];
+        V.lens[n++] = strlen(pieces[i]);
+    }
+    for (int i = 0; i < N_SPECIAL; i++) {
+        V.bytes[n] = specials[i];
+        V.lens[n] = strlen(specials[i]);
+        V.special[n] = true;
+        if (i == TOK_EOS)
+            V.eos = (int32_t)n;
+        if (i == TOK_CALL)
+            V.call = (int32_t)n;
+        n++;
+    }
+    V.n = n;
+    kt_err err = {0};
+    kt_status st = kt_grammar_vocab_create(V.bytes, V.lens, V.special, n, n + 7, &V.eos, 1, &V.v, &err);
+    KT_CHECK(st == KT_OK, "%s", err.msg);
+}
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static struct kt_grammar *schema_grammar(const char *schema_text, kt_err *err)
+{
+    json_error_t je;
+    json_t *schema = json_loads(schema_text, JSON_DECODE_ANY, &je);
+    if (!schema) {
+        fprintf(stderr, "bad test schema: %s\n", je.text);
+        return NULL;
+    }
+    struct kt_grammar *g = NULL;
+    uint32_t root;
+    kt_status st = kt_grammar_create(&g, err);
+    if (st == KT_OK)
+        st = kt_json_schema_compile(g, schema, &root, err);
+    if (st == KT_OK)
+        st = kt_grammar_set_root(g, root, err);
+    json_decref(schema);
+    if (st != KT_OK) {
+        kt_grammar_destroy(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* Whether text (whole) is accepted and then complete. */
+static int accepts(struct kt_grammar *g, const char *text, bool *complete)
+{
+    struct kt_grammar_matcher *m;
+    kt_err err = {0};
+    if (kt_grammar_matcher_create(g, V.v, &m, &err) != KT_OK)
+        return -1;
+    bool ok = kt_grammar_matcher_accept_bytes(m, text, strlen(text));
+    *complete = ok && kt_grammar_matcher_complete(m);
+    kt_grammar_matcher_destroy(m);
+    return ok;
+}
+
+static void expect(const char *schema, const char *text, bool prefix_ok, bool complete_ok)
+{
+    kt_err err = {0};
+    struct kt_grammar *g = schema_grammar(schema, &err);
+    KT_CHECK(g != NULL, "%s: %s", schema, err.msg);
+    if (!g)
+        return;
+    bool complete = false;
+    int ok = accepts(g, text, &complete);
+    KT_CHECK(ok == prefix_ok, "%s on '%s': prefix %s, expected %s", schema, text, ok ? "accepted" : "refused",
+             prefix_ok ? "accepted" : "refused");
+    KT_CHECK(complete == complete_ok, "%s on '%s': complete %d, expected %d", schema, text, complete, complete_ok);
+    kt_grammar_destroy(g);
+}
+
+#define YES(s, t) expect(s, t, true, true)       /* a whole sentence */
+#define PREFIX(s, t) expect(s, t, true, false)   /* a proper prefix */
+#define NO(s, t) expect(s, t, false, false)      /* not even a prefix */
+
+/* ---- constructs --------------------------------------------------------------------- */
+
+static void object_properties_required_optional_in_order(void)
+{
+    const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"string\"}},"
+                    "\"required\":[\"a\"],\"additionalProperties\":false}";
+    YES(s, "{\"a\":1,\"b\":\"x\"}");
+    YES(s, "{\"a\":1}");
+    YES(s, "{ \"a\" : 1 , \"b\" : \"\" }");
+    YES(s, "{\n  \"a\": -12\n}");
+    NO(s, "{\"b\":\"x\"}");          /* a is required and comes first */
+    NO(s, "{\"a\":1,\"c\":2}");      /* no other keys */
+    NO(s, "{\"a\":1,}");
+    NO(s, "{}");
+    PREFIX(s, "{\"a\":1");
+    PREFIX(s, "{\"a\":1,\"b\":\"x\"");
+    NO(s, "{\"a\":1} ");             /* nothing after the value */
+    NO(s, "{\"a\":\"1\"}");
+    const char *opt = "{\"properties\":{\"x\":{\"type\":\"boolean\"},\"y\":{\"type\":\"null\"}}}";
+    YES(opt, "{}");
+    YES(opt, "{\"y\":null}");
+    YES(opt, "{\"x\":true,\"y\":null}");
+    NO(opt, "{\"y\":null,\"x\":true}");
+    YES("{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", "{}");
+    NO("{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}", "{\"a\":1}");
+    YES("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"any key\":1,\"\\n\":2}");
+    NO("{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "{\"k\":\"v\"}");
+    YES("{\"properties\":{\"q\\\"uote\":{\"const\":1}},\"required\":[\"q\\\"uote\"]}", "{\"q\\\"uote\":1}");
+}
+
+static void whitespace_is_bounded(void)
+{
+    const char *s = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}";
+    char text[128] = "[";
+    for (int i = 0; i < KT_GRAMMAR_MAX_WS; i++)
+        strcat(text, " ");
+    PREFIX(s, text);
+    strcat(text, " ");
+    NO(s, text);
+}
+
+static void arrays_and_their_bounds(void)
+{
+    const char *s = "{\"type\":\"array\",\"items\":{\"type\":\"integer\"},\"minItems\":1,\"maxItems\":3}";
+    NO(s, "[]");
+    YES(s, "[1]");
+    YES(s, "[1, 2,3]");
+    NO(s, "[1,2,3,4]");
+    NO(s, "[1,]");
+    PREFIX(s, "[1,2");
+    YES("{\"type\":\"array\"}", "[1,\"a\",{\"b\":[null,true]},[]]");
+    YES("{\"type\":\"array\",\"maxItems\":0}", "[]");
+    NO("{\"type\":\"array\",\"maxItems\":0}", "[1");
+    YES("{\"type\":\"array\",\"items\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}}", "[[\"a\"],[]]");
+}
+
+static void strings_escapes_utf8_and_lengths(void)
+{
+    const char *s = "{\"type\":\"string\"}";
+    YES(s, "\"\"");
+    YES(s, "\"a\\\"b\\\\c\\/\\n\\u00e9\"");
+    YES(s, "\"caf\xc3\xa9 \xe4\xb8\xad\xf0\x9f\x98\x80\"");
+    NO(s, "\"\xc3\"");           /* a lead byte then a quote */
+    NO(s, "\"\xc0\xaf\"");       /* overlong */
+    NO(s, "\"\xed\xa0\x80\"");   /* UTF-8 surrogate */
+    NO(s, "\"\\ud83d\"");         /* lone surrogate escape */
+    NO(s, "\"\\u0000\"");         /* NUL */
+    NO(s, "\"\\x\"");
+    NO(s, "\"a\nb\"");           /* raw control character */
+    PREFIX(s, "\"\xe4\xb8");
+    const char *len = "{\"type\":\"string\",\"minLength\":2,\"maxLength\":3}";
+    NO(len, "\"a\"");
+    YES(len, "\"ab\"");
+    YES(len, "\"\xe4\xb8\xad\xe6\x96\x87\"");  /* 2 characters, 6 bytes */
+    YES(len, "\"a\\nb\"");                    /* an escape is one character */
+    NO(len, "\"abcd\"");
+}
+
+static void numbers_and_integers(void)
+{
+    const char *n = "{\"type\":\"number\"}";
+    YES(n, "0");
+    YES(n, "-0.5");
+    YES(n, "12e+3");
+    YES(n, "1.25E-7");
+    NO(n, "01");
+    NO(n, "+1");
+    PREFIX(n, "1.");
+    NO(n, ".5");
+    NO(n, "1e123");               /* at most 2 exponent digits */
+    YES(n, "123456789012345");    /* 15 digits */
+    NO(n, "1234567890123456");
+    const char *i = "{\"type\":\"integer\"}";
+    YES(i, "-42");
+    NO(i, "4.2");
+    NO(i, "1e3");
+}
+
+static void enum_const_boolean_null(void)
+{
+    const char *e = "{\"enum\":[\"red\",\"green\",1,1.5,null,{\"a\":[1]}]}";
+    YES(e, "\"red\"");
+    YES(e, "1");
+    YES(e, "1.5");
+    YES(e, "null");
+    YES(e, "{\"a\":[1]}");
+    NO(e, "\"blue\"");
+    NO(e, "2");
+    YES("{\"type\":\"string\",\"enum\":[\"a\",1]}", "\"a\"");
+    NO("{\"type\":\"string\",\"enum\":[\"a\",1]}", "1");   /* 1 is no string */
+    YES("{\"const\":\"fixed\"}", "\"fixed\"");
+    NO("{\"const\":\"fixed\"}", "\"fixe\"");
+    YES("{\"type\":\"boolean\"}", "false");
+    PREFIX("{\"type\":\"boolean\"}", "fals");
+    YES("{\"type\":[\"integer\",\"null\"]}", "null");
+    YES("{\"type\":[\"integer\",\"null\"]}", "7");
+}
+
+static void any_of_follows_alternatives_in_parallel(void)
+{
+    const char *s = "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"a\"},\"x\":{\"type\":"
+                    "\"integer\"}},\"required\":[\"kind\",\"x\"]},{\"type\":\"object\",\"properties\":{\"kind\":"
+                    "{\"const\":\"b\"},\"y\":{\"type\":\"string\"}},\"required\":[\"kind\",\"y\"]}]}";
+    YES(s, "{\"kind\":\"a\",\"x\":1}");
+    YES(s, "{\"kind\":\"b\",\"y\":\"z\"}");
+    NO(s, "{\"kind\":\"a\",\"y\":\"z\"}");
+    NO(s, "{\"kind\":\"b\",\"x\":1}");
+    YES("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}", "1.5");
+    YES("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":1},{\"type\":\"string\",\"minLength\":3}]}", "\"abc\"");
+    NO("{\"anyOf\":[{\"type\":\"string\",\"maxLength\":1},{\"type\":\"string\",\"minLength\":3}]}", "\"ab\"");
+}
+
+static void refs_resolve_and_may_recurse(void)
+{
+    const char *s = "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"kids\":"
+                    "{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},\"required\":[\"v\",\"kids\"]}},"
+                    "\"$ref\":\"#/$defs/node\"}";
+    YES(s, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[]},{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}");
+    NO(s, "{\"v\":1,\"kids\":[{\"v\":2}]}");
+    YES("{\"definitions\":{\"n\":{\"type\":\"null\"}},\"properties\":{\"a\":{\"$ref\":\"#/definitions/n\"}},"
+        "\"required\":[\"a\"]}", "{\"a\":null}");
+    YES("{\"type\":\"object\",\"properties\":{\"next\":{\"anyOf\":[{\"$ref\":\"#\"},{\"type\":\"null\"}]}},"
+        "\"required\":[\"next\"]}", "{\"next\":{\"next\":null}}");
+}
+
+static void any_object_for_json_object_mode(void)
+{
+    struct kt_grammar *g;
+    kt_err err = {0};
+    uint32_t root;
+    KT_CHECK(kt_grammar_create(&g, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_json_any_object(g, &root, &err) == KT_OK && kt_grammar_set_root(g, root, &err) == KT_OK, "%s",
+             err.msg);
+    bool complete;
+    KT_CHECK(accepts(g, "{\"a\":[1,{\"b\":null}],\"c\":\"d\"}", &complete) == 1 && complete, "object");
+    KT_CHECK(accepts(g, "[1]", &complete) == 0, "an array is not an object");
+    KT_CHECK(accepts(g, "\"s\"", &complete) == 0, "a string is not an object");
+    kt_grammar_destroy(g);
+}
+
+static void schema_errors_name_the_place(void)
+{
+    static const struct {
+        const char *schema, *message;
+    } cases[] = {
+        {"{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"^a\"}}}",
+         "#/properties/x/pattern: 'pattern' is not supported"},
+        {"{\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}", "#/properties/d/format"},
+        {"{\"type\":\"strin\"}", "#/type: unknown type 'strin'"},
+        {"{\"type\":[\"string\",3]}", "#/type/1: a type name must be a string"},
+        {"{\"properties\":{\"a\":{}},\"required\":[\"b\"],\"additionalProperties\":false}",
+         "#/required/0: 'b' is required but not among the properties"},
+        {"{\"$ref\":\"#/$defs/missing\"}", "#/$ref: '#/$defs/missing' does not resolve"},
+        {"{\"$ref\":\"https://example.com/s.json\"}", "does not resolve"},
+        {"{\"anyOf\":[]}", "#/anyOf: 'anyOf' must be a non-empty array"},
+        {"{\"anyOf\":[{\"type\":\"integer\"},{\"oneOf\":[]}]}", "#/anyOf/1/oneOf"},
+        {"{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}", "minItems 3 is more than maxItems 2"},
+        {"{\"type\":\"array\",\"items\":[{\"type\":\"string\"}]}", "#/items: 'items' must be one schema"},
+        {"{\"type\":\"string\",\"maxLength\":-1}", "#/maxLength: 'maxLength' must be a non-negative integer"},
+        {"{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}", "only refers to itself"},
+        {"false", "#: the schema false matches nothing"},
+        {"[1]", "a schema must be an object or a boolean"},
+        {"{\"type\":\"string\",\"enum\":[1,2]}", "#/enum: no value of 'enum' has the schema's type"},
+        {"{\"type\":\"integer\",\"minimum\":3}", "#/minimum"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kt_err err = {0};
+        struct kt_grammar *g = schema_grammar(cases[i].schema, &err);
+        KT_CHECK(g == NULL, "%s compiled", cases[i].schema);
+        KT_CHECK(strstr(err.msg, cases[i].message) != NULL, "%s: got '%s', expected '%s'", cases[i].schema, err.msg,
+                 cases[i].message);
+        kt_grammar_destroy(g);
+    }
+}
+
+/* ---- masks ------------------------------------------------------------------------------ */
+
+static uint32_t rng_next(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+static bool bit(const uint32_t *mask, uint32_t id)
+{
+    return (mask[id >> 5] >> (id & 31)) & 1;
+}
+
+struct walk {
+    char text[8192];
+    size_t len;
+    bool ended;       /* EOS taken or the grammar closed */
+    int mask_errors;  /* tokens where mask and stepping disagree */
+    int empty_masks;
+};
+
+/* Generates from g by drawing among the allowed tokens; after `patience`
+ * tokens it prefers tokens that close something (so bounded schemas end). */
+static void random_walk(struct kt_grammar *g, uint64_t seed, int max_tokens, int patience, struct walk *w)
+{
+    memset(w, 0, sizeof *w);
+    struct kt_grammar_matcher *m;
+    kt_err err = {0};
+    if (kt_grammar_matcher_create(g, V.v, &m, &err) != KT_OK) {
+        w->empty_masks++;
+        return;
+    }
+    uint32_t words = kt_grammar_vocab_mask_words(V.v);
+    uint32_t *mask = calloc(words, sizeof *mask);
+    uint32_t allowed[512], closing[512];
+    for (int step = 0; step < max_tokens && !w->ended; step++) {
+        uint32_t count = kt_grammar_matcher_fill_mask(m, mask);
+        uint32_t n_allowed = 0, n_closing = 0;
+        for (uint32_t id = 0; id < V.n + 7; id++) {
+            bool in = bit(mask, id);
+            bool can = id < V.n && kt_grammar_matcher_can_accept(m, (int32_t)id);
+            if (in != can && w->mask_errors++ < 3)
+                fprintf(stderr, "mask disagrees on token %u ('%.*s') after '%.*s': mask %d, stepping %d\n", id,
+                        id < V.n ? (int)V.lens[id] : 0, id < V.n ? V.bytes[id] : "", (int)w->len, w->text, in, can);
+            if (!in)
+                continue;
+            allowed[n_allowed++] = id;
+            if (id < V.n && ((int32_t)id == V.eos || memchr(V.bytes[id], '"', V.lens[id]) ||
+                             memchr(V.bytes[id], '}', V.lens[id]) || memchr(V.bytes[id], ']', V.lens[id]) ||
+                             (V.lens[id] == 1 && strchr("0123456789el", V.bytes[id][0]))))
+                closing[n_closing++] = id;
+        }
+        if (count != n_allowed)
+            w->mask_errors++;
+        if (n_allowed == 0) {
+            w->empty_masks++;
+            break;
+        }
+        bool eos_ok = bit(mask, (uint32_t)V.eos);
+        KT_CHECK(eos_ok == kt_grammar_matcher_complete(m), "EOS in the mask %d, complete %d", eos_ok,
+                 kt_grammar_matcher_complete(m));
+        uint32_t id;
+        if (step >= patience && n_closing)
+            id = closing[rng_next(&seed) % n_closing];
+        else
+            id = allowed[rng_next(&seed) % n_allowed];
+        if (kt_grammar_matcher_accept_token(m, (int32_t)id, &err) != KT_OK) {
+            w->mask_errors++;
+            break;
+        }
+        if ((int32_t)id == V.eos) {
+            w->ended = true;
+            break;
+        }
+        if (w->len + V.lens[id] < sizeof w->text) {
+            memcpy(w->text + w->len, V.bytes[id], V.lens[id]);
+            w->len += V.lens[id];
+        }
+        if (kt_grammar_matcher_closed(m))
+            w->ended = true;
+    }
+    w->text[w->len] = '\0';
+    free(mask);
+    kt_grammar_matcher_destroy(m);
+}
+
+/* ---- a validator for the subset, from the JSON Schema rules ----------------------------- */
+
+static size_t utf8_chars(const char *s, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+static bool validate(const json_t *root, const json_t *s, const json_t *v, int depth);
+
+static bool validate_type(const json_t *root, const json_t *s, const char *t, const json_t *v, int depth)
+{
+    if (strcmp(t, "string") == 0) {
+        if (!json_is_string(v))
+            return false;
+        size_t n = utf8_chars(json_string_value(v), json_string_length(v));
+        const json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
+        return (!mn || (json_int_t)n >= json_integer_value(mn)) && (!mx || (json_int_t)n <= json_integer_value(mx));
+    }
+    if (strcmp(t, "integer") == 0)
+        return json_is_integer(v);
+    if (strcmp(t, "number") == 0)
+        return json_is_number(v);
+    if (strcmp(t, "boolean") == 0)
+        return json_is_boolean(v);
+    if (strcmp(t, "null") == 0)
+        return json_is_null(v);
+    if (strcmp(t, "array") == 0) {
+        if (!json_is_array(v))
+            return false;
+        const json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
+        json_int_t n = (json_int_t)json_array_size(v);
+        if ((mn && n < json_integer_value(mn)) || (mx && n > json_integer_value(mx)))
+            return false;
+        const json_t *items = json_object_get(s, "items");
+        for (size_t i = 0; items && i < json_array_size(v); i++)
+            if (!validate(root, items, json_array_get(v, i), depth + 1))
+                return false;
+        return true;
+    }
+    if (strcmp(t, "object") == 0) {
+        if (!json_is_object(v))
+            return false;
+        const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+        const json_t *extra = json_object_get(s, "additionalProperties");
+        for (size_t i = 0; i < json_array_size(req); i++)
+            if (!json_object_get(v, json_string_value(json_array_get(req, i))))
+                return false;
+        const char *k;
+        const json_t *x;
+        json_object_foreach((json_t *)v, k, x)
+        {
+            const json_t *ps = json_object_get(props, k);
+            if (ps) {
+                if (!validate(root, ps, x, depth + 1))
+                    return false;
+            } else if (json_is_false(extra)) {
+                return false;
+            } else if (json_is_object(extra) && !validate(root, extra, x, depth + 1)) {
+                return false;
+            }
+        }
+        return true;
+    }
+    return false;
+}
+
+static bool validate(const json_t *root, const json_t *s, const json_t *v, int depth)
+{
+    if (depth > 100)
+        return false;
+    if (json_is_true(s))
+        return true;
+    const json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        const char *r = json_string_value(ref);
+        const json_t *target = root;
+        if (strncmp(r, "#/$defs/", 8) == 0)
+            target = json_object_get(json_object_get(root, "$defs"), r + 8);
+        return target && validate(root, target, v, depth + 1);
+    }
+    const json_t *any = json_object_get(s, "anyOf");
+    if (any) {
+        for (size_t i = 0; i < json_array_size(any); i++)
+            if (validate(root, json_array_get(any, i), v, depth + 1))
+                return true;
+        return false;
+    }
+    const json_t *c = json_object_get(s, "const");
+    if (c && !json_equal(c, v))
+        return false;
+    const json_t *e = json_object_get(s, "enum");
+    if (e) {
+        bool found = false;
+        for (size_t i = 0; i < json_array_size(e) && !found; i++)
+            found = json_equal(json_array_get(e, i), v);
+        if (!found)
+            return false;
+    }
+    const json_t *t = json_object_get(s, "type");
+    if (json_is_string(t))
+        return validate_type(root, s, json_string_value(t), v, depth);
+    if (json_is_array(t)) {
+        for (size_t i = 0; i < json_array_size(t); i++)
+            if (validate_type(root, s, json_string_value(json_array_get(t, i)), v, depth))
+                return true;
+        return false;
+    }
+    return true;
+}
+
+/* ---- random schemas ---------------------------------------------------------------------- */
+
+static json_t *random_schema(uint64_t *r, int depth);
+
+static json_t *random_scalar_value(uint64_t *r)
+{
+    switch (rng_next(r) % 5) {
+    case 0: return json_integer((json_int_t)(rng_next(r) % 200) - 100);
+    case 1: return json_real((double)(rng_next(r) % 100) / 8.0);
+    case 2: {
+        char s[8];
+        snprintf(s, sizeof s, "v%u", rng_next(r) % 50);
+        return json_string(s);
+    }
+    case 3: return json_boolean(rng_next(r) & 1);
+    default: return json_null();
+    }
+}
+
+static json_t *random_schema(uint64_t *r, int depth)
+{
+    unsigned k = rng_next(r) % (depth >= 3 ? 6 : 10);
+    json_t *s = json_object();
+    switch (k) {
+    case 0: {
+        json_object_set_new(s, "type", json_string("string"));
+        unsigned mx = rng_next(r) % 8;
+        json_object_set_new(s, "maxLength", json_integer(mx));
+        if (rng_next(r) & 1)
+            json_object_set_new(s, "minLength", json_integer(rng_next(r) % (mx + 1)));
+        break;
+    }
+    case 1: json_object_set_new(s, "type", json_string("integer")); break;
+    case 2: json_object_set_new(s, "type", json_string("number")); break;
+    case 3: json_object_set_new(s, "type", json_string(rng_next(r) & 1 ? "boolean" : "null")); break;
+    case 4: {
+        json_t *e = json_array();
+        unsigned n = 1 + rng_next(r) % 4;
+        for (unsigned i = 0; i < n; i++)
+            json_array_append_new(e, random_scalar_value(r));
+        json_object_set_new(s, "enum", e);
+        break;
+    }
+    case 5: json_object_set_new(s, "const", random_scalar_value(r)); break;
+    case 6:
+    case 7: {
+        json_object_set_new(s, "type", json_string("object"));
+        json_t *props = json_object(), *req = json_array();
+        unsigned n = rng_next(r) % 4;
+        for (unsigned i = 0; i < n; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "%c%u", 'a' + (int)(rng_next(r) % 3), i);
+            json_object_set_new(props, name, random_schema(r, depth + 1));
+            if (rng_next(r) % 3)
+                json_array_append_new(req, json_string(name));
+        }
+        json_object_set_new(s, "properties", props);
+        json_object_set_new(s, "required", req);
+        json_object_set_new(s, "additionalProperties", json_false());
+        break;
+    }
+    case 8: {
+        json_object_set_new(s, "type", json_string("array"));
+        json_object_set_new(s, "items", random_schema(r, depth + 1));
+        unsigned mn = rng_next(r) % 2, mx = mn + rng_next(r) % 3;
+        json_object_set_new(s, "minItems", json_integer(mn));
+        json_object_set_new(s, "maxItems", json_integer(mx));
+        break;
+    }
+    default: {
+        json_t *any = json_array();
+        json_array_append_new(any, random_schema(r, depth + 1));
+        json_array_append_new(any, random_schema(r, depth + 1));
+        json_object_set_new(s, "anyOf", any);
+        break;
+    }
+    }
+    return s;
+}
+
+static void constrained_output_always_validates_over_random_schemas(void)
+{
+    int completed = 0, runs = 0;
+    for (uint64_t seed = 1; seed <= 300; seed++) {
+        uint64_t r = seed * 0x9E3779B97F4A7C15ull;
+        json_t *schema = random_schema(&r, 0);
+        char *text = json_dumps(schema, JSON_COMPACT);
+        kt_err err = {0};
+        struct kt_grammar *g = schema_grammar(text, &err);
+        KT_CHECK(g != NULL, "seed %llu: %s: %s", (unsigned long long)seed, text, err.msg);
+        if (g) {
+            struct walk w;
+            random_walk(g, seed, 400, 80, &w);
+            runs++;
+            KT_CHECK(w.mask_errors == 0, "seed %llu: %s: %d mask errors", (unsigned long long)seed, text,
+                     w.mask_errors);
+            KT_CHECK(w.empty_masks == 0, "seed %llu: %s: no token could continue '%s'", (unsigned long long)seed, text,
+                     w.text);
+            if (w.ended) {
+                completed++;
+                json_error_t je;
+                json_t *out = json_loadb(w.text, w.len, JSON_DECODE_ANY, &je);
+                KT_CHECK(out != NULL, "seed %llu: %s: output '%s' does not parse: %s", (unsigned long long)seed, text,
+                         w.text, je.text);
+                KT_CHECK(!out || validate(schema, schema, out, 0), "seed %llu: %s: output '%s' does not validate",
+                         (unsigned long long)seed, text, w.text);
+                json_decref(out);
+            }
+            kt_grammar_destroy(g);
+        }
+        free(text);
+        json_decref(schema);
+    }
+    /* every schema above is bounded (strings have maxLength, arrays maxItems) */
+    KT_CHECK(completed == runs, "%d of %d walks completed", completed, runs);
+}
+
+static void unbounded_schemas_validate_when_they_end(void)
+{
+    static const char *const schemas[] = {
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"tags\":{\"type\":\"array\",\"items\":"
+        "{\"type\":\"string\"}},\"age\":{\"type\":\"integer\"}},\"required\":[\"name\",\"tags\",\"age\"],"
+        "\"additionalProperties\":false}",
+        "{\"type\":\"object\"}",
+        "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"kids\":{\"type\":"
+        "\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},\"maxItems\":2}},\"required\":[\"id\",\"kids\"]}},\"$ref\":"
+        "\"#/$defs/n\"}",
+        "{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"array\",\"items\":{\"type\":\"number\"}}]}",
+    };
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        kt_err err = {0};
+        json_t *schema = json_loads(schemas[i], 0, NULL);
+        struct kt_grammar *g = schema_grammar(schemas[i], &err);
+        KT_CHECK(g != NULL, "%s", err.msg);
+        int ended = 0;
+        for (uint64_t seed = 1; g && seed <= 40; seed++) {
+            struct walk w;
+            random_walk(g, seed * 7919 + i, 600, 40, &w);
+            KT_CHECK(w.mask_errors == 0 && w.empty_masks == 0, "%s seed %llu: '%s'", schemas[i],
+                     (unsigned long long)seed, w.text);
+            if (!w.ended)
+                continue;
+            ended++;
+            json_t *out = json_loadb(w.text, w.len, JSON_DECODE_ANY, NULL);
+            KT_CHECK(out && validate(schema, schema, out, 0), "%s: '%s' does not validate", schemas[i], w.text);
+            json_decref(out);
+        }
+        KT_CHECK(ended >= 20, "%s: only %d of 40 walks ended", schemas[i], ended);
+        kt_grammar_destroy(g);
+        json_decref(schema);
+    }
+}
+
+/* A tool call in a made-up family syntax: <|call|> NAME ":" ARGS, special tokens as tokens. */
+static void special_tokens_frame_a_tool_call(void)
+{
+    kt_err err = {0};
+    struct kt_grammar *g;
+    uint32_t tok, name, sep, args, root;
+    KT_CHECK(kt_grammar_create(&g, &err) == KT_OK, "create");
+    json_t *params = json_loads("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":4}},"
+                                "\"required\":[\"city\"]}", 0, NULL);
+    kt_status st = kt_grammar_token(g, V.call, &tok, &err);
+    if (st == KT_OK)
+        st = kt_grammar_literal(g, "get_weather", 11, &name, &err);
+    if (st == KT_OK)
+        st = kt_grammar_literal(g, ":", 1, &sep, &err);
+    if (st == KT_OK)
+        st = kt_json_schema_compile(g, params, &args, &err);
+    uint32_t items[4] = {tok, name, sep, args};
+    if (st == KT_OK)
+        st = kt_grammar_seq(g, items, 4, &root, &err);
+    if (st == KT_OK)
+        st = kt_grammar_set_root(g, root, &err);
+    KT_CHECK(st == KT_OK, "%s", err.msg);
+    json_decref(params);
+    struct kt_grammar_matcher *m;
+    KT_CHECK(kt_grammar_matcher_create(g, V.v, &m, &err) == KT_OK, "%s", err.msg);
+    uint32_t mask[32];
+    uint32_t n = kt_grammar_matcher_fill_mask(m, mask);
+    KT_CHECK(n == 1 && bit(mask, (uint32_t)V.call), "only the special token opens the call (%u allowed)", n);
+    KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "<|call|>", 8), "its text is not the token");
+    KT_CHECK(kt_grammar_matcher_accept_token(m, V.call, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "get_x", 5), "an unknown name");
+    KT_CHECK(kt_grammar_matcher_accept_bytes(m, "get_weather:{\"city\":\"Oslo\"}", 27), "the call");
+    KT_CHECK(kt_grammar_matcher_closed(m), "nothing may follow");
+    n = kt_grammar_matcher_fill_mask(m, mask);
+    KT_CHECK(n == 1 && bit(mask, (uint32_t)V.eos), "then only EOS (%u allowed)", n);
+    kt_grammar_matcher_destroy(m);
+    kt_grammar_destroy(g);
+}
+
+int main(void)
+{
+    vocab_build();
+    KT_RUN(object_properties_required_optional_in_order);
+    KT_RUN(whitespace_is_bounded);
+    KT_RUN(arrays_and_their_bounds);
+    KT_RUN(strings_escapes_utf8_and_lengths);
+    KT_RUN(numbers_and_integers);
+    KT_RUN(enum_const_boolean_null);
+    KT_RUN(any_of_follows_alternatives_in_parallel);
+    KT_RUN(refs_resolve_and_may_recurse);
+    KT_RUN(any_object_for_json_object_mode);
+    KT_RUN(schema_errors_name_the_place);
+    KT_RUN(special_tokens_frame_a_tool_call);
+    KT_RUN(constrained_output_always_validates_over_random_schemas);
+    KT_RUN(unbounded_schemas_validate_when_they_end);
+    kt_grammar_vocab_destroy(V.v);
+    return kt_test_finish();
+}
