@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "chat.h"
+#include "grammar.h"
 #include "serve_output.h"
 #include "serve_request.h"
 #include "tokenizer.h"
@@ -52,6 +53,7 @@ struct kt_prompt {
     int32_t *forced;            /* [n_forced] tokens generated in place of sampling (tests) */
     size_t n_forced;
     char *echo;                 /* completions with echo: the prompt text to repeat; NULL: none */
+    struct kt_grammar *grammar; /* what the output must follow (serve_grammar.h); NULL: anything */
 };
 
 /* The chat format of a GGUF file's tokenizer.chat_template; UNKNOWN when it

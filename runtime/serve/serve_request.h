@@ -58,6 +58,13 @@ enum kt_tool_choice {
     KT_TOOL_CHOICE_NAMED,    /* {"type":"function","function":{"name":...}} */
 };
 
+/* What the output must be (constrained decoding, grammar.h). */
+enum kt_response_format {
+    KT_RESPONSE_TEXT,        /* anything */
+    KT_RESPONSE_JSON_OBJECT, /* any JSON object */
+    KT_RESPONSE_JSON_SCHEMA, /* a JSON value valid against response_schema (json_schema.h's subset) */
+};
+
 struct kt_api_request {
     enum kt_api_kind kind;
     char *model;                 /* NULL when not given */
@@ -72,6 +79,10 @@ struct kt_api_request {
     bool logprobs;
     uint32_t top_logprobs;       /* chat: top_logprobs; completions: logprobs (0..5) */
     bool ignore_eos;             /* vLLM extension */
+    /* response_format, or vLLM's guided_json / structured_outputs: checked
+     * (the schema compiles) when parsed */
+    enum kt_response_format response_format;
+    json_t *response_schema;     /* KT_RESPONSE_JSON_SCHEMA: the schema (a reference) */
 
     /* chat */
     kt_chat_messages messages;

@@ -1,0 +1,209 @@
+/*
+ * serve_grammar.c - a request's output grammar (see serve_grammar.h).
+ */
+#include "serve_grammar.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_schema.h"
+
+#define MAX_PARALLEL_CALLS 16
+
+static bool is_deepseek(kt_chat_format f)
+{
+    return f == KT_CHAT_DEEPSEEK_V3_0324 || f == KT_CHAT_DEEPSEEK_R1 || f == KT_CHAT_DEEPSEEK_R1_THINK;
+}
+
+struct build {
+    struct kt_grammar *g;
+    const struct kt_tokenizer *tok;
+    kt_err err;
+    kt_status st;
+};
+
+/* Each helper does nothing once a step failed, so a sequence of them reads
+ * as the syntax it builds. */
+static uint32_t lit(struct build *b, const char *text)
+{
+    uint32_t n = 0;
+    if (b->st == KT_OK)
+        b->st = kt_grammar_literal(b->g, text, strlen(text), &n, &b->err);
+    return n;
+}
+
+/* A marker: its special token when the vocabulary has one, else its text. */
+static uint32_t marker(struct build *b, const char *text)
+{
+    uint32_t n = 0;
+    int32_t id = kt_token_find(b->tok, text, strlen(text));
+    if (id >= 0 && kt_token_type(b->tok, id) != KT_TOK_NORMAL && kt_token_type(b->tok, id) != KT_TOK_BYTE) {
+        if (b->st == KT_OK)
+            b->st = kt_grammar_token(b->g, id, &n, &b->err);
+        return n;
+    }
+    return lit(b, text);
+}
+
+static uint32_t seq(struct build *b, const uint32_t *items, size_t n_items)
+{
+    uint32_t n = 0;
+    if (b->st == KT_OK)
+        b->st = kt_grammar_seq(b->g, items, n_items, &n, &b->err);
+    return n;
+}
+
+static const json_t *tool_function(const json_t *tool)
+{
+    return json_object_get(tool, "function");
+}
+
+static const char *tool_name(const json_t *tool)
+{
+    return json_string_value(json_object_get(tool_function(tool), "name"));
+}
+
+/* The arguments' grammar: the parameters schema, or any object without one. */
+static bool arguments(struct build *b, const json_t *tool, size_t index, uint32_t *node, struct kt_api_error *e)
+{
+    if (b->st != KT_OK)
+        return false;
+    const json_t *params = json_object_get(tool_function(tool), "parameters");
+    kt_err err = {0};
+    kt_status st = params && !json_is_null(params) ? kt_json_schema_compile(b->g, params, node, &err)
+                                                   : kt_json_any_object(b->g, node, &err);
+    if (st == KT_OK)
+        return true;
+    char param[64];
+    snprintf(param, sizeof param, "tools[%zu]", index);
+    if (st == KT_ERR_NOMEM)
+        kt_api_error_set(e, 500, "server_error", NULL, param, "out of memory");
+    else
+        kt_api_error_invalid(e, param, "tool_choice forces a call of '%.64s', but kt cannot follow its parameters: "
+                                       "tools[%zu].function.parameters at %s", tool_name(tool), index, err.msg);
+    b->st = st;
+    return false;
+}
+
+/* One call after the family's opening, from the name on:
+ * Kimi NAME ":" INDEX <arg_begin> ARGS <call_end>; DeepSeek NAME "\n```json\n" ARGS "\n```" <call_end>. */
+static bool call_after_opening(struct build *b, bool deepseek, const json_t *tools, uint32_t *node,
+                               struct kt_api_error *e)
+{
+    size_t n = json_array_size(tools);
+    uint32_t *alts = calloc(n, sizeof *alts);
+    if (!alts) {
+        b->st = KT_ERR_NOMEM;
+        return false;
+    }
+    uint32_t index = 0;
+    if (!deepseek && b->st == KT_OK)
+        b->st = kt_grammar_json_number(b->g, KT_GRAMMAR_DIGITS, &index, &b->err);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *tool = json_array_get(tools, i);
+        uint32_t args;
+        if (!arguments(b, tool, i, &args, e))
+            break;
+        if (deepseek) {
+            char *head = malloc(strlen(tool_name(tool)) + 16);
+            if (!head) {
+                b->st = KT_ERR_NOMEM;
+                break;
+            }
+            sprintf(head, "%s\n```json\n", tool_name(tool));
+            uint32_t name = lit(b, head);
+            free(head);
+            uint32_t items[] = {name, args, lit(b, "\n```"), marker(b, "<｜tool▁call▁end｜>")};
+            alts[i] = seq(b, items, 4);
+        } else {
+            char *head = malloc(strlen(tool_name(tool)) + 2);
+            if (!head) {
+                b->st = KT_ERR_NOMEM;
+                break;
+            }
+            sprintf(head, "%s:", tool_name(tool));
+            uint32_t name = lit(b, head);
+            free(head);
+            uint32_t items[] = {name, index, marker(b, "<|tool_call_argument_begin|>"), args,
+                                marker(b, "<|tool_call_end|>")};
+            alts[i] = seq(b, items, 5);
+        }
+    }
+    if (b->st == KT_OK)
+        b->st = kt_grammar_alt(b->g, alts, n, node, &b->err);
+    free(alts);
+    return b->st == KT_OK;
+}
+
+static bool tool_grammar(struct build *b, const struct kt_serve_model *m, const struct kt_api_request *r,
+                         uint32_t *root, struct kt_api_error *e)
+{
+    bool deepseek = is_deepseek(m->format);
+    const char *section_end = deepseek ? "<｜tool▁calls▁end｜>" : "<|tool_calls_section_end|>";
+    if (r->tool_choice == KT_TOOL_CHOICE_NAMED) {
+        /* the prompt holds the call up to its arguments */
+        size_t i = 0;
+        while (i < json_array_size(r->tools) && strcmp(tool_name(json_array_get(r->tools, i)), r->tool_choice_name))
+            i++;
+        uint32_t args;
+        if (!arguments(b, json_array_get(r->tools, i), i, &args, e))
+            return false;
+        uint32_t close_ds[] = {args, lit(b, "\n```"), marker(b, "<｜tool▁call▁end｜>"), marker(b, section_end)};
+        uint32_t close_kimi[] = {args, marker(b, "<|tool_call_end|>"), marker(b, section_end)};
+        *root = deepseek ? seq(b, close_ds, 4) : seq(b, close_kimi, 3);
+        return b->st == KT_OK;
+    }
+    uint32_t first, next_call, more;
+    if (!call_after_opening(b, deepseek, r->tools, &first, e))
+        return false;
+    if (deepseek) {
+        uint32_t items[] = {marker(b, "<｜tool▁call▁begin｜>"), lit(b, "function"), marker(b, "<｜tool▁sep｜>"), first};
+        next_call = seq(b, items, 4);
+    } else {
+        uint32_t items[] = {marker(b, "<|tool_call_begin|>"), lit(b, "functions."), first};
+        next_call = seq(b, items, 3);
+    }
+    if (b->st == KT_OK)
+        b->st = kt_grammar_repeat(b->g, next_call, 0, r->parallel_tool_calls ? MAX_PARALLEL_CALLS - 1 : 0, &more,
+                                  &b->err);
+    uint32_t items[] = {first, more, marker(b, section_end)};
+    *root = seq(b, items, 3);
+    return b->st == KT_OK;
+}
+
+bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_request *r, struct kt_grammar **out,
+                            struct kt_api_error *e)
+{
+    *out = NULL;
+    bool tools = r->kind == KT_API_CHAT && r->tools &&
+                 (r->tool_choice == KT_TOOL_CHOICE_REQUIRED || r->tool_choice == KT_TOOL_CHOICE_NAMED);
+    if (!tools && r->response_format == KT_RESPONSE_TEXT)
+        return true;
+    struct build b = {.tok = m->tok};
+    e->http_status = 0;
+    b.st = kt_grammar_create(&b.g, &b.err);
+    uint32_t root = 0;
+    if (b.st == KT_OK) {
+        if (tools)
+            tool_grammar(&b, m, r, &root, e);
+        else if (r->response_format == KT_RESPONSE_JSON_OBJECT)
+            b.st = kt_json_any_object(b.g, &root, &b.err);
+        else
+            b.st = kt_json_schema_compile(b.g, r->response_schema, &root, &b.err);
+    }
+    if (b.st == KT_OK)
+        b.st = kt_grammar_set_root(b.g, root, &b.err);
+    if (b.st != KT_OK) {
+        if (e->http_status == 0) { /* not already said by arguments() */
+            if (b.st == KT_ERR_NOMEM)
+                kt_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+            else
+                kt_api_error_invalid(e, tools ? "tools" : "response_format", "the output's grammar: %s", b.err.msg);
+        }
+        kt_grammar_destroy(b.g);
+        return false;
+    }
+    *out = b.g;
+    return true;
+}
