@@ -8,6 +8,8 @@
  * the JSON Schema rules, not from the compiler).
  */
 #include <jansson.h>
+#include <locale.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,8 +296,8 @@ static void schema_errors_name_the_place(void)
     static const struct {
         const char *schema, *message;
     } cases[] = {
-        {"{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"^a\"}}}",
-         "#/properties/x/pattern: 'pattern' is not supported"},
+        {"{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"string\",\"pattern\":\"(?!a)\"}}}",
+         "#/properties/x/pattern: pattern: lookaround"},
         {"{\"properties\":{\"d\":{\"type\":\"string\",\"format\":\"date\"}}}", "#/properties/d/format"},
         {"{\"type\":\"strin\"}", "#/type: unknown type 'strin'"},
         {"{\"type\":[\"string\",3]}", "#/type/1: a type name must be a string"},
@@ -563,6 +565,98 @@ static void unbounded_schemas_validate_when_they_end(void)
     }
 }
 
+static void patterns_match_as_regexes(void)
+{
+    const char *s = "{\"type\":\"string\",\"pattern\":\"^[a-z]{2,4}-\\\\d+$\"}";
+    YES(s, "\"ab-12\"");
+    YES(s, "\"abcd-0\"");
+    NO(s, "\"a-1\"");
+    NO(s, "\"abcde-1\"");
+    PREFIX(s, "\"ab-");
+    NO(s, "\"ab-\"");
+    NO(s, "\"ab-12x\"");
+    const char *free_sides = "{\"type\":\"string\",\"pattern\":\"ab\"}";
+    YES(free_sides, "\"xxabyy\"");
+    YES(free_sides, "\"ab\"");
+    PREFIX(free_sides, "\"xya");
+    NO(free_sides, "\"xyz\"");
+    const char *alt = "{\"type\":\"string\",\"pattern\":\"^(cat|dog|bird)s?$\"}";
+    YES(alt, "\"bird\"");
+    YES(alt, "\"dogs\"");
+    NO(alt, "\"cow\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^a\\\\.b$\"}", "\"a.b\"");
+    NO("{\"type\":\"string\",\"pattern\":\"^a\\\\.b$\"}", "\"axb\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^\\\\n\\\\t$\"}", "\"\\n\\t\"");       /* JSON escapes are characters */
+    YES("{\"type\":\"string\",\"pattern\":\"^[^x]$\"}", "\"\\u00e9\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^[\xc3\xa9\xe4\xb8\xad]+$\"}", "\"\xe4\xb8\xad\xc3\xa9\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^.{3}$\"}", "\"\xe4\xb8\xad\xe6\x96\x87!\"");
+    NO("{\"type\":\"string\",\"pattern\":\"^.{3}$\"}", "\"ab\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^(a|b|c|d)*$\"}", "\"abcdda\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^((ab)+|c){1,2}$\"}", "\"ababc\"");
+    NO("{\"type\":\"string\",\"pattern\":\"^((ab)+|c){1,2}$\"}", "\"cca\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^x{0}y$\"}", "\"y\"");
+    YES("{\"type\":\"string\",\"pattern\":\"^[\\\\w-]+@[a-z]+\\\\.(com|org)$\"}", "\"ada_l-1@example.org\"");
+    static const struct {
+        const char *pattern, *message;
+    } bad[] = {
+        {"(?=a)", "lookaround"}, {"(a)\\\\1", "backreference"}, {"a{100}", "a count over 64"},
+        {"[a-", "without its ']'"}, {"(ab", "without its ')'"}, {"ab)", "without its '('"}, {"*a", "nothing before"},
+        {"a+?", "lazy"}, {"a^b", "only at the start"}, {"[z-a]", "out of order"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char schema[256];
+        snprintf(schema, sizeof schema, "{\"type\":\"string\",\"pattern\":\"%s\"}", bad[i].pattern);
+        kt_err err = {0};
+        struct kt_grammar *g = schema_grammar(schema, &err);
+        KT_CHECK(!g && strstr(err.msg, "#/pattern: pattern: ") && strstr(err.msg, bad[i].message), "%s: '%s'",
+                 bad[i].pattern, err.msg);
+        kt_grammar_destroy(g);
+    }
+    kt_err err = {0};
+    struct kt_grammar *g = schema_grammar("{\"type\":\"string\",\"pattern\":\"a\",\"maxLength\":3}", &err);
+    KT_CHECK(!g && strstr(err.msg, "minLength/maxLength"), "'%s'", err.msg);
+    kt_grammar_destroy(g);
+}
+
+/* Random walks under patterns; POSIX regexec (another engine) checks each
+ * output.  The patterns keep to syntax ERE and the subset share. */
+static void pattern_outputs_match_by_posix_regexec(void)
+{
+    static const char *const patterns[] = {
+        "^[a-c]{1,3}(-[0-9]{2})?$", "^(red|green|blue)$", "^[^\"\\\\]{0,5}$", "[yz]", "^([A-Z][a-z]+ ){0,2}[A-Z]$",
+        "^(0|[1-9][0-9]{0,3})(\\.[0-9]{1,2})?$", "^.{2}$",
+    };
+    setlocale(LC_CTYPE, "C.UTF-8");
+    for (size_t i = 0; i < sizeof patterns / sizeof *patterns; i++) {
+        json_t *schema = json_pack("{s:s, s:s}", "type", "string", "pattern", patterns[i]);
+        char *text = json_dumps(schema, JSON_COMPACT);
+        kt_err err = {0};
+        struct kt_grammar *g = schema_grammar(text, &err);
+        KT_CHECK(g != NULL, "%s: %s", text, err.msg);
+        regex_t re;
+        KT_CHECK(regcomp(&re, patterns[i], REG_EXTENDED | REG_NOSUB) == 0, "regcomp %s", patterns[i]);
+        int ended = 0;
+        for (uint64_t seed = 1; g && seed <= 40; seed++) {
+            struct walk w;
+            random_walk(g, seed * 31 + i, 400, 200, &w);
+            KT_CHECK(w.mask_errors == 0 && w.empty_masks == 0, "%s seed %llu: '%s'", patterns[i],
+                     (unsigned long long)seed, w.text);
+            if (!w.ended)
+                continue;
+            ended++;
+            json_t *v = json_loadb(w.text, w.len, JSON_DECODE_ANY, NULL);
+            KT_CHECK(json_is_string(v) && regexec(&re, json_string_value(v), 0, NULL, 0) == 0,
+                     "%s: '%s' does not match", patterns[i], w.text);
+            json_decref(v);
+        }
+        KT_CHECK(ended >= 5, "%s: only %d of 40 walks ended", patterns[i], ended);
+        regfree(&re);
+        kt_grammar_destroy(g);
+        free(text);
+        json_decref(schema);
+    }
+}
+
 /* A tool call in a made-up family syntax: <|call|> NAME ":" ARGS, special tokens as tokens. */
 static void special_tokens_frame_a_tool_call(void)
 {
@@ -618,6 +712,8 @@ int main(void)
     KT_RUN(special_tokens_frame_a_tool_call);
     KT_RUN(constrained_output_always_validates_over_random_schemas);
     KT_RUN(unbounded_schemas_validate_when_they_end);
+    KT_RUN(patterns_match_as_regexes);
+    KT_RUN(pattern_outputs_match_by_posix_regexec);
     kt_grammar_vocab_destroy(V.v);
     return kt_test_finish();
 }

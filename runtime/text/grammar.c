@@ -45,6 +45,7 @@ enum kind {
     K_ARRAY,    /* child: item; min, max: items */
     K_OBJECT,   /* first: props index, n: count */
     K_MAP,      /* child: value; min: the key string node */
+    K_PATTERN,  /* first: the DFA's start state */
 };
 
 struct node {
@@ -60,6 +61,16 @@ struct tnode {           /* a literal trie's node */
     uint32_t first_child, next_sibling;
     int32_t value;       /* terminal: which literal / property; -1 inner */
     uint8_t byte;
+};
+
+struct dfa_state {
+    uint32_t first, n;   /* its transitions */
+    bool accepting;
+};
+
+struct dfa_trans {
+    uint32_t lo, hi;     /* code points */
+    uint32_t next;
 };
 
 struct prop {
@@ -80,6 +91,10 @@ struct kt_grammar {
     size_t n_props, cap_props;
     int32_t *tokens;     /* special tokens some node names, distinct */
     size_t n_tokens, cap_tokens;
+    struct dfa_state *dfa;      /* patterns' DFAs, all in one array */
+    size_t n_dfa, cap_dfa;
+    struct dfa_trans *dfa_trans; /* per state: [first, first + n), ascending, disjoint */
+    size_t n_dfa_trans, cap_dfa_trans;
     uint32_t root;
     bool has_root;
 };
@@ -116,6 +131,8 @@ void kt_grammar_destroy(struct kt_grammar *g)
     free(g->trie);
     free(g->props);
     free(g->tokens);
+    free(g->dfa);
+    free(g->dfa_trans);
     free(g);
 }
 
@@ -1113,6 +1130,738 @@ static bool step_number(const struct node *n, struct frame *f, int c)
     return false;
 }
 
+
+/* ---- patterns: a regex subset compiled to a code-point DFA ----------------------------- */
+
+/*
+ * The subset: literals (UTF-8), '.', classes [a-z0-9_] and [^...], the
+ * escapes \d \w \s \D \W \S \. \\ \/ \- \n \t \r \f \v \uXXXX and escaped
+ * punctuation, groups (...) and (?:...), alternation |, the quantifiers
+ * * + ? {n} {n,} {n,m} (m at most 64), ^ at the start and $ at the end
+ * (without them the pattern may match anywhere in the string, as JSON
+ * Schema says).  \s and \w are ASCII's.  No backreferences, lookaround,
+ * lazy quantifiers or Unicode classes.  Thompson NFA, then subsets.
+ */
+
+#define RX_MAX_NFA 4096
+#define RX_MAX_DFA 2048
+#define CP_MAX 0x10FFFF
+
+struct rx_range {
+    uint32_t lo, hi;
+};
+
+struct rx_nstate {
+    int eps[2];          /* -1: none */
+    int target;          /* on a code point in ranges; -1: none */
+    uint32_t rfirst, rcount;
+};
+
+struct rx {
+    const char *src;
+    size_t len, pos;
+    struct rx_nstate *st;
+    int n_st;
+    struct rx_range *ranges;
+    size_t n_ranges, cap_ranges;
+    kt_err *err;
+    kt_status status;
+};
+
+struct rx_frag {
+    int start, end;
+};
+
+static kt_status rx_fail(struct rx *r, kt_status st, const char *what)
+{
+    if (r->status == KT_OK)
+        r->status = kt_err_set(r->err, st, "pattern: %s at character %zu", what, r->pos);
+    return r->status;
+}
+
+static int rx_new(struct rx *r)
+{
+    if (r->n_st >= RX_MAX_NFA) {
+        rx_fail(r, KT_ERR_UNSUPPORTED, "too complex (more than 4096 NFA states)");
+        return -1;
+    }
+    r->st[r->n_st] = (struct rx_nstate){{-1, -1}, -1, 0, 0};
+    return r->n_st++;
+}
+
+static void rx_eps(struct rx *r, int from, int to)
+{
+    if (from < 0 || to < 0)
+        return;
+    if (r->st[from].eps[0] < 0) {
+        r->st[from].eps[0] = to;
+    } else if (r->st[from].eps[1] < 0) {
+        r->st[from].eps[1] = to;
+    } else { /* a third edge: through a new state */
+        int n = rx_new(r);
+        if (n < 0)
+            return;
+        r->st[n].eps[0] = r->st[from].eps[1];
+        r->st[n].eps[1] = to;
+        r->st[from].eps[1] = n;
+    }
+}
+
+static bool rx_add_range(struct rx *r, uint32_t lo, uint32_t hi)
+{
+    if (!GROW(r->ranges, r->n_ranges, r->cap_ranges, r->n_ranges + 1)) {
+        rx_fail(r, KT_ERR_NOMEM, "out of memory");
+        return false;
+    }
+    r->ranges[r->n_ranges++] = (struct rx_range){lo, hi};
+    return true;
+}
+
+static int compare_ranges(const void *a, const void *b)
+{
+    const struct rx_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Sorts and merges ranges [first, n_ranges); negate: their complement. */
+static void rx_normalise(struct rx *r, size_t first, bool negate)
+{
+    size_t n = r->n_ranges - first;
+    struct rx_range *a = r->ranges + first;
+    qsort(a, n, sizeof *a, compare_ranges);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k && a[i].lo <= a[k - 1].hi + 1) {
+            if (a[i].hi > a[k - 1].hi)
+                a[k - 1].hi = a[i].hi;
+        } else {
+            a[k++] = a[i];
+        }
+    }
+    r->n_ranges = first + k;
+    if (!negate)
+        return;
+    struct rx_range tmp[256];
+    size_t m = 0;
+    uint32_t next = 0;
+    for (size_t i = 0; i < k && m < 255; i++) {
+        if (a[i].lo > next)
+            tmp[m++] = (struct rx_range){next, a[i].lo - 1};
+        next = a[i].hi + 1;
+    }
+    if (next <= CP_MAX && m < 256)
+        tmp[m++] = (struct rx_range){next, CP_MAX};
+    r->n_ranges = first;
+    for (size_t i = 0; i < m; i++)
+        rx_add_range(r, tmp[i].lo, tmp[i].hi);
+}
+
+/* One code point of the pattern's UTF-8. */
+static bool rx_char(struct rx *r, uint32_t *cp)
+{
+    const unsigned char *s = (const unsigned char *)r->src + r->pos;
+    size_t k = utf8_char(s, r->len - r->pos);
+    if (k == 0) {
+        rx_fail(r, KT_ERR_INVALID, "invalid UTF-8");
+        return false;
+    }
+    if (k == 1)
+        *cp = s[0];
+    else if (k == 2)
+        *cp = (uint32_t)(s[0] & 0x1F) << 6 | (s[1] & 0x3F);
+    else if (k == 3)
+        *cp = (uint32_t)(s[0] & 0x0F) << 12 | (uint32_t)(s[1] & 0x3F) << 6 | (s[2] & 0x3F);
+    else
+        *cp = (uint32_t)(s[0] & 0x07) << 18 | (uint32_t)(s[1] & 0x3F) << 12 | (uint32_t)(s[2] & 0x3F) << 6 |
+              (s[3] & 0x3F);
+    r->pos += k;
+    return true;
+}
+
+/* An escape after '\': adds its ranges; false on failure. */
+static bool rx_escape(struct rx *r, bool in_class)
+{
+    if (r->pos >= r->len)
+        return rx_fail(r, KT_ERR_INVALID, "a '\\' at the end"), false;
+    char c = r->src[r->pos++];
+    size_t first = r->n_ranges;
+    switch (c) {
+    case 'd':
+    case 'D':
+        rx_add_range(r, '0', '9');
+        rx_normalise(r, first, c == 'D');
+        return r->status == KT_OK;
+    case 'w':
+    case 'W':
+        rx_add_range(r, '0', '9'), rx_add_range(r, 'A', 'Z'), rx_add_range(r, 'a', 'z'), rx_add_range(r, '_', '_');
+        rx_normalise(r, first, c == 'W');
+        return r->status == KT_OK;
+    case 's':
+    case 'S':
+        rx_add_range(r, '\t', '\r'), rx_add_range(r, ' ', ' ');
+        rx_normalise(r, first, c == 'S');
+        return r->status == KT_OK;
+    case 'n': return rx_add_range(r, '\n', '\n');
+    case 't': return rx_add_range(r, '\t', '\t');
+    case 'r': return rx_add_range(r, '\r', '\r');
+    case 'f': return rx_add_range(r, '\f', '\f');
+    case 'v': return rx_add_range(r, '\v', '\v');
+    case 'u': {
+        uint32_t v = 0, d;
+        for (int i = 0; i < 4; i++) {
+            if (r->pos >= r->len || !hex_digit(r->src[r->pos], &d))
+                return rx_fail(r, KT_ERR_INVALID, "\\u needs 4 hex digits"), false;
+            v = v << 4 | d;
+            r->pos++;
+        }
+        return rx_add_range(r, v, v);
+    }
+    default:
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'))
+            return rx_fail(r, KT_ERR_UNSUPPORTED, in_class ? "an unsupported escape in a class"
+                                                          : "an unsupported escape (backreference or class)"),
+                   false;
+        return rx_add_range(r, (unsigned char)c, (unsigned char)c);
+    }
+}
+
+static bool rx_class(struct rx *r)
+{
+    size_t first = r->n_ranges;
+    bool negate = r->pos < r->len && r->src[r->pos] == '^';
+    if (negate)
+        r->pos++;
+    bool any = false;
+    while (r->pos < r->len && (r->src[r->pos] != ']' || !any)) {
+        any = true;
+        uint32_t lo;
+        if (r->src[r->pos] == '\\') {
+            r->pos++;
+            size_t before = r->n_ranges;
+            if (!rx_escape(r, true))
+                return false;
+            if (r->n_ranges - before != 1 || r->ranges[before].lo != r->ranges[before].hi)
+                continue; /* \d and friends: no range from them */
+            lo = r->ranges[before].lo;
+            r->n_ranges = before;
+        } else if (!rx_char(r, &lo)) {
+            return false;
+        }
+        uint32_t hi = lo;
+        if (r->pos + 1 < r->len && r->src[r->pos] == '-' && r->src[r->pos + 1] != ']') {
+            r->pos++;
+            if (r->src[r->pos] == '\\') {
+                r->pos++;
+                size_t before = r->n_ranges;
+                if (!rx_escape(r, true))
+                    return false;
+                hi = r->ranges[before].lo;
+                r->n_ranges = before;
+            } else if (!rx_char(r, &hi)) {
+                return false;
+            }
+            if (hi < lo)
+                return rx_fail(r, KT_ERR_INVALID, "a class range out of order"), false;
+        }
+        if (!rx_add_range(r, lo, hi))
+            return false;
+    }
+    if (r->pos >= r->len)
+        return rx_fail(r, KT_ERR_INVALID, "a '[' without its ']'"), false;
+    r->pos++;
+    rx_normalise(r, first, negate);
+    return r->status == KT_OK;
+}
+
+/* A fragment matching one code point among the ranges added from first on. */
+static struct rx_frag rx_ranges_frag(struct rx *r, size_t first)
+{
+    int a = rx_new(r), b = rx_new(r);
+    if (a < 0 || b < 0)
+        return (struct rx_frag){-1, -1};
+    r->st[a].target = b;
+    r->st[a].rfirst = (uint32_t)first;
+    r->st[a].rcount = (uint32_t)(r->n_ranges - first);
+    return (struct rx_frag){a, b};
+}
+
+static struct rx_frag rx_alt(struct rx *r, int depth);
+
+static struct rx_frag rx_atom(struct rx *r, int depth)
+{
+    struct rx_frag none = {-1, -1};
+    char c = r->src[r->pos];
+    size_t first = r->n_ranges;
+    if (c == '(') {
+        r->pos++;
+        if (r->pos + 1 < r->len && r->src[r->pos] == '?') {
+            if (r->src[r->pos + 1] != ':')
+                return rx_fail(r, KT_ERR_UNSUPPORTED, "lookaround and named groups are not supported"), none;
+            r->pos += 2;
+        }
+        struct rx_frag f = rx_alt(r, depth + 1);
+        if (r->status != KT_OK)
+            return none;
+        if (r->pos >= r->len || r->src[r->pos] != ')')
+            return rx_fail(r, KT_ERR_INVALID, "a '(' without its ')'"), none;
+        r->pos++;
+        return f;
+    }
+    if (c == '[') {
+        r->pos++;
+        if (!rx_class(r))
+            return none;
+        return rx_ranges_frag(r, first);
+    }
+    if (c == '.') {
+        r->pos++;
+        rx_add_range(r, '\n', '\n'), rx_add_range(r, '\r', '\r'), rx_add_range(r, 0x2028, 0x2029);
+        rx_normalise(r, first, true);
+        return rx_ranges_frag(r, first);
+    }
+    if (c == '\\') {
+        r->pos++;
+        if (!rx_escape(r, false))
+            return none;
+        return rx_ranges_frag(r, first);
+    }
+    if (c == '*' || c == '+' || c == '?' || c == '{')
+        return rx_fail(r, KT_ERR_INVALID, "a quantifier with nothing before it"), none;
+    if (c == '^' || c == '$')
+        return rx_fail(r, KT_ERR_UNSUPPORTED, "'^' and '$' only at the start and the end"), none;
+    uint32_t cp;
+    if (!rx_char(r, &cp) || !rx_add_range(r, cp, cp))
+        return none;
+    return rx_ranges_frag(r, first);
+}
+
+static bool rx_number(struct rx *r, uint32_t *v)
+{
+    if (r->pos >= r->len || r->src[r->pos] < '0' || r->src[r->pos] > '9')
+        return false;
+    *v = 0;
+    while (r->pos < r->len && r->src[r->pos] >= '0' && r->src[r->pos] <= '9' && *v < 100000)
+        *v = *v * 10 + (uint32_t)(r->src[r->pos++] - '0');
+    return true;
+}
+
+/* atom quantifier?: a bounded count re-parses the atom once per copy. */
+static struct rx_frag rx_repeat(struct rx *r, int depth)
+{
+    struct rx_frag none = {-1, -1};
+    size_t atom_start = r->pos;
+    struct rx_frag f = rx_atom(r, depth);
+    if (r->status != KT_OK)
+        return none;
+    size_t atom_end = r->pos;
+    if (r->pos >= r->len)
+        return f;
+    char q = r->src[r->pos];
+    uint32_t lo, hi;
+    if (q == '*')
+        lo = 0, hi = UINT32_MAX;
+    else if (q == '+')
+        lo = 1, hi = UINT32_MAX;
+    else if (q == '?')
+        lo = 0, hi = 1;
+    else if (q == '{') {
+        size_t save = r->pos++;
+        if (!rx_number(r, &lo)) {
+            r->pos = save;
+            return rx_fail(r, KT_ERR_INVALID, "a '{' that is no {n,m} quantifier"), none;
+        }
+        hi = lo;
+        if (r->pos < r->len && r->src[r->pos] == ',') {
+            r->pos++;
+            if (!rx_number(r, &hi))
+                hi = UINT32_MAX;
+        }
+        if (r->pos >= r->len || r->src[r->pos] != '}')
+            return rx_fail(r, KT_ERR_INVALID, "a '{' without its '}'"), none;
+        if (hi < lo)
+            return rx_fail(r, KT_ERR_INVALID, "a {n,m} with m < n"), none;
+        if (lo > 64 || (hi != UINT32_MAX && hi > 64))
+            return rx_fail(r, KT_ERR_UNSUPPORTED, "a count over 64"), none;
+    } else {
+        return f;
+    }
+    r->pos++;
+    if (r->pos < r->len && (r->src[r->pos] == '?' || r->src[r->pos] == '+'))
+        return rx_fail(r, KT_ERR_UNSUPPORTED, "lazy and possessive quantifiers are not supported"), none;
+    size_t after = r->pos;
+    /* copies: the first is f; each further one parsed again from the atom's text */
+    uint32_t copies = hi == UINT32_MAX ? (lo > 0 ? lo : 1) : hi;
+    if (copies == 0) { /* {0}: matches the empty string */
+        int e = rx_new(r);
+        return (struct rx_frag){e, e};
+    }
+    int start = rx_new(r), end = rx_new(r);
+    if (start < 0 || end < 0)
+        return none;
+    int prev = start;
+    for (uint32_t k = 0; k < copies; k++) {
+        struct rx_frag c = f;
+        if (k > 0) {
+            r->pos = atom_start;
+            c = rx_atom(r, depth);
+            if (r->status != KT_OK)
+                return none;
+            r->pos = atom_end;
+        }
+        rx_eps(r, prev, c.start);
+        if (k >= lo) /* optional copies may be skipped to the end */
+            rx_eps(r, prev, end);
+        prev = c.end;
+        if (hi == UINT32_MAX && k == copies - 1)
+            rx_eps(r, c.end, c.start); /* the last copy loops */
+    }
+    rx_eps(r, prev, end);
+    r->pos = after;
+    return (struct rx_frag){start, end};
+}
+
+static struct rx_frag rx_concat(struct rx *r, int depth)
+{
+    int start = rx_new(r);
+    int cur = start;
+    while (r->status == KT_OK && r->pos < r->len && r->src[r->pos] != '|' && r->src[r->pos] != ')') {
+        if (r->src[r->pos] == '$' && r->pos + 1 == r->len && depth == 0)
+            break;
+        struct rx_frag f = rx_repeat(r, depth);
+        if (r->status != KT_OK)
+            break;
+        rx_eps(r, cur, f.start);
+        cur = f.end;
+    }
+    return (struct rx_frag){start, cur};
+}
+
+static struct rx_frag rx_alt(struct rx *r, int depth)
+{
+    if (depth > 32) {
+        rx_fail(r, KT_ERR_UNSUPPORTED, "groups nest deeper than 32");
+        return (struct rx_frag){-1, -1};
+    }
+    struct rx_frag f = rx_concat(r, depth);
+    if (r->status != KT_OK || r->pos >= r->len || r->src[r->pos] != '|')
+        return f;
+    /* a chain of splits: each to its branch and to the next split */
+    int start = rx_new(r), end = rx_new(r), split = start;
+    rx_eps(r, start, f.start);
+    rx_eps(r, f.end, end);
+    while (r->status == KT_OK && r->pos < r->len && r->src[r->pos] == '|') {
+        r->pos++;
+        struct rx_frag g = rx_concat(r, depth);
+        int next = rx_new(r);
+        if (r->status != KT_OK)
+            break;
+        rx_eps(r, split, next);
+        rx_eps(r, next, g.start);
+        rx_eps(r, g.end, end);
+        split = next;
+    }
+    return (struct rx_frag){start, end};
+}
+
+/* A loop over any code point: an unanchored side. */
+static struct rx_frag rx_anything(struct rx *r)
+{
+    size_t first = r->n_ranges;
+    rx_add_range(r, 0, CP_MAX);
+    struct rx_frag one = rx_ranges_frag(r, first);
+    int s = rx_new(r);
+    if (s < 0 || one.start < 0)
+        return (struct rx_frag){-1, -1};
+    rx_eps(r, s, one.start);
+    rx_eps(r, one.end, s);
+    return (struct rx_frag){s, s};
+}
+
+static void rx_closure(const struct rx *r, uint64_t *set, int s)
+{
+    int stack[RX_MAX_NFA];
+    int n = 0;
+    if (set[s >> 6] >> (s & 63) & 1)
+        return;
+    set[s >> 6] |= 1ull << (s & 63);
+    stack[n++] = s;
+    while (n) {
+        int x = stack[--n];
+        for (int k = 0; k < 2; k++) {
+            int y = r->st[x].eps[k];
+            if (y >= 0 && !(set[y >> 6] >> (y & 63) & 1)) {
+                set[y >> 6] |= 1ull << (y & 63);
+                stack[n++] = y;
+            }
+        }
+    }
+}
+
+static bool ranges_contain(const struct rx *r, const struct rx_nstate *s, uint32_t cp)
+{
+    for (uint32_t i = 0; i < s->rcount; i++)
+        if (cp >= r->ranges[s->rfirst + i].lo && cp <= r->ranges[s->rfirst + i].hi)
+            return true;
+    return false;
+}
+
+static int compare_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Subset construction into g's DFA arrays; *root: the start state's id. */
+static kt_status rx_to_dfa(struct rx *r, struct kt_grammar *g, int nfa_start, int nfa_accept, uint32_t *root,
+                           kt_err *err)
+{
+    size_t words = ((size_t)r->n_st + 63) / 64;
+    uint64_t *sets = calloc(RX_MAX_DFA * words, sizeof *sets);
+    uint64_t *tmp = calloc(words, sizeof *tmp);
+    uint32_t *points = malloc((2 * r->n_ranges + 2) * sizeof *points);
+    kt_status st = KT_OK;
+    if (!sets || !tmp || !points) {
+        st = nomem(err);
+        goto done;
+    }
+    size_t base = g->n_dfa, n_dfa = 1;
+    rx_closure(r, sets, nfa_start);
+    for (size_t d = 0; d < n_dfa; d++) {
+        const uint64_t *cur = sets + d * words;
+        size_t n_points = 0;
+        for (int s = 0; s < r->n_st; s++)
+            if (cur[s >> 6] >> (s & 63) & 1 && r->st[s].target >= 0)
+                for (uint32_t i = 0; i < r->st[s].rcount; i++) {
+                    points[n_points++] = r->ranges[r->st[s].rfirst + i].lo;
+                    points[n_points++] = r->ranges[r->st[s].rfirst + i].hi + 1;
+                }
+        qsort(points, n_points, sizeof *points, compare_u32);
+        if (!GROW(g->dfa, g->n_dfa, g->cap_dfa, base + d + 1)) {
+            st = nomem(err);
+            goto done;
+        }
+        g->dfa[base + d] = (struct dfa_state){.first = (uint32_t)g->n_dfa_trans, .n = 0,
+                                              .accepting = (cur[nfa_accept >> 6] >> (nfa_accept & 63)) & 1};
+        if (base + d + 1 > g->n_dfa)
+            g->n_dfa = base + d + 1;
+        for (size_t p = 0; p + 1 < n_points; p++) {
+            uint32_t lo = points[p], hi = points[p + 1] - 1;
+            if (points[p + 1] == points[p])
+                continue;
+            memset(tmp, 0, words * sizeof *tmp);
+            bool any = false;
+            for (int s = 0; s < r->n_st; s++)
+                if (cur[s >> 6] >> (s & 63) & 1 && r->st[s].target >= 0 && ranges_contain(r, &r->st[s], lo)) {
+                    rx_closure(r, tmp, r->st[s].target);
+                    any = true;
+                }
+            if (!any)
+                continue;
+            size_t t = 0;
+            while (t < n_dfa && memcmp(sets + t * words, tmp, words * sizeof *tmp) != 0)
+                t++;
+            if (t == n_dfa) {
+                if (n_dfa == RX_MAX_DFA) {
+                    st = kt_err_set(err, KT_ERR_UNSUPPORTED, "pattern: too complex (more than %d DFA states)",
+                                    RX_MAX_DFA);
+                    goto done;
+                }
+                memcpy(sets + n_dfa * words, tmp, words * sizeof *tmp);
+                n_dfa++;
+            }
+            struct dfa_trans *last = g->dfa[base + d].n ? &g->dfa_trans[g->n_dfa_trans - 1] : NULL;
+            if (last && last->next == base + t && last->hi + 1 == lo) {
+                last->hi = hi;
+                continue;
+            }
+            if (!GROW(g->dfa_trans, g->n_dfa_trans, g->cap_dfa_trans, g->n_dfa_trans + 1)) {
+                st = nomem(err);
+                goto done;
+            }
+            g->dfa_trans[g->n_dfa_trans++] = (struct dfa_trans){lo, hi, (uint32_t)(base + t)};
+            g->dfa[base + d].n++;
+        }
+    }
+    *root = (uint32_t)base;
+done:
+    free(sets);
+    free(tmp);
+    free(points);
+    return st;
+}
+
+kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node,
+                                         kt_err *err)
+{
+    struct rx r = {.src = pattern, .len = len, .err = err, .status = KT_OK};
+    r.st = malloc(RX_MAX_NFA * sizeof *r.st);
+    if (!r.st)
+        return nomem(err);
+    bool anchored_start = len > 0 && pattern[0] == '^';
+    bool anchored_end = len > 0 && pattern[len - 1] == '$' && !(len > 1 && pattern[len - 2] == '\\');
+    if (anchored_start)
+        r.pos = 1;
+    struct rx_frag body = rx_alt(&r, 0);
+    if (r.status == KT_OK && r.pos < r.len && !(anchored_end && r.pos == r.len - 1))
+        rx_fail(&r, KT_ERR_INVALID, r.src[r.pos] == ')' ? "a ')' without its '('" : "unexpected text");
+    struct rx_frag whole = body;
+    if (r.status == KT_OK && !anchored_start) {
+        struct rx_frag pre = rx_anything(&r);
+        rx_eps(&r, pre.end, body.start);
+        whole.start = pre.start;
+    }
+    if (r.status == KT_OK && !anchored_end) {
+        struct rx_frag post = rx_anything(&r);
+        rx_eps(&r, body.end, post.start);
+        whole.end = post.end;
+    }
+    kt_status st = r.status;
+    uint32_t root = 0;
+    if (st == KT_OK)
+        st = rx_to_dfa(&r, g, whole.start, whole.end, &root, err);
+    free(r.st);
+    free(r.ranges);
+    if (st != KT_OK)
+        return st;
+    return add_node(g, (struct node){.kind = K_PATTERN, .first = root}, node, err);
+}
+
+/* A code point through the pattern's DFA (state in f->b). */
+static bool pattern_feed(const struct kt_grammar *g, struct frame *f, uint32_t cp)
+{
+    const struct dfa_state *d = &g->dfa[f->b];
+    for (uint32_t i = 0; i < d->n; i++) {
+        const struct dfa_trans *t = &g->dfa_trans[d->first + i];
+        if (cp < t->lo)
+            return false;
+        if (cp <= t->hi) {
+            f->b = t->next;
+            f->a = S_BODY;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Whether some code point in [lo, hi] can leave DFA state d: a byte that
+ * starts or continues a character (or an escape) is taken only then, so the
+ * automaton never waits for a character that cannot come. */
+static bool dfa_intersects(const struct kt_grammar *g, uint32_t d, uint32_t lo, uint32_t hi)
+{
+    const struct dfa_state *s = &g->dfa[d];
+    for (uint32_t i = 0; i < s->n; i++) {
+        const struct dfa_trans *t = &g->dfa_trans[s->first + i];
+        if (t->lo <= hi && t->hi >= lo)
+            return true;
+    }
+    return false;
+}
+
+/* The code points a character can still become: bits so far, continuation bytes left, the lead's limits. */
+static bool utf8_possible(const struct kt_grammar *g, uint32_t d, uint32_t bits, uint32_t left, uint32_t kind,
+                          bool f4)
+{
+    uint32_t lo = bits << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+    if (kind == 1 && lo < 0x800)
+        lo = 0x800;
+    if (kind == 2 && hi > 0xD7FF)
+        hi = 0xD7FF;
+    if (kind == 3 && lo < 0x10000)
+        lo = 0x10000;
+    if (f4 && hi > 0x10FFFF)
+        hi = 0x10FFFF;
+    return lo <= hi && dfa_intersects(g, d, lo, hi);
+}
+
+/* One byte of a string that must match a pattern: the string's characters
+ * (raw UTF-8 or JSON escapes) go through the DFA as code points.
+ * a: phase | utf8 left << 3 | first-continuation kind << 5 | F4 << 7 | code point so far << 8;
+ * in S_HEX: phase | hex digits << 3 | value << 8.  b: the DFA state. */
+static bool step_pattern(const struct kt_grammar *g, const struct node *n, struct frame *f, uint32_t *depth, int c)
+{
+    uint32_t ph = PH(f->a);
+    switch (ph) {
+    case S_OPEN:
+        if (c != '"')
+            return false;
+        f->a = S_BODY;
+        f->b = n->first;
+        return true;
+    case S_BODY: {
+        uint32_t left = (f->a >> 3) & 3, kind = (f->a >> 5) & 3, cp = f->a >> 8;
+        if (left) {
+            unsigned lo = kind == 1 ? 0xA0 : kind == 3 ? 0x90 : 0x80;
+            unsigned hi = kind == 2 ? 0x9F : ((f->a >> 7) & 1) ? 0x8F : 0xBF;
+            if (c < (int)lo || c > (int)hi)
+                return false;
+            cp = cp << 6 | ((uint32_t)c & 0x3F);
+            if (left == 1)
+                return pattern_feed(g, f, cp);
+            if (!utf8_possible(g, f->b, cp, left - 1, 0, false))
+                return false;
+            f->a = S_BODY | ((left - 1) << 3) | (cp << 8);
+            return true;
+        }
+        if (c == '"') {
+            if (!g->dfa[f->b].accepting)
+                return false;
+            (*depth)--;
+            return true;
+        }
+        if (c == '\\') {
+            if (!dfa_intersects(g, f->b, 1, 0xFFFF)) /* every escape stands for one of these */
+                return false;
+            f->a = S_ESC;
+            return true;
+        }
+        if (c < 0x20 || (c >= 0x80 && c < 0xC2) || c > 0xF4)
+            return false;
+        if (c < 0x80)
+            return pattern_feed(g, f, (uint32_t)c);
+        uint32_t need = c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+        uint32_t k = c == 0xE0 ? 1 : c == 0xED ? 2 : c == 0xF0 ? 3 : 0;
+        uint32_t bits = (uint32_t)c & (need == 1 ? 0x1F : need == 2 ? 0x0F : 0x07);
+        if (!utf8_possible(g, f->b, bits, need, k, c == 0xF4))
+            return false;
+        f->a = S_BODY | (need << 3) | (k << 5) | (c == 0xF4 ? 1u << 7 : 0) | (bits << 8);
+        return true;
+    }
+    case S_ESC: {
+        static const char from[] = "\"\\/bfnrt";
+        static const uint32_t to[] = {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'};
+        if (c == 'u') {
+            if (!dfa_intersects(g, f->b, 1, 0xD7FF) && !dfa_intersects(g, f->b, 0xE000, 0xFFFF))
+                return false;
+            f->a = S_HEX;
+            return true;
+        }
+        const char *p = c ? strchr(from, c) : NULL;
+        return p && pattern_feed(g, f, to[p - from]);
+    }
+    case S_HEX: {
+        uint32_t digits = (f->a >> 3) & 7, value = f->a >> 8, d;
+        if (!hex_digit(c, &d))
+            return false;
+        value = value << 4 | d;
+        digits++;
+        if (digits == 2 && value >= 0xD8 && value <= 0xDF)
+            return false;
+        if (digits == 4)
+            return value != 0 && pattern_feed(g, f, value);
+        uint32_t lo = value << (4 * (4 - digits)), hi = lo | ((1u << (4 * (4 - digits))) - 1);
+        if (lo == 0)
+            lo = 1;
+        bool possible = (lo <= 0xD7FF && dfa_intersects(g, f->b, lo, hi < 0xD7FF ? hi : 0xD7FF)) ||
+                        (hi >= 0xE000 && dfa_intersects(g, f->b, lo > 0xE000 ? lo : 0xE000, hi));
+        if (!possible)
+            return false;
+        f->a = S_HEX | (digits << 3) | (value << 8);
+        return true;
+    }
+    }
+    return false;
+}
+
 /* Steps the waiting top frame of st[*depth] by symbol c; false if it cannot take it. */
 static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *depth, int c)
 {
@@ -1134,6 +1883,8 @@ static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *dep
     }
     case K_STRING:
         return step_string(n, f, depth, c);
+    case K_PATTERN:
+        return step_pattern(g, n, f, depth, c);
     case K_NUMBER:
         return step_number(n, f, c);
     case K_ARRAY: {

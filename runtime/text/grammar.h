@@ -63,6 +63,11 @@ kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t tar
 /* JSON values.  Strings count characters (code points; an escape is one). */
 kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,
                                  kt_err *err);
+/* A string whose value matches pattern (a regex: the subset grammar.c's
+ * "patterns" section lists; unanchored sides match anything, as JSON Schema
+ * says).  KT_ERR_UNSUPPORTED / KT_ERR_INVALID naming the character at fault. */
+kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node,
+                                         kt_err *err);
 enum kt_grammar_number {
     KT_GRAMMAR_NUMBER,  /* JSON number */
     KT_GRAMMAR_INTEGER, /* -?(0|[1-9][0-9]*) */

@@ -133,7 +133,7 @@ static kt_status ctx_any(struct ctx *c, uint32_t *node, kt_err *err)
 
 /* Constraints the grammar cannot enforce: refused rather than ignored. */
 static const char *const refused[] = {
-    "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
     "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems", "contains",
     "minContains", "maxContains", "prefixItems", "additionalItems", "not", "if", "then", "else", "oneOf",
     "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
@@ -490,6 +490,24 @@ static kt_status compile_type(struct ctx *c, const json_t *s, const char *type, 
         return compile_object(c, s, node, err);
     if (strcmp(type, "array") == 0)
         return compile_array(c, s, node, err);
+    if (strcmp(type, "string") == 0 && has(s, "pattern")) {
+        const json_t *p = json_object_get(s, "pattern");
+        size_t old = ptr_push(c, "pattern");
+        kt_status st;
+        if (!json_is_string(p))
+            st = fail(c, err, KT_ERR_INVALID, "'pattern' must be a string");
+        else if (has(s, "minLength") || has(s, "maxLength"))
+            st = fail(c, err, KT_ERR_UNSUPPORTED, "'pattern' together with minLength/maxLength is not supported "
+                                                  "(bound the length in the pattern)");
+        else if ((st = kt_grammar_json_pattern_string(c->g, json_string_value(p), json_string_length(p), node,
+                                                      err)) != KT_OK && st != KT_ERR_NOMEM) {
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            st = fail(c, err, st, "%s", why);
+        }
+        ptr_pop(c, old);
+        return st;
+    }
     if (strcmp(type, "string") == 0) {
         uint32_t min, max;
         kt_status st = count_keyword(c, s, "minLength", 0, &min, err);
@@ -634,7 +652,7 @@ static kt_status compile(struct ctx *c, const json_t *s, uint32_t *node, kt_err 
         st = compile_object(c, s, node, err);
     } else if (has(s, "items") || has(s, "minItems") || has(s, "maxItems")) {
         st = compile_array(c, s, node, err);
-    } else if (has(s, "minLength") || has(s, "maxLength")) {
+    } else if (has(s, "minLength") || has(s, "maxLength") || has(s, "pattern")) {
         st = compile_type(c, s, "string", node, err);
     } else {
         st = ctx_any(c, node, err);

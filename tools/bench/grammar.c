@@ -197,7 +197,7 @@ static const char *const schema_text =
     "\"confidence\":{\"type\":\"number\"},"
     "\"published\":{\"type\":\"boolean\"},"
     "\"authors\":{\"type\":\"array\",\"items\":{\"type\":\"object\",\"properties\":{"
-    "\"name\":{\"type\":\"string\"},\"email\":{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"null\"}]},"
+    "\"name\":{\"type\":\"string\"},\"email\":{\"anyOf\":[{\"type\":\"string\",\"pattern\":\"^[a-z.]+@[a-z]+\\\\.(org|com)$\"},{\"type\":\"null\"}]},"
     "\"role\":{\"enum\":[\"author\",\"editor\",\"reviewer\"]}},\"required\":[\"name\",\"email\",\"role\"],"
     "\"additionalProperties\":false}},"
     "\"keywords\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":8},"
