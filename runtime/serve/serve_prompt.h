@@ -16,7 +16,8 @@
  *  - tool_choice "required" / a named function: the prompt ends with the
  *    opening of a tool call (Kimi: "functions.NAME:N" with N the number of
  *    earlier calls in the conversation), which the output parser reads as
- *    the start of the reply.  No constrained decoding beyond that.
+ *    the start of the reply; the grammar (serve_grammar.h) constrains the
+ *    rest to a well-formed call of a declared tool with valid arguments.
  */
 #ifndef KT_SERVE_PROMPT_H
 #define KT_SERVE_PROMPT_H

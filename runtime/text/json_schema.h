@@ -3,11 +3,11 @@
  * outputs (OpenAI's response_format json_schema, vLLM's guided_json) and
  * tool-call arguments.
  *
- * The subset is the one OpenAI accepts with strict: true, less `pattern` and
- * `format`:
+ * The subset is the one OpenAI accepts with strict: true, less `format`:
  *   type (a name or an array of names): object, array, string, number,
  *   integer, boolean, null; properties, required, additionalProperties;
- *   items, minItems, maxItems; minLength, maxLength; enum, const; anyOf;
+ *   items, minItems, maxItems; minLength, maxLength; pattern (grammar.c's
+ *   regex subset, not together with a length); enum, const; anyOf;
  *   allOf of one schema; $ref to "#" or a JSON pointer into the document
  *   ($defs, definitions; recursion allowed); true and {} (any value).
  * Objects are written with their properties in the schema's order, the
@@ -15,7 +15,7 @@
  * other keys (valid whatever additionalProperties says, since extra keys are
  * only ever allowed, never needed).  An object with no properties is any
  * object whose values match additionalProperties (a schema, or anything).
- * Keywords that constrain what the grammar cannot enforce (pattern, format,
+ * Keywords that constrain what the grammar cannot enforce (format,
  * minimum, maximum, multipleOf, oneOf, not, uniqueItems, prefixItems, ...)
  * are refused; other unknown keywords are annotations and ignored.
  *
