@@ -1145,6 +1145,7 @@ static bool step_number(const struct node *n, struct frame *f, int c)
 
 #define RX_MAX_NFA 4096
 #define RX_MAX_DFA 2048
+#define RX_HASH 4096 /* > RX_MAX_DFA, a power of two */
 #define CP_MAX 0x10FFFF
 
 struct rx_range {
@@ -1611,6 +1612,14 @@ static int compare_u32(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static size_t set_slot(const uint64_t *set, size_t words)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t w = 0; w < words; w++)
+        h = (h ^ set[w]) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 29)) & (RX_HASH - 1);
+}
+
 /* Subset construction into g's DFA arrays; *root: the start state's id. */
 static kt_status rx_to_dfa(struct rx *r, struct kt_grammar *g, int nfa_start, int nfa_accept, uint32_t *root,
                            kt_err *err)
@@ -1619,22 +1628,30 @@ static kt_status rx_to_dfa(struct rx *r, struct kt_grammar *g, int nfa_start, in
     uint64_t *sets = calloc(RX_MAX_DFA * words, sizeof *sets);
     uint64_t *tmp = calloc(words, sizeof *tmp);
     uint32_t *points = malloc((2 * r->n_ranges + 2) * sizeof *points);
+    int *live = malloc((size_t)r->n_st * sizeof *live); /* the current set's states that read a code point */
+    uint32_t *index = calloc(RX_HASH, sizeof *index);    /* sets by hash: DFA id + 1; 0 empty */
+    uint64_t work = 0; /* a bound on compile time, whatever the pattern */
     kt_status st = KT_OK;
-    if (!sets || !tmp || !points) {
+    if (!sets || !tmp || !points || !live || !index) {
         st = nomem(err);
         goto done;
     }
     size_t base = g->n_dfa, n_dfa = 1;
     rx_closure(r, sets, nfa_start);
+    index[set_slot(sets, words)] = 1;
     for (size_t d = 0; d < n_dfa; d++) {
         const uint64_t *cur = sets + d * words;
-        size_t n_points = 0;
+        size_t n_points = 0, n_live = 0;
         for (int s = 0; s < r->n_st; s++)
             if (cur[s >> 6] >> (s & 63) & 1 && r->st[s].target >= 0)
-                for (uint32_t i = 0; i < r->st[s].rcount; i++) {
+                live[n_live++] = s;
+        for (size_t k = 0; k < n_live; k++) {
+            int s = live[k];
+            for (uint32_t i = 0; i < r->st[s].rcount; i++) {
                     points[n_points++] = r->ranges[r->st[s].rfirst + i].lo;
                     points[n_points++] = r->ranges[r->st[s].rfirst + i].hi + 1;
-                }
+            }
+        }
         qsort(points, n_points, sizeof *points, compare_u32);
         if (!GROW(g->dfa, g->n_dfa, g->cap_dfa, base + d + 1)) {
             st = nomem(err);
@@ -1650,16 +1667,24 @@ static kt_status rx_to_dfa(struct rx *r, struct kt_grammar *g, int nfa_start, in
                 continue;
             memset(tmp, 0, words * sizeof *tmp);
             bool any = false;
-            for (int s = 0; s < r->n_st; s++)
-                if (cur[s >> 6] >> (s & 63) & 1 && r->st[s].target >= 0 && ranges_contain(r, &r->st[s], lo)) {
-                    rx_closure(r, tmp, r->st[s].target);
+            work += n_live + 4 * words;
+            if (work > 50000000u) {
+                st = kt_err_set(err, KT_ERR_UNSUPPORTED, "pattern: too complex to compile");
+                goto done;
+            }
+            for (size_t k = 0; k < n_live; k++)
+                if (ranges_contain(r, &r->st[live[k]], lo)) {
+                    rx_closure(r, tmp, r->st[live[k]].target);
                     any = true;
                 }
             if (!any)
                 continue;
-            size_t t = 0;
-            while (t < n_dfa && memcmp(sets + t * words, tmp, words * sizeof *tmp) != 0)
-                t++;
+            size_t slot = set_slot(tmp, words), t = n_dfa;
+            for (; index[slot]; slot = (slot + 1) & (RX_HASH - 1))
+                if (memcmp(sets + (index[slot] - 1) * words, tmp, words * sizeof *tmp) == 0) {
+                    t = index[slot] - 1;
+                    break;
+                }
             if (t == n_dfa) {
                 if (n_dfa == RX_MAX_DFA) {
                     st = kt_err_set(err, KT_ERR_UNSUPPORTED, "pattern: too complex (more than %d DFA states)",
@@ -1667,7 +1692,7 @@ static kt_status rx_to_dfa(struct rx *r, struct kt_grammar *g, int nfa_start, in
                     goto done;
                 }
                 memcpy(sets + n_dfa * words, tmp, words * sizeof *tmp);
-                n_dfa++;
+                index[slot] = (uint32_t)++n_dfa;
             }
             struct dfa_trans *last = g->dfa[base + d].n ? &g->dfa_trans[g->n_dfa_trans - 1] : NULL;
             if (last && last->next == base + t && last->hi + 1 == lo) {
@@ -1687,6 +1712,8 @@ done:
     free(sets);
     free(tmp);
     free(points);
+    free(live);
+    free(index);
     return st;
 }
 
