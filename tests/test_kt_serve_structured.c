@@ -5,11 +5,13 @@
  * response_format json_schema returns JSON valid against the schema, greedy
  * and sampled, in every choice and streamed; json_object an object; vLLM's
  * guided_json (also on /v1/completions) and structured_outputs the same; a
- * schema kt cannot follow is a 400 naming where; tool_choice "required" and
+ * schema kt cannot follow is a 400 naming where; a pattern holds (POSIX
+ * regexec checks it); tool_choice "required" and
  * a named function give a parsed call of a declared tool whose arguments
  * validate against its parameters, in Kimi-K2's and DeepSeek's syntax.
  */
 #include <jansson.h>
+#include <regex.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -44,6 +46,13 @@ static void check_valid(const json_t *choice, const char *text, const json_t *sc
     json_t *v = json_loads(text, JSON_DECODE_ANY, &je);
     KT_CHECK(v != NULL, "%s: '%.300s' does not parse: %s", what, text, je.text);
     KT_CHECK(!v || validate(schema, schema, v, 0), "%s: '%.300s' does not validate", what, text);
+    const json_t *code = json_object_get(v, "code");
+    regex_t re;
+    if (code && regcomp(&re, "^[A-Z]{2}-[0-9]{3}$", REG_EXTENDED | REG_NOSUB) == 0) {
+        KT_CHECK(json_is_string(code) && regexec(&re, json_string_value(code), 0, NULL, 0) == 0,
+                 "%s: code '%s' does not match its pattern", what, json_string_value(code));
+        regfree(&re);
+    }
     KT_CHECK(strcmp(str(choice, "finish_reason"), "stop") == 0, "%s: finish_reason %s ('%.200s')", what,
              str(choice, "finish_reason"), text);
     json_decref(v);
@@ -52,8 +61,9 @@ static void check_valid(const json_t *choice, const char *text, const json_t *sc
 static const char *const person =
     "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":12},\"age\":{\"type\":"
     "\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"b\",\"c\"]},\"maxItems\":3},\"ok\":"
-    "{\"type\":\"boolean\"},\"note\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":4},{\"type\":\"null\"}]}},"
-    "\"required\":[\"name\",\"age\",\"tags\",\"ok\",\"note\"],\"additionalProperties\":false}";
+    "{\"type\":\"boolean\"},\"note\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":4},{\"type\":\"null\"}]},"
+    "\"code\":{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-[0-9]{3}$\"}},"
+    "\"required\":[\"name\",\"age\",\"tags\",\"ok\",\"note\",\"code\"],\"additionalProperties\":false}";
 
 /* '"', ']' and '}' favoured: random weights otherwise write long strings (byte tokens are ids 0..255) */
 static const char *const closing_bias = "\"logit_bias\": {\"34\": 4, \"93\": 4, \"125\": 4}";
@@ -187,8 +197,8 @@ static void bad_schemas_are_400s_naming_the_place(const struct test_server *s)
         const char *fields, *param, *message;
     } cases[] = {
         {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": "
-         "\"object\", \"properties\": {\"x\": {\"type\": \"string\", \"pattern\": \"a+\"}}}}}",
-         "response_format", "#/properties/x/pattern: 'pattern' is not supported"},
+         "\"object\", \"properties\": {\"x\": {\"type\": \"string\", \"pattern\": \"(?=a)\"}}}}}",
+         "response_format", "#/properties/x/pattern: pattern: lookaround"},
         {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {\"type\": "
          "\"obj\"}}}", "response_format", "#/type: unknown type 'obj'"},
         {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\"}}", "response_format",
