@@ -86,54 +86,52 @@ static bool arguments(struct build *b, const json_t *tool, size_t index, uint32_
     return false;
 }
 
-/* One call after the family's opening, from the name on:
- * Kimi NAME ":" INDEX <arg_begin> ARGS <call_end>; DeepSeek NAME "\n```json\n" ARGS "\n```" <call_end>. */
-static bool call_after_opening(struct build *b, bool deepseek, const json_t *tools, uint32_t *node,
-                               struct kt_api_error *e)
+/* One call after the family's opening, from the name on, of any tool
+ * (args[i]: tool i's arguments): DeepSeek NAME "\n```json\n" ARGS "\n```"
+ * <call_end>; Kimi NAME ":" INDEX <arg_begin> ARGS <call_end>, INDEX the
+ * call's number in the conversation (Kimi numbers call ids globally). */
+static uint32_t any_call(struct build *b, bool deepseek, const json_t *tools, const uint32_t *args, size_t index)
 {
     size_t n = json_array_size(tools);
-    uint32_t *alts = calloc(n, sizeof *alts);
+    uint32_t *alts = calloc(n, sizeof *alts), node = 0;
     if (!alts) {
         b->st = KT_ERR_NOMEM;
-        return false;
+        return 0;
     }
-    uint32_t index = 0;
-    if (!deepseek && b->st == KT_OK)
-        b->st = kt_grammar_json_number(b->g, KT_GRAMMAR_DIGITS, &index, &b->err);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *tool = json_array_get(tools, i);
-        uint32_t args;
-        if (!arguments(b, tool, i, &args, e))
+    for (size_t i = 0; i < n && b->st == KT_OK; i++) {
+        const char *name = tool_name(json_array_get(tools, i));
+        char *head = malloc(strlen(name) + 32);
+        if (!head) {
+            b->st = KT_ERR_NOMEM;
             break;
+        }
+        if (deepseek)
+            sprintf(head, "%s\n```json\n", name);
+        else
+            sprintf(head, "%s:%zu", name, index);
+        uint32_t h = lit(b, head);
+        free(head);
         if (deepseek) {
-            char *head = malloc(strlen(tool_name(tool)) + 16);
-            if (!head) {
-                b->st = KT_ERR_NOMEM;
-                break;
-            }
-            sprintf(head, "%s\n```json\n", tool_name(tool));
-            uint32_t name = lit(b, head);
-            free(head);
-            uint32_t items[] = {name, args, lit(b, "\n```"), marker(b, "<｜tool▁call▁end｜>")};
+            uint32_t items[] = {h, args[i], lit(b, "\n```"), marker(b, "<｜tool▁call▁end｜>")};
             alts[i] = seq(b, items, 4);
         } else {
-            char *head = malloc(strlen(tool_name(tool)) + 2);
-            if (!head) {
-                b->st = KT_ERR_NOMEM;
-                break;
-            }
-            sprintf(head, "%s:", tool_name(tool));
-            uint32_t name = lit(b, head);
-            free(head);
-            uint32_t items[] = {name, index, marker(b, "<|tool_call_argument_begin|>"), args,
-                                marker(b, "<|tool_call_end|>")};
-            alts[i] = seq(b, items, 5);
+            uint32_t items[] = {h, marker(b, "<|tool_call_argument_begin|>"), args[i], marker(b, "<|tool_call_end|>")};
+            alts[i] = seq(b, items, 4);
         }
     }
     if (b->st == KT_OK)
-        b->st = kt_grammar_alt(b->g, alts, n, node, &b->err);
+        b->st = kt_grammar_alt(b->g, alts, n, &node, &b->err);
     free(alts);
-    return b->st == KT_OK;
+    return node;
+}
+
+/* Calls made earlier in the conversation. */
+static size_t earlier_calls(const struct kt_api_request *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < r->messages.count; i++)
+        n += r->messages.items[i].n_tool_calls;
+    return n;
 }
 
 static bool tool_grammar(struct build *b, const struct kt_serve_model *m, const struct kt_api_request *r,
@@ -141,10 +139,11 @@ static bool tool_grammar(struct build *b, const struct kt_serve_model *m, const 
 {
     bool deepseek = is_deepseek(m->format);
     const char *section_end = deepseek ? "<｜tool▁calls▁end｜>" : "<|tool_calls_section_end|>";
+    size_t n_tools = json_array_size(r->tools);
     if (r->tool_choice == KT_TOOL_CHOICE_NAMED) {
         /* the prompt holds the call up to its arguments */
         size_t i = 0;
-        while (i < json_array_size(r->tools) && strcmp(tool_name(json_array_get(r->tools, i)), r->tool_choice_name))
+        while (i < n_tools && strcmp(tool_name(json_array_get(r->tools, i)), r->tool_choice_name))
             i++;
         uint32_t args;
         if (!arguments(b, json_array_get(r->tools, i), i, &args, e))
@@ -154,21 +153,35 @@ static bool tool_grammar(struct build *b, const struct kt_serve_model *m, const 
         *root = deepseek ? seq(b, close_ds, 4) : seq(b, close_kimi, 3);
         return b->st == KT_OK;
     }
-    uint32_t first, next_call, more;
-    if (!call_after_opening(b, deepseek, r->tools, &first, e))
+    uint32_t *args = calloc(n_tools, sizeof *args);
+    if (!args) {
+        b->st = KT_ERR_NOMEM;
         return false;
-    if (deepseek) {
-        uint32_t items[] = {marker(b, "<｜tool▁call▁begin｜>"), lit(b, "function"), marker(b, "<｜tool▁sep｜>"), first};
-        next_call = seq(b, items, 4);
-    } else {
-        uint32_t items[] = {marker(b, "<|tool_call_begin|>"), lit(b, "functions."), first};
-        next_call = seq(b, items, 3);
     }
-    if (b->st == KT_OK)
-        b->st = kt_grammar_repeat(b->g, next_call, 0, r->parallel_tool_calls ? MAX_PARALLEL_CALLS - 1 : 0, &more,
-                                  &b->err);
-    uint32_t items[] = {first, more, marker(b, section_end)};
+    for (size_t i = 0; i < n_tools; i++)
+        if (!arguments(b, json_array_get(r->tools, i), i, &args[i], e))
+            goto done;
+    /* the calls after the first, innermost first: each optional, each opening the next */
+    size_t first_index = deepseek ? 0 : earlier_calls(r);
+    size_t n_calls = r->parallel_tool_calls ? MAX_PARALLEL_CALLS : 1;
+    uint32_t rest = seq(b, NULL, 0); /* no more calls */
+    for (size_t k = n_calls; k-- > 1 && b->st == KT_OK;) {
+        uint32_t call = any_call(b, deepseek, r->tools, args, first_index + k), opening;
+        if (deepseek) {
+            uint32_t items[] = {marker(b, "<｜tool▁call▁begin｜>"), lit(b, "function"), marker(b, "<｜tool▁sep｜>")};
+            opening = seq(b, items, 3);
+        } else {
+            uint32_t items[] = {marker(b, "<|tool_call_begin|>"), lit(b, "functions.")};
+            opening = seq(b, items, 2);
+        }
+        uint32_t more[] = {opening, call, rest}, alts[2] = {seq(b, more, 3), seq(b, NULL, 0)};
+        if (b->st == KT_OK)
+            b->st = kt_grammar_alt(b->g, alts, 2, &rest, &b->err);
+    }
+    uint32_t items[] = {any_call(b, deepseek, r->tools, args, first_index), rest, marker(b, section_end)};
     *root = seq(b, items, 3);
+done:
+    free(args);
     return b->st == KT_OK;
 }
 

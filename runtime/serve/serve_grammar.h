@@ -14,8 +14,10 @@
  *   NAME "\n```json\n" ARGS "\n```" <｜tool▁call▁end｜>
  *   (<｜tool▁call▁begin｜> "function" <｜tool▁sep｜> NAME ... <｜tool▁call▁end｜>)*
  *   <｜tool▁calls▁end｜>
- * A named function's prompt already holds its name (and Kimi's index and
- * argument marker), so the grammar starts at ARGS and allows that one call.
+ * INDEX is the call's number in the conversation (the calls before this reply
+ * plus its place in it), as Kimi numbers its call ids.  A named function's prompt
+ * already holds its name (and Kimi's index and argument marker), so the
+ * grammar starts at ARGS and allows that one call.
  * More calls only with parallel_tool_calls.  NAME is one of the tools'
  * names: any other is impossible.  Markers that are single tokens in the
  * vocabulary must be those tokens.

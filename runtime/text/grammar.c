@@ -162,7 +162,8 @@ static kt_status add_items(struct kt_grammar *g, const uint32_t *items, size_t n
 {
     if (!GROW(g->items, g->n_items, g->cap_items, g->n_items + n))
         return nomem(err);
-    memcpy(g->items + g->n_items, items, n * sizeof *items);
+    if (n)
+        memcpy(g->items + g->n_items, items, n * sizeof *items);
     *first = (uint32_t)g->n_items;
     g->n_items += n;
     return KT_OK;
