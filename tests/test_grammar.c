@@ -227,6 +227,17 @@ static void numbers_and_integers(void)
     YES(i, "-42");
     NO(i, "4.2");
     NO(i, "1e3");
+    struct kt_grammar *g;
+    kt_err err = {0};
+    uint32_t digits;
+    KT_CHECK(kt_grammar_create(&g, &err) == KT_OK && kt_grammar_json_number(g, KT_GRAMMAR_DIGITS, &digits, &err) == KT_OK &&
+                 kt_grammar_set_root(g, digits, &err) == KT_OK, "%s", err.msg);
+    bool complete;
+    KT_CHECK(accepts(g, "120", &complete) == 1 && complete, "digits");
+    KT_CHECK(accepts(g, "-1", &complete) == 0, "no sign");
+    KT_CHECK(accepts(g, "01", &complete) == 0, "no leading zero");
+    KT_CHECK(accepts(g, "1.5", &complete) == 0, "no fraction");
+    kt_grammar_destroy(g);
 }
 
 static void enum_const_boolean_null(void)
