@@ -668,6 +668,46 @@ static void pattern_outputs_match_by_posix_regexec(void)
     }
 }
 
+static void raw_regex_matches_the_whole_text(void)
+{
+    struct kt_grammar *g;
+    kt_err err = {0};
+    uint32_t node;
+    const char *re = "[0-9]{3}-[a-z]+|(yes|no)\\.";
+    KT_CHECK(kt_grammar_create(&g, &err) == KT_OK && kt_grammar_regex(g, re, strlen(re), &node, &err) == KT_OK &&
+                 kt_grammar_set_root(g, node, &err) == KT_OK, "%s", err.msg);
+    bool complete;
+    KT_CHECK(accepts(g, "123-ab", &complete) == 1 && complete, "digits and letters");
+    KT_CHECK(accepts(g, "123-", &complete) == 1 && !complete, "a prefix");
+    KT_CHECK(accepts(g, "yes.", &complete) == 1 && complete, "yes.");
+    KT_CHECK(accepts(g, "x123-ab", &complete) == 0, "anchored at the start");
+    KT_CHECK(accepts(g, "123-ab!", &complete) == 0, "anchored at the end");
+    KT_CHECK(accepts(g, "\"123-ab\"", &complete) == 0, "raw text, no quotes");
+    struct kt_grammar_matcher *m;
+    KT_CHECK(kt_grammar_matcher_create(g, V.v, &m, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(kt_grammar_matcher_accept_bytes(m, "no.", 3) && kt_grammar_matcher_closed(m), "nothing may follow 'no.'");
+    kt_grammar_matcher_destroy(m);
+    kt_grammar_destroy(g);
+    const char *bad = "a(b";
+    KT_CHECK(kt_grammar_create(&g, &err) == KT_OK && kt_grammar_regex(g, bad, 3, &node, &err) != KT_OK &&
+                 strstr(err.msg, "without its ')'"), "'%s'", err.msg);
+    kt_grammar_destroy(g);
+    /* random walks end in a match */
+    const char *walkable = "(ab|c)+-[0-9]";
+    KT_CHECK(kt_grammar_create(&g, &err) == KT_OK && kt_grammar_regex(g, walkable, strlen(walkable), &node, &err) == KT_OK &&
+                 kt_grammar_set_root(g, node, &err) == KT_OK, "%s", err.msg);
+    regex_t posix;
+    KT_CHECK(regcomp(&posix, "^(ab|c)+-[0-9]$", REG_EXTENDED | REG_NOSUB) == 0, "regcomp");
+    for (uint64_t seed = 1; seed <= 30; seed++) {
+        struct walk w;
+        random_walk(g, seed, 200, 10, &w);
+        KT_CHECK(w.mask_errors == 0 && w.empty_masks == 0, "seed %llu: '%s'", (unsigned long long)seed, w.text);
+        KT_CHECK(!w.ended || regexec(&posix, w.text, 0, NULL, 0) == 0, "'%s' does not match", w.text);
+    }
+    regfree(&posix);
+    kt_grammar_destroy(g);
+}
+
 /* A tool call in a made-up family syntax: <|call|> NAME ":" ARGS, special tokens as tokens. */
 static void special_tokens_frame_a_tool_call(void)
 {
@@ -725,6 +765,7 @@ int main(void)
     KT_RUN(unbounded_schemas_validate_when_they_end);
     KT_RUN(patterns_match_as_regexes);
     KT_RUN(pattern_outputs_match_by_posix_regexec);
+    KT_RUN(raw_regex_matches_the_whole_text);
     kt_grammar_vocab_destroy(V.v);
     return kt_test_finish();
 }

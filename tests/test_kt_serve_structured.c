@@ -4,7 +4,8 @@
  * whatever well-formed output comes back is the grammar's doing):
  * response_format json_schema returns JSON valid against the schema, greedy
  * and sampled, in every choice and streamed; json_object an object; vLLM's
- * guided_json (also on /v1/completions) and structured_outputs the same; a
+ * guided_json (also on /v1/completions) and structured_outputs the same;
+ * guided_regex and guided_choice give raw text that matches; a
  * schema kt cannot follow is a 400 naming where; a pattern holds (POSIX
  * regexec checks it); tool_choice "required" and
  * a named function give a parsed call of a declared tool whose arguments
@@ -191,6 +192,42 @@ static void vllm_fields_map_onto_the_same(const struct test_server *s)
     json_decref(schema);
 }
 
+static void regex_and_choice_constrain_raw_text(const struct test_server *s)
+{
+    regex_t re;
+    KT_CHECK(regcomp(&re, "^[A-Z][a-z]{1,6}-[0-9]{2}$", REG_EXTENDED | REG_NOSUB) == 0, "regcomp");
+    static const char *const bodies[] = {
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"id?\"}], \"max_tokens\": 60, \"seed\": 1, "
+        "\"guided_regex\": \"[A-Z][a-z]{1,6}-[0-9]{2}\"}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"id?\"}], \"max_tokens\": 60, \"temperature\": 0, "
+        "\"structured_outputs\": {\"regex\": \"[A-Z][a-z]{1,6}-[0-9]{2}\"}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        int code;
+        json_t *j = post(s, "/v1/chat/completions", bodies[i], &code);
+        json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+        const char *text = str(json_object_get(choice, "message"), "content");
+        KT_CHECK(code == 200 && regexec(&re, text, 0, NULL, 0) == 0, "regex %d: '%s'", i, text);
+        KT_CHECK(strcmp(str(choice, "finish_reason"), "stop") == 0, "regex %d: %s", i, str(choice, "finish_reason"));
+        json_decref(j);
+    }
+    regfree(&re);
+    static const char *const choice_bodies[] = {
+        "{\"prompt\": \"Pick:\", \"max_tokens\": 20, \"seed\": 4, \"guided_choice\": [\"left\", \"right\", \"lefty\"]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"?\"}], \"max_tokens\": 20, \"seed\": 5, "
+        "\"structured_outputs\": {\"choice\": [\"left\", \"right\", \"lefty\"]}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        int code;
+        json_t *j = post(s, i == 0 ? "/v1/completions" : "/v1/chat/completions", choice_bodies[i], &code);
+        json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+        const char *text = i == 0 ? str(choice, "text") : str(json_object_get(choice, "message"), "content");
+        KT_CHECK(code == 200 && (!strcmp(text, "left") || !strcmp(text, "right") || !strcmp(text, "lefty")),
+                 "choice %d: '%s'", i, text);
+        json_decref(j);
+    }
+}
+
 static void bad_schemas_are_400s_naming_the_place(const struct test_server *s)
 {
     static const struct {
@@ -206,8 +243,10 @@ static void bad_schemas_are_400s_naming_the_place(const struct test_server *s)
         {"\"response_format\": {\"type\": \"regex\"}", "response_format", "'regex' is not supported"},
         {"\"guided_json\": {\"$ref\": \"#/$defs/none\"}", "guided_json", "#/$ref: '#/$defs/none' does not resolve"},
         {"\"guided_json\": \"{not json\"", "guided_json", "not valid JSON"},
-        {"\"structured_outputs\": {\"regex\": \"a+\"}", "structured_outputs", "structured_outputs.regex"},
-        {"\"guided_choice\": [\"a\"]", "guided_choice", "not supported"},
+        {"\"structured_outputs\": {\"grammar\": \"root ::= x\"}", "structured_outputs", "structured_outputs.grammar"},
+        {"\"guided_grammar\": \"root ::= x\"", "guided_grammar", "not supported"},
+        {"\"guided_regex\": \"a(b\"", "guided_regex", "without its ')'"},
+        {"\"guided_choice\": [\"a\", \"a\"]", "guided_choice", "repeats"},
         {"\"guided_json\": {}, \"response_format\": {\"type\": \"json_object\"}", "response_format", "give one of"},
         {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
          "\"properties\": {\"d\": {\"type\": \"string\", \"format\": \"date\"}}}}}], \"tool_choice\": \"required\"",
@@ -332,6 +371,7 @@ int main(void)
         RUN_WITH(json_schema_streamed_output_validates, &s);
         RUN_WITH(json_object_output_is_an_object, &s);
         RUN_WITH(vllm_fields_map_onto_the_same, &s);
+        RUN_WITH(regex_and_choice_constrain_raw_text, &s);
         RUN_WITH(bad_schemas_are_400s_naming_the_place, &s);
         RUN_WITH(kimi_tool_choice_forces_a_valid_call, &s);
         KT_CHECK(server_stop(&s) == 0, "exit status");

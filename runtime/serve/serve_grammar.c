@@ -54,6 +54,25 @@ static uint32_t seq(struct build *b, const uint32_t *items, size_t n_items)
     return n;
 }
 
+/* One of the strings, as raw text. */
+static void choices(struct build *b, const json_t *list, uint32_t *node)
+{
+    size_t n = json_array_size(list);
+    const char **texts = calloc(n, sizeof *texts);
+    size_t *lens = calloc(n, sizeof *lens);
+    if (!texts || !lens) {
+        b->st = KT_ERR_NOMEM;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            texts[i] = json_string_value(json_array_get(list, i));
+            lens[i] = json_string_length(json_array_get(list, i));
+        }
+        b->st = kt_grammar_literals(b->g, texts, lens, n, node, &b->err);
+    }
+    free(texts);
+    free(lens);
+}
+
 static const json_t *tool_function(const json_t *tool)
 {
     return json_object_get(tool, "function");
@@ -202,6 +221,11 @@ bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_
             tool_grammar(&b, m, r, &root, e);
         else if (r->response_format == KT_RESPONSE_JSON_OBJECT)
             b.st = kt_json_any_object(b.g, &root, &b.err);
+        else if (r->response_format == KT_RESPONSE_REGEX)
+            b.st = kt_grammar_regex(b.g, json_string_value(r->response_schema), json_string_length(r->response_schema),
+                                    &root, &b.err);
+        else if (r->response_format == KT_RESPONSE_CHOICE)
+            choices(&b, r->response_schema, &root);
         else
             b.st = kt_json_schema_compile(b.g, r->response_schema, &root, &b.err);
     }

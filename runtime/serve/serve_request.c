@@ -357,6 +357,57 @@ static bool take_schema(struct kt_api_request *r, const json_t *v, const char *p
     return true;
 }
 
+/* vLLM's guided_regex / structured_outputs.regex: the whole output matches. */
+static bool take_regex(struct kt_api_request *r, const json_t *v, const char *param, struct kt_api_error *e)
+{
+    if (!json_is_string(v) || !no_nul(v)) {
+        kt_api_error_invalid(e, param, "'%s' must be a string (a regular expression)", param);
+        return false;
+    }
+    struct kt_grammar *g = NULL;
+    kt_err err = {0};
+    uint32_t node;
+    kt_status st = kt_grammar_create(&g, &err);
+    if (st == KT_OK)
+        st = kt_grammar_regex(g, json_string_value(v), json_string_length(v), &node, &err);
+    kt_grammar_destroy(g);
+    if (st != KT_OK) {
+        if (st == KT_ERR_NOMEM)
+            kt_api_error_set(e, 500, "server_error", NULL, param, "out of memory");
+        else
+            kt_api_error_invalid(e, param, "'%s': %s", param, err.msg);
+        return false;
+    }
+    r->response_format = KT_RESPONSE_REGEX;
+    r->response_schema = json_incref((json_t *)v);
+    return true;
+}
+
+/* vLLM's guided_choice / structured_outputs.choice: the output is one of the strings. */
+static bool take_choice(struct kt_api_request *r, const json_t *v, const char *param, struct kt_api_error *e)
+{
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n == 0 || n > KT_API_MAX_CHOICES) {
+        kt_api_error_invalid(e, param, "'%s' must be an array of 1 to %d strings", param, KT_API_MAX_CHOICES);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *c = json_array_get(v, i);
+        if (!json_is_string(c) || json_string_length(c) == 0 || !no_nul(c)) {
+            kt_api_error_invalid(e, param, "%s[%zu] must be a non-empty string", param, i);
+            return false;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (json_equal(c, json_array_get(v, j))) {
+                kt_api_error_invalid(e, param, "%s[%zu] repeats %s[%zu]", param, i, param, j);
+                return false;
+            }
+    }
+    r->response_format = KT_RESPONSE_CHOICE;
+    r->response_schema = json_incref((json_t *)v);
+    return true;
+}
+
 static bool given(const json_t *root, const char *key)
 {
     const json_t *v = json_object_get(root, key);
@@ -366,17 +417,16 @@ static bool given(const json_t *root, const char *key)
 /* response_format (OpenAI), guided_json and structured_outputs (vLLM): one of them. */
 static bool parse_structured(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
 {
-    static const char *const fields[] = {"response_format", "guided_json", "structured_outputs"};
+    static const char *const fields[] = {"response_format", "guided_json", "structured_outputs", "guided_regex",
+                                         "guided_choice"};
     int n_given = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 5; i++)
         n_given += given(root, fields[i]);
-    static const char *const vllm_other[] = {"guided_regex", "guided_choice", "guided_grammar"};
-    for (int i = 0; i < 3; i++)
-        if (given(root, vllm_other[i])) {
-            kt_api_error_invalid(e, vllm_other[i], "'%s' is not supported (kt-serve constrains output to JSON: "
-                                                   "use 'response_format' or 'guided_json')", vllm_other[i]);
-            return false;
-        }
+    if (given(root, "guided_grammar")) {
+        kt_api_error_invalid(e, "guided_grammar", "'guided_grammar' is not supported (kt-serve takes JSON schemas, "
+                                                  "regular expressions and choices)");
+        return false;
+    }
     const json_t *rf = json_object_get(root, "response_format");
     const json_t *gj = json_object_get(root, "guided_json");
     const json_t *so = json_object_get(root, "structured_outputs");
@@ -428,11 +478,15 @@ static bool parse_structured(struct kt_api_request *r, const json_t *root, struc
         }
     }
     if (n_given > 1) {
-        kt_api_error_invalid(e, "response_format", "give one of 'response_format', 'guided_json' and "
-                                                   "'structured_outputs', not several");
+        kt_api_error_invalid(e, "response_format", "give one of 'response_format', 'guided_json', 'guided_regex', "
+                                                   "'guided_choice' and 'structured_outputs', not several");
         return false;
     }
     if (given(root, "guided_json") && !take_schema(r, gj, "guided_json", e))
+        return false;
+    if (given(root, "guided_regex") && !take_regex(r, json_object_get(root, "guided_regex"), "guided_regex", e))
+        return false;
+    if (given(root, "guided_choice") && !take_choice(r, json_object_get(root, "guided_choice"), "guided_choice", e))
         return false;
     if (given(root, "structured_outputs")) {
         if (!json_is_object(so)) {
@@ -454,14 +508,22 @@ static bool parse_structured(struct kt_api_request *r, const json_t *root, struc
                     return false;
             } else if (strcmp(key, "json_object") == 0 && json_is_true(v)) {
                 r->response_format = KT_RESPONSE_JSON_OBJECT;
+            } else if (strcmp(key, "regex") == 0) {
+                if (!take_regex(r, v, "structured_outputs.regex", e))
+                    return false;
+            } else if (strcmp(key, "choice") == 0) {
+                if (!take_choice(r, v, "structured_outputs.choice", e))
+                    return false;
             } else {
                 kt_api_error_invalid(e, "structured_outputs", "structured_outputs.%.40s is not supported (kt-serve "
-                                                              "takes 'json' and 'json_object')", key);
+                                                              "takes 'json', 'json_object', 'regex' and 'choice')",
+                                     key);
                 return false;
             }
         }
         if (n_kinds > 1) {
-            kt_api_error_invalid(e, "structured_outputs", "structured_outputs: give one of 'json' and 'json_object'");
+            kt_api_error_invalid(e, "structured_outputs", "structured_outputs: give one of 'json', 'json_object', "
+                                                          "'regex' and 'choice'");
             return false;
         }
     }

@@ -27,6 +27,7 @@
 #define KT_API_MAX_N 16          /* choices */
 #define KT_API_MAX_LOGIT_BIAS 1024
 #define KT_API_MAX_JSON_DEPTH 64
+#define KT_API_MAX_CHOICES 1024  /* guided_choice strings */
 
 /* An error as the OpenAI envelope reports it:
  * {"error":{"message":..., "type":..., "param":..., "code":...}}. */
@@ -63,6 +64,8 @@ enum kt_response_format {
     KT_RESPONSE_TEXT,        /* anything */
     KT_RESPONSE_JSON_OBJECT, /* any JSON object */
     KT_RESPONSE_JSON_SCHEMA, /* a JSON value valid against response_schema (json_schema.h's subset) */
+    KT_RESPONSE_REGEX,       /* raw text matching response_schema (a string: grammar.h's regex subset) whole */
+    KT_RESPONSE_CHOICE,      /* raw text equal to one of response_schema's strings (an array) */
 };
 
 struct kt_api_request {
@@ -82,7 +85,7 @@ struct kt_api_request {
     /* response_format, or vLLM's guided_json / structured_outputs: checked
      * (the schema compiles) when parsed */
     enum kt_response_format response_format;
-    json_t *response_schema;     /* KT_RESPONSE_JSON_SCHEMA: the schema (a reference) */
+    json_t *response_schema;     /* the schema, the regex or the choices (a reference); NULL for the others */
 
     /* chat */
     kt_chat_messages messages;

@@ -46,6 +46,7 @@ enum kind {
     K_OBJECT,   /* first: props index, n: count */
     K_MAP,      /* child: value; min: the key string node */
     K_PATTERN,  /* first: the DFA's start state */
+    K_REGEX,    /* first: the DFA's start state; raw text, not a JSON string */
 };
 
 struct node {
@@ -767,7 +768,7 @@ enum { N_START, N_SIGN, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 static struct frame frame_init(const struct kt_grammar *g, uint32_t node)
 {
     struct frame f = {node, 0, 0};
-    if (g->nodes[node].kind == K_LITERALS)
+    if (g->nodes[node].kind == K_LITERALS || g->nodes[node].kind == K_REGEX)
         f.b = g->nodes[node].first;
     return f;
 }
@@ -920,6 +921,16 @@ static void closure(struct kt_grammar_matcher *m, size_t start, struct frame *st
             emit(m, start, st, depth);
             return;
         }
+        case K_REGEX:
+            if (g->dfa[f->b].accepting && (f->a & 0x18) == 0) { /* a whole match, no character half done */
+                if (g->dfa[f->b].n == 0) {
+                    depth--;
+                    continue;
+                }
+                branch(m, start, st, depth - 1, *f, false);
+            }
+            emit(m, start, st, depth);
+            return;
         case K_NUMBER: {
             uint32_t ph = f->a;
             if (ph == N_ZERO || ph == N_INT || ph == N_FRAC || ph == N_EXP) {
@@ -1718,8 +1729,9 @@ done:
     return st;
 }
 
-kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node,
-                                         kt_err *err)
+/* The DFA of pattern; whole: the text must match all of it (as if anchored at both ends). */
+static kt_status compile_pattern(struct kt_grammar *g, const char *pattern, size_t len, bool whole_text,
+                                 uint32_t *root_out, kt_err *err)
 {
     struct rx r = {.src = pattern, .len = len, .err = err, .status = KT_OK};
     r.st = malloc(RX_MAX_NFA * sizeof *r.st);
@@ -1733,12 +1745,12 @@ kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *patte
     if (r.status == KT_OK && r.pos < r.len && !(anchored_end && r.pos == r.len - 1))
         rx_fail(&r, KT_ERR_INVALID, r.src[r.pos] == ')' ? "a ')' without its '('" : "unexpected text");
     struct rx_frag whole = body;
-    if (r.status == KT_OK && !anchored_start) {
+    if (r.status == KT_OK && !anchored_start && !whole_text) {
         struct rx_frag pre = rx_anything(&r);
         rx_eps(&r, pre.end, body.start);
         whole.start = pre.start;
     }
-    if (r.status == KT_OK && !anchored_end) {
+    if (r.status == KT_OK && !anchored_end && !whole_text) {
         struct rx_frag post = rx_anything(&r);
         rx_eps(&r, body.end, post.start);
         whole.end = post.end;
@@ -1749,9 +1761,23 @@ kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *patte
         st = rx_to_dfa(&r, g, whole.start, whole.end, &root, err);
     free(r.st);
     free(r.ranges);
-    if (st != KT_OK)
-        return st;
-    return add_node(g, (struct node){.kind = K_PATTERN, .first = root}, node, err);
+    *root_out = root;
+    return st;
+}
+
+kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node,
+                                         kt_err *err)
+{
+    uint32_t root;
+    kt_status st = compile_pattern(g, pattern, len, false, &root, err);
+    return st == KT_OK ? add_node(g, (struct node){.kind = K_PATTERN, .first = root}, node, err) : st;
+}
+
+kt_status kt_grammar_regex(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node, kt_err *err)
+{
+    uint32_t root;
+    kt_status st = compile_pattern(g, pattern, len, true, &root, err);
+    return st == KT_OK ? add_node(g, (struct node){.kind = K_REGEX, .first = root}, node, err) : st;
 }
 
 /* A code point through the pattern's DFA (state in f->b). */
@@ -1890,6 +1916,46 @@ static bool step_pattern(const struct kt_grammar *g, const struct node *n, struc
     return false;
 }
 
+/* One byte of raw text that must match a regex whole: UTF-8 characters
+ * through the DFA.  a: utf8 left << 3 | first-continuation kind << 5 |
+ * F4 << 7 | code point so far << 8 (phase bits 0); b: the DFA state. */
+static bool step_regex(const struct kt_grammar *g, struct frame *f, int c)
+{
+    uint32_t left = (f->a >> 3) & 3, kind = (f->a >> 5) & 3, cp = f->a >> 8;
+    if (left) {
+        unsigned lo = kind == 1 ? 0xA0 : kind == 3 ? 0x90 : 0x80;
+        unsigned hi = kind == 2 ? 0x9F : ((f->a >> 7) & 1) ? 0x8F : 0xBF;
+        if (c < (int)lo || c > (int)hi)
+            return false;
+        cp = cp << 6 | ((uint32_t)c & 0x3F);
+        if (left == 1) {
+            if (!pattern_feed(g, f, cp))
+                return false;
+            f->a = 0;
+            return true;
+        }
+        if (!utf8_possible(g, f->b, cp, left - 1, 0, false))
+            return false;
+        f->a = ((left - 1) << 3) | (cp << 8);
+        return true;
+    }
+    if ((c >= 0x80 && c < 0xC2) || c > 0xF4)
+        return false;
+    if (c < 0x80) {
+        if (!pattern_feed(g, f, (uint32_t)c))
+            return false;
+        f->a = 0;
+        return true;
+    }
+    uint32_t need = c < 0xE0 ? 1 : c < 0xF0 ? 2 : 3;
+    uint32_t k = c == 0xE0 ? 1 : c == 0xED ? 2 : c == 0xF0 ? 3 : 0;
+    uint32_t bits = (uint32_t)c & (need == 1 ? 0x1F : need == 2 ? 0x0F : 0x07);
+    if (!utf8_possible(g, f->b, bits, need, k, c == 0xF4))
+        return false;
+    f->a = (need << 3) | (k << 5) | (c == 0xF4 ? 1u << 7 : 0) | (bits << 8);
+    return true;
+}
+
 /* Steps the waiting top frame of st[*depth] by symbol c; false if it cannot take it. */
 static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *depth, int c)
 {
@@ -1913,6 +1979,8 @@ static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *dep
         return step_string(n, f, depth, c);
     case K_PATTERN:
         return step_pattern(g, n, f, depth, c);
+    case K_REGEX:
+        return step_regex(g, f, c);
     case K_NUMBER:
         return step_number(n, f, c);
     case K_ARRAY: {

@@ -68,6 +68,9 @@ kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint3
  * says).  KT_ERR_UNSUPPORTED / KT_ERR_INVALID naming the character at fault. */
 kt_status kt_grammar_json_pattern_string(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node,
                                          kt_err *err);
+/* Raw text (not a JSON string) matching pattern whole (vLLM's guided_regex):
+ * the same regex subset, anchored at both ends whatever it says. */
+kt_status kt_grammar_regex(struct kt_grammar *g, const char *pattern, size_t len, uint32_t *node, kt_err *err);
 enum kt_grammar_number {
     KT_GRAMMAR_NUMBER,  /* JSON number */
     KT_GRAMMAR_INTEGER, /* -?(0|[1-9][0-9]*) */
