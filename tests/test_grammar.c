@@ -708,6 +708,47 @@ static void raw_regex_matches_the_whole_text(void)
     kt_grammar_destroy(g);
 }
 
+/* A reasoning block before the JSON: <think> free text <call> (standing in for </think>) then an object. */
+static void free_text_until_a_special_token(void)
+{
+    struct kt_grammar *g;
+    kt_err err = {0};
+    uint32_t open, text, close, body, root;
+    int32_t think = V.call + 1; /* TOK_THINK follows TOK_CALL */
+    kt_status st = kt_grammar_create(&g, &err);
+    if (st == KT_OK)
+        st = kt_grammar_token(g, think, &open, &err);
+    if (st == KT_OK)
+        st = kt_grammar_text(g, &text, &err);
+    if (st == KT_OK)
+        st = kt_grammar_token(g, V.call, &close, &err);
+    if (st == KT_OK)
+        st = kt_json_any_object(g, &body, &err);
+    uint32_t items[] = {open, text, close, body};
+    if (st == KT_OK)
+        st = kt_grammar_seq(g, items, 4, &root, &err);
+    if (st == KT_OK)
+        st = kt_grammar_set_root(g, root, &err);
+    KT_CHECK(st == KT_OK, "%s", err.msg);
+    struct kt_grammar_matcher *m;
+    KT_CHECK(kt_grammar_matcher_create(g, V.v, &m, &err) == KT_OK, "%s", err.msg);
+    uint32_t mask[32];
+    KT_CHECK(kt_grammar_matcher_fill_mask(m, mask) == 1 && bit(mask, (uint32_t)think), "only <think> first");
+    KT_CHECK(kt_grammar_matcher_accept_token(m, think, &err) == KT_OK, "%s", err.msg);
+    uint32_t n = kt_grammar_matcher_fill_mask(m, mask);
+    uint32_t n_text = V.n - N_SPECIAL;
+    KT_CHECK(n == n_text + 1 && bit(mask, (uint32_t)V.call) && !bit(mask, (uint32_t)V.eos),
+             "every text token and the closing one (%u of %u)", n, n_text + 1);
+    for (uint32_t id = 0; id < V.n; id++)
+        KT_CHECK(bit(mask, id) == kt_grammar_matcher_can_accept(m, (int32_t)id), "token %u", id);
+    KT_CHECK(kt_grammar_matcher_accept_bytes(m, "I think {\"a\": [ \xe4\xb8", 18), "reasoning text");
+    KT_CHECK(kt_grammar_matcher_accept_token(m, V.call, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "x", 1), "then JSON");
+    KT_CHECK(kt_grammar_matcher_accept_bytes(m, "{\"k\":1}", 7) && kt_grammar_matcher_closed(m), "the object");
+    kt_grammar_matcher_destroy(m);
+    kt_grammar_destroy(g);
+}
+
 /* A tool call in a made-up family syntax: <|call|> NAME ":" ARGS, special tokens as tokens. */
 static void special_tokens_frame_a_tool_call(void)
 {
@@ -766,6 +807,7 @@ int main(void)
     KT_RUN(patterns_match_as_regexes);
     KT_RUN(pattern_outputs_match_by_posix_regexec);
     KT_RUN(raw_regex_matches_the_whole_text);
+    KT_RUN(free_text_until_a_special_token);
     kt_grammar_vocab_destroy(V.v);
     return kt_test_finish();
 }

@@ -204,8 +204,40 @@ done:
     return b->st == KT_OK;
 }
 
-bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_request *r, struct kt_grammar **out,
-                            struct kt_api_error *e)
+/* A thinking model's reasoning block, then body: <think> TEXT </think> (optional;
+ * only TEXT </think> when the prompt opened the block), a little whitespace. */
+static uint32_t after_reasoning(struct build *b, const struct kt_serve_model *m, const struct kt_output_params *op,
+                                uint32_t body)
+{
+    bool thinks = m->format == KT_CHAT_KIMI_K2_THINKING || m->format == KT_CHAT_DEEPSEEK_R1 ||
+                  m->format == KT_CHAT_DEEPSEEK_R1_THINK;
+    int32_t open = kt_token_find(b->tok, "<think>", 7), close = kt_token_find(b->tok, "</think>", 8);
+    if (!op || !op->reasoning || !thinks || close < 0 || kt_token_type(b->tok, close) == KT_TOK_NORMAL ||
+        (!op->reasoning_open && (open < 0 || kt_token_type(b->tok, open) == KT_TOK_NORMAL)))
+        return body;
+    static const char *const ws[] = {" ", "\n"};
+    static const size_t ws_lens[] = {1, 1};
+    uint32_t text = 0, space = 0, spaces = 0, closing = marker(b, "</think>");
+    if (b->st == KT_OK)
+        b->st = kt_grammar_text(b->g, &text, &b->err);
+    if (b->st == KT_OK)
+        b->st = kt_grammar_literals(b->g, ws, ws_lens, 2, &space, &b->err);
+    if (b->st == KT_OK)
+        b->st = kt_grammar_repeat(b->g, space, 0, 4, &spaces, &b->err);
+    uint32_t tail[] = {text, closing, spaces};
+    uint32_t block = seq(b, tail, 3);
+    if (!op->reasoning_open) {
+        uint32_t full[] = {marker(b, "<think>"), block};
+        uint32_t alts[] = {seq(b, full, 2), seq(b, NULL, 0)};
+        if (b->st == KT_OK)
+            b->st = kt_grammar_alt(b->g, alts, 2, &block, &b->err);
+    }
+    uint32_t items[] = {block, body};
+    return seq(b, items, 2);
+}
+
+bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_request *r,
+                            const struct kt_output_params *op, struct kt_grammar **out, struct kt_api_error *e)
 {
     *out = NULL;
     bool tools = r->kind == KT_API_CHAT && r->tools &&
@@ -229,6 +261,8 @@ bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_
         else
             b.st = kt_json_schema_compile(b.g, r->response_schema, &root, &b.err);
     }
+    if (b.st == KT_OK && !tools)
+        root = after_reasoning(&b, m, op, root);
     if (b.st == KT_OK)
         b.st = kt_grammar_set_root(b.g, root, &b.err);
     if (b.st != KT_OK) {

@@ -29,9 +29,14 @@
 #include "serve_prompt.h"
 #include "serve_request.h"
 
+/* op: how the output is parsed (serve_prompt.c sets it): where a thinking
+ * model (Kimi-K2-Thinking, DeepSeek-R1) reasons, the JSON, regex or choice
+ * comes after its reasoning block: <think> any text </think> (the block
+ * optional; only its rest when the prompt opened it), then up to 4 spaces or
+ * newlines.  Tool calls start at once (the prompt opened the call). */
 /* *out: NULL when the request constrains nothing.  false with e set (400
  * naming the tool whose parameters kt cannot follow; 500 out of memory). */
-bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_request *r, struct kt_grammar **out,
-                            struct kt_api_error *e);
+bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_request *r,
+                            const struct kt_output_params *op, struct kt_grammar **out, struct kt_api_error *e);
 
 #endif

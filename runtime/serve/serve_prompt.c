@@ -291,7 +291,7 @@ bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_reque
         goto done;
     }
     out->max_tokens = r->max_tokens ? r->max_tokens : (uint32_t)(m->n_ctx - out->n_ids);
-    if (!kt_serve_grammar_build(m, r, &out->grammar, e))
+    if (!kt_serve_grammar_build(m, r, &out->output, &out->grammar, e))
         goto done;
 
     if (r->forced_output && m->allow_forced_output) {

@@ -47,6 +47,7 @@ enum kind {
     K_MAP,      /* child: value; min: the key string node */
     K_PATTERN,  /* first: the DFA's start state */
     K_REGEX,    /* first: the DFA's start state; raw text, not a JSON string */
+    K_TEXT,     /* any text (of text tokens), as long as it likes */
 };
 
 struct node {
@@ -300,6 +301,11 @@ kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t tar
     return KT_OK;
 }
 
+kt_status kt_grammar_text(struct kt_grammar *g, uint32_t *node, kt_err *err)
+{
+    return add_node(g, (struct node){.kind = K_TEXT}, node, err);
+}
+
 kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,
                                  kt_err *err)
 {
@@ -441,6 +447,7 @@ struct kt_grammar_vocab {
     uint32_t max_len;
     /* strings: per text token, how it reads inside a string body */
     uint32_t *plain_bits;   /* [mask_words] the PLAIN_ALL tokens */
+    uint32_t *text_bits;    /* [mask_words] every text token */
     uint16_t *plain_chars;  /* [n_tokens] characters of the plain run (PLAIN_ALL: all) */
     uint16_t *plain_bytes;  /* [n_tokens] bytes of the plain run */
     uint32_t max_plain_chars;
@@ -470,6 +477,7 @@ void kt_grammar_vocab_destroy(struct kt_grammar_vocab *v)
     free(v->tok_count);
     free(v->tok_list);
     free(v->plain_bits);
+    free(v->text_bits);
     free(v->plain_chars);
     free(v->plain_bytes);
     free(v->live);
@@ -598,12 +606,13 @@ kt_status kt_grammar_vocab_create(const char *const *bytes, const size_t *lens, 
     v->lens = calloc(n_tokens ? n_tokens : 1, sizeof *v->lens);
     v->special = calloc(n_tokens ? n_tokens : 1, sizeof *v->special);
     v->plain_bits = calloc(v->mask_words ? v->mask_words : 1, sizeof *v->plain_bits);
+    v->text_bits = calloc(v->mask_words ? v->mask_words : 1, sizeof *v->text_bits);
     v->plain_chars = calloc(n_tokens ? n_tokens : 1, sizeof *v->plain_chars);
     v->plain_bytes = calloc(n_tokens ? n_tokens : 1, sizeof *v->plain_bytes);
     v->live = malloc((n_tokens ? n_tokens : 1) * sizeof *v->live);
     v->eog = malloc((n_eog ? n_eog : 1) * sizeof *v->eog);
     items = malloc((n_tokens ? n_tokens : 1) * sizeof *items);
-    if (!v->text || !v->bytes || !v->lens || !v->special || !v->plain_bits || !v->plain_chars || !v->plain_bytes ||
+    if (!v->text || !v->bytes || !v->lens || !v->special || !v->plain_bits || !v->text_bits || !v->plain_chars || !v->plain_bytes ||
         !v->live || !v->eog || !items)
         goto nomem;
     size_t off = 0, n_text = 0;
@@ -621,6 +630,7 @@ kt_status kt_grammar_vocab_create(const char *const *bytes, const size_t *lens, 
         if (v->special[i])
             continue;
         items[n_text++] = (struct sort_ctx_item){(const unsigned char *)v->bytes[i], v->lens[i], i};
+        v->text_bits[i >> 5] |= 1u << (i & 31);
         if (v->lens[i] > v->max_len)
             v->max_len = v->lens[i];
         uint32_t rb, rc;
@@ -921,6 +931,10 @@ static void closure(struct kt_grammar_matcher *m, size_t start, struct frame *st
             emit(m, start, st, depth);
             return;
         }
+        case K_TEXT:
+            branch(m, start, st, depth - 1, *f, false);
+            emit(m, start, st, depth);
+            return;
         case K_REGEX:
             if (g->dfa[f->b].accepting && (f->a & 0x18) == 0) { /* a whole match, no character half done */
                 if (g->dfa[f->b].n == 0) {
@@ -1981,6 +1995,8 @@ static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *dep
         return step_pattern(g, n, f, depth, c);
     case K_REGEX:
         return step_regex(g, f, c);
+    case K_TEXT:
+        return true;
     case K_NUMBER:
         return step_number(n, f, c);
     case K_ARRAY: {
@@ -2223,6 +2239,24 @@ static void set_bit(uint32_t *mask, uint32_t id)
     mask[id >> 5] |= 1u << (id & 31);
 }
 
+/* Some stack waits in free text and the others only for special tokens:
+ * every text token is allowed (the specials were stepped one by one). */
+static bool in_free_text(const struct kt_grammar_matcher *m)
+{
+    bool text = false;
+    size_t p = HDR_WORDS;
+    for (uint32_t s = 0; s < m->w[2]; s++) {
+        uint32_t depth = m->w[p];
+        const struct frame *top = (const struct frame *)(m->w + p + 1) + depth - 1;
+        uint8_t kind = m->g->nodes[top->node].kind;
+        if (kind != K_TEXT && kind != K_TOKEN)
+            return false;
+        text = text || kind == K_TEXT;
+        p += 1 + FRAME_WORDS * (size_t)depth;
+    }
+    return text;
+}
+
 /* Every stack of the current state waits in a string body with no character
  * half done: the plain-token shortcut applies.  *room: most characters any
  * stack may still add. */
@@ -2348,7 +2382,10 @@ uint32_t kt_grammar_matcher_fill_mask(struct kt_grammar_matcher *m, uint32_t *ma
             m->len = base;
         }
         uint32_t room;
-        if (all_in_string_body(m, &room))
+        if (in_free_text(m))
+            for (uint32_t w = 0; w < v->mask_words; w++)
+                mask[w] |= v->text_bits[w];
+        else if (all_in_string_body(m, &room))
             string_mask(m, room, mask);
         else if (m->w[2] > 0)
             trie_mask(m, mask);
