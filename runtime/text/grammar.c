@@ -1268,6 +1268,10 @@ static void rx_normalise(struct rx *r, size_t first, bool negate)
     r->n_ranges = first + k;
     if (!negate)
         return;
+    if (k > 254) {
+        rx_fail(r, KT_ERR_UNSUPPORTED, "a negated class of more than 254 ranges");
+        return;
+    }
     struct rx_range tmp[256];
     size_t m = 0;
     uint32_t next = 0;
