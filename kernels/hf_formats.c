@@ -308,6 +308,15 @@ void kt_int4_pack_row_from_f32(const float *w, int64_t cols, int64_t group_size,
 
 /* ---- INT4 pack-quantized as Q4_0 ------------------------------------------------------ */
 
+/* The 8 nibbles of w (nibble k in bits 4k..4k+3) as the low nibbles of 8 bytes (nibble k in byte k). */
+static uint64_t spread_nibbles(uint32_t w)
+{
+    uint64_t x = w;
+    x = (x | x << 16) & 0x0000ffff0000ffffull;
+    x = (x | x << 8) & 0x00ff00ff00ff00ffull;
+    return (x | x << 4) & 0x0f0f0f0f0f0f0f0full;
+}
+
 bool kt_q4_0_from_int4_row(const void *weight_packed, const void *weight_scale, int64_t cols, int64_t row, void *dst)
 {
     if (cols <= 0 || cols % 32 != 0 || row < 0)
@@ -321,11 +330,16 @@ bool kt_q4_0_from_int4_row(const void *weight_packed, const void *weight_scale, 
         const kt_fp16 d = kt_fp32_to_fp16(s);
         if (!isfinite(s) || kt_fp16_to_fp32(d) != s) /* the scale must survive as FP16 exactly */
             return false;
+        /* element c of the group is nibble c % 8 of word c / 8; Q4_0's byte j
+         * holds element j low and j + 16 high: words 0, 1 give the low
+         * nibbles of bytes 0-7, 8-15, words 2, 3 their high nibbles */
         struct kt_block_q4_0 b = {.d = d};
-        for (int j = 0; j < 32; j++) { /* element c of the group: word c / 8, nibble c % 8; Q4_0: j low, j + 16 high */
-            const int64_t c = g * 32 + j;
-            const uint8_t nib = (uint8_t)((load_u32(packed + (size_t)(c / 8) * 4) >> (4 * (c % 8))) & 0xfu);
-            b.qs[j % 16] |= (uint8_t)(j < 16 ? nib : nib << 4);
+        const uint8_t *wg = packed + (size_t)g * 16;
+        for (int half = 0; half < 2; half++) {
+            const uint64_t bytes = spread_nibbles(load_u32(wg + 4 * half)) |
+                                   spread_nibbles(load_u32(wg + 4 * (half + 2))) << 4;
+            for (int j = 0; j < 8; j++)
+                b.qs[8 * half + j] = (uint8_t)(bytes >> (8 * j));
         }
         memcpy(&out[g], &b, sizeof b);
     }

@@ -16,6 +16,7 @@
 #include "reference_forward.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +29,28 @@ float *ref_dequantize(const struct kt_gguf_tensor *t)
     int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
     float *out = malloc((size_t)n * sizeof *out);
     kt_type_traits(t->type)->to_float(t->data, out, n);
+    return out;
+}
+
+/* A stacked expert tensor {cols, rows, Ne} dequantized, expert by expert
+ * through kt_model_read_expert when the model streams its experts (a
+ * checkpoint directory), else in place. */
+static float *ref_dequantize_experts(const struct kt_model *m, const struct kt_gguf_tensor *t)
+{
+    if (!kt_model_experts_streamed(m))
+        return ref_dequantize(t);
+    const int64_t per = t->ne[0] * t->ne[1], slab = (int64_t)(t->nbytes / (uint64_t)t->ne[2]);
+    float *out = malloc((size_t)(per * t->ne[2]) * sizeof *out);
+    uint8_t *buf = malloc((size_t)slab);
+    kt_err err = {0};
+    for (int64_t x = 0; out && buf && x < t->ne[2]; x++) {
+        if (kt_model_read_expert(m, t, (uint32_t)x, buf, &err) != KT_OK) {
+            fprintf(stderr, "reference forward: %s\n", err.msg);
+            abort();
+        }
+        kt_type_traits(t->type)->to_float(buf, out + x * per, per);
+    }
+    free(buf);
     return out;
 }
 
@@ -332,10 +355,10 @@ static void moe_block(const struct kt_model *m, const struct kt_layer *L, double
         }
         free(gu);
     } else {
-        g = ref_dequantize(L->ffn_gate_exps);
-        u = ref_dequantize(L->ffn_up_exps);
+        g = ref_dequantize_experts(m, L->ffn_gate_exps);
+        u = ref_dequantize_experts(m, L->ffn_up_exps);
     }
-    float *d = ref_dequantize(L->ffn_down_exps);
+    float *d = ref_dequantize_experts(m, L->ffn_down_exps);
     float *gs = fs ? ref_dequantize(L->ffn_gate_shexp) : NULL, *us = fs ? ref_dequantize(L->ffn_up_shexp) : NULL;
     float *ds = fs ? ref_dequantize(L->ffn_down_shexp) : NULL;
     double *h = malloc(E * sizeof *h), *y = malloc(E * sizeof *y), *acc = malloc(E * sizeof *acc);

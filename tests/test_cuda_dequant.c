@@ -13,8 +13,8 @@
 
 static void cuda_dequant_matches_reference(void)
 {
-    static const int types[] = {KT_TYPE_F32, KT_TYPE_F16, KT_TYPE_BF16, KT_TYPE_Q8_0,
-                                KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K};
+    static const int types[] = {KT_TYPE_F32,  KT_TYPE_F16,  KT_TYPE_BF16, KT_TYPE_Q8_0,    KT_TYPE_Q4_0,
+                                KT_TYPE_Q4_K, KT_TYPE_Q5_K, KT_TYPE_Q6_K, KT_TYPE_FP8_B128};
     static const int64_t blocks[] = {1, 3, 7, 129};
     unsigned long long rng = 42;
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {

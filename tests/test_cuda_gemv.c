@@ -179,6 +179,8 @@ static void cuda_matmul_matches_reference_on_odd_shapes(void)
     check_matmul(KT_TYPE_Q5_0, 37, 128, tokens, 6, &rng); /* attn_k_b of a real Q4_K_M file */
     check_matmul(KT_TYPE_Q5_K, 37, 512, tokens, 6, &rng);
     check_matmul(KT_TYPE_Q6_K, 129, 768, tokens, 6, &rng);
+    check_matmul(KT_TYPE_Q4_0, 37, 96, tokens, 6, &rng);        /* a checkpoint's INT4 experts */
+    check_matmul(KT_TYPE_FP8_B128, 37, 384, tokens, 6, &rng);   /* its block FP8 */
 }
 
 static void cuda_matmul_matches_reference_at_kimi_sizes(void)
@@ -189,6 +191,8 @@ static void cuda_matmul_matches_reference_at_kimi_sizes(void)
     check_matmul(KT_TYPE_Q4_K, 7168, 2048, tokens, 3, &rng); /* expert down */
     check_matmul(KT_TYPE_Q8_0, 576, 7168, tokens, 3, &rng);  /* attn_kv_a_mqa */
     check_matmul(KT_TYPE_BF16, 1536, 7168, tokens, 2, &rng); /* attn_q_a */
+    check_matmul(KT_TYPE_Q4_0, 2048, 7168, tokens, 3, &rng); /* Kimi-K2-Thinking's INT4 expert gate/up */
+    check_matmul(KT_TYPE_FP8_B128, 1536, 7168, tokens, 2, &rng); /* DeepSeek-V3's FP8 attn_q_a */
 }
 
 /* Dense-projection shapes for kt_cuda_matmul_lt (the other paths run too): rows

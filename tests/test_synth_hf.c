@@ -5,8 +5,13 @@
  * hf_tensors.c expects with the bytes their shapes imply, and the stored
  * values decode to the GGUF's F32 values: BF16 exactly rounded, FP8 and INT4
  * equal to re-encoding them and within the formats' error bounds, the fused
- * kv_b_proj equal to what attn_k_b / attn_v_b hold.  A non-empty output
- * directory and unknown --hf-weights values are refused.
+ * kv_b_proj equal to what attn_k_b / attn_v_b hold.  The tokenizer files
+ * are the family's: Kimi's tiktoken.model (each line the base64 of a normal
+ * token's bytes and its id, decoded here with this file's own base64 and
+ * GPT-2 byte table), tokenizer_config.json with the specials and
+ * chat_template.jinja, like Kimi-K2-Thinking's directory; DeepSeek's
+ * tokenizer.json and tokenizer_config.json.  A non-empty output directory and
+ * unknown --hf-weights values are refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -329,6 +334,120 @@ static void shards_split_at_the_size_limit(void)
     KT_CHECK(text && strstr(text, "\"BPE\"") && strstr(text, "\"merges\"") && strstr(text, "\"added_tokens\""),
              "tokenizer.json is no BPE model with merges and added tokens");
     free(text);
+    char other[1100];
+    snprintf(path, sizeof path, "%s/tiktoken.model", dir);
+    snprintf(other, sizeof other, "%s/chat_template.jinja", dir);
+    KT_CHECK(access(path, F_OK) != 0 && access(other, F_OK) != 0, "DeepSeek's directory has Kimi's files");
+    remove_dir(dir);
+}
+
+/* ---- Kimi's tokenizer files ---------------------------------------------------------------------- */
+
+static int b64_digit(char c)
+{
+    const char *digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char *at = c ? strchr(digits, c) : NULL;
+    return at ? (int)(at - digits) : -1;
+}
+
+/* Base64 (padded) of n chars at s into out; the byte count, or -1. */
+static int b64_bytes(const char *s, size_t n, unsigned char *out)
+{
+    int o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '=')
+            return i + 2 >= n ? o : -1;
+        const int d = b64_digit(s[i]);
+        if (d < 0)
+            return -1;
+        acc = acc << 6 | (uint32_t)d, bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (unsigned char)(acc >> bits);
+        }
+    }
+    return o;
+}
+
+/* GPT-2's byte-level text of n bytes (the table built as bytes_to_unicode builds it). */
+static void byte_level_text(const unsigned char *p, int n, char *out)
+{
+    uint32_t cp[256];
+    int next = 0;
+    for (int b = 0; b < 256; b++) {
+        const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        cp[b] = printable ? (uint32_t)b : 256u + (uint32_t)next++;
+    }
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        const uint32_t c = cp[p[i]];
+        if (c < 0x80) {
+            out[o++] = (char)c;
+        } else {
+            out[o++] = (char)(0xC0 | c >> 6);
+            out[o++] = (char)(0x80 | (c & 0x3F));
+        }
+    }
+    out[o] = '\0';
+}
+
+static void kimi_directory_ships_tiktoken_like_kimi_k2_thinking(void)
+{
+    if (!open_gguf())
+        return;
+    const char *dir = write_hf("tiny", "--hf-weights bf16");
+    if (!dir)
+        return;
+    const struct kt_gguf_kv *tokens = kt_gguf_find_kv(gguf, "tokenizer.ggml.tokens");
+    struct kt_gguf_str tpl = {0};
+    kt_err err = {0};
+    KT_CHECK(tokens && kt_gguf_get_str(gguf, "tokenizer.chat_template", &tpl, &err) == KT_OK, "the GGUF's tokenizer");
+    char path[1100];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    KT_CHECK(access(path, F_OK) != 0, "Kimi's directory has a tokenizer.json");
+    snprintf(path, sizeof path, "%s/tiktoken.model", dir);
+    size_t n = 0;
+    char *text = kt_test_read_file(path, &n);
+    uint32_t lines = 0, wrong = 0;
+    for (char *line = text, *nl; text && line < text + n; line = nl + 1) {
+        if (!(nl = memchr(line, '\n', (size_t)(text + n - line)))) {
+            wrong++;
+            break;
+        }
+        char *space = memchr(line, ' ', (size_t)(nl - line));
+        unsigned char bytes[1024];
+        char want[2100];
+        const int nb = space ? b64_bytes(line, (size_t)(space - line), bytes) : -1;
+        if (nb <= 0 || strtoul(space + 1, NULL, 10) != lines || lines >= tokens->value.arr.count) {
+            wrong++;
+        } else {
+            byte_level_text(bytes, nb, want);
+            const struct kt_gguf_str t = tokens->value.arr.items[lines].str;
+            wrong += t.len != strlen(want) || memcmp(t.ptr, want, t.len) != 0;
+        }
+        lines++;
+    }
+    KT_CHECK(text && strncmp(text, "AA== 0\n", 7) == 0 && strstr(text, "\nIA== 32\n") && lines == 256 + 768 &&
+                 wrong == 0,
+             "tiktoken.model: %u lines, %u not the GGUF's token with its id", lines, wrong);
+    free(text);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    text = kt_test_read_file(path, &n);
+    KT_CHECK(text && strstr(text, "\"1024\": {\n      \"content\": \"[BOS]\"") &&
+                 strstr(text, "\"content\": \"<|tool_call_begin|>\",\n      \"lstrip\": false,\n      "
+                              "\"normalized\": false,\n      \"rstrip\": false,\n      \"single_word\": false,\n"
+                              "      \"special\": false") &&
+                 strstr(text, "\"tokenizer_class\": \"TikTokenTokenizer\"") &&
+                 strstr(text, "\"eos_token\": \"[EOS]\"") &&
+                 !strstr(text, "chat_template"),
+             "tokenizer_config.json: not Kimi's form");
+    free(text);
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    text = kt_test_read_file(path, &n);
+    KT_CHECK(text && n == tpl.len && memcmp(text, tpl.ptr, n) == 0, "chat_template.jinja is not the GGUF's template");
+    free(text);
     remove_dir(dir);
 }
 
@@ -377,6 +496,7 @@ int main(void)
     KT_RUN(int4_experts_directory_holds_the_ggufs_values_quantized);
     KT_RUN(fp8_directory_holds_the_ggufs_values_quantized);
     KT_RUN(shards_split_at_the_size_limit);
+    KT_RUN(kimi_directory_ships_tiktoken_like_kimi_k2_thinking);
     KT_RUN(a_non_empty_directory_and_unknown_weights_are_refused);
     kt_gguf_close(gguf);
     return kt_test_finish();

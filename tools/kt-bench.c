@@ -119,7 +119,7 @@ static const struct kt_cli_option options_table[] = {
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
     {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR,
-     "GGUF model file (grammar: its tokenizer's vocabulary)", opt_model},
+     "GGUF model file or Hugging Face checkpoint directory (grammar: a GGUF file, for its tokenizer)", opt_model},
     {"--vocab", NULL, "N", FOR_GRAMMAR, "tokens of the synthetic vocabulary without -m (default 163840, Kimi-K2's)",
      opt_vocab},
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},

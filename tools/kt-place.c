@@ -86,7 +86,7 @@ static bool opt_explain(void *o, const char *arg, char *why, size_t ws)
 }
 
 static const struct kt_cli_option options_table[] = {
-    {"--model", "-m", "MODEL", 0, "the model (GGUF); only its header is read", opt_model},
+    {"--model", "-m", "MODEL", 0, "the model (a GGUF file or a checkpoint directory); only its headers are read", opt_model},
     {"--profile", NULL, "FILE", 0, "routing profile (kt-bench profile); without one, routing is taken as uniform",
      opt_profile},
     {"--machine", NULL, "FILE", 0, "machine file (kt-bench machine); without one, stated defaults", opt_machine},

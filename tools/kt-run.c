@@ -157,7 +157,7 @@ static bool opt_quiet(void *opts, const char *arg, char *why, size_t why_size)
 }
 
 static const struct kt_cli_option options_table[] = {
-    {"--model", "-m", "MODEL", 0, "GGUF model file (or give it as the first operand)", opt_model},
+    {"--model", "-m", "MODEL", 0, "GGUF model file or Hugging Face checkpoint directory (or give it as the first operand)", opt_model},
     {"--info", NULL, NULL, 0, "describe the model: hyperparameters, tensors, memory per placement; with --placement, "
      "a dry run of that plan: where each expert lives, memory per device and node, whether it fits here", opt_info},
     {"--prompt", "-p", "TEXT", 0, "generate a continuation of TEXT", opt_prompt},

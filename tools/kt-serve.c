@@ -124,7 +124,7 @@ static bool opt_quiet(void *o, const char *arg, char *why, size_t ws)
 }
 
 static const struct kt_cli_option options_table[] = {
-    {"--model", "-m", "MODEL", 0, "GGUF model file", opt_model},
+    {"--model", "-m", "MODEL", 0, "GGUF model file or Hugging Face checkpoint directory", opt_model},
     {"--placement", NULL, "FILE", 0, "placement config v1 (configs/*.yaml): experts on NUMA nodes and a device",
      opt_placement},
     {"--host", NULL, "ADDR", 0, "address to listen on (default 127.0.0.1: this machine only)", opt_host},

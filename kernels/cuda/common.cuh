@@ -78,6 +78,20 @@ static __device__ __forceinline__ float kt_dev_bf16(uint16_t h)
     return __uint_as_float((uint32_t)h << 16);
 }
 
+/* An E4M3 code as hf_formats.c's kt_fp8_e4m3_to_f32 decodes it, bit for bit
+ * (the NaN codes, which FP8_B128 rows never hold, read as NaN too). */
+static __device__ __forceinline__ float kt_dev_e4m3(uint8_t code)
+{
+    const uint32_t sign = (uint32_t)(code & 0x80u) << 24, exp = (code >> 3) & 0xfu, mant = code & 0x7u;
+    if (exp == 0xfu && mant == 0x7u)
+        return __uint_as_float(sign | 0x7fc00000u);
+    if (exp == 0) { /* subnormal: mant * 2^-9, exact */
+        const float mag = __fmul_rn((float)mant, 0.001953125f);
+        return sign ? -mag : mag;
+    }
+    return __uint_as_float(sign | (exp + 120u) << 23 | mant << 20);
+}
+
 /* expf as glibc computes it in all but rare last-bit cases: exp in double,
  * rounded once to float (CUDA's float expf may be 2 ulp off).  Used where kt's
  * CPU reference calls expf and the result feeds a comparison (routing) or is

@@ -63,6 +63,29 @@ __global__ static void dequant_q8_0(const struct kt_block_q8_0 *x, float *y, int
         y[b * KT_QK + j] = d * (float)x[b].qs[j];
 }
 
+/* Q4_0: run = one block of 32, low nibbles then high ones, q - 8. */
+__global__ static void dequant_q4_0(const struct kt_block_q4_0 *x, float *y, int64_t nblocks)
+{
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    float d = fp16_to_f32(x[b].d);
+    for (int j = 0; j < KT_QK / 2; j++) {
+        y[b * KT_QK + j] = (float)((x[b].qs[j] & 15) - 8) * d;
+        y[b * KT_QK + j + KT_QK / 2] = (float)((x[b].qs[j] >> 4) - 8) * d;
+    }
+}
+
+/* FP8_B128: run = one block of 128, E4M3 codes times the block's F32 scale. */
+__global__ static void dequant_fp8_b128(const struct kt_block_fp8_b128 *x, float *y, int64_t nblocks)
+{
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= nblocks)
+        return;
+    for (int j = 0; j < KT_QK_FP8; j++)
+        y[b * KT_QK_FP8 + j] = kt_dev_e4m3(x[b].q[j]) * x[b].d;
+}
+
 /* 6-bit scale and min of sub-block j of a Q4_K/Q5_K super-block. */
 static __device__ void scale_min_k4(int j, const uint8_t *s, uint8_t *sc, uint8_t *m)
 {
@@ -176,6 +199,14 @@ extern "C" kt_status kt_cuda_dequantize(int type, const void *d_src, float *d_ds
     case KT_TYPE_Q8_0:
         dequant_q8_0<<<grid_for(n / KT_QK, threads), threads, 0, s>>>((const struct kt_block_q8_0 *)d_src, d_dst,
                                                                        n / KT_QK);
+        break;
+    case KT_TYPE_Q4_0:
+        dequant_q4_0<<<grid_for(n / KT_QK, threads), threads, 0, s>>>((const struct kt_block_q4_0 *)d_src, d_dst,
+                                                                       n / KT_QK);
+        break;
+    case KT_TYPE_FP8_B128:
+        dequant_fp8_b128<<<grid_for(n / KT_QK_FP8, threads), threads, 0, s>>>(
+            (const struct kt_block_fp8_b128 *)d_src, d_dst, n / KT_QK_FP8);
         break;
     case KT_TYPE_Q4_K:
         dequant_q4_K<<<grid_for(n / 32, threads), threads, 0, s>>>((const struct kt_block_q4_K *)d_src, d_dst, n / 32);

@@ -1,7 +1,8 @@
 /*
  * gemv.cu - products of GGUF-layout weights with F32 activations:
  * y (n_tok, n_out) = x (n_tok, n_in) . W^T, for F32, F16, BF16, Q8_0, Q5_0, Q4_K,
- * Q5_K and Q6_K weights (the Q4_K_M mix), and the grouped expert FFN built on them.
+ * Q5_K and Q6_K weights (the Q4_K_M mix), Q4_0 (a checkpoint's INT4 experts)
+ * and FP8_B128 (its block FP8), and the grouped expert FFN built on them.
  *
  * Two paths, one weight reader (load_w8, the same float values as
  * kernels/quant.c's to_float):
@@ -95,6 +96,38 @@ static __device__ __forceinline__ void load_w8(int type, const uint8_t *row, int
 #pragma unroll
         for (int u = 0; u < 8; u++)
             w[u] = __fsub_rn(__fmul_rn(scale, (float)((q[u] >> shift) & 15)), min);
+        break;
+    }
+    case KT_TYPE_Q4_0: { /* n_in is a multiple of 32; elements e..e+7 are all low or all high nibbles */
+        if (k >= n_in) {
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                w[u] = 0.0f;
+            break;
+        }
+        const struct kt_block_q4_0 *b = (const struct kt_block_q4_0 *)row + k / KT_QK;
+        const float d = kt_dev_fp16(b->d);
+        const int e = (int)(k % KT_QK);
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int i = e + u;
+            const int nib = i < 16 ? b->qs[i] & 15 : b->qs[i - 16] >> 4;
+            w[u] = __fmul_rn((float)(nib - 8), d);
+        }
+        break;
+    }
+    case KT_TYPE_FP8_B128: { /* n_in is a multiple of 128; a block is its F32 scale and 128 E4M3 codes */
+        if (k >= n_in) {
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                w[u] = 0.0f;
+            break;
+        }
+        const struct kt_block_fp8_b128 *b = (const struct kt_block_fp8_b128 *)row + k / KT_QK_FP8;
+        const uint8_t *q = b->q + k % KT_QK_FP8;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            w[u] = __fmul_rn(kt_dev_e4m3(q[u]), b->d);
         break;
     }
     case KT_TYPE_Q5_0: { /* n_in is a multiple of 32 */
@@ -321,7 +354,8 @@ __global__ static void __launch_bounds__(TC_THREADS) mm_tensor(const struct kt_c
 static bool type_supported(int type)
 {
     return type == KT_TYPE_F32 || type == KT_TYPE_F16 || type == KT_TYPE_BF16 || type == KT_TYPE_Q8_0 ||
-           type == KT_TYPE_Q5_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_Q5_K || type == KT_TYPE_Q6_K;
+           type == KT_TYPE_Q4_0 || type == KT_TYPE_Q5_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_Q5_K ||
+           type == KT_TYPE_Q6_K || type == KT_TYPE_FP8_B128;
 }
 
 size_t kt_cuda_mat_row_bytes(const struct kt_cuda_mat *w)
@@ -335,13 +369,15 @@ kt_status kt_cuda_mat_check(const struct kt_cuda_mat *w, const char *what, kt_er
         return kt_err_set(err, KT_ERR_INVALID, "%s: no weights", what);
     if (!type_supported(w->type))
         return kt_err_set(err, KT_ERR_UNSUPPORTED,
-                          "%s: type %s not supported on CUDA (f32, f16, bf16, q8_0, q5_0, q4_K, q5_K, q6_K)", what,
+                          "%s: type %s not supported on CUDA (f32, f16, bf16, q8_0, q4_0, q5_0, q4_K, q5_K, q6_K, "
+                          "fp8_b128)", what,
                           kt_type_name(w->type));
     const size_t packed = kt_type_row_bytes(w->type, w->n_in);
     if (w->n_in <= 0 || w->n_out <= 0 || packed == 0)
         return kt_err_set(err, KT_ERR_INVALID, "%s: bad shape %lld x %lld for %s", what, (long long)w->n_out,
                           (long long)w->n_in, kt_type_name(w->type));
-    const size_t row_bytes = kt_cuda_mat_row_bytes(w), align = w->type == KT_TYPE_F32 ? 4 : 2;
+    const size_t row_bytes = kt_cuda_mat_row_bytes(w),
+                 align = w->type == KT_TYPE_F32 || w->type == KT_TYPE_FP8_B128 ? 4 : 2; /* FP8_B128's F32 scales */
     if (row_bytes < packed)
         return kt_err_set(err, KT_ERR_INVALID, "%s: rows of %zu bytes hold fewer than %lld %s values", what, row_bytes,
                           (long long)w->n_in, kt_type_name(w->type));

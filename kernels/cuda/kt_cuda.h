@@ -102,8 +102,8 @@ kt_status kt_cuda_route(const struct kt_cuda_router *r, const float *d_logits, c
 
 /* A weight matrix in device memory, GGUF layout: n_out rows of n_in elements. */
 struct kt_cuda_mat {
-    int type;               /* enum kt_type: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q5_K or Q6_K */
-    const void *data;       /* device; 4-byte aligned for F32, 2 for the others */
+    int type;               /* enum kt_type: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K or FP8_B128 */
+    const void *data;       /* device; 4-byte aligned for F32 and FP8_B128, 2 for the others */
     int64_t n_in, n_out;    /* n_in a multiple of the type's block */
     size_t row_bytes;       /* bytes from a row to the next; 0: kt_type_row_bytes(type, n_in) */
 };

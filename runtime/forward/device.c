@@ -43,7 +43,10 @@ static kt_status device_mat(struct kt_engine *e, struct kt_mat *m, kt_err *err)
 {
     void *p = NULL;
     const size_t bytes = (size_t)kt_mat_bytes(m);
-    const struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
+    struct kt_cuda_mat cm = kt_fwd_cuda_mat(m);
+    if (!cm.data) /* sizing a checkpoint's streamed expert: its rows are read only to be placed; the check needs
+                     an address, never read, aligned as the device buffer will be */
+        cm.data = (const void *)e;
     kt_status st;
     if (e->dev.sizing && kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA && /* refused before anything is placed */
         (st = kt_cuda_mat_usable(&cm, kt_type_name(m->type), err)) != KT_OK) {
@@ -399,6 +402,44 @@ static kt_status device_ffn(struct kt_engine *e, struct kt_ffn_weights *w, uint3
     return st;
 }
 
+/* A checkpoint's experts are never in memory whole (kt_model_experts_streamed):
+ * expert x's slabs are read (converted) into host buffers of the caller's,
+ * which w's matrices then point at, kept until its copies are done
+ * (free_streamed_expert).  Nothing to do for a GGUF file's experts. */
+static kt_status read_streamed_expert(struct kt_engine *e, uint32_t il, uint32_t x, struct kt_ffn_weights *w,
+                                      uint8_t *host[3], kt_err *err)
+{
+    if (!kt_model_experts_streamed(e->model))
+        return KT_OK;
+    const struct kt_layer *t = &e->model->layers[il];
+    const struct kt_gguf_tensor *slabs[3] = {t->ffn_gate_exps, t->ffn_up_exps, t->ffn_down_exps};
+    struct kt_mat *mats[3] = {&w->gate, &w->up, &w->down};
+    kt_status st = KT_OK;
+    for (int i = 0; i < 3 && st == KT_OK; i++) {
+        if (!slabs[i])
+            st = kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u: a checkpoint's experts have no fused gate_up slab", il);
+        else if (!(host[i] = malloc((size_t)kt_mat_bytes(mats[i]))))
+            st = kt_err_set(err, KT_ERR_NOMEM, "out of memory reading expert %u of layer %u", x, il);
+        else
+            st = kt_model_read_expert(e->model, slabs[i], x, host[i], err);
+        if (st == KT_OK)
+            mats[i]->data = host[i];
+    }
+    if (st != KT_OK)
+        for (int i = 0; i < 3; i++)
+            free(host[i]), host[i] = NULL;
+    return st;
+}
+
+static void free_streamed_expert(struct kt_engine *e, uint8_t *host[3])
+{
+    if (!host[0])
+        return;
+    kt_backend_sync(e->dev.backend); /* the copies from them are done */
+    for (int i = 0; i < 3; i++)
+        free(host[i]);
+}
+
 /* Allocates and copies in what the params put on the device (or, while
  * device_sizing, only adds up its bytes). */
 static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err)
@@ -420,9 +461,14 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
                 continue;
             /* the file's rows (every backend's kernels read GGUF blocks) */
             struct kt_ffn_weights w = kt_fwd_expert_gguf(e, L, x);
+            uint8_t *host[3] = {NULL, NULL, NULL};
+            if (!e->dev.sizing && (st = read_streamed_expert(e, il, x, &w, host, err)))
+                return st;
             char what[32];
             snprintf(what, sizeof what, "expert %u", x);
-            if ((st = device_ffn(e, &w, il, what, err)))
+            st = device_ffn(e, &w, il, what, err);
+            free_streamed_expert(e, host);
+            if (st)
                 return st;
             if (!e->dev.sizing)
                 e->dev.experts[(size_t)il * hp->n_expert + x] = w;
@@ -715,7 +761,8 @@ kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uin
     struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], x);
     struct kt_mat *mats[3] = {&w.gate, &w.up, &w.down};
     void *dst[3] = {NULL, NULL, NULL};
-    kt_status st = KT_OK;
+    uint8_t *host[3] = {NULL, NULL, NULL}; /* a checkpoint's expert, read first so its rows can be checked */
+    kt_status st = read_streamed_expert(e, il, x, &w, host, err);
     for (int i = 0; i < 3 && st == KT_OK; i++) {
         const struct kt_cuda_mat cm = kt_fwd_cuda_mat(mats[i]);
         if (cuda)
@@ -724,9 +771,11 @@ kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uin
             st = device_alloc(e, (size_t)kt_mat_bytes(mats[i]), &dst[i], err);
     }
     if (st != KT_OK) { /* the device's budget or block table: nothing changes */
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 3; i++) {
             if (dst[i])
                 device_release(e, dst[i]);
+            free(host[i]);
+        }
         kt_err_prefix(err, "device '%s': layer %u expert %u", kt_backend_name(e->dev.backend), il, x);
         return st;
     }
@@ -737,6 +786,7 @@ kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uin
         mats[i]->data = dst[i];
         *bytes += n;
     }
+    free_streamed_expert(e, host);
     e->dev.experts[(size_t)il * e->hp.n_expert + x] = w;
     return KT_OK;
 }

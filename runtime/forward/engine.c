@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "progress.h"
 
 #define DEFAULT_CTX 4096u
 #define DEFAULT_BLOCK_TOKENS 16u
@@ -569,6 +570,23 @@ static kt_status kv_cache_create(struct kt_engine *e, kt_err *err)
     return kt_kv_cache_create(&kp, &e->kv, err);
 }
 
+static void progress_add(void *ctx, uint64_t bytes)
+{
+    kt_progress_add(ctx, bytes);
+}
+
+/* The model's converted tensors (a checkpoint's), with a progress bar of their own. */
+static kt_status weights_ready(const struct kt_model *m, FILE *out, kt_err *err)
+{
+    const uint64_t bytes = kt_model_converted_bytes(m);
+    struct kt_progress *prog = bytes ? kt_progress_create(out, "converting weights", bytes, KT_PROGRESS_AUTO) : NULL;
+    kt_status st = kt_model_weights_ready(m, prog ? progress_add : NULL, prog, err);
+    if (prog && st == KT_OK)
+        kt_progress_finish(prog);
+    kt_progress_destroy(prog);
+    return st;
+}
+
 kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p, struct kt_engine **out, kt_err *err)
 {
     *out = NULL;
@@ -590,8 +608,17 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                         d.device->name ? d.device->name : "unnamed");
         goto fail;
     }
-    if (d.reference) /* every weight read in place, in its GGUF rows */
-        e->test.experts_in_place = e->test.keep_gguf_layout = true;
+    /* every weight read in its GGUF rows: in place, or for a checkpoint's
+     * experts (which are never in memory whole) the store's copy of them */
+    if (d.reference)
+        e->test.experts_in_place = !kt_model_experts_streamed(m), e->test.keep_gguf_layout = true;
+    if (e->test.experts_in_place && kt_model_experts_streamed(m)) {
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: a checkpoint's experts are read into the expert store, not "
+                        "used in place");
+        goto fail;
+    }
+    if ((st = weights_ready(m, d.progress, err)) != KT_OK)
+        goto fail;
     /* each limit named with the value that broke it */
     if (d.n_ctx > (1u << 24))
         st = kt_err_set(err, KT_ERR_INVALID, "engine: n_ctx %u is more than %u positions per sequence: lower it",

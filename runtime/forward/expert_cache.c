@@ -106,6 +106,9 @@ kt_status kt_engine_expert_cache_start(struct kt_engine *e, const struct kt_expe
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "expert cache: this engine has no device");
     if (e->dev.cache)
         return kt_err_set(err, KT_ERR_INVALID, "expert cache: already started");
+    if (kt_model_experts_streamed(e->model)) /* its chunks are copied from the model file's pages */
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "expert cache: not yet for a checkpoint directory, whose experts "
+                          "are only in the expert store: serve a GGUF file, or drop --expert-cache");
     if (p->slots_per_layer == 0 || p->slots_per_layer > e->hp.n_expert)
         return kt_err_set(err, KT_ERR_INVALID, "expert cache: %u slots per layer (1 .. %u, the experts per layer)",
                           p->slots_per_layer, e->hp.n_expert);

@@ -12,8 +12,10 @@
  * (pack_pipeline.h; packing on this thread if no packer can be had); every 64 MiB read is dropped from
  * the page cache with POSIX_FADV_DONTNEED.  A row-sliced layer's slabs all
  * go through staging: each slice node's rows are packed or copied from there
- * into its share.  It never touches the model's mapping of the file and
- * never writes to the file.
+ * into its share.  A checkpoint directory's experts (kt_model_experts_streamed)
+ * come instead from kt_model_read_expert, converted from each expert's own
+ * tensors into the slab's kt type, through the same staging and packing.
+ * It never touches the model's mapping of the file and never writes to the file.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -366,7 +368,7 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
             const uint64_t off = start + x * slab;
             const struct pack_job job = {sb, sl, x};
             /* Keep READ_AHEAD bytes of the tensor in flight while we copy. */
-            while (ahead_to < end && ahead_to < off + slab + READ_AHEAD / 2) {
+            while (fd >= 0 && ahead_to < end && ahead_to < off + slab + READ_AHEAD / 2) {
                 const uint64_t ahead = end - ahead_to < READ_AHEAD ? end - ahead_to : READ_AHEAD;
                 posix_fadvise(fd, (off_t)ahead_to, (off_t)ahead, POSIX_FADV_WILLNEED);
                 ahead_to += ahead;
@@ -374,14 +376,17 @@ static kt_status load_layer(const struct kt_model *m, struct store_layer *sl, in
             uint8_t *into = !packs ? (uint8_t *)sl->experts[x].data + sb->part[0].dst_offset
                             : packers ? kt_pack_pipeline_acquire(packers)
                                       : staging;
-            kt_status st = read_full(fd, g->path, sb->t, x, into, slab, off, prog, err);
+            kt_status st = fd >= 0 ? read_full(fd, g->path, sb->t, x, into, slab, off, prog, err)
+                                   : kt_model_read_expert(m, sb->t, x, into, err);
             if (st != KT_OK)
                 return st; /* the caller drains the packers */
+            if (fd < 0)
+                kt_progress_add(prog, slab);
             if (packs && packers)
                 kt_pack_pipeline_submit(packers, into, pack_slab, &job, sizeof job);
             else if (packs)
                 pack_slab(&job, staging);
-            if (off + slab - drop_from >= DROP_EVERY || x + 1 == m->hp.n_expert) {
+            if (fd >= 0 && (off + slab - drop_from >= DROP_EVERY || x + 1 == m->hp.n_expert)) {
                 posix_fadvise(fd, (off_t)drop_from, (off_t)(off + slab - drop_from), POSIX_FADV_DONTNEED);
                 drop_from = off + slab;
             }
@@ -475,12 +480,15 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         goto fail;
     }
 
-    fd = open(g->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = kt_err_set(err, KT_ERR_IO, "%s: cannot open: %s", g->path, strerror(errno));
-        goto fail;
+    /* a checkpoint's experts come converted from their own tensors (fd stays -1) */
+    if (!kt_model_experts_streamed(m)) {
+        fd = open(g->path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            st = kt_err_set(err, KT_ERR_IO, "%s: cannot open: %s", g->path, strerror(errno));
+            goto fail;
+        }
+        posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* larger readahead */
     }
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL); /* larger readahead */
     const double t0 = now_s();
     prog = kt_progress_create(d.progress, "loading experts", s->file_bytes, KT_PROGRESS_AUTO);
     for (uint32_t il = 0; il < s->n_layer; il++) {
@@ -525,7 +533,8 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
     s->load_s = now_s() - t0;
     kt_progress_finish(prog);
     kt_progress_destroy(prog);
-    close(fd);
+    if (fd >= 0)
+        close(fd);
     free(staging);
     *out = s;
     return KT_OK;

@@ -59,7 +59,9 @@ uint64_t kt_mat_bytes(const struct kt_mat *m)
 
 struct kt_mat kt_mat_rows(struct kt_mat m, int64_t first, int64_t n)
 {
-    if (m.packed) /* whole groups only: callers slice at multiples of 16 */
+    if (!m.data) /* a checkpoint's streamed experts: their rows are in the expert store */
+        ;
+    else if (m.packed) /* whole groups only: callers slice at multiples of 16 */
         m.data = kt_packed_rows(m.packed, m.data, m.n_in, first);
     else
         m.data += (size_t)first * m.row_bytes;

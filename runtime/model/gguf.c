@@ -765,7 +765,8 @@ kt_status kt_gguf_from_parts(struct kt_gguf_kv *kv, uint64_t n_kv, struct kt_ggu
         const struct kt_type_traits *tr = kt_type_traits(t->type);
         uint64_t nbytes = 0;
         if (!tr || tr->block_elems <= 0 || t->ne[0] % tr->block_elems != 0 || !tensor_nbytes(tr, t->ne, &nbytes) ||
-            nbytes != t->nbytes || (!t->data && nbytes)) {
+            nbytes != t->nbytes || (!t->data && nbytes && t->source == KT_TENSOR_MAPPED) ||
+            (t->data && t->source == KT_TENSOR_STREAMED) || t->source > KT_TENSOR_STREAMED) {
             st = kt_err_set(err, KT_ERR_FORMAT, "%s: tensor %s: type %s, shape [%" PRId64 ", %" PRId64 ", %" PRId64
                             ", %" PRId64 "] and %" PRIu64 " bytes do not agree", path, t->name, kt_type_name(t->type),
                             t->ne[0], t->ne[1], t->ne[2], t->ne[3], t->nbytes);

@@ -95,6 +95,16 @@ struct kt_gguf_tensor {
     uint64_t nbytes;
     const void *data;            /* inside the mapping; data..data+nbytes is in bounds */
     uint64_t info_offset;        /* where the tensor-info record starts, for messages */
+    uint8_t source;              /* enum kt_tensor_source: where data is */
+};
+
+/* Where a tensor's bytes are.  A GGUF file's are all MAPPED; a checkpoint
+ * directory (hf_model.h) converts some at kt_model_weights_ready and never
+ * holds a stacked expert tensor whole. */
+enum kt_tensor_source {
+    KT_TENSOR_MAPPED = 0,   /* data points at the bytes, from the start */
+    KT_TENSOR_DEFERRED = 1, /* data NULL until the model's weights are made ready */
+    KT_TENSOR_STREAMED = 2, /* data always NULL: expert x's slab comes from kt_model_read_expert */
 };
 
 struct kt_gguf {

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "hf_model.h"
 #include "hf_tensors.h"
 #include "quant.h"
 
@@ -881,15 +882,19 @@ kt_status kt_model_open(const char *path, struct kt_model **out, kt_err *err)
 {
     *out = NULL;
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face checkpoint, perhaps */
-        char what[400];
-        kt_err e2 = {0};
-        if (kt_hf_describe(path, what, sizeof what, &e2) != KT_OK)
-            return kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: a directory, and not a checkpoint kt can read: %s", path,
-                              e2.msg);
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: a Hugging Face checkpoint (%s): kt reads its config, "
-                          "tensors and tokenizer but cannot run a model from a directory yet; give a GGUF file", path,
-                          what);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) { /* a Hugging Face checkpoint */
+        struct kt_gguf *g;
+        struct kt_hf_weights *hf;
+        kt_status st = kt_hf_model_open(path, &g, &hf, err);
+        if (st != KT_OK)
+            return st;
+        if ((st = kt_model_from_gguf(g, out, err)) != KT_OK) {
+            kt_err_prefix(err, "%s", path);
+            kt_gguf_close(g);
+            return st;
+        }
+        (*out)->hf = hf;
+        return KT_OK;
     }
     struct kt_gguf *g;
     kt_status st = kt_gguf_open(path, &g, err);
@@ -910,6 +915,38 @@ void kt_model_close(struct kt_model *m)
     kt_gguf_close(m->gguf);
     free(m->layers);
     free(m);
+}
+
+kt_status kt_model_weights_ready(const struct kt_model *m, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                                 kt_err *err)
+{
+    return m->hf ? kt_hf_weights_ready(m->hf, progress, ctx, err) : KT_OK;
+}
+
+uint64_t kt_model_converted_bytes(const struct kt_model *m)
+{
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
+        if (m->gguf->tensors[i].source == KT_TENSOR_DEFERRED)
+            bytes += m->gguf->tensors[i].nbytes;
+    return bytes;
+}
+
+bool kt_model_experts_streamed(const struct kt_model *m)
+{
+    return m->hf != NULL;
+}
+
+kt_status kt_model_read_expert(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
+                               kt_err *err)
+{
+    if (m->hf)
+        return kt_hf_read_expert(m->hf, t, x, dst, err);
+    const uint64_t slab = t->nbytes / (uint64_t)t->ne[2];
+    if (!t->data || x >= (uint64_t)t->ne[2])
+        return kt_err_set(err, KT_ERR_INVALID, "%s: expert %u of %s is not in the file", m->gguf->path, x, t->name);
+    memcpy(dst, (const uint8_t *)t->data + (size_t)x * slab, (size_t)slab);
+    return KT_OK;
 }
 
 /* ---- memory ------------------------------------------------------------------------ */

@@ -128,8 +128,11 @@ struct kt_layer {
     const struct kt_gguf_tensor *ffn_down_shexp; /* {f*Ns, E} */
 };
 
+struct kt_hf_weights;
+
 struct kt_model {
     struct kt_gguf *gguf;       /* owned */
+    struct kt_hf_weights *hf;   /* a checkpoint directory's weights (freed with gguf); NULL for a GGUF file */
     char arch[32];              /* "deepseek2" */
     char name[128];             /* general.name, may be "" */
     struct kt_hparams hp;
@@ -175,10 +178,36 @@ void kt_model_identity(const struct kt_model *m, struct kt_model_identity *out);
  * starts with "PATH: ", as kt_gguf_open's do. */
 kt_status kt_model_open(const char *path, struct kt_model **out, kt_err *err);
 
+/* kt_model_open also opens a Hugging Face checkpoint directory (hf_model.h):
+ * its tensors then have the GGUF names and kt types, some converted only by
+ * kt_model_weights_ready and its routed experts read one at a time by
+ * kt_model_read_expert. */
+
 /* The same over an already-open GGUF; takes ownership of g on success only. */
 kt_status kt_model_from_gguf(struct kt_gguf *g, struct kt_model **out, kt_err *err);
 
 void kt_model_close(struct kt_model *m);
+
+/* Makes every tensor's data valid but the streamed experts' (a checkpoint
+ * converts what it must, once, calling progress(ctx, bytes) (may be NULL)
+ * as it goes; a GGUF file has nothing to do).  The engine calls it before it
+ * reads a weight. */
+kt_status kt_model_weights_ready(const struct kt_model *m, void (*progress)(void *ctx, uint64_t bytes), void *ctx,
+                                 kt_err *err);
+
+/* Bytes kt_model_weights_ready converts into memory of its own (a
+ * checkpoint's deferred tensors: not file pages, so a memory check counts
+ * them); 0 for a GGUF file. */
+uint64_t kt_model_converted_bytes(const struct kt_model *m);
+
+/* True when the stacked expert tensors have no data (a checkpoint): expert x's
+ * slab is only had through kt_model_read_expert. */
+bool kt_model_experts_streamed(const struct kt_model *m);
+
+/* Expert x's slab of stacked expert tensor t (t->nbytes / n_expert bytes, in
+ * t's type) into dst: a GGUF's bytes as they are, a checkpoint's converted. */
+kt_status kt_model_read_expert(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x, void *dst,
+                               kt_err *err);
 
 /* Memory one placement needs, in bytes. */
 struct kt_memory_need {

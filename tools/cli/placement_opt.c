@@ -189,11 +189,12 @@ bool kt_tool_placement_fits(FILE *f, const struct kt_model *m, const struct kt_p
             }
         }
     }
-    const uint64_t host = experts + sim + displaced + kv + packed;
+    const uint64_t converted = kt_model_converted_bytes(m); /* a checkpoint's, in memory of their own */
+    const uint64_t host = experts + sim + displaced + kv + packed + converted;
     fprintf(f, "  %-17s %9.3f GiB  routed experts and replicas %.3f, sim memory %.3f, a GPU's experts without one "
-               "%.3f, KV cache %.3f, host matrices packed %.3f (weights read in place from the file are not "
-               "counted)\n",
-            "host in all", gib(host), gib(experts), gib(sim), gib(displaced), gib(kv), gib(packed));
+               "%.3f, KV cache %.3f, host matrices packed %.3f, converted from a checkpoint %.3f (weights read in "
+               "place from the file are not counted)\n",
+            "host in all", gib(host), gib(experts), gib(sim), gib(displaced), gib(kv), gib(packed), gib(converted));
     kt_err e = {0};
     if (fits && kt_meminfo_check(NULL, "this plan", host, &e) != KT_OK) {
         fits = false;

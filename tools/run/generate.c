@@ -41,6 +41,18 @@ static double peak_rss_mib(void)
     return (double)ru.ru_maxrss / 1024.0; /* Linux reports KiB */
 }
 
+/* Resident memory now (/proc/self/statm), in MiB; 0 where it cannot be read. */
+static double rss_now_mib(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, resident = 0;
+    const bool ok = f && fscanf(f, "%llu %llu", &size, &resident) == 2;
+    if (f)
+        fclose(f);
+    const long page = sysconf(_SC_PAGESIZE);
+    return ok && page > 0 ? (double)resident * (double)page / (1024.0 * 1024.0) : 0.0;
+}
+
 /* The prompt as text to tokenize: raw -p text, or the rendered chat turn. */
 static kt_status build_prompt(const struct kt_run_options *o, const struct kt_model *m, char **text,
                               bool *add_special, char *format_name, size_t format_size, kt_err *err)
@@ -284,7 +296,9 @@ int kt_run_generate(const struct kt_run_options *o)
                 100.0 * (double)ds.experts_ns / (decode_s * 1e9), 100.0 * (double)ds.other_ns / (decode_s * 1e9));
     }
     fprintf(stderr, "  load                 %.3f s\n", t_loaded - t_start);
-    fprintf(stderr, "  peak memory          %.1f MiB resident\n", peak_rss_mib());
+    const double now_mib = rss_now_mib();
+    fprintf(stderr, "  peak memory          %.1f MiB resident (now %.1f MiB: peak %.3f x the footprint)\n",
+            peak_rss_mib(), now_mib, now_mib > 0 ? peak_rss_mib() / now_mib : 0.0);
     (void)prefill_stats;
     if (o->bandwidth && ds.steps > 0) {
         struct kt_triad_result tr;

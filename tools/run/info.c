@@ -15,6 +15,8 @@
 
 #include "engine_plan.h"
 #include "gguf.h"
+#include "hf_model.h"
+#include "hf_tensors.h"
 #include "meminfo.h"
 #include "model.h"
 #include "placement_opt.h"
@@ -93,8 +95,17 @@ static void print_file(const char *path, const struct kt_model *m)
 
     printf("file\n");
     row("path", "%s", path);
-    row("size", "%llu bytes (%.2f GiB)", (unsigned long long)g->file_bytes, gib(g->file_bytes));
-    row("GGUF version", "%u", g->version);
+    if (m->hf) { /* a checkpoint directory: what it holds, its stored form and shards */
+        char what[400];
+        kt_err err = {0};
+        if (kt_hf_describe(path, what, sizeof what, &err) == KT_OK)
+            row("checkpoint", "%s", what);
+        row("stored weights", "%llu bytes (%.2f GiB); converted at load as hf_model.h says",
+            (unsigned long long)kt_hf_stored_bytes(m->hf), gib(kt_hf_stored_bytes(m->hf)));
+    } else {
+        row("size", "%llu bytes (%.2f GiB)", (unsigned long long)g->file_bytes, gib(g->file_bytes));
+        row("GGUF version", "%u", g->version);
+    }
     row("name", "%s", m->name[0] ? m->name : "-");
     row("architecture", "%s", m->arch);
     row("tokenizer", "%s, pre %s", model, pre);

@@ -642,17 +642,29 @@ static kt_status write_config(const struct hf_writer *w, const char *dir, struct
 
 /* ---- tokenizer files ----------------------------------------------------------------------- */
 
-/* The vocabulary the GGUF file carries in tokenizer.ggml.* as Hugging Face's
- * files: tokenizer.json (tokenizers' format: a byte-level BPE model whose
+/* The vocabulary the GGUF file carries in tokenizer.ggml.* as the family's
+ * real checkpoint ships it.
+ *
+ * DeepSeek: tokenizer.json (tokenizers' format: a byte-level BPE model whose
  * vocab is every token text -> id and whose merges are tokenizer.ggml.merges
  * in rank order; the control tokens (type 3) and user-defined ones (type 4)
  * also as added_tokens, special only for control) and tokenizer_config.json
- * (tokenizer.chat_template, the BOS/EOS/pad token texts, add_bos_token).
- * The pre-tokenizer is written as byte-level with GPT-2's split pattern; the
- * family's own split (tokenizer.ggml.pre: "deepseek-v3" or "kimi-k2") is
- * named in tokenizer_config.json's "kt_pre_tokenizer", not spelled out. */
-static kt_status write_tokenizer(const struct kt_synth_plan *plan, const char *dir, struct written *files,
-                                 kt_err *err)
+ * (chat_template, the BOS/EOS/pad token texts, add_bos_token).  The
+ * pre-tokenizer is written as byte-level with GPT-2's split pattern; the
+ * family's own split (tokenizer.ggml.pre: "deepseek-v3") is named in
+ * tokenizer_config.json's "kt_pre_tokenizer", not spelled out.
+ *
+ * Kimi (like Kimi-K2-Thinking's directory): tiktoken.model, one line per
+ * normal token, "base64(its bytes) id" (the id is the tiktoken rank), then
+ * tokenizer_config.json with the specials in added_tokens_decoder (the
+ * tool-call markers "special": false, as Moonshot's file has them; kt's
+ * reader types them all control, as llama.cpp's converter does) and the
+ * TikTokenTokenizer fields, and chat_template.jinja (Kimi's repositories
+ * ship the template as that file).  The merges are not written: a reader
+ * derives them from the ranks. */
+
+static kt_status write_tokenizer_json(const struct kt_synth_plan *plan, const char *dir, struct written *files,
+                                      kt_err *err)
 {
     const struct kt_synth_vocab *v = &plan->vocab;
     json_t *vocab = json_object(), *merges = json_array(), *added = json_array(), *decoder = json_object();
@@ -695,6 +707,124 @@ static kt_status write_tokenizer(const struct kt_synth_plan *plan, const char *d
                             "PreTrainedTokenizerFast", "kt_pre_tokenizer", v->pre, "chat_template",
                             v->chat_template);
     return write_json(dir, "tokenizer_config.json", cfg, files, err);
+}
+
+/* The byte GPT-2's bytes_to_unicode maps to code point c (the inverse of
+ * vocab.c's table), or -1 if c stands for no byte. */
+static int byte_of_code_point(uint32_t c)
+{
+    if ((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF))
+        return (int)c;
+    if (c >= 0x100 && c <= 0x120)
+        return (int)(c - 0x100);
+    if (c >= 0x121 && c <= 0x142)
+        return (int)(c - 0x121 + 0x7F);
+    return c == 0x143 ? 0xAD : -1;
+}
+
+/* A byte-level token text's bytes as base64 (NUL-terminated at out, room for 4 * strlen(text) / 3 + 5); false if
+ * the text is not byte-level. */
+static bool token_base64(const char *text, char *out)
+{
+    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    unsigned char bytes[3];
+    size_t nb = 0, o = 0;
+    for (const unsigned char *p = (const unsigned char *)text; *p || nb > 0;) {
+        if (*p) {
+            uint32_t c = *p++;
+            if (c >= 0x80) { /* the table's code points are all below U+0800: two UTF-8 bytes */
+                if ((c & 0xE0) != 0xC0 || (*p & 0xC0) != 0x80)
+                    return false;
+                c = (c & 0x1F) << 6 | (*p++ & 0x3F);
+            }
+            const int b = byte_of_code_point(c);
+            if (b < 0)
+                return false;
+            bytes[nb++] = (unsigned char)b;
+            if (nb < 3)
+                continue;
+        }
+        const uint32_t w = (uint32_t)bytes[0] << 16 | (nb > 1 ? (uint32_t)bytes[1] << 8 : 0) | (nb > 2 ? bytes[2] : 0);
+        out[o++] = alphabet[w >> 18];
+        out[o++] = alphabet[(w >> 12) & 63];
+        out[o++] = nb > 1 ? alphabet[(w >> 6) & 63] : '=';
+        out[o++] = nb > 2 ? alphabet[w & 63] : '=';
+        nb = 0;
+    }
+    out[o] = '\0';
+    return o > 0;
+}
+
+static bool kimi_tool_marker(const char *text)
+{
+    return strncmp(text, "<|tool_", 7) == 0;
+}
+
+static kt_status write_tiktoken(const struct kt_synth_plan *plan, const char *dir, struct written *files,
+                                kt_err *err)
+{
+    const struct kt_synth_vocab *v = &plan->vocab;
+    uint32_t n_ranks = 0;
+    while (n_ranks < v->n_tokens && v->token_types[n_ranks] == KT_TOKEN_NORMAL)
+        n_ranks++;
+    for (uint32_t i = n_ranks; i < v->n_tokens; i++)
+        if (v->token_types[i] != KT_TOKEN_CONTROL)
+            return kt_err_set(err, KT_ERR_INVALID, "tiktoken.model: token %u is neither a rank nor a special", i);
+    char *text = NULL, line[4 * 1024];
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    kt_status s = f ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "tiktoken.model: out of memory");
+    for (uint32_t r = 0; s == KT_OK && r < n_ranks; r++) {
+        if (strlen(v->tokens[r]) * 4 / 3 + 5 > sizeof line || !token_base64(v->tokens[r], line))
+            s = kt_err_set(err, KT_ERR_INVALID, "tiktoken.model: token %u is no byte-level text", r);
+        else
+            fprintf(f, "%s %u\n", line, r);
+    }
+    if (f && fclose(f) != 0 && s == KT_OK)
+        s = kt_err_set(err, KT_ERR_NOMEM, "tiktoken.model: out of memory");
+    if (s == KT_OK)
+        s = write_text(dir, "tiktoken.model", text, files, err);
+    free(text);
+    if (s != KT_OK)
+        return s;
+
+    static const char *const additional[] = {"<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                                             "<|start_header_id|>", "<|end_header_id|>", "[EOT]",
+                                             "<|im_system|>", "<|im_middle|>"};
+    json_t *decoder = json_object(), *extra = json_array();
+    for (uint32_t i = n_ranks; i < v->n_tokens; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "%u", i);
+        json_object_set_new(decoder, id,
+                            json_pack("{s:s, s:b, s:b, s:b, s:b, s:b}", "content", v->tokens[i], "lstrip", 0,
+                                      "normalized", 0, "rstrip", 0, "single_word", 0, "special",
+                                      !kimi_tool_marker(v->tokens[i])));
+        for (size_t a = 0; a < sizeof additional / sizeof additional[0]; a++)
+            if (strcmp(v->tokens[i], additional[a]) == 0)
+                json_array_append_new(extra, json_string(additional[a]));
+    }
+    int64_t unk = -1;
+    for (uint32_t i = n_ranks; i < v->n_tokens; i++)
+        if (strcmp(v->tokens[i], "[UNK]") == 0)
+            unk = i;
+    json_t *cfg = json_pack("{s:o, s:o, s:{s:[s, n]}, s:s, s:b, s:s, s:{}, s:I, s:o, s:s, s:o}",
+                            "added_tokens_decoder", decoder, "additional_special_tokens", extra, "auto_map",
+                            "AutoTokenizer", "tokenization_kimi.TikTokenTokenizer", "bos_token",
+                            v->tokens[v->bos_id], "clean_up_tokenization_spaces", 0, "eos_token",
+                            v->tokens[v->eos_id], "extra_special_tokens", "model_max_length",
+                            (json_int_t)plan->cfg.n_ctx_train, "pad_token",
+                            v->pad_id >= 0 ? json_string(v->tokens[v->pad_id]) : json_null(), "tokenizer_class",
+                            "TikTokenTokenizer", "unk_token", unk >= 0 ? json_string(v->tokens[unk]) : json_null());
+    if ((s = write_json(dir, "tokenizer_config.json", cfg, files, err)) != KT_OK)
+        return s;
+    return write_text(dir, "chat_template.jinja", v->chat_template, files, err);
+}
+
+static kt_status write_tokenizer(const struct kt_synth_plan *plan, const char *dir, struct written *files,
+                                 kt_err *err)
+{
+    return plan->cfg.family == KT_SYNTH_KIMI ? write_tiktoken(plan, dir, files, err)
+                                             : write_tokenizer_json(plan, dir, files, err);
 }
 
 /* ---- the directory ------------------------------------------------------------------------- */
