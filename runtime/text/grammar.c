@@ -25,6 +25,14 @@
  * backslash or control byte) that fit the length left, plus the few "live"
  * tokens (a plain run ending at a quote, a backslash or an unfinished UTF-8
  * character) stepped one by one from their first such byte.
+ * In free text (a reasoning block) every text token is allowed at once.
+ * Strings with a pattern, and raw regex text, run a code-point DFA made at
+ * compile time (the "patterns" section); their masks take the trie walk.
+ *
+ * Bounds, so no request can make a step unbounded: 64 frames a stack, 64
+ * stacks, 4096 epsilon moves a step, 32 nested branches; a pattern's NFA and
+ * DFA have at most 4096 and 2048 states and a bounded compile.  What the
+ * bounds drop only narrows the mask; it never lets an invalid token in.
  */
 #include "grammar.h"
 
