@@ -620,7 +620,8 @@ kt_status kt_grammar_vocab_create(const char *const *bytes, const size_t *lens, 
     v->live = malloc((n_tokens ? n_tokens : 1) * sizeof *v->live);
     v->eog = malloc((n_eog ? n_eog : 1) * sizeof *v->eog);
     items = malloc((n_tokens ? n_tokens : 1) * sizeof *items);
-    if (!v->text || !v->bytes || !v->lens || !v->special || !v->plain_bits || !v->text_bits || !v->plain_chars || !v->plain_bytes ||
+    if (!v->text || !v->bytes || !v->lens || !v->special || !v->plain_bits || !v->text_bits || !v->plain_chars ||
+        !v->plain_bytes ||
         !v->live || !v->eog || !items)
         goto nomem;
     size_t off = 0, n_text = 0;

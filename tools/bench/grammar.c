@@ -253,7 +253,8 @@ static void series_report(const char *what, struct series *s, json_t *out)
     double sum = 0;
     for (size_t i = 0; i < s->n; i++)
         sum += s->t[i];
-    double mean = sum / (double)s->n, p50 = s->t[s->n / 2], p99 = s->t[(s->n * 99) / 100 < s->n ? (s->n * 99) / 100 : s->n - 1];
+    size_t i99 = (s->n * 99) / 100 < s->n ? (s->n * 99) / 100 : s->n - 1;
+    double mean = sum / (double)s->n, p50 = s->t[s->n / 2], p99 = s->t[i99];
     double worst = s->t[s->n - 1];
     printf("  %-22s %6zu tokens  mean %8.3f ms  median %8.3f  p99 %8.3f  worst %8.3f\n", what, s->n, mean * 1e3,
            p50 * 1e3, p99 * 1e3, worst * 1e3);
