@@ -719,7 +719,7 @@ static void free_text_until_a_special_token(void)
     if (st == KT_OK)
         st = kt_grammar_token(g, think, &open, &err);
     if (st == KT_OK)
-        st = kt_grammar_text(g, &text, &err);
+        st = kt_grammar_text(g, "<|call|>", 8, &text, &err);
     if (st == KT_OK)
         st = kt_grammar_token(g, V.call, &close, &err);
     if (st == KT_OK)
@@ -742,6 +742,13 @@ static void free_text_until_a_special_token(void)
     for (uint32_t id = 0; id < V.n; id++)
         KT_CHECK(bit(mask, id) == kt_grammar_matcher_can_accept(m, (int32_t)id), "token %u", id);
     KT_CHECK(kt_grammar_matcher_accept_bytes(m, "I think {\"a\": [ \xe4\xb8", 18), "reasoning text");
+    KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "a <|call|> b", 12), "not the closing token's text");
+    KT_CHECK(kt_grammar_matcher_accept_bytes(m, " <|cal", 6), "a part of it");
+    kt_grammar_matcher_fill_mask(m, mask);
+    for (uint32_t id = 0; id < V.n; id++)
+        KT_CHECK(bit(mask, id) == kt_grammar_matcher_can_accept(m, (int32_t)id), "token %u after a part", id);
+    KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "l|>", 3) && kt_grammar_matcher_accept_bytes(m, "l|x", 3),
+             "the rest of it refused, another ending taken");
     KT_CHECK(kt_grammar_matcher_accept_token(m, V.call, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "x", 1), "then JSON");
     KT_CHECK(kt_grammar_matcher_accept_bytes(m, "{\"k\":1}", 7) && kt_grammar_matcher_closed(m), "the object");

@@ -103,6 +103,7 @@ static void a_thinking_model_may_reason_before_the_json(const struct model *kimi
     KT_CHECK(allowed(m, kimi, open) && allowed(m, kimi, brace) && !allowed(m, kimi, close), "think or answer");
     KT_CHECK(kt_grammar_matcher_accept_token(m, open, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(kt_grammar_matcher_accept_bytes(m, "Let me see {a: 1}", 17), "reasoning is any text");
+    KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "so </think>", 11), "but not the closing token's text");
     KT_CHECK(allowed(m, kimi, close), "the block may close");
     KT_CHECK(kt_grammar_matcher_accept_token(m, close, &err) == KT_OK, "%s", err.msg);
     KT_CHECK(!kt_grammar_matcher_accept_bytes(m, "ok", 2), "then only the JSON");

@@ -219,7 +219,7 @@ static uint32_t after_reasoning(struct build *b, const struct kt_serve_model *m,
     static const size_t ws_lens[] = {1, 1};
     uint32_t text = 0, space = 0, spaces = 0, closing = marker(b, "</think>");
     if (b->st == KT_OK)
-        b->st = kt_grammar_text(b->g, &text, &b->err);
+        b->st = kt_grammar_text(b->g, "</think>", 8, &text, &b->err);
     if (b->st == KT_OK)
         b->st = kt_grammar_literals(b->g, ws, ws_lens, 2, &space, &b->err);
     if (b->st == KT_OK)

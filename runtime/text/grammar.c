@@ -55,7 +55,7 @@ enum kind {
     K_MAP,      /* child: value; min: the key string node */
     K_PATTERN,  /* first: the DFA's start state */
     K_REGEX,    /* first: the DFA's start state; raw text, not a JSON string */
-    K_TEXT,     /* any text (of text tokens), as long as it likes */
+    K_TEXT,     /* any text (of text tokens) without one byte string; first: its table in g->avoid, n: its length */
 };
 
 struct node {
@@ -101,6 +101,8 @@ struct kt_grammar {
     size_t n_props, cap_props;
     int32_t *tokens;     /* special tokens some node names, distinct */
     size_t n_tokens, cap_tokens;
+    uint8_t *avoid;        /* free texts' byte-string matchers, [state][256] each */
+    size_t n_avoid, cap_avoid;
     struct dfa_state *dfa;      /* patterns' DFAs, all in one array */
     size_t n_dfa, cap_dfa;
     struct dfa_trans *dfa_trans; /* per state: [first, first + n), ascending, disjoint */
@@ -142,6 +144,7 @@ void kt_grammar_destroy(struct kt_grammar *g)
     free(g->props);
     free(g->tokens);
     free(g->dfa);
+    free(g->avoid);
     free(g->dfa_trans);
     free(g);
 }
@@ -309,9 +312,29 @@ kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t tar
     return KT_OK;
 }
 
-kt_status kt_grammar_text(struct kt_grammar *g, uint32_t *node, kt_err *err)
+kt_status kt_grammar_text(struct kt_grammar *g, const char *avoid, size_t len, uint32_t *node, kt_err *err)
 {
-    return add_node(g, (struct node){.kind = K_TEXT}, node, err);
+    if (len > 64)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "grammar: text to avoid of %zu bytes (at most 64)", len);
+    /* a matcher of avoid: [state = bytes of it matched][byte] -> next state (len: found) */
+    size_t first = g->n_avoid;
+    if (len && !GROW(g->avoid, g->n_avoid, g->cap_avoid, first + len * 256))
+        return nomem(err);
+    for (size_t s = 0; s < len; s++)
+        for (int c = 0; c < 256; c++) {
+            size_t k = s + 1 < len ? s + 1 : len; /* the longest prefix of avoid ending the text so far + c */
+            for (; k > 0; k--) {
+                if ((unsigned char)avoid[k - 1] != c)
+                    continue;
+                size_t from = s + 1 - k; /* prefix avoid[0..k-1) against the matched avoid[from..s) */
+                if (memcmp(avoid, avoid + from, k - 1) == 0)
+                    break;
+            }
+            g->avoid[first + s * 256 + (size_t)c] = (uint8_t)k;
+        }
+    if (len)
+        g->n_avoid = first + len * 256;
+    return add_node(g, (struct node){.kind = K_TEXT, .first = (uint32_t)first, .n = (uint32_t)len}, node, err);
 }
 
 kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,
@@ -770,6 +793,8 @@ struct kt_grammar_matcher {
     int branches;            /* nested branch copies on the C stack now */
     struct frame scratch[KT_GRAMMAR_MAX_DEPTH];
     size_t *level;           /* [max_len + 2] arena offset of each walk level's state */
+    uint32_t text_node;      /* the free-text node text_cache is for */
+    uint32_t *text_cache[64]; /* [state] its allowed text tokens, made when first needed */
 };
 
 /* Object phases (a: phase | index << 3). */
@@ -2008,8 +2033,15 @@ static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *dep
         return step_pattern(g, n, f, depth, c);
     case K_REGEX:
         return step_regex(g, f, c);
-    case K_TEXT:
+    case K_TEXT: {
+        if (n->n == 0)
+            return true;
+        uint8_t next = g->avoid[n->first + f->b * 256 + (uint32_t)c];
+        if (next == n->n)
+            return false;
+        f->b = next;
         return true;
+    }
     case K_NUMBER:
         return step_number(n, f, c);
     case K_ARRAY: {
@@ -2175,6 +2207,8 @@ void kt_grammar_matcher_destroy(struct kt_grammar_matcher *m)
 {
     if (!m)
         return;
+    for (uint32_t s = 0; s < 64; s++)
+        free(m->text_cache[s]);
     free(m->w);
     free(m->level);
     free(m);
@@ -2268,6 +2302,57 @@ static bool in_free_text(const struct kt_grammar_matcher *m)
         p += 1 + FRAME_WORDS * (size_t)depth;
     }
     return text;
+}
+
+/* The text tokens free text in state (node, b) allows: those whose bytes do
+ * not complete the avoided string; made once per state a matcher meets. */
+static const uint32_t *free_text_bits(struct kt_grammar_matcher *m, uint32_t node, uint32_t b)
+{
+    const struct kt_grammar_vocab *v = m->v;
+    const struct node *n = &m->g->nodes[node];
+    if (n->n == 0)
+        return v->text_bits;
+    if (m->text_node != node) {
+        for (uint32_t s = 0; s < 64; s++)
+            free(m->text_cache[s]), m->text_cache[s] = NULL;
+        m->text_node = node;
+    }
+    if (m->text_cache[b])
+        return m->text_cache[b];
+    uint32_t *bits = calloc(v->mask_words, sizeof *bits);
+    if (!bits) {
+        m->oom = true;
+        return NULL;
+    }
+    const uint8_t *table = m->g->avoid + n->first;
+    for (uint32_t id = 0; id < v->n_tokens; id++) {
+        if (!((v->text_bits[id >> 5] >> (id & 31)) & 1))
+            continue;
+        uint32_t s = b;
+        const unsigned char *p = (const unsigned char *)v->bytes[id];
+        uint32_t i = 0;
+        for (; i < v->lens[id] && s < n->n; i++)
+            s = table[s * 256 + p[i]];
+        if (s < n->n)
+            bits[id >> 5] |= 1u << (id & 31);
+    }
+    m->text_cache[b] = bits;
+    return bits;
+}
+
+static void free_text_mask(struct kt_grammar_matcher *m, uint32_t *mask)
+{
+    size_t p = HDR_WORDS;
+    for (uint32_t s = 0; s < m->w[2]; s++) {
+        uint32_t depth = m->w[p];
+        const struct frame *top = (const struct frame *)(m->w + p + 1) + depth - 1;
+        p += 1 + FRAME_WORDS * (size_t)depth;
+        if (m->g->nodes[top->node].kind != K_TEXT)
+            continue;
+        const uint32_t *bits = free_text_bits(m, top->node, top->b);
+        for (uint32_t w = 0; bits && w < m->v->mask_words; w++)
+            mask[w] |= bits[w];
+    }
 }
 
 /* Every stack of the current state waits in a string body with no character
@@ -2396,8 +2481,7 @@ uint32_t kt_grammar_matcher_fill_mask(struct kt_grammar_matcher *m, uint32_t *ma
         }
         uint32_t room;
         if (in_free_text(m))
-            for (uint32_t w = 0; w < v->mask_words; w++)
-                mask[w] |= v->text_bits[w];
+            free_text_mask(m, mask);
         else if (all_in_string_body(m, &room))
             string_mask(m, room, mask);
         else if (m->w[2] > 0)

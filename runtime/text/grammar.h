@@ -60,9 +60,11 @@ kt_status kt_grammar_repeat(struct kt_grammar *g, uint32_t item, uint32_t min, u
 kt_status kt_grammar_forward(struct kt_grammar *g, uint32_t *node, kt_err *err);
 kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t target, kt_err *err);
 
-/* Any text of text tokens (no special token), ending whenever what follows
- * can begin: a reasoning block before its closing special token. */
-kt_status kt_grammar_text(struct kt_grammar *g, uint32_t *node, kt_err *err);
+/* Any text of text tokens (no special token) in which the bytes avoid (at
+ * most 64; len 0: none) never appear, ending whenever what follows can
+ * begin: a reasoning block before its closing special token, whose text
+ * must not end it early as text. */
+kt_status kt_grammar_text(struct kt_grammar *g, const char *avoid, size_t len, uint32_t *node, kt_err *err);
 
 /* JSON values.  Strings count characters (code points; an escape is one). */
 kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,
