@@ -496,10 +496,10 @@ static void bad_arguments_say_what_to_do(void)
         int want_rc;
         const char *want;
     } cases[] = {
-        {"kernel", 2, "kt-bench: the command 'kernel' is not one of kernels, model, machine, profile or check: did you "
-                      "mean 'kernels'?"},
-        {"kernels -m x.gguf", 2, "kt-bench: --model does not apply to kernels: it is an option of model, profile and "
-                                 "check"},
+        {"kernel", 2, "kt-bench: the command 'kernel' is not one of kernels, model, machine, profile, check or "
+                      "grammar: did you mean 'kernels'?"},
+        {"kernels -m x.gguf", 2, "kt-bench: --model does not apply to kernels: it is an option of model, profile, "
+                                 "check and grammar"},
         {"kernels --seconds 0", 2, "kt-bench: --seconds '0' is out of range: give a number in [0.01, 600]"},
         {"model -m a.gguf --gen-token 4", 2, "kt-bench: unknown option '--gen-token': did you mean '--gen-tokens'?"},
         {"model -m a.gguf --machine m.json", 2, "kt-bench: --machine and --profile feed --predict's cost model"},
@@ -553,11 +553,35 @@ static void missing_model_exits_1_with_a_message(void)
     remove(out);
 }
 
+static void grammar_reports_the_mask_cost_of_a_document(void)
+{
+    const char *json = kt_test_path("grammar.json");
+    int rc = kt_test_system("'%s' grammar --vocab 20000 --seed 3 --json '%s' > /dev/null", kt_test_tool("kt-bench"), json);
+    KT_CHECK(rc == 0, "kt-bench grammar exited %d", rc);
+    json_t *j = json_load_file(json, 0, NULL);
+    KT_CHECK(j != NULL, "no JSON");
+    if (j) {
+        KT_CHECK(num(j, "vocab_tokens") == 20000 && json_is_true(json_object_get(j, "synthetic_vocab")), "vocabulary");
+        double tokens = num(j, "document_tokens");
+        KT_CHECK(tokens > 100 && tokens < 973, "the document in %g tokens", tokens);
+        json_t *all = json_object_get(j, "all"), *cpu = json_object_get(j, "cpu all");
+        KT_CHECK(num(all, "tokens") == tokens + 1 && num(cpu, "tokens") == tokens + 1, "a mask per token and at the end");
+        KT_CHECK(num(all, "median_ms") <= num(all, "p99_ms") && num(all, "p99_ms") <= num(all, "worst_ms"),
+                 "percentiles in order");
+        check_numbers(j, NULL, "grammar");
+        json_decref(j);
+    }
+    remove(json);
+    rc = kt_test_system("'%s' grammar --vocab 100 > /dev/null 2>&1", kt_test_tool("kt-bench"));
+    KT_CHECK(rc == 2, "--vocab 100 exited %d, want 2 (usage)", rc);
+}
+
 int main(void)
 {
     KT_RUN(bad_arguments_exit_2_with_usage);
     KT_RUN(bad_arguments_say_what_to_do);
     KT_RUN(missing_model_exits_1_with_a_message);
+    KT_RUN(grammar_reports_the_mask_cost_of_a_document);
     KT_RUN(model_reports_every_layer_and_splits_add_up);
     KT_RUN(model_predict_reports_every_layer);
     KT_RUN(profile_writes_counts_that_add_up_to_the_tokens);

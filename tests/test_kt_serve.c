@@ -125,7 +125,7 @@ static void error_cases(const struct test_server *s)
     expect_error(s, NULL, c, body, 400, "stream_options", NULL);
     snprintf(body, sizeof body, "%s, \"n\": 3}", chat_hi);
     expect_error(s, NULL, c, body, 400, "n", NULL); /* more choices than --max-seqs 2 */
-    snprintf(body, sizeof body, "%s, \"response_format\": {\"type\": \"json_object\"}}", chat_hi);
+    snprintf(body, sizeof body, "%s, \"response_format\": {\"type\": \"grammar\"}}", chat_hi);
     expect_error(s, NULL, c, body, 400, "response_format", NULL);
     snprintf(body, sizeof body, "%s, \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
                                 "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}}", chat_hi);

@@ -672,6 +672,44 @@ static void bias_and_bans_steer_greedy(void)
     kt_sampler_destroy(s);
 }
 
+/* A grammar's mask (kt_sampler_set_allowed): greedy and drawn samples keep to it. */
+static void allowed_mask_restricts_greedy_and_drawn_samples(void)
+{
+    enum { N = 70 };
+    float logits[N], work[N];
+    for (int i = 0; i < N; i++)
+        logits[i] = (float)(i % 7);
+    uint32_t mask[3] = {0, 0, 0};
+    mask[0] |= 1u << 3;  /* logit 3 */
+    mask[1] |= 1u << 1;  /* token 33: logit 5 */
+    mask[2] |= 1u << 4;  /* token 68: logit 5, a partial last word */
+    struct kt_sampler_params p = kt_sampler_params_default();
+    p.temperature = 0.0f;
+    struct kt_sampler *s = make_sampler(&p, N, NULL, 0);
+    kt_sampler_set_allowed(s, mask);
+    KT_CHECK(sample_copy(s, logits, work, N) == 33, "greedy: the best allowed token, lowest id on ties");
+    kt_sampler_set_allowed(s, NULL);
+    KT_CHECK(sample_copy(s, logits, work, N) == 6, "without the mask: the argmax");
+    kt_sampler_destroy(s);
+    p.temperature = 1.5f;
+    p.seed = 7;
+    s = make_sampler(&p, N, NULL, 0);
+    kt_sampler_set_allowed(s, mask);
+    int seen[N] = {0};
+    for (int k = 0; k < 600; k++)
+        seen[sample_copy(s, logits, work, N)]++;
+    KT_CHECK(seen[3] + seen[33] + seen[68] == 600, "every draw allowed");
+    KT_CHECK(seen[3] > 0 && seen[33] > 0 && seen[68] > 0, "each allowed token drawn (%d %d %d)", seen[3], seen[33],
+             seen[68]);
+    uint32_t none[3] = {0, 0, 0};
+    kt_sampler_set_allowed(s, none);
+    int32_t token;
+    kt_err err = {0};
+    memcpy(work, logits, sizeof work);
+    KT_CHECK(kt_sampler_sample(s, work, &token, &err) == KT_ERR_INVALID, "an empty mask is an error");
+    kt_sampler_destroy(s);
+}
+
 /* ---------------------------------------------------------------------------- */
 /* log-probabilities                                                             */
 /* ---------------------------------------------------------------------------- */
@@ -1136,6 +1174,7 @@ int main(void)
     KT_RUN(penalties_change_logits_by_the_formulas);
     KT_RUN(penalties_steer_later_samples);
     KT_RUN(bias_and_bans_steer_greedy);
+    KT_RUN(allowed_mask_restricts_greedy_and_drawn_samples);
     KT_RUN(logprobs_equal_naive_log_softmax);
     KT_RUN(sample_reports_raw_and_sampled_logprobs);
     KT_RUN(invalid_parameters_are_rejected_by_name);

@@ -26,8 +26,8 @@
 
 /* ---- arguments ------------------------------------------------------------------ */
 
-enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8, FOR_CHECK = 16 };
-static const char *const command_names[] = {"kernels", "model", "machine", "profile", "check"}; /* by bit */
+enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8, FOR_CHECK = 16, FOR_GRAMMAR = 32 };
+static const char *const command_names[] = {"kernels", "model", "machine", "profile", "check", "grammar"}; /* by bit */
 
 #define OPTS(o) ((struct kt_bench_options *)(o))
 
@@ -36,6 +36,7 @@ KT_CLI_U32_OPTION(opt_prefill_tokens, prefill_tokens, 1, 4096, "--prefill-tokens
 KT_CLI_U32_OPTION(opt_prompt_tokens, prompt_tokens, 1, 1u << 20, "--prompt-tokens", NULL)
 KT_CLI_U32_OPTION(opt_gen_tokens, gen_tokens, 1, 1u << 20, "--gen-tokens", NULL)
 KT_CLI_U32_OPTION(opt_max_tokens, max_tokens, 1, 1u << 20, "--max-tokens", NULL)
+KT_CLI_U32_OPTION(opt_vocab, vocab_tokens, 512, 1u << 24, "--vocab", "tokens")
 KT_CLI_U32_OPTION(opt_batch, batch, 1, 256, "--batch", "prompts at once")
 KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
 KT_CLI_DOUBLE_OPTION(opt_seconds, seconds, 0.01, 600, KT_CLI_CLOSED, "--seconds", NULL)
@@ -111,16 +112,19 @@ static bool opt_predict(void *opts, const char *arg, char *why, size_t why_size)
 static const struct kt_cli_option options_table[] = {
     {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE | FOR_CHECK,
      "threads (default: the CPUs this process may use)", opt_threads},
-    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK, "also write the results as JSON to FILE", opt_json},
+    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK | FOR_GRAMMAR, "also write the results as JSON to FILE", opt_json},
     {"--seconds", NULL, "S", FOR_KERNELS | FOR_MACHINE, "time per measurement (default 1; machine: per point, 0.3)",
      opt_seconds},
     {"--prefill-tokens", NULL, "N", FOR_KERNELS, "tokens of the prefill shape (default 128)", opt_prefill_tokens},
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
-    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "GGUF model file or Hugging Face checkpoint directory", opt_model},
+    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR,
+     "GGUF model file or Hugging Face checkpoint directory (grammar: a GGUF file, for its tokenizer)", opt_model},
+    {"--vocab", NULL, "N", FOR_GRAMMAR, "tokens of the synthetic vocabulary without -m (default 163840, Kimi-K2's)",
+     opt_vocab},
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
     {"--gen-tokens", NULL, "N", FOR_MODEL, "tokens to decode greedily (default 32)", opt_gen_tokens},
-    {"--seed", NULL, "S", FOR_MODEL, "seed of the random prompt (default 1)", opt_seed},
+    {"--seed", NULL, "S", FOR_MODEL | FOR_GRAMMAR, "seed of the random prompt or vocabulary (default 1)", opt_seed},
     {"--cold", NULL, NULL, FOR_MODEL, "time a fresh engine's first prefill (default: after one untimed, same prompt)",
      opt_cold},
     {"--placement", NULL, "FILE", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "placement config v1 (configs/*.yaml)",
@@ -162,7 +166,8 @@ static void usage(FILE *f);
     "                        -o PROFILE.json\n"                                                                      \
     "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"                               \
     "       kt-bench check -m MODEL [--placement FILE] [--prompts FILE] [--max-tokens N] [-t N]\n"                    \
-    "                      [--json FILE]\n"
+    "                      [--json FILE]\n" \
+    "       kt-bench grammar [-m MODEL | --vocab N] [--seed S] [--json FILE]\n"
 
 static const struct kt_cli cli = {
     .prog = "kt-bench",
@@ -187,6 +192,10 @@ static const char *command_label(unsigned commands)
     case FOR_PROFILE | FOR_MACHINE: return "prof/mch";
     case FOR_PROFILE | FOR_CHECK: return "prof/chk";
     case FOR_CHECK: return "check";
+    case FOR_GRAMMAR: return "grammar";
+    case FOR_MODEL | FOR_GRAMMAR: return "mod/gram";
+    case FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR: return "m/p/c/g";
+    case FOR_BOTH | FOR_CHECK | FOR_GRAMMAR: return "k/m/c/g";
     default: return "";
     }
 }
@@ -206,7 +215,9 @@ static void usage(FILE *f)
                "  check    is the placement right on this machine: prompts through it and through a CPU\n"
                "           reference reading every weight from the file, on the same tokens; every row of\n"
                "           logits compared (a prompt passes with its median row <= 1e-2 and 9 in 10 <= 3e-2),\n"
-               "           and the layer named where they start to part; exit 0 PASS, 2 FAIL, 1 error\n\noptions:\n");
+               "           and the layer named where they start to part; exit 0 PASS, 2 FAIL, 1 error\n"
+               "  grammar  what constrained decoding costs: the token mask of a JSON schema per generated token\n"
+               "           over a large vocabulary (the model's tokenizer, or a synthetic one)\n\noptions:\n");
     kt_cli_print_options(f, &cli, command_label);
 }
 
@@ -214,7 +225,7 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, struct kt_bench_options *o)
 {
     *o = (struct kt_bench_options){.prefill_tokens = 128, .prompt_tokens = 128, .gen_tokens = 32, .seed = 1,
-                                   .batch = 1, .sim_transfer_gbps = KT_MACHINE_DEFAULT_LINK_GBPS,
+                                   .batch = 1, .vocab_tokens = 163840, .sim_transfer_gbps = KT_MACHINE_DEFAULT_LINK_GBPS,
                                    .sim_latency_us = KT_MACHINE_DEFAULT_LINK_LATENCY_US};
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         usage(stdout);
@@ -222,7 +233,7 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
     }
     if (argc < 2)
         return kt_cli_usage_error(&cli, "%s",
-                                  "no command given: give one of kernels, model, profile, machine or check");
+                                  "no command given: give one of kernels, model, profile, machine, check or grammar");
     char why[512];
     int index = kt_cli_choice_arg("the command", argv[1], command_names, N_COMMANDS, why, sizeof why);
     if (index < 0)
@@ -279,5 +290,7 @@ int main(int argc, char **argv)
         return kt_bench_machine(&o);
     if (!strcmp(o.command, "check"))
         return kt_bench_check(&o);
+    if (!strcmp(o.command, "grammar"))
+        return kt_bench_grammar(&o);
     return !strcmp(o.command, "kernels") ? kt_bench_kernels(&o) : kt_bench_model(&o);
 }

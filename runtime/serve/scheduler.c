@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "kv_cache.h"
+#include "grammar.h"
 #include "prefix_cache.h"
 
 #define NO_SEQ UINT32_MAX
@@ -146,6 +147,7 @@ bool kt_job_wait(struct kt_job *job, uint64_t *seen, int timeout_ms)
 struct choice {
     uint32_t seq;            /* engine sequence; NO_SEQ once given back */
     struct kt_sampler *sampler;
+    struct kt_grammar_matcher *matcher; /* the job's grammar, where it has one */
     struct kt_detok detok;
     struct kt_stop stop;
     int32_t *fed;            /* generated tokens fed back to the engine: [n_fed] */
@@ -203,6 +205,8 @@ struct kt_sched {
     char *piece;             /* detokenizer output, detok_cap bytes */
     size_t detok_cap;
     uint64_t seed_state;     /* seeds for requests without one */
+    struct kt_grammar_vocab *grammar_vocab; /* the tokenizer's, made for the first job with a grammar */
+    uint32_t *mask;          /* [mask words] the token mask of the choice being sampled */
 };
 
 uint32_t kt_sched_engine_seqs(uint32_t max_running_seqs, uint32_t prefix_cache_entries)
@@ -330,6 +334,7 @@ static void run_free(struct run *run)
     if (run->ch)
         for (uint32_t c = 0; c < run->job->n; c++) {
             kt_sampler_destroy(run->ch[c].sampler);
+            kt_grammar_matcher_destroy(run->ch[c].matcher);
             kt_stop_free(&run->ch[c].stop);
             free(run->ch[c].fed);
         }
@@ -415,6 +420,23 @@ static bool timed_out(const struct kt_job *job, double now)
     return job->timeout_s > 0 && now - job->t_arrival > job->timeout_s;
 }
 
+/* The vocabulary's trie and a mask buffer, made once, on the scheduler thread. */
+static kt_status grammar_ready(struct kt_sched *s, kt_err *err)
+{
+    if (s->grammar_vocab)
+        return KT_OK;
+    kt_status st = kt_grammar_vocab_from_tokenizer(s->tok, s->n_vocab, &s->grammar_vocab, err);
+    if (st != KT_OK)
+        return st;
+    s->mask = malloc(kt_grammar_vocab_mask_words(s->grammar_vocab) * sizeof *s->mask);
+    if (!s->mask) {
+        kt_grammar_vocab_destroy(s->grammar_vocab);
+        s->grammar_vocab = NULL;
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory for a token mask");
+    }
+    return KT_OK;
+}
+
 /* Moves a queued job into the running set. */
 static void admit(struct kt_sched *s, struct kt_job *job)
 {
@@ -438,6 +460,10 @@ static void admit(struct kt_sched *s, struct kt_job *job)
         struct kt_sampler_params sp = job->sampling;
         sp.seed = job->seed_given ? job->sampling.seed + c : splitmix64(&s->seed_state);
         if (kt_sampler_create(&sp, s->n_vocab, job->prompt.ids, job->prompt.n_ids, &ch->sampler, &err) != KT_OK)
+            break;
+        if (job->prompt.grammar && job->prompt.n_forced == 0 &&
+            (grammar_ready(s, &err) != KT_OK ||
+             kt_grammar_matcher_create(job->prompt.grammar, s->grammar_vocab, &ch->matcher, &err) != KT_OK))
             break;
     }
     s->seqs_reserved += job->n;
@@ -516,7 +542,7 @@ static void sample_choice(struct kt_sched *s, struct run *run, uint32_t c, float
     kt_err err = {0};
     int32_t token;
     struct kt_logprobs lp;
-    kt_status st;
+    kt_status st = KT_OK;
     bool forced = job->prompt.n_forced > 0;
     if (forced) {
         token = job->prompt.forced[ch->n_generated < job->prompt.n_forced ? ch->n_generated : 0];
@@ -524,8 +550,16 @@ static void sample_choice(struct kt_sched *s, struct run *run, uint32_t c, float
         if (st == KT_OK && job->logprobs)
             st = kt_logprobs_compute(logits, s->n_vocab, token, job->top_logprobs, &lp, &err);
     } else {
-        st = kt_sampler_sample_logprobs(ch->sampler, logits, job->top_logprobs, &token, job->logprobs ? &lp : NULL,
-                                        &err);
+        if (ch->matcher && kt_grammar_matcher_fill_mask(ch->matcher, s->mask) == 0)
+            st = kt_err_set(&err, KT_ERR_INVALID, "structured output: no token of the vocabulary can continue it");
+        if (st == KT_OK) {
+            kt_sampler_set_allowed(ch->sampler, ch->matcher ? s->mask : NULL);
+            st = kt_sampler_sample_logprobs(ch->sampler, logits, job->top_logprobs, &token,
+                                            job->logprobs ? &lp : NULL, &err);
+            kt_sampler_set_allowed(ch->sampler, NULL);
+        }
+        if (st == KT_OK && ch->matcher)
+            st = kt_grammar_matcher_accept_token(ch->matcher, token, &err);
     }
     double now = kt_monotonic_s();
     if (st != KT_OK) {
@@ -565,6 +599,8 @@ static void sample_choice(struct kt_sched *s, struct run *run, uint32_t c, float
         if (kt_stop_push(&ch->stop, s->piece, written, &jc->text)) {
             jc->stop_index = ch->stop.matched;
             f = KT_FINISH_STOP;
+        } else if (ch->matcher && kt_grammar_matcher_closed(ch->matcher)) {
+            f = KT_FINISH_STOP; /* the grammar's sentence is whole and nothing may follow */
         } else if (ch->n_generated >= job->prompt.max_tokens) {
             f = KT_FINISH_LENGTH;
         } else if (forced && ch->n_generated >= job->prompt.n_forced) {
@@ -991,5 +1027,7 @@ void kt_sched_destroy(struct kt_sched *s)
     pthread_cond_destroy(&s->idle);
     free(s->queue), free(s->runs), free(s->free_ids), free(s->evicted);
     free(s->batch), free(s->rows), free(s->logits), free(s->scratch), free(s->piece);
+    kt_grammar_vocab_destroy(s->grammar_vocab);
+    free(s->mask);
     free(s);
 }

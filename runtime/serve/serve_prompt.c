@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve_grammar.h"
 #include "serve_text.h"
 
 static bool is_deepseek(kt_chat_format f)
@@ -290,6 +291,8 @@ bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_reque
         goto done;
     }
     out->max_tokens = r->max_tokens ? r->max_tokens : (uint32_t)(m->n_ctx - out->n_ids);
+    if (!kt_serve_grammar_build(m, r, &out->output, &out->grammar, e))
+        goto done;
 
     if (r->forced_output && m->allow_forced_output) {
         kt_err err = {0};
@@ -317,6 +320,7 @@ void kt_prompt_free(struct kt_prompt *p)
     free(p->id_prefix);
     free(p->forced);
     free(p->echo);
+    kt_grammar_destroy(p->grammar);
     *p = (struct kt_prompt){0};
 }
 

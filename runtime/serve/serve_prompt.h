@@ -16,7 +16,8 @@
  *  - tool_choice "required" / a named function: the prompt ends with the
  *    opening of a tool call (Kimi: "functions.NAME:N" with N the number of
  *    earlier calls in the conversation), which the output parser reads as
- *    the start of the reply.  No constrained decoding beyond that.
+ *    the start of the reply; the grammar (serve_grammar.h) constrains the
+ *    rest to a well-formed call of a declared tool with valid arguments.
  */
 #ifndef KT_SERVE_PROMPT_H
 #define KT_SERVE_PROMPT_H
@@ -26,6 +27,7 @@
 #include <stdint.h>
 
 #include "chat.h"
+#include "grammar.h"
 #include "serve_output.h"
 #include "serve_request.h"
 #include "tokenizer.h"
@@ -52,6 +54,7 @@ struct kt_prompt {
     int32_t *forced;            /* [n_forced] tokens generated in place of sampling (tests) */
     size_t n_forced;
     char *echo;                 /* completions with echo: the prompt text to repeat; NULL: none */
+    struct kt_grammar *grammar; /* what the output must follow (serve_grammar.h); NULL: anything */
 };
 
 /* The chat format of a GGUF file's tokenizer.chat_template; UNKNOWN when it

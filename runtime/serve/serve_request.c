@@ -7,6 +7,9 @@
  */
 #include "serve_request.h"
 
+#include "grammar.h"
+#include "json_schema.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -298,6 +301,235 @@ static bool parse_logit_bias(struct kt_api_request *r, const json_t *root, struc
     return true;
 }
 
+/* ---- structured outputs -------------------------------------------------------------- */
+
+/* Compiles schema as kt-serve will (json_schema.h), to refuse a schema it
+ * cannot follow now rather than after the prompt is prefilled. */
+static bool check_schema(const json_t *schema, const char *param, struct kt_api_error *e)
+{
+    struct kt_grammar *g = NULL;
+    kt_err err = {0};
+    uint32_t node;
+    kt_status st = kt_grammar_create(&g, &err);
+    if (st == KT_OK)
+        st = kt_json_schema_compile(g, schema, &node, &err);
+    kt_grammar_destroy(g);
+    if (st == KT_ERR_NOMEM) {
+        kt_api_error_set(e, 500, "server_error", NULL, param, "out of memory");
+        return false;
+    }
+    if (st != KT_OK) {
+        kt_api_error_invalid(e, param, "%s at %s", param, err.msg);
+        return false;
+    }
+    return true;
+}
+
+/* A schema given as an object (or a boolean), or as JSON text (vLLM's
+ * guided_json and structured_outputs.json take both). */
+static bool take_schema(struct kt_api_request *r, const json_t *v, const char *param, struct kt_api_error *e)
+{
+    json_t *schema = NULL;
+    if (json_is_object(v) || json_is_boolean(v)) {
+        schema = json_incref((json_t *)v);
+    } else if (json_is_string(v)) {
+        json_error_t je;
+        schema = json_loadb(json_string_value(v), json_string_length(v), JSON_DECODE_ANY, &je);
+        if (!schema) {
+            kt_api_error_invalid(e, param, "'%s' is not valid JSON: %s", param, je.text);
+            return false;
+        }
+        if (!depth_ok(schema, 0)) {
+            json_decref(schema);
+            kt_api_error_invalid(e, param, "'%s' nests deeper than %d levels", param, KT_API_MAX_JSON_DEPTH);
+            return false;
+        }
+    } else {
+        kt_api_error_invalid(e, param, "'%s' must be a JSON Schema (an object)", param);
+        return false;
+    }
+    if (!check_schema(schema, param, e)) {
+        json_decref(schema);
+        return false;
+    }
+    r->response_format = KT_RESPONSE_JSON_SCHEMA;
+    r->response_schema = schema;
+    return true;
+}
+
+/* vLLM's guided_regex / structured_outputs.regex: the whole output matches. */
+static bool take_regex(struct kt_api_request *r, const json_t *v, const char *param, struct kt_api_error *e)
+{
+    if (!json_is_string(v) || !no_nul(v)) {
+        kt_api_error_invalid(e, param, "'%s' must be a string (a regular expression)", param);
+        return false;
+    }
+    struct kt_grammar *g = NULL;
+    kt_err err = {0};
+    uint32_t node;
+    kt_status st = kt_grammar_create(&g, &err);
+    if (st == KT_OK)
+        st = kt_grammar_regex(g, json_string_value(v), json_string_length(v), &node, &err);
+    kt_grammar_destroy(g);
+    if (st != KT_OK) {
+        if (st == KT_ERR_NOMEM)
+            kt_api_error_set(e, 500, "server_error", NULL, param, "out of memory");
+        else
+            kt_api_error_invalid(e, param, "'%s': %s", param, err.msg);
+        return false;
+    }
+    r->response_format = KT_RESPONSE_REGEX;
+    r->response_schema = json_incref((json_t *)v);
+    return true;
+}
+
+/* vLLM's guided_choice / structured_outputs.choice: the output is one of the strings. */
+static bool take_choice(struct kt_api_request *r, const json_t *v, const char *param, struct kt_api_error *e)
+{
+    size_t n = json_array_size(v);
+    if (!json_is_array(v) || n == 0 || n > KT_API_MAX_CHOICES) {
+        kt_api_error_invalid(e, param, "'%s' must be an array of 1 to %d strings", param, KT_API_MAX_CHOICES);
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const json_t *c = json_array_get(v, i);
+        if (!json_is_string(c) || json_string_length(c) == 0 || !no_nul(c)) {
+            kt_api_error_invalid(e, param, "%s[%zu] must be a non-empty string", param, i);
+            return false;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (json_equal(c, json_array_get(v, j))) {
+                kt_api_error_invalid(e, param, "%s[%zu] repeats %s[%zu]", param, i, param, j);
+                return false;
+            }
+    }
+    r->response_format = KT_RESPONSE_CHOICE;
+    r->response_schema = json_incref((json_t *)v);
+    return true;
+}
+
+static bool given(const json_t *root, const char *key)
+{
+    const json_t *v = json_object_get(root, key);
+    return v && !json_is_null(v);
+}
+
+/* response_format (OpenAI), guided_json and structured_outputs (vLLM): one of them. */
+static bool parse_structured(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
+{
+    static const char *const fields[] = {"response_format", "guided_json", "structured_outputs", "guided_regex",
+                                         "guided_choice"};
+    int n_given = 0;
+    for (int i = 0; i < 5; i++)
+        n_given += given(root, fields[i]);
+    if (given(root, "guided_grammar")) {
+        kt_api_error_invalid(e, "guided_grammar", "'guided_grammar' is not supported (kt-serve takes JSON schemas, "
+                                                  "regular expressions and choices)");
+        return false;
+    }
+    const json_t *rf = json_object_get(root, "response_format");
+    const json_t *gj = json_object_get(root, "guided_json");
+    const json_t *so = json_object_get(root, "structured_outputs");
+    if (given(root, "response_format")) {
+        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        const char *type = json_is_string(t) ? json_string_value(t) : NULL;
+        if (!type) {
+            kt_api_error_invalid(e, "response_format", "'response_format' must be an object with a 'type' (\"text\", "
+                                                       "\"json_object\" or \"json_schema\")");
+            return false;
+        }
+        if (strcmp(type, "text") == 0) {
+            n_given--; /* asks for nothing */
+        } else if (strcmp(type, "json_object") == 0) {
+            r->response_format = KT_RESPONSE_JSON_OBJECT;
+        } else if (strcmp(type, "json_schema") == 0) {
+            const json_t *js = json_object_get(rf, "json_schema");
+            if (!json_is_object(js)) {
+                kt_api_error_invalid(e, "response_format", "response_format.json_schema must be an object with "
+                                                           "'name' and 'schema'");
+                return false;
+            }
+            const json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
+            if (name && !json_is_null(name) && !json_is_string(name)) {
+                kt_api_error_invalid(e, "response_format", "response_format.json_schema.name must be a string");
+                return false;
+            }
+            if (strict && !json_is_null(strict) && !json_is_boolean(strict)) {
+                kt_api_error_invalid(e, "response_format", "response_format.json_schema.strict must be a boolean");
+                return false;
+            }
+            const json_t *schema = json_object_get(js, "schema");
+            if (!schema || json_is_null(schema)) {
+                kt_api_error_invalid(e, "response_format", "response_format.json_schema.schema is required");
+                return false;
+            }
+            if (!json_is_object(schema) && !json_is_boolean(schema)) {
+                kt_api_error_invalid(e, "response_format", "response_format.json_schema.schema must be an object");
+                return false;
+            }
+            if (!take_schema(r, schema, "response_format.json_schema.schema", e)) {
+                snprintf(e->param, sizeof e->param, "response_format");
+                return false;
+            }
+        } else {
+            kt_api_error_invalid(e, "response_format", "response_format type '%.40s' is not supported (give \"text\", "
+                                                       "\"json_object\" or \"json_schema\")", type);
+            return false;
+        }
+    }
+    if (n_given > 1) {
+        kt_api_error_invalid(e, "response_format", "give one of 'response_format', 'guided_json', 'guided_regex', "
+                                                   "'guided_choice' and 'structured_outputs', not several");
+        return false;
+    }
+    if (given(root, "guided_json") && !take_schema(r, gj, "guided_json", e))
+        return false;
+    if (given(root, "guided_regex") && !take_regex(r, json_object_get(root, "guided_regex"), "guided_regex", e))
+        return false;
+    if (given(root, "guided_choice") && !take_choice(r, json_object_get(root, "guided_choice"), "guided_choice", e))
+        return false;
+    if (given(root, "structured_outputs")) {
+        if (!json_is_object(so)) {
+            kt_api_error_invalid(e, "structured_outputs", "'structured_outputs' must be an object");
+            return false;
+        }
+        const char *key;
+        const json_t *v;
+        int n_kinds = 0;
+        json_object_foreach((json_t *)so, key, v)
+        {
+            if (json_is_null(v) || json_is_false(v) || strcmp(key, "disable_any_whitespace") == 0 ||
+                strcmp(key, "disable_fallback") == 0 || strcmp(key, "disable_additional_properties") == 0 ||
+                strcmp(key, "whitespace_pattern") == 0)
+                continue;
+            n_kinds++;
+            if (strcmp(key, "json") == 0) {
+                if (!take_schema(r, v, "structured_outputs.json", e))
+                    return false;
+            } else if (strcmp(key, "json_object") == 0 && json_is_true(v)) {
+                r->response_format = KT_RESPONSE_JSON_OBJECT;
+            } else if (strcmp(key, "regex") == 0) {
+                if (!take_regex(r, v, "structured_outputs.regex", e))
+                    return false;
+            } else if (strcmp(key, "choice") == 0) {
+                if (!take_choice(r, v, "structured_outputs.choice", e))
+                    return false;
+            } else {
+                kt_api_error_invalid(e, "structured_outputs", "structured_outputs.%.40s is not supported (kt-serve "
+                                                              "takes 'json', 'json_object', 'regex' and 'choice')",
+                                     key);
+                return false;
+            }
+        }
+        if (n_kinds > 1) {
+            kt_api_error_invalid(e, "structured_outputs", "structured_outputs: give one of 'json', 'json_object', "
+                                                          "'regex' and 'choice'");
+            return false;
+        }
+    }
+    return true;
+}
+
 /* Sampling, limits, streaming and the extensions both endpoints accept. */
 static bool parse_common(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
 {
@@ -358,17 +590,7 @@ static bool parse_common(struct kt_api_request *r, const json_t *root, struct kt
         kt_api_error_invalid(e, "best_of", "'best_of' is not supported (only best_of == n)");
         return false;
     }
-    const json_t *rf = json_object_get(root, "response_format");
-    if (rf && !json_is_null(rf)) {
-        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
-            kt_api_error_invalid(e, "response_format",
-                                 "'response_format' other than {\"type\": \"text\"} is not supported "
-                                 "(kt-serve has no constrained decoding)");
-            return false;
-        }
-    }
-    return true;
+    return parse_structured(r, root, e);
 }
 
 /* ---- chat ---------------------------------------------------------------------------- */
@@ -646,6 +868,7 @@ void kt_api_request_free(struct kt_api_request *r)
     free(r->stop);
     kt_chat_messages_free(&r->messages);
     json_decref(r->tools);
+    json_decref(r->response_schema);
     free(r->tool_choice_name);
     free(r->prompt_text);
     free(r->prompt_ids);

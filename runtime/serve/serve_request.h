@@ -27,6 +27,7 @@
 #define KT_API_MAX_N 16          /* choices */
 #define KT_API_MAX_LOGIT_BIAS 1024
 #define KT_API_MAX_JSON_DEPTH 64
+#define KT_API_MAX_CHOICES 1024  /* guided_choice strings */
 
 /* An error as the OpenAI envelope reports it:
  * {"error":{"message":..., "type":..., "param":..., "code":...}}. */
@@ -58,6 +59,15 @@ enum kt_tool_choice {
     KT_TOOL_CHOICE_NAMED,    /* {"type":"function","function":{"name":...}} */
 };
 
+/* What the output must be (constrained decoding, grammar.h). */
+enum kt_response_format {
+    KT_RESPONSE_TEXT,        /* anything */
+    KT_RESPONSE_JSON_OBJECT, /* any JSON object */
+    KT_RESPONSE_JSON_SCHEMA, /* a JSON value valid against response_schema (json_schema.h's subset) */
+    KT_RESPONSE_REGEX,       /* raw text matching response_schema (a string: grammar.h's regex subset) whole */
+    KT_RESPONSE_CHOICE,      /* raw text equal to one of response_schema's strings (an array) */
+};
+
 struct kt_api_request {
     enum kt_api_kind kind;
     char *model;                 /* NULL when not given */
@@ -72,6 +82,10 @@ struct kt_api_request {
     bool logprobs;
     uint32_t top_logprobs;       /* chat: top_logprobs; completions: logprobs (0..5) */
     bool ignore_eos;             /* vLLM extension */
+    /* response_format, or vLLM's guided_json / structured_outputs: checked
+     * (the schema compiles) when parsed */
+    enum kt_response_format response_format;
+    json_t *response_schema;     /* the schema, the regex or the choices (a reference); NULL for the others */
 
     /* chat */
     kt_chat_messages messages;

@@ -94,6 +94,7 @@ struct kt_sampler {
     struct kt_logit_bias *bias;      /* params.n_logit_bias entries */
     int32_t *banned;                 /* n_banned distinct ids */
     size_t n_banned, banned_capacity;
+    const uint32_t *allowed;         /* (n_vocab bits) the caller's mask; NULL: all */
 
     float *raw;                      /* (n_vocab) raw logits copy; made on the first logprobs request */
     uint32_t *candidates;            /* (n_vocab) survivor ids; made on the first truncated draw */
@@ -345,6 +346,11 @@ kt_status kt_sampler_accept(struct kt_sampler *s, int32_t token, kt_err *err)
     return record_generated(s, token, err);
 }
 
+void kt_sampler_set_allowed(struct kt_sampler *s, const uint32_t *allowed)
+{
+    s->allowed = allowed;
+}
+
 kt_status kt_sampler_ban(struct kt_sampler *s, int32_t token, bool banned, kt_err *err)
 {
     if (!token_ok(s, token))
@@ -577,7 +583,18 @@ static kt_status adjust_row(struct kt_sampler *s, float *logits, float *max_out,
         logits[s->bias[i].token] = cap_finite(logits[s->bias[i].token] + s->bias[i].bias);
     for (size_t i = 0; i < s->n_banned; i++)
         logits[s->banned[i]] = -INFINITY;
-    adjusted = adjusted || s->params.n_logit_bias || s->n_banned;
+    if (s->allowed) {
+        for (uint32_t w = 0; w < (n + 31) / 32; w++) {
+            uint32_t keep = s->allowed[w];
+            if (keep == UINT32_MAX)
+                continue;
+            uint32_t end = w * 32 + 32 < n ? w * 32 + 32 : n;
+            for (uint32_t i = w * 32; i < end; i++)
+                if (!((keep >> (i & 31)) & 1))
+                    logits[i] = -INFINITY;
+        }
+    }
+    adjusted = adjusted || s->params.n_logit_bias || s->n_banned || s->allowed;
 
     if (adjusted)
         scan_row(logits, n, max_out); /* no NaN or +inf can have appeared */

@@ -119,6 +119,14 @@ kt_status kt_sampler_accept(struct kt_sampler *s, int32_t token, kt_err *err);
  * until min_tokens have been generated. */
 kt_status kt_sampler_ban(struct kt_sampler *s, int32_t token, bool banned, kt_err *err);
 
+/* Restricts the samples from now on to the tokens whose bit is set in allowed
+ * (n_vocab bits: bit id % 32 of word id / 32), e.g. a grammar's mask
+ * (grammar.h); NULL allows every token again.  The bits are the caller's and
+ * are read at every sample until this is called again.  Applied with the
+ * bans in step 3, so greedy and drawn samples alike pick only allowed tokens;
+ * logprobs stay those of the raw logits. */
+void kt_sampler_set_allowed(struct kt_sampler *s, const uint32_t *allowed);
+
 /* Tokens recorded as generated so far, and how often one of them was. */
 uint64_t kt_sampler_n_generated(const struct kt_sampler *s);
 uint32_t kt_sampler_generated_count(const struct kt_sampler *s, int32_t token);

@@ -164,6 +164,53 @@ const cases = {
       (e) => e instanceof OpenAI.BadRequestError && e.code === "context_length_exceeded");
   },
 
+  // structured outputs: the SDK's parse() reads the JSON the grammar forced out of a random model
+  async structuredOutputParse() {
+    const schema = {
+      type: "object",
+      properties: {
+        city: { type: "string", maxLength: 10 },
+        days: { type: "integer" },
+        units: { enum: ["metric", "imperial"] },
+        tags: { type: "array", items: { type: "string", maxLength: 5 }, maxItems: 2 },
+      },
+      required: ["city", "days", "units", "tags"],
+      additionalProperties: false,
+    };
+    const r = await client.chat.completions.parse({
+      model, max_tokens: 600, seed: 3,
+      messages: [{ role: "user", content: "Plan a trip." }],
+      response_format: { type: "json_schema", json_schema: { name: "trip", strict: true, schema } },
+      logit_bias: { 34: 4, 93: 4, 125: 4 },
+    });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, "stop");
+    assert.equal(typeof m.parsed, "object");
+    assert.deepEqual(Object.keys(m.parsed), ["city", "days", "units", "tags"]);
+    assert.ok(typeof m.parsed.city === "string" && [...m.parsed.city].length <= 10);
+    assert.ok(Number.isInteger(m.parsed.days));
+    assert.ok(["metric", "imperial"].includes(m.parsed.units));
+    assert.ok(Array.isArray(m.parsed.tags) && m.parsed.tags.length <= 2);
+    await assert.rejects(
+      client.chat.completions.create({
+        model, messages: [{ role: "user", content: "x" }],
+        response_format: { type: "json_schema", json_schema: { name: "d", schema: { type: "string", format: "date" } } },
+      }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format" && /#\/format/.test(e.message));
+  },
+
+  async toolChoiceRequired() {
+    const r = await client.chat.completions.create({
+      model, tools, tool_choice: "required", max_tokens: 300, seed: 2,
+      messages: [{ role: "user", content: "Weather?" }],
+      logit_bias: { 34: 4, 93: 4, 125: 4 },
+    });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, "tool_calls");
+    assert.equal(m.tool_calls[0].function.name, "get_weather");
+    assert.equal(typeof JSON.parse(m.tool_calls[0].function.arguments).city, "string");
+  },
+
   async abortMidStream() {
     const controller = new AbortController();
     const stream = await client.chat.completions.create(

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 struct kt_bench_options {
-    const char *command;        /* "kernels", "model", "profile", "machine" or "check" */
+    const char *command;        /* "kernels", "model", "profile", "machine", "check" or "grammar" */
     uint32_t threads;           /* 0 until main sets the default (threads.h) */
     const char *json;           /* write results here too; NULL: table only */
 
@@ -49,6 +49,9 @@ struct kt_bench_options {
     bool predict;               /* also the cost model's prediction of each layer (placement/cost.h) */
     const char *machine;        /* --predict: machine file (kt-bench machine); NULL: stated defaults */
     const char *profile;        /* --predict: routing profile; NULL: uniform routing */
+
+    /* grammar (model, seed and json too) */
+    uint32_t vocab_tokens;      /* the synthetic vocabulary's size without a model (default 163840) */
 };
 
 /* Exit status: 0 done, 1 the run failed (one line "kt-bench: why" on stderr). */
@@ -59,6 +62,8 @@ int kt_bench_machine(const struct kt_bench_options *o);
 /* check (model, placement, prompts - NULL: the built-in ones -, max_tokens,
  * threads, json): 0 PASS, 2 FAIL, 1 the run failed. */
 int kt_bench_check(const struct kt_bench_options *o);
+/* grammar: the token mask's cost per generated token (bench/grammar.c). */
+int kt_bench_grammar(const struct kt_bench_options *o);
 
 /* Shared helpers (bench/common.c). */
 double kt_bench_now_seconds(void);
