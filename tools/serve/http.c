@@ -157,7 +157,7 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
     bool api = strncmp(url, "/v1/", 4) == 0 || strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0 ||
                strcmp(path, "/chat/completions") == 0 || strcmp(path, "/completions") == 0 ||
                strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strncmp(url, "/kt/", 4) == 0;
-    rq->anthropic = strcmp(path, "/messages") == 0 || strcmp(path, "/messages/count_tokens") == 0;
+    rq->anthropic = strcmp(path, "/messages") == 0 || strncmp(path, "/messages/", 10) == 0;
     api = api || rq->anthropic;
 
     if (strcmp(url, "/health") == 0)
