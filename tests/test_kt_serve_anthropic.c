@@ -36,12 +36,17 @@ static const char *str(const json_t *o, const char *key)
 
 /* ---- the request mapping, in process --------------------------------------------------------------- */
 
-static bool parse_ok(const char *body, struct kt_api_request *r)
+static bool parse_opts(const char *body, struct kt_api_request *r, struct kt_anthropic_options *opts)
 {
     struct kt_api_error e;
-    bool ok = kt_anthropic_request_parse(body, strlen(body), false, r, &e);
+    bool ok = kt_anthropic_request_parse(body, strlen(body), false, r, opts, &e);
     KT_CHECK(ok, "refused (%d): %s: %.200s", e.http_status, e.message, body);
     return ok;
+}
+
+static bool parse_ok(const char *body, struct kt_api_request *r)
+{
+    return parse_opts(body, r, NULL);
 }
 
 /* A 400 whose message contains want. */
@@ -49,7 +54,7 @@ static void refused(const char *body, bool count_tokens, const char *want)
 {
     struct kt_api_request r;
     struct kt_api_error e;
-    bool ok = kt_anthropic_request_parse(body, strlen(body), count_tokens, &r, &e);
+    bool ok = kt_anthropic_request_parse(body, strlen(body), count_tokens, &r, NULL, &e);
     KT_CHECK(!ok && e.http_status == 400 && strstr(e.message, want), "%.200s: expected a 400 saying '%s', got %d '%s'",
              body, want, ok ? 200 : e.http_status, ok ? "" : e.message);
     if (ok)
@@ -146,8 +151,29 @@ static void conversation_maps_onto_the_chat_messages(void)
     /* count_tokens takes no max_tokens */
     struct kt_api_error e;
     const char *count = "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}";
-    KT_CHECK(kt_anthropic_request_parse(count, strlen(count), true, &r, &e), "count_tokens body: %s", e.message);
+    KT_CHECK(kt_anthropic_request_parse(count, strlen(count), true, &r, NULL, &e), "count_tokens body: %s", e.message);
     kt_api_request_free(&r);
+
+    /* the current API's fields that ask nothing kt must do differently */
+    struct kt_anthropic_options opts = {0};
+    if (parse_opts("{\"model\": \"m\", \"max_tokens\": 4, \"cache_control\": {\"type\": \"ephemeral\", \"ttl\": \"1h\"}, "
+                   "\"output_config\": {\"effort\": \"high\"}, \"speed\": \"standard\", \"inference_geo\": \"us\", "
+                   "\"diagnostics\": {\"previous_message_id\": \"msg_1\"}, \"user_profile_id\": \"p\", \"workspace_id\": "
+                   "\"w\", \"thinking\": {\"type\": \"adaptive\", \"display\": \"omitted\"}, \"tools\": [{\"name\": \"f\", "
+                   "\"input_schema\": {\"type\": \"object\"}, \"eager_input_streaming\": true, \"allowed_callers\": "
+                   "[\"direct\"], \"defer_loading\": false}], \"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
+                   "{\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", \"id\": \"a\", \"name\": \"f\", "
+                   "\"input\": {}, \"caller\": {\"type\": \"direct\"}}]}, {\"role\": \"user\", \"content\": [{\"type\": "
+                   "\"tool_result\", \"tool_use_id\": \"a\", \"content\": \"r\", \"toolset_name\": null}]}]}",
+                   &r, &opts)) {
+        KT_CHECK(r.thinking == KT_CHAT_THINKING_DEFAULT && opts.omit_thinking, "adaptive: the template decides; omitted");
+        kt_api_request_free(&r);
+    }
+    if (parse_opts("{\"model\": \"m\", \"max_tokens\": 4, \"thinking\": {\"type\": \"between_tools\"}, "
+                   "\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", &r, &opts)) {
+        KT_CHECK(r.thinking == KT_CHAT_THINKING_DEFAULT && !opts.omit_thinking, "between_tools");
+        kt_api_request_free(&r);
+    }
 }
 
 static void tool_ids_round_trip(void)
@@ -205,6 +231,22 @@ static void malformed_requests_are_refused_as_anthropic_does(void)
         {"\"max_tokens\": 4000, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 100}", "1024"},
         {"\"max_tokens\": 1024, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": 1024}", "max_tokens"},
         {"\"max_tokens\": 4, \"thinking\": {\"type\": \"sometimes\"}", "thinking.type"},
+        {"\"max_tokens\": 4, \"thinking\": {\"type\": \"disabled\", \"display\": \"omitted\"}",
+         "thinking.disabled.display: Extra inputs"},
+        {"\"max_tokens\": 4, \"thinking\": {\"type\": \"adaptive\", \"display\": \"full\"}", "thinking.display"},
+        {"\"max_tokens\": 4, \"speed\": \"fast\"", "speed: 'fast'"},
+        {"\"max_tokens\": 4, \"output_config\": {\"format\": {\"type\": \"json_schema\"}}", "structured outputs"},
+        {"\"max_tokens\": 4, \"output_config\": {\"effort\": \"extreme\"}", "output_config.effort"},
+        {"\"max_tokens\": 4, \"diagnostics\": {\"trace\": true}", "diagnostics.trace: Extra inputs"},
+        {"\"max_tokens\": 4, \"tools\": [{\"name\": \"f\", \"input_schema\": {\"type\": \"object\"}, "
+         "\"allowed_callers\": [\"code_execution_20250825\"]}]",
+         "allowed_callers"},
+        {"\"max_tokens\": 4, \"tools\": [{\"name\": \"f\", \"input_schema\": {\"type\": \"object\"}, "
+         "\"defer_loading\": true}]",
+         "defer_loading"},
+        {"\"max_tokens\": 4, \"tools\": [{\"name\": \"f\", \"input_schema\": {\"type\": \"object\"}, "
+         "\"input_examples\": [{\"a\": 1}]}]",
+         "input_examples"},
         {"\"max_tokens\": 4, \"tools\": {}", "tools"},
         {"\"max_tokens\": 4, \"tools\": [{\"name\": \"f\"}]", "tools.0.input_schema: Field required"},
         {"\"max_tokens\": 4, \"tools\": [{\"name\": \"\", \"input_schema\": {\"type\": \"object\"}}]", "tools.0.name"},
@@ -255,6 +297,10 @@ static void malformed_requests_are_refused_as_anthropic_does(void)
          "belong in user messages"},
         {"[{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", \"content\": \"The answer is\"}]",
          "prefill"},
+        {"[{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", "
+         "\"id\": \"a\", \"name\": \"f\", \"input\": {}, \"caller\": {\"type\": \"code_execution_20250825\"}}]}, "
+         "{\"role\": \"user\", \"content\": \"y\"}]",
+         "caller"},
     };
     for (size_t i = 0; i < sizeof turns / sizeof turns[0]; i++) {
         snprintf(b, sizeof b, "{\"model\": \"m\", \"max_tokens\": 4, \"messages\": %s}", turns[i].messages);
@@ -498,7 +544,8 @@ static void streamed_text_in_anthropic_order(const struct test_server *s)
                 &out, NULL);
     events_parse(kt_buf_str(&out), &ev);
     if (events_in_order(&ev, kinds, sizeof kinds, texts, 4, "max_tokens stream"))
-        KT_CHECK(strcmp(stop_reason_of(&ev), "max_tokens") == 0 && texts[0].len > 0 && strncmp("a b c d e f g", kt_buf_str(&texts[0]), texts[0].len) == 0 &&
+        KT_CHECK(strcmp(stop_reason_of(&ev), "max_tokens") == 0 && texts[0].len > 0 &&
+                     strncmp("a b c d e f g", kt_buf_str(&texts[0]), texts[0].len) == 0 &&
                      json_integer_value(json_object_get(json_object_get(ev.data[ev.n - 2], "usage"),
                                                         "output_tokens")) == 3,
                  "max_tokens: '%s' %.300s", kt_buf_str(&texts[0]), kt_buf_str(&out));
@@ -536,6 +583,7 @@ static void tool_use_out_and_tool_result_in(const struct test_server *s)
     json_t *want_input = json_pack("{s:s}", "city", "Paris");
     KT_CHECK(strcmp(str(use, "type"), "tool_use") == 0 && strncmp(str(use, "id"), "toolu_", 6) == 0 &&
                  strcmp(str(use, "name"), "get_weather") == 0 &&
+                 strcmp(str(json_object_get(use, "caller"), "type"), "direct") == 0 &&
                  json_equal(json_object_get(use, "input"), want_input),
              "tool_use block: %s", kt_buf_str(&out));
     char id[128];
@@ -623,6 +671,31 @@ static void tool_use_out_and_tool_result_in(const struct test_server *s)
                  strcmp(str(j, "stop_reason"), "tool_use") == 0,
              "named tool_choice: %s", kt_buf_str(&out));
     json_decref(j);
+
+    /* thinking display "omitted": the block and its signature stay, its text goes */
+    snprintf(body, sizeof body, "{\"model\": \"kimi\", \"max_tokens\": 100, \"thinking\": {\"type\": \"adaptive\", "
+                                "\"display\": \"omitted\"}, \"messages\": [{\"role\": \"user\", \"content\": \"Weather in "
+                                "Paris?\"}], %s, %s}", tools_json, forced_call);
+    code = http(s, NULL, "/v1/messages", body, &out, NULL);
+    j = parse(&out);
+    think = json_array_get(json_object_get(j, "content"), 0);
+    KT_CHECK(code == 200 && strcmp(str(think, "type"), "thinking") == 0 && strcmp(str(think, "thinking"), "") == 0 &&
+                 strcmp(str(think, "signature"), "kt-serve") == 0 &&
+                 strcmp(str(json_array_get(json_object_get(j, "content"), 1), "text"), "Checking.") == 0,
+             "omitted thinking: %s", kt_buf_str(&out));
+    json_decref(j);
+    snprintf(body, sizeof body, "{\"model\": \"kimi\", \"max_tokens\": 100, \"stream\": true, \"thinking\": {\"type\": "
+                                "\"adaptive\", \"display\": \"omitted\"}, \"messages\": [{\"role\": \"user\", \"content\": "
+                                "\"Weather in Paris?\"}], %s, %s}", tools_json, forced_call);
+    code = http(s, "-N", "/v1/messages", body, &out, NULL);
+    events_parse(kt_buf_str(&out), &ev);
+    if (events_in_order(&ev, kinds, sizeof kinds, texts, 4, "omitted thinking stream"))
+        KT_CHECK(strcmp(kinds, "thinking,text,tool_use") == 0 && texts[0].len == 0 && strstr(kt_buf_str(&out),
+                 "\"signature_delta\"") && !strstr(kt_buf_str(&out), "thinking_delta"),
+                 "omitted thinking, streamed: %s", kinds);
+    events_free(&ev);
+    for (int i = 0; i < 4; i++)
+        kt_buf_free(&texts[i]);
 
     /* arguments that are no JSON object cannot be a tool_use: they come as text */
     code = http(s, NULL, "/v1/messages",

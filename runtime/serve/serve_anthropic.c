@@ -91,7 +91,7 @@ static bool check_cache_control(const json_t *block, const char *where, struct k
     if (!present(cc))
         return true;
     char at[160];
-    snprintf(at, sizeof at, "%s.cache_control", where);
+    snprintf(at, sizeof at, "%.120s.cache_control", where);
     static const char *const fields[] = {"type", "ttl", NULL};
     const json_t *t = json_object_get(cc, "type");
     if (!want_object(cc, at, e) || !only_fields(cc, at, fields, e))
@@ -108,7 +108,7 @@ static bool check_text_block(const json_t *b, const char *where, struct kt_api_e
 {
     static const char *const fields[] = {"type", "text", "cache_control", "citations", NULL};
     char at[160];
-    snprintf(at, sizeof at, "%s.text", where);
+    snprintf(at, sizeof at, "%.120s.text", where);
     return only_fields(b, where, fields, e) && want_string(json_object_get(b, "text"), at, e) &&
            check_cache_control(b, where, e);
 }
@@ -146,7 +146,7 @@ static json_t *text_content(const json_t *v, const char *where, struct kt_api_er
     json_array_foreach(v, i, b)
     {
         char at[160];
-        snprintf(at, sizeof at, "%s.%zu", where, i);
+        snprintf(at, sizeof at, "%.120s.%zu", where, i);
         const char *type = block_type(b, at, e);
         if (!type)
             goto fail;
@@ -232,9 +232,10 @@ static void flush_user(json_t *out, json_t **parts)
 
 static bool tool_result(const json_t *b, const char *at, json_t *out, struct kt_api_error *e)
 {
-    static const char *const fields[] = {"type", "tool_use_id", "content", "is_error", "cache_control", NULL};
+    static const char *const fields[] = {"type", "tool_use_id", "content", "is_error", "cache_control",
+                                         "toolset_name", NULL};
     char where[160];
-    snprintf(where, sizeof where, "%s.tool_use_id", at);
+    snprintf(where, sizeof where, "%.120s.tool_use_id", at);
     const json_t *id = json_object_get(b, "tool_use_id"), *err = json_object_get(b, "is_error");
     if (!only_fields(b, at, fields, e) || !want_string(id, where, e) || !check_cache_control(b, at, e))
         return false;
@@ -242,12 +243,15 @@ static bool tool_result(const json_t *b, const char *at, json_t *out, struct kt_
         kt_api_error_invalid(e, at, "%s.is_error: Input should be a valid boolean", at);
         return false;
     }
+    snprintf(where, sizeof where, "%.120s.toolset_name", at);
+    if (present(json_object_get(b, "toolset_name")) && !want_string(json_object_get(b, "toolset_name"), where, e))
+        return false;
     struct kt_buf text = {0};
     if (json_is_true(err))
         kt_buf_puts(&text, "Error: ");
     const json_t *c = json_object_get(b, "content");
     if (present(c)) {
-        snprintf(where, sizeof where, "%s.content", at);
+        snprintf(where, sizeof where, "%.120s.content", at);
         json_t *content = text_content(c, where, e);
         if (!content) {
             kt_buf_free(&text);
@@ -293,8 +297,8 @@ static bool user_turn(const json_t *content, const char *at, json_t *out, struct
     const json_t *b;
     json_array_foreach(content, i, b)
     {
-        char where[128];
-        snprintf(where, sizeof where, "%s.%zu", at, i);
+        char where[160];
+        snprintf(where, sizeof where, "%.120s.%zu", at, i);
         const char *type = block_type(b, where, e);
         if (!type)
             goto fail;
@@ -338,8 +342,8 @@ static bool assistant_turn(const json_t *content, const char *at, json_t *out, s
     const json_t *b;
     json_array_foreach(content, i, b)
     {
-        char where[128], field[160];
-        snprintf(where, sizeof where, "%s.%zu", at, i);
+        char where[160], field[160];
+        snprintf(where, sizeof where, "%.120s.%zu", at, i);
         const char *type = block_type(b, where, e);
         if (!type)
             goto fail;
@@ -348,19 +352,31 @@ static bool assistant_turn(const json_t *content, const char *at, json_t *out, s
                 goto fail;
             json_array_append_new(parts, json_pack("{s:s, s:O}", "type", "text", "text", json_object_get(b, "text")));
         } else if (strcmp(type, "tool_use") == 0) {
-            static const char *const fields[] = {"type", "id", "name", "input", "cache_control", NULL};
+            static const char *const fields[] = {"type", "id", "name", "input", "cache_control", "caller",
+                                                 "toolset_name", NULL};
             const json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name");
             const json_t *input = json_object_get(b, "input");
             if (!only_fields(b, where, fields, e) || !check_cache_control(b, where, e))
                 goto fail;
-            snprintf(field, sizeof field, "%s.id", where);
+            snprintf(field, sizeof field, "%.120s.id", where);
             if (!want_string(id, field, e))
                 goto fail;
-            snprintf(field, sizeof field, "%s.name", where);
+            snprintf(field, sizeof field, "%.120s.name", where);
             if (!want_string(name, field, e))
                 goto fail;
-            snprintf(field, sizeof field, "%s.input", where);
+            snprintf(field, sizeof field, "%.120s.input", where);
             if (!want_object(input, field, e))
+                goto fail;
+            const json_t *caller = json_object_get(b, "caller");
+            if (present(caller) && !(json_is_object(caller) && json_object_size(caller) == 1 &&
+                                     is_str(json_object_get(caller, "type")) &&
+                                     strcmp(json_string_value(json_object_get(caller, "type")), "direct") == 0)) {
+                kt_api_error_invalid(e, where, "%s.caller: kt-serve has no code execution: only {'type': 'direct'}",
+                                     where);
+                goto fail;
+            }
+            snprintf(field, sizeof field, "%.120s.toolset_name", where);
+            if (present(json_object_get(b, "toolset_name")) && !want_string(json_object_get(b, "toolset_name"), field, e))
                 goto fail;
             char *model_id = kt_anthropic_model_tool_id(json_string_value(id));
             json_t *call = model_id ? json_pack("{s:s, s:s, s:{s:O, s:O}}", "id", model_id, "type", "function",
@@ -374,7 +390,7 @@ static bool assistant_turn(const json_t *content, const char *at, json_t *out, s
             json_array_append_new(calls, call);
         } else if (strcmp(type, "thinking") == 0) {
             static const char *const fields[] = {"type", "thinking", "signature", NULL};
-            snprintf(field, sizeof field, "%s.thinking", where);
+            snprintf(field, sizeof field, "%.120s.thinking", where);
             if (!only_fields(b, where, fields, e) || !want_string(json_object_get(b, "thinking"), field, e))
                 goto fail;
             const json_t *t = json_object_get(b, "thinking");
@@ -434,7 +450,7 @@ static json_t *openai_messages(const json_t *root, struct kt_api_error *e)
     json_array_foreach(messages, i, m)
     {
         static const char *const fields[] = {"role", "content", NULL};
-        char at[64], field[80];
+        char at[64], field[160];
         snprintf(at, sizeof at, "messages.%zu", i);
         if (!want_object(m, at, e) || !only_fields(m, at, fields, e))
             goto fail;
@@ -445,7 +461,7 @@ static json_t *openai_messages(const json_t *root, struct kt_api_error *e)
             kt_api_error_invalid(e, at, "%s.role: Input should be 'user' or 'assistant'", at);
             goto fail;
         }
-        snprintf(field, sizeof field, "%s.content", at);
+        snprintf(field, sizeof field, "%.120s.content", at);
         if (!is_str(content) && !json_is_array(content)) {
             kt_api_error_invalid(e, field, "%s: %s", field,
                                  content ? "Input should be a valid string or a list of content blocks"
@@ -468,6 +484,38 @@ fail:
 
 /* ---- tools ----------------------------------------------------------------------------------------------- */
 
+/* A custom tool's newer fields: eager_input_streaming is a latency hint (kt sends a call's
+ * input whole either way); the others need what kt lacks. */
+static bool tool_extras_ok(const json_t *t, const char *at, struct kt_api_error *e)
+{
+    const json_t *callers = json_object_get(t, "allowed_callers"), *eager = json_object_get(t, "eager_input_streaming");
+    const json_t *examples = json_object_get(t, "input_examples");
+    if (present(eager) && !json_is_boolean(eager)) {
+        kt_api_error_invalid(e, at, "%s.eager_input_streaming: Input should be a valid boolean", at);
+        return false;
+    }
+    if (present(callers)) {
+        size_t i;
+        const json_t *c;
+        bool direct = json_is_array(callers);
+        json_array_foreach(callers, i, c) direct = direct && is_str(c) && strcmp(json_string_value(c), "direct") == 0;
+        if (!direct) {
+            kt_api_error_invalid(e, at, "%s.allowed_callers: kt-serve has no code execution: only 'direct' calls", at);
+            return false;
+        }
+    }
+    if (json_is_true(json_object_get(t, "defer_loading"))) {
+        kt_api_error_invalid(e, at, "%s.defer_loading: kt-serve has no tool search to load a deferred tool", at);
+        return false;
+    }
+    if (present(examples) && !(json_is_array(examples) && json_array_size(examples) == 0)) {
+        kt_api_error_invalid(e, at, "%s.input_examples: not supported by kt-serve (the chat templates declare no "
+                                    "examples)", at);
+        return false;
+    }
+    return true;
+}
+
 static bool parse_tools(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
 {
     const json_t *tools = json_object_get(root, "tools");
@@ -482,8 +530,9 @@ static bool parse_tools(struct kt_api_request *r, const json_t *root, struct kt_
         json_array_foreach(tools, i, t)
         {
             static const char *const fields[] = {"type", "name", "description", "input_schema", "cache_control",
-                                                 "strict", NULL};
-            char at[48], field[64];
+                                                 "strict", "eager_input_streaming", "allowed_callers",
+                                                 "defer_loading", "input_examples", NULL};
+            char at[48], field[160];
             snprintf(at, sizeof at, "tools.%zu", i);
             if (!want_object(t, at, e))
                 goto fail;
@@ -498,17 +547,17 @@ static bool parse_tools(struct kt_api_request *r, const json_t *root, struct kt_
                 goto fail;
             const json_t *name = json_object_get(t, "name"), *desc = json_object_get(t, "description");
             const json_t *schema = json_object_get(t, "input_schema"), *strict = json_object_get(t, "strict");
-            snprintf(field, sizeof field, "%s.name", at);
+            snprintf(field, sizeof field, "%.120s.name", at);
             if (!want_string(name, field, e))
                 goto fail;
             if (json_string_length(name) == 0) {
                 kt_api_error_invalid(e, field, "%s: String should have at least 1 character", field);
                 goto fail;
             }
-            snprintf(field, sizeof field, "%s.description", at);
+            snprintf(field, sizeof field, "%.120s.description", at);
             if (present(desc) && !want_string(desc, field, e))
                 goto fail;
-            snprintf(field, sizeof field, "%s.input_schema", at);
+            snprintf(field, sizeof field, "%.120s.input_schema", at);
             if (!schema) {
                 kt_api_error_invalid(e, field, "%s: Field required", field);
                 goto fail;
@@ -525,6 +574,8 @@ static bool parse_tools(struct kt_api_request *r, const json_t *root, struct kt_
                                             "to its schema", at);
                 goto fail;
             }
+            if (!tool_extras_ok(t, at, e))
+                goto fail;
             json_t *fn = json_pack("{s:O}", "name", name);
             if (present(desc))
                 json_object_set(fn, "description", (json_t *)desc);
@@ -673,49 +724,133 @@ static bool parse_stop_sequences(struct kt_api_request *r, const json_t *root, s
     return true;
 }
 
-static bool parse_thinking(struct kt_api_request *r, const json_t *root, bool count_tokens, struct kt_api_error *e)
+/* An optional string field, read and dropped (accepted, changes nothing in kt). */
+static bool optional_string(const json_t *o, const char *key, struct kt_api_error *e)
+{
+    const json_t *v = json_object_get(o, key);
+    return !present(v) || want_string(v, key, e);
+}
+
+/* An optional string field that must be one of values (NULL-terminated); *at its index or -1. */
+static bool one_of(const json_t *o, const char *key, const char *where, const char *const *values, int *at,
+                   struct kt_api_error *e)
+{
+    const json_t *v = json_object_get(o, key);
+    if (at)
+        *at = -1;
+    if (!present(v))
+        return true;
+    for (int i = 0; values[i]; i++)
+        if (is_str(v) && strcmp(json_string_value(v), values[i]) == 0) {
+            if (at)
+                *at = i;
+            return true;
+        }
+    char list[160] = "";
+    for (int i = 0; values[i]; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'", i ? ", " : "", values[i]);
+    kt_api_error_invalid(e, where, "%s: Input should be one of %s", where, list);
+    return false;
+}
+
+/* Fields of the current API that ask nothing kt must do differently, and the ones it cannot do. */
+static bool parse_service_fields(const json_t *root, bool count_tokens, struct kt_api_error *e)
+{
+    static const char *const speeds[] = {"standard", "fast", NULL};
+    static const char *const efforts[] = {"low", "medium", "high", "xhigh", "max", NULL};
+    int speed;
+    if (!check_cache_control(root, "", e) || !optional_string(root, "user_profile_id", e) ||
+        !optional_string(root, "workspace_id", e) || !one_of(root, "speed", "speed", speeds, &speed, e))
+        return false;
+    if (speed == 1) {
+        kt_api_error_invalid(e, "speed", "speed: 'fast' is not available on kt-serve (one speed: 'standard')");
+        return false;
+    }
+    const json_t *oc = json_object_get(root, "output_config");
+    if (present(oc)) {
+        static const char *const fields[] = {"effort", "format", NULL};
+        if (!want_object(oc, "output_config", e) || !only_fields(oc, "output_config", fields, e) ||
+            !one_of(oc, "effort", "output_config.effort", efforts, NULL, e)) /* a hint the families have no knob for */
+            return false;
+        if (present(json_object_get(oc, "format"))) {
+            kt_api_error_invalid(e, "output_config", "output_config.format: structured outputs are not supported on "
+                                                     "/v1/messages by kt-serve");
+            return false;
+        }
+    }
+    if (count_tokens)
+        return true;
+    static const char *const tiers[] = {"auto", "standard_only", NULL};
+    if (!one_of(root, "service_tier", "service_tier", tiers, NULL, e) || !optional_string(root, "inference_geo", e))
+        return false;
+    const json_t *md = json_object_get(root, "metadata");
+    static const char *const md_fields[] = {"user_id", NULL};
+    if (present(md) && (!want_object(md, "metadata", e) || !only_fields(md, "metadata", md_fields, e)))
+        return false;
+    const json_t *uid = json_object_get(md, "user_id");
+    if (present(uid) && !want_string(uid, "metadata.user_id", e))
+        return false;
+    const json_t *diag = json_object_get(root, "diagnostics");
+    static const char *const diag_fields[] = {"previous_message_id", NULL};
+    if (present(diag) && (!want_object(diag, "diagnostics", e) || !only_fields(diag, "diagnostics", diag_fields, e)))
+        return false;
+    const json_t *prev = json_object_get(diag, "previous_message_id");
+    return !present(prev) || want_string(prev, "diagnostics.previous_message_id", e);
+}
+
+/* thinking: enabled (budget_tokens) / adaptive / between_tools / disabled, each but the last with display. */
+static bool parse_thinking(struct kt_api_request *r, const json_t *root, bool count_tokens,
+                           struct kt_anthropic_options *opts, struct kt_api_error *e)
 {
     const json_t *th = json_object_get(root, "thinking");
     if (!present(th))
         return true;
-    static const char *const fields[] = {"type", "budget_tokens", NULL};
-    if (!want_object(th, "thinking", e) || !only_fields(th, "thinking", fields, e))
+    static const char *const types[] = {"enabled", "adaptive", "between_tools", "disabled", NULL};
+    static const char *const displays[] = {"summarized", "omitted", NULL};
+    static const char *const enabled_fields[] = {"type", "budget_tokens", "display", NULL};
+    static const char *const adaptive_fields[] = {"type", "display", NULL};
+    static const char *const bare_fields[] = {"type", NULL};
+    static const char *const wheres[] = {"thinking.enabled", "thinking.adaptive", "thinking.between_tools",
+                                         "thinking.disabled"};
+    int type, display;
+    if (!want_object(th, "thinking", e) || !one_of(th, "type", "thinking.type", types, &type, e))
         return false;
-    const json_t *type = json_object_get(th, "type");
-    const char *t = is_str(type) ? json_string_value(type) : "";
-    if (strcmp(t, "disabled") == 0) {
-        if (json_object_get(th, "budget_tokens")) {
-            kt_api_error_invalid(e, "thinking", "thinking.disabled.budget_tokens: Extra inputs are not permitted");
+    if (type < 0) {
+        kt_api_error_invalid(e, "thinking", "thinking.type: Field required");
+        return false;
+    }
+    const char *const *fields = type == 0 ? enabled_fields : type == 1 ? adaptive_fields : bare_fields;
+    if (!only_fields(th, wheres[type], fields, e) || !one_of(th, "display", "thinking.display", displays, &display, e))
+        return false;
+    opts->omit_thinking = display == 1;
+    if (type == 0) {
+        const json_t *budget = json_object_get(th, "budget_tokens");
+        if (!json_is_integer(budget) || json_integer_value(budget) < 1024) {
+            kt_api_error_invalid(e, "thinking", "thinking.enabled.budget_tokens: %s",
+                                 budget ? "Input should be an integer greater than or equal to 1024" : "Field required");
             return false;
         }
-        r->thinking = KT_CHAT_THINKING_OFF;
-        return true;
+        if (!count_tokens && json_integer_value(budget) >= (json_int_t)r->max_tokens) {
+            kt_api_error_invalid(e, "thinking", "`max_tokens` must be greater than `thinking.budget_tokens`");
+            return false;
+        }
     }
-    if (strcmp(t, "enabled") != 0) {
-        kt_api_error_invalid(e, "thinking", "thinking.type: Input should be 'enabled' or 'disabled'");
-        return false;
-    }
-    const json_t *budget = json_object_get(th, "budget_tokens");
-    if (!json_is_integer(budget) || json_integer_value(budget) < 1024) {
-        kt_api_error_invalid(e, "thinking", "thinking.enabled.budget_tokens: %s", budget ? "Input should be an integer "
-                                            "greater than or equal to 1024" : "Field required");
-        return false;
-    }
-    if (!count_tokens && json_integer_value(budget) >= (json_int_t)r->max_tokens) {
-        kt_api_error_invalid(e, "thinking", "`max_tokens` must be greater than `thinking.budget_tokens`");
-        return false;
-    }
-    r->thinking = KT_CHAT_THINKING_ON;
+    /* adaptive and between_tools leave it to the model: its template decides, as without the field */
+    r->thinking = type == 0 ? KT_CHAT_THINKING_ON : type == 3 ? KT_CHAT_THINKING_OFF : KT_CHAT_THINKING_DEFAULT;
     return true;
 }
 
-static bool parse_root(struct kt_api_request *r, const json_t *root, bool count_tokens, struct kt_api_error *e)
+static bool parse_root(struct kt_api_request *r, const json_t *root, bool count_tokens,
+                       struct kt_anthropic_options *opts, struct kt_api_error *e)
 {
     static const char *const fields[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
                                          "max_tokens", "metadata", "stop_sequences", "stream", "temperature",
-                                         "top_p", "top_k", "service_tier", "kt_test_forced_output", NULL};
+                                         "top_p", "top_k", "service_tier", "cache_control", "diagnostics",
+                                         "inference_geo", "output_config", "speed", "user_profile_id",
+                                         "workspace_id", "kt_test_forced_output", NULL};
     static const char *const count_fields[] = {"model", "messages", "system", "tools", "tool_choice", "thinking",
-                                               NULL};
+                                               "cache_control", "output_config", "speed", "user_profile_id",
+                                               "workspace_id", NULL};
     static const char *const refused[] = {"container", "mcp_servers", "context_management"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++)
         if (present(json_object_get(root, refused[i]))) {
@@ -727,6 +862,8 @@ static bool parse_root(struct kt_api_request *r, const json_t *root, bool count_
     const json_t *model = json_object_get(root, "model");
     if (!want_string(model, "model", e) || !(r->model = strdup(json_string_value(model))))
         return e->http_status ? false : (nomem(e), false);
+    if (!parse_service_fields(root, count_tokens, e))
+        return false;
 
     if (!count_tokens) {
         const json_t *mt = json_object_get(root, "max_tokens");
@@ -744,6 +881,7 @@ static bool parse_root(struct kt_api_request *r, const json_t *root, bool count_
             return false;
         }
         r->stream = json_is_true(stream);
+        /* the older API's sampling fields (the current one leaves sampling to the model) */
         struct kt_sampler_params *s = &r->sampling;
         if (!get_number(root, "temperature", 0, 1, false, &s->temperature, e) ||
             !get_number(root, "top_p", 0, 1, true, &s->top_p, e))
@@ -754,25 +892,12 @@ static bool parse_root(struct kt_api_request *r, const json_t *root, bool count_
         s->top_k = (int32_t)v;
         if (!parse_stop_sequences(r, root, e))
             return false;
-        const json_t *md = json_object_get(root, "metadata");
-        static const char *const md_fields[] = {"user_id", NULL};
-        if (present(md) && (!want_object(md, "metadata", e) || !only_fields(md, "metadata", md_fields, e)))
-            return false;
-        const json_t *uid = json_object_get(md, "user_id");
-        if (present(uid) && !want_string(uid, "metadata.user_id", e))
-            return false;
-        const json_t *tier = json_object_get(root, "service_tier");
-        if (present(tier) && !(is_str(tier) && (strcmp(json_string_value(tier), "auto") == 0 ||
-                                                strcmp(json_string_value(tier), "standard_only") == 0))) {
-            kt_api_error_invalid(e, "service_tier", "service_tier: Input should be 'auto' or 'standard_only'");
-            return false;
-        }
         const json_t *forced = json_object_get(root, "kt_test_forced_output");
         if (present(forced) && (!want_string(forced, "kt_test_forced_output", e) ||
                                 !(r->forced_output = strdup(json_string_value(forced)))))
             return e->http_status ? false : (nomem(e), false);
     }
-    if (!parse_thinking(r, root, count_tokens, e) || !parse_tools(r, root, e))
+    if (!parse_thinking(r, root, count_tokens, opts, e) || !parse_tools(r, root, e))
         return false;
 
     json_t *messages = openai_messages(root, e);
@@ -794,15 +919,19 @@ static bool parse_root(struct kt_api_request *r, const json_t *root, bool count_
 }
 
 bool kt_anthropic_request_parse(const char *body, size_t len, bool count_tokens, struct kt_api_request *out,
-                                struct kt_api_error *e)
+                                struct kt_anthropic_options *opts, struct kt_api_error *e)
 {
+    struct kt_anthropic_options ignored;
+    if (!opts)
+        opts = &ignored;
+    *opts = (struct kt_anthropic_options){0};
     *out = (struct kt_api_request){.kind = KT_API_CHAT, .n = 1};
     out->sampling = kt_sampler_params_default();
     *e = (struct kt_api_error){0};
     json_t *root = kt_api_parse_json(body, len, e);
     if (!root)
         return false;
-    bool ok = parse_root(out, root, count_tokens, e);
+    bool ok = parse_root(out, root, count_tokens, opts, e);
     json_decref(root);
     if (!ok)
         kt_api_request_free(out);
@@ -817,9 +946,10 @@ enum { BLOCK_NONE, BLOCK_THINKING, BLOCK_TEXT };
  * and is ignored when it comes back. */
 static const char SIGNATURE[] = "kt-serve";
 
-bool kt_anthropic_writer_init(struct kt_anthropic_writer *a, const struct kt_api_request *r)
+bool kt_anthropic_writer_init(struct kt_anthropic_writer *a, const struct kt_api_request *r,
+                              const struct kt_anthropic_options *opts)
 {
-    *a = (struct kt_anthropic_writer){0};
+    *a = (struct kt_anthropic_writer){.omit_thinking = opts && opts->omit_thinking};
     if (r->n_stop && !(a->stops = calloc(r->n_stop, sizeof *a->stops)))
         return false;
     for (size_t i = 0; i < r->n_stop; i++) {
@@ -905,8 +1035,8 @@ static json_t *message_json(const struct kt_response *w, json_t *content)
 static json_t *tool_use_json(const struct kt_output_call *call, json_t *input)
 {
     char *id = kt_anthropic_tool_id(call->id);
-    json_t *j = json_pack("{s:s, s:s, s:o, s:o}", "type", "tool_use", "id", id ? id : "toolu_kt_", "name",
-                          kt_json_text(call->name, strlen(call->name)), "input", input);
+    json_t *j = json_pack("{s:s, s:s, s:o, s:o, s:{s:s}}", "type", "tool_use", "id", id ? id : "toolu_kt_", "name",
+                          kt_json_text(call->name, strlen(call->name)), "input", input, "caller", "type", "direct");
     free(id);
     return j;
 }
@@ -922,10 +1052,11 @@ json_t *kt_anthropic_final(struct kt_anthropic_writer *a, struct kt_response *w,
         return NULL;
     struct kt_output *o = &w->ch[0].out;
     json_t *content = json_array();
-    if (o->reasoning.len)
+    if (o->reasoning.len) {
+        size_t shown = a->omit_thinking ? 0 : o->reasoning.len; /* display "omitted" */
         json_array_append_new(content, json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking",
-                                                 kt_json_text(o->reasoning.bytes, o->reasoning.len), "signature",
-                                                 SIGNATURE));
+                                                 kt_json_text(o->reasoning.bytes, shown), "signature", SIGNATURE));
+    }
     if (o->content.len)
         json_array_append_new(content, text_block(o->content.bytes, o->content.len));
     bool tool_use = false;
@@ -939,6 +1070,10 @@ json_t *kt_anthropic_final(struct kt_anthropic_writer *a, struct kt_response *w,
         }
     }
     json_t *j = message_json(w, content);
+    if (!j) {
+        nomem(e);
+        return NULL;
+    }
     const char *sequence;
     json_object_set_new(j, "stop_reason", json_string(stop_reason(a, w, tool_use, &sequence)));
     json_object_set_new(j, "stop_sequence", sequence ? json_string(sequence) : json_null());
@@ -1036,9 +1171,10 @@ bool kt_anthropic_stream(struct kt_anthropic_writer *a, struct kt_response *w, s
     struct kt_output *o = &rc->out;
     if (o->reasoning.len > o->reasoning_sent) {
         open_as(a, out, BLOCK_THINKING);
-        block_delta(a, out, json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking",
-                                      kt_json_text(o->reasoning.bytes + o->reasoning_sent,
-                                                   o->reasoning.len - o->reasoning_sent)));
+        if (!a->omit_thinking) /* display "omitted": the block and its signature, not its text */
+            block_delta(a, out, json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking",
+                                          kt_json_text(o->reasoning.bytes + o->reasoning_sent,
+                                                       o->reasoning.len - o->reasoning_sent)));
         o->reasoning_sent = o->reasoning.len;
     }
     if (o->content.len > o->content_sent) {

@@ -19,13 +19,21 @@
  *  - thinking enabled / disabled is chat_template_kwargs.thinking on / off
  *    (serve_prompt.h: what that changes per family); budget_tokens is checked
  *    as Anthropic checks it (>= 1024, below max_tokens) and bounds nothing
- *    beyond max_tokens; absent, the model's template decides;
+ *    beyond max_tokens; adaptive, between_tools or absent: the model's
+ *    template decides; display "omitted" keeps thinking blocks' signatures,
+ *    not their text;
  *  - tool_use ids kt made ("toolu_kt_" + the model's own id, escaped) are
  *    turned back into the model's ids, so Kimi sees the ids it was trained on.
  * Unknown fields are refused as Anthropic refuses them ("X: Extra inputs are
- * not permitted"); cache_control is accepted (kt's prefix cache works without
- * being asked); what kt cannot do (images, documents, server tools, MCP,
- * an assistant turn to continue) is a 400 that says so.
+ * not permitted").  Accepted as asking nothing kt must do differently:
+ * cache_control (kt's prefix cache works without being asked), metadata,
+ * service_tier, inference_geo, diagnostics, user_profile_id, workspace_id,
+ * speed "standard", output_config.effort (the families have no such knob),
+ * eager_input_streaming; temperature, top_p and top_k of the older API are
+ * honoured.  What kt cannot do is a 400 that says so: images, documents,
+ * server and Anthropic-defined tools, code-execution callers, deferred tools,
+ * input_examples, strict tools, output_config.format, speed "fast", MCP,
+ * containers, context_management, an assistant turn to continue (prefill).
  *
  * Response side: content is [thinking] [text] [tool_use...]; stop_reason is
  * "max_tokens" at the limit, "tool_use" with a call, "stop_sequence" when one
@@ -49,11 +57,16 @@
 #include "serve_response.h"
 #include "serve_text.h"
 
-/* Parses and checks a Messages body into a KT_API_CHAT request.
- * count_tokens: the count_tokens body (no max_tokens, no sampling).  false
- * with e filled (400 for every problem with the request). */
+/* What a Messages request asks of the answer beyond the chat request. */
+struct kt_anthropic_options {
+    bool omit_thinking; /* thinking.display "omitted" */
+};
+
+/* Parses and checks a Messages body into a KT_API_CHAT request (and opts,
+ * which may be NULL).  count_tokens: the count_tokens body (no max_tokens,
+ * no sampling).  false with e filled (400 for every problem with the request). */
 bool kt_anthropic_request_parse(const char *body, size_t len, bool count_tokens, struct kt_api_request *out,
-                                struct kt_api_error *e);
+                                struct kt_anthropic_options *opts, struct kt_api_error *e);
 
 /* {"type":"error","error":{"type":...,"message":...}}, the type from the
  * HTTP status as Anthropic names them (new reference). */
@@ -64,13 +77,15 @@ json_t *kt_anthropic_error_json(const struct kt_api_error *e);
 struct kt_anthropic_writer {
     char **stops;                /* [n_stops] copies of the request's stop_sequences */
     size_t n_stops;
+    bool omit_thinking;
     bool started, ended;
     int open;                    /* the block being streamed (serve_anthropic.c) */
     size_t index;                /* the next block's index */
     size_t calls_sent;           /* tool calls given whole */
 };
 
-bool kt_anthropic_writer_init(struct kt_anthropic_writer *a, const struct kt_api_request *r);
+bool kt_anthropic_writer_init(struct kt_anthropic_writer *a, const struct kt_api_request *r,
+                              const struct kt_anthropic_options *opts);
 void kt_anthropic_writer_free(struct kt_anthropic_writer *a);
 
 /* Appends the events for what w took and were not yet sent ("event: NAME\n

@@ -65,7 +65,7 @@ static void check_anthropic(bool count_tokens, const uint8_t *data, size_t size)
 {
     struct kt_api_request r;
     struct kt_api_error e = {0};
-    if (!kt_anthropic_request_parse((const char *)data, size, count_tokens, &r, &e)) {
+    if (!kt_anthropic_request_parse((const char *)data, size, count_tokens, &r, NULL, &e)) {
         require(e.http_status == 400 || e.http_status == 500, "an Anthropic refusal is a 400 or a 500");
         require(e.message[0] != '\0', "an Anthropic refusal says why");
         json_t *env = kt_anthropic_error_json(&e);

@@ -189,7 +189,7 @@ enum MHD_Result kt_serve_count_tokens(struct kt_http_request *rq)
     struct kt_server *s = rq->server;
     struct kt_api_request r;
     struct kt_api_error e;
-    if (!kt_anthropic_request_parse(kt_buf_str(&rq->body), rq->body.len, true, &r, &e))
+    if (!kt_anthropic_request_parse(kt_buf_str(&rq->body), rq->body.len, true, &r, NULL, &e))
         return kt_http_send_error(rq, &e);
     if (strcmp(r.model, s->served_name) != 0) {
         kt_api_error_set(&e, 404, "not_found_error", NULL, "model",

@@ -126,7 +126,7 @@ static void stream_free(void *cls)
 }
 
 static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *job, const struct kt_api_request *r,
-                                     const char *id, bool anthropic)
+                                     const char *id, const struct kt_anthropic_options *anthropic)
 {
     struct kt_server *s = rq->server;
     struct stream *st = calloc(1, sizeof *st);
@@ -136,9 +136,9 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
         return kt_http_out_of_memory("starting a stream");
     }
     st->server = s, st->conn = rq->conn, st->job = job, st->last_send = kt_monotonic_s();
-    st->anthropic = anthropic;
+    st->anthropic = anthropic != NULL;
     if (!kt_response_init(&st->w, r, job, s->tok, id, s->served_name) ||
-        (anthropic && !kt_anthropic_writer_init(&st->a, r))) {
+        (anthropic && !kt_anthropic_writer_init(&st->a, r, anthropic))) {
         st->finished = true;
         stream_free(st);
         return kt_http_out_of_memory("starting a stream");
@@ -158,12 +158,12 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
 /* ---- one JSON object ------------------------------------------------------------------------------- */
 
 static enum MHD_Result answer_whole(struct kt_http_request *rq, struct kt_job *job, const struct kt_api_request *r,
-                                   const char *id, bool anthropic)
+                                   const char *id, const struct kt_anthropic_options *anthropic)
 {
     struct kt_server *s = rq->server;
     struct kt_response w;
     struct kt_anthropic_writer a = {0};
-    if (!kt_response_init(&w, r, job, s->tok, id, s->served_name) || (anthropic && !kt_anthropic_writer_init(&a, r))) {
+    if (!kt_response_init(&w, r, job, s->tok, id, s->served_name) || (anthropic && !kt_anthropic_writer_init(&a, r, anthropic))) {
         kt_response_free(&w);
         kt_job_cancel(job);
         kt_job_release(job);
@@ -201,7 +201,8 @@ static enum MHD_Result generate(struct kt_http_request *rq, enum kt_api_kind kin
     struct kt_server *s = rq->server;
     struct kt_api_request r;
     struct kt_api_error e;
-    bool parsed = anthropic ? kt_anthropic_request_parse(kt_buf_str(&rq->body), rq->body.len, false, &r, &e)
+    struct kt_anthropic_options opts;
+    bool parsed = anthropic ? kt_anthropic_request_parse(kt_buf_str(&rq->body), rq->body.len, false, &r, &opts, &e)
                             : kt_api_request_parse(kind, kt_buf_str(&rq->body), rq->body.len, &r, &e);
     if (!parsed)
         return kt_http_send_error(rq, &e);
@@ -232,11 +233,11 @@ static enum MHD_Result generate(struct kt_http_request *rq, enum kt_api_kind kin
     switch (kt_sched_submit(s->sched, job)) {
     case KT_SUBMIT_OK:
         if (r.stream) {
-            ok = answer_stream(rq, job, &r, id, anthropic);
+            ok = answer_stream(rq, job, &r, id, anthropic ? &opts : NULL);
             kt_api_request_free(&r);
             return ok;
         }
-        ok = answer_whole(rq, job, &r, id, anthropic);
+        ok = answer_whole(rq, job, &r, id, anthropic ? &opts : NULL);
         goto done;
     case KT_SUBMIT_FULL:
         kt_api_error_set(&e, 429, "rate_limit_error", "queue_full", NULL,
