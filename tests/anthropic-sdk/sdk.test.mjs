@@ -127,6 +127,20 @@ const cases = {
     assert.equal(m.content[0].text, "up to here ");
   },
 
+  async currentApiFields() {
+    // what this SDK version sends for a current model: adaptive thinking, effort, automatic caching
+    const stream = client.messages.stream({
+      model, max_tokens: 200, tools, messages: question,
+      thinking: { type: "adaptive", display: "omitted" }, output_config: { effort: "high" },
+      cache_control: { type: "ephemeral" }, kt_test_forced_output: forcedCall,
+    });
+    const final = await stream.finalMessage();
+    assert.deepEqual(final.content.map((b) => b.type), ["thinking", "text", "tool_use"]);
+    assert.equal(final.content[0].thinking, "");
+    assert.equal(final.content[0].signature, "kt-serve");
+    assert.equal(final.stop_reason, "tool_use");
+  },
+
   async countTokens() {
     const params = { model, system: "Be brief.", messages: [{ role: "user", content: "Say hello." }] };
     const count = await client.messages.countTokens(params);
