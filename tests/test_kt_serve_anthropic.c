@@ -178,7 +178,7 @@ static void conversation_maps_onto_the_chat_messages(void)
 
 static void tool_ids_round_trip(void)
 {
-    static const char *const ids[] = {"functions.get_weather:0", "call_abc_1", "x", "functions.a-b_c.d:12"};
+    static const char *const ids[] = {"functions.get_weather:0", "call_abc_1", "x", "functions.a-b_c.d:12", "caf\xC3\xA9"};
     for (size_t i = 0; i < sizeof ids / sizeof ids[0]; i++) {
         char *out = kt_anthropic_tool_id(ids[i]);
         char *back = out ? kt_anthropic_model_tool_id(out) : NULL;
@@ -189,6 +189,7 @@ static void tool_ids_round_trip(void)
         free(out), free(back);
     }
     static const char *const foreign[] = {"toolu_01A09q90qw90lq917835lq9", "toolu_kt_bad_zz", "toolu_kt_nul_00",
+                                          "toolu_kt__FF", "toolu_kt_a.b", "toolu_kt_cut_4",
                                           "plain"};
     for (size_t i = 0; i < sizeof foreign / sizeof foreign[0]; i++) {
         char *back = kt_anthropic_model_tool_id(foreign[i]);

@@ -197,23 +197,25 @@ char *kt_anthropic_model_tool_id(const char *id)
         return strdup(id);
     struct kt_buf b = {0};
     kt_buf_append(&b, "", 0);
-    for (const char *c = id + n; *c; c++) {
+    bool ours = true;
+    for (const char *c = id + n; *c && ours; c++) {
         if (*c != '_') {
+            ours = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || *c == '-';
             kt_buf_append(&b, c, 1);
             continue;
         }
         int hi = hex_digit(c[1]), lo = hi < 0 ? -1 : hex_digit(c[2]);
-        if (hi < 0 || lo < 0 || (hi == 0 && lo == 0)) { /* not one kt made: keep it whole */
-            kt_buf_free(&b);
-            return strdup(id);
-        }
+        ours = hi >= 0 && lo >= 0 && (hi || lo);
         char byte = (char)(hi * 16 + lo);
         kt_buf_append(&b, &byte, 1);
-        c += 2;
+        c += ours ? 2 : 0;
     }
-    if (b.out_of_memory) {
+    json_t *utf8 = ours && !b.out_of_memory ? json_stringn(b.bytes, b.len) : NULL; /* kt's ids decode to UTF-8 */
+    json_decref(utf8);
+    if (!utf8) { /* not one kt made: kept whole */
+        bool nomem_ = b.out_of_memory;
         kt_buf_free(&b);
-        return NULL;
+        return nomem_ ? NULL : strdup(id);
     }
     return b.bytes;
 }
