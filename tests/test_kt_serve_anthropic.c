@@ -7,9 +7,9 @@
  * HTTP with curl on the tiny model: the message object, the exact event
  * order of a stream (text; thinking, text and a tool call), a tool round
  * trip, stop_sequences, the max_tokens stop, count_tokens against the usage,
- * 400 / 401 / 404 / 405 in Anthropic's error shape, x-api-key, and a stream
- * the server ended (timeout, drain) ending with an error event and no
- * message_stop.
+ * 400 / 401 / 404 / 405 in Anthropic's error shape, x-api-key, DeepSeek's made-up
+ * call ids and thinking, and a stream the server ended (timeout, drain)
+ * ending with an error event and no message_stop.
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -18,7 +18,7 @@
 #include "serve_anthropic.h"
 #include "serve_harness.h"
 
-static char kimi[1024];
+static char kimi[1024], deepseek[1024];
 
 static json_t *parse(const struct kt_buf *b)
 {
@@ -738,6 +738,61 @@ static void errors_in_anthropic_shape(const struct test_server *s)
     expect_error(s, "-X POST", "/v1/messages/batches", "{}", 404, "not_found_error", "no route");
 }
 
+/* DeepSeek's family: made-up call ids round-trip, <think> is a thinking block, thinking disabled keeps it text. */
+static void deepseek_tool_use_and_thinking(void)
+{
+    struct test_server s;
+    if (!server_start(&s, deepseek, "-t 2 -q --served-model-name ds --test-forced-output", true))
+        return;
+    struct kt_buf out = {0};
+    const char *tool = "\"tools\": [{\"name\": \"get_time\", \"input_schema\": {\"type\": \"object\"}}]";
+    char body[2048];
+    snprintf(body, sizeof body,
+             "{\"model\": \"ds\", \"max_tokens\": 100, \"messages\": [{\"role\": \"user\", \"content\": \"time?\"}], %s, "
+             "\"kt_test_forced_output\": \"<think>hm</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+             "<｜tool▁sep｜>get_time\\n```json\\n{}\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>\"}",
+             tool);
+    int code = http(&s, NULL, "/v1/messages", body, &out, NULL);
+    json_t *j = parse(&out);
+    json_t *content = json_object_get(j, "content");
+    json_t *think = json_array_get(content, 0), *use = json_array_get(content, 1);
+    KT_CHECK(code == 200 && json_array_size(content) == 2 && strcmp(str(think, "thinking"), "hm") == 0 &&
+                 strcmp(str(use, "name"), "get_time") == 0 && json_object_size(json_object_get(use, "input")) == 0 &&
+                 strncmp(str(use, "id"), "toolu_kt_call_5F", 16) == 0 && strcmp(str(j, "stop_reason"), "tool_use") == 0,
+             "DeepSeek tool_use: %s", kt_buf_str(&out));
+    char id[160];
+    snprintf(id, sizeof id, "%s", str(use, "id"));
+    char *model_id = kt_anthropic_model_tool_id(id);
+    KT_CHECK(model_id && strncmp(model_id, "call_", 5) == 0, "the id back: %s", model_id ? model_id : "");
+    free(model_id);
+    json_decref(j);
+    snprintf(body, sizeof body,
+             "{\"model\": \"ds\", \"max_tokens\": 10, \"messages\": [{\"role\": \"user\", \"content\": \"time?\"}, "
+             "{\"role\": \"assistant\", \"content\": [{\"type\": \"tool_use\", \"id\": \"%s\", \"name\": \"get_time\", "
+             "\"input\": {}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", \"tool_use_id\": \"%s\", "
+             "\"content\": \"noon\"}]}], %s, \"kt_test_forced_output\": \"Noon.<｜end▁of▁sentence｜>\"}",
+             id, id, tool);
+    code = http(&s, NULL, "/v1/messages", body, &out, NULL);
+    j = parse(&out);
+    KT_CHECK(code == 200 && strcmp(str(json_array_get(json_object_get(j, "content"), 0), "text"), "Noon.") == 0 &&
+                 strcmp(str(j, "stop_reason"), "end_turn") == 0,
+             "after the result: %s", kt_buf_str(&out));
+    json_decref(j);
+    code = http(&s, NULL, "/v1/messages",
+                "{\"model\": \"ds\", \"max_tokens\": 10, \"thinking\": {\"type\": \"disabled\"}, \"messages\": "
+                "[{\"role\": \"user\", \"content\": \"x\"}], \"kt_test_forced_output\": \"<think>a</think>b"
+                "<｜end▁of▁sentence｜>\"}",
+                &out, NULL);
+    j = parse(&out);
+    content = json_object_get(j, "content");
+    KT_CHECK(code == 200 && json_array_size(content) == 1 &&
+                 strcmp(str(json_array_get(content, 0), "text"), "<think>a</think>b") == 0,
+             "thinking disabled: no thinking block: %s", kt_buf_str(&out));
+    json_decref(j);
+    kt_buf_free(&out);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
 static void api_key_as_x_api_key(void)
 {
     struct test_server s;
@@ -846,7 +901,8 @@ int main(void)
     if (!have_curl())
         return kt_test_skip("curl is not installed (the HTTP cases need it)");
     snprintf(kimi, sizeof kimi, "%s", kt_test_path("anthropic-kimi.gguf"));
-    if (!make_model(kimi, "tiny", NULL)) {
+    snprintf(deepseek, sizeof deepseek, "%s", kt_test_path("anthropic-deepseek.gguf"));
+    if (!make_model(kimi, "tiny", NULL) || !make_model(deepseek, "tiny-v3", NULL)) {
         KT_CHECK(false, "kt-synth failed");
         return kt_test_finish();
     }
@@ -858,8 +914,9 @@ int main(void)
         RUN_WITH(errors_in_anthropic_shape, &s);
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
+    KT_RUN(deepseek_tool_use_and_thinking);
     KT_RUN(api_key_as_x_api_key);
     KT_RUN(server_ended_streams_end_with_an_error_event);
-    unlink(kimi);
+    unlink(kimi), unlink(deepseek);
     return kt_test_finish();
 }
