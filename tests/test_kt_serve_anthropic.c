@@ -698,6 +698,31 @@ static void tool_use_out_and_tool_result_in(const struct test_server *s)
     for (int i = 0; i < 4; i++)
         kt_buf_free(&texts[i]);
 
+    /* two calls: two tool_use blocks, streamed one after the other; disable_parallel_tool_use keeps the first */
+    const char *two = "\"kt_test_forced_output\": \"<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                      "<|tool_call_argument_begin|>{\\\"city\\\": \\\"Paris\\\"}<|tool_call_end|><|tool_call_begin|>"
+                      "functions.get_weather:1<|tool_call_argument_begin|>{\\\"city\\\": \\\"Rome\\\"}<|tool_call_end|>"
+                      "<|tool_calls_section_end|><|im_end|>\"";
+    for (int disable = 0; disable < 2; disable++) {
+        snprintf(body, sizeof body, "{\"model\": \"kimi\", \"max_tokens\": 100, \"stream\": true, \"messages\": "
+                                    "[{\"role\": \"user\", \"content\": \"Paris and Rome?\"}], %s, %s%s}", tools_json, two,
+                 disable ? ", \"tool_choice\": {\"type\": \"auto\", \"disable_parallel_tool_use\": true}" : "");
+        code = http(s, "-N", "/v1/messages", body, &out, NULL);
+        events_parse(kt_buf_str(&out), &ev);
+        if (events_in_order(&ev, kinds, sizeof kinds, texts, 4, "two calls")) {
+            KT_CHECK(strcmp(kinds, disable ? "tool_use" : "tool_use,tool_use") == 0 &&
+                         strcmp(kt_buf_str(&texts[0]), "{\"city\":\"Paris\"}") == 0 &&
+                         (disable || strcmp(kt_buf_str(&texts[1]), "{\"city\":\"Rome\"}") == 0) &&
+                         strcmp(stop_reason_of(&ev), "tool_use") == 0,
+                     "%s: blocks %s, inputs '%s' '%s'", disable ? "one call allowed" : "two calls", kinds,
+                     kt_buf_str(&texts[0]), kt_buf_str(&texts[1]));
+            KT_CHECK(disable || strstr(kt_buf_str(&out), "toolu_kt_functions_2Eget_5Fweather_3A1"), "the second id");
+        }
+        events_free(&ev);
+        for (int i = 0; i < 4; i++)
+            kt_buf_free(&texts[i]);
+    }
+
     /* arguments that are no JSON object cannot be a tool_use: they come as text */
     code = http(s, NULL, "/v1/messages",
                 "{\"model\": \"kimi\", \"max_tokens\": 100, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
