@@ -1137,7 +1137,7 @@ static void open_as(struct kt_anthropic_writer *a, struct kt_buf *out, int kind)
     a->open = kind;
 }
 
-/* One whole block for call i: a tool_use with its input, or the text of arguments that are not an object. */
+/* One whole block for a call: a tool_use with its input (true), or the text of arguments that are no object. */
 static bool stream_call(struct kt_anthropic_writer *a, struct kt_buf *out, const struct kt_output_call *call)
 {
     json_t *input = call_input(call);
@@ -1188,9 +1188,8 @@ bool kt_anthropic_stream(struct kt_anthropic_writer *a, struct kt_response *w, s
     }
     /* a call is whole once the next began or the model ended the output */
     size_t whole = model_ended(rc) ? o->n_calls : o->n_calls ? o->n_calls - 1 : 0;
-    bool tool_use = false;
     for (; a->calls_sent < whole; a->calls_sent++)
-        stream_call(a, out, &o->calls[a->calls_sent]);
+        a->tool_use_sent = stream_call(a, out, &o->calls[a->calls_sent]) || a->tool_use_sent;
     if (!w->job_done)
         return false;
     struct kt_api_error e;
@@ -1201,13 +1200,8 @@ bool kt_anthropic_stream(struct kt_anthropic_writer *a, struct kt_response *w, s
         return true;
     }
     close_open(a, out);
-    for (size_t i = 0; i < o->n_calls && !tool_use; i++) {
-        json_t *input = call_input(&o->calls[i]);
-        tool_use = input != NULL;
-        json_decref(input);
-    }
     const char *sequence;
-    const char *reason = stop_reason(a, w, tool_use, &sequence);
+    const char *reason = stop_reason(a, w, a->tool_use_sent, &sequence);
     event(out, "message_delta",
           json_pack("{s:s, s:{s:s, s:o}, s:o}", "type", "message_delta", "delta", "stop_reason", reason,
                     "stop_sequence", sequence ? json_string(sequence) : json_null(), "usage", usage_json(w, true)));

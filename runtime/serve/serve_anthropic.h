@@ -82,6 +82,7 @@ struct kt_anthropic_writer {
     int open;                    /* the block being streamed (serve_anthropic.c) */
     size_t index;                /* the next block's index */
     size_t calls_sent;           /* tool calls given whole */
+    bool tool_use_sent;          /* one of them as a tool_use block */
 };
 
 bool kt_anthropic_writer_init(struct kt_anthropic_writer *a, const struct kt_api_request *r,
