@@ -353,15 +353,17 @@ static void expect_error(const struct test_server *s, const char *args, const ch
 
 /* A stream's events: names[i] and data[i] (new references), n of them. */
 struct events {
-    char names[512][32];
-    json_t *data[512];
+    char names[8192][24];
+    json_t *data[8192];
     size_t n;
     bool well_formed; /* every event "event: NAME\ndata: JSON\n\n" with data.type == NAME */
+    size_t later_pings; /* ping events after the first, not in names / data */
 };
 
 static void events_parse(const char *t, struct events *ev)
 {
     ev->n = 0;
+    ev->later_pings = 0;
     ev->well_formed = true;
     while (*t) {
         const char *end = strstr(t, "\n\n");
@@ -370,7 +372,7 @@ static void events_parse(const char *t, struct events *ev)
             return;
         }
         const char *nl = strchr(t, '\n');
-        if (nl >= end || strncmp(nl + 1, "data: ", 6) != 0 || ev->n == 512) {
+        if (nl >= end || strncmp(nl + 1, "data: ", 6) != 0 || ev->n == 8192) {
             ev->well_formed = false;
             return;
         }
@@ -379,7 +381,13 @@ static void events_parse(const char *t, struct events *ev)
         ev->data[ev->n] = d;
         if (!d || strcmp(str(d, "type"), ev->names[ev->n]) != 0)
             ev->well_formed = false;
-        ev->n++;
+        /* Anthropic may ping anywhere; after the first (right after message_start) they are set aside */
+        if (strcmp(ev->names[ev->n], "ping") == 0 && ev->n > 1) {
+            ev->later_pings++;
+            json_decref(d);
+        } else {
+            ev->n++;
+        }
         t = end + 2;
     }
 }
@@ -515,7 +523,7 @@ static void streamed_text_in_anthropic_order(const struct test_server *s)
                     "{\"model\": \"kimi\", \"max_tokens\": 50, \"stream\": true, \"messages\": [{\"role\": \"user\", "
                     "\"content\": \"x\"}], \"kt_test_forced_output\": \"Hello, streaming world.<|im_end|>\"}",
                     &out, &headers);
-    struct events ev;
+    static struct events ev; /* large: not on the stack */
     events_parse(kt_buf_str(&out), &ev);
     char kinds[128];
     KT_CHECK(code == 200 && strstr(kt_buf_str(&headers), "text/event-stream"), "stream: %d", code);
@@ -596,7 +604,7 @@ static void tool_use_out_and_tool_result_in(const struct test_server *s)
                                 "[{\"role\": \"user\", \"content\": \"Weather in Paris?\"}], %s, %s}",
              tools_json, forced_call);
     code = http(s, "-N", "/v1/messages", body, &out, NULL);
-    struct events ev;
+    static struct events ev; /* large: not on the stack */
     events_parse(kt_buf_str(&out), &ev);
     char kinds[128];
     if (events_in_order(&ev, kinds, sizeof kinds, texts, 4, "tool stream")) {
@@ -738,6 +746,31 @@ static void tool_use_out_and_tool_result_in(const struct test_server *s)
     kt_buf_free(&out);
 }
 
+/* A quiet stream (a long prefill) pings with Anthropic's ping event, never an SSE comment. */
+static void quiet_streams_ping(const struct test_server *s)
+{
+    struct kt_buf body = {0}, out = {0}, texts[4] = {{0}};
+    kt_buf_puts(&body, "{\"model\": \"kimi\", \"max_tokens\": 2, \"stream\": true, \"messages\": [{\"role\": \"user\", "
+                       "\"content\": \"");
+    for (int i = 0; i < 150; i++) /* ~600 tokens: 40 steps of 16 */
+        kt_buf_puts(&body, "river stone ");
+    kt_buf_puts(&body, "\"}], \"kt_test_forced_output\": \"a b\"}");
+    int code = http(s, "-N", "/v1/messages", kt_buf_str(&body), &out, NULL);
+    static struct events ev; /* large: not on the stack */
+    events_parse(kt_buf_str(&out), &ev);
+    size_t pings = ev.later_pings + (ev.n > 1 && strcmp(ev.names[1], "ping") == 0);
+    bool comment = strncmp(kt_buf_str(&out), ":", 1) == 0 || strstr(kt_buf_str(&out), "\n:");
+    KT_CHECK(code == 200 && ev.well_formed && pings >= 2 && !comment,
+             "%zu ping events during a %zu-byte prompt's prefill: %.400s", pings, body.len, kt_buf_str(&out));
+    char kinds[64];
+    events_in_order(&ev, kinds, sizeof kinds, texts, 4, "a stream with pings");
+    events_free(&ev);
+    for (int i = 0; i < 4; i++)
+        kt_buf_free(&texts[i]);
+    kt_buf_free(&body);
+    kt_buf_free(&out);
+}
+
 static void errors_in_anthropic_shape(const struct test_server *s)
 {
     const char *m = "/v1/messages";
@@ -836,7 +869,7 @@ static void api_key_as_x_api_key(void)
 /* A stream the server ended: its last event is an error, and there is no message_stop. */
 static void check_ended_stream(const char *t, const char *what, const char *type)
 {
-    struct events ev;
+    static struct events ev; /* large: not on the stack */
     events_parse(t, &ev);
     bool stop = false;
     for (size_t i = 0; i < ev.n; i++)
@@ -932,10 +965,13 @@ int main(void)
         return kt_test_finish();
     }
     struct test_server s;
-    if (server_start(&s, kimi, "-t 2 -q --served-model-name kimi --ctx 8192 --test-forced-output", true)) {
+    if (server_start(&s, kimi, "-t 2 -q --served-model-name kimi --ctx 8192 --test-forced-output --max-batch-tokens 16 "
+                                 "--sse-ping-interval 0.02",
+                     true)) {
         RUN_WITH(message_object, &s);
         RUN_WITH(streamed_text_in_anthropic_order, &s);
         RUN_WITH(tool_use_out_and_tool_result_in, &s);
+        RUN_WITH(quiet_streams_ping, &s);
         RUN_WITH(errors_in_anthropic_shape, &s);
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
