@@ -1,7 +1,8 @@
 /*
  * fuzz_serve_request.c - fuzz target for kt-serve's request parsing: each
  * input is an HTTP body parsed as a chat and as a text completion request
- * (serve_request.h); accepted chat requests are rendered through every chat
+ * (serve_request.h) and as an Anthropic Messages and count_tokens body
+ * (serve_anthropic.h); accepted chat requests are rendered through every chat
  * format kt knows (serve_prompt.h), and the input also runs through the
  * streaming output parser (serve_output.h) of both families in uneven
  * pieces.  Promises checked: a refusal is a 400 or 500 naming a reason, an
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve_anthropic.h"
 #include "serve_output.h"
 #include "serve_prompt.h"
 #include "serve_request.h"
@@ -59,6 +61,41 @@ static void check_request(enum kt_api_kind kind, const uint8_t *data, size_t siz
     kt_api_request_free(&r);
 }
 
+static void check_anthropic(bool count_tokens, const uint8_t *data, size_t size)
+{
+    struct kt_api_request r;
+    struct kt_api_error e = {0};
+    if (!kt_anthropic_request_parse((const char *)data, size, count_tokens, &r, NULL, &e)) {
+        require(e.http_status == 400 || e.http_status == 500, "an Anthropic refusal is a 400 or a 500");
+        require(e.message[0] != '\0', "an Anthropic refusal says why");
+        json_t *env = kt_anthropic_error_json(&e);
+        require(env && json_object_get(env, "error"), "the Anthropic error shape builds");
+        json_decref(env);
+        return;
+    }
+    require(r.kind == KT_API_CHAT && r.n == 1 && r.model && r.messages.count > 0, "a Messages request is one chat");
+    require(count_tokens || r.max_tokens >= 1, "max_tokens given");
+    require(r.sampling.temperature >= 0 && r.sampling.temperature <= 1, "Anthropic's temperature range");
+    require(r.sampling.top_p > 0 && r.sampling.top_p <= 1 && r.n_stop <= KT_API_MAX_STOP, "top_p and stops in range");
+    require((r.tool_choice == KT_TOOL_CHOICE_NONE) || r.tools, "a tool choice has tools");
+    for (size_t i = 0; i < r.messages.count; i++)
+        for (size_t c = 0; c < r.messages.items[i].n_tool_calls; c++) {
+            char *id = kt_anthropic_tool_id(r.messages.items[i].tool_calls[c].id);
+            char *back = id ? kt_anthropic_model_tool_id(id) : NULL;
+            require(!id || (back && strcmp(back, r.messages.items[i].tool_calls[c].id) == 0), "tool ids round-trip");
+            free(id), free(back);
+        }
+    for (int f = 1; f < KT_CHAT_FORMAT_COUNT; f++) {
+        struct kt_serve_model m = {.format = (kt_chat_format)f, .n_ctx = 4096, .n_vocab = 1000};
+        char *text = NULL;
+        struct kt_api_error re = {0};
+        bool ok = kt_prompt_render_chat(&m, &r, &text, &re);
+        require(ok == (text != NULL) && (ok || re.message[0]), "a Messages render returns text or says why");
+        free(text);
+    }
+    kt_api_request_free(&r);
+}
+
 static void check_output(const uint8_t *data, size_t size)
 {
     static const kt_chat_format formats[] = {KT_CHAT_KIMI_K2_INSTRUCT, KT_CHAT_DEEPSEEK_R1};
@@ -84,6 +121,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     check_request(KT_API_CHAT, data, size);
     check_request(KT_API_COMPLETION, data, size);
+    check_anthropic(false, data, size);
+    check_anthropic(true, data, size);
     check_output(data, size);
     return 0;
 }
@@ -108,6 +147,21 @@ static const char *const seeds[] = {
     ("<think>plan</think>Text<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
      "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>"),
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    /* Anthropic Messages */
+    "{\"model\": \"m\", \"max_tokens\": 2048, \"system\": [{\"type\": \"text\", \"text\": \"Be brief.\", "
+    "\"cache_control\": {\"type\": \"ephemeral\"}}], \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+    "{\"role\": \"assistant\", \"content\": [{\"type\": \"thinking\", \"thinking\": \"t\", \"signature\": \"s\"}, "
+    "{\"type\": \"text\", \"text\": \"ok\"}, {\"type\": \"tool_use\", \"id\": \"toolu_kt_functions_2Ef_3A0\", "
+    "\"name\": \"f\", \"input\": {\"a\": 1}}]}, {\"role\": \"user\", \"content\": [{\"type\": \"tool_result\", "
+    "\"tool_use_id\": \"toolu_kt_functions_2Ef_3A0\", \"content\": [{\"type\": \"text\", \"text\": \"r\"}], "
+    "\"is_error\": true}, {\"type\": \"text\", \"text\": \"next\"}]}], \"tools\": [{\"name\": \"f\", "
+    "\"description\": \"d\", \"input_schema\": {\"type\": \"object\"}}], \"tool_choice\": {\"type\": \"tool\", "
+    "\"name\": \"f\", \"disable_parallel_tool_use\": true}, \"thinking\": {\"type\": \"enabled\", "
+    "\"budget_tokens\": 1024}, \"stop_sequences\": [\"END\"], \"temperature\": 0.5, \"top_k\": 5, \"stream\": true, "
+    "\"metadata\": {\"user_id\": \"u\"}}",
+    "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"x\"}]}], "
+    "\"thinking\": {\"type\": \"disabled\"}, \"tools\": [{\"type\": \"custom\", \"name\": \"g\", "
+    "\"input_schema\": {\"type\": \"object\"}}], \"tool_choice\": {\"type\": \"any\"}}",
 };
 
 void kt_fuzz_seeds(kt_fuzz_emit_fn emit)

@@ -1,10 +1,12 @@
 /*
  * endpoints.c - kt-serve's small endpoints: /health, /version, /v1/models,
- * /metrics, /tokenize, /detokenize (vLLM's shapes).
+ * /metrics, /tokenize, /detokenize (vLLM's shapes), and Anthropic's
+ * /v1/messages/count_tokens.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve_anthropic.h"
 #include "serve_response.h"
 #include "server.h"
 
@@ -176,5 +178,33 @@ enum MHD_Result kt_serve_detokenize(struct kt_http_request *rq)
     }
     json_t *j = json_pack("{s:o}", "prompt", kt_json_text(text, len));
     free(text);
+    return kt_http_send_json(rq, 200, j);
+}
+
+/* The prompt's tokens as /v1/messages would run it: the template's render
+ * with kt's additions (thinking, a forced tool call), with no context limit,
+ * so a conversation too long to run still gets its count. */
+enum MHD_Result kt_serve_count_tokens(struct kt_http_request *rq)
+{
+    struct kt_server *s = rq->server;
+    struct kt_api_request r;
+    struct kt_api_error e;
+    if (!kt_anthropic_request_parse(kt_buf_str(&rq->body), rq->body.len, true, &r, NULL, &e))
+        return kt_http_send_error(rq, &e);
+    if (strcmp(r.model, s->served_name) != 0) {
+        kt_api_error_set(&e, 404, "not_found_error", NULL, "model",
+                         "model: '%.200s' does not exist (this server serves '%s')", r.model, s->served_name);
+        kt_api_request_free(&r);
+        return kt_http_send_error(rq, &e);
+    }
+    struct kt_serve_model unlimited = s->sm;
+    unlimited.n_ctx = UINT32_MAX;
+    struct kt_prompt p;
+    bool ok = kt_prompt_prepare(&unlimited, &r, "count", &p, &e);
+    kt_api_request_free(&r);
+    if (!ok)
+        return kt_http_send_error(rq, &e);
+    json_t *j = json_pack("{s:I}", "input_tokens", (json_int_t)p.n_ids);
+    kt_prompt_free(&p);
     return kt_http_send_json(rq, 200, j);
 }

@@ -1,19 +1,21 @@
 /*
- * generate.c - /v1/chat/completions and /v1/completions: parse, prepare,
- * submit a job to the scheduler, then answer from the job's output — as
- * server-sent events (streaming) or one JSON object.
+ * generate.c - /v1/chat/completions, /v1/completions and /v1/messages
+ * (Anthropic): parse, prepare, submit a job to the scheduler, then answer
+ * from the job's output — as server-sent events (streaming) or one JSON
+ * object, in the OpenAI or the Anthropic shapes.
  *
  * A streaming response is a libmicrohttpd content-reader callback running
  * on the connection's own thread: it blocks on the job's condition variable
  * (at most a quarter second at a time), polls the socket, and sends ": ping"
- * comments when nothing else went out for --sse-ping-interval seconds, so a
- * long prefill neither times the client out nor hides its disconnect.  A
- * client that goes away cancels its job.
+ * comments (Anthropic's: ping events) when nothing else went out for
+ * --sse-ping-interval seconds, so a long prefill neither times the client
+ * out nor hides its disconnect.  A client that goes away cancels its job.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "serve_anthropic.h"
 #include "serve_response.h"
 #include "server.h"
 
@@ -22,6 +24,8 @@ struct stream {
     struct MHD_Connection *conn;
     struct kt_job *job;
     struct kt_response w;
+    struct kt_anthropic_writer a; /* /v1/messages: its events */
+    bool anthropic;
     struct kt_buf out;       /* SSE bytes not yet handed to MHD */
     size_t out_off;
     uint64_t seen;
@@ -31,12 +35,12 @@ struct stream {
     char log[160];
 };
 
-static void make_id(struct kt_server *s, enum kt_api_kind kind, char *id, size_t size, char *hex, size_t hex_size)
+static void make_id(struct kt_server *s, const char *prefix, char *id, size_t size, char *hex, size_t hex_size)
 {
     uint64_t n = atomic_fetch_add(&s->next_id, 1), x = s->id_seed ^ (n * 0x9E3779B97F4A7C15ull);
     x = (x ^ (x >> 31)) * 0xBF58476D1CE4E5B9ull;
     snprintf(hex, hex_size, "%016llx%08llx", (unsigned long long)x, (unsigned long long)n & 0xffffffffull);
-    snprintf(id, size, "%s-%s", kind == KT_API_CHAT ? "chatcmpl" : "cmpl", hex);
+    snprintf(id, size, "%s%s", prefix, hex);
 }
 
 static void log_done(struct kt_server *s, const char *what, const struct kt_response *w, double t0)
@@ -86,7 +90,8 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         double now = kt_monotonic_s();
         if (kt_response_take(&st->w) || !st->opened) {
             st->opened = true;
-            st->finished = kt_response_stream(&st->w, &st->out);
+            st->finished = st->anthropic ? kt_anthropic_stream(&st->a, &st->w, &st->out)
+                                         : kt_response_stream(&st->w, &st->out);
             if (st->out.out_of_memory) {
                 kt_http_out_of_memory("writing a stream");
                 return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -97,7 +102,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         }
         double ping = ping_interval(st->server);
         if (now - st->last_send >= ping) {
-            kt_buf_puts(&st->out, ": ping\n\n");
+            kt_buf_puts(&st->out, st->anthropic ? KT_ANTHROPIC_PING : ": ping\n\n");
             st->last_send = now;
             continue;
         }
@@ -114,13 +119,14 @@ static void stream_free(void *cls)
         kt_job_cancel(st->job);
     log_done(st->server, st->finished ? ", streamed" : ", streamed, client gone", &st->w, st->job->t_arrival);
     kt_response_free(&st->w);
+    kt_anthropic_writer_free(&st->a);
     kt_job_release(st->job);
     kt_buf_free(&st->out);
     free(st);
 }
 
 static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *job, const struct kt_api_request *r,
-                                     const char *id)
+                                     const char *id, const struct kt_anthropic_options *anthropic)
 {
     struct kt_server *s = rq->server;
     struct stream *st = calloc(1, sizeof *st);
@@ -130,7 +136,9 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
         return kt_http_out_of_memory("starting a stream");
     }
     st->server = s, st->conn = rq->conn, st->job = job, st->last_send = kt_monotonic_s();
-    if (!kt_response_init(&st->w, r, job, s->tok, id, s->served_name)) {
+    st->anthropic = anthropic != NULL;
+    if (!kt_response_init(&st->w, r, job, s->tok, id, s->served_name) ||
+        (anthropic && !kt_anthropic_writer_init(&st->a, r, anthropic))) {
         st->finished = true;
         stream_free(st);
         return kt_http_out_of_memory("starting a stream");
@@ -150,11 +158,13 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
 /* ---- one JSON object ------------------------------------------------------------------------------- */
 
 static enum MHD_Result answer_whole(struct kt_http_request *rq, struct kt_job *job, const struct kt_api_request *r,
-                                   const char *id)
+                                   const char *id, const struct kt_anthropic_options *anthropic)
 {
     struct kt_server *s = rq->server;
     struct kt_response w;
-    if (!kt_response_init(&w, r, job, s->tok, id, s->served_name)) {
+    struct kt_anthropic_writer a = {0};
+    if (!kt_response_init(&w, r, job, s->tok, id, s->served_name) || (anthropic && !kt_anthropic_writer_init(&a, r, anthropic))) {
+        kt_response_free(&w);
         kt_job_cancel(job);
         kt_job_release(job);
         return kt_http_out_of_memory("preparing a response");
@@ -169,26 +179,32 @@ static enum MHD_Result answer_whole(struct kt_http_request *rq, struct kt_job *j
             kt_job_cancel(job);
             log_done(s, ", client gone", &w, job->t_arrival);
             kt_response_free(&w);
+            kt_anthropic_writer_free(&a);
             kt_job_release(job);
             return MHD_NO; /* closes the connection */
         }
         kt_job_wait(job, &seen, 250);
     }
     struct kt_api_error e;
-    json_t *j = kt_response_final(&w, &e);
+    json_t *j = anthropic ? kt_anthropic_final(&a, &w, &e) : kt_response_final(&w, &e);
     log_done(s, "", &w, job->t_arrival);
     ok = j ? kt_http_send_json(rq, 200, j) : kt_http_send_error(rq, &e);
     kt_response_free(&w);
+    kt_anthropic_writer_free(&a);
     kt_job_release(job);
     return ok;
 }
 
-enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind)
+/* anthropic: a /v1/messages body, answered in Anthropic's shapes (serve_anthropic.h) */
+static enum MHD_Result generate(struct kt_http_request *rq, enum kt_api_kind kind, bool anthropic)
 {
     struct kt_server *s = rq->server;
     struct kt_api_request r;
     struct kt_api_error e;
-    if (!kt_api_request_parse(kind, kt_buf_str(&rq->body), rq->body.len, &r, &e))
+    struct kt_anthropic_options opts;
+    bool parsed = anthropic ? kt_anthropic_request_parse(kt_buf_str(&rq->body), rq->body.len, false, &r, &opts, &e)
+                            : kt_api_request_parse(kind, kt_buf_str(&rq->body), rq->body.len, &r, &e);
+    if (!parsed)
         return kt_http_send_error(rq, &e);
     kt_buf_free(&rq->body); /* parsed: a response that lasts minutes need not keep up to --max-body-bytes */
     atomic_fetch_add(&s->in_flight, 1); /* until the response is sent: on_completed in http.c */
@@ -201,7 +217,7 @@ enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind k
         goto done;
     }
     char id[64], hex[40];
-    make_id(s, kind, id, sizeof id, hex, sizeof hex);
+    make_id(s, anthropic ? "msg_" : kind == KT_API_CHAT ? "chatcmpl-" : "cmpl-", id, sizeof id, hex, sizeof hex);
     struct kt_prompt prompt;
     if (!kt_prompt_prepare(&s->sm, &r, hex, &prompt, &e)) {
         ok = kt_http_send_error(rq, &e);
@@ -217,11 +233,11 @@ enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind k
     switch (kt_sched_submit(s->sched, job)) {
     case KT_SUBMIT_OK:
         if (r.stream) {
-            ok = answer_stream(rq, job, &r, id);
+            ok = answer_stream(rq, job, &r, id, anthropic ? &opts : NULL);
             kt_api_request_free(&r);
             return ok;
         }
-        ok = answer_whole(rq, job, &r, id);
+        ok = answer_whole(rq, job, &r, id, anthropic ? &opts : NULL);
         goto done;
     case KT_SUBMIT_FULL:
         kt_api_error_set(&e, 429, "rate_limit_error", "queue_full", NULL,
@@ -239,4 +255,14 @@ enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind k
 done:
     kt_api_request_free(&r);
     return ok;
+}
+
+enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind)
+{
+    return generate(rq, kind, false);
+}
+
+enum MHD_Result kt_serve_messages(struct kt_http_request *rq)
+{
+    return generate(rq, KT_API_CHAT, true);
 }

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "serve_anthropic.h"
 #include "server.h"
 
 /* ---- responses ----------------------------------------------------------------------------- */
@@ -74,7 +75,7 @@ enum MHD_Result kt_http_send_json(struct kt_http_request *rq, unsigned status, j
 
 enum MHD_Result kt_http_send_error(struct kt_http_request *rq, const struct kt_api_error *e)
 {
-    json_t *j = kt_api_error_json(e);
+    json_t *j = rq->anthropic ? kt_anthropic_error_json(e) : kt_api_error_json(e);
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!s)
@@ -119,6 +120,9 @@ static bool authorized(struct kt_http_request *rq)
     const char *key = rq->server->o.api_key;
     if (!key)
         return true;
+    const char *x = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "x-api-key"); /* Anthropic's clients */
+    if (x && key_matches(x, key))
+        return true;
     const char *h = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0)
         return false;
@@ -153,6 +157,8 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
     bool api = strncmp(url, "/v1/", 4) == 0 || strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0 ||
                strcmp(path, "/chat/completions") == 0 || strcmp(path, "/completions") == 0 ||
                strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strncmp(url, "/kt/", 4) == 0;
+    rq->anthropic = strcmp(path, "/messages") == 0 || strncmp(path, "/messages/", 10) == 0;
+    api = api || rq->anthropic;
 
     if (strcmp(url, "/health") == 0)
         return get ? kt_serve_health(rq) : wrong_method(rq, method, url, "GET");
@@ -167,7 +173,7 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
     if (!authorized(rq)) {
         struct kt_api_error e;
         kt_api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
-                         "a valid API key is required: send 'Authorization: Bearer <key>'");
+                         "a valid API key is required: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
         return kt_http_send_error(rq, &e);
     }
     if (rq->too_large) {
@@ -192,6 +198,10 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         return post ? kt_serve_generate(rq, KT_API_CHAT) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/completions") == 0)
         return post ? kt_serve_generate(rq, KT_API_COMPLETION) : wrong_method(rq, method, url, "POST");
+    if (strcmp(path, "/messages") == 0)
+        return post ? kt_serve_messages(rq) : wrong_method(rq, method, url, "POST");
+    if (strcmp(path, "/messages/count_tokens") == 0)
+        return post ? kt_serve_count_tokens(rq) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/tokenize") == 0)
         return post ? kt_serve_tokenize(rq) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/detokenize") == 0)

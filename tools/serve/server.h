@@ -121,6 +121,7 @@ struct kt_http_request {
     bool too_large;
     bool responded;
     bool in_flight;               /* counted in server->in_flight until completed */
+    bool anthropic;               /* /v1/messages...: errors in Anthropic's shape (serve_anthropic.h) */
     char request_id[40];          /* the client's X-Request-Id, echoed */
 };
 
@@ -159,6 +160,7 @@ enum MHD_Result kt_serve_models(struct kt_http_request *rq, const char *id);
 enum MHD_Result kt_serve_metrics_endpoint(struct kt_http_request *rq);
 enum MHD_Result kt_serve_tokenize(struct kt_http_request *rq);
 enum MHD_Result kt_serve_detokenize(struct kt_http_request *rq);
+enum MHD_Result kt_serve_count_tokens(struct kt_http_request *rq); /* /v1/messages/count_tokens */
 
 /* profile.c: the live routing profile, GET /kt/profile; write: atomically to --profile-out (KT_OK without one) */
 struct kt_serve_profile;
@@ -208,7 +210,8 @@ void kt_serve_self_check_free(struct kt_server *s);
 /* dashboard.c: GET /dashboard, one static page polling /kt/stats and /kt/placement */
 enum MHD_Result kt_serve_dashboard(struct kt_http_request *rq);
 
-/* generate.c: /v1/chat/completions and /v1/completions */
+/* generate.c: /v1/chat/completions and /v1/completions; /v1/messages */
 enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);
+enum MHD_Result kt_serve_messages(struct kt_http_request *rq);
 
 #endif
