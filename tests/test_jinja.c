@@ -440,6 +440,111 @@ static void jinja_renders_the_published_templates_as_their_goldens(void)
     json_decref(goldens);
 }
 
+/* Variants kt has no native renderer for: a community patch of a Kimi
+ * template (one string changed), the compact-JSON Kimi-K2-Thinking revision,
+ * and a template built from macros, a namespace and loop.last. */
+static void jinja_renders_templates_kt_does_not_recognise_as_their_goldens(void)
+{
+    json_t *cases = load_golden_json("cases.json");
+    json_t *goldens = load_golden_json("goldens.json");
+    if (cases && goldens) {
+        size_t i;
+        json_t *tmpl;
+        json_array_foreach(json_object_get(cases, "jinja_templates"), i, tmpl) {
+            const char *file = json_string_value(json_object_get(tmpl, "file"));
+            char *text = read_golden_file(file);
+            kt_err err = {0};
+            kt_chat_format format = KT_CHAT_KIMI_K2_INSTRUCT;
+            KT_CHECK(text && kt_chat_format_detect(text, &format, &err) == KT_ERR_UNSUPPORTED,
+                     "%s is a native revision (%s)", file, kt_chat_format_name(format));
+            KT_CHECK(text && kt_chat_format_resolve(text, &format, &err) == KT_OK && format == KT_CHAT_JINJA,
+                     "%s resolves to %s: %s", file, kt_chat_format_name(format), err.msg);
+            free(text);
+        }
+        int renders = render_golden_list(cases, goldens, "jinja_templates");
+        KT_CHECK(renders == 3 * 20, "compared %d renders, want 60 (3 templates x 20 cases)", renders);
+    }
+    json_decref(cases);
+    json_decref(goldens);
+}
+
+/* ------------------------------------------------------------ chat API --- */
+
+static void jinja_resolve_keeps_native_revisions_and_refuses_what_cannot_parse(void)
+{
+    json_t *cases = load_golden_json("cases.json");
+    size_t i;
+    json_t *tmpl;
+    json_array_foreach(json_object_get(cases, "templates"), i, tmpl) {
+        const char *file = json_string_value(json_object_get(tmpl, "file"));
+        char *text = read_golden_file(file);
+        kt_err err = {0};
+        kt_chat_format format = KT_CHAT_JINJA;
+        KT_CHECK(text && kt_chat_format_resolve(text, &format, &err) == KT_OK &&
+                     strcmp(kt_chat_format_name(format), json_string_value(json_object_get(tmpl, "format"))) == 0,
+                 "%s resolves to %s", file, kt_chat_format_name(format));
+        free(text);
+    }
+    json_decref(cases);
+    kt_err err = {0};
+    kt_chat_format format = KT_CHAT_JINJA;
+    KT_CHECK(kt_chat_format_resolve(NULL, &format, &err) == KT_ERR_UNSUPPORTED && format == KT_CHAT_FORMAT_UNKNOWN,
+             "no template");
+    KT_CHECK(kt_chat_format_resolve("{% if %}", &format, &err) == KT_ERR_UNSUPPORTED &&
+                 strstr(err.msg, "not recognised and not rendered") && strstr(err.msg, "line 1"),
+             "unparsable: %s", err.msg);
+    KT_CHECK(kt_chat_format_resolve("{{ messages[0].content }}", &format, &err) == KT_OK && format == KT_CHAT_JINJA,
+             "a foreign template");
+    KT_CHECK(strcmp(kt_chat_format_name(KT_CHAT_JINJA), "jinja") == 0, "name");
+    KT_CHECK(kt_chat_format_renders_tools(KT_CHAT_JINJA), "jinja renders tools");
+    size_t n = 9;
+    KT_CHECK(kt_chat_stop_strings(KT_CHAT_JINJA, &n) == NULL && n == 0, "no family stop strings");
+    kt_chat_message user = {.role = KT_CHAT_USER, .content = "hi"};
+    char *out = NULL;
+    KT_CHECK(kt_chat_render(KT_CHAT_JINJA, &user, 1, NULL, &out, &err) == KT_ERR_UNSUPPORTED && !out,
+             "jinja without its text");
+}
+
+/* What kt_chat_render hands the template: normalised messages, tools, flags and tokens. */
+static void jinja_chat_render_passes_hf_variables(void)
+{
+    const char *tmpl = "{% for m in messages %}{{ m.role }}:{{ m.content | tojson }}"
+                       "{% if m.name is defined %} name={{ m.name }}{% endif %}"
+                       "{% if m.tool_call_id is defined %} id={{ m.tool_call_id }}{% endif %}"
+                       "{% if m.reasoning_content is defined %} r={{ m.reasoning_content }}{% endif %}"
+                       "{% for c in m.tool_calls | default([]) %} call={{ c | tojson }}{% endfor %};"
+                       "{% endfor %}|{{ tools | length }}|{{ add_generation_prompt }}|{{ bos_token }}{{ eos_token }}|"
+                       "{{ thinking }}{{ enable_thinking }}";
+    kt_chat_tool_call call = {.id = NULL, .name = "f", .arguments = "{\"a\": 1}"};
+    kt_chat_message msgs[] = {
+        {.role = KT_CHAT_SYSTEM, .content = "s", .name = "sys"},
+        {.role = KT_CHAT_ASSISTANT, .content = NULL, .reasoning_content = "why", .tool_calls = &call,
+         .n_tool_calls = 1},
+        {.role = KT_CHAT_TOOL, .content = "r", .tool_call_id = "c1"},
+    };
+    json_t *tools = json_loads("[{\"type\": \"function\"}]", 0, NULL);
+    kt_chat_options opts = {.add_generation_prompt = true, .tools = tools, .bos_token = "<b>", .eos_token = "<e>",
+                            .thinking = KT_CHAT_THINKING_OFF, .template_text = tmpl};
+    char *out = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_chat_render(KT_CHAT_JINJA, msgs, 3, &opts, &out, &err) == KT_OK, "%s", err.msg);
+    const char *want = "system:\"s\" name=sys;assistant:\"\" r=why call={\"type\": \"function\", \"function\": "
+                       "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}};tool:\"r\" id=c1;|1|True|<b><e>|FalseFalse";
+    KT_CHECK(out && strcmp(out, want) == 0, "got %s", out ? out : "NULL");
+    free(out);
+    opts = (kt_chat_options){.template_text = tmpl};
+    KT_CHECK(kt_chat_render(KT_CHAT_JINJA, msgs, 1, &opts, &out, &err) == KT_OK && out &&
+                 strcmp(out, "system:\"s\" name=sys;|0|False||") == 0,
+             "defaults: %s", out ? out : err.msg);
+    free(out);
+    /* The template's own errors come back as the render's. */
+    opts.template_text = "{{ raise_exception('only user and assistant roles') }}";
+    KT_CHECK(kt_chat_render(KT_CHAT_JINJA, msgs, 1, &opts, &out, &err) == KT_ERR_INVALID && !out &&
+                 strstr(err.msg, "only user and assistant roles"),
+             "raise: %s", err.msg);
+    json_decref(tools);
+}
+
 int main(void)
 {
     KT_RUN(jinja_whitespace_control_follows_trim_and_lstrip_blocks);
@@ -456,5 +561,8 @@ int main(void)
     KT_RUN(jinja_syntax_errors_name_the_line);
     KT_RUN(jinja_limits_stop_hostile_templates);
     KT_RUN(jinja_renders_the_published_templates_as_their_goldens);
+    KT_RUN(jinja_renders_templates_kt_does_not_recognise_as_their_goldens);
+    KT_RUN(jinja_resolve_keeps_native_revisions_and_refuses_what_cannot_parse);
+    KT_RUN(jinja_chat_render_passes_hf_variables);
     return kt_test_finish();
 }

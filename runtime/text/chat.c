@@ -791,13 +791,10 @@ static json_t *message_json(const kt_chat_message *m)
             goto fail;
         for (size_t c = 0; c < m->n_tool_calls; c++) {
             const kt_chat_tool_call *tc = &m->tool_calls[c];
-            json_t *call = json_object(), *fn = json_object();
-            if (!call || !fn || json_array_append_new(calls, call) || json_object_set_new(call, "function", fn)) {
-                json_decref(call);
-                json_decref(fn);
-                goto fail;
-            }
-            if (set_str(call, "id", tc->id) || set_str(call, "type", "function") || set_str(fn, "name", tc->name) ||
+            json_t *call = json_object(), *fn;
+            if (!call || json_array_append_new(calls, call) || set_str(call, "id", tc->id) ||
+                set_str(call, "type", "function") || !(fn = json_object()) ||
+                json_object_set_new(call, "function", fn) || set_str(fn, "name", tc->name) ||
                 set_str(fn, "arguments", tc->arguments))
                 goto fail;
         }
