@@ -13,8 +13,11 @@
 #include <string.h>
 
 #include "chat.h"
+#include "gguf.h"
 #include "jinja.h"
-#include "testlib.h"
+#include "serve_harness.h"
+#include "serve_prompt.h"
+#include "serve_request.h"
 
 /* ------------------------------------------------------------- helpers --- */
 
@@ -545,6 +548,191 @@ static void jinja_chat_render_passes_hf_variables(void)
     json_decref(tools);
 }
 
+
+/* ------------------------------------------------------------- serving --- */
+
+/* KT_RUN for a case that takes two arguments. */
+#define KT_RUN_2(fn, a, b)                                                                 \
+    do {                                                                                   \
+        int before_ = kt_test_failures;                                                    \
+        fn(a, b);                                                                          \
+        printf("%s %s\n", kt_test_failures == before_ ? "ok  " : "FAIL", #fn);             \
+        fflush(stdout);                                                                    \
+    } while (0)
+
+#define PATCHED "kimi-k2-instruct-0905-patched.jinja"
+
+/* Copies the GGUF file `from` to `to` with tokenizer.chat_template replaced. */
+static bool copy_with_template(const char *from, const char *to, const char *template_text)
+{
+    struct kt_gguf *g = NULL;
+    struct kt_gguf_writer *w = NULL;
+    kt_err err = {0};
+    kt_status st = kt_gguf_open(from, &g, &err);
+    if (st == KT_OK)
+        st = kt_gguf_writer_create(to, &w, &err);
+    for (uint64_t i = 0; st == KT_OK && i < g->n_kv; i++)
+        st = strcmp(g->kv[i].key, "tokenizer.chat_template") == 0
+                 ? kt_gguf_writer_set_str(w, g->kv[i].key, template_text, &err)
+                 : kt_gguf_writer_set(w, g->kv[i].key, &g->kv[i].value, &err);
+    for (uint64_t i = 0; st == KT_OK && i < g->n_tensors; i++)
+        st = kt_gguf_writer_add_tensor(w, g->tensors[i].name, g->tensors[i].type, g->tensors[i].n_dims,
+                                       g->tensors[i].ne, &err);
+    if (st == KT_OK)
+        st = kt_gguf_writer_write_header(w, &err);
+    for (uint64_t i = 0; st == KT_OK && i < g->n_tensors; i++)
+        st = kt_gguf_writer_write_data(w, g->tensors[i].data, g->tensors[i].nbytes, &err);
+    if (st == KT_OK)
+        st = kt_gguf_writer_finish(w, &err);
+    KT_CHECK(st == KT_OK, "copying %s: %s", from, err.msg);
+    kt_gguf_writer_destroy(w);
+    kt_gguf_close(g);
+    return st == KT_OK;
+}
+
+/* The golden render of case `name` for the patched template. */
+static char *patched_golden(const char *name)
+{
+    json_t *goldens = load_golden_json("goldens.json");
+    const char *want = json_string_value(json_object_get(json_object_get(goldens, PATCHED), name));
+    char *copy = want ? strdup(want) : NULL;
+    json_decref(goldens);
+    KT_CHECK(copy != NULL, "no golden %s / %s", PATCHED, name);
+    return copy;
+}
+
+static const char CHAT_BODY[] = "{\"messages\": [{\"role\": \"system\", \"content\": \"You are a helpful "
+                                "assistant.\"}, {\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 4}";
+
+/* The GGUF's own template is none kt renders natively: the serve prompt API
+ * renders it through the interpreter, as the golden says. */
+static void jinja_a_gguf_with_an_unrecognised_template_renders_its_chat_prompts(const char *model)
+{
+    struct kt_gguf *g = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_gguf_open(model, &g, &err) == KT_OK, "%s", err.msg);
+    if (!g)
+        return;
+    char why[512] = "", *text = NULL;
+    kt_chat_format format = kt_serve_chat_template(g, NULL, &text, why, sizeof why);
+    KT_CHECK(format == KT_CHAT_JINJA && text, "format %s: %s", kt_chat_format_name(format), why);
+    /* callers that keep no text still see a template they cannot render */
+    KT_CHECK(kt_serve_chat_format(g, why, sizeof why) == KT_CHAT_FORMAT_UNKNOWN && strstr(why, "natively"),
+             "without text: %s", why);
+    struct kt_serve_model m = {.format = format, .chat_template = text, .n_ctx = 4096, .n_vocab = 1000};
+    struct kt_api_request r;
+    struct kt_api_error e;
+    KT_CHECK(kt_api_request_parse(KT_API_CHAT, CHAT_BODY, strlen(CHAT_BODY), &r, &e), "request");
+    char *prompt = NULL, *want = patched_golden("system_user");
+    KT_CHECK(kt_prompt_render_chat(&m, &r, &prompt, &e), "render");
+    KT_CHECK(prompt && want && strcmp(prompt, want) == 0, "prompt \"%s\"", prompt ? prompt : "NULL");
+    free(prompt), free(want), free(text);
+    kt_api_request_free(&r);
+    kt_gguf_close(g);
+}
+
+/* The same file served over HTTP: kt-serve says it renders the template
+ * with the interpreter, /tokenize's chat form holds the golden's tokens, a
+ * chat completion answers; --chat-template overrides a template kt knows. */
+static void jinja_kt_serve_serves_a_chat_with_a_template_kt_does_not_recognise(const char *model, const char *known)
+{
+    struct test_server s;
+    char *want = patched_golden("system_user");
+    if (!want || !server_start(&s, model, "-t 2 -q", true)) {
+        free(want);
+        return;
+    }
+    size_t len;
+    char *log = kt_test_read_file(s.log, &len);
+    KT_CHECK(log && strstr(log, "chat template: jinja (unrecognised template: rendered by the interpreter)"),
+             "log: %s", log ? log : "(none)");
+    free(log);
+    struct kt_buf out = {0}, detok = {0};
+    KT_CHECK(http(&s, NULL, "/tokenize", CHAT_BODY, &out, NULL) == 200, "tokenize: %s", kt_buf_str(&out));
+    json_t *tok = json_loads(kt_buf_str(&out), 0, NULL);
+    json_t *body = json_pack("{sO}", "tokens", json_object_get(tok, "tokens"));
+    char *body_text = json_dumps(body, 0);
+    KT_CHECK(http(&s, NULL, "/detokenize", body_text, &detok, NULL) == 200, "detokenize: %s", kt_buf_str(&detok));
+    json_t *d = json_loads(kt_buf_str(&detok), 0, NULL);
+    const char *prompt = json_string_value(json_object_get(d, "prompt"));
+    KT_CHECK(prompt && strcmp(prompt, want) == 0, "served prompt \"%s\"", prompt ? prompt : kt_buf_str(&detok));
+    KT_CHECK(http(&s, NULL, "/v1/chat/completions", CHAT_BODY, &out, NULL) == 200 &&
+                 strstr(kt_buf_str(&out), "\"choices\""),
+             "chat: %s", kt_buf_str(&out));
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    json_decref(d), json_decref(body), json_decref(tok), free(body_text);
+
+    /* --chat-template FILE in place of the model's own (a native revision) */
+    char args[1400];
+    snprintf(args, sizeof args, "-t 2 -q --chat-template %s/%s", golden_dir(), PATCHED);
+    if (server_start(&s, known, args, true)) {
+        log = kt_test_read_file(s.log, &len);
+        KT_CHECK(log && strstr(log, "rendered by the interpreter"), "log: %s", log ? log : "(none)");
+        free(log);
+        KT_CHECK(http(&s, NULL, "/tokenize", CHAT_BODY, &out, NULL) == 200, "tokenize");
+        tok = json_loads(kt_buf_str(&out), 0, NULL);
+        body = json_pack("{sO}", "tokens", json_object_get(tok, "tokens"));
+        body_text = json_dumps(body, 0);
+        KT_CHECK(http(&s, NULL, "/detokenize", body_text, &detok, NULL) == 200, "detokenize");
+        d = json_loads(kt_buf_str(&detok), 0, NULL);
+        prompt = json_string_value(json_object_get(d, "prompt"));
+        KT_CHECK(prompt && strcmp(prompt, want) == 0, "overridden prompt \"%s\"", prompt ? prompt : "NULL");
+        KT_CHECK(server_stop(&s) == 0, "exit status");
+        json_decref(d), json_decref(body), json_decref(tok), free(body_text);
+    }
+    kt_buf_free(&out), kt_buf_free(&detok);
+    free(want);
+}
+
+/* --chat-template is refused before a weight is read when it cannot be used;
+ * kt-run --info names how the template renders. */
+static void jinja_chat_template_option_refuses_early_and_info_names_the_family(const char *model, const char *known)
+{
+    char log[1024], bad[1024];
+    snprintf(log, sizeof log, "%s", kt_test_path("chat-template.log"));
+    snprintf(bad, sizeof bad, "%s", kt_test_path("bad.jinja"));
+    FILE *f = fopen(bad, "w");
+    if (f) {
+        fputs("{% if messages %}never closed", f);
+        fclose(f);
+    }
+    int rc = kt_test_system("%s -m %s --port 0 -q --chat-template /nonexistent/t.jinja 2> %s",
+                            kt_test_tool("kt-serve"), known, log);
+    size_t len;
+    char *text = kt_test_read_file(log, &len);
+    KT_CHECK(rc == 1 && text && strstr(text, "--chat-template /nonexistent/t.jinja: cannot read") &&
+                 !strstr(text, "listening"),
+             "kt-serve, unreadable: exit %d, %s", rc, text ? text : "(none)");
+    free(text);
+    rc = kt_test_system("%s -m %s --port 0 -q --chat-template %s 2> %s", kt_test_tool("kt-serve"), known, bad, log);
+    text = kt_test_read_file(log, &len);
+    KT_CHECK(rc == 1 && text && strstr(text, "never closed") && !strstr(text, "listening"),
+             "kt-serve, unparsable: exit %d, %s", rc, text ? text : "(none)");
+    free(text);
+    rc = kt_test_system("%s --info %s --chat-template /nonexistent/t.jinja > %s 2>&1", kt_test_tool("kt-run"), known,
+                        log);
+    text = kt_test_read_file(log, &len);
+    KT_CHECK(rc == 2 && text && strstr(text, "cannot read"), "kt-run, unreadable: exit %d, %s", rc,
+             text ? text : "(none)");
+    free(text);
+    rc = kt_test_system("%s --info %s > %s 2>&1", kt_test_tool("kt-run"), model, log);
+    text = kt_test_read_file(log, &len);
+    KT_CHECK(rc == 0 && text && strstr(text, "jinja (unrecognised template: rendered by the interpreter)"),
+             "kt-run --info, unrecognised: exit %d, %s", rc, text ? text : "(none)");
+    free(text);
+    rc = kt_test_system("%s --info %s > %s 2>&1", kt_test_tool("kt-run"), known, log);
+    text = kt_test_read_file(log, &len);
+    KT_CHECK(rc == 0 && text && strstr(text, "kimi-k2-instruct (rendered natively)"),
+             "kt-run --info, native: exit %d, %s", rc, text ? text : "(none)");
+    free(text);
+    /* kt-run --chat renders through the interpreter too */
+    rc = kt_test_system("%s -m %s --chat hi -n 2 -t 2 -q > %s 2>&1", kt_test_tool("kt-run"), model, log);
+    text = kt_test_read_file(log, &len);
+    KT_CHECK(rc == 0 && text && strstr(text, "jinja"), "kt-run --chat: exit %d, %s", rc, text ? text : "(none)");
+    free(text);
+    unlink(log), unlink(bad);
+}
+
 int main(void)
 {
     KT_RUN(jinja_whitespace_control_follows_trim_and_lstrip_blocks);
@@ -564,5 +752,23 @@ int main(void)
     KT_RUN(jinja_renders_templates_kt_does_not_recognise_as_their_goldens);
     KT_RUN(jinja_resolve_keeps_native_revisions_and_refuses_what_cannot_parse);
     KT_RUN(jinja_chat_render_passes_hf_variables);
+
+    char known[1024], model[1024];
+    snprintf(known, sizeof known, "%s", kt_test_path("jinja-kimi.gguf"));
+    snprintf(model, sizeof model, "%s", kt_test_path("jinja-patched.gguf"));
+    char *patched = read_golden_file(PATCHED);
+    if (patched && make_model(known, "tiny", NULL) && copy_with_template(known, model, patched)) {
+        RUN_WITH(jinja_a_gguf_with_an_unrecognised_template_renders_its_chat_prompts, model);
+        if (have_curl()) {
+            KT_RUN_2(jinja_kt_serve_serves_a_chat_with_a_template_kt_does_not_recognise, model, known);
+        } else {
+            printf("skipped jinja_kt_serve_serves_a_chat_with_a_template_kt_does_not_recognise: no curl\n");
+        }
+        KT_RUN_2(jinja_chat_template_option_refuses_early_and_info_names_the_family, model, known);
+    } else {
+        KT_CHECK(false, "could not make the test models");
+    }
+    free(patched);
+    unlink(known), unlink(model);
     return kt_test_finish();
 }
