@@ -369,6 +369,18 @@ static void jinja_limits_stop_hostile_templates(void)
     strcpy(chain + n, " }}");
     EXPECT_ERROR(chain, NULL, NULL, KT_ERR_INVALID, "nests deeper than");
     free(chain);
+    /* work proportional to a value's size costs steps: no quadratic loop escapes the budget */
+    EXPECT("[{{ '' * 100000000000 }}]{{ [] * 100000000000 }}", NULL, "[][]");
+    EXPECT("{{ ('ab' * 500000)[::-1] | length }}", NULL, "1000000");
+    EXPECT_ERROR("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s[5] }}{% endfor %}", NULL, NULL,
+                 KT_ERR_INVALID, "steps");
+    EXPECT_ERROR("{% set l = range(100000) | list %}{% for i in range(100000) %}{% if l == l | list %}{% endif %}"
+                 "{% endfor %}",
+                 NULL, NULL, KT_ERR_INVALID, "steps");
+    EXPECT_ERROR("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% if 'y' in s %}{% endif %}{% endfor %}",
+                 NULL, NULL, KT_ERR_INVALID, "steps");
+    EXPECT_ERROR("{% for i in range(100000) %}{% set l = range(100000) %}{% endfor %}", NULL, NULL, KT_ERR_INVALID,
+                 "steps");
     /* within the limits the same constructs render */
     EXPECT("{% macro f(n) %}{% if n < 20 %}{{ f(n + 1) }}{% else %}{{ n }}{% endif %}{% endmacro %}{{ f(0) }}", NULL,
            "20");

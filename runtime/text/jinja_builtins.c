@@ -41,12 +41,7 @@ size_t jj_utf8_offset(const char *s, size_t len, size_t index)
 
 const char *jj_memmem(const char *hay, size_t n, const char *needle, size_t k)
 {
-    if (k == 0)
-        return hay;
-    for (size_t i = 0; i + k <= n; i++)
-        if (hay[i] == needle[0] && memcmp(hay + i, needle, k) == 0)
-            return hay + i;
-    return NULL;
+    return k == 0 ? hay : memmem(hay, n, needle, k);
 }
 
 /* Decodes one code point at s[*i]; an invalid byte reads as itself (0x80-0xFF). */
@@ -54,8 +49,8 @@ static unsigned long utf8_next(const char *s, size_t len, size_t *i)
 {
     const unsigned char *u = (const unsigned char *)s;
     unsigned long c = u[*i];
-    int extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-    if (c < 0x80 || *i + (size_t)extra >= len + (extra == 0)) {
+    int extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+    if (c < 0xC0 || *i + (size_t)extra >= len) {
         (*i)++;
         return c;
     }
@@ -272,7 +267,7 @@ static bool json_string_out(jj_eval *e, jj_buf *b, const char *s, size_t len, bo
     while (ok && i < len) {
         size_t at = i;
         unsigned char c = (unsigned char)s[i];
-        char esc[16];
+        char esc[48];
         const char *x = NULL;
         if (c >= 0x80 && ensure_ascii) {
             unsigned long cp = utf8_next(s, len, &i);
@@ -460,7 +455,12 @@ bool jj_iterate(jj_eval *e, const jj_value *v, int line, json_t **items)
     json_t *list = json_array();
     if (!list)
         return jj_nomem(e);
-    bool ok = true;
+    bool ok = jj_charge(e, jj_is(v, JSON_OBJECT) ? json_object_size(v->j)
+                           : jj_is(v, JSON_STRING) ? json_string_length(v->j) : 0, line);
+    if (!ok) {
+        json_decref(list);
+        return false;
+    }
     if (jj_is(v, JSON_OBJECT)) {
         const char *key;
         size_t key_len;
@@ -528,6 +528,8 @@ static bool ascii_case(jj_eval *e, const jj_value *v, int mode, int line, jj_val
 static bool strip(jj_eval *e, const char *s, size_t len, const char *chars, size_t n_chars, bool left, bool right,
                   jj_value *out)
 {
+    if (!jj_charge(e, len / 256, 0))
+        return false;
     size_t from = 0, to = len;
 #define STRIPPED(c) (chars ? memchr(chars, (c), n_chars) != NULL : is_py_space(c))
     while (left && from < to && STRIPPED(s[from]))
@@ -542,7 +544,7 @@ static bool replace(jj_eval *e, const char *s, size_t len, const char *old, size
                     size_t n_new, long long count, jj_value *out)
 {
     jj_buf b = {0};
-    bool ok = jj_buf_append(e, &b, "", 0);
+    bool ok = jj_charge(e, len / 256, 0) && jj_buf_append(e, &b, "", 0);
     size_t i = 0;
     long long done = 0;
     if (n_old == 0) { /* Python inserts new_ between every character */
@@ -589,7 +591,7 @@ static bool split(jj_eval *e, const char *s, size_t len, const char *sep, size_t
     json_t *list = json_array();
     if (!list)
         return jj_nomem(e);
-    bool ok = true;
+    bool ok = jj_charge(e, len / 256, line);
     size_t i = 0;
     long long splits = 0;
     if (sep) {
@@ -680,6 +682,8 @@ static bool string_method(jj_eval *e, const jj_value *obj, const char *name, con
         if (!arg_string(e, a, 0, "sub", line, &x, &nx) || !x)
             return x ? false : jj_fail(e, line, KT_ERR_INVALID, "%s() needs a string", name);
         const char *hit = jj_memmem(s, len, x, nx);
+        if (!jj_charge(e, len / 64, line))
+            return false;
         if (name[0] == 'c') {
             long long n = 0;
             for (size_t i = 0; nx && (hit = jj_memmem(s + i, len - i, x, nx)); i = (size_t)(hit - s) + nx)
@@ -734,6 +738,8 @@ static bool string_method(jj_eval *e, const jj_value *obj, const char *name, con
 
 static bool items_of(jj_eval *e, const json_t *dict, jj_value *out)
 {
+    if (!jj_charge(e, json_object_size(dict), 0))
+        return false;
     json_t *list = json_array();
     bool ok = list != NULL;
     const char *key;
@@ -774,6 +780,8 @@ static bool dict_method(jj_eval *e, const jj_value *obj, const char *name, const
     if (strcmp(name, "items") == 0)
         return items_of(e, obj->j, out);
     if (strcmp(name, "keys") == 0 || strcmp(name, "values") == 0) {
+        if (!jj_charge(e, json_object_size(obj->j), line))
+            return false;
         json_t *list = json_array();
         bool ok = list != NULL;
         const char *key;
@@ -1044,6 +1052,10 @@ static int sort_cmp(sort_ctx *c, const json_t *x, const json_t *y)
     if (json_is_string(x) && json_is_string(y)) {
         const char *a = json_string_value(x), *b = json_string_value(y);
         size_t la = json_string_length(x), lb = json_string_length(y);
+        if (!jj_charge(c->e, (la < lb ? la : lb) / 256, c->line)) {
+            c->ok = false;
+            return 0;
+        }
         for (size_t i = 0; i < la && i < lb; i++) {
             int ca = (unsigned char)a[i], cb = (unsigned char)b[i];
             if (!c->case_sensitive) {
@@ -1148,7 +1160,8 @@ bool jj_apply_filter(jj_eval *e, const char *name, const jj_value *v, const jj_a
         if (v->kind == JJ_V_UNDEFINED)
             return jj_json(e, json_integer(0), out);
         if (jj_is(v, JSON_STRING))
-            return jj_json(e, json_integer((json_int_t)jj_utf8_count(json_string_value(v->j), json_string_length(v->j))),
+            return jj_charge(e, json_string_length(v->j) / 64, line) &&
+                   jj_json(e, json_integer((json_int_t)jj_utf8_count(json_string_value(v->j), json_string_length(v->j))),
                            out);
         if (jj_is(v, JSON_ARRAY))
             return jj_json(e, json_integer((json_int_t)json_array_size(v->j)), out);
@@ -1261,6 +1274,10 @@ bool jj_apply_filter(jj_eval *e, const char *name, const jj_value *v, const jj_a
         json_t *items;
         if (!jj_iterate(e, v, line, &items))
             return false;
+        if (!jj_charge(e, json_array_size(items), line)) {
+            json_decref(items);
+            return false;
+        }
         json_t *copy = json_copy(items);
         json_decref(items);
         return jj_json(e, copy, out);
@@ -1285,7 +1302,7 @@ bool jj_apply_filter(jj_eval *e, const char *name, const jj_value *v, const jj_a
         if (!jj_iterate(e, v, line, &items))
             return false;
         json_t *list = json_array();
-        bool ok = list != NULL;
+        bool ok = list != NULL && jj_charge(e, json_array_size(items), line);
         for (size_t i = json_array_size(items); ok && i-- > 0;)
             ok = json_array_append(list, json_array_get(items, i)) == 0;
         json_decref(items);
@@ -1311,8 +1328,10 @@ bool jj_apply_filter(jj_eval *e, const char *name, const jj_value *v, const jj_a
         for (size_t i = 0; ok && i < json_array_size(items); i++) {
             json_t *item = json_array_get(items, i);
             bool seen = false;
-            for (size_t k = 0; ok && k < json_array_size(list) && !seen; k++)
-                seen = (ok = jj_step(e, line)) && jj_json_equal(json_array_get(list, k), item);
+            for (size_t k = 0; ok && k < json_array_size(list) && !seen; k++) {
+                seen = jj_json_equal(e, json_array_get(list, k), item);
+                ok = e->st == KT_OK;
+            }
             if (ok && !seen)
                 ok = json_array_append(list, item) == 0 || jj_nomem(e);
         }
@@ -1487,7 +1506,9 @@ bool jj_apply_test(jj_eval *e, const char *name, const jj_value *v, const jj_arg
         if (!x)
             return jj_fail(e, line, KT_ERR_INVALID, "test '%s' needs a value to compare with", name);
         if (op == JJ_OP_EQ || op == JJ_OP_NE) {
-            r = jj_equal(v, x) == (op == JJ_OP_EQ);
+            r = jj_equal(e, v, x) == (op == JJ_OP_EQ);
+            if (e->st != KT_OK)
+                return false;
         } else {
             bool ordered = (jj_is_number(v) && jj_is_number(x)) || (jj_is(v, JSON_STRING) && jj_is(x, JSON_STRING));
             if (!ordered)
@@ -1530,7 +1551,7 @@ static bool builtin_range(jj_eval *e, const jj_args *a, int line, jj_value *out)
     long double count = step > 0 ? (span > 0 ? (span + (long double)step - 1) / (long double)step : 0)
                                  : (span < 0 ? (span + (long double)step + 1) / (long double)step : 0);
     size_t n = (size_t)(count > (long double)SIZE_MAX / 2 ? (long double)SIZE_MAX / 2 : count);
-    if (!jj_check_list(e, n))
+    if (!jj_check_list(e, n) || !jj_charge(e, n, line))
         return false;
     json_t *list = json_array();
     bool ok = list != NULL;

@@ -70,6 +70,8 @@ bool jj_string(jj_eval *e, const char *s, size_t len, jj_value *out)
     if (len > e->lim.max_output_bytes)
         return jj_fail(e, 0, KT_ERR_INVALID, "a string of %zu bytes exceeds the limit of %zu", len,
                        e->lim.max_output_bytes);
+    if (!jj_charge(e, len / 256, 0)) /* making it copies its bytes */
+        return false;
     return jj_json(e, json_stringn_nocheck(s ? s : "", len), out);
 }
 
@@ -147,9 +149,14 @@ double jj_number(const jj_value *v)
     return json_number_value(v->j);
 }
 
-/* Python's == across numbers (True == 1 == 1.0), strings and containers. */
-bool jj_json_equal(const json_t *a, const json_t *b)
+/* Python's == across numbers (True == 1 == 1.0), strings and containers;
+ * each value compared costs a step (false once they run out: e->st says so). */
+bool jj_json_equal(jj_eval *e, const json_t *a, const json_t *b)
 {
+    if (a == b)
+        return true;
+    if (!jj_step(e, 0))
+        return false;
     bool na = json_is_number(a) || json_is_boolean(a), nb = json_is_number(b) || json_is_boolean(b);
     if (na && nb) {
         if (json_is_integer(a) && json_is_integer(b))
@@ -162,13 +169,13 @@ bool jj_json_equal(const json_t *a, const json_t *b)
         return false;
     switch (json_typeof(a)) {
     case JSON_STRING:
-        return json_string_length(a) == json_string_length(b) &&
+        return json_string_length(a) == json_string_length(b) && jj_charge(e, json_string_length(a) / 256, 0) &&
                memcmp(json_string_value(a), json_string_value(b), json_string_length(a)) == 0;
     case JSON_ARRAY:
         if (json_array_size(a) != json_array_size(b))
             return false;
         for (size_t i = 0; i < json_array_size(a); i++)
-            if (!jj_json_equal(json_array_get(a, i), json_array_get(b, i)))
+            if (!jj_json_equal(e, json_array_get(a, i), json_array_get(b, i)))
                 return false;
         return true;
     case JSON_OBJECT: {
@@ -178,7 +185,7 @@ bool jj_json_equal(const json_t *a, const json_t *b)
         json_t *va;
         json_object_foreach((json_t *)a, key, va) {
             json_t *vb = json_object_get(b, key);
-            if (!vb || !jj_json_equal(va, vb))
+            if (!vb || !jj_json_equal(e, va, vb))
                 return false;
         }
         return true;
@@ -188,14 +195,14 @@ bool jj_json_equal(const json_t *a, const json_t *b)
     }
 }
 
-bool jj_equal(const jj_value *a, const jj_value *b)
+bool jj_equal(jj_eval *e, const jj_value *a, const jj_value *b)
 {
     if (a->kind != JJ_V_JSON || b->kind != JJ_V_JSON) {
         if (a->kind != b->kind)
             return false;
         return a->kind == JJ_V_UNDEFINED || (a->kind == JJ_V_MACRO ? a->macro == b->macro : a->j == b->j);
     }
-    return jj_json_equal(a->j, b->j);
+    return jj_json_equal(e, a->j, b->j);
 }
 
 /* ------------------------------------------------------------- output --- */
@@ -297,6 +304,16 @@ bool jj_step(jj_eval *e, int line)
     return true;
 }
 
+bool jj_charge(jj_eval *e, uint64_t n, int line)
+{
+    if (n > e->lim.max_steps - (e->steps < e->lim.max_steps ? e->steps : e->lim.max_steps)) {
+        e->steps = e->lim.max_steps;
+        return jj_step(e, line);
+    }
+    e->steps += n;
+    return true;
+}
+
 static bool enter(jj_eval *e, int line)
 {
     if (++e->depth > e->lim.max_depth)
@@ -369,6 +386,8 @@ bool jj_get_item(jj_eval *e, const jj_value *obj, const jj_value *key, int line,
     if (jj_is(obj, JSON_STRING) && jj_is(key, JSON_INTEGER)) {
         const char *s = json_string_value(obj->j);
         size_t len = json_string_length(obj->j), n = jj_utf8_count(s, len);
+        if (!jj_charge(e, len / 64, line)) /* code points are found by scanning */
+            return false;
         long long i = json_integer_value(key->j);
         if (i < 0)
             i += (long long)n;
@@ -434,28 +453,48 @@ static bool eval_slice(jj_eval *e, const jj_node *n, jj_value *out)
     }
     const char *s = is_string ? json_string_value(obj.j) : NULL;
     size_t slen = is_string ? json_string_length(obj.j) : 0;
+    if (!jj_charge(e, slen / 64, n->line)) {
+        jj_value_free(&obj);
+        return false;
+    }
     long long len = is_string ? (long long)jj_utf8_count(s, slen) : (long long)json_array_size(obj.j);
     bool neg = step < 0;
     start = has_start ? clamp_index(start, len, neg, false) : neg ? len - 1 : 0;
     stop = has_stop ? clamp_index(stop, len, neg, true) : neg ? -1 : len;
+    if (!jj_charge(e, (uint64_t)(neg ? (start > stop ? start - stop : 0) : (stop > start ? stop - start : 0)) /
+                          (neg ? (uint64_t)0 - (uint64_t)step : (uint64_t)step), n->line)) {
+        jj_value_free(&obj);
+        return false;
+    }
     if (is_string && step == 1) {
         size_t from = start < stop ? jj_utf8_offset(s, slen, (size_t)start) : 0;
         size_t to = start < stop ? jj_utf8_offset(s, slen, (size_t)stop) : 0;
         ok = jj_string(e, s + from, to - from, out);
-    } else if (is_string) {
+    } else if (is_string) { /* code point offsets once: indexing each one would be quadratic */
+        size_t *at = malloc(((size_t)len + 1) * sizeof *at), k = 0;
         jj_buf b = {0};
-        ok = jj_buf_append(e, &b, "", 0);
-        for (long long i = start; ok && (neg ? i > stop : i < stop); i += step) {
-            size_t from = jj_utf8_offset(s, slen, (size_t)i), to = jj_utf8_offset(s, slen, (size_t)i + 1);
-            ok = jj_buf_append(e, &b, s + from, to - from);
+        ok = (at != NULL || jj_nomem(e)) && jj_buf_append(e, &b, "", 0);
+        for (size_t i = 0; ok && i < slen; i++)
+            if (((unsigned char)s[i] & 0xC0) != 0x80)
+                at[k++] = i;
+        if (ok)
+            at[k] = slen;
+        for (long long i = start; ok && (neg ? i > stop : i < stop);) {
+            ok = jj_buf_append(e, &b, s + at[i], at[i + 1] - at[i]);
+            if (__builtin_add_overflow(i, step, &i))
+                break;
         }
         ok = ok && jj_string(e, b.bytes, b.len, out);
         free(b.bytes);
+        free(at);
     } else {
         json_t *list = json_array();
         ok = list != NULL || jj_nomem(e);
-        for (long long i = start; ok && (neg ? i > stop : i < stop); i += step)
+        for (long long i = start; ok && (neg ? i > stop : i < stop);) {
             ok = json_array_append(list, json_array_get(obj.j, (size_t)i)) == 0 || jj_nomem(e);
+            if (__builtin_add_overflow(i, step, &i))
+                break;
+        }
         if (ok)
             *out = (jj_value){.kind = JJ_V_JSON, .j = list};
         else
@@ -567,7 +606,8 @@ static bool arith(jj_eval *e, int op, const jj_value *a, const jj_value *b, int 
         return ok;
     }
     if (op == '+' && jj_is(a, JSON_ARRAY) && jj_is(b, JSON_ARRAY)) {
-        if (!jj_check_list(e, json_array_size(a->j) + json_array_size(b->j)))
+        size_t total = json_array_size(a->j) + json_array_size(b->j);
+        if (!jj_check_list(e, total) || !jj_charge(e, total, line))
             return false;
         json_t *list = json_copy(a->j);
         if (!list || json_array_extend(list, b->j) != 0) {
@@ -578,7 +618,7 @@ static bool arith(jj_eval *e, int op, const jj_value *a, const jj_value *b, int 
     }
     if (op == '*' && (jj_is(a, JSON_STRING) || jj_is(a, JSON_ARRAY)) && jj_is(b, JSON_INTEGER)) {
         long long times = json_integer_value(b->j);
-        if (times < 0)
+        if (times < 0 || (jj_is(a, JSON_STRING) ? json_string_length(a->j) : json_array_size(a->j)) == 0)
             times = 0;
         if (jj_is(a, JSON_STRING)) {
             size_t len = json_string_length(a->j);
@@ -593,8 +633,9 @@ static bool arith(jj_eval *e, int op, const jj_value *a, const jj_value *b, int 
             free(s.bytes);
             return ok;
         }
-        size_t len = json_array_size(a->j);
-        if (len && !jj_check_list(e, (unsigned long long)times > SIZE_MAX / len ? SIZE_MAX : len * (size_t)times))
+        size_t len = json_array_size(a->j), total = len && (unsigned long long)times > SIZE_MAX / len
+                                                         ? SIZE_MAX : len * (size_t)times;
+        if (!jj_check_list(e, total) || !jj_charge(e, total, line))
             return false;
         json_t *list = json_array();
         bool ok = list != NULL;
@@ -666,12 +707,12 @@ bool jj_contains(jj_eval *e, const jj_value *haystack, const jj_value *needle, i
                            jj_type_name(needle));
         *result = jj_memmem(json_string_value(haystack->j), json_string_length(haystack->j),
                             json_string_value(needle->j), json_string_length(needle->j)) != NULL;
-        return true;
+        return jj_charge(e, json_string_length(haystack->j) / 256, line);
     }
     if (jj_is(haystack, JSON_ARRAY)) {
         for (size_t i = 0; i < json_array_size(haystack->j) && !*result; i++)
-            *result = needle->kind == JJ_V_JSON && jj_json_equal(json_array_get(haystack->j, i), needle->j);
-        return true;
+            *result = needle->kind == JJ_V_JSON && jj_json_equal(e, json_array_get(haystack->j, i), needle->j);
+        return e->st == KT_OK;
     }
     if (jj_is(haystack, JSON_OBJECT) || haystack->kind == JJ_V_NAMESPACE) {
         *result = jj_is(needle, JSON_STRING) &&
@@ -705,8 +746,8 @@ static bool eval_binary(jj_eval *e, const jj_node *n, jj_value *out)
     switch (n->op) {
     case JJ_OP_EQ:
     case JJ_OP_NE:
-        r = jj_equal(&a, &b) == (n->op == JJ_OP_EQ);
-        ok = jj_json(e, json_boolean(r), out);
+        r = jj_equal(e, &a, &b) == (n->op == JJ_OP_EQ);
+        ok = e->st == KT_OK && jj_json(e, json_boolean(r), out);
         break;
     case '<':
     case '>':

@@ -61,6 +61,7 @@ typedef struct jj_eval {
 bool jj_fail(jj_eval *e, int line, kt_status st, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 bool jj_nomem(jj_eval *e);
 bool jj_step(jj_eval *e, int line);
+bool jj_charge(jj_eval *e, uint64_t n, int line); /* n steps at once: work proportional to n items */
 
 void jj_value_free(jj_value *v);
 jj_value jj_copy(const jj_value *v);
@@ -73,8 +74,8 @@ bool jj_is(const jj_value *v, json_type type);
 bool jj_is_number(const jj_value *v); /* int, float or bool */
 double jj_number(const jj_value *v);
 long long jj_int(const jj_value *v); /* int or bool; 0 for anything else */
-bool jj_json_equal(const json_t *a, const json_t *b);
-bool jj_equal(const jj_value *a, const jj_value *b);
+bool jj_json_equal(jj_eval *e, const json_t *a, const json_t *b); /* costs steps; false with e->st set when out */
+bool jj_equal(jj_eval *e, const jj_value *a, const jj_value *b);
 bool jj_contains(jj_eval *e, const jj_value *haystack, const jj_value *needle, int line, bool *result);
 bool jj_get_item(jj_eval *e, const jj_value *obj, const jj_value *key, int line, jj_value *out);
 bool jj_eval_expr(jj_eval *e, const jj_node *n, jj_value *out);
@@ -97,6 +98,6 @@ bool jj_call_builtin(jj_eval *e, const char *name, const jj_args *args, int line
 
 size_t jj_utf8_count(const char *s, size_t len);              /* code points */
 size_t jj_utf8_offset(const char *s, size_t len, size_t index); /* byte offset of code point index (len past the end) */
-const char *jj_memmem(const char *hay, size_t n, const char *needle, size_t k);
+const char *jj_memmem(const char *hay, size_t n, const char *needle, size_t k); /* linear (glibc memmem) */
 
 #endif
