@@ -490,12 +490,11 @@ bool jj_iterate(jj_eval *e, const jj_value *v, int line, json_t **items)
 
 /* ------------------------------------------------------------- strings --- */
 
-static bool ascii_case(jj_eval *e, const jj_value *v, int mode, int line, jj_value *out)
+static bool ascii_case(jj_eval *e, const jj_value *v, int mode, jj_value *out)
 {
     jj_value s;
     if (!to_string_value(e, v, &s))
         return false;
-    (void)line;
     size_t len = json_string_length(s.j);
     char *c = malloc(len + 1);
     if (!c) {
@@ -676,8 +675,7 @@ static bool string_method(jj_eval *e, const jj_value *obj, const char *name, con
     }
     if (strcmp(name, "upper") == 0 || strcmp(name, "lower") == 0 || strcmp(name, "title") == 0 ||
         strcmp(name, "capitalize") == 0)
-        return ascii_case(e, obj, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 't' ? 't' : 'c', line,
-                          out);
+        return ascii_case(e, obj, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 't' ? 't' : 'c', out);
     if (strcmp(name, "find") == 0 || strcmp(name, "count") == 0 || strcmp(name, "index") == 0) {
         if (!arg_string(e, a, 0, "sub", line, &x, &nx) || !x)
             return x ? false : jj_fail(e, line, KT_ERR_INVALID, "%s() needs a string", name);
@@ -965,7 +963,6 @@ static bool filter_select(jj_eval *e, const char *name, const jj_value *v, const
         return false;
     size_t first_test_arg = attr ? 1 : 0;
     const char *path = NULL, *test = NULL;
-    size_t n;
     bool ok = true;
     if (map) {
         const jj_value *at = arg(a, KEYWORD_ONLY, "attribute");
@@ -1026,7 +1023,6 @@ static bool filter_select(jj_eval *e, const char *name, const jj_value *v, const
         }
         jj_value_free(&probe);
     }
-    (void)n;
     json_decref(items);
     if (!ok) {
         json_decref(list);
@@ -1181,7 +1177,7 @@ bool jj_apply_filter(jj_eval *e, const char *name, const jj_value *v, const jj_a
     }
     if (strcmp(name, "upper") == 0 || strcmp(name, "lower") == 0 || strcmp(name, "capitalize") == 0 ||
         strcmp(name, "title") == 0)
-        return ascii_case(e, v, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 'c' ? 'c' : 't', line, out);
+        return ascii_case(e, v, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : name[0] == 'c' ? 'c' : 't', out);
     if (strcmp(name, "replace") == 0) {
         jj_value s;
         if (!arg(a, 0, "old") || !arg(a, 1, "new"))

@@ -400,9 +400,9 @@ bool jj_get_item(jj_eval *e, const jj_value *obj, const jj_value *key, int line,
     return true; /* anything else: undefined, as jinja2 */
 }
 
-static long long clamp_index(long long i, long long n, bool negative_step, bool is_stop)
+/* Python's slice bound: negative counts from the end, then clamped to the sequence. */
+static long long clamp_index(long long i, long long n, bool negative_step)
 {
-    (void)is_stop;
     if (i < 0) {
         i += n;
         if (i < 0)
@@ -459,8 +459,8 @@ static bool eval_slice(jj_eval *e, const jj_node *n, jj_value *out)
     }
     long long len = is_string ? (long long)jj_utf8_count(s, slen) : (long long)json_array_size(obj.j);
     bool neg = step < 0;
-    start = has_start ? clamp_index(start, len, neg, false) : neg ? len - 1 : 0;
-    stop = has_stop ? clamp_index(stop, len, neg, true) : neg ? -1 : len;
+    start = has_start ? clamp_index(start, len, neg) : neg ? len - 1 : 0;
+    stop = has_stop ? clamp_index(stop, len, neg) : neg ? -1 : len;
     if (!jj_charge(e, (uint64_t)(neg ? (start > stop ? start - stop : 0) : (stop > start ? stop - start : 0)) /
                           (neg ? (uint64_t)0 - (uint64_t)step : (uint64_t)step), n->line)) {
         jj_value_free(&obj);
