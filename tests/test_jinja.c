@@ -528,7 +528,8 @@ static void jinja_chat_render_passes_hf_variables(void)
                        "{% if m.tool_call_id is defined %} id={{ m.tool_call_id }}{% endif %}"
                        "{% if m.reasoning_content is defined %} r={{ m.reasoning_content }}{% endif %}"
                        "{% for c in m.tool_calls | default([]) %} call={{ c | tojson }}{% endfor %};"
-                       "{% endfor %}|{{ tools | length }}|{{ add_generation_prompt }}|{{ bos_token }}{{ eos_token }}|"
+                       "{% endfor %}|{{ tools | length if tools is not none else 'none' }}|{{ add_generation_prompt }}|"
+                       "{{ bos_token }}{{ eos_token }}|{{ documents }}|"
                        "{{ thinking }}{{ enable_thinking }}";
     kt_chat_tool_call call = {.id = NULL, .name = "f", .arguments = "{\"a\": 1}"};
     kt_chat_message msgs[] = {
@@ -544,12 +545,12 @@ static void jinja_chat_render_passes_hf_variables(void)
     kt_err err = {0};
     KT_CHECK(kt_chat_render(KT_CHAT_JINJA, msgs, 3, &opts, &out, &err) == KT_OK, "%s", err.msg);
     const char *want = "system:\"s\" name=sys;assistant:\"\" r=why call={\"type\": \"function\", \"function\": "
-                       "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}};tool:\"r\" id=c1;|1|True|<b><e>|FalseFalse";
+                       "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}};tool:\"r\" id=c1;|1|True|<b><e>|None|FalseFalse";
     KT_CHECK(out && strcmp(out, want) == 0, "got %s", out ? out : "NULL");
     free(out);
     opts = (kt_chat_options){.template_text = tmpl};
     KT_CHECK(kt_chat_render(KT_CHAT_JINJA, msgs, 1, &opts, &out, &err) == KT_OK && out &&
-                 strcmp(out, "system:\"s\" name=sys;|0|False||") == 0,
+                 strcmp(out, "system:\"s\" name=sys;|none|False||None|") == 0,
              "defaults: %s", out ? out : err.msg);
     free(out);
     /* The template's own errors come back as the render's. */

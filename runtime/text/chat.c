@@ -818,7 +818,9 @@ static kt_status render_jinja(const kt_chat_message *messages, size_t n, const j
         if (!m || json_array_append_new(list, m))
             goto nomem;
     }
-    if ((tools && json_object_set(ctx, "tools", (json_t *)tools)) ||
+    /* transformers passes tools=None and documents=None when there are none */
+    if (json_object_set_new(ctx, "tools", tools ? json_incref((json_t *)tools) : json_null()) ||
+        json_object_set_new(ctx, "documents", json_null()) ||
         json_object_set_new(ctx, "add_generation_prompt", json_boolean(options->add_generation_prompt)) ||
         set_str(ctx, "bos_token", options->bos_token) || set_str(ctx, "eos_token", options->eos_token))
         goto nomem;

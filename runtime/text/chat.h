@@ -133,7 +133,7 @@ typedef struct kt_chat_options {
     const char *eos_token;    /* NULL: the family's own; no supported revision prints it */
     /* KT_CHAT_JINJA: the template's source.  The interpreter sees the
      * variables HF passes: messages (as kt_chat_messages_from_json normalised
-     * them, a NULL content as ""), tools (when non-empty), add_generation_prompt,
+     * them, a NULL content as ""), tools (none when empty), documents (none), add_generation_prompt,
      * bos_token and eos_token (when given), and thinking / enable_thinking
      * (when not DEFAULT). */
     const char *template_text;
