@@ -4,7 +4,7 @@
  *
  * An input is a template; bytes after its first NUL, when they parse as a
  * JSON object, are the context (otherwise a chat with tools and tool calls
- * is).  Promises: parsing fails only with KT_ERR_FORMAT or KT_ERR_NOMEM and a
+ * is).  An input whose first byte is 0x01 is all template, NULs included.  Promises: parsing fails only with KT_ERR_FORMAT or KT_ERR_NOMEM and a
  * message naming the line; rendering ends within its limits (output at most
  * max_output_bytes, NUL-terminated at its length) or fails with
  * KT_ERR_INVALID or KT_ERR_NOMEM and a message naming the line, never with
@@ -42,7 +42,11 @@ static const char DEFAULT_CONTEXT[] =
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *text = (const char *)data;
-    const char *nul = memchr(text, '\0', size);
+    /* A first byte 0x01: the rest is all template, NUL bytes included. */
+    bool whole = size > 0 && data[0] == 0x01;
+    if (whole)
+        text++, size--;
+    const char *nul = whole ? NULL : memchr(text, '\0', size);
     size_t source_len = nul ? (size_t)(nul - text) : size;
     char *source = malloc(source_len ? source_len : 1); /* exactly sized: an overread is caught */
     if (!source)
@@ -124,5 +128,25 @@ void kt_fuzz_seeds(kt_fuzz_emit_fn emit)
     kt_fuzz_mutated_seeds(emit, (const char *const *)seeds, n, "{%-'", 4);
     for (size_t i = 0; i < n; i++)
         free(seeds[i]);
+    /* Hostile ones: every limit, NUL bytes inside a template, a context of its own. */
+    static const struct { const char *bytes; size_t size; } hostile[] = {
+#define SEED(s) {s, sizeof s - 1}
+        SEED("{% for i in range(100000000) %}{% endfor %}"),
+        SEED("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"),
+        SEED("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"),
+        SEED("{{ ((((((((((((((((((((((((((((((((((((((((1)))))))))))))))))))))))))))))))))))))))) }}"),
+        SEED("{{ 'ab' * 9223372036854775807 }}{{ [1] * 9223372036854775807 }}{{ range(-9223372036854775807, "
+             "9223372036854775807) }}"),
+        SEED("{{ 'x'[::-9223372036854775807] }}{{ [1, 2][-9223372036854775807:9223372036854775807:3] }}"),
+        SEED("\x01{# a \0 #}{{ 'x\0y' | length }}{% if '\0' in 'a\0' %}nul{% endif %}"),
+        SEED("{{ messages | tojson(indent=2) }}\0{\"messages\": [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}"),
+        SEED("{% for m in messages %}{{ m.content[::-1] }}{% endfor %}\0{\"messages\": [{\"content\": \"h\u00e9\"}]}"),
+#undef SEED
+    };
+    for (size_t i = 0; i < sizeof hostile / sizeof hostile[0]; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "hostile%zu", i);
+        emit((const uint8_t *)hostile[i].bytes, hostile[i].size, label);
+    }
 }
 #endif
