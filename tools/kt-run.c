@@ -7,12 +7,14 @@
  * tools/ code prints.  Exit status: 0 done, 1 the model or run failed (one
  * line "kt-run: why"), 2 usage.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "preflight.h"
@@ -47,6 +49,7 @@ KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
 KT_CLI_STRING_OPTION(opt_prompt, prompt)
 KT_CLI_STRING_OPTION(opt_chat, chat)
 KT_CLI_STRING_OPTION(opt_system, system)
+KT_CLI_STRING_OPTION(opt_chat_template, chat_template)
 KT_CLI_STRING_OPTION(opt_logits_out, logits_out)
 KT_CLI_STRING_OPTION(opt_placement, placement)
 
@@ -163,6 +166,8 @@ static const struct kt_cli_option options_table[] = {
     {"--prompt", "-p", "TEXT", 0, "generate a continuation of TEXT", opt_prompt},
     {"--chat", NULL, "TEXT", 0, "generate the reply to one user turn, through the model's chat template", opt_chat},
     {"--system", NULL, "TEXT", 0, "system turn for --chat", opt_system},
+    {"--chat-template", NULL, "FILE", 0, "render --chat with this Jinja chat template instead of the model's (with "
+     "--info: name how it renders)", opt_chat_template},
     {"--n-predict", "-n", "N", 0, "most tokens to generate (default 128)", opt_n_predict},
     {"--ignore-eos", NULL, NULL, 0, "do not stop at end-of-generation tokens", opt_ignore_eos},
     {"--temp", NULL, "T", 0, "temperature; 0 = greedy (default 0.8)", opt_temp},
@@ -230,6 +235,13 @@ static int parse_args(int argc, char **argv, struct kt_run_options *o)
     if (o->prompt && o->chat)
         return kt_cli_usage_error(&cli, "%s", "-p and --chat both given: give one (-p continues raw text, --chat "
                                               "answers a user turn)");
+    if (o->chat_template && !o->chat && !o->info)
+        return kt_cli_usage_error(&cli, "%s", "--chat-template goes with --chat or --info: give one of them too");
+    if (o->chat_template && access(o->chat_template, R_OK) != 0) {
+        char why[1200];
+        snprintf(why, sizeof why, "--chat-template %s: cannot read: %s", o->chat_template, strerror(errno));
+        return kt_cli_usage_error(&cli, "%s", why);
+    }
     if (o->system && !o->chat)
         return kt_cli_usage_error(&cli, "%s", "--system goes with --chat: give --chat TEXT too, or drop --system");
     if (!o->info && !o->prompt && !o->chat)

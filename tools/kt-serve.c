@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "model_chat.h"
 #include "placement_opt.h"
 #include "preflight.h"
 #include "server.h"
@@ -36,6 +37,7 @@ KT_CLI_STRING_OPTION(opt_self_check_reference, test_self_check_reference)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
 KT_CLI_STRING_OPTION(opt_name, served_name)
+KT_CLI_STRING_OPTION(opt_chat_template, chat_template)
 KT_CLI_STRING_OPTION(opt_profile_out, profile_out)
 KT_CLI_STRING_OPTION(opt_machine, machine)
 KT_CLI_STRING_OPTION(opt_plan_out, plan_out)
@@ -133,6 +135,8 @@ static const struct kt_cli_option options_table[] = {
     {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
     {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
+    {"--chat-template", NULL, "FILE", 0, "render chats with this Jinja chat template instead of the model's",
+     opt_chat_template},
     {"--served-model-name", NULL, "NAME", 0, "the model's name in the API (default: file name without .gguf)",
      opt_name},
     {"--max-waiting", NULL, "N", 0, "requests queued beyond the running batch before 429 (default 64)",
@@ -280,10 +284,20 @@ static bool preflight(struct kt_server *s, kt_err *err)
         kt_err_prefix(err, "%s", o->model);
         return false;
     }
-    char why[256];
-    s->format = kt_serve_chat_format(s->model->gguf, why, sizeof why);
+    char why[512], *override = NULL;
+    if (o->chat_template && kt_tool_read_chat_template(o->chat_template, &override, err) != KT_OK)
+        return false;
+    s->format = kt_serve_chat_template(s->model->gguf, override, &s->chat_template, why, sizeof why);
+    free(override);
+    if (s->format == KT_CHAT_FORMAT_UNKNOWN && o->chat_template) {
+        kt_err_set(err, KT_ERR_UNSUPPORTED, "--chat-template %s: %s", o->chat_template, why);
+        return false;
+    }
     if (s->format == KT_CHAT_FORMAT_UNKNOWN)
         fprintf(stderr, "kt-serve: %s: %s; /v1/chat/completions will refuse requests\n", o->model, why);
+    else if (s->format == KT_CHAT_JINJA)
+        fprintf(stderr, "kt-serve: %s: chat template: jinja (unrecognised template: rendered by the interpreter)\n",
+                o->chat_template ? o->chat_template : o->model);
 
     const uint32_t n_ctx = kt_tool_context(s->model, o->ctx);
     uint32_t threads = o->threads;
@@ -365,7 +379,8 @@ static bool load(struct kt_server *s, kt_err *err)
         return false;
     kt_placement_config_destroy(s->config);
     s->config = NULL;
-    s->sm = (struct kt_serve_model){.tok = s->tok, .format = s->format, .n_ctx = s->ep.n_ctx,
+    s->sm = (struct kt_serve_model){.tok = s->tok, .format = s->format, .chat_template = s->chat_template,
+                                    .n_ctx = s->ep.n_ctx,
                                     .n_vocab = kt_engine_n_vocab(s->engine),
                                     .allow_forced_output = o->test_forced_output};
     const struct kt_hparams *hp = &s->model->hp;
@@ -453,6 +468,7 @@ static void teardown(struct kt_server *s)
     kt_placement_config_destroy(s->config);
     free(s->machine);
     kt_tokenizer_destroy(s->tok);
+    free(s->chat_template);
     kt_model_close(s->model);
     kt_serve_metrics_destroy(&s->metrics);
 }

@@ -52,6 +52,14 @@ static char *deepseek_tools_system(const char *system, const json_t *tools)
     return b.bytes;
 }
 
+/* A special token's text, malloc'd; NULL without one (or without memory: the template then sees none). */
+static char *special_text(const struct kt_tokenizer *tok, int32_t id)
+{
+    size_t len = 0;
+    const char *s = id >= 0 ? kt_token_bytes(tok, id, &len) : NULL;
+    return s ? strndup(s, len) : NULL;
+}
+
 bool kt_prompt_render_chat(const struct kt_serve_model *m, const struct kt_api_request *r, char **text,
                            struct kt_api_error *e)
 {
@@ -81,10 +89,20 @@ bool kt_prompt_render_chat(const struct kt_serve_model *m, const struct kt_api_r
     } else if (r->tool_choice != KT_TOOL_CHOICE_NONE) {
         opts.tools = r->tools;
     }
+    char *bos = NULL, *eos = NULL;
+    if (m->format == KT_CHAT_JINJA) { /* the template sees the tokenizer's texts, as in HF */
+        opts.template_text = m->chat_template;
+        if (m->tok) {
+            opts.bos_token = bos = special_text(m->tok, kt_tokenizer_bos(m->tok));
+            opts.eos_token = eos = special_text(m->tok, kt_tokenizer_eos(m->tok));
+        }
+    }
     kt_err err = {0};
     kt_status st = kt_chat_render(m->format, msgs, n, &opts, text, &err);
     free(patched);
     free(system);
+    free(bos);
+    free(eos);
     if (st == KT_ERR_NOMEM) {
         nomem(e);
         return false;
@@ -324,24 +342,43 @@ void kt_prompt_free(struct kt_prompt *p)
     *p = (struct kt_prompt){0};
 }
 
-kt_chat_format kt_serve_chat_format(const struct kt_gguf *g, char *why, size_t why_size)
+kt_chat_format kt_serve_chat_template(const struct kt_gguf *g, const char *template_text, char **text, char *why,
+                                      size_t why_size)
 {
     kt_err err = {0};
-    struct kt_gguf_str tmpl;
     kt_chat_format format = KT_CHAT_FORMAT_UNKNOWN;
-    if (kt_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &err) != KT_OK) {
-        snprintf(why, why_size, "the model has no chat template");
-        return format;
+    if (text)
+        *text = NULL;
+    char *copy = NULL;
+    if (template_text) {
+        copy = strdup(template_text);
+    } else {
+        struct kt_gguf_str tmpl;
+        if (kt_gguf_get_str(g, "tokenizer.chat_template", &tmpl, &err) != KT_OK) {
+            snprintf(why, why_size, "the model has no chat template");
+            return format;
+        }
+        copy = strndup(tmpl.ptr, tmpl.len);
     }
-    char *text = strndup(tmpl.ptr, tmpl.len);
-    if (!text) {
+    if (!copy) {
         snprintf(why, why_size, "out of memory");
         return format;
     }
-    if (kt_chat_format_detect(text, &format, &err) != KT_OK) {
-        snprintf(why, why_size, "%.200s", err.msg);
+    if (kt_chat_format_resolve(copy, &format, &err) != KT_OK) {
+        snprintf(why, why_size, "%.300s", err.msg);
+        format = KT_CHAT_FORMAT_UNKNOWN;
+    } else if (format == KT_CHAT_JINJA && !text) {
+        snprintf(why, why_size, "the chat template is none of the revisions kt renders natively");
         format = KT_CHAT_FORMAT_UNKNOWN;
     }
-    free(text);
+    if (text && format != KT_CHAT_FORMAT_UNKNOWN)
+        *text = copy;
+    else
+        free(copy);
     return format;
+}
+
+kt_chat_format kt_serve_chat_format(const struct kt_gguf *g, char *why, size_t why_size)
+{
+    return kt_serve_chat_template(g, NULL, NULL, why, why_size);
 }

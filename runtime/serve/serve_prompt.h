@@ -35,6 +35,7 @@
 struct kt_serve_model {
     const struct kt_tokenizer *tok;
     kt_chat_format format;     /* KT_CHAT_FORMAT_UNKNOWN: chat requests are refused */
+    const char *chat_template; /* KT_CHAT_JINJA: the template the interpreter renders */
     uint32_t n_ctx;            /* positions one sequence may hold */
     uint32_t n_vocab;
     bool allow_forced_output;  /* honour kt_test_forced_output (tests only) */
@@ -57,8 +58,15 @@ struct kt_prompt {
     struct kt_grammar *grammar; /* what the output must follow (serve_grammar.h); NULL: anything */
 };
 
-/* The chat format of a GGUF file's tokenizer.chat_template; UNKNOWN when it
- * has none or kt does not know it (why then says which). */
+/* The chat format of template_text, or when NULL of a GGUF file's
+ * tokenizer.chat_template (kt_chat_format_resolve); UNKNOWN when there is
+ * none or it cannot be rendered (why then says which).  *text (when text is
+ * not NULL) gets the template, malloc'd, for kt_serve_model.chat_template;
+ * without text a template only the interpreter renders is UNKNOWN. */
+kt_chat_format kt_serve_chat_template(const struct kt_gguf *g, const char *template_text, char **text, char *why,
+                                      size_t why_size);
+
+/* kt_serve_chat_template(g, NULL, NULL, ...). */
 kt_chat_format kt_serve_chat_format(const struct kt_gguf *g, char *why, size_t why_size);
 
 /* Renders and tokenizes.  false with e set: 400 for what the request asks

@@ -1,12 +1,14 @@
 /*
  * chat.c - template recognition, OpenAI message parsing and the Python-exact
  * JSON writer behind kt_chat_render; the per-family renderers live in
- * chat_kimi.c and chat_deepseek.c.
+ * chat_kimi.c and chat_deepseek.c, the Jinja interpreter that renders every
+ * other template in jinja*.c.
  *
  * Recognition is deliberately strict: a revision is named only when every
  * substring that decides its output is present, so a template kt has not
- * been taught is refused rather than rendered almost right.  Nothing here
- * prints, exits or keeps state between calls.
+ * been taught goes to the interpreter rather than being rendered almost
+ * right by a near revision.  Nothing here prints, exits or keeps state
+ * between calls.
  */
 #include "chat.h"
 
@@ -17,6 +19,7 @@
 #include <string.h>
 
 #include "chat_internal.h"
+#include "jinja.h"
 
 /* ---------------------------------------------------------------- text --- */
 
@@ -352,12 +355,12 @@ const kt_chat_revision *kt_chat_revision_of(kt_chat_format format)
 
 const char *kt_chat_format_name(kt_chat_format format)
 {
-    return kt_chat_revision_of(format)->name;
+    return format == KT_CHAT_JINJA ? "jinja" : kt_chat_revision_of(format)->name;
 }
 
 bool kt_chat_format_renders_tools(kt_chat_format format)
 {
-    return kt_chat_revision_of(format)->is_kimi;
+    return format == KT_CHAT_JINJA || kt_chat_revision_of(format)->is_kimi;
 }
 
 const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count)
@@ -365,7 +368,7 @@ const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count)
     static const char *const kimi[] = {"<|im_end|>", "[EOS]", "[EOT]", "<|im_middle|>"};
     static const char *const deepseek[] = {"<｜end▁of▁sentence｜>"};
     const kt_chat_revision *rev = kt_chat_revision_of(format);
-    if (rev->format == KT_CHAT_FORMAT_UNKNOWN) {
+    if (rev->format == KT_CHAT_FORMAT_UNKNOWN) { /* KT_CHAT_JINJA too */
         *count = 0;
         return NULL;
     }
@@ -455,6 +458,26 @@ kt_status kt_chat_format_detect(const char *template_text, kt_chat_format *forma
                       "rendering another revision would not reproduce the model's training prompt",
                       family, kt_chat_format_name(nearest->format),
                       forbidden ? "does not contain" : "needs", nearest_missing);
+}
+
+kt_status kt_chat_format_resolve(const char *template_text, kt_chat_format *format, kt_err *err)
+{
+    kt_err why = {0};
+    kt_status st = kt_chat_format_detect(template_text, format, &why);
+    if (st != KT_ERR_UNSUPPORTED || !template_text || !template_text[0]) {
+        if (st != KT_OK && err)
+            *err = why;
+        return st;
+    }
+    kt_jinja_template *t = NULL;
+    st = kt_jinja_parse(template_text, strlen(template_text), &t, &why);
+    kt_jinja_destroy(t);
+    if (st == KT_ERR_NOMEM)
+        return kt_err_set(err, st, "%s", why.msg);
+    if (st != KT_OK)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "chat template not recognised and not rendered: %s", why.msg);
+    *format = KT_CHAT_JINJA;
+    return KT_OK;
 }
 
 /* ------------------------------------------------------ JSON messages --- */
@@ -744,6 +767,82 @@ static kt_status check_messages(const kt_chat_message *messages, size_t n, kt_er
     return KT_OK;
 }
 
+/* ------------------------------------------------- the Jinja fallback --- */
+
+static int set_str(json_t *obj, const char *key, const char *value)
+{
+    return value ? json_object_set_new(obj, key, json_string_nocheck(value)) : 0;
+}
+
+/* The message as HF's templates see it after kt_chat_messages_from_json:
+ * absent fields absent, content "" for NULL, every call of type "function"
+ * with its arguments as JSON text (tests/golden/chat/README.md). */
+static json_t *message_json(const kt_chat_message *m)
+{
+    static const char *const roles[] = {"system", "user", "assistant", "tool"};
+    json_t *o = json_object();
+    if (!o || set_str(o, "role", roles[m->role]) || set_str(o, "content", m->content ? m->content : "") ||
+        set_str(o, "name", m->name) || set_str(o, "tool_call_id", m->tool_call_id) ||
+        set_str(o, "reasoning_content", m->reasoning_content))
+        goto fail;
+    if (m->n_tool_calls) {
+        json_t *calls = json_array();
+        if (!calls || json_object_set_new(o, "tool_calls", calls))
+            goto fail;
+        for (size_t c = 0; c < m->n_tool_calls; c++) {
+            const kt_chat_tool_call *tc = &m->tool_calls[c];
+            json_t *call = json_object(), *fn;
+            if (!call || json_array_append_new(calls, call) || set_str(call, "id", tc->id) ||
+                set_str(call, "type", "function") || !(fn = json_object()) ||
+                json_object_set_new(call, "function", fn) || set_str(fn, "name", tc->name) ||
+                set_str(fn, "arguments", tc->arguments))
+                goto fail;
+        }
+    }
+    return o;
+fail:
+    json_decref(o);
+    return NULL;
+}
+
+static kt_status render_jinja(const kt_chat_message *messages, size_t n, const json_t *tools,
+                              const kt_chat_options *options, char **out, kt_err *err)
+{
+    kt_status st = KT_ERR_NOMEM;
+    kt_jinja_template *t = NULL;
+    json_t *ctx = json_object(), *list = json_array();
+    if (!ctx || !list || json_object_set(ctx, "messages", list))
+        goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = message_json(&messages[i]);
+        if (!m || json_array_append_new(list, m))
+            goto nomem;
+    }
+    /* transformers passes tools=None and documents=None when there are none */
+    if (json_object_set_new(ctx, "tools", tools ? json_incref((json_t *)tools) : json_null()) ||
+        json_object_set_new(ctx, "documents", json_null()) ||
+        json_object_set_new(ctx, "add_generation_prompt", json_boolean(options->add_generation_prompt)) ||
+        set_str(ctx, "bos_token", options->bos_token) || set_str(ctx, "eos_token", options->eos_token))
+        goto nomem;
+    if (options->thinking != KT_CHAT_THINKING_DEFAULT) {
+        bool on = options->thinking == KT_CHAT_THINKING_ON;
+        if (json_object_set_new(ctx, "thinking", json_boolean(on)) ||
+            json_object_set_new(ctx, "enable_thinking", json_boolean(on)))
+            goto nomem;
+    }
+    st = kt_jinja_parse(options->template_text, strlen(options->template_text), &t, err);
+    if (st == KT_OK)
+        st = kt_jinja_render(t, ctx, NULL, out, NULL, err);
+    goto done;
+nomem:
+    st = kt_err_set(err, KT_ERR_NOMEM, "out of memory rendering the chat prompt");
+done:
+    kt_jinja_destroy(t);
+    json_decref(list);
+    json_decref(ctx);
+    return st;
+}
+
 kt_status kt_chat_render(kt_chat_format format, const kt_chat_message *messages, size_t n,
                          const kt_chat_options *options, char **out, kt_err *err)
 {
@@ -752,7 +851,9 @@ kt_status kt_chat_render(kt_chat_format format, const kt_chat_message *messages,
     if (!options)
         options = &no_options;
     const kt_chat_revision *rev = kt_chat_revision_of(format);
-    if (rev->format == KT_CHAT_FORMAT_UNKNOWN)
+    if (format == KT_CHAT_JINJA && !options->template_text)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "a Jinja chat format needs the template text");
+    if (rev->format == KT_CHAT_FORMAT_UNKNOWN && format != KT_CHAT_JINJA)
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "no chat template format to render with");
     if (n && !messages)
         return kt_err_set(err, KT_ERR_INVALID, "messages: NULL with %zu messages", n);
@@ -778,6 +879,11 @@ kt_status kt_chat_render(kt_chat_format format, const kt_chat_message *messages,
     if (tools && json_array_size(tools) == 0)
         tools = NULL; /* `{% if tools %}` is false for [] and null */
 
+    if (format == KT_CHAT_JINJA) {
+        st = render_jinja(messages, n, tools, options, out, err);
+        json_decref(parsed_tools);
+        return st;
+    }
     const char *bos = options->bos_token ? options->bos_token : "<｜begin▁of▁sentence｜>";
     bool agp = options->add_generation_prompt;
     kt_chat_text text = {0};

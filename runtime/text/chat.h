@@ -2,13 +2,14 @@
  * chat.h - chat templates: OpenAI-style messages in, the exact prompt text
  * the model was trained on out.
  *
- * kt does not interpret Jinja.  It recognises the template a GGUF file
- * carries (tokenizer.chat_template) as one of the published revisions below
- * and renders it natively, byte for byte as HF transformers renders that
- * revision (jinja2 with trim_blocks and lstrip_blocks, tojson = Python
- * json.dumps with ensure_ascii=False), which tests/golden/chat proves.  A
- * template it does not recognise is refused, never approximated: a prompt
- * that differs from training by one newline is a different prompt.
+ * kt recognises the template a GGUF file carries (tokenizer.chat_template)
+ * as one of the published revisions below and renders it natively, byte for
+ * byte as HF transformers renders that revision (jinja2 with trim_blocks and
+ * lstrip_blocks, tojson = Python json.dumps with ensure_ascii=False), which
+ * tests/golden/chat proves.  Any other template (a community fix, another
+ * model's) is rendered by the Jinja interpreter (jinja.h) as KT_CHAT_JINJA,
+ * never approximated by a near revision: a prompt that differs from training
+ * by one newline is a different prompt.
  *
  * Rendering never tokenizes and never touches the model; the text may contain
  * special-token strings (from the template and from user content alike).
@@ -34,7 +35,10 @@ typedef enum kt_chat_format {
     KT_CHAT_DEEPSEEK_V3_0324,          /* DeepSeek-V3-0324: "<｜Assistant｜>" follows every user turn */
     KT_CHAT_DEEPSEEK_R1,               /* DeepSeek-R1, January 2025: generation prompt "<｜Assistant｜>" */
     KT_CHAT_DEEPSEEK_R1_THINK,         /* DeepSeek-R1, later revision: generation prompt "<｜Assistant｜><think>\n" */
-    KT_CHAT_FORMAT_COUNT,
+    KT_CHAT_FORMAT_COUNT,              /* the native revisions are 1 .. COUNT-1 */
+    /* Not a revision: kt_chat_options.template_text rendered by the Jinja
+     * interpreter.  Its family's stop strings and tool formats are unknown. */
+    KT_CHAT_JINJA = KT_CHAT_FORMAT_COUNT,
 } kt_chat_format;
 
 /* Identifies the revision from the template text by the substrings that
@@ -42,17 +46,25 @@ typedef enum kt_chat_format {
  * naming what was seen when no known revision matches. */
 kt_status kt_chat_format_detect(const char *template_text, kt_chat_format *format, kt_err *err);
 
-/* "kimi-k2-instruct", "deepseek-r1-think", ...; "unknown" for anything else. */
+/* How kt renders a template: the revision kt_chat_format_detect names, or
+ * else KT_CHAT_JINJA when the interpreter parses it.  Fails with
+ * KT_ERR_UNSUPPORTED when there is no template or it is not Jinja that kt
+ * parses (the message names the line). */
+kt_status kt_chat_format_resolve(const char *template_text, kt_chat_format *format, kt_err *err);
+
+/* "kimi-k2-instruct", "deepseek-r1-think", ..., "jinja"; "unknown" for anything else. */
 const char *kt_chat_format_name(kt_chat_format format);
 
 /* Whether the template renders a tools declaration.  The DeepSeek-V3/R1
  * templates do not: kt then renders no declaration either (as HF does), and a
- * server must describe the tools in the system prompt or refuse the request. */
+ * server must describe the tools in the system prompt or refuse the request.
+ * KT_CHAT_JINJA: true (the template is given `tools`; what it does with them is its own). */
 bool kt_chat_format_renders_tools(kt_chat_format format);
 
 /* Texts that end a generation for the format's family (their published generation configs):
  * Kimi "<|im_end|>", "[EOS]", "[EOT]" and "<|im_middle|>" (a new header
- * started); DeepSeek "<｜end▁of▁sentence｜>".  Static storage, *count set. */
+ * started); DeepSeek "<｜end▁of▁sentence｜>"; none for KT_CHAT_JINJA (the
+ * tokenizer's end-of-generation tokens still stop).  Static storage, *count set. */
 const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count);
 
 typedef enum kt_chat_role {
@@ -119,12 +131,19 @@ typedef struct kt_chat_options {
      * without adding a second BOS (as the published templates do).  NULL: "<｜begin▁of▁sentence｜>". */
     const char *bos_token;
     const char *eos_token;    /* NULL: the family's own; no supported revision prints it */
+    /* KT_CHAT_JINJA: the template's source.  The interpreter sees the
+     * variables HF passes: messages (as kt_chat_messages_from_json normalised
+     * them, a NULL content as ""), tools (none when empty), documents (none), add_generation_prompt,
+     * bos_token and eos_token (when given), and thinking / enable_thinking
+     * (when not DEFAULT). */
+    const char *template_text;
 } kt_chat_options;
 
 /* Renders messages[0..n) into a malloc'd NUL-terminated *out (free() it).
  * Fails with KT_ERR_INVALID for malformed input (tools not an array, a tool
  * turn without content, tool calls outside assistant turns) and
- * KT_ERR_UNSUPPORTED for KT_CHAT_FORMAT_UNKNOWN. */
+ * KT_ERR_UNSUPPORTED for KT_CHAT_FORMAT_UNKNOWN (and KT_CHAT_JINJA without
+ * template_text); a KT_CHAT_JINJA template's own failures are kt_jinja_render's. */
 kt_status kt_chat_render(kt_chat_format format, const kt_chat_message *messages, size_t n,
                          const kt_chat_options *options, char **out, kt_err *err);
 

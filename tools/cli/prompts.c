@@ -109,12 +109,16 @@ kt_status kt_tool_prompts_tokenize(const struct kt_model *m, const struct kt_tok
                                    struct kt_tool_prompts *s, kt_err *err)
 {
     kt_chat_format format;
-    kt_status st =
-        kt_tool_chat_format(m, "the prompts are chat messages, but the model has no chat template", &format, err);
+    char *tmpl = NULL, *bos = NULL, *eos = NULL;
+    kt_status st = kt_tool_chat_template(m, NULL, "the prompts are chat messages, but the model has no chat template",
+                                         &format, &tmpl, err);
+    if (st == KT_OK && format == KT_CHAT_JINJA)
+        kt_tool_chat_special_texts(tok, &bos, &eos);
     for (size_t i = 0; st == KT_OK && i < s->n; i++) {
         struct kt_tool_prompt *p = &s->items[i];
         char *text = NULL;
-        kt_chat_options opts = {.add_generation_prompt = true};
+        kt_chat_options opts = {.add_generation_prompt = true, .bos_token = bos, .eos_token = eos,
+                                .template_text = tmpl};
         /* the render carries BOS itself where the family has one */
         if ((st = kt_chat_render(format, p->messages.items, p->messages.count, &opts, &text, err)) == KT_OK)
             st = kt_tokenize(tok, text, strlen(text), false, true, &p->ids, &p->n_ids, err);
@@ -124,5 +128,6 @@ kt_status kt_tool_prompts_tokenize(const struct kt_model *m, const struct kt_tok
         else if (p->n_ids == 0)
             st = kt_err_set(err, KT_ERR_INVALID, "%s:%u: the prompt has no tokens", source, p->line);
     }
+    free(tmpl), free(bos), free(eos);
     return st;
 }

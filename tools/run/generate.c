@@ -54,8 +54,9 @@ static double rss_now_mib(void)
 }
 
 /* The prompt as text to tokenize: raw -p text, or the rendered chat turn. */
-static kt_status build_prompt(const struct kt_run_options *o, const struct kt_model *m, char **text,
-                              bool *add_special, char *format_name, size_t format_size, kt_err *err)
+static kt_status build_prompt(const struct kt_run_options *o, const struct kt_model *m,
+                              const struct kt_tokenizer *tok, char **text, bool *add_special, char *format_name,
+                              size_t format_size, kt_err *err)
 {
     if (o->prompt) {
         *text = strdup(o->prompt);
@@ -64,16 +65,21 @@ static kt_status build_prompt(const struct kt_run_options *o, const struct kt_mo
         return *text ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     }
     kt_chat_format format;
-    kt_status st = kt_tool_chat_format(m, "--chat needs the model's chat template", &format, err);
+    char *tmpl = NULL, *bos = NULL, *eos = NULL;
+    kt_status st = kt_tool_chat_template(m, o->chat_template, "--chat needs the model's chat template", &format,
+                                         &tmpl, err);
     if (st != KT_OK)
         return st;
+    if (format == KT_CHAT_JINJA)
+        kt_tool_chat_special_texts(tok, &bos, &eos);
     kt_chat_message msgs[2];
     size_t n = 0;
     if (o->system)
         msgs[n++] = (kt_chat_message){.role = KT_CHAT_SYSTEM, .content = o->system};
     msgs[n++] = (kt_chat_message){.role = KT_CHAT_USER, .content = o->chat};
-    kt_chat_options opts = {.add_generation_prompt = true};
+    kt_chat_options opts = {.add_generation_prompt = true, .bos_token = bos, .eos_token = eos, .template_text = tmpl};
     st = kt_chat_render(format, msgs, n, &opts, text, err);
+    free(tmpl), free(bos), free(eos);
     /* The render carries BOS itself where the family has one (as the published templates do). */
     *add_special = false;
     snprintf(format_name, format_size, "%s", kt_chat_format_name(format));
@@ -131,7 +137,7 @@ int kt_run_generate(const struct kt_run_options *o)
     }
     bool add_special = false;
     char format[64];
-    if (build_prompt(o, g.model, &prompt_text, &add_special, format, sizeof format, &err) != KT_OK)
+    if (build_prompt(o, g.model, g.tok, &prompt_text, &add_special, format, sizeof format, &err) != KT_OK)
         goto fail;
     if (kt_tokenize(g.tok, prompt_text, strlen(prompt_text), add_special, true, &g.prompt, &g.n_prompt, &err) !=
         KT_OK)

@@ -18,6 +18,7 @@
 #include "hf_model.h"
 #include "hf_tensors.h"
 #include "meminfo.h"
+#include "model_chat.h"
 #include "model.h"
 #include "placement_opt.h"
 #include "preflight.h"
@@ -268,6 +269,30 @@ static bool dry_run(const struct kt_run_options *o, const struct kt_model *m, kt
     return fits;
 }
 
+/* How chat messages render: a native revision, the interpreter, or not at
+ * all (and why).  false (after a message) only when --chat-template FILE was
+ * given and cannot be used. */
+static bool print_chat_template(const struct kt_model *m, const char *override_path)
+{
+    kt_chat_format format;
+    char *text = NULL;
+    kt_err err = {0};
+    kt_status st = kt_tool_chat_template(m, override_path, "no chat template", &format, &text, &err);
+    free(text);
+    if (st != KT_OK && override_path) {
+        fprintf(stderr, "kt-run: %s\n", err.msg);
+        return false;
+    }
+    const char *from = override_path ? override_path : "tokenizer.chat_template";
+    if (st != KT_OK)
+        row("chat template", "none: %s (chat requests are refused)", err.msg);
+    else if (format == KT_CHAT_JINJA)
+        row("chat template", "jinja (unrecognised template: rendered by the interpreter), from %s", from);
+    else
+        row("chat template", "%s (rendered natively), from %s", kt_chat_format_name(format), from);
+    return true;
+}
+
 int kt_run_info(const struct kt_run_options *o)
 {
     struct kt_model *m;
@@ -282,6 +307,10 @@ int kt_run_info(const struct kt_run_options *o)
         return 1;
     }
     print_file(o->model, m);
+    if (!print_chat_template(m, o->chat_template)) {
+        kt_model_close(m);
+        return 1;
+    }
     print_hparams(m);
     print_tensors(m);
     print_memory(m, o);

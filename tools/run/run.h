@@ -22,6 +22,7 @@ struct kt_run_options {
     const char *prompt;         /* -p: raw text, tokenized with BOS as the model adds it */
     const char *chat;           /* --chat: one user turn through the model's chat template */
     const char *system;         /* --system: system turn for --chat */
+    const char *chat_template;  /* --chat-template: a Jinja template file in place of the model's */
     uint32_t n_predict;         /* -n: most tokens to generate */
     bool ignore_eos;            /* keep going past end-of-generation tokens */
     float temperature, top_p, min_p;

@@ -50,6 +50,7 @@ struct kt_serve_options {
     uint32_t idle_timeout_s;      /* keep-alive connections idle longer are closed */
     const char *api_key;          /* NULL: no authentication */
     const char *served_name;      /* NULL: the file name without .gguf */
+    const char *chat_template;    /* --chat-template: a Jinja template file in place of the model's; NULL: none */
     double request_timeout_s;     /* 0: none */
     double shutdown_timeout_s;    /* grace for in-flight requests on SIGTERM */
     double ping_interval_s;       /* ": ping" comments on quiet streams */
@@ -87,6 +88,7 @@ struct kt_server {
 
     /* checked and prepared by main before it listens (preflight); the loader builds on them */
     kt_chat_format format;        /* the model's chat template; KT_CHAT_FORMAT_UNKNOWN: chat is refused */
+    char *chat_template;          /* its text (the model's or --chat-template's), which KT_CHAT_JINJA renders */
     struct kt_engine_params ep;   /* the engine's; its placement fields point into plan */
     struct kt_engine_plan plan;
     struct kt_placement_config *config;

@@ -1,6 +1,7 @@
 // render.mjs - renders every case of cases.json with every template listed
 // there through @huggingface/jinja and writes goldens.json, the bytes
-// tests/test_chat.c expects from kt's native renderers.
+// tests/test_chat.c expects from kt's native renderers ("templates") and
+// tests/test_jinja.c from its interpreter ("templates" and "jinja_templates").
 //
 // Run by hand (`npm ci && node render.mjs`) when a template or case changes;
 // never at build or test time.  It must produce what HF transformers
@@ -183,8 +184,9 @@ function normalise(messages, family, { keepParts = false } = {}) {
       });
     }
     // DeepSeek's templates concatenate content and would raise on null; "" is
-    // what they print for the one branch that tests for none.
-    if (family === "deepseek" && out.content == null) out.content = "";
+    // what they print for the one branch that tests for none.  kt's interpreter
+    // gives every template "" for a null content (chat.h): family "jinja".
+    if ((family === "deepseek" || family === "jinja") && out.content == null) out.content = "";
     return out;
   });
 }
@@ -194,10 +196,11 @@ function normalise(messages, family, { keepParts = false } = {}) {
 const doc = parseJson(readFileSync(here + "cases.json", "utf8"));
 const goldens = {};
 let checks = 0;
-for (const t of doc.templates) {
+const kinds = [...doc.templates, ...(doc.jinja_templates ?? [])];
+for (const t of kinds) {
   const source = readFileSync(here + t.file, "utf8");
   const template = new Template(source);
-  const family = t.format.startsWith("kimi") ? "kimi" : "deepseek";
+  const family = t.family ?? (t.format.startsWith("kimi") ? "kimi" : "deepseek");
   goldens[t.file] = {};
   for (const c of doc.cases) {
     const table = [];
@@ -237,4 +240,4 @@ for (const [x, want] of known) {
 
 writeFileSync(here + "goldens.json", JSON.stringify(goldens, null, 1) + "\n");
 const n = Object.values(goldens).reduce((s, g) => s + Object.keys(g).length, 0);
-console.log(`wrote goldens.json: ${n} renders (${doc.templates.length} templates x ${doc.cases.length} cases), ${checks} self-checks passed`);
+console.log(`wrote goldens.json: ${n} renders (${kinds.length} templates x ${doc.cases.length} cases), ${checks} self-checks passed`);
