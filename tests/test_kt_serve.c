@@ -121,6 +121,20 @@ static void error_cases(const struct test_server *s)
     expect_error(s, NULL, c, body, 400, "stop", NULL);
     snprintf(body, sizeof body, "%s, \"top_logprobs\": 3}", chat_hi);
     expect_error(s, NULL, c, body, 400, "top_logprobs", NULL);
+    /* vLLM's extensions kt does not carry out are refused, never ignored; their no-op values pass */
+    snprintf(body, sizeof body, "%s, \"continue_final_message\": true}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "continue_final_message", NULL);
+    snprintf(body, sizeof body, "%s, \"prompt_logprobs\": 1}", chat_hi);
+    expect_error(s, NULL, c, body, 400, "prompt_logprobs", NULL);
+    expect_error(s, NULL, "/v1/completions", "{\"prompt\": \"x\", \"min_tokens\": 4}", 400, "min_tokens", NULL);
+    {
+        struct kt_buf ok = {0};
+        snprintf(body, sizeof body, "%s, \"continue_final_message\": false, "
+                 "\"skip_special_tokens\": true, \"stop_token_ids\": []}", chat_hi);
+        KT_CHECK(http(s, NULL, c, body, &ok, NULL) == 200, "no-op values of the extensions pass: %s",
+                 ok.bytes ? ok.bytes : "");
+        kt_buf_free(&ok);
+    }
     snprintf(body, sizeof body, "%s, \"stream_options\": {\"include_usage\": true}}", chat_hi);
     expect_error(s, NULL, c, body, 400, "stream_options", NULL);
     snprintf(body, sizeof body, "%s, \"n\": 3}", chat_hi);
@@ -410,6 +424,46 @@ static void api_key_is_required_when_set(void)
     KT_CHECK(http(&s, NULL, "/health", NULL, &out, NULL) == 200, "health needs no key");
     kt_buf_free(&out);
     KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+/* --cors-origins: a listed origin's preflight and responses carry
+ * Access-Control-Allow-Origin (with Vary), another origin's do not; without
+ * the option nobody's do, and a preflight is 204 either way (no key asked). */
+static void cors_allows_the_listed_origins_only(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 2 -q --api-key sesame --cors-origins http://localhost:3000,https://app.example",
+                      true))
+        return;
+    struct kt_buf out = {0}, head = {0};
+    const char *pre = "-X OPTIONS -H 'Origin: https://app.example' -H 'Access-Control-Request-Method: POST' "
+                      "-H 'Access-Control-Request-Headers: authorization, content-type'";
+    KT_CHECK(http(&s, pre, "/v1/chat/completions", NULL, &out, &head) == 204 && head.bytes &&
+                 strstr(head.bytes, "Access-Control-Allow-Origin: https://app.example") &&
+                 strstr(head.bytes, "Access-Control-Allow-Methods: ") && strstr(head.bytes, "Authorization") &&
+                 strstr(head.bytes, "Vary: Origin"),
+             "preflight of an allowed origin: %s", head.bytes ? head.bytes : "");
+    KT_CHECK(http(&s, "-H 'Origin: http://localhost:3000' -H 'Authorization: Bearer sesame'", "/v1/models", NULL, &out,
+                  &head) == 200 && head.bytes && strstr(head.bytes, "Access-Control-Allow-Origin: http://localhost:3000"),
+             "a response to an allowed origin: %s", head.bytes ? head.bytes : "");
+    KT_CHECK(http(&s, "-H 'Origin: http://localhost:3000'", "/v1/models", NULL, &out, &head) == 401 && head.bytes &&
+                 strstr(head.bytes, "Access-Control-Allow-Origin: http://localhost:3000"),
+             "an error to an allowed origin carries it too, so the page can read why");
+    KT_CHECK(http(&s, "-X OPTIONS -H 'Origin: https://evil.example'", "/v1/chat/completions", NULL, &out, &head) ==
+                     204 && head.bytes && !strstr(head.bytes, "Access-Control-Allow-Origin"),
+             "preflight of another origin: %s", head.bytes ? head.bytes : "");
+    KT_CHECK(http(&s, "-H 'Origin: http://localhost:30001' -H 'Authorization: Bearer sesame'", "/v1/models", NULL,
+                  &out, &head) == 200 && head.bytes && !strstr(head.bytes, "Access-Control-Allow-Origin"),
+             "an origin that only starts like a listed one");
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+    if (!server_start(&s, kimi, "-t 2 -q", true))
+        goto done;
+    KT_CHECK(http(&s, "-X OPTIONS -H 'Origin: http://localhost:3000'", "/v1/models", NULL, &out, &head) == 204 &&
+                 head.bytes && !strstr(head.bytes, "Access-Control-Allow-Origin") && strstr(head.bytes, "Allow: "),
+             "without --cors-origins: %s", head.bytes ? head.bytes : "");
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+done:
+    kt_buf_free(&out), kt_buf_free(&head);
 }
 
 static void metrics_name_the_sim_device_by_its_config_name(void)
@@ -740,6 +794,7 @@ int main(void)
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
     KT_RUN(api_key_is_required_when_set);
+    KT_RUN(cors_allows_the_listed_origins_only);
     KT_RUN(metrics_name_the_sim_device_by_its_config_name);
     KT_RUN(deepseek_tool_calls);
     KT_RUN(request_timeout_ends_long_requests);

@@ -36,6 +36,7 @@ KT_CLI_STRING_OPTION(opt_placement, placement)
 KT_CLI_STRING_OPTION(opt_self_check_reference, test_self_check_reference)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
+KT_CLI_STRING_OPTION(opt_cors_origins, cors_origins)
 KT_CLI_STRING_OPTION(opt_name, served_name)
 KT_CLI_STRING_OPTION(opt_chat_template, chat_template)
 KT_CLI_STRING_OPTION(opt_profile_out, profile_out)
@@ -135,6 +136,10 @@ static const struct kt_cli_option options_table[] = {
     {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
     {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
+    {"--cors-origins", NULL, "LIST", 0,
+     "let browser pages from these origins call the API (CORS): '*' or a comma list such as "
+     "'http://localhost:3000,https://app.example.com'; default none",
+     opt_cors_origins},
     {"--chat-template", NULL, "FILE", 0, "render chats with this Jinja chat template instead of the model's",
      opt_chat_template},
     {"--served-model-name", NULL, "NAME", 0, "the model's name in the API (default: file name without .gguf)",

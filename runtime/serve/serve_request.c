@@ -531,6 +531,40 @@ static bool parse_structured(struct kt_api_request *r, const json_t *root, struc
 }
 
 /* Sampling, limits, streaming and the extensions both endpoints accept. */
+/* vLLM's extra sampling and rendering fields kt-serve does not carry out: a
+ * request that sets one (to anything but its no-op value) gets a 400 naming
+ * it, since a 200 that silently did otherwise would be wrong output.  The
+ * ones it does honour (ignore_eos, repetition_penalty, min_p, top_k, guided_*,
+ * structured_outputs, chat_template_kwargs, add_generation_prompt) are parsed
+ * where they act. */
+static bool refuse_unhonoured_extensions(const json_t *root, struct kt_api_error *e)
+{
+    static const struct {
+        const char *name;
+        int harmless; /* 0: only null; 1: also false; 2: also true (the default); 3: also 0 / an empty list */
+    } fields[] = {
+        {"continue_final_message", 1},      {"prompt_logprobs", 3},        {"min_tokens", 3},
+        {"stop_token_ids", 3},              {"include_stop_str_in_output", 1}, {"skip_special_tokens", 2},
+        {"spaces_between_special_tokens", 2}, {"truncate_prompt_tokens", 0}, {"use_beam_search", 1},
+        {"length_penalty", 0},              {"allowed_token_ids", 0},      {"bad_words", 3},
+        {"return_tokens_as_token_ids", 1},  {"guided_whitespace_pattern", 0}, {"logits_processors", 3},
+        {"documents", 0},                   {"mm_processor_kwargs", 0},    {"chat_template", 0},
+        {"priority", 3},
+    };
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        const json_t *v = json_object_get(root, fields[i].name);
+        const int h = fields[i].harmless;
+        if (!v || json_is_null(v) || (h >= 1 && json_is_false(v)) || (h == 2 && json_is_true(v)) ||
+            (h == 3 && ((json_is_integer(v) && json_integer_value(v) == 0) ||
+                        (json_is_array(v) && json_array_size(v) == 0) || json_is_false(v))))
+            continue;
+        kt_api_error_invalid(e, fields[i].name, "'%s' is not supported by kt-serve yet (it would be ignored, so the "
+                             "request is refused): drop it", fields[i].name);
+        return false;
+    }
+    return true;
+}
+
 static bool parse_common(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
 {
     long long v;
@@ -590,7 +624,7 @@ static bool parse_common(struct kt_api_request *r, const json_t *root, struct kt
         kt_api_error_invalid(e, "best_of", "'best_of' is not supported (only best_of == n)");
         return false;
     }
-    return parse_structured(r, root, e);
+    return parse_structured(r, root, e) && refuse_unhonoured_extensions(root, e);
 }
 
 /* ---- chat ---------------------------------------------------------------------------- */

@@ -45,6 +45,12 @@ enum MHD_Result kt_http_queue(struct kt_http_request *rq, unsigned status, struc
         return kt_http_out_of_memory("making a response");
     if (rq->request_id[0])
         MHD_add_response_header(r, "X-Request-Id", rq->request_id);
+    if (rq->cors_origin[0]) { /* a page of an allowed origin may read this response */
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", rq->cors_origin);
+        MHD_add_response_header(r, "Access-Control-Expose-Headers", "X-Request-Id, Retry-After");
+        if (strcmp(rq->cors_origin, "*") != 0)
+            MHD_add_response_header(r, "Vary", "Origin");
+    }
     enum MHD_Result ok = MHD_queue_response(rq->conn, status, r);
     MHD_destroy_response(r);
     rq->responded = true;
@@ -147,8 +153,59 @@ static enum MHD_Result wrong_method(struct kt_http_request *rq, const char *meth
     return kt_http_send_error(rq, &e);
 }
 
+/* ---- CORS --------------------------------------------------------------------------------------- */
+
+/* The Origin header's value when --cors-origins allows it ("*" for any when
+ * the list is "*"), else "": a browser then refuses the page the response. */
+static void cors_origin(struct kt_http_request *rq)
+{
+    const char *list = rq->server->o.cors_origins;
+    const char *origin = MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, "Origin");
+    rq->cors_origin[0] = 0;
+    if (!list || !origin || strlen(origin) >= sizeof rq->cors_origin)
+        return;
+    if (strcmp(list, "*") == 0) {
+        snprintf(rq->cors_origin, sizeof rq->cors_origin, "*");
+        return;
+    }
+    const size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, origin, n) == 0) {
+            snprintf(rq->cors_origin, sizeof rq->cors_origin, "%s", origin);
+            return;
+        }
+        p = end ? end + 1 : p + len;
+    }
+}
+
+/* A browser's preflight (OPTIONS): 204 with the methods and headers a page
+ * may use, and the origin when it is allowed.  No key is asked: a preflight
+ * never carries one. */
+static enum MHD_Result preflight(struct kt_http_request *rq)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return kt_http_out_of_memory("making a response");
+    MHD_add_response_header(r, "Allow", "GET, HEAD, POST, DELETE, OPTIONS");
+    if (rq->cors_origin[0]) {
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, HEAD, POST, DELETE, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, X-Request-Id, x-api-key, anthropic-version, "
+                                "anthropic-beta, openai-organization, openai-project, x-stainless-arch, "
+                                "x-stainless-lang, x-stainless-os, x-stainless-package-version, x-stainless-retry-count, "
+                                "x-stainless-runtime, x-stainless-runtime-version, x-stainless-timeout");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    return kt_http_queue(rq, 204, r);
+}
+
 static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, const char *method)
 {
+    cors_origin(rq);
+    if (strcmp(method, "OPTIONS") == 0)
+        return preflight(rq);
     struct kt_server *s = rq->server;
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     bool post = strcmp(method, "POST") == 0;

@@ -49,6 +49,7 @@ struct kt_serve_options {
     uint32_t client_timeout_s;    /* a request must arrive within this, and a transfer not stall longer */
     uint32_t idle_timeout_s;      /* keep-alive connections idle longer are closed */
     const char *api_key;          /* NULL: no authentication */
+    const char *cors_origins;     /* --cors-origins: "*" or a comma list of origins browsers may call from; NULL: none */
     const char *served_name;      /* NULL: the file name without .gguf */
     const char *chat_template;    /* --chat-template: a Jinja template file in place of the model's; NULL: none */
     double request_timeout_s;     /* 0: none */
@@ -124,6 +125,7 @@ struct kt_http_request {
     bool responded;
     bool in_flight;               /* counted in server->in_flight until completed */
     bool anthropic;               /* /v1/messages...: errors in Anthropic's shape (serve_anthropic.h) */
+    char cors_origin[256];        /* the Origin to allow in the response (CORS); "": none */
     char request_id[40];          /* the client's X-Request-Id, echoed */
 };
 
