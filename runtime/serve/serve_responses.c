@@ -655,7 +655,7 @@ bool kt_responses_request_parse(const char *body, size_t len, struct kt_response
         goto done;
     }
     static const char *const same[] = {"model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed",
-                                       "kt_test_forced_output", "chat_template_kwargs"};
+                                       "ignore_eos", "kt_test_forced_output", "chat_template_kwargs"};
     for (size_t k = 0; k < sizeof same / sizeof same[0]; k++)
         pass(chat, root, same[k], NULL);
     pass(chat, root, "max_output_tokens", "max_tokens");
