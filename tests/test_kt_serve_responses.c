@@ -269,6 +269,9 @@ static void a_function_call_round_trip(const struct test_server *s)
     KT_CHECK(code == 200 && strcmp(str(fc, "call_id"), "functions.get_weather:0") == 0, "%s",
              json_dumps(j, JSON_COMPACT));
     char body[4096], id[128];
+    char item_ids[3][128];
+    for (int k = 0; k < 3; k++)
+        snprintf(item_ids[k], sizeof item_ids[k], "%s", str(json_array_get(json_object_get(j, "output"), (size_t)k), "id"));
     snprintf(id, sizeof id, "%s", str(j, "id"));
     json_decref(j);
     const char *chat = "[{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"role\": \"assistant\", "
@@ -287,6 +290,18 @@ static void a_function_call_round_trip(const struct test_server *s)
     j = post(s, body, &code);
     long long whole = json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens"));
     KT_CHECK(code == 200 && whole > 0, "%s", json_dumps(j, JSON_COMPACT));
+    json_decref(j);
+    /* the model's items by reference (what clients that keep item ids send): the same prompt again */
+    snprintf(body, sizeof body,
+             "{\"input\": [{\"role\": \"user\", \"content\": \"Weather in Paris?\"}, {\"type\": \"item_reference\", "
+             "\"id\": \"%s\"}, {\"type\": \"item_reference\", \"id\": \"%s\"}, {\"type\": \"item_reference\", \"id\": "
+             "\"%s\"}, {\"type\": \"function_call_output\", \"call_id\": \"functions.get_weather:0\", \"output\": "
+             "\"sunny, 21 C\"}], \"max_output_tokens\": 2}",
+             item_ids[0], item_ids[1], item_ids[2]);
+    j = post(s, body, &code);
+    long long referenced = json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens"));
+    KT_CHECK(code == 200 && referenced == whole, "by reference %lld tokens, as items %lld: %s", referenced, whole,
+             json_dumps(j, JSON_COMPACT));
     json_decref(j);
     /* through previous_response_id: the same prompt */
     snprintf(body, sizeof body,

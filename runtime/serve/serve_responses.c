@@ -118,6 +118,31 @@ bool kt_responses_store_get(struct kt_responses_store *st, const char *id, json_
     return s != NULL;
 }
 
+json_t *kt_responses_store_item(struct kt_responses_store *st, const char *item_id)
+{
+    json_t *found = NULL;
+    if (!st)
+        return NULL;
+    pthread_mutex_lock(&st->mu);
+    for (uint32_t i = 0; i < st->cap && !found; i++) {
+        if (!st->items[i].object)
+            continue;
+        size_t k;
+        const json_t *item;
+        json_array_foreach(st->items[i].output, k, item)
+        {
+            const char *id = json_string_value(json_object_get(item, "id"));
+            if (id && strcmp(id, item_id) == 0) {
+                found = json_deep_copy(item);
+                st->items[i].used = ++st->clock;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&st->mu);
+    return found;
+}
+
 bool kt_responses_store_delete(struct kt_responses_store *st, const char *id)
 {
     if (!st)
@@ -629,7 +654,25 @@ bool kt_responses_request_parse(const char *body, size_t len, struct kt_response
         json_array_append_new(input, json_pack("{s:s, s:s, s:[{s:s, s:O}]}", "type", "message", "role", "user",
                                                "content", "type", "input_text", "text", v));
     } else if (json_is_array(v)) {
-        json_array_extend(input, (json_t *)v);
+        /* item references (clients that keep ids send them for stored items) are the items they name */
+        size_t i;
+        const json_t *item;
+        json_array_foreach(v, i, item)
+        {
+            const char *type = json_string_value(json_object_get(item, "type"));
+            if (!type || strcmp(type, "item_reference") != 0) {
+                json_array_append(input, (json_t *)item);
+                continue;
+            }
+            const char *ref = json_string_value(json_object_get(item, "id"));
+            json_t *found = ref ? kt_responses_store_item(store, ref) : NULL;
+            if (!found) {
+                kt_api_error_invalid(e, "input", "input[%zu]: item '%.100s' not found (item_reference names an "
+                                                 "output item of a stored response)", i, ref ? ref : "?");
+                goto done;
+            }
+            json_array_append_new(input, found);
+        }
     } else if (!absent(v)) {
         kt_api_error_invalid(e, "input", "'input' must be a string or an array of input items");
         goto done;

@@ -16,7 +16,8 @@
  *    output_text parts), function_call items (the tool calls of the
  *    assistant turn they follow), function_call_output items (tool turns),
  *    reasoning items (the reasoning_content of the assistant turn, which
- *    the templates that show reasoning render);
+ *    the templates that show reasoning render), item_reference items (the
+ *    stored output item with that id: what clients that keep ids send);
  *  - previous_response_id: that response's input and output items come
  *    first; an id the store does not hold is a 400 naming it;
  *  - tools {type:function, name, description, parameters, strict} are chat's
@@ -26,8 +27,8 @@
  *    chat's response_format (refused there while kt has no constrained
  *    decoding, and then named text.format); reasoning.effort, metadata,
  *    user, store, service_tier are checked and echoed.
- * Anything else kt cannot honour (built-in tools, images and files, item
- * references, background, conversation, prompt templates, truncation
+ * Anything else kt cannot honour (built-in tools, images and files,
+ * background, conversation, prompt templates, truncation
  * "auto") is a 400 naming the field.
  *
  * Response side: output is [reasoning] [message] [function_call...] in the
@@ -73,6 +74,8 @@ bool kt_responses_store_put(struct kt_responses_store *st, const char *id, const
 bool kt_responses_store_get(struct kt_responses_store *st, const char *id, json_t **object, json_t **input,
                             json_t **output);
 bool kt_responses_store_delete(struct kt_responses_store *st, const char *id);
+/* A copy of the stored output item (a message, reasoning or function_call) with this id; NULL: none. */
+json_t *kt_responses_store_item(struct kt_responses_store *st, const char *item_id);
 
 /* A parsed Responses request. */
 struct kt_responses_request {
