@@ -737,8 +737,9 @@ bool kt_responses_request_parse(const char *body, size_t len, struct kt_response
     json_object_set_new(echo, "parallel_tool_calls", json_boolean(out->chat.parallel_tool_calls));
     json_object_set_new(echo, "store", json_boolean(out->store));
     json_object_set_new(echo, "metadata", given(json_object_get(root, "metadata"), json_object()));
-    json_object_set_new(echo, "reasoning", json_pack("{s:o, s:o}", "effort", given(json_object_get(reasoning, "effort"), NULL),
-                                                     "summary", given(json_object_get(reasoning, "summary"), NULL)));
+    json_object_set_new(echo, "reasoning",
+                        json_pack("{s:o, s:o}", "effort", given(json_object_get(reasoning, "effort"), NULL),
+                                  "summary", given(json_object_get(reasoning, "summary"), NULL)));
     json_object_set_new(echo, "text", json_pack("{s:o}", "format", given(fmt, json_pack("{s:s}", "type", "text"))));
     json_object_set_new(echo, "user", given(json_object_get(root, "user"), NULL));
     json_object_set_new(echo, "service_tier", given(json_object_get(root, "service_tier"), json_string("default")));
@@ -836,7 +837,8 @@ static json_t *reasoning_item(const char *id, const char *text, size_t len, cons
 {
     json_t *summary = json_array();
     if (text)
-        json_array_append_new(summary, json_pack("{s:s, s:o}", "type", "summary_text", "text", kt_json_text(text, len)));
+        json_array_append_new(summary,
+                              json_pack("{s:s, s:o}", "type", "summary_text", "text", kt_json_text(text, len)));
     json_t *j = json_pack("{s:s, s:s, s:o}", "type", "reasoning", "id", id, "summary", summary);
     if (status)
         json_object_set_new(j, "status", json_string(status));

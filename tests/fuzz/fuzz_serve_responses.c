@@ -30,12 +30,13 @@ static struct kt_responses_store *one_stored(void)
     struct kt_responses_store *st = kt_responses_store_create(2);
     json_error_t je;
     json_t *input = json_loads("[{\"role\": \"user\", \"content\": \"hi\"}]", 0, &je);
-    json_t *output = json_loads("[{\"type\": \"reasoning\", \"id\": \"rs_a00\", \"summary\": [{\"type\": "
-                                "\"summary_text\", \"text\": \"t\"}]}, {\"type\": \"message\", \"id\": \"msg_a01\", "
-                                "\"role\": \"assistant\", \"content\": [{\"type\": \"output_text\", \"text\": \"yo\"}]}, "
-                                "{\"type\": \"function_call\", \"id\": \"fc_a02\", \"call_id\": \"functions.f:0\", "
-                                "\"name\": \"f\", \"arguments\": \"{}\"}]",
-                                0, &je);
+    json_t *output =
+        json_loads("[{\"type\": \"reasoning\", \"id\": \"rs_a00\", \"summary\": [{\"type\": "
+                   "\"summary_text\", \"text\": \"t\"}]}, {\"type\": \"message\", \"id\": \"msg_a01\", "
+                   "\"role\": \"assistant\", \"content\": [{\"type\": \"output_text\", \"text\": \"yo\"}]}, "
+                   "{\"type\": \"function_call\", \"id\": \"fc_a02\", \"call_id\": \"functions.f:0\", "
+                   "\"name\": \"f\", \"arguments\": \"{}\"}]",
+                   0, &je);
     json_t *object = json_pack("{s:s, s:O}", "id", "resp_a", "output", output);
     require(st && input && output && object && kt_responses_store_put(st, "resp_a", object, input, output),
             "the store takes a response");
