@@ -533,6 +533,22 @@ static void the_store_keeps_the_most_recently_used(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+/* The checks of a stream the server ended: an error event with code, then
+ * response.failed, never a completion, nothing after. */
+static void check_failed_stream(const char *t, const char *what, const char *code)
+{
+    json_t *list = events(t);
+    size_t n = json_array_size(list);
+    const json_t *err = json_object_get(json_array_get(list, n >= 2 ? n - 2 : 0), "data"), *failed = last_data(list);
+    const json_t *response = json_object_get(failed, "response");
+    KT_CHECK(n >= 4 && !strstr(t, "response.completed") && !strstr(t, "response.incomplete") &&
+                 strcmp(str(err, "type"), "error") == 0 && strcmp(str(err, "code"), code) == 0 &&
+                 strcmp(str(failed, "type"), "response.failed") == 0 && strcmp(str(response, "status"), "failed") == 0 &&
+                 strcmp(str(json_object_get(response, "error"), "code"), code) == 0,
+             "%s: %.3000s", what, t);
+    json_decref(list);
+}
+
 static void a_timed_out_stream_fails_never_completes(void)
 {
     struct test_server s;
@@ -541,22 +557,50 @@ static void a_timed_out_stream_fails_never_completes(void)
     /* ignore_eos keeps it going past the timeout */
     struct kt_buf out = {0};
     KT_CHECK(http(&s, "-N", "/v1/responses",
-                  "{\"input\": \"x\", \"max_output_tokens\": 3000, \"stream\": true, "
-                  "\"ignore_eos\": true}",
-                  &out, NULL) == 200,
+                  "{\"input\": \"x\", \"max_output_tokens\": 3000, \"stream\": true, \"ignore_eos\": true}", &out,
+                  NULL) == 200,
              "%s", kt_buf_str(&out));
+    check_failed_stream(kt_buf_str(&out), "a timed-out stream", "timeout");
+    /* a failed response is not stored */
     json_t *list = events(kt_buf_str(&out));
-    size_t n = json_array_size(list);
-    const json_t *err = json_object_get(json_array_get(list, n - 2), "data"), *failed = last_data(list);
-    KT_CHECK(n >= 4 && !strstr(kt_buf_str(&out), "response.completed") && strcmp(str(err, "type"), "error") == 0 &&
-                 strcmp(str(err, "code"), "timeout") == 0 && strcmp(str(failed, "type"), "response.failed") == 0 &&
-                 strcmp(str(json_object_get(failed, "response"), "status"), "failed") == 0 &&
-                 strcmp(str(json_object_get(json_object_get(failed, "response"), "error"), "code"), "timeout") == 0,
-             "a timed-out stream: %.3000s", kt_buf_str(&out));
+    char path[256];
+    snprintf(path, sizeof path, "/v1/responses/%s",
+             str(json_object_get(json_object_get(json_array_get(list, 0), "data"), "response"), "id"));
     json_decref(list);
-    /* not stored */
+    KT_CHECK(http(&s, NULL, path, NULL, &out, NULL) == 404, "a failed response was stored: %s", kt_buf_str(&out));
     kt_buf_free(&out);
     KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
+static void sigterm_past_the_shutdown_timeout_fails_the_stream(void)
+{
+    struct test_server s;
+    if (!server_start(&s, kimi, "-t 1 -q --shutdown-timeout 1", true))
+        return;
+    char file[1024];
+    snprintf(file, sizeof file, "%s", kt_test_path("drained-responses-stream"));
+    unlink(file);
+    kt_test_system("curl -sN --max-time 120 -o %s -d '{\"input\": \"x\", \"max_output_tokens\": 3000, \"ignore_eos\": "
+                   "true, \"stream\": true}' http://127.0.0.1:%d/v1/responses &",
+                   file, s.port);
+    size_t len = 0;
+    for (double t0 = harness_now(); harness_now() - t0 < 30 && len == 0; usleep(20000))
+        free(kt_test_read_file(file, &len));
+    KT_CHECK(len > 0, "the stream never began");
+    KT_CHECK(server_stop(&s) == 0, "kt-serve's exit status after SIGTERM");
+    char *text = NULL;
+    for (double t0 = harness_now(); harness_now() - t0 < 10; usleep(50000)) {
+        free(text);
+        text = kt_test_read_file(file, &len);
+        if (text && strstr(text, "event: response.failed"))
+            break;
+    }
+    usleep(200000); /* the rest of that last event */
+    free(text);
+    text = kt_test_read_file(file, &len);
+    check_failed_stream(text ? text : "", "a stream cut off by the drain", "server_shutting_down");
+    free(text);
+    unlink(file);
 }
 
 int main(void)
@@ -582,6 +626,7 @@ int main(void)
     }
     KT_RUN(the_store_keeps_the_most_recently_used);
     KT_RUN(a_timed_out_stream_fails_never_completes);
+    KT_RUN(sigterm_past_the_shutdown_timeout_fails_the_stream);
     unlink(kimi);
     return kt_test_finish();
 }
