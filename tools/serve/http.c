@@ -152,8 +152,7 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
     const char *path = strncmp(url, "/v1/", 4) == 0 ? url + 3 : url;
     bool api = strncmp(url, "/v1/", 4) == 0 || strcmp(path, "/models") == 0 || strncmp(path, "/models/", 8) == 0 ||
                strcmp(path, "/chat/completions") == 0 || strcmp(path, "/completions") == 0 ||
-               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strncmp(url, "/kt/", 4) == 0 ||
-               strcmp(path, "/responses") == 0 || strncmp(path, "/responses/", 11) == 0;
+               strcmp(path, "/tokenize") == 0 || strcmp(path, "/detokenize") == 0 || strncmp(url, "/kt/", 4) == 0;
 
     if (strcmp(url, "/health") == 0)
         return get ? kt_serve_health(rq) : wrong_method(rq, method, url, "GET");
@@ -193,12 +192,12 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         return post ? kt_serve_generate(rq, KT_API_CHAT) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/completions") == 0)
         return post ? kt_serve_generate(rq, KT_API_COMPLETION) : wrong_method(rq, method, url, "POST");
-    if (strcmp(path, "/responses") == 0 || strncmp(path, "/responses/", 11) == 0)
-        return kt_serve_responses(rq, method, path[10] == '/' ? path + 11 : NULL);
     if (strcmp(path, "/tokenize") == 0)
         return post ? kt_serve_tokenize(rq) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/detokenize") == 0)
         return post ? kt_serve_detokenize(rq) : wrong_method(rq, method, url, "POST");
+    if (strncmp(url, "/v1/responses", 13) == 0 && (url[13] == '\0' || url[13] == '/'))
+        return kt_serve_responses(rq, method, url[13] == '/' ? url + 14 : NULL);
     if (strcmp(url, "/kt/profile") == 0)
         return get ? kt_serve_profile_endpoint(rq) : wrong_method(rq, method, url, "GET");
     if (strcmp(url, "/kt/placement") == 0)
