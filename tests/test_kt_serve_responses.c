@@ -9,7 +9,8 @@
  * /tokenize of the same chat), max_output_tokens giving "incomplete",
  * GET / DELETE / input_items of stored responses, store false, the store's
  * LRU bound, a timed-out stream ending with error + response.failed and no
- * completion, and every refusal a 400 (404, 405) naming its field.
+ * completion (and a drained one the same), DeepSeek's made-up call ids round-tripping,
+ * and every refusal a 400 (404, 405) naming its field.
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -17,7 +18,7 @@
 
 #include "serve_harness.h"
 
-static char kimi[1024];
+static char kimi[1024], deepseek[1024];
 
 #define FORCED_CALL                                                                                                    \
     "<think>need the tool</think>Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"      \
@@ -603,12 +604,45 @@ static void sigterm_past_the_shutdown_timeout_fails_the_stream(void)
     unlink(file);
 }
 
+/* DeepSeek's calls carry no ids: kt makes call_ ones, which round-trip through previous_response_id. */
+static void deepseek_function_calls(void)
+{
+    struct test_server s;
+    if (!server_start(&s, deepseek, "-t 1 -q --test-forced-output", true))
+        return;
+    int code;
+    json_t *j = post(&s,
+                     "{\"input\": \"time?\", \"tools\": [{\"type\": \"function\", \"name\": \"get_time\"}], "
+                     "\"kt_test_forced_output\": \"<think>hm</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function"
+                     "<｜tool▁sep｜>get_time\\n```json\\n{}\\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+                     "<｜end▁of▁sentence｜>\"}",
+                     &code);
+    const json_t *out = json_object_get(j, "output"), *fc = json_array_get(out, 1);
+    KT_CHECK(code == 200 && json_array_size(out) == 2 && strcmp(str(json_array_get(out, 0), "type"), "reasoning") == 0 &&
+                 strcmp(str(fc, "type"), "function_call") == 0 && strncmp(str(fc, "call_id"), "call_", 5) == 0 &&
+                 strcmp(str(fc, "name"), "get_time") == 0 && strcmp(str(fc, "arguments"), "{}") == 0,
+             "%s", json_dumps(j, JSON_COMPACT));
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"previous_response_id\": \"%s\", \"input\": [{\"type\": \"function_call_output\", \"call_id\": \"%s\", "
+             "\"output\": \"12:00\"}], \"tools\": [{\"type\": \"function\", \"name\": \"get_time\"}], "
+             "\"max_output_tokens\": 2}",
+             str(j, "id"), str(fc, "call_id"));
+    json_decref(j);
+    j = post(&s, body, &code);
+    KT_CHECK(code == 200 && json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")) > 0,
+             "%s", json_dumps(j, JSON_COMPACT));
+    json_decref(j);
+    KT_CHECK(server_stop(&s) == 0, "exit status");
+}
+
 int main(void)
 {
     if (!have_curl())
         return kt_test_skip("curl is not installed");
     snprintf(kimi, sizeof kimi, "%s", kt_test_path("responses-kimi.gguf"));
-    if (!make_model(kimi, "tiny", NULL)) {
+    snprintf(deepseek, sizeof deepseek, "%s", kt_test_path("responses-deepseek.gguf"));
+    if (!make_model(kimi, "tiny", NULL) || !make_model(deepseek, "tiny-v3", NULL)) {
         KT_CHECK(false, "kt-synth failed");
         return kt_test_finish();
     }
@@ -627,6 +661,7 @@ int main(void)
     KT_RUN(the_store_keeps_the_most_recently_used);
     KT_RUN(a_timed_out_stream_fails_never_completes);
     KT_RUN(sigterm_past_the_shutdown_timeout_fails_the_stream);
-    unlink(kimi);
+    KT_RUN(deepseek_function_calls);
+    unlink(kimi), unlink(deepseek);
     return kt_test_finish();
 }
