@@ -544,7 +544,8 @@ static void check_failed_stream(const char *t, const char *what, const char *cod
     const json_t *response = json_object_get(failed, "response");
     KT_CHECK(n >= 4 && !strstr(t, "response.completed") && !strstr(t, "response.incomplete") &&
                  strcmp(str(err, "type"), "error") == 0 && strcmp(str(err, "code"), code) == 0 &&
-                 strcmp(str(failed, "type"), "response.failed") == 0 && strcmp(str(response, "status"), "failed") == 0 &&
+                 strcmp(str(failed, "type"), "response.failed") == 0 &&
+                 strcmp(str(response, "status"), "failed") == 0 &&
                  strcmp(str(json_object_get(response, "error"), "code"), code) == 0,
              "%s: %.3000s", what, t);
     json_decref(list);
@@ -618,7 +619,8 @@ static void deepseek_function_calls(void)
                      "<｜end▁of▁sentence｜>\"}",
                      &code);
     const json_t *out = json_object_get(j, "output"), *fc = json_array_get(out, 1);
-    KT_CHECK(code == 200 && json_array_size(out) == 2 && strcmp(str(json_array_get(out, 0), "type"), "reasoning") == 0 &&
+    KT_CHECK(code == 200 && json_array_size(out) == 2 &&
+                 strcmp(str(json_array_get(out, 0), "type"), "reasoning") == 0 &&
                  strcmp(str(fc, "type"), "function_call") == 0 && strncmp(str(fc, "call_id"), "call_", 5) == 0 &&
                  strcmp(str(fc, "name"), "get_time") == 0 && strcmp(str(fc, "arguments"), "{}") == 0,
              "%s", json_dumps(j, JSON_COMPACT));
@@ -630,8 +632,8 @@ static void deepseek_function_calls(void)
              str(j, "id"), str(fc, "call_id"));
     json_decref(j);
     j = post(&s, body, &code);
-    KT_CHECK(code == 200 && json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")) > 0,
-             "%s", json_dumps(j, JSON_COMPACT));
+    KT_CHECK(code == 200 && json_integer_value(json_object_get(json_object_get(j, "usage"), "input_tokens")) > 0, "%s",
+             json_dumps(j, JSON_COMPACT));
     json_decref(j);
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
