@@ -7,7 +7,7 @@
  * function_call_output round trip and previous_response_id chaining (the
  * second turn's prompt is the whole conversation: its input_tokens equal
  * /tokenize of the same chat), max_output_tokens giving "incomplete",
- * GET / DELETE / input_items of stored responses, store false, the store's
+ * GET / DELETE / input_items (order, limit, after) of stored responses, store false, the store's
  * LRU bound, a timed-out stream ending with error + response.failed and no
  * completion (and a drained one the same), DeepSeek's made-up call ids round-tripping,
  * and every refusal a 400 (404, 405) naming its field.
@@ -354,17 +354,45 @@ static void previous_response_id_chains_the_conversation(const struct test_serve
     char second[128];
     snprintf(second, sizeof second, "%s", str(j, "id"));
     json_decref(j);
-    /* input_items of the second: the first's input and output, then its own */
+    /* input_items of the second: the first's input and output, then its own; newest first by default */
     struct kt_buf out = {0};
-    char path[256];
+    char path[512];
     snprintf(path, sizeof path, "/v1/responses/%s/input_items", second);
     KT_CHECK(http(s, NULL, path, NULL, &out, NULL) == 200, "input_items: %s", kt_buf_str(&out));
     j = parse(&out);
     const json_t *data = json_object_get(j, "data");
     KT_CHECK(strcmp(str(j, "object"), "list") == 0 && json_array_size(data) == 3 &&
-                 strcmp(str(json_array_get(data, 1), "role"), "assistant") == 0,
+                 strcmp(str(json_array_get(data, 1), "role"), "assistant") == 0 &&
+                 strcmp(str(json_array_get(json_object_get(json_array_get(data, 0), "content"), 0), "text"),
+                        "And again") == 0 &&
+                 json_is_false(json_object_get(j, "has_more")) &&
+                 strcmp(str(j, "first_id"), str(json_array_get(data, 0), "id")) == 0,
              "%s", kt_buf_str(&out));
+    char first[128];
+    snprintf(first, sizeof first, "%s", str(json_array_get(data, 0), "id"));
     json_decref(j);
+    /* oldest first, a page of one, then the page after it (the & escaped: the harness runs curl in a shell) */
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?order=asc\\&limit=1", second);
+    KT_CHECK(http(s, NULL, path, NULL, &out, NULL) == 200, "input_items: %s", kt_buf_str(&out));
+    j = parse(&out);
+    data = json_object_get(j, "data");
+    KT_CHECK(json_array_size(data) == 1 && strcmp(str(json_array_get(data, 0), "role"), "user") == 0 &&
+                 json_is_true(json_object_get(j, "has_more")),
+             "asc, limit 1: %s", kt_buf_str(&out));
+    char after[128];
+    snprintf(after, sizeof after, "%s", str(j, "last_id"));
+    json_decref(j);
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?order=asc\\&after=%s", second, after);
+    KT_CHECK(http(s, NULL, path, NULL, &out, NULL) == 200, "input_items: %s", kt_buf_str(&out));
+    j = parse(&out);
+    data = json_object_get(j, "data");
+    KT_CHECK(json_array_size(data) == 2 && strcmp(str(json_array_get(data, 1), "id"), first) == 0 &&
+                 json_is_false(json_object_get(j, "has_more")),
+             "after %s: %s", after, kt_buf_str(&out));
+    json_decref(j);
+    snprintf(path, sizeof path, "/v1/responses/%s/input_items?limit=0", second);
+    KT_CHECK(http(s, NULL, path, NULL, &out, NULL) == 400 && strstr(kt_buf_str(&out), "\"param\":\"limit\""), "%s",
+             kt_buf_str(&out));
     kt_buf_free(&out);
 }
 

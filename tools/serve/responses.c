@@ -2,7 +2,7 @@
  * responses.c - OpenAI's Responses API over HTTP: POST /v1/responses (parse
  * with serve_responses.h into a chat request, prepare, submit, answer as the
  * response object or its event stream), GET and DELETE /v1/responses/{id} and
- * GET /v1/responses/{id}/input_items from the server's store.
+ * GET /v1/responses/{id}/input_items (order, limit, after, as OpenAI pages them) from the server's store.
  *
  * The job runs exactly as a chat completion's (generate.c): a stream is a
  * libmicrohttpd content reader on the connection's thread that waits on the
@@ -272,6 +272,66 @@ static enum MHD_Result not_stored(struct kt_http_request *rq, const char *id)
     return kt_http_send_error(rq, &e);
 }
 
+/* GET .../input_items: the items as OpenAI lists them (order desc by default, limit 1..100 (20), after: an
+ * item id); an item given without an id is named item_<its place> within this response. */
+static enum MHD_Result list_items(struct kt_http_request *rq, const char *key, json_t *input)
+{
+    struct kt_api_error e;
+    const char *order = MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "order");
+    const char *limit_s = MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *after = MHD_lookup_connection_value(rq->conn, MHD_GET_ARGUMENT_KIND, "after");
+    bool desc = !order || strcmp(order, "desc") == 0;
+    char *end = NULL;
+    long limit = limit_s ? strtol(limit_s, &end, 10) : 20;
+    if ((order && !desc && strcmp(order, "asc") != 0) || (limit_s && (*end || limit < 1 || limit > 100))) {
+        json_decref(input);
+        kt_api_error_invalid(&e, order && !desc && strcmp(order, "asc") != 0 ? "order" : "limit",
+                             "'order' must be \"asc\" or \"desc\" and 'limit' an integer from 1 to 100");
+        return kt_http_send_error(rq, &e);
+    }
+    size_t n = json_array_size(input);
+    json_t *all = json_array();
+    for (size_t k = 0; k < n; k++) {
+        size_t i = desc ? n - 1 - k : k;
+        json_t *copy = json_deep_copy(json_array_get(input, i));
+        if (!json_is_object(copy)) {
+            json_decref(copy);
+            continue;
+        }
+        if (!json_object_get(copy, "type"))
+            json_object_set_new(copy, "type", json_string("message"));
+        if (!json_is_string(json_object_get(copy, "id"))) {
+            char id[KT_RESPONSES_ID_MAX + 32];
+            snprintf(id, sizeof id, "item_%.80s_%zu", strncmp(key, "resp_", 5) == 0 ? key + 5 : key, i);
+            json_object_set_new(copy, "id", json_string(id));
+        }
+        json_array_append_new(all, copy);
+    }
+    json_decref(input);
+    size_t from = 0;
+    if (after) {
+        while (from < json_array_size(all) && strcmp(json_string_value(json_object_get(json_array_get(all, from), "id")),
+                                                     after) != 0)
+            from++;
+        if (from == json_array_size(all)) {
+            json_decref(all);
+            kt_api_error_invalid(&e, "after", "'after' names no input item of response '%.100s'", key);
+            return kt_http_send_error(rq, &e);
+        }
+        from++;
+    }
+    json_t *data = json_array();
+    for (size_t k = from; k < json_array_size(all) && k < from + (size_t)limit; k++)
+        json_array_append(data, json_array_get(all, k));
+    bool more = from + (size_t)limit < json_array_size(all);
+    size_t got = json_array_size(data);
+    json_t *first = got ? json_incref(json_object_get(json_array_get(data, 0), "id")) : json_null();
+    json_t *last = got ? json_incref(json_object_get(json_array_get(data, got - 1), "id")) : json_null();
+    json_decref(all);
+    return kt_http_send_json(rq, 200, json_pack("{s:s, s:o, s:o, s:o, s:b}", "object", "list", "data", data,
+                                                "first_id", first, "last_id", last, "has_more", more));
+}
+
 enum MHD_Result kt_serve_responses(struct kt_http_request *rq, const char *method, const char *id)
 {
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
@@ -310,19 +370,5 @@ enum MHD_Result kt_serve_responses(struct kt_http_request *rq, const char *metho
         return not_stored(rq, key);
     if (!items)
         return kt_http_send_json(rq, 200, object);
-    /* the input items, oldest first (no pagination: has_more is always false) */
-    json_t *data = json_array();
-    size_t i;
-    json_t *item;
-    json_array_foreach(input, i, item)
-    {
-        if (!json_is_object(item))
-            continue;
-        json_t *copy = json_deep_copy(item);
-        if (!json_object_get(copy, "type"))
-            json_object_set_new(copy, "type", json_string("message"));
-        json_array_append_new(data, copy);
-    }
-    json_decref(input);
-    return kt_http_send_json(rq, 200, json_pack("{s:s, s:o, s:b}", "object", "list", "data", data, "has_more", 0));
+    return list_items(rq, key, input);
 }
