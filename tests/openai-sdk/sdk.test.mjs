@@ -125,6 +125,33 @@ const cases = {
       (e) => e instanceof OpenAI.BadRequestError && e.code === "context_length_exceeded");
   },
 
+  async responsesAbortMidStream() {
+    const metrics = baseURL.replace(/\/v1$/, "") + "/metrics";
+    const aborted = async () => Number((await (await fetch(metrics)).text())
+      .match(/finished_reason="abort"} ([0-9.e+]+)/)?.[1] ?? 0);
+    const before = await aborted();
+    const controller = new AbortController();
+    const stream = await client.responses.create(
+      { model, input: "go", max_output_tokens: 2000, ignore_eos: true, stream: true },
+      { signal: controller.signal });
+    let n = 0;
+    try {
+      for await (const event of stream) {
+        if (++n === 6) controller.abort();
+      }
+    } catch (e) {
+      assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === "AbortError", String(e));
+    }
+    assert.ok(n >= 6 && n < 100, `${n} events after the abort`);
+    let idle = false;
+    for (let i = 0; i < 100 && !idle; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      const text = await (await fetch(metrics)).text();
+      idle = text.includes(`vllm:num_requests_running{model_name="${model}"} 0`) && (await aborted()) > before;
+    }
+    assert.ok(idle, "the aborted Responses stream is still running");
+  },
+
   async models() {
     const list = await client.models.list();
     assert.equal(list.data[0].id, model);
