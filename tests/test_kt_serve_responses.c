@@ -264,6 +264,45 @@ static void reasoning_and_a_function_call_streamed(const struct test_server *s)
     json_decref(list);
 }
 
+static void two_function_calls_streamed(const struct test_server *s)
+{
+    json_t *list = stream(s,
+                          "{\"input\": \"Paris and Rome?\", \"tools\": " TOOLS ", \"stream\": true, "
+                          "\"kt_test_forced_output\": \"<|tool_calls_section_begin|><|tool_call_begin|>"
+                          "functions.get_weather:0<|tool_call_argument_begin|>{\\\"city\\\": \\\"Paris\\\"}"
+                          "<|tool_call_end|><|tool_call_begin|>functions.get_weather:1<|tool_call_argument_begin|>"
+                          "{\\\"city\\\": \\\"Rome\\\"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>\"}",
+                          NULL);
+    char order[4096];
+    event_order(list, order, sizeof order);
+    KT_CHECK(strcmp(order, "response.created response.in_progress "
+                           "response.output_item.added response.function_call_arguments.delta* "
+                           "response.function_call_arguments.done response.output_item.done "
+                           "response.output_item.added response.function_call_arguments.delta* "
+                           "response.function_call_arguments.done response.output_item.done response.completed") == 0,
+             "order: %s", order);
+    const json_t *out = json_object_get(json_object_get(last_data(list), "response"), "output");
+    KT_CHECK(json_array_size(out) == 2 &&
+                 strcmp(str(json_array_get(out, 0), "arguments"), "{\"city\": \"Paris\"}") == 0 &&
+                 strcmp(str(json_array_get(out, 1), "arguments"), "{\"city\": \"Rome\"}") == 0 &&
+                 strcmp(str(json_array_get(out, 1), "call_id"), "functions.get_weather:1") == 0 &&
+                 strcmp(str(json_array_get(out, 0), "id"), str(json_array_get(out, 1), "id")) != 0,
+             "output: %s", json_dumps(out, JSON_COMPACT));
+    size_t i;
+    const json_t *ev;
+    json_array_foreach(list, i, ev)
+    {
+        const json_t *d = json_object_get(ev, "data");
+        if (strcmp(str(ev, "event"), "response.function_call_arguments.delta") == 0) {
+            long long oi = json_integer_value(json_object_get(d, "output_index"));
+            const json_t *item = json_array_get(out, (size_t)oi);
+            KT_CHECK(strcmp(str(d, "item_id"), str(item, "id")) == 0, "a delta's item_id names its item: %s",
+                     json_dumps(d, JSON_COMPACT));
+        }
+    }
+    json_decref(list);
+}
+
 /* The tool's result sent back as items, and again through previous_response_id. */
 static void a_function_call_round_trip(const struct test_server *s)
 {
@@ -681,6 +720,7 @@ int main(void)
         RUN_WITH(a_plain_response, &s);
         RUN_WITH(a_streamed_text_response, &s);
         RUN_WITH(reasoning_and_a_function_call_streamed, &s);
+        RUN_WITH(two_function_calls_streamed, &s);
         RUN_WITH(a_function_call_round_trip, &s);
         RUN_WITH(previous_response_id_chains_the_conversation, &s);
         RUN_WITH(max_output_tokens_is_incomplete, &s);
