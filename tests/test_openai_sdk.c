@@ -2,7 +2,9 @@
  * test_openai_sdk.c - kt-serve as the official openai SDK (npm `openai`,
  * pinned in tests/openai-sdk/package-lock.json) sees it: models, chat,
  * streaming with usage, tool calls (Kimi ids kept), reasoning_content,
- * completions, errors as the SDK's typed exceptions, a client abort.  The
+ * completions, the Responses API (create, stream, a tool round trip,
+ * previous_response_id, retrieve / input items / delete), errors as the
+ * SDK's typed exceptions, client aborts.  The
  * cases live in tests/openai-sdk/sdk.test.mjs; this program starts the
  * server and runs them.  Skips when node or the SDK (`npm ci` in
  * tests/openai-sdk, which ./dev.sh test runs) is missing.

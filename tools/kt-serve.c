@@ -25,6 +25,7 @@
 #include "model_chat.h"
 #include "placement_opt.h"
 #include "preflight.h"
+#include "serve_responses.h"
 #include "server.h"
 #include "threads.h"
 
@@ -67,6 +68,12 @@ KT_CLI_DOUBLE_OPTION(opt_min_gain, rebalance_min_gain, 0, 1, KT_CLI_HI_OPEN, "--
                      "a share of the step")
 KT_CLI_DOUBLE_OPTION(opt_migration_budget, migration_budget_mib, 0, 1e9, KT_CLI_LO_OPEN, "--migration-budget-mib",
                      "MiB")
+
+static bool opt_responses_store(void *o, const char *arg, char *why, size_t ws)
+{
+    return kt_cli_u32_arg("--responses-store", arg, 0, 1000000, "responses; 0: none", &OPTS(o)->responses_store, why,
+                          ws);
+}
 
 static bool opt_prefix_cache(void *o, const char *arg, char *why, size_t ws)
 {
@@ -150,6 +157,8 @@ static const struct kt_cli_option options_table[] = {
      opt_max_batch},
     {"--prefix-cache", NULL, "N", 0, "prompt prefixes kept for reuse, LRU (default: --max-seqs; 0: off)",
      opt_prefix_cache},
+    {"--responses-store", NULL, "N", 0, "/v1/responses kept in memory for previous_response_id and GET, LRU "
+     "(default 256; 0: none)", opt_responses_store},
     {"--request-timeout", NULL, "S", 0, "seconds a request may run (default 600; 0: no limit)", opt_timeout},
     {"--shutdown-timeout", NULL, "S", 0, "on SIGTERM, seconds to let requests finish (default 30); a second signal "
      "quits at once", opt_shutdown},
@@ -476,6 +485,7 @@ static void teardown(struct kt_server *s)
     free(s->chat_template);
     kt_model_close(s->model);
     kt_serve_metrics_destroy(&s->metrics);
+    kt_responses_store_destroy(s->responses);
 }
 
 int main(int argc, char **argv)
@@ -487,7 +497,8 @@ int main(int argc, char **argv)
                                      .max_body_bytes = 8u << 20, .max_connections = 512,
                                      .client_timeout_s = 30, .idle_timeout_s = 15,
                                      .profile_half_life = 1e6, .profile_interval_s = 60,
-                                     .rebalance_min_gain = 0.02, .migration_budget_mib = 1024};
+                                     .rebalance_min_gain = 0.02, .migration_budget_mib = 1024,
+                                     .responses_store = 256};
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, &s->o);
     if (rc >= 0)
         return rc;
@@ -519,6 +530,10 @@ int main(int argc, char **argv)
                 s->o.max_connections, kt_conns_reserved(s->o.max_connections),
                 s->o.max_connections - kt_conns_reserved(s->o.max_connections), answered, enough);
     kt_serve_metrics_init(&s->metrics);
+    if (!(s->responses = kt_responses_store_create(s->o.responses_store))) {
+        fprintf(stderr, "kt-serve: out of memory for --responses-store %u\n", s->o.responses_store);
+        return 1;
+    }
     kt_err err = {0};
     s->exit_status = 1;
     if (!preflight(s, &err)) { /* before listening: nothing is loaded yet */

@@ -21,12 +21,137 @@ const tools = [{
     parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
   },
 }];
+const flatTools = [{ type: "function", name: tools[0].function.name, description: tools[0].function.description,
+                    parameters: tools[0].function.parameters, strict: false }];
 const forcedCall =
   "<think>The user wants the weather; call the tool.</think>Let me check." +
   "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" +
   '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>';
 
 const cases = {
+  // ---- the Responses API ----
+
+  async responsesCreate() {
+    const r = await client.responses.create({
+      model, instructions: "Be brief.", input: "Say hello.", max_output_tokens: 8, temperature: 0,
+      metadata: { run: "sdk" },
+    });
+    assert.equal(r.object, "response");
+    assert.ok(r.id.startsWith("resp_"));
+    assert.ok(["completed", "incomplete"].includes(r.status));
+    assert.equal(r.output[0].type, "message");
+    assert.equal(r.output[0].content[0].type, "output_text");
+    assert.equal(r.output_text, r.output[0].content[0].text); // the SDK's own join of the text parts
+    assert.ok(r.usage.input_tokens > 0 && r.usage.output_tokens > 0 && r.usage.output_tokens <= 8);
+    assert.equal(r.usage.total_tokens, r.usage.input_tokens + r.usage.output_tokens);
+    assert.equal(r.metadata.run, "sdk");
+    assert.equal(r.instructions, "Be brief.");
+  },
+
+  async responsesIncomplete() {
+    const r = await client.responses.create({
+      model, input: "x", max_output_tokens: 2, kt_test_forced_output: "one two three four<|im_end|>",
+    });
+    assert.equal(r.status, "incomplete");
+    assert.equal(r.incomplete_details.reason, "max_output_tokens");
+  },
+
+  async responsesStream() {
+    const stream = client.responses.stream({ model, input: "What is the weather in Paris?", tools: flatTools,
+                                             kt_test_forced_output: forcedCall });
+    const types = [];
+    let text = "", args = "", reasoning = "", last = -1;
+    for await (const event of stream) {
+      assert.equal(event.sequence_number, last + 1);
+      last = event.sequence_number;
+      types.push(event.type);
+      if (event.type === "response.output_text.delta") text += event.delta;
+      if (event.type === "response.function_call_arguments.delta") args += event.delta;
+      if (event.type === "response.reasoning_summary_text.delta") reasoning += event.delta;
+    }
+    const final = await stream.finalResponse();
+    assert.equal(types[0], "response.created");
+    assert.equal(types.at(-1), "response.completed");
+    assert.equal(text, "Let me check.");
+    assert.equal(reasoning, "The user wants the weather; call the tool.");
+    assert.deepEqual(JSON.parse(args), { city: "Paris" });
+    assert.deepEqual(final.output.map((o) => o.type), ["reasoning", "message", "function_call"]);
+    assert.equal(final.output_text, "Let me check.");
+    assert.equal(final.output[2].call_id, "functions.get_weather:0");
+    assert.equal(final.output[2].name, "get_weather");
+  },
+
+  async responsesToolRoundTrip() {
+    const r = await client.responses.create({ model, input: "What is the weather in Paris?", tools: flatTools,
+                                              kt_test_forced_output: forcedCall });
+    const call = r.output.find((o) => o.type === "function_call");
+    assert.deepEqual(JSON.parse(call.arguments), { city: "Paris" });
+    const result = { type: "function_call_output", call_id: call.call_id, output: '{"weather": "sunny"}' };
+    // the documented way: the output items go back as input, then the tool's result
+    const whole = await client.responses.create({
+      model, tools: flatTools, max_output_tokens: 4, store: false,
+      input: [{ role: "user", content: "What is the weather in Paris?" }, ...r.output, result],
+    });
+    assert.equal(whole.output[0].type, "message");
+    // and through previous_response_id: the same prompt
+    const chained = await client.responses.create({
+      model, tools: flatTools, max_output_tokens: 4, previous_response_id: r.id, input: [result],
+    });
+    assert.equal(chained.previous_response_id, r.id);
+    assert.equal(chained.usage.input_tokens, whole.usage.input_tokens);
+    assert.ok(chained.usage.input_tokens_details.cached_tokens > 0);
+  },
+
+  async responsesStored() {
+    const r = await client.responses.create({ model, input: "hi", max_output_tokens: 2 });
+    const got = await client.responses.retrieve(r.id);
+    assert.equal(got.id, r.id);
+    assert.deepEqual(got.output, r.output);
+    const items = await client.responses.inputItems.list(r.id);
+    assert.equal(items.data[0].role, "user");
+    await client.responses.delete(r.id);
+    await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
+  },
+
+  async responsesErrors() {
+    await assert.rejects(
+      client.responses.create({ model, input: "x", tools: [{ type: "web_search" }] }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "tools[0]");
+    await assert.rejects(
+      client.responses.create({ model, input: "x", previous_response_id: "resp_nothing" }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "previous_response_id");
+    await assert.rejects(
+      client.responses.create({ model, input: "x", max_output_tokens: 1_000_000 }),
+      (e) => e instanceof OpenAI.BadRequestError && e.code === "context_length_exceeded");
+  },
+
+  async responsesAbortMidStream() {
+    const metrics = baseURL.replace(/\/v1$/, "") + "/metrics";
+    const aborted = async () => Number((await (await fetch(metrics)).text())
+      .match(/finished_reason="abort"} ([0-9.e+]+)/)?.[1] ?? 0);
+    const before = await aborted();
+    const controller = new AbortController();
+    const stream = await client.responses.create(
+      { model, input: "go", max_output_tokens: 2000, ignore_eos: true, stream: true },
+      { signal: controller.signal });
+    let n = 0;
+    try {
+      for await (const event of stream) {
+        if (++n === 6) controller.abort();
+      }
+    } catch (e) {
+      assert.ok(e instanceof OpenAI.APIUserAbortError || e.name === "AbortError", String(e));
+    }
+    assert.ok(n >= 6 && n < 100, `${n} events after the abort`);
+    let idle = false;
+    for (let i = 0; i < 100 && !idle; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      const text = await (await fetch(metrics)).text();
+      idle = text.includes(`vllm:num_requests_running{model_name="${model}"} 0`) && (await aborted()) > before;
+    }
+    assert.ok(idle, "the aborted Responses stream is still running");
+  },
+
   async models() {
     const list = await client.models.list();
     assert.equal(list.data[0].id, model);

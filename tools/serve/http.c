@@ -263,6 +263,8 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         return post ? kt_serve_tokenize(rq) : wrong_method(rq, method, url, "POST");
     if (strcmp(path, "/detokenize") == 0)
         return post ? kt_serve_detokenize(rq) : wrong_method(rq, method, url, "POST");
+    if (strncmp(url, "/v1/responses", 13) == 0 && (url[13] == '\0' || url[13] == '/'))
+        return kt_serve_responses(rq, method, url[13] == '/' ? url + 14 : NULL);
     if (strcmp(url, "/kt/profile") == 0)
         return get ? kt_serve_profile_endpoint(rq) : wrong_method(rq, method, url, "GET");
     if (strcmp(url, "/kt/placement") == 0)

@@ -71,6 +71,7 @@ struct kt_serve_options {
     bool expert_cache_policy_given;
     bool self_check;              /* run the correctness check before listening; refuse to serve on FAIL */
     const char *test_self_check_reference; /* tests only: the check's reference reads this file, not model */
+    uint32_t responses_store;     /* responses kept for previous_response_id and GET /v1/responses/{id}, LRU; 0: none */
 };
 
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
@@ -105,6 +106,7 @@ struct kt_server {
     struct kt_serve_model sm;
     struct kt_serve_profile *profile; /* the live routing profile (profile.c) */
     struct kt_serve_placement *placement; /* where experts live, and the rebalancer (rebalance.c) */
+    struct kt_responses_store *responses; /* stored responses (responses.c); thread-safe */
 
     struct kt_serve_metrics metrics;
     atomic_int in_flight;         /* generation responses not yet fully sent */
@@ -217,5 +219,9 @@ enum MHD_Result kt_serve_dashboard(struct kt_http_request *rq);
 /* generate.c: /v1/chat/completions and /v1/completions; /v1/messages */
 enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);
 enum MHD_Result kt_serve_messages(struct kt_http_request *rq);
+
+/* responses.c: OpenAI's Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id},
+ * GET /v1/responses/{id}/input_items (id: the path after /responses/) */
+enum MHD_Result kt_serve_responses(struct kt_http_request *rq, const char *method, const char *id);
 
 #endif

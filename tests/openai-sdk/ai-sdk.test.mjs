@@ -1,0 +1,116 @@
+// ai-sdk.test.mjs - drives a running kt-serve through the AI SDK (npm `ai`
+// and `@ai-sdk/openai`, pinned in package-lock.json) with the provider's
+// default model, which speaks the Responses API (POST /v1/responses).
+//
+//   node ai-sdk.test.mjs BASE_URL MODEL     (BASE_URL like http://127.0.0.1:8080/v1)
+//
+// kt-serve must run with --test-forced-output: a fetch wrapper adds the
+// request field kt_test_forced_output where a case wants the model's tokens
+// forced (a tool call, reasoning), since the provider sends only the fields it
+// knows.  Exits 0 when every check passed; prints the failure and exits 1 otherwise.
+import assert from "node:assert/strict";
+import { createOpenAI } from "@ai-sdk/openai";
+import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
+
+const [baseURL, model] = process.argv.slice(2);
+
+let forced = null;      // the next request's kt_test_forced_output
+const bodies = [];      // the bodies the provider sent to /responses
+const provider = createOpenAI({
+  baseURL, apiKey: "unused",
+  fetch: async (url, init) => {
+    if (String(url).endsWith("/responses") && init?.body) {
+      const body = JSON.parse(init.body);
+      bodies.push(body);
+      if (forced) body.kt_test_forced_output = forced.shift();
+      if (forced && !forced.length) forced = null;
+      init = { ...init, body: JSON.stringify(body) };
+    }
+    return fetch(url, init);
+  },
+});
+const llm = provider(model); // the default: the Responses API
+
+const forcedCall =
+  "<think>The user wants the weather; call the tool.</think>Let me check." +
+  "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>" +
+  '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>';
+const weather = tool({
+  description: "Current weather of a city",
+  inputSchema: jsonSchema({ type: "object", properties: { city: { type: "string" } }, required: ["city"] }),
+});
+
+const cases = {
+  async generateTextUsesResponses() {
+    bodies.length = 0;
+    forced = ["Hello there.<|im_end|>"];
+    const r = await generateText({ model: llm, prompt: "Say hello.", maxOutputTokens: 16 });
+    assert.equal(bodies.length, 1);
+    assert.ok(Array.isArray(bodies[0].input), "the provider sent a Responses body");
+    assert.equal(r.text, "Hello there.");
+    assert.equal(r.finishReason, "stop");
+    assert.ok(r.usage.inputTokens > 0 && r.usage.outputTokens > 0);
+    assert.ok(r.response.id.startsWith("resp_"));
+  },
+
+  async generateTextLength() {
+    forced = ["one two three four five<|im_end|>"];
+    const r = await generateText({ model: llm, prompt: "Count.", maxOutputTokens: 2 });
+    assert.equal(r.finishReason, "length");
+  },
+
+  async streamText() {
+    forced = [forcedCall];
+    const r = streamText({ model: llm, prompt: "What is the weather in Paris?", tools: { get_weather: weather } });
+    let text = "", reasoning = "";
+    const calls = [];
+    for await (const part of r.fullStream) {
+      if (part.type === "text-delta") text += part.text;
+      if (part.type === "reasoning-delta") reasoning += part.text;
+      if (part.type === "tool-call") calls.push(part);
+      if (part.type === "error") throw part.error;
+    }
+    assert.equal(text, "Let me check.");
+    assert.equal(reasoning, "The user wants the weather; call the tool.");
+    assert.equal(calls.length, 1);
+    assert.equal(calls[0].toolName, "get_weather");
+    assert.deepEqual(calls[0].input, { city: "Paris" });
+    assert.equal(await r.finishReason, "tool-calls");
+  },
+
+  async toolRoundTrip() {
+    // two steps: the model calls the tool, the SDK runs it and sends the result back (by item reference)
+    bodies.length = 0;
+    forced = [forcedCall, "It is sunny in Paris.<|im_end|>"];
+    const r = await generateText({
+      model: llm, prompt: "What is the weather in Paris?", stopWhen: stepCountIs(2),
+      tools: { get_weather: { ...weather, execute: async ({ city }) => ({ city, weather: "sunny" }) } },
+    });
+    assert.equal(r.steps.length, 2);
+    assert.equal(r.steps[0].toolCalls[0].toolName, "get_weather");
+    assert.deepEqual(r.steps[0].toolResults[0].output, { city: "Paris", weather: "sunny" });
+    assert.equal(r.text, "It is sunny in Paris.");
+    const sent = bodies[1].input.map((i) => i.type ?? i.role);
+    assert.ok(sent.includes("function_call_output"), JSON.stringify(bodies[1].input));
+    assert.ok(r.steps[1].usage.inputTokens > r.steps[0].usage.inputTokens);
+  },
+
+  async errorsAreApiCallErrors() {
+    await assert.rejects(
+      generateText({ model: llm, prompt: "x", temperature: 5, maxRetries: 0 }),
+      (e) => e.statusCode === 400 && /temperature/.test(e.message ?? e.responseBody));
+  },
+};
+
+let failed = 0;
+for (const [name, fn] of Object.entries(cases)) {
+  try {
+    await fn();
+    console.log(`ok   ${name}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${name}: ${e?.stack ?? e}`);
+  }
+}
+console.log(`${Object.keys(cases).length} cases, ${failed} failed`);
+process.exit(failed ? 1 : 0);
