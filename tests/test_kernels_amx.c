@@ -292,8 +292,12 @@ static const float SENTINEL = -12345.678f;
 /*
  * Weight row r of n elements in the GGUF layout.  kind 0: gaussian values
  * with outliers, quantized; kind 1 (Q8_0, Q4_0, Q4_K): random bits with
- * finite scales; kind 2: every code at its extreme (Q8_0 -128, Q4_0 code 0,
- * i.e. -8; Q4_K nibble 15 with every 6-bit scale and min 63).  BF16 rows are kind 0, scaled by 2^(r%5-2).
+ * finite scales; kind 2: every code at its extreme (Q8_0 -128, Q4_0 code 0
+ * (-8) or, every other such row, 15 (+7); Q4_K nibble 15 with every 6-bit
+ * scale and min 63) and d random in [0.5, 1): against make_act's
+ * all-positive tokens the block sums are large and carry low bits, so a
+ * product associated otherwise than the reference's (dw * da) * sumi rounds
+ * differently.  BF16 rows are kind 0, scaled by 2^(r%5-2).
  */
 static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
 {
@@ -311,21 +315,28 @@ static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
     for (int64_t b = 0; b < n / tr->block_elems; b++) {
         uint8_t *blk = w + (size_t)b * tr->block_bytes;
         for (size_t i = 0; i < tr->block_bytes; i++)
-            blk[i] = kind == 1 ? rand_byte() : type == KT_TYPE_Q8_0 ? 0x80 : type == KT_TYPE_Q4_0 ? 0x00 : 0xff;
-        put_fp16(blk, kind == 1 ? 0.05f * kt_test_rand_normal(&g_rng) : 1.0f); /* d: first in both */
+            blk[i] = kind == 1                ? rand_byte()
+                     : type == KT_TYPE_Q8_0   ? 0x80
+                     : type == KT_TYPE_Q4_0   ? (r % 2 ? 0xff : 0x00)
+                                              : 0xff;
+        /* d: first in every block type here */
+        put_fp16(blk, kind == 1 ? 0.05f * kt_test_rand_normal(&g_rng) : kt_test_rand_uniform(&g_rng, 0.5f, 1.0f));
         if (type == KT_TYPE_Q4_K)
             put_fp16(blk + 2, kind == 1 ? 0.05f * kt_test_rand_normal(&g_rng) : 0.5f); /* dmin */
     }
 }
 
 /* Activation t (F32): gaussian with outliers; every 4th token all +-1 (every
- * quant at its limit); every 5th with its first half zero. */
+ * quant at its limit); every 6th (from t = 5) all in [0.5, 1) (quants 64 ..
+ * 127, large block sums); every 5th with its first half zero. */
 static void make_act(int64_t n, int64_t t, float *x)
 {
     for (int64_t i = 0; i < n; i++) {
         x[i] = kt_test_rand_normal(&g_rng) * (kt_test_rand_u64(&g_rng) % 100 == 0 ? 50.0f : 1.0f);
         if (t % 4 == 3)
             x[i] = kt_test_rand_u64(&g_rng) & 1 ? 1.0f : -1.0f;
+        if (t % 6 == 5)
+            x[i] = kt_test_rand_uniform(&g_rng, 0.5f, 1.0f);
         if (t % 5 == 4 && i < n / 2)
             x[i] = 0.0f;
     }

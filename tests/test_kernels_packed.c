@@ -64,8 +64,12 @@ static void *aligned_buffer(size_t bytes)
 /*
  * Weight row r of n elements: r % 3 == 0 quantized gaussians with outliers,
  * 1 random bits with finite scales, 2 extreme codes (Q8_0 all -128, Q4_K all
- * 15 with every 6-bit scale and min 63, Q4_0 all code 0, i.e. -8), which push
- * every integer sum to its bound.
+ * 15 with every 6-bit scale and min 63, Q4_0 all code 0 (-8) or, every other
+ * such row, all 15 (+7)), which push every integer sum to its bound.  The
+ * extreme rows' d is random in [0.5, 1) (a full fp16 mantissa): against
+ * make_act's all-positive tokens their block sums are large and carry low
+ * bits, so a product of d, da and sumi associated otherwise than the
+ * reference's (dw * da) * sumi rounds differently, and the test sees it.
  */
 static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
 {
@@ -84,22 +88,26 @@ static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
         for (size_t k = 0; k < t->block_bytes; k++)
             blk[k] = kind == 1               ? (uint8_t)kt_test_rand_u64(&g_rng)
                      : type == KT_TYPE_Q8_0  ? 0x80
-                     : type == KT_TYPE_Q4_0  ? 0x00
+                     : type == KT_TYPE_Q4_0  ? (r % 2 ? 0xff : 0x00)
                                              : 0xff;
-        put_fp16(blk, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 1.0f); /* d: first field of both */
+        /* d: the first field of every block type here */
+        put_fp16(blk, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : kt_test_rand_uniform(&g_rng, 0.5f, 1.0f));
         if (type == KT_TYPE_Q4_K)
             put_fp16(blk + 2, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 0.5f); /* dmin */
     }
 }
 
 /* Activation t: gaussians with outliers; every 4th all +-1 (each quant at
- * its limit); every 5th with its first half zero. */
+ * its limit); every 6th (from t = 5) all in [0.5, 1): quants 64 .. 127 of
+ * one sign, large block sums; every 5th with its first half zero. */
 static void make_act(int64_t n, int64_t t, float *x)
 {
     for (int64_t i = 0; i < n; i++) {
         x[i] = kt_test_rand_normal(&g_rng) * (kt_test_rand_u64(&g_rng) % 100 == 0 ? 100.0f : 1.0f);
         if (t % 4 == 3)
             x[i] = kt_test_rand_u64(&g_rng) & 1 ? 1.0f : -1.0f;
+        if (t % 6 == 5)
+            x[i] = kt_test_rand_uniform(&g_rng, 0.5f, 1.0f);
         if (t % 5 == 4 && i < n / 2)
             x[i] = 0.0f;
     }
