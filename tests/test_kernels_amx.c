@@ -7,7 +7,7 @@
  * the SDM's semantics (wrapping int32 sums, signed/unsigned bytes, per-step
  * rounding and DAZ/FTZ of TDPBF16PS) and its faults where the CPU raises #UD.
  * Then the formats (tests/amx_emulated.c builds packed_amx.c with emulated
- * tiles): Q8_0 and Q4_K must equal kt_vec_dot_*_ref bit for bit for every
+ * tiles): Q8_0, Q4_0 and Q4_K must equal kt_vec_dot_*_ref bit for bit for every
  * (row, token) pair on odd shapes; BF16, whose activations are rounded to
  * bf16 and summed in fp32, must stay within
  *     |y - ref| <= (2^-8 + n * 2^-23) * sum_i |w_i * a_i|
@@ -36,6 +36,7 @@
 
 #ifdef KT_TEST_AMX_EMULATED /* tests/amx_emulated.c, with the avx512 level's flags */
 extern const struct kt_packed_format kt_packed_q8_0_amx_emulated;
+extern const struct kt_packed_format kt_packed_q4_0_amx_emulated;
 extern const struct kt_packed_format kt_packed_q4_K_amx_emulated;
 extern const struct kt_packed_format kt_packed_bf16_amx_emulated;
 #endif
@@ -290,9 +291,13 @@ static const float SENTINEL = -12345.678f;
 
 /*
  * Weight row r of n elements in the GGUF layout.  kind 0: gaussian values
- * with outliers, quantized; kind 1 (Q8_0, Q4_K): random bits with finite
- * scales; kind 2 (Q8_0, Q4_K): every code at its extreme (-128 / nibble 15,
- * every 6-bit scale and min 63).  BF16 rows are kind 0, scaled by 2^(r%5-2).
+ * with outliers, quantized; kind 1 (Q8_0, Q4_0, Q4_K): random bits with
+ * finite scales; kind 2: every code at its extreme (Q8_0 -128, Q4_0 code 0
+ * (-8) or, every other such row, 15 (+7); Q4_K nibble 15 with every 6-bit
+ * scale and min 63) and d random in [0.5, 1): against make_act's
+ * all-positive tokens the block sums are large and carry low bits, so a
+ * product associated otherwise than the reference's (dw * da) * sumi rounds
+ * differently.  BF16 rows are kind 0, scaled by 2^(r%5-2).
  */
 static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
 {
@@ -310,21 +315,28 @@ static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
     for (int64_t b = 0; b < n / tr->block_elems; b++) {
         uint8_t *blk = w + (size_t)b * tr->block_bytes;
         for (size_t i = 0; i < tr->block_bytes; i++)
-            blk[i] = kind == 1 ? rand_byte() : type == KT_TYPE_Q8_0 ? 0x80 : 0xff;
-        put_fp16(blk, kind == 1 ? 0.05f * kt_test_rand_normal(&g_rng) : 1.0f); /* d: first in both */
+            blk[i] = kind == 1                ? rand_byte()
+                     : type == KT_TYPE_Q8_0   ? 0x80
+                     : type == KT_TYPE_Q4_0   ? (r % 2 ? 0xff : 0x00)
+                                              : 0xff;
+        /* d: first in every block type here */
+        put_fp16(blk, kind == 1 ? 0.05f * kt_test_rand_normal(&g_rng) : kt_test_rand_uniform(&g_rng, 0.5f, 1.0f));
         if (type == KT_TYPE_Q4_K)
             put_fp16(blk + 2, kind == 1 ? 0.05f * kt_test_rand_normal(&g_rng) : 0.5f); /* dmin */
     }
 }
 
 /* Activation t (F32): gaussian with outliers; every 4th token all +-1 (every
- * quant at its limit); every 5th with its first half zero. */
+ * quant at its limit); every 6th (from t = 5) all in [0.5, 1) (quants 64 ..
+ * 127, large block sums); every 5th with its first half zero. */
 static void make_act(int64_t n, int64_t t, float *x)
 {
     for (int64_t i = 0; i < n; i++) {
         x[i] = kt_test_rand_normal(&g_rng) * (kt_test_rand_u64(&g_rng) % 100 == 0 ? 50.0f : 1.0f);
         if (t % 4 == 3)
             x[i] = kt_test_rand_u64(&g_rng) & 1 ? 1.0f : -1.0f;
+        if (t % 6 == 5)
+            x[i] = kt_test_rand_uniform(&g_rng, 0.5f, 1.0f);
         if (t % 5 == 4 && i < n / 2)
             x[i] = 0.0f;
     }
@@ -533,6 +545,7 @@ static void check_format(const struct kt_packed_format *f, int type, const int64
 }
 
 static const int64_t q8_0_ns[] = {32, 96, 2048};
+static const int64_t q4_0_ns[] = {32, 96, 2048, 7168}; /* 7168: Kimi-K2's hidden size */
 static const int64_t q4_K_ns[] = {256, 512, 7168};
 static const int64_t bf16_ns[] = {64, 96, 100, 120, 7168}; /* any n: K steps of 32, zero-padded */
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -540,6 +553,11 @@ static const int64_t bf16_ns[] = {64, 96, 100, 120, 7168}; /* any n: K steps of 
 static void emulated_q8_0_equals_the_reference_bit_for_bit(void)
 {
     check_format(&kt_packed_q8_0_amx_emulated, KT_TYPE_Q8_0, q8_0_ns, COUNT(q8_0_ns));
+}
+
+static void emulated_q4_0_equals_the_reference_bit_for_bit(void)
+{
+    check_format(&kt_packed_q4_0_amx_emulated, KT_TYPE_Q4_0, q4_0_ns, COUNT(q4_0_ns));
 }
 
 static void emulated_q4_K_equals_the_reference_bit_for_bit(void)
@@ -561,14 +579,17 @@ static void real_tiles_equal_the_reference(void)
         return;
     }
     const struct kt_packed_format *q8_0 = amx->type[KT_TYPE_Q8_0].packed;
+    const struct kt_packed_format *q4_0 = amx->type[KT_TYPE_Q4_0].packed;
     const struct kt_packed_format *q4_K = amx->type[KT_TYPE_Q4_K].packed;
     const struct kt_packed_format *bf16 = amx->type[KT_TYPE_BF16].packed;
-    if (!q8_0 || !q4_K || !bf16 || !strstr(q8_0->name, ".amx") || !strstr(q4_K->name, ".amx") ||
+    if (!q8_0 || !q4_0 || !q4_K || !bf16 || !strstr(q8_0->name, ".amx") || !strstr(q4_0->name, ".amx") ||
+        !strstr(q4_K->name, ".amx") ||
         !strstr(bf16->name, ".amx")) {
         printf("  skipped: kt was built without AMX kernels (the compiler lacks -mamx-*)\n");
         return;
     }
     check_format(q8_0, KT_TYPE_Q8_0, q8_0_ns, COUNT(q8_0_ns));
+    check_format(q4_0, KT_TYPE_Q4_0, q4_0_ns, COUNT(q4_0_ns));
     check_format(q4_K, KT_TYPE_Q4_K, q4_K_ns, COUNT(q4_K_ns));
     check_format(bf16, KT_TYPE_BF16, bf16_ns, COUNT(bf16_ns));
 }
@@ -587,6 +608,7 @@ int main(void)
         return kt_test_skip("no AVX-512");
     }
     KT_RUN(emulated_q8_0_equals_the_reference_bit_for_bit);
+    KT_RUN(emulated_q4_0_equals_the_reference_bit_for_bit);
     KT_RUN(emulated_q4_K_equals_the_reference_bit_for_bit);
     KT_RUN(emulated_bf16_stays_within_the_bf16_tolerance);
     KT_RUN(real_tiles_equal_the_reference);

@@ -405,8 +405,9 @@ static void avx2_rows_use_simd_kernels_for_the_hot_types(void)
             KT_CHECK(avx2->type[type].quantize_act != scalar_kernels()->type[type].quantize_act,
                      "%s: avx2 activation quantizer is the reference", kt_type_name(type));
     }
-    /* AVX-512 and AMX have their own rows only where their kernels exist (Q8_0
-     * and Q4_K vec_dot/gemv for AVX-512 today, which AMX shares, and the tiled
+    /* AVX-512 and AMX have their own rows only where their kernels exist (Q8_0,
+     * Q4_0, Q4_K, MXFP4 and FP8_B128 vec_dot/gemv for AVX-512 today, which AMX
+     * shares, and the tiled
      * gemms of Q5_K, Q6_K, F32, F16 and BF16 over the AVX2 dots); every other
      * entry is the AVX2 one, and every row keeps the activation format of the
      * AVX2 row. */
@@ -421,7 +422,8 @@ static void avx2_rows_use_simd_kernels_for_the_hot_types(void)
             /* AMX is the avx512 rows with expert weights packed for tiles
              * (kernels/cpu/dispatch.c), so it has AVX-512's Q8_0 and Q4_K dots
              * too; this was first seen on a CPU with AMX (an H200 host) */
-            bool own = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_MXFP4 || type == KT_TYPE_FP8_B128;
+            bool own = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_MXFP4 ||
+                       type == KT_TYPE_FP8_B128;
             const bool own_gemm = type == KT_TYPE_Q5_K || type == KT_TYPE_Q6_K || type == KT_TYPE_F32 ||
                                   type == KT_TYPE_F16 || type == KT_TYPE_BF16;
             KT_CHECK(r->vec_dot_type == a->vec_dot_type && r->quantize_act == a->quantize_act,

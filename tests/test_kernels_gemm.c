@@ -63,16 +63,18 @@ static void put_fp16(uint8_t *p, float v)
 
 /*
  * One weight row of n elements.  kind 0: quantized gaussian values with
- * outliers; kind 1 (Q8_0 and the K-quants Q4_K, Q5_K, Q6_K only): random
- * bits with finite scales; kind 2 (the same types): extreme codes (Q8_0 all
- * -128; Q4_K / Q5_K every bit set, so every quant at its top and every
- * 6-bit scale and min 63; Q6_K every quant 63 and every scale -128).
+ * outliers; kind 1 (Q8_0, Q4_0 and the K-quants Q4_K, Q5_K, Q6_K only):
+ * random bits with finite scales; kind 2 (the same types): extreme codes
+ * (Q8_0 all -128; Q4_0 every code 15, i.e. +7; Q4_K / Q5_K every bit set, so
+ * every quant at its top and every 6-bit scale and min 63; Q6_K every quant
+ * 63 and every scale -128).
  */
 static void make_row(int type, int64_t n, int kind, uint8_t *w)
 {
     const struct kt_type_traits *t = kt_type_traits(type);
     const int64_t nb = n / t->block_elems;
-    const bool raw = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_Q5_K || type == KT_TYPE_Q6_K;
+    const bool raw = type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_0 || type == KT_TYPE_Q4_K || type == KT_TYPE_Q5_K ||
+                     type == KT_TYPE_Q6_K;
     if (kind == 0 || !raw) {
         float *x = xmalloc((size_t)n * sizeof *x);
         for (int64_t i = 0; i < n; i++)
@@ -300,7 +302,7 @@ static void tiled_gemm_equals_the_scalar_reference(void)
 /* AVX-512                                                                       */
 /* ---------------------------------------------------------------------------- */
 
-static void avx512_rows_have_their_own_dots_for_q8_0_and_q4_K(void)
+static void avx512_rows_have_their_own_dots_for_q8_0_q4_0_and_q4_K(void)
 {
     const struct kt_cpu_kernels *avx512 = kt_cpu_kernels_for(KT_ISA_AVX512);
     if (!avx512) {
@@ -308,7 +310,7 @@ static void avx512_rows_have_their_own_dots_for_q8_0_and_q4_K(void)
         return;
     }
     const struct kt_cpu_kernels *avx2 = kt_cpu_kernels_for(KT_ISA_AVX2);
-    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_K};
+    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_0, KT_TYPE_Q4_K};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         KT_CHECK(avx512->type[types[i]].vec_dot != avx2->type[types[i]].vec_dot, "%s: avx512 row is the avx2 dot",
                  kt_type_name(types[i]));
@@ -325,14 +327,14 @@ static void avx512_dots_equal_the_reference_bit_for_bit(void)
         return;
     }
     const struct kt_cpu_kernels *ref = kt_cpu_kernels_for(KT_ISA_SCALAR);
-    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_K};
+    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_0, KT_TYPE_Q4_K};
     const int64_t blocks[] = {1, 2, 3, 4, 5, 7, 8, 9, 15, 17, 28};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         const int type = types[i];
         const int64_t be = kt_type_traits(type)->block_elems;
         int differ = 0, compared = 0, nonzero = 0;
         for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++) {
-            const int64_t n = blocks[bi] * be * (be == KT_QK ? 3 : 1); /* Q8_0: around the 8-block loop */
+            const int64_t n = blocks[bi] * be * (be == KT_QK ? 3 : 1); /* Q8_0, Q4_0: around the 8-block loop */
             /* exact-size buffers: an over-read shows under ASan */
             uint8_t *w = xmalloc(kt_type_row_bytes(type, n));
             void *a = xmalloc(kt_type_row_bytes(ref->type[type].vec_dot_type, n));
@@ -568,7 +570,7 @@ int main(void)
     KT_RUN(gemm_equals_vec_dot_for_every_pair_on_odd_shapes);
     KT_RUN(kquant_and_float_gemms_equal_vec_dot_on_odd_shapes);
     KT_RUN(tiled_gemm_equals_the_scalar_reference);
-    KT_RUN(avx512_rows_have_their_own_dots_for_q8_0_and_q4_K);
+    KT_RUN(avx512_rows_have_their_own_dots_for_q8_0_q4_0_and_q4_K);
     KT_RUN(avx512_dots_equal_the_reference_bit_for_bit);
     KT_RUN(avx512_gemm_equals_vec_dot_on_odd_shapes);
     KT_RUN(print_prefill_gemm_speed);

@@ -1,7 +1,7 @@
 /*
  * test_kernels_packed.c - the packed expert layouts (kernels/cpu/packed.h,
- * each level's `packed` row for Q4_K and Q8_0) against the scalar reference
- * vec_dot.
+ * each level's `packed` row for Q4_K, Q8_0 and Q4_0) against the scalar
+ * reference vec_dot.
  *
  * For every level this CPU has and every packed format in its table: pack
  * GGUF rows (quantized by quant.c's reference quantizers, random bits and
@@ -64,8 +64,12 @@ static void *aligned_buffer(size_t bytes)
 /*
  * Weight row r of n elements: r % 3 == 0 quantized gaussians with outliers,
  * 1 random bits with finite scales, 2 extreme codes (Q8_0 all -128, Q4_K all
- * 15 with every 6-bit scale and min 63), which push every integer sum to its
- * bound.
+ * 15 with every 6-bit scale and min 63, Q4_0 all code 0 (-8) or, every other
+ * such row, all 15 (+7)), which push every integer sum to its bound.  The
+ * extreme rows' d is random in [0.5, 1) (a full fp16 mantissa): against
+ * make_act's all-positive tokens their block sums are large and carry low
+ * bits, so a product of d, da and sumi associated otherwise than the
+ * reference's (dw * da) * sumi rounds differently, and the test sees it.
  */
 static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
 {
@@ -82,21 +86,28 @@ static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
     for (int64_t b = 0; b < n / t->block_elems; b++) {
         uint8_t *blk = w + (size_t)b * t->block_bytes;
         for (size_t k = 0; k < t->block_bytes; k++)
-            blk[k] = kind == 1 ? (uint8_t)kt_test_rand_u64(&g_rng) : type == KT_TYPE_Q8_0 ? 0x80 : 0xff;
-        put_fp16(blk, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 1.0f); /* d: first field of both */
+            blk[k] = kind == 1               ? (uint8_t)kt_test_rand_u64(&g_rng)
+                     : type == KT_TYPE_Q8_0  ? 0x80
+                     : type == KT_TYPE_Q4_0  ? (r % 2 ? 0xff : 0x00)
+                                             : 0xff;
+        /* d: the first field of every block type here */
+        put_fp16(blk, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : kt_test_rand_uniform(&g_rng, 0.5f, 1.0f));
         if (type == KT_TYPE_Q4_K)
             put_fp16(blk + 2, kind == 1 ? kt_test_rand_normal(&g_rng) * 0.05f : 0.5f); /* dmin */
     }
 }
 
 /* Activation t: gaussians with outliers; every 4th all +-1 (each quant at
- * its limit); every 5th with its first half zero. */
+ * its limit); every 6th (from t = 5) all in [0.5, 1): quants 64 .. 127 of
+ * one sign, large block sums; every 5th with its first half zero. */
 static void make_act(int64_t n, int64_t t, float *x)
 {
     for (int64_t i = 0; i < n; i++) {
         x[i] = kt_test_rand_normal(&g_rng) * (kt_test_rand_u64(&g_rng) % 100 == 0 ? 100.0f : 1.0f);
         if (t % 4 == 3)
             x[i] = kt_test_rand_u64(&g_rng) & 1 ? 1.0f : -1.0f;
+        if (t % 6 == 5)
+            x[i] = kt_test_rand_uniform(&g_rng, 0.5f, 1.0f);
         if (t % 5 == 4 && i < n / 2)
             x[i] = 0.0f;
     }
@@ -176,14 +187,14 @@ static int problem_check(const struct problem *p, const char *what, int *nonzero
     return differ;
 }
 
-/* Calls fn(level, type) for each Q4_K / Q8_0 packed row of each level this CPU has. */
+/* Calls fn(level, type) for each Q4_K / Q8_0 / Q4_0 packed row of each level this CPU has. */
 static int for_each_format(void (*fn)(const struct kt_cpu_kernels *k, int type))
 {
     int formats = 0;
     for (int isa = KT_ISA_SCALAR; isa <= KT_ISA_AMX; isa++) {
         const struct kt_cpu_kernels *k = kt_cpu_kernels_for((enum kt_isa)isa);
         for (int type = 0; k && type < KT_TYPE_COUNT; type++)
-            if (k->type[type].packed && (type == KT_TYPE_Q4_K || type == KT_TYPE_Q8_0)) {
+            if (k->type[type].packed && (type == KT_TYPE_Q4_K || type == KT_TYPE_Q8_0 || type == KT_TYPE_Q4_0)) {
                 g_detail_lines = 0;
                 fn(k, type);
                 formats++;
@@ -192,12 +203,12 @@ static int for_each_format(void (*fn)(const struct kt_cpu_kernels *k, int type))
     return formats;
 }
 
-/* The n of each shape test: Q4_K in super-blocks, Q8_0 in blocks (odd ones,
- * and 2048 and 7168, which 33 tokens split into several k chunks). */
+/* The n of each shape test: Q4_K in super-blocks, Q8_0 and Q4_0 in blocks
+ * (odd ones, and 2048 and 7168, which 33 tokens split into several k chunks). */
 static int shape_ns(int type, const int64_t **ns)
 {
-    static const int64_t q4_K[] = {256, 512, 7168}, q8_0[] = {32, 96, 2048, 7168};
-    *ns = type == KT_TYPE_Q4_K ? q4_K : q8_0;
+    static const int64_t q4_K[] = {256, 512, 7168}, legacy[] = {32, 96, 2048, 7168};
+    *ns = type == KT_TYPE_Q4_K ? q4_K : legacy;
     return type == KT_TYPE_Q4_K ? 3 : 4;
 }
 
@@ -228,18 +239,21 @@ static void formats_are_complete_aligned_and_per_level(void)
     const struct kt_cpu_kernels *avx2 = kt_cpu_kernels_for(KT_ISA_AVX2);
     const struct kt_cpu_kernels *avx512 = kt_cpu_kernels_for(KT_ISA_AVX512);
     const struct kt_cpu_kernels *scalar = kt_cpu_kernels_for(KT_ISA_SCALAR);
-    KT_CHECK(!scalar->type[KT_TYPE_Q4_K].packed && !scalar->type[KT_TYPE_Q8_0].packed,
+    KT_CHECK(!scalar->type[KT_TYPE_Q4_K].packed && !scalar->type[KT_TYPE_Q8_0].packed &&
+                 !scalar->type[KT_TYPE_Q4_0].packed,
              "the scalar level keeps the GGUF layout");
     if (avx2) {
-        KT_CHECK(avx2->type[KT_TYPE_Q4_K].packed && avx2->type[KT_TYPE_Q8_0].packed, "avx2 lacks a packed row");
+        KT_CHECK(avx2->type[KT_TYPE_Q4_K].packed && avx2->type[KT_TYPE_Q8_0].packed && avx2->type[KT_TYPE_Q4_0].packed,
+                 "avx2 lacks a packed row");
         KT_CHECK(formats > 0, "no packed format on a CPU with AVX2");
     }
     if (!avx512) {
         printf("  skipped: no AVX-512 (F/BW/VL/VNNI/BF16) on this CPU\n");
         return;
     }
-    for (int i = 0; i < 2; i++) {
-        const int type = i ? KT_TYPE_Q8_0 : KT_TYPE_Q4_K;
+    const int own[] = {KT_TYPE_Q4_K, KT_TYPE_Q8_0, KT_TYPE_Q4_0};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+        const int type = own[i];
         KT_CHECK(avx512->type[type].packed && avx512->type[type].packed != avx2->type[type].packed,
                  "%s: avx512 has no packed row of its own", kt_type_name(type));
     }
@@ -251,7 +265,7 @@ static void formats_are_complete_aligned_and_per_level(void)
 
 static void check_odd_shapes(const struct kt_cpu_kernels *k, int type)
 {
-    const int64_t rows[] = {1, 15, 17, 33}, toks[] = {1, 3, 8, 13, 33};
+    const int64_t rows[] = {1, 15, 17, 33}, toks[] = {1, 3, 5, 8, 13, 17, 33};
     const int64_t *ns;
     const int n_ns = shape_ns(type, &ns);
     int differ = 0, nonzero = 0, outputs = 0;

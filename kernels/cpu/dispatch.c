@@ -17,16 +17,18 @@
  *           gemm: kernels/cpu/avx2/gemm_avx2.c for Q8_0 and Q4_K,
  *           gemm_kquant_avx2.c for Q5_K and Q6_K, gemm_float_avx2.c for
  *           F32/F16/BF16, a loop over vec_dot for the rest
- *           packed: Q4_K and Q8_0 expert weights 8 rows per group
+ *           packed: Q4_K, Q8_0 and Q4_0 expert weights 8 rows per group
  *           (kernels/cpu/avx2/packed_avx2.c)
- *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0, Q4_K and MXFP4, FP8_B128
- *           (fp8_avx512.c), and tiled gemms for Q8_0, Q4_K, Q5_K, Q6_K (VNNI),
+ *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0, Q4_0, Q4_K and MXFP4,
+ *           FP8_B128 (fp8_avx512.c), and tiled gemms for Q8_0, Q4_K, Q5_K, Q6_K (VNNI),
  *           FP8_B128 and F32/F16/BF16 over the avx2
  *           rows (each level's features include AVX2's)
- *           packed: Q4_K and Q8_0 expert weights 16 rows per group for
- *           vpdpbusd (kernels/cpu/avx512/packed_avx512.c)
- *   amx     the avx512 rows, with Q8_0, Q4_K and BF16 expert weights packed for
- *           AMX tiles (kernels/cpu/amx/packed_amx.c; BF16 not bit-exact)
+ *           (Q4_0's gemm: a loop over its AVX-512 vec_dot)
+ *           packed: Q4_K, Q8_0 and Q4_0 expert weights 16 rows per group
+ *           for vpdpbusd (kernels/cpu/avx512/packed_avx512.c)
+ *   amx     the avx512 rows, with Q8_0, Q4_0, Q4_K and BF16 expert weights
+ *           packed for AMX tiles (kernels/cpu/amx/packed_amx.c; BF16 not
+ *           bit-exact)
  */
 #include "cpu/dispatch.h"
 
@@ -178,6 +180,7 @@ static void fill_avx2(struct kt_cpu_kernels *t)
     t->type[KT_TYPE_Q4_K].gemv = kt_gemv_q4_K_q8_K_avx2; /* four rows per pass, bit for bit vec_dot */
     t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx2; /* 8 rows per group, vpmaddubsw */
     t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx2;
+    t->type[KT_TYPE_Q4_0].packed = &kt_packed_q4_0_avx2; /* Kimi-K2's INT4 group-32 experts */
     for (int type = 0; type < KT_TYPE_COUNT; type++) {
         struct kt_cpu_type_kernels *row = &t->type[type];
         for (size_t k = 0; row->vec_dot && k < sizeof avx2_quantizers / sizeof avx2_quantizers[0]; k++)
@@ -196,6 +199,7 @@ static void fill_avx2(struct kt_cpu_kernels *t)
 #ifdef KT_HAVE_AVX512_KERNELS
 #define KT_AVX512_DOTS(X)                                                                         \
     X(KT_TYPE_Q8_0, kt_vec_dot_q8_0_q8_0_avx512)                                                  \
+    X(KT_TYPE_Q4_0, kt_vec_dot_q4_0_q8_0_avx512)                                                  \
     X(KT_TYPE_Q4_K, kt_vec_dot_q4_K_q8_K_avx512)                                                  \
     X(KT_TYPE_MXFP4, kt_vec_dot_mxfp4_q8_0_avx512)                                                \
     X(KT_TYPE_FP8_B128, kt_vec_dot_fp8_b128_f32_avx512)
@@ -219,6 +223,7 @@ static void fill_avx512(struct kt_cpu_kernels *t)
         t->type[avx512_dots[k].type].gemv = avx512_dots[k].gemv;
     }
     t->type[KT_TYPE_Q8_0].gemm = kt_gemm_q8_0_q8_0_avx512;
+    t->type[KT_TYPE_Q4_0].gemm = gemm_kt_vec_dot_q4_0_q8_0_avx512; /* no tiled gemm: the packed row is Q4_0's prefill */
     t->type[KT_TYPE_Q4_K].gemm = kt_gemm_q4_K_q8_K_avx512;
     t->type[KT_TYPE_Q5_K].gemm = kt_gemm_q5_K_q8_K_avx512;
     t->type[KT_TYPE_Q6_K].gemm = kt_gemm_q6_K_q8_K_avx512;
@@ -228,6 +233,7 @@ static void fill_avx512(struct kt_cpu_kernels *t)
     t->type[KT_TYPE_FP8_B128].gemm = kt_gemm_fp8_b128_f32_avx512; /* 4 tokens per decoded block */
     t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx512; /* 16 rows per group, vpdpbusd */
     t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx512;
+    t->type[KT_TYPE_Q4_0].packed = &kt_packed_q4_0_avx512;
 }
 #else
 static void fill_avx512(struct kt_cpu_kernels *t)
@@ -244,6 +250,7 @@ static void fill_amx(struct kt_cpu_kernels *t)
 {
     fill_avx512(t);
     t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_amx;
+    t->type[KT_TYPE_Q4_0].packed = &kt_packed_q4_0_amx;
     t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_amx;
     t->type[KT_TYPE_BF16].packed = &kt_packed_bf16_amx;
 }

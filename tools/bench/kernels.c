@@ -11,7 +11,8 @@
  *   float    F32 and BF16 prefill (T and 4T tokens): kt's gemm as kt_matmul_q
  *            runs it against oneDNN's sgemm (runtime/forward/onednn_gemm.c), GFLOP/s
  *            and / the FMA peak
- *   packed   each level's packed expert layout (kernels/cpu/packed.h) at the
+ *   packed   each level's packed expert layout (kernels/cpu/packed.h) of Q4_K,
+ *            Q8_0 and Q4_0 at the
  *            decode shape (1 token, GB/s of packed weights, / triad) and at
  *            16 and 32 tokens over one matrix (the prefill of 128 tokens over
  *            64 experts top-8, and twice that), / that level's int8 dot peak
@@ -401,7 +402,7 @@ static double int8_peak_at(const struct kt_peak_result *peaks, int n_peaks, enum
 }
 
 /*
- * For each level's packed format of Q4_K and Q8_0 (a level whose format is a
+ * For each level's packed format of Q4_K, Q8_0 and Q4_0 (a level whose format is a
  * lower level's is skipped): decode over as many packed 2048 x 7168 matrices
  * as the decode shape of the GGUF rows, and prefill at packed_tokens over the
  * first, in tasks of PACKED_TASK_ROWS rows: printed, and appended to jout.
@@ -409,7 +410,7 @@ static double int8_peak_at(const struct kt_peak_result *peaks, int n_peaks, enum
 static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_options *o, double triad_gbps,
                                 const struct kt_peak_result *peaks, int n_peaks, json_t *jout, kt_err *err)
 {
-    const enum kt_type types[] = {KT_TYPE_Q4_K, KT_TYPE_Q8_0};
+    const enum kt_type types[] = {KT_TYPE_Q4_K, KT_TYPE_Q8_0, KT_TYPE_Q4_0}; /* Q4_0: Kimi-K2's INT4 experts */
     const int64_t max_tok = packed_tokens[N_PACKED_TOKENS - 1];
     const enum kt_isa isa_max = kt_cpu_kernels()->isa_max;
     printf("\npacked expert layouts: decode 1 token over >= %zu MiB of packed matrices; prefill %lld and %lld "

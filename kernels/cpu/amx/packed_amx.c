@@ -1,6 +1,6 @@
 /*
  * packed_amx.c - expert weights packed for AMX tiles, and the products
- * y[t][r] = dot(W[r], A[t]) that read them: Q8_0 and Q4_K with AMX-INT8
+ * y[t][r] = dot(W[r], A[t]) that read them: Q8_0, Q4_0 and Q4_K with AMX-INT8
  * (bit for bit the reference), BF16 with AMX-BF16 (not exact: activations
  * are rounded to bf16).  The amx level's packed rows (kernels/cpu/dispatch.c).
  *
@@ -9,10 +9,11 @@
  * act_bytes; BF16 from a bf16 copy made per step of K), and the B
  * tile 16 weight rows in the VNNI order (each dword: 4 consecutive int8 or 2
  * bf16 of one row), which is why a group is 16 rows.  The integer products
- * step K by 32 bytes, one Q8_0 block or Q4_K sub-block, so every C element
+ * step K by 32 bytes, one Q8_0 / Q4_0 block or Q4_K sub-block, so every C element
  * is that block's exact int32 sum; it is stored and scaled per (token, row)
  * by AVX-512 in the reference's float expression and block order.  Both
  * weights and tokens are signed bytes under TDPBSSD: Q8_0 quants are int8,
+ * Q4_0's codes less 8 are int8 in [-8, 7] (unpacked per block into a B tile),
  * and Q4_K's nibbles 0..15 are valid non-negative int8 - TDPBUSD would need
  * the unsigned operand in A, i.e. weights as A and the activations copied
  * into the VNNI layout of B on every call, for the same throughput.  BF16
@@ -155,20 +156,36 @@ static inline void int8_token_tile(struct kt_amx_tiles *s, bool tail, bool two_g
     }
 }
 
-/* ---- Q8_0 x Q8_0 ------------------------------------------------------------------ */
+/* ---- Q8_0 x Q8_0 and Q4_0 x Q8_0 ---------------------------------------------------- */
 
 /*
- * A group of 16 rows, nb = n/32 blocks:
+ * Q8_0: a group of 16 rows, nb = n/32 blocks:
  *   quants[nb][8][16][4] int8: [i][kk][r][b] = row r's qs[4kk + b] of block i,
  *       so block i is one 8 x 64-byte B tile;
  *   d[nb][16] fp16: row r's scale of block i; zeros to a 64-byte end.
+ *
+ * Q4_0: a group of 16 rows, nb blocks:
+ *   qs[nb][4][16][4]: [i][kk][r][b] = row r's qs[4kk + b] of block i, the
+ *       GGUF bytes: low nibble code 4kk + b, high nibble code 16 + 4kk + b;
+ *       split (AND 0x0f / shift 4) and less 8 they are block i's B tile,
+ *       rows kk the low nibbles (elements 4kk ..) and rows 4 + kk the high
+ *       (elements 16 + 4kk ..), int8 in [-8, 7] for TDPBSSD;
+ *   d[nb][16] fp16; zeros to a 64-byte end.
+ * As many bytes as the GGUF rows' whenever nb * 32 is a multiple of 64.
  */
 #define Q8_0_TILE_BYTES 512
+#define Q4_0_QS_BYTES 256
 
 static size_t q8_0_group_bytes(int64_t n)
 {
     const size_t nb = (size_t)(n / KT_QK);
     return nb * Q8_0_TILE_BYTES + round_up_64(nb * GROUP_ROWS * sizeof(kt_fp16));
+}
+
+static size_t q4_0_group_bytes(int64_t n)
+{
+    const size_t nb = (size_t)(n / KT_QK);
+    return nb * Q4_0_QS_BYTES + round_up_64(nb * GROUP_ROWS * sizeof(kt_fp16));
 }
 
 static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
@@ -191,16 +208,53 @@ static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
     }
 }
 
-/* Per (token, row), block after block: sum += (dw * da) * (float)sumi, the
- * expression of kt_vec_dot_q8_0_q8_0_ref, 16 rows per vector. */
-static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
-                      float *y, int64_t y_stride)
+static void q4_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
 {
     const int64_t nb = n / KT_QK;
-    const size_t group_bytes = q8_0_group_bytes(n);
+    const size_t group_bytes = q4_0_group_bytes(n);
+    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
+        uint8_t *d = grp + (size_t)nb * Q4_0_QS_BYTES;
+        memset(grp, 0, group_bytes);
+        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
+            const struct kt_block_q4_0 *x =
+                (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
+            for (int64_t i = 0; i < nb; i++) {
+                for (int kk = 0; kk < 4; kk++)
+                    memcpy(grp + i * Q4_0_QS_BYTES + 64 * kk + 4 * r, x[i].qs + 4 * kk, 4);
+                memcpy(d + (i * GROUP_ROWS + r) * sizeof(kt_fp16), &x[i].d, sizeof(kt_fp16));
+            }
+        }
+    }
+}
+
+/* The B tile (512 bytes) of one Q4_0 block from its 256 packed bytes: codes
+ * less 8, int8. */
+static inline void q4_0_split_nibbles(const uint8_t *qs, uint8_t tile[512])
+{
+    const __m512i mask = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    for (int v = 0; v < 4; v++) {
+        const __m512i x = _mm512_loadu_si512((const void *)(qs + 64 * v));
+        _mm512_store_si512((void *)(tile + 64 * v), _mm512_sub_epi8(_mm512_and_si512(x, mask), eight));
+        _mm512_store_si512((void *)(tile + 256 + 64 * v),
+                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(x, 4), mask), eight));
+    }
+}
+
+/* Per (token, row), block after block: sum += (dw * da) * (float)sumi, the
+ * expression of kt_vec_dot_q8_0_q8_0_ref (q4: of kt_vec_dot_q4_0_q8_0_ref),
+ * 16 rows per vector. */
+static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const void *w, int64_t n_rows, const void *a,
+                                                              size_t act_bytes, int64_t n_tok, float *y,
+                                                              int64_t y_stride, const bool q4)
+{
+    const int64_t nb = n / KT_QK;
+    const size_t group_bytes = q4 ? q4_0_group_bytes(n) : q8_0_group_bytes(n);
+    const size_t qs_bytes = q4 ? Q4_0_QS_BYTES : Q8_0_TILE_BYTES; /* per block, before the scales */
     const uint8_t *act = a;
     _Alignas(64) float acc[CHUNK_TOKENS][PASS_ROWS];
     _Alignas(64) int32_t c[2][TILE_TOKENS][GROUP_ROWS];
+    _Alignas(64) uint8_t bq[2][512]; /* q4: the unpacked B tiles of the pass's groups */
     struct kt_amx_tilecfg cfg;
     struct kt_amx_tiles tiles;
     int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
@@ -217,10 +271,18 @@ static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
                 __m512 dw[2];
                 for (int g = 0; g < 2; g++)
                     dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        (const __m256i *)(grp[g] + nb * Q8_0_TILE_BYTES + i * GROUP_ROWS * sizeof(kt_fp16))));
-                kt_amx_load(&tiles, TILE_B0, grp[0] + i * Q8_0_TILE_BYTES, 64);
-                if (ng == 2)
-                    kt_amx_load(&tiles, TILE_B1, grp[1] + i * Q8_0_TILE_BYTES, 64);
+                        (const __m256i *)(grp[g] + nb * qs_bytes + i * GROUP_ROWS * sizeof(kt_fp16))));
+                if (q4) {
+                    for (int g = 0; g < ng; g++)
+                        q4_0_split_nibbles(grp[g] + i * Q4_0_QS_BYTES, bq[g]);
+                    kt_amx_load(&tiles, TILE_B0, bq[0], 64);
+                    if (ng == 2)
+                        kt_amx_load(&tiles, TILE_B1, bq[1], 64);
+                } else {
+                    kt_amx_load(&tiles, TILE_B0, grp[0] + i * Q8_0_TILE_BYTES, 64);
+                    if (ng == 2)
+                        kt_amx_load(&tiles, TILE_B1, grp[1] + i * Q8_0_TILE_BYTES, 64);
+                }
                 for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
                     const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
                     const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
@@ -244,6 +306,18 @@ static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
         }
     }
     kt_amx_release(&tiles);
+}
+
+static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    legacy_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, false);
+}
+
+static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    legacy_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, true);
 }
 
 /* ---- Q4_K x Q8_K ------------------------------------------------------------------ */
@@ -553,6 +627,15 @@ const struct kt_packed_format KT_AMX_NAME(kt_packed_q8_0_amx) = {
     .group_bytes = q8_0_group_bytes,
     .pack = q8_0_pack,
     .gemm = q8_0_gemm,
+};
+
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_0_amx) = {
+    .name = "q4_0.r16" KT_AMX_LABEL,
+    .rows = GROUP_ROWS,
+    .exact = true,
+    .group_bytes = q4_0_group_bytes,
+    .pack = q4_0_pack,
+    .gemm = q4_0_gemm,
 };
 
 const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_K_amx) = {

@@ -1,11 +1,11 @@
 /*
  * packed_amx.h - expert weights packed for AMX tiles (the amx level's rows).
  *
- * Q8_0 and Q4_K are multiplied with AMX-INT8 and equal the reference
+ * Q8_0, Q4_0 and Q4_K are multiplied with AMX-INT8 and equal the reference
  * vec_dot bit for bit; BF16 with AMX-BF16 on activations rounded to bf16,
  * which the f32 reference does not do (exact = false; tolerance in
  * tests/test_kernels_amx.c).  16 rows per group, any row count and token
- * count; Q8_0 needs n a multiple of 32, Q4_K of 256, BF16 any n.  The gemm
+ * count; Q8_0 and Q4_0 need n a multiple of 32, Q4_K of 256, BF16 any n.  The gemm
  * functions execute tile instructions: call them only through the amx
  * level's table (kernels/cpu/dispatch.c), never on a CPU or process without
  * AMX and its permission.
@@ -16,6 +16,7 @@
 #include "cpu/packed.h"
 
 extern const struct kt_packed_format kt_packed_q8_0_amx; /* vs Q8_0 activations */
+extern const struct kt_packed_format kt_packed_q4_0_amx; /* vs Q8_0 activations */
 extern const struct kt_packed_format kt_packed_q4_K_amx; /* vs Q8_K activations */
 extern const struct kt_packed_format kt_packed_bf16_amx; /* vs F32 activations */
 

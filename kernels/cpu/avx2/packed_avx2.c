@@ -1,10 +1,11 @@
 /*
- * packed_avx2.c - Q4_K and Q8_0 expert weights repacked 8 rows per group for
- * AVX2 without VNNI, and the products over them (kernels/cpu/packed.h): the
- * prefill and decode kernels of the routed experts on CPUs with AVX2 only.
+ * packed_avx2.c - Q4_K, Q8_0 and Q4_0 expert weights repacked 8 rows per
+ * group for AVX2 without VNNI, and the products over them
+ * (kernels/cpu/packed.h): the prefill and decode kernels of the routed
+ * experts on CPUs with AVX2 only.
  *
  * One ymm int32 lane is one weight row: a 32-byte vector holds 4 consecutive
- * weights (Q4_K) or 2 widened ones (Q8_0) of each of 8 rows, multiplied by a
+ * weights (Q4_K, Q4_0) or 2 widened ones (Q8_0) of each of 8 rows, multiplied by a
  * broadcast activation group with vpmaddubsw (u8 x s8 -> pairs summed in
  * int16, saturating) or vpmaddwd (s16 x s16 -> pairs summed in int32), and a
  * weight vector loaded (and unpacked) once serves a tile of up to 8 tokens.
@@ -534,4 +535,255 @@ const struct kt_packed_format kt_packed_q8_0_avx2 = {
     .group_bytes = q8_0_group_bytes,
     .pack = q8_0_pack,
     .gemm = q8_0_gemm,
+};
+
+/* ---- Q4_0 x Q8_0 ----------------------------------------------------------------- */
+
+/*
+ * A group is ceil(nb / 2) pair slices of Q4_0_PAIR_BYTES (then zero bytes up
+ * to a multiple of 64), pair p for blocks 2p and 2p+1 of the 8 rows:
+ *
+ *   offset  bytes  contents
+ *   0       128    block 2p:   4 vectors V[c], c = 0..3; bytes 4r .. 4r+3 of
+ *                  V[c] = row r's qs[4c .. 4c+3] as in the GGUF block: the
+ *                  low nibble of byte e is code q[r][4c + e], the high nibble
+ *                  q[r][16 + 4c + e] (codes 0..15)
+ *   128     128    block 2p+1: the same
+ *   256     16     d[r] of block 2p (fp16, as in the GGUF block)
+ *   272     16     d[r] of block 2p+1
+ *
+ * 288 = 9 x 32, exactly the GGUF rows' 18 bytes per block and row when nb is
+ * even; with nb odd the last pair's second block is zero bytes and never
+ * read.  Rows past n_rows in the last group are zero bytes throughout (d =
+ * +0: every term is a zero, and the sum stays +0).
+ *
+ * V & 0x0f is the unsigned vpmaddubsw operand of activation chunk c (elements
+ * 4c .. 4c+3), V >> 4 & 0x0f that of chunk c + 4.  Per row each vpmaddubsw
+ * word is a pair of products, |.| <= 2 * 15 * 128; the 8 of a block summed
+ * with vpaddw stay within 16 * 15 * 128 = 30720 < 2^15, so vpmaddwd against
+ * ones gives sum q*a exactly, and sum (q-8)*a = sum q*a - 8 * sum a adds the
+ * token's bias -8 * sum a (from its panel) in int32.
+ */
+#define Q4_0_PAIR_BYTES 288
+#define Q4_0_D 256
+
+static_assert(Q4_0_PAIR_BYTES % 32 == 0, "q4_0 pair slices stay 32-byte aligned");
+
+static size_t q4_0_group_bytes(int64_t n)
+{
+    return ((size_t)((n / KT_QK + 1) / 2) * Q4_0_PAIR_BYTES + 63) & ~(size_t)63;
+}
+
+static void q4_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
+{
+    const int64_t nb = n / KT_QK;
+    const size_t gb = q4_0_group_bytes(n);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
+        uint8_t *g = (uint8_t *)dst + (size_t)(r0 / ROWS) * gb;
+        memset(g, 0, gb); /* padding rows, an odd block count's last half pair, the tail to 64 bytes */
+        for (int r = 0; r < ROWS && r0 + r < n_rows; r++) {
+            const struct kt_block_q4_0 *x = (const void *)((const uint8_t *)w + (size_t)(r0 + r) * row_bytes);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *s = g + (size_t)(b / 2) * Q4_0_PAIR_BYTES;
+                for (int c = 0; c < 4; c++)
+                    memcpy(s + 128 * (b % 2) + 32 * c + 4 * r, x[b].qs + 4 * c, 4);
+                memcpy(s + Q4_0_D + 16 * (b % 2) + 2 * r, &x[b].d, sizeof x[b].d);
+            }
+        }
+    }
+}
+
+/*
+ * Activations, rearranged once per call into panels: for a token tile of nt
+ * tokens (ta = nt rounded up to a power of two) and one block, 40 * ta bytes
+ *
+ *   offset   bytes   contents
+ *   0        32 ta   q[c][t][e] = quant 4c + e of token t, c = 0..7
+ *   32 ta    4 ta    bias[t] = -8 * sum of token t's quants (int32)
+ *   36 ta    4 ta    d[t]    = token t's scale (float)
+ *
+ * so each broadcast is one 4-byte load at a constant offset from the panel.
+ * Panels of consecutive blocks follow each other; slots t >= nt are never
+ * read.
+ */
+#define Q4_0_SCRATCH_BYTES (36 * 1024) /* panels of one (token, k) chunk, on the stack */
+#define Q4_0_CHUNK_TILES 4             /* token tiles sharing a k chunk (32 tokens) */
+
+/* The panels of nt tokens from a (rows act_bytes apart) for kb blocks from b0. */
+static void q4_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt, int64_t b0, int64_t kb, uint8_t *panels)
+{
+    const int ta = tile_slots(nt);
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < kb; b++) {
+        uint8_t *p = panels + (size_t)b * 40 * ta;
+        for (int64_t t = 0; t < nt; t++) {
+            const struct kt_block_q8_0 *blk =
+                (const void *)(a + (size_t)t * act_bytes + (size_t)(b0 + b) * sizeof(struct kt_block_q8_0));
+            for (int c = 0; c < 8; c++)
+                memcpy(p + 4 * (ta * c + t), blk->qs + 4 * c, 4);
+            /* sum (q + 128) over the 32 quants, as four 64-bit lanes */
+            const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)blk->qs), flip),
+                                              _mm256_setzero_si256());
+            const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            const int32_t bias = -8 * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
+            const float d = fp16_to_f32(blk->d);
+            memcpy(p + 32 * ta + 4 * t, &bias, sizeof bias);
+            memcpy(p + 36 * ta + 4 * t, &d, sizeof d);
+        }
+    }
+}
+
+/*
+ * One block for the K tokens of a panel from slot t0 (p = panel + 4 t0):
+ * sumi[t] = bias[t] + sum over chunks c of vpmaddubsw(w[c], token t's chunk
+ * c), the words added with vpaddw and folded to int32 by vpmaddwd against
+ * ones = the block's sum (q-8)*a exactly (bounds above).
+ */
+#define Q4_0_FIRST(c, t)                                                                                       \
+    "vpbroadcastd %c[ta4]*" #c "+4*" #t "(%[p]), %[b" #t "]\n\tvpmaddubsw %[b" #t "], %[w" #c "], %[x" #t "]\n\t"
+#define Q4_0_NEXT(c, t)                                                                                        \
+    "vpbroadcastd %c[ta4]*" #c "+4*" #t "(%[p]), %[b" #t "]\n\tvpmaddubsw %[b" #t "], %[w" #c "], %[b" #t "]\n\t" \
+    "vpaddw %[b" #t "], %[x" #t "], %[x" #t "]\n\t"
+#define Q4_0_FOLD(c, t)                                                                                        \
+    "vpmaddwd %[ones], %[x" #t "], %[x" #t "]\n\tvpbroadcastd %c[bias]+4*" #t "(%[p]), %[b" #t "]\n\t"         \
+    "vpaddd %[b" #t "], %[x" #t "], %[x" #t "]\n\t"
+#define Q4_0_OUT1 [x0] "=&x"(sumi[0]), [b0] "=&x"(b0)
+#define Q4_0_OUT2 Q4_0_OUT1, [x1] "=&x"(sumi[1]), [b1] "=&x"(b1)
+#define Q4_0_BLOCK(K)                                                                                          \
+    static inline __attribute__((always_inline)) void q4_0_block##K(__m256i *sumi, const __m256i w[8],        \
+                                                                    __m256i ones, const uint8_t *p, const int ta) \
+    {                                                                                                          \
+        __m256i b0, b1; /* scratch */                                                                          \
+        (void)b1;                                                                                              \
+        __asm__(TOKENS##K(Q4_0_FIRST, 0) TOKENS##K(Q4_0_NEXT, 1) TOKENS##K(Q4_0_NEXT, 2)                        \
+                    TOKENS##K(Q4_0_NEXT, 3) TOKENS##K(Q4_0_NEXT, 4) TOKENS##K(Q4_0_NEXT, 5)                    \
+                        TOKENS##K(Q4_0_NEXT, 6) TOKENS##K(Q4_0_NEXT, 7) TOKENS##K(Q4_0_FOLD, 0)                \
+                : Q4_0_OUT##K                                                                                  \
+                : [w0] "x"(w[0]), [w1] "x"(w[1]), [w2] "x"(w[2]), [w3] "x"(w[3]), [w4] "x"(w[4]),              \
+                  [w5] "x"(w[5]), [w6] "x"(w[6]), [w7] "x"(w[7]), [ones] "x"(ones), [p] "r"(p),                 \
+                  [ta4] "i"(4 * ta), [bias] "i"(32 * ta)                                                      \
+                : "memory");                                                                                   \
+    }
+Q4_0_BLOCK(1)
+Q4_0_BLOCK(2)
+
+/* acc[t] += (dw * da[t]) * (float)sumi: the reference's term for 8 rows. */
+static inline __attribute__((always_inline)) void q4_0_add_term(float *acc, __m256 dw, const uint8_t *p, int ta,
+                                                                int t, __m256i sumi)
+{
+    float da;
+    memcpy(&da, p + 36 * ta + 4 * t, sizeof da);
+    const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+    _mm256_store_ps(acc + 8 * t,
+                    _mm256_add_ps(_mm256_load_ps(acc + 8 * t), _mm256_mul_ps(scale, _mm256_cvtepi32_ps(sumi))));
+}
+
+/*
+ * kb blocks of one group (g at the chunk's first pair) against the nt tokens
+ * of a tile (their kb panels): lane r of acc[t] (the caller's 8 x 8 floats)
+ * is the reference's `sum` for (r, t), taking per block
+ * (dw * da) * (float)sumi.  The first k chunk starts each sum at 0, later
+ * ones continue from y.
+ */
+static inline __attribute__((always_inline)) void q4_0_tile(int64_t kb, const uint8_t *g, const uint8_t *panels,
+                                                            const int nt, bool first, float *acc, float *y,
+                                                            int64_t y_stride, __m256i rmask)
+{
+    const int ta = nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : 8;
+    const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < nt; t++)
+        _mm256_store_ps(acc + 8 * t, first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + t * y_stride, rmask));
+    for (int64_t b = 0; b < kb; b++) {
+        const uint8_t *s = g + (size_t)(b / 2) * Q4_0_PAIR_BYTES;
+        const uint8_t *v = s + 128 * (b % 2);
+        prefetch_weights(v, KT_AVX2_PREFETCH_BYTES);
+        prefetch_weights(v + 64, KT_AVX2_PREFETCH_BYTES);
+        if (b % 2 == 0)
+            prefetch_weights(s + Q4_0_D, KT_AVX2_PREFETCH_BYTES);
+        __m256i w[8];
+        for (int c = 0; c < 4; c++) {
+            const __m256i bits = _mm256_load_si256((const __m256i *)(v + 32 * c));
+            w[c] = _mm256_and_si256(bits, low4);
+            w[c + 4] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), low4);
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(s + Q4_0_D + 16 * (b % 2))));
+        const uint8_t *p = panels + (size_t)b * 40 * ta;
+        int t = 0;
+        for (; t + 2 <= nt; t += 2) {
+            __m256i sumi[2];
+            q4_0_block2(sumi, w, ones, p + 4 * t, ta);
+            q4_0_add_term(acc, dw, p, ta, t, sumi[0]);
+            q4_0_add_term(acc, dw, p, ta, t + 1, sumi[1]);
+        }
+        if (t < nt) {
+            __m256i sumi[1];
+            q4_0_block1(sumi, w, ones, p + 4 * t, ta);
+            q4_0_add_term(acc, dw, p, ta, t, sumi[0]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        _mm256_maskstore_ps(y + t * y_stride, rmask, _mm256_load_ps(acc + 8 * t));
+}
+
+#define Q4_0_TILE(nt)                                                                                          \
+    static void q4_0_tile_##nt(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc,   \
+                               float *y, int64_t y_stride, __m256i rmask)                                      \
+    {                                                                                                          \
+        q4_0_tile(kb, g, panels, nt, first, acc, y, y_stride, rmask);                                          \
+    }
+TILE_COUNTS(Q4_0_TILE)
+#define Q4_0_TILE_REF(nt) q4_0_tile_##nt,
+static const q8_0_tile_fn q4_0_tiles[TOKENS] = {TILE_COUNTS(Q4_0_TILE_REF)};
+
+/*
+ * As q8_0_gemm: token chunks of up to 4 tiles (32 tokens) outer; per chunk,
+ * k chunks (an even number of blocks: chunks start at a pair) as long as the
+ * chunk's panels fit Q4_0_SCRATCH_BYTES, then groups and tiles.  Between k
+ * chunks the running sums rest in y.
+ */
+static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    const int64_t nb = n / KT_QK;
+    const size_t gb = q4_0_group_bytes(n);
+    uint8_t panels[Q4_0_SCRATCH_BYTES] __attribute__((aligned(32)));
+    float acc[TOKENS * ROWS] __attribute__((aligned(32)));
+    for (int64_t tc = 0; tc < n_tok; tc += Q4_0_CHUNK_TILES * TOKENS) {
+        const int64_t ntc = n_tok - tc < Q4_0_CHUNK_TILES * TOKENS ? n_tok - tc : Q4_0_CHUNK_TILES * TOKENS;
+        const uint8_t *ac = (const uint8_t *)a + (size_t)tc * act_bytes;
+        size_t block_bytes = 0; /* panel bytes of one block, all tiles of the chunk */
+        for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS)
+            block_bytes += (size_t)40 * tile_slots(ntc - t0 < TOKENS ? ntc - t0 : TOKENS);
+        int64_t kb_max = (int64_t)(Q4_0_SCRATCH_BYTES / block_bytes) / 2 * 2;
+        kb_max = kb_max > nb ? nb : kb_max;
+        for (int64_t b0 = 0; b0 < nb; b0 += kb_max) {
+            const int64_t kb = nb - b0 < kb_max ? nb - b0 : kb_max;
+            uint8_t *tile_panels[Q4_0_CHUNK_TILES];
+            uint8_t *next = panels;
+            for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS) {
+                const int64_t nt = ntc - t0 < TOKENS ? ntc - t0 : TOKENS;
+                tile_panels[t0 / TOKENS] = next;
+                q4_0_prepare(ac + (size_t)t0 * act_bytes, act_bytes, nt, b0, kb, next);
+                next += (size_t)kb * 40 * tile_slots(nt);
+            }
+            for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
+                const uint8_t *g = (const uint8_t *)w + (size_t)(r0 / ROWS) * gb + (size_t)(b0 / 2) * Q4_0_PAIR_BYTES;
+                const __m256i rmask = row_mask(n_rows - r0);
+                for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS) {
+                    const int64_t nt = ntc - t0 < TOKENS ? ntc - t0 : TOKENS;
+                    q4_0_tiles[nt - 1](kb, g, tile_panels[t0 / TOKENS], b0 == 0, acc, y + (tc + t0) * y_stride + r0,
+                                       y_stride, rmask);
+                }
+            }
+        }
+    }
+}
+
+const struct kt_packed_format kt_packed_q4_0_avx2 = {
+    .name = "q4_0.r8.avx2",
+    .rows = ROWS,
+    .exact = true,
+    .group_bytes = q4_0_group_bytes,
+    .pack = q4_0_pack,
+    .gemm = q4_0_gemm,
 };

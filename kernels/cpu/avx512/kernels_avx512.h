@@ -16,6 +16,7 @@
 
 /* kt_vec_dot_fn: *out = dot(w, a) over n elements */
 void kt_vec_dot_q8_0_q8_0_avx512(int64_t n, float *out, const void *w, const void *a);
+void kt_vec_dot_q4_0_q8_0_avx512(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_q4_K_q8_K_avx512(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_mxfp4_q8_0_avx512(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_fp8_b128_f32_avx512(int64_t n, float *out, const void *w, const void *a);

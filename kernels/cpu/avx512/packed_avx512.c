@@ -1,7 +1,8 @@
 /*
- * packed_avx512.c - Q4_K and Q8_0 expert weights repacked 16 rows per group
- * for vpdpbusd, and the products over them (kernels/cpu/packed.h): the
- * prefill and decode kernels of the routed experts on CPUs with AVX-512 VNNI.
+ * packed_avx512.c - Q4_K, Q8_0 and Q4_0 expert weights repacked 16 rows per
+ * group for vpdpbusd, and the products over them (kernels/cpu/packed.h): the
+ * prefill and decode kernels of the routed experts on CPUs with AVX-512 VNNI
+ * (Q4_0: Kimi-K2's INT4 group-32 experts, kt_q4_0_from_int4_row).
  *
  * One zmm lane is one weight row: a 64-byte vector holds 4 consecutive
  * weights of each of 16 rows, so one vpdpbusd against a 4-byte activation
@@ -306,11 +307,16 @@ const struct kt_packed_format kt_packed_q4_K_avx512 = {
     .gemm = q4_K_gemm,
 };
 
-/* ---- Q8_0 x Q8_0 ----------------------------------------------------------------- */
+/* ---- Q8_0 x Q8_0 and Q4_0 x Q8_0 --------------------------------------------------- */
 
 /*
- * A group is ceil(nb / 2) pair slices of Q8_0_PAIR_BYTES, pair p for blocks
- * 2p and 2p+1 (elements 64p .. 64p+63) of the 16 rows:
+ * Both legacy types meet Q8_0 activations block by block (32 elements, one
+ * fp16 scale per row and block) and share everything but their weight
+ * slices: the activation panels, the vpdpbusd blocks, the token tiles and the
+ * k chunks below (`q4` selects the slices at compile time).
+ *
+ * Q8_0: a group is ceil(nb / 2) pair slices of Q8_0_PAIR_BYTES, pair p for
+ * blocks 2p and 2p+1 (elements 64p .. 64p+63) of the 16 rows:
  *
  *   offset  bytes  contents
  *   0       512    block 2p:   8 vectors V[c], c = 0..7; bytes 4r .. 4r+3 of
@@ -320,21 +326,46 @@ const struct kt_packed_format kt_packed_q4_K_avx512 = {
  *   1024    32     d[r] of block 2p (fp16, as in the GGUF block)
  *   1056    32     d[r] of block 2p+1
  *
- * 1088 = 17 x 64.  With nb odd the last pair's second block is zero bytes and
- * never read; rows past n_rows in the last group are zero bytes throughout.
+ * 1088 = 17 x 64.  sum (w+128)*a = sum w*a + 128 * sum a: the accumulator of
+ * each (block, token) starts at -128 * sum a (|.| <= 2^19) and every partial
+ * stays far inside int32.
  *
- * sum (w+128)*a = sum w*a + 128 * sum a: the accumulator of each (block,
- * token) starts at -128 * sum a (|.| <= 2^19) and every partial stays far
- * inside int32.
+ * Q4_0: a group is ceil(nb / 2) pair slices of Q4_0_PAIR_BYTES:
+ *
+ *   offset  bytes  contents
+ *   0       256    block 2p:   4 vectors V[c], c = 0..3; bytes 4r .. 4r+3 of
+ *                  V[c] = row r's qs[4c .. 4c+3] as in the GGUF block: the
+ *                  low nibble of byte e is code q[r][4c + e], the high nibble
+ *                  q[r][16 + 4c + e] (codes 0..15, unsigned as they are)
+ *   256     256    block 2p+1: the same
+ *   512     32     d[r] of block 2p (fp16, as in the GGUF block)
+ *   544     32     d[r] of block 2p+1
+ *
+ * 576 = 9 x 64, exactly the GGUF rows' 18 bytes per block and row when nb is
+ * even.  V & 0x0f is the vpdpbusd operand of activation chunk c (elements
+ * 4c .. 4c+3), V >> 4 & 0x0f that of chunk c + 4.  sum (q-8)*a = sum q*a -
+ * 8 * sum a: the accumulator starts at -8 * sum a (|.| <= 2^15), and
+ * |sum q*a| <= 32 * 15 * 128.
+ *
+ * With nb odd the last pair's second block is zero bytes and never read;
+ * rows past n_rows in the last group are zero bytes throughout (a Q4_0
+ * padding row has d = +0: every term is a zero, and its sum stays +0).
  */
 #define Q8_0_PAIR_BYTES 1088
 #define Q8_0_D 1024
+#define Q4_0_PAIR_BYTES 576
+#define Q4_0_D 512
 
-static_assert(Q8_0_PAIR_BYTES % 64 == 0, "q8_0 pair slices stay 64-byte aligned");
+static_assert(Q8_0_PAIR_BYTES % 64 == 0 && Q4_0_PAIR_BYTES % 64 == 0, "legacy pair slices stay 64-byte aligned");
 
 static size_t q8_0_group_bytes(int64_t n)
 {
     return (size_t)((n / KT_QK + 1) / 2) * Q8_0_PAIR_BYTES;
+}
+
+static size_t q4_0_group_bytes(int64_t n)
+{
+    return (size_t)((n / KT_QK + 1) / 2) * Q4_0_PAIR_BYTES;
 }
 
 static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
@@ -359,13 +390,34 @@ static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
     }
 }
 
+static void q4_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
+{
+    const int64_t nb = n / KT_QK;
+    const size_t gb = q4_0_group_bytes(n);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
+        uint8_t *g = (uint8_t *)dst + (size_t)(r0 / ROWS) * gb;
+        if (n_rows - r0 < ROWS || nb % 2)
+            memset(g, 0, gb);
+        for (int r = 0; r < ROWS && r0 + r < n_rows; r++) {
+            const struct kt_block_q4_0 *x = (const void *)((const uint8_t *)w + (size_t)(r0 + r) * row_bytes);
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *s = g + (size_t)(b / 2) * Q4_0_PAIR_BYTES;
+                for (int c = 0; c < 4; c++)
+                    memcpy(s + 256 * (b % 2) + 64 * c + 4 * r, x[b].qs + 4 * c, 4);
+                memcpy(s + Q4_0_D + 32 * (b % 2) + 2 * r, &x[b].d, sizeof x[b].d);
+            }
+        }
+    }
+}
+
 /*
  * Activations, rearranged once per call into panels: for a token tile of nt
  * tokens (ta = nt rounded up to a power of two) and one block, 40 * ta bytes
  *
  *   offset   bytes   contents
  *   0        32 ta   q[c][t][e] = quant 4c + e of token t, c = 0..7
- *   32 ta    4 ta    bias[t] = -128 * sum of token t's quants (int32)
+ *   32 ta    4 ta    bias[t] = -2^shift * sum of token t's quants (int32):
+ *                    shift 7 against Q8_0 weights, 3 against Q4_0
  *   36 ta    4 ta    d[t]    = token t's scale (float)
  *
  * so token t's bytes of chunk c sit at the constant offset 4 (ta c + t) from
@@ -375,6 +427,8 @@ static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
  */
 #define Q8_0_SCRATCH_BYTES (40 * 1024) /* panels of one (token, k) chunk, on the stack */
 #define Q8_0_CHUNK_TILES 4             /* token tiles sharing a k chunk (64 tokens) */
+#define Q8_0_BIAS_SHIFT 7              /* the weights' offset: +128 (Q8_0, flipped) */
+#define Q4_0_BIAS_SHIFT 3              /* -8 (Q4_0's codes) */
 
 static inline int tile_slots(int64_t nt)
 {
@@ -388,7 +442,8 @@ static inline int tile_slots(int64_t nt)
  * transposed quants, the scales by one gather.  A tenth of the scalar path's
  * work, which matters when a call covers few rows.
  */
-static void q8_0_panel16(const uint8_t *a, size_t act_bytes, int64_t b, uint8_t *p)
+static inline __attribute__((always_inline)) void q8_0_panel16(const uint8_t *a, size_t act_bytes, int64_t b,
+                                                               uint8_t *p, const int shift)
 {
     const uint8_t *q = a + (size_t)b * sizeof(struct kt_block_q8_0); /* token 0's block */
     __m512i r[8];
@@ -418,7 +473,7 @@ static void q8_0_panel16(const uint8_t *a, size_t act_bytes, int64_t b, uint8_t 
         _mm512_store_si512((void *)(p + 64 * (m + 4)), c_hi);
         sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum, ones, c_lo), ones, c_hi);
     }
-    _mm512_store_si512((void *)(p + 512), _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)));
+    _mm512_store_si512((void *)(p + 512), _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, shift)));
     /* the dword at each block's start: d (fp16) in its low half */
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)act_bytes));
@@ -426,13 +481,16 @@ static void q8_0_panel16(const uint8_t *a, size_t act_bytes, int64_t b, uint8_t 
     _mm512_store_ps(p + 576, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
 }
 
-/* The panels of nt tokens from a (rows act_bytes apart) for kb blocks from b0. */
-static void q8_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt, int64_t b0, int64_t kb, uint8_t *panels)
+/* The panels of nt tokens from a (rows act_bytes apart) for kb blocks from b0,
+ * biases -2^shift * sum of the quants. */
+static inline __attribute__((always_inline)) void q8_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt,
+                                                               int64_t b0, int64_t kb, uint8_t *panels,
+                                                               const int shift)
 {
     const int ta = tile_slots(nt);
     if (nt == TOKENS && act_bytes <= INT32_MAX / TOKENS) {
         for (int64_t b = 0; b < kb; b++)
-            q8_0_panel16(a, act_bytes, b0 + b, panels + (size_t)b * 40 * TOKENS);
+            q8_0_panel16(a, act_bytes, b0 + b, panels + (size_t)b * 40 * TOKENS, shift);
         return;
     }
     const __m256i flip = _mm256_set1_epi8((char)0x80);
@@ -447,7 +505,8 @@ static void q8_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt, int64_t
             const __m256i s = _mm256_sad_epu8(_mm256_xor_si256(_mm256_loadu_si256((const __m256i *)blk->qs), flip),
                                               _mm256_setzero_si256());
             const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-            const int32_t bias = -128 * ((int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128);
+            const int32_t sum = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+            const int32_t bias = -(1 << shift) * sum;
             const float d = fp16_to_f32(blk->d);
             memcpy(p + 32 * ta + 4 * t, &bias, sizeof bias);
             memcpy(p + 36 * ta + 4 * t, &d, sizeof d);
@@ -457,9 +516,9 @@ static void q8_0_prepare(const uint8_t *a, size_t act_bytes, int64_t nt, int64_t
 
 /*
  * One block for the K tokens of a panel from slot t0 (p = panel + 4 t0):
- * acc[t] = bias[t] + the 32-element dot of w (weights + 128) with token t's
- * quants = sum w * a exactly.  The K chains are interleaved so the core runs
- * them side by side.
+ * acc[t] = bias[t] + the 32-element dot of w (the unsigned weight operands of
+ * chunks 0..7) with token t's quants = sum w * a exactly.  The K chains are
+ * interleaved so the core runs them side by side.
  */
 #define Q8_0_BIAS(c, t) "vpbroadcastd %c[bias]+4*" #t "(%[p]), %[a" #t "]\n\t"
 #define Q8_0_DOT(c, t) "vpdpbusd %c[ta4]*" #c "+4*" #t "(%[p])%{1to16%}, %[w" #c "], %[a" #t "]\n\t"
@@ -490,28 +549,51 @@ Q8_0_BLOCK(8)
 Q8_0_BLOCK(16)
 
 /*
+ * The 8 unsigned vpdpbusd operands of block b of a group's k chunk (g at the
+ * chunk's first pair), prefetching as they stream, and its 16 rows' scales.
+ */
+static inline __attribute__((always_inline)) __m512 legacy_weights(const uint8_t *g, int64_t b, const bool q4,
+                                                                   __m512i w[8])
+{
+    const uint8_t *s = g + (size_t)(b / 2) * (q4 ? Q4_0_PAIR_BYTES : Q8_0_PAIR_BYTES);
+    if (q4) {
+        const __m512i low4 = _mm512_set1_epi8(0x0f);
+        const uint8_t *v = s + 256 * (b % 2);
+        for (int c = 0; c < 4; c++) {
+            prefetch_weights(v + 64 * c, PREFETCH_BYTES);
+            const __m512i bits = _mm512_load_si512((const void *)(v + 64 * c));
+            w[c] = _mm512_and_si512(bits, low4);
+            w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), low4);
+        }
+        if (b % 2 == 0)
+            prefetch_weights(s + Q4_0_D, PREFETCH_BYTES);
+        return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q4_0_D + 32 * (b % 2))));
+    }
+    const uint8_t *v = s + 512 * (b % 2);
+    for (int c = 0; c < 8; c++) {
+        prefetch_weights(v + 64 * c, PREFETCH_BYTES);
+        w[c] = _mm512_load_si512((const void *)(v + 64 * c));
+    }
+    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q8_0_D + 32 * (b % 2))));
+}
+
+/*
  * kb blocks of one group (g at the chunk's first pair) against the nt tokens
  * of a tile (their kb panels): lane r of acc[t] (the caller's 16 x 16
  * floats) is the reference's `sum` for (r, t), taking per block
  * (dw * da) * (float)sumi.  The first k chunk starts each sum at 0, later
  * ones continue from y.
  */
-static inline __attribute__((always_inline)) void q8_0_tile(int64_t kb, const uint8_t *g, const uint8_t *panels,
-                                                            const int nt, bool first, float *acc, float *y,
-                                                            int64_t y_stride, __mmask16 rmask)
+static inline __attribute__((always_inline)) void legacy_tile(int64_t kb, const uint8_t *g, const uint8_t *panels,
+                                                              const int nt, const bool q4, bool first, float *acc,
+                                                              float *y, int64_t y_stride, __mmask16 rmask)
 {
     const int ta = nt <= 1 ? 1 : nt <= 2 ? 2 : nt <= 4 ? 4 : nt <= 8 ? 8 : 16;
     for (int t = 0; t < nt; t++)
         _mm512_store_ps(acc + 16 * t, first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, y + t * y_stride));
     for (int64_t b = 0; b < kb; b++) {
-        const uint8_t *s = g + (size_t)(b / 2) * Q8_0_PAIR_BYTES;
-        const uint8_t *v = s + 512 * (b % 2);
         __m512i w[8];
-        for (int c = 0; c < 8; c++) {
-            prefetch_weights(v + 64 * c, PREFETCH_BYTES);
-            w[c] = _mm512_load_si512((const void *)(v + 64 * c));
-        }
-        const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q8_0_D + 32 * (b % 2))));
+        const __m512 dw = legacy_weights(g, b, q4, w);
         const uint8_t *p = panels + (size_t)b * 40 * ta;
         __m512i sumi[TOKENS];
         int t = 0;
@@ -537,32 +619,42 @@ static inline __attribute__((always_inline)) void q8_0_tile(int64_t kb, const ui
         _mm512_mask_storeu_ps(y + t * y_stride, rmask, _mm512_load_ps(acc + 16 * t));
 }
 
-typedef void (*q8_0_tile_fn)(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc, float *y,
-                             int64_t y_stride, __mmask16 rmask);
+typedef void (*legacy_tile_fn)(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc, float *y,
+                               int64_t y_stride, __mmask16 rmask);
 
-#define Q8_0_TILE(nt)                                                                                          \
+#define LEGACY_TILE(nt)                                                                                        \
     static void q8_0_tile_##nt(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc,   \
                                float *y, int64_t y_stride, __mmask16 rmask)                                    \
     {                                                                                                          \
-        q8_0_tile(kb, g, panels, nt, first, acc, y, y_stride, rmask);                                          \
+        legacy_tile(kb, g, panels, nt, false, first, acc, y, y_stride, rmask);                                 \
+    }                                                                                                          \
+    static void q4_0_tile_##nt(int64_t kb, const uint8_t *g, const uint8_t *panels, bool first, float *acc,   \
+                               float *y, int64_t y_stride, __mmask16 rmask)                                    \
+    {                                                                                                          \
+        legacy_tile(kb, g, panels, nt, true, first, acc, y, y_stride, rmask);                                  \
     }
-TILE_COUNTS(Q8_0_TILE)
+TILE_COUNTS(LEGACY_TILE)
 #define Q8_0_TILE_REF(nt) q8_0_tile_##nt,
-static const q8_0_tile_fn q8_0_tiles[TOKENS] = {TILE_COUNTS(Q8_0_TILE_REF)};
+#define Q4_0_TILE_REF(nt) q4_0_tile_##nt,
+static const legacy_tile_fn q8_0_tiles[TOKENS] = {TILE_COUNTS(Q8_0_TILE_REF)};
+static const legacy_tile_fn q4_0_tiles[TOKENS] = {TILE_COUNTS(Q4_0_TILE_REF)};
 
 /*
  * Token chunks of up to 4 tiles (64 tokens) outer; per chunk, k chunks as long
  * as the chunk's panels fit Q8_0_SCRATCH_BYTES (all of n = 7168 for one token,
  * 64 blocks for one full tile), then groups and tiles: each group's k chunk
- * (at most 34 KiB) stays in L1/L2 while every tile of the chunk reads it, and
- * up to 64 tokens the weights stream from memory once per call.  Between k
- * chunks the running sums rest in y.
+ * (at most 34 KiB of Q8_0, 18 KiB of Q4_0) stays in L1/L2 while every tile of
+ * the chunk reads it, and up to 64 tokens the weights stream from memory once
+ * per call.  Between k chunks the running sums rest in y.
  */
-static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
-                      float *y, int64_t y_stride)
+static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const void *w, int64_t n_rows, const void *a,
+                                                              size_t act_bytes, int64_t n_tok, float *y,
+                                                              int64_t y_stride, const bool q4)
 {
     const int64_t nb = n / KT_QK;
-    const size_t gb = q8_0_group_bytes(n);
+    const size_t gb = q4 ? q4_0_group_bytes(n) : q8_0_group_bytes(n);
+    const size_t pair_bytes = q4 ? Q4_0_PAIR_BYTES : Q8_0_PAIR_BYTES;
+    const legacy_tile_fn *tiles = q4 ? q4_0_tiles : q8_0_tiles;
     uint8_t panels[Q8_0_SCRATCH_BYTES] __attribute__((aligned(64)));
     float acc[TOKENS * ROWS] __attribute__((aligned(64)));
     for (int64_t tc = 0; tc < n_tok; tc += Q8_0_CHUNK_TILES * TOKENS) {
@@ -580,20 +672,33 @@ static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
             for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS) {
                 const int64_t nt = ntc - t0 < TOKENS ? ntc - t0 : TOKENS;
                 tile_panels[t0 / TOKENS] = next;
-                q8_0_prepare(ac + (size_t)t0 * act_bytes, act_bytes, nt, b0, kb, next);
+                q8_0_prepare(ac + (size_t)t0 * act_bytes, act_bytes, nt, b0, kb, next,
+                             q4 ? Q4_0_BIAS_SHIFT : Q8_0_BIAS_SHIFT);
                 next += (size_t)kb * 40 * tile_slots(nt);
             }
             for (int64_t r0 = 0; r0 < n_rows; r0 += ROWS) {
-                const uint8_t *g = (const uint8_t *)w + (size_t)(r0 / ROWS) * gb + (size_t)(b0 / 2) * Q8_0_PAIR_BYTES;
+                const uint8_t *g = (const uint8_t *)w + (size_t)(r0 / ROWS) * gb + (size_t)(b0 / 2) * pair_bytes;
                 const __mmask16 rmask = row_mask(n_rows - r0);
                 for (int64_t t0 = 0; t0 < ntc; t0 += TOKENS) {
                     const int64_t nt = ntc - t0 < TOKENS ? ntc - t0 : TOKENS;
-                    q8_0_tiles[nt - 1](kb, g, tile_panels[t0 / TOKENS], b0 == 0, acc, y + (tc + t0) * y_stride + r0,
-                                       y_stride, rmask);
+                    tiles[nt - 1](kb, g, tile_panels[t0 / TOKENS], b0 == 0, acc, y + (tc + t0) * y_stride + r0,
+                                  y_stride, rmask);
                 }
             }
         }
     }
+}
+
+static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    legacy_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, false);
+}
+
+static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    legacy_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, true);
 }
 
 const struct kt_packed_format kt_packed_q8_0_avx512 = {
@@ -603,4 +708,13 @@ const struct kt_packed_format kt_packed_q8_0_avx512 = {
     .group_bytes = q8_0_group_bytes,
     .pack = q8_0_pack,
     .gemm = q8_0_gemm,
+};
+
+const struct kt_packed_format kt_packed_q4_0_avx512 = {
+    .name = "q4_0.r16.avx512",
+    .rows = ROWS,
+    .exact = true,
+    .group_bytes = q4_0_group_bytes,
+    .pack = q4_0_pack,
+    .gemm = q4_0_gemm,
 };

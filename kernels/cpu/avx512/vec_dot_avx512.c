@@ -1,6 +1,6 @@
 /*
  * vec_dot_avx512.c - AVX-512 VNNI dot products for the decode hot path:
- * Q8_0 and Q4_K weights against Q8_0 / Q8_K activations.
+ * Q8_0, Q4_0 and Q4_K weights against Q8_0 / Q8_K activations (and MXFP4).
  *
  * vpdpbusd multiplies unsigned by signed bytes and sums 4 products per int32
  * lane without saturation, so integer sums are exact; each block's (or
@@ -76,6 +76,53 @@ void kt_vec_dot_q8_0_q8_0_avx512(int64_t n, float *out, const void *w, const voi
         const __m256i sa = _mm256_mask_sub_epi8(aq, _mm256_movepi8_mask(wq), _mm256_setzero_si256(), aq);
         const int32_t sumi = hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wq), sa));
         sum += fp16_to_f32(x[i].d) * fp16_to_f32(y[i].d) * (float)sumi;
+    }
+    *out = sum;
+}
+
+/* ---- Q4_0 x Q8_0 --------------------------------------------------------------- */
+
+/* The 32 codes (0..15, element order) of two blocks side by side (18 bytes apart). */
+static inline __m512i two_blocks_q4_0(const struct kt_block_q4_0 *b)
+{
+    return _mm512_inserti64x4(_mm512_castsi256_si512(unpack_nibbles_32(b[0].qs)), unpack_nibbles_32(b[1].qs), 1);
+}
+
+/* 16 int32 lanes of (q-8)*a products, exact for any activation bytes: the
+ * codes are vpdpbusd's unsigned operand as they are, and 8 * sum a (one
+ * vpdpbusd of 8s) comes off; each lane's partials stay below 2^13. */
+static inline __m512i dot_q4_0_64(__m512i q, __m512i a)
+{
+    return _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, a),
+                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), a));
+}
+
+/* Per block: sum += (dw * da) * (float)sumi, as kt_vec_dot_q4_0_q8_0_ref. */
+void kt_vec_dot_q4_0_q8_0_avx512(int64_t n, float *out, const void *w, const void *a)
+{
+    const struct kt_block_q4_0 *x = w; /* (n/32) */
+    const struct kt_block_q8_0 *y = a; /* (n/32) */
+    const int64_t nb = n / KT_QK;
+    float sum = 0.0f;
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        prefetch_ahead(&x[i], 8 * sizeof x[i]);
+        __m512i s[4]; /* s[j]: lanes 0-7 block i+2j, lanes 8-15 block i+2j+1 */
+        for (int j = 0; j < 4; j++)
+            s[j] = dot_q4_0_64(two_blocks_q4_0(&x[i + 2 * j]), two_blocks_q8_0(&y[i + 2 * j]));
+        const __m128i sum03 = hsum4_epi32(lo256(s[0]), hi256(s[0]), lo256(s[1]), hi256(s[1]));
+        const __m128i sum47 = hsum4_epi32(lo256(s[2]), hi256(s[2]), lo256(s[3]), hi256(s[3]));
+        const __m256 sumi = _mm256_cvtepi32_ps(_mm256_setr_m128i(sum03, sum47));
+        const __m256 t = _mm256_mul_ps(_mm256_mul_ps(eight_fp16(&x[i].d, sizeof x[i]), eight_fp16(&y[i].d, sizeof y[i])),
+                                       sumi);
+        sum = add_lanes_in_order(sum, _mm256_castps256_ps128(t));
+        sum = add_lanes_in_order(sum, _mm256_extractf128_ps(t, 1));
+    }
+    for (; i < nb; i++) {
+        const __m256i aq = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i p = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_nibbles_32(x[i].qs), aq),
+                                           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), aq));
+        sum += fp16_to_f32(x[i].d) * fp16_to_f32(y[i].d) * (float)hsum_epi32(p);
     }
     *out = sum;
 }
