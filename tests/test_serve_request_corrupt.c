@@ -13,6 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
+#include "serve_anthropic.h"
 #include "serve_request.h"
 #include "serve_text.h"
 #include "testlib.h"
@@ -185,6 +188,41 @@ static bool prepare_corpus_dir(void)
 }
 
 /* Expects a 400 naming 'prompt' whose message holds says and not says_not (NULL: no check). */
+/* Error texts quote the client's bytes (a field name cut at %.40s, say): the
+ * message and param stay well-formed UTF-8 so both error shapes (OpenAI's,
+ * Anthropic's) build as JSON.  Found by fuzz_serve_request in CI: an
+ * unknown Anthropic field whose name a cut split inside a code point. */
+static void error_texts_stay_utf8(void)
+{
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"cont<\xef\xbd\x9c" "tent\": \"hi\"}], "
+                       "\"tool_choice<\xef\xbd\x9c" "tool\xe2\x96\x81" "c<|tool_calls_section_begin|>all\xe2\x96\x81"
+                       "begin\xef\xbd\x9c" ">\": \"sometimes\"}";
+    write_corpus(body);
+    struct kt_api_request r;
+    struct kt_api_error e = {0};
+    const bool ok = kt_anthropic_request_parse(body, strlen(body), false, &r, NULL, &e);
+    KT_CHECK(!ok && e.http_status == 400, "accepted, or not a 400: %d %s", e.http_status, e.message);
+    if (ok)
+        kt_api_request_free(&r);
+    json_t *j = kt_anthropic_error_json(&e), *o = kt_api_error_json(&e);
+    KT_CHECK(j && json_object_get(j, "error") && o && json_object_get(json_object_get(o, "error"), "message"),
+             "an error shape did not build for: %s", e.message);
+    json_decref(j), json_decref(o);
+    /* every cut of a 3-byte code point at the end of a message */
+    for (int cut = 1; cut <= 3; cut++) {
+        struct kt_api_error t = {0};
+        char msg[sizeof t.message];
+        memset(msg, 'a', sizeof msg);
+        memcpy(msg + sizeof msg - 1 - cut, "\xef\xbd\x9c", (size_t)cut);
+        msg[sizeof msg - 1] = 0;
+        kt_api_error_invalid(&t, "\xe2\x96", "%s", msg);
+        json_t *x = kt_api_error_json(&t);
+        KT_CHECK(json_object_get(json_object_get(x, "error"), "message") && json_object_get(json_object_get(x,
+                 "error"), "param"), "a message ending in %d bytes of a code point", cut);
+        json_decref(x);
+    }
+}
+
 static void prompt_refused_saying(const char *body, const char *says, const char *says_not)
 {
     write_corpus(body);
@@ -221,6 +259,7 @@ int main(void)
     KT_RUN(completion_fields_are_read);
     KT_RUN(bad_fields_name_themselves);
     KT_RUN(prompt_errors_say_what_is_wrong);
+    KT_RUN(error_texts_stay_utf8);
     printf("wrote %d request bodies to %s\n", g_written, g_dir);
     return kt_test_finish();
 }

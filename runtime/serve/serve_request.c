@@ -9,6 +9,7 @@
 
 #include "grammar.h"
 #include "json_schema.h"
+#include "unicode.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -18,6 +19,26 @@
 
 /* ---- errors ------------------------------------------------------------------------ */
 
+/* s (a buffer of cap bytes, NUL-terminated) made well-formed UTF-8: a
+ * message quotes the client's bytes (a field name, a value cut at %.40s),
+ * and a JSON string must be UTF-8, so ill-formed parts become U+FFFD and a
+ * code point cut by the buffer's end is dropped. */
+void kt_api_utf8_fix(char *s, size_t cap)
+{
+    const size_t n = strlen(s);
+    if (kt_utf8_valid(s, n))
+        return;
+    char tmp[3 * sizeof ((struct kt_api_error *)0)->message];
+    size_t m = n < sizeof tmp / 3 ? kt_utf8_sanitize(s, n, tmp) : 0;
+    if (m >= cap) {
+        m = cap - 1;
+        while (m > 0 && ((unsigned char)tmp[m] & 0xC0) == 0x80) /* not inside a code point */
+            m--;
+    }
+    memcpy(s, tmp, m);
+    s[m] = 0;
+}
+
 static void error_vset(struct kt_api_error *e, int status, const char *type, const char *code, const char *param,
                        const char *fmt, va_list ap)
 {
@@ -26,6 +47,8 @@ static void error_vset(struct kt_api_error *e, int status, const char *type, con
     snprintf(e->code, sizeof e->code, "%s", code ? code : "");
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     vsnprintf(e->message, sizeof e->message, fmt, ap);
+    kt_api_utf8_fix(e->param, sizeof e->param);
+    kt_api_utf8_fix(e->message, sizeof e->message);
 }
 
 void kt_api_error_set(struct kt_api_error *e, int http_status, const char *type, const char *code,

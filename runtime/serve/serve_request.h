@@ -39,6 +39,11 @@ struct kt_api_error {
     char message[768];
 };
 
+/* Makes the NUL-terminated s (a buffer of cap bytes) well-formed UTF-8:
+ * ill-formed parts become U+FFFD, a code point the end would cut is dropped.
+ * Every error message and param goes through it: they quote client bytes. */
+void kt_api_utf8_fix(char *s, size_t cap);
+
 void kt_api_error_set(struct kt_api_error *e, int http_status, const char *type, const char *code,
                       const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* 400 invalid_request_error naming param. */

@@ -606,6 +606,7 @@ static void rename_param(struct kt_api_error *e)
             snprintf(e->param, sizeof e->param, "%s%s", names[k][1], rest);
             snprintf(msg, sizeof msg, "%s: %.700s", names[k][1], e->message);
             snprintf(e->message, sizeof e->message, "%s", msg);
+            kt_api_utf8_fix(e->message, sizeof e->message);
             return;
         }
     }
