@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "init.h"
+#include "templates.h"
 #include "route.h"
 #include "quant.h"
 
@@ -122,6 +123,21 @@ kt_status kt_synth_preset(const char *name, struct kt_synth_config *cfg, kt_err 
         c.n_group_used = 2;
         set_types(&c, KT_TYPE_F32, KT_TYPE_F32);
         snprintf(c.name, sizeof c.name, "kt-synth tiny-v3 (DeepSeek-V3 layout)");
+    } else if (strcmp(name, "tiny-thinking") == 0) {
+        kimi_semantics(&c);
+        tiny_dims(&c);
+        set_types(&c, KT_TYPE_F32, KT_TYPE_F32);
+        c.chat_template = kt_synth_chat_template_revision(KT_SYNTH_CHAT_KIMI_K2_THINKING);
+        snprintf(c.name, sizeof c.name, "kt-synth tiny-thinking (Kimi-K2-Thinking template)");
+    } else if (strcmp(name, "tiny-r1") == 0) {
+        deepseek_v3_semantics(&c);
+        tiny_dims(&c);
+        c.n_dense_max = 1;
+        c.n_expert_groups = 4;
+        c.n_group_used = 2;
+        set_types(&c, KT_TYPE_F32, KT_TYPE_F32);
+        c.chat_template = kt_synth_chat_template_revision(KT_SYNTH_CHAT_DEEPSEEK_R1);
+        snprintf(c.name, sizeof c.name, "kt-synth tiny-r1 (DeepSeek-R1 template)");
     } else if (strcmp(name, "kimi-k2-slice") == 0) {
         kimi_semantics(&c);
         real_dims(&c);
@@ -136,7 +152,8 @@ kt_status kt_synth_preset(const char *name, struct kt_synth_config *cfg, kt_err 
         snprintf(c.name, sizeof c.name, "kt-synth deepseek-v3-slice (DeepSeek-V3 layout)");
     } else {
         return kt_err_set(err, KT_ERR_INVALID,
-                          "unknown preset '%s' (presets: tiny, tiny-v3, kimi-k2-slice, deepseek-v3-slice)", name);
+                          "unknown preset '%s' (presets: tiny, tiny-v3, tiny-thinking, tiny-r1, kimi-k2-slice, "
+                          "deepseek-v3-slice)", name);
     }
     snprintf(c.preset, sizeof c.preset, "%s", name);
     c.rms_eps = 1e-6f;
@@ -432,6 +449,8 @@ kt_status kt_synth_plan_create(const struct kt_synth_config *cfg, struct kt_synt
         free(p);
         return s;
     }
+    if (cfg->chat_template)
+        p->vocab.chat_template = cfg->chat_template;
     p->layer_skew = malloc(cfg->n_layer * sizeof *p->layer_skew);
     p->skew_bias = malloc((size_t)cfg->n_layer * cfg->n_expert * sizeof *p->skew_bias);
     if (!p->layer_skew || !p->skew_bias) {

@@ -46,6 +46,7 @@ struct kt_synth_config {
     char preset[32];
     char name[64];                /* general.name */
     enum kt_synth_family family;  /* tokenizer family */
+    const char *chat_template;    /* tokenizer.chat_template; NULL: the family's default */
 
     uint32_t n_layer;             /* block_count */
     uint32_t n_dense_max;         /* the family's leading dense layers; the file has

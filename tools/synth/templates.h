@@ -15,4 +15,14 @@
 /* The family's Jinja chat template (static storage); NULL for an unknown family. */
 const char *kt_synth_chat_template(enum kt_synth_family family);
 
+/* The later or reasoning revisions a preset may carry instead of its family's default. */
+enum kt_synth_chat_revision {
+    KT_SYNTH_CHAT_KIMI_K2_THINKING, /* tests/golden/chat/kimi-k2-thinking.jinja */
+    KT_SYNTH_CHAT_DEEPSEEK_R1,      /* tests/golden/chat/deepseek-r1.jinja */
+};
+
+/* That revision's Jinja chat template (static storage); NULL for an unknown one. */
+const char *kt_synth_chat_template_revision(enum kt_synth_chat_revision revision);
+
+
 #endif
