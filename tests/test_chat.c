@@ -176,6 +176,25 @@ static void chat_detects_kt_synth_templates_as_the_golden_revisions(void)
         KT_CHECK(golden && strcmp(golden, text) == 0, "%s is not kt-synth's template", expect[i].golden);
         free(golden);
     }
+    /* the revisions the tiny-thinking and tiny-r1 presets carry */
+    static const struct {
+        enum kt_synth_chat_revision revision;
+        kt_chat_format format;
+        const char *golden;
+    } revisions[] = {
+        {KT_SYNTH_CHAT_KIMI_K2_THINKING, KT_CHAT_KIMI_K2_THINKING, "kimi-k2-thinking.jinja"},
+        {KT_SYNTH_CHAT_DEEPSEEK_R1, KT_CHAT_DEEPSEEK_R1, "deepseek-r1.jinja"},
+    };
+    for (size_t i = 0; i < sizeof revisions / sizeof revisions[0]; i++) {
+        const char *text = kt_synth_chat_template_revision(revisions[i].revision);
+        kt_err err = {0};
+        kt_chat_format format;
+        KT_CHECK(text && kt_chat_format_detect(text, &format, &err) == KT_OK, "revision %zu: %s", i, err.msg);
+        KT_CHECK(text && format == revisions[i].format, "revision %zu detected as %s", i, kt_chat_format_name(format));
+        char *golden = read_golden_file(revisions[i].golden);
+        KT_CHECK(golden && text && strcmp(golden, text) == 0, "%s is not kt-synth's template", revisions[i].golden);
+        free(golden);
+    }
 }
 
 /* Returns a copy of text with the first `from` replaced by `to`; NULL if absent. */
