@@ -98,21 +98,18 @@ static void write_json_string(kt_chat_text *text, const char *s, size_t len)
     kt_chat_text_append(text, "\"", 1);
 }
 
-/* Python's float repr: the shortest digits that read back as x, in fixed
- * notation when the decimal point falls within 16 places and exponent
- * notation ("1e-05", "1.5e+16") otherwise; json.dumps adds NaN/Infinity. */
-static void write_python_float(kt_chat_text *text, double x)
+void kt_chat_python_float(double x, char *buf, size_t size, bool json)
 {
     if (isnan(x)) {
-        kt_chat_text_puts(text, "NaN");
+        snprintf(buf, size, "%s", json ? "NaN" : "nan");
         return;
     }
     if (isinf(x)) {
-        kt_chat_text_puts(text, x < 0 ? "-Infinity" : "Infinity");
+        snprintf(buf, size, "%s", x < 0 ? (json ? "-Infinity" : "-inf") : (json ? "Infinity" : "inf"));
         return;
     }
     if (x == 0) {
-        kt_chat_text_puts(text, signbit(x) ? "-0.0" : "0.0");
+        snprintf(buf, size, "%s", signbit(x) ? "-0.0" : "0.0");
         return;
     }
     char sci[40];
@@ -121,54 +118,60 @@ static void write_python_float(kt_chat_text *text, double x)
         if (strtod(sci, NULL) == x)
             break;
     }
-    /* sci is "[-]d[.ddd]e[+-]xx": split into sign, digits and exponent. */
     const char *p = sci;
     char digits[24];
-    size_t n_digits = 0;
+    size_t nd = 0;
     bool negative = *p == '-';
     if (negative)
         p++;
     for (; *p && *p != 'e'; p++)
         if (*p != '.')
-            digits[n_digits++] = *p;
-    while (n_digits > 1 && digits[n_digits - 1] == '0')
-        n_digits--;
-    int decimal_point = atoi(p + 1) + 1; /* x = 0.digits * 10^decimal_point */
-
-    char buf[64];
-    size_t len = 0;
+            digits[nd++] = *p;
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
+    int point = atoi(p + 1) + 1; /* x = 0.digits * 10^point */
+    size_t o = 0;
+    char out[64];
     if (negative)
-        buf[len++] = '-';
-    if (decimal_point <= -4 || decimal_point > 16) {
-        buf[len++] = digits[0];
-        if (n_digits > 1) {
-            buf[len++] = '.';
-            memcpy(buf + len, digits + 1, n_digits - 1);
-            len += n_digits - 1;
+        out[o++] = '-';
+    if (point <= -4 || point > 16) {
+        out[o++] = digits[0];
+        if (nd > 1) {
+            out[o++] = '.';
+            memcpy(out + o, digits + 1, nd - 1);
+            o += nd - 1;
         }
-        len += (size_t)snprintf(buf + len, sizeof buf - len, "e%+03d", decimal_point - 1);
-    } else if (decimal_point <= 0) {
-        buf[len++] = '0';
-        buf[len++] = '.';
-        for (int i = decimal_point; i < 0; i++)
-            buf[len++] = '0';
-        memcpy(buf + len, digits, n_digits);
-        len += n_digits;
-    } else if ((size_t)decimal_point >= n_digits) {
-        memcpy(buf + len, digits, n_digits);
-        len += n_digits;
-        for (size_t i = n_digits; i < (size_t)decimal_point; i++)
-            buf[len++] = '0';
-        buf[len++] = '.';
-        buf[len++] = '0';
+        o += (size_t)snprintf(out + o, sizeof out - o, "e%+03d", point - 1);
+    } else if (point <= 0) {
+        out[o++] = '0';
+        out[o++] = '.';
+        for (int i = point; i < 0; i++)
+            out[o++] = '0';
+        memcpy(out + o, digits, nd);
+        o += nd;
+    } else if ((size_t)point >= nd) {
+        memcpy(out + o, digits, nd);
+        o += nd;
+        for (size_t i = nd; i < (size_t)point; i++)
+            out[o++] = '0';
+        out[o++] = '.';
+        out[o++] = '0';
     } else {
-        memcpy(buf + len, digits, (size_t)decimal_point);
-        len += (size_t)decimal_point;
-        buf[len++] = '.';
-        memcpy(buf + len, digits + decimal_point, n_digits - (size_t)decimal_point);
-        len += n_digits - (size_t)decimal_point;
+        memcpy(out + o, digits, (size_t)point);
+        o += (size_t)point;
+        out[o++] = '.';
+        memcpy(out + o, digits + point, nd - (size_t)point);
+        o += nd - (size_t)point;
     }
-    kt_chat_text_append(text, buf, len);
+    out[o] = '\0';
+    snprintf(buf, size, "%s", out);
+}
+
+static void write_python_float(kt_chat_text *text, double x)
+{
+    char buf[64];
+    kt_chat_python_float(x, buf, sizeof buf, true);
+    kt_chat_text_puts(text, buf);
 }
 
 void kt_chat_text_json(kt_chat_text *text, const json_t *value)

@@ -30,6 +30,12 @@ void kt_chat_text_puts(kt_chat_text *text, const char *str); /* NULL appends not
  * ": " separators, keys in document order, floats as repr() does. */
 void kt_chat_text_json(kt_chat_text *text, const json_t *value);
 
+/* Python's repr(float) into buf (64 bytes hold any): the shortest digits that
+ * read back as x, fixed notation when the decimal point falls within 16
+ * places, exponent notation ("1e-05", "1.5e+16") otherwise; NaN and the
+ * infinities as json.dumps writes them (json) or as repr does. */
+void kt_chat_python_float(double x, char *buf, size_t size, bool json);
+
 /* What a revision does differently from its family's first one. */
 typedef struct kt_chat_revision {
     kt_chat_format format;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "chat_internal.h"
 #include "jinja_eval.h"
 
 /* --------------------------------------------------------------- UTF-8 --- */
@@ -73,75 +74,6 @@ static bool is_py_space(char c)
 
 /* ----------------------------------------------------- text conversions --- */
 
-/* Python's repr(float): shortest round-trip digits, exponent form below 1e-4 and from 1e16. */
-static void py_float_repr(double x, char *buf, size_t size, bool json)
-{
-    if (isnan(x)) {
-        snprintf(buf, size, "%s", json ? "NaN" : "nan");
-        return;
-    }
-    if (isinf(x)) {
-        snprintf(buf, size, "%s", x < 0 ? (json ? "-Infinity" : "-inf") : (json ? "Infinity" : "inf"));
-        return;
-    }
-    if (x == 0) {
-        snprintf(buf, size, "%s", signbit(x) ? "-0.0" : "0.0");
-        return;
-    }
-    char sci[40];
-    for (int precision = 1; precision <= 17; precision++) {
-        snprintf(sci, sizeof sci, "%.*e", precision - 1, x);
-        if (strtod(sci, NULL) == x)
-            break;
-    }
-    const char *p = sci;
-    char digits[24];
-    size_t nd = 0;
-    bool negative = *p == '-';
-    if (negative)
-        p++;
-    for (; *p && *p != 'e'; p++)
-        if (*p != '.')
-            digits[nd++] = *p;
-    while (nd > 1 && digits[nd - 1] == '0')
-        nd--;
-    int point = atoi(p + 1) + 1; /* x = 0.digits * 10^point */
-    size_t o = 0;
-    char out[64];
-    if (negative)
-        out[o++] = '-';
-    if (point <= -4 || point > 16) {
-        out[o++] = digits[0];
-        if (nd > 1) {
-            out[o++] = '.';
-            memcpy(out + o, digits + 1, nd - 1);
-            o += nd - 1;
-        }
-        o += (size_t)snprintf(out + o, sizeof out - o, "e%+03d", point - 1);
-    } else if (point <= 0) {
-        out[o++] = '0';
-        out[o++] = '.';
-        for (int i = point; i < 0; i++)
-            out[o++] = '0';
-        memcpy(out + o, digits, nd);
-        o += nd;
-    } else if ((size_t)point >= nd) {
-        memcpy(out + o, digits, nd);
-        o += nd;
-        for (size_t i = nd; i < (size_t)point; i++)
-            out[o++] = '0';
-        out[o++] = '.';
-        out[o++] = '0';
-    } else {
-        memcpy(out + o, digits, (size_t)point);
-        o += (size_t)point;
-        out[o++] = '.';
-        memcpy(out + o, digits + point, nd - (size_t)point);
-        o += nd - (size_t)point;
-    }
-    out[o] = '\0';
-    snprintf(buf, size, "%s", out);
-}
 
 /* Python's repr(str): single quotes unless the text has ' and no ". */
 static bool py_repr_string(jj_eval *e, jj_buf *b, const char *s, size_t len)
@@ -188,7 +120,7 @@ static bool py_scalar(jj_eval *e, jj_buf *b, const json_t *j)
         snprintf(num, sizeof num, "%lld", (long long)json_integer_value(j));
         return jj_buf_puts(e, b, num);
     case JSON_REAL:
-        py_float_repr(json_real_value(j), num, sizeof num, false);
+        kt_chat_python_float(json_real_value(j), num, sizeof num, false);
         return jj_buf_puts(e, b, num);
     default: return true;
     }
@@ -330,7 +262,7 @@ static bool json_out(jj_eval *e, jj_buf *b, const json_t *j, const json_style *s
         snprintf(num, sizeof num, "%lld", (long long)json_integer_value(j));
         return jj_buf_puts(e, b, num);
     case JSON_REAL:
-        py_float_repr(json_real_value(j), num, sizeof num, true);
+        kt_chat_python_float(json_real_value(j), num, sizeof num, true);
         return jj_buf_puts(e, b, num);
     case JSON_STRING: return json_string_out(e, b, json_string_value(j), json_string_length(j), st->ensure_ascii);
     case JSON_ARRAY: {
