@@ -62,7 +62,7 @@ static void log_done(struct kt_server *s, const char *what, const struct kt_resp
 /* libmicrohttpd closes a connection that sent nothing for --client-timeout
  * (its stall timer, which also catches clients that stop reading), so a
  * quiet stream pings at least every half of it, --sse-ping-interval 0 too. */
-static double ping_interval(const struct kt_server *s)
+double kt_serve_ping_interval(const struct kt_server *s)
 {
     double most = s->o.client_timeout_s / 2.0, p = s->o.ping_interval_s;
     return p > 0 && p < most ? p : most;
@@ -100,7 +100,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
                 st->last_send = now;
             continue;
         }
-        double ping = ping_interval(st->server);
+        double ping = kt_serve_ping_interval(st->server);
         if (now - st->last_send >= ping) {
             kt_buf_puts(&st->out, st->anthropic ? KT_ANTHROPIC_PING : ": ping\n\n");
             st->last_send = now;

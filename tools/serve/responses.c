@@ -61,12 +61,6 @@ static void store(struct kt_server *s, const struct kt_responses_request *rq, co
 
 /* ---- streaming ------------------------------------------------------------------------------------ */
 
-static double ping_interval(const struct kt_server *s)
-{
-    double most = s->o.client_timeout_s / 2.0, p = s->o.ping_interval_s;
-    return p > 0 && p < most ? p : most;
-}
-
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct rstream *st = cls;
@@ -103,7 +97,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
                 st->last_send = now;
             continue;
         }
-        double ping = ping_interval(st->server);
+        double ping = kt_serve_ping_interval(st->server);
         if (now - st->last_send >= ping) {
             kt_buf_puts(&st->out, ": ping\n\n");
             st->last_send = now;

@@ -218,6 +218,9 @@ enum MHD_Result kt_serve_dashboard(struct kt_http_request *rq);
 
 /* generate.c: /v1/chat/completions and /v1/completions; /v1/messages */
 enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);
+/* Seconds between pings on a quiet stream: --sse-ping-interval, at most half of --client-timeout
+ * (libmicrohttpd closes a connection that sent nothing that long). */
+double kt_serve_ping_interval(const struct kt_server *s);
 enum MHD_Result kt_serve_messages(struct kt_http_request *rq);
 
 /* responses.c: OpenAI's Responses API: POST /v1/responses, GET / DELETE /v1/responses/{id},
