@@ -108,9 +108,9 @@ static int linear_type(const struct kt_hf_linear *l, const struct kt_hf_quant *q
 }
 
 /* Rows [r0, r0 + n) of l as kt type `type` at dst (n rows of
- * kt_type_row_bytes(type, in)).  name is the kt tensor, for messages. */
+ * kt_type_row_bytes(type, in)); messages name the stored tensor. */
 static kt_status convert_rows(const struct kt_hf_weights *w, const struct kt_hf_linear *l, int type, int64_t r0,
-                              int64_t n, uint8_t *dst, const char *name, kt_err *err)
+                              int64_t n, uint8_t *dst, kt_err *err)
 {
     const int64_t in = (int64_t)l->in, out = (int64_t)l->out;
     const size_t row_bytes = kt_type_row_bytes(type, in);
@@ -157,7 +157,6 @@ static kt_status convert_rows(const struct kt_hf_weights *w, const struct kt_hf_
                                                             : "a scale FP16 cannot hold exactly: below 2^-17, past "
                                                               "65504 or not finite");
     }
-    (void)name;
     return KT_OK;
 }
 
@@ -226,7 +225,7 @@ static kt_status convert_k_b(const struct kt_hf_weights *w, const struct kt_hf_l
     for (int64_t h = 0; h < H && st == KT_OK; h++) {
         const int64_t r0 = h * (dn + dv);
         if (rows)
-            st = convert_rows(w, l, KT_TYPE_F32, r0, dn, (uint8_t *)rows, l->weight->name, err);
+            st = convert_rows(w, l, KT_TYPE_F32, r0, dn, (uint8_t *)rows, err);
         for (int64_t c = 0; c < kvr && st == KT_OK; c++) {
             uint8_t *out = dst + (size_t)(h * kvr + c) * row_bytes;
             if (rows) {
@@ -260,7 +259,7 @@ static kt_status convert_v_b(const struct kt_hf_weights *w, const struct kt_hf_l
     const size_t head_bytes = (size_t)dv * kt_type_row_bytes(type, (int64_t)l->in);
     kt_status st = KT_OK;
     for (int64_t h = 0; h < H && st == KT_OK; h++)
-        st = convert_rows(w, l, type, h * (dn + dv) + dn, dv, dst + (size_t)h * head_bytes, l->weight->name, err);
+        st = convert_rows(w, l, type, h * (dn + dv) + dn, dv, dst + (size_t)h * head_bytes, err);
     return st;
 }
 
@@ -631,7 +630,7 @@ static kt_status make_ready(struct kt_hf_weights *w, void (*progress)(void *ctx,
         const struct kt_hf_linear *l = &w->src[i].lin;
         kt_status st = w->src[i].half == K_B   ? convert_k_b(w, l, t->type, at, err)
                        : w->src[i].half == V_B ? convert_v_b(w, l, t->type, at, err)
-                                               : convert_rows(w, l, t->type, 0, (int64_t)l->out, at, t->name, err);
+                                               : convert_rows(w, l, t->type, 0, (int64_t)l->out, at, err);
         if (st != KT_OK)
             return st;
         if (w->src[i].half != K_B) /* v_b, made next, reads the same pages */
@@ -681,7 +680,7 @@ kt_status kt_hf_read_expert_rows(struct kt_hf_weights *w, const struct kt_gguf_t
         will_need(l);
     if (first == 0 && x + 1 < (uint64_t)t->ne[2]) /* the next expert's pages read ahead while this one converts */
         will_need(&w->src[i].experts[x + 1]);
-    kt_status st = convert_rows(w, l, t->type, first, n, dst, t->name, err);
+    kt_status st = convert_rows(w, l, t->type, first, n, dst, err);
     if (first + n == t->ne[1])
         drop_linear(l);
     return st;
