@@ -26,6 +26,7 @@
 
 static const double GIB = 1073741824.0;
 static const double RAM_USABLE = 0.9;   /* of a node's memory, for homed experts and replicas */
+static const double REPLICA_MIN_GAIN = 0.005; /* replicas are kept only where they save this share of the objective */
 
 const char *kt_plan_baseline_name(enum kt_plan_baseline b)
 {
@@ -654,7 +655,10 @@ static void spread_layer(struct planner *pl, uint32_t il)
     }
 }
 
-/* The largest hot_per_layer (at most n_expert_used) whose copies fit in every node's RAM;
+static void apply_replicas(struct planner *pl, uint32_t R);
+
+/* The hot_per_layer (at most n_expert_used) whose copies fit in every node's RAM and that the
+ * objective predicts fastest;
  * none when a layer is row-sliced. */
 static void choose_replicas(struct planner *pl)
 {
@@ -702,17 +706,31 @@ static void choose_replicas(struct planner *pl)
             }
         }
     }
-    for (uint32_t R = R_max; R > 0; R--) {
+    uint32_t R_fit = 0; /* the most copies every node's RAM takes */
+    for (uint32_t R = R_max; R > 0 && !R_fit; R--) {
         bool fits = true;
         for (int d = 0; d < p->n_nodes && fits; d++) {
             double cap = RAM_USABLE * (double)pl->mach->nodes[d].memory_bytes;
             fits = (double)(p->node_bytes[d] + extra[d][R] + cpu_other) <= cap;
         }
-        if (fits) {
+        R_fit = fits ? R : 0;
+    }
+    /* of those, the count the objective predicts fastest: a copy helps only where the
+     * busiest node sheds more than it costs (at batch 1 an even share of a hot expert's
+     * pairs can make the nodes' loads vary more, not less); none unless it gains */
+    double best = 0;
+    for (uint32_t R = 0; R <= R_fit; R++) {
+        apply_replicas(pl, R);
+        double t = 0;
+        for (uint32_t il = 0; il < p->n_layer; il++)
+            if (p->layers[il].experts)
+                t += objective(pl, il, false);
+        if (R == 0 || t < best * (1.0 - REPLICA_MIN_GAIN)) {
+            best = t;
             pl->plan->replicas_hot_per_layer = R;
-            return;
         }
     }
+    apply_replicas(pl, 0);
 }
 
 /* Sets the replicas plan.c will make of hot_per_layer (its order: both phases' counts, then index). */

@@ -198,6 +198,94 @@ static void planner_balances_two_nodes_within_5_percent_and_round_trips(void)
     kt_model_close(m);
 }
 
+
+/* Predicted decode of the plan's MoE layers with replicas as given. */
+static double moe_decode_s(const struct kt_plan *plan, const struct kt_cost_model *cost, const struct kt_placement *p)
+{
+    const struct kt_cost_query q = {.mode = KT_COST_DECODE, .batch = plan->options.batch, .context = plan->options.context};
+    double t = 0;
+    for (uint32_t il = 0; il < p->n_layer; il++)
+        if (p->layers[il].experts)
+            t += kt_cost_layer(cost, p, il, p->layers[il].experts, p->layers[il].cpu_sliced, &q, NULL);
+    return t;
+}
+
+/* Replicas are copies the planner keeps only where the cost model says they
+ * gain: CPU only on two nodes, whole experts (a profile the nodes balance
+ * within 5%), at batch 1 and 32: the plan is never slower than its own homes
+ * without replicas, nor than the same homes with the n_expert_used hottest
+ * replicated (what "the most that fit" chose before, predicted slower at
+ * batch 1 on this profile). */
+static void planner_keeps_replicas_only_where_they_gain(void)
+{
+    struct kt_model *m = tiny();
+    if (!m)
+        return;
+    /* n_expert_used experts a layer routed to by nearly every token (as a live profile of
+     * a few requests looks): whole, they fall evenly on the nodes in every step (the shared
+     * experts, attention and the rest on a device, as in the case above) */
+    const double flat[4] = {0, 0, 0, 0};
+    struct kt_profile *prof = zipf_profile(m, flat);
+    const uint32_t ne = m->hp.n_expert;
+    for (uint32_t il = 0; prof && il < m->hp.n_layer; il++)
+        for (uint32_t x = 0; m->layers[il].is_moe && x < ne; x++)
+            prof->counts[KT_PROFILE_DECODE][(size_t)il * ne + x] = (x * 7 + il) % ne < m->hp.n_expert_used ? 1e5 : 1e2;
+    struct kt_machine mach;
+    two_nodes(&mach, 0.086);
+    for (int d = 0; d < mach.n_nodes; d++) /* RAM for every replica */
+        mach.nodes[d].memory_bytes = 64ull << 30;
+    const uint32_t batches[2] = {1, 32};
+    for (int b = 0; prof && b < 2; b++) {
+        struct kt_planner_options o = {.device = KT_PLACE_SIM, .batch = batches[b]};
+        struct kt_cost_model *cost = NULL;
+        struct kt_plan *plan = make_plan(m, prof, &mach, &o, &cost);
+        if (plan) { /* room for every part but no routed expert */
+            const uint64_t parts = plan->placement->devices[1].budget_bytes - plan->expert_budget_bytes;
+            o.gpu_memory_gib = (double)(parts + kt_layer_expert_bytes(m, 1) / 2) / 1073741824.0;
+            kt_plan_destroy(plan);
+            kt_cost_destroy(cost);
+            plan = make_plan(m, prof, &mach, &o, &cost);
+        }
+        struct kt_placement *alt = plan ? kt_placement_clone(plan->placement) : NULL;
+        if (alt) {
+            const uint32_t n = alt->n_expert, k = m->hp.n_expert_used;
+            bool whole = true;
+            for (uint32_t il = 0; il < alt->n_layer; il++)
+                whole &= !alt->layers[il].cpu_sliced;
+            const double planned = moe_decode_s(plan, cost, plan->placement);
+            double none = 0, hottest = 0;
+            for (int v = 0; v < 2; v++) {
+                for (uint32_t il = 0; il < alt->n_layer; il++) {
+                    struct kt_expert_home *h = alt->layers[il].experts;
+                    for (uint32_t x = 0; h && x < n; x++) {
+                        uint32_t hotter = 0; /* experts of this layer the profile counts more */
+                        for (uint32_t y = 0; y < n; y++) {
+                            const double cy = prof->counts[KT_PROFILE_DECODE][(size_t)il * n + y],
+                                         cx = prof->counts[KT_PROFILE_DECODE][(size_t)il * n + x];
+                            hotter += cy > cx || (cy == cx && y < x);
+                        }
+                        h[x].replica_nodes = v == 1 && hotter < k ? alt->expert_nodes & ~(1ull << h[x].node) : 0;
+                    }
+                }
+                *(v == 0 ? &none : &hottest) = moe_decode_s(plan, cost, alt);
+            }
+            printf("batch %u: %u replicas a layer chosen, %.4f ms; none %.4f ms; the %u hottest %.4f ms%s\n",
+                   batches[b], plan->replicas_hot_per_layer, 1e3 * planned, 1e3 * none, k, 1e3 * hottest,
+                   whole ? "" : " (a layer row-sliced)");
+            KT_CHECK(planned <= none * (1 + 1e-9), "batch %u: replicas make it slower: %.4f > %.4f ms", batches[b],
+                     1e3 * planned, 1e3 * none);
+            if (whole)
+                KT_CHECK(planned <= hottest * (1 + 1e-9) || plan->replicas_hot_per_layer == k,
+                         "batch %u: %.4f ms, the %u hottest replicated %.4f", batches[b], 1e3 * planned, k,
+                         1e3 * hottest);
+        }
+        kt_placement_destroy(alt);
+        kt_plan_destroy(plan);
+        kt_cost_destroy(cost);
+    }
+    kt_profile_destroy(prof);
+    kt_model_close(m);
+}
 static void planner_slices_a_layer_whole_experts_cannot_balance(void)
 {
     struct kt_model *m = tiny();
@@ -912,6 +1000,7 @@ int main(void)
 {
     KT_RUN(planner_balances_two_nodes_within_5_percent_and_round_trips);
     KT_RUN(planner_slices_a_layer_whole_experts_cannot_balance);
+    KT_RUN(planner_keeps_replicas_only_where_they_gain);
     KT_RUN(marginal_gain_beats_equal_per_layer_on_skewed_layers);
     KT_RUN(rebalancer_moves_toward_the_live_profiles_plan);
     KT_RUN(rebalancer_adds_and_drops_replicas);
