@@ -31,9 +31,10 @@
 #     the share is back to >= 0.9 x the hindsight plan's; the gap p99 of the
 #     batches that migrated against the static plan's; every request well
 #     formed (kt-load's checks);
-#  7. CPU only on 2 synthetic NUMA nodes, experts spread by index, the
-#     rebalancer on: the plan it wrote (--plan-out), busiest / mean node pool
-#     per layer measured by kt-bench model against the start.
+#  7. CPU only on 2 synthetic NUMA nodes, experts spread by index: the
+#     busiest / mean node pool per MoE layer on set B as kt-serve measured it
+#     in its decode steps (GET /kt/placement), the rebalancer off and on
+#     (after it moved), and the plan it wrote (--plan-out) predicted.
 set -euo pipefail
 build=${1:-build}
 work=${2:-/tmp/kt-rebalance}
@@ -232,7 +233,7 @@ awk 'FNR == 1 { f++ } f == 1 && $4 > off { off = $4 }
                k, n, on, on / off, off;
            else print "no batch migrated" }' "$work/6b-off.txt" "$work/6b-on.txt"
 
-say "7. CPU only, 2 synthetic NUMA nodes, experts by index over both, the rebalancer on: node balance"
+say "7. CPU only, 2 synthetic NUMA nodes, experts by index over both: node balance on set B, the rebalancer off and on"
 cat >"$work/nodes-start.yaml" <<EOF
 version: 1
 description: benchmarks/rebalance.sh step 7, whole experts spread over both nodes by index
@@ -240,22 +241,46 @@ attention: cpu
 cpu:
   nodes: auto
 EOF
-balance() { # placement
-    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$bench" model -m "$model" -t "$threads" --placement "$1" \
-        --prompt-tokens 64 --gen-tokens 32 2>>"$work/stderr.log" | grep -E "^decode +[0-9]|node balance|busiest"
+# The served traffic's balance: kt-serve sums, over the steps that only decode, each MoE layer's
+# busiest and mean node pool busy time (GET /kt/placement, layers[].node_balance); between two
+# snapshots their ratio is what the batches in between measured.
+snapshot() { curl -sf "http://127.0.0.1:$port/kt/placement" >"$work/$1"; }
+balance_between() { # before.json after.json
+    jq -rn --slurpfile a "$work/$1" --slurpfile b "$work/$2" '
+        [range(0; $b[0].layers | length) as $i | $b[0].layers[$i] as $l | $a[0].layers[$i] as $k
+         | select($l.node_balance)
+         | ($l.node_balance.busiest_s - ($k.node_balance.busiest_s // 0)) as $x
+         | ($l.node_balance.mean_s - ($k.node_balance.mean_s // 0)) as $m
+         | "\($i): \(if $m > 0 then ($x / $m * 1000 | round / 1000) else "-" end)\(if $l.sliced then " (sliced)" else "" end)"]
+        | "  node balance per MoE layer, decode steps (busiest / mean node pool busy time): " + join("  ")'
 }
-echo "-- at the start"
-balance "$work/nodes-start.yaml"
+echo "-- the rebalancer off: 2 batches"
+KT_TOPOLOGY_SYNTHETIC=$two_nodes start_server serve-nodes-off.log --placement "$work/nodes-start.yaml" \
+    --rebalance-interval 0 --machine "$work/machine-2node.json"
+snapshot nodes-0.json
+for i in 1 2; do run_batch "$set_b" $((400 + i)) >/dev/null; done
+snapshot nodes-1.json
+balance_between nodes-0.json nodes-1.json
+stop_server
+echo "-- the rebalancer on (every $interval s): 3 batches to move, then 2 batches measured"
 KT_TOPOLOGY_SYNTHETIC=$two_nodes start_server serve-nodes.log --placement "$work/nodes-start.yaml" \
     --rebalance-interval "$interval" --machine "$work/machine-2node.json" --plan-out "$work/plan-nodes.yaml"
-for i in 1 2 3; do
-    run_batch "$set_b" $((400 + i)) >/dev/null
-done
+for i in 1 2 3; do run_batch "$set_b" $((400 + i)) >/dev/null; done
 sleep "$interval"
-run_batch "$set_b" 410 >/dev/null
-curl -sf "http://127.0.0.1:$port/kt/placement" |
-    jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed in \(.rebalancer.rounds) rounds"'
+for _ in $(seq 120); do # the round under way finishes first
+    [ "$(curl -sf "http://127.0.0.1:$port/kt/placement" | jq .rebalancer.in_round)" = true ] || break
+    sleep 1
+done
+snapshot nodes-2.json
+for i in 1 2; do run_batch "$set_b" $((400 + i)) >/dev/null; done
+snapshot nodes-3.json
+balance_between nodes-2.json nodes-3.json
+jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed in \(.rebalancer.rounds) rounds; \([.layers[] | select(.sliced)] | length) layer(s) row-sliced"' \
+    "$work/nodes-3.json"
 stop_server
-echo "-- the plan the rebalancer wrote"
-head -n 2 "$work/plan-nodes.yaml"
-balance "$work/plan-nodes.yaml"
+if [ -f "$work/plan-nodes.yaml" ]; then
+    echo "-- the plan the rebalancer wrote, predicted on set B's profile"
+    head -n 1 "$work/plan-nodes.yaml"
+    KT_TOPOLOGY_SYNTHETIC=$two_nodes "$place" -m "$model" --profile "$work/profile-b.json" \
+        --machine "$work/machine-2node.json" --evaluate "$work/plan-nodes.yaml" 2>>"$work/stderr.log" | grep -E "busiest"
+fi

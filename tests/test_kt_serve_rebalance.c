@@ -136,7 +136,7 @@ static void check_placement_shape(const json_t *j, bool traffic, bool enabled)
     }
     KT_CHECK(traffic ? fabs(share_sum - 1) < 1e-6 : share_sum == 0, "the places' routed shares sum to %g", share_sum);
     KT_CHECK((json_int_t)json_array_size(layers) == n_layer, "%zu layers", json_array_size(layers));
-    uint32_t moe = 0;
+    uint32_t moe = 0, balanced = 0;
     for (size_t il = 0; il < json_array_size(layers); il++) {
         const json_t *l = json_array_get(layers, il);
         KT_CHECK(json_integer_value(json_object_get(l, "layer")) == (json_int_t)il, "layer %zu numbered", il);
@@ -160,8 +160,18 @@ static void check_placement_shape(const json_t *j, bool traffic, bool enabled)
             heat_sum += h;
         }
         KT_CHECK(traffic ? fabs(heat_sum - 1) < 1e-6 : heat_sum == 0, "layer %zu heat sums to %g", il, heat_sum);
+        /* the decode steps' busiest / mean node pool, as measured: on two nodes within [1, 2] */
+        const json_t *nb = json_object_get(l, "node_balance");
+        if (nb) {
+            const double busiest = json_num(nb, "busiest_s"), mean = json_num(nb, "mean_s"), ratio = json_num(nb, "ratio");
+            KT_CHECK(traffic && mean > 0 && busiest >= mean * (1 - 1e-9) && busiest <= 2 * mean * (1 + 1e-9) &&
+                         fabs(ratio - busiest / mean) < 1e-6,
+                     "layer %zu node balance: %s", il, json_dumps(nb, 0));
+            balanced++;
+        }
     }
     KT_CHECK(moe == 3, "%u MoE layers", moe);
+    KT_CHECK(!traffic || balanced > 0, "no layer's node balance measured after decode steps");
 
     const json_t *r = json_object_get(j, "rebalancer");
     KT_CHECK(json_is_boolean(json_object_get(r, "enabled")) && json_is_true(json_object_get(r, "enabled")) == enabled &&

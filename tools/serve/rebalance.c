@@ -105,6 +105,11 @@ struct kt_serve_placement {
      * pairs on every slice node from then on, not before) */
     uint64_t *seen_node_pairs;
     uint64_t sum_pairs[MAX_PLACES];
+    /* [n_layer * 2] each layer's busiest and mean node pool busy time, summed
+     * per step (kt_engine_layer_stats), at the last step (the scheduler
+     * thread's), and over the steps that only decoded (guarded by mu): their
+     * ratio is the layer's node balance as the served traffic measured it */
+    uint64_t *seen_node_busy, *step_node_busy, *decode_node_busy;
 
     /* guarded by mu: the device's expert cache after the last step (--expert-cache; NULL: none) */
     struct kt_expert_cache_stats cache;    /* every layer's counters summed */
@@ -206,7 +211,10 @@ kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *li
     /* every expert can be on its way at once, at most */
     sp->max_queue = live->n_layer * live->n_expert + 1;
     if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)) ||
-        !(sp->seen_node_pairs = calloc((size_t)live->n_layer * 16, sizeof *sp->seen_node_pairs)))
+        !(sp->seen_node_pairs = calloc((size_t)live->n_layer * 16, sizeof *sp->seen_node_pairs)) ||
+        !(sp->seen_node_busy = calloc((size_t)live->n_layer * 2, sizeof *sp->seen_node_busy)) ||
+        !(sp->step_node_busy = calloc((size_t)live->n_layer * 2, sizeof *sp->step_node_busy)) ||
+        !(sp->decode_node_busy = calloc((size_t)live->n_layer * 2, sizeof *sp->decode_node_busy)))
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     if (kt_engine_expert_cache_stats(s->engine, -1, &sp->cache) &&
         (!(sp->cache_layers = calloc(live->n_layer, sizeof *sp->cache_layers)) ||
@@ -260,6 +268,9 @@ void kt_serve_placement_destroy(struct kt_server *s)
     kt_placement_destroy(sp->live);
     free(sp->queue);
     free(sp->seen_node_pairs);
+    free(sp->seen_node_busy);
+    free(sp->step_node_busy);
+    free(sp->decode_node_busy);
     free(sp->mach);
     free(sp->cache_layers);
     free(sp->cached);
@@ -768,9 +779,11 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
     struct kt_engine_stats es;
     kt_engine_stats(e, &es);
     uint64_t pairs[MAX_PLACES] = {0}, on_nodes = 0, moe_ns = 0;
+    uint64_t *step_busy = sp->step_node_busy;
     for (uint32_t il = 0; il < p->n_layer; il++) {
         const struct kt_placement_layer *L = &p->layers[il];
         struct kt_engine_layer_stats ls;
+        step_busy[2 * il] = step_busy[2 * il + 1] = 0;
         if (!L->experts || !kt_engine_layer_stats(e, il, &ls))
             continue;
         moe_ns += ls.attention_ns + ls.router_ns + ls.experts_ns + ls.combine_ns;
@@ -790,6 +803,9 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
         }
         if (slices && first >= 0) /* every slice node counted each pair: the rest of the division to one */
             sp->sum_pairs[first] += step_all / slices - given;
+        uint64_t *busy = sp->seen_node_busy + 2 * (size_t)il;
+        step_busy[2 * il] = ls.node_busy_max_ns - busy[0], step_busy[2 * il + 1] = ls.node_busy_mean_ns - busy[1];
+        busy[0] = ls.node_busy_max_ns, busy[1] = ls.node_busy_mean_ns;
     }
     for (int n = 0; n < p->n_nodes && n < 16; n++)
         pairs[n] = sp->sum_pairs[n];
@@ -817,6 +833,8 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
         }
     }
     if (decoded && !prefilled) {
+        for (uint32_t i = 0; i < 2 * p->n_layer; i++)
+            sp->decode_node_busy[i] += step_busy[i];
         sp->recent_s[sp->n_recent % RECENT_STEPS] = 1e-9 * (double)step_ns;
         sp->recent_tokens[sp->n_recent++ % RECENT_STEPS] = (uint32_t)decoded;
     }
@@ -1122,6 +1140,11 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
             json_object_set_new(l, "place", place);
             json_object_set_new(l, "replicas", replicas);
             json_object_set_new(l, "heat", layer_heat(prof, il, p->n_expert));
+            const uint64_t *busy = sp->decode_node_busy + 2 * (size_t)il;
+            if (busy[1]) /* more than one node pool: the decode steps' busiest / mean node, measured */
+                json_object_set_new(l, "node_balance", json_pack("{s:f, s:f, s:f}", "busiest_s", 1e-9 * (double)busy[0],
+                                                                 "mean_s", 1e-9 * (double)busy[1], "ratio",
+                                                                 (double)busy[0] / (double)busy[1]));
             if (sp->cached) { /* the device's expert cache: what it holds, how often it served */
                 json_t *cached = json_array();
                 for (uint32_t x = 0; x < p->n_expert; x++)
