@@ -124,7 +124,7 @@ static void error_cases(const struct test_server *s)
     /* vLLM's extensions kt does not carry out are refused, never ignored; their no-op values pass */
     snprintf(body, sizeof body, "%s, \"continue_final_message\": true}", chat_hi);
     expect_error(s, NULL, c, body, 400, "continue_final_message", NULL);
-    snprintf(body, sizeof body, "%s, \"prompt_logprobs\": 1}", chat_hi);
+    snprintf(body, sizeof body, "%s, \"prompt_logprobs\": -1}", chat_hi); /* the whole vocabulary: not carried out */
     expect_error(s, NULL, c, body, 400, "prompt_logprobs", NULL);
     expect_error(s, NULL, "/v1/completions", "{\"prompt\": \"x\", \"min_tokens\": 4}", 400, "min_tokens", NULL);
     {
@@ -151,7 +151,7 @@ static void error_cases(const struct test_server *s)
     expect_error(s, NULL, c, body, 404, "model", "model_not_found");
     expect_error(s, NULL, c, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 100000}", 400,
                  "messages", "context_length_exceeded");
-    expect_error(s, NULL, "/v1/completions", "{\"prompt\": [\"a\", \"b\"]}", 400, "prompt", NULL);
+    expect_error(s, NULL, "/v1/completions", "{\"prompt\": [\"a\", [2]]}", 400, "prompt", NULL);
     expect_error(s, NULL, "/v1/completions", "{\"prompt\": \"a\", \"suffix\": \"b\"}", 400, "suffix", NULL);
     expect_error(s, NULL, "/v1/nothing", NULL, 404, NULL, "not_found");
     expect_error(s, "-X GET", c, NULL, 405, NULL, NULL);

@@ -13,6 +13,8 @@
  * check's sequence was removed) and the routing profile counts only what was
  * served.  It refuses to serve a copy of the model with layer 2's FFN norm
  * scaled, checked against the original (exit 3, the numbers, the layer).
+ * Its prompts are rendered with the template the server serves with
+ * (--chat-template's when given).
  */
 #include <jansson.h>
 #include <stdlib.h>
@@ -80,7 +82,28 @@ static void bad_input_is_refused_before_listening(void)
                  "-m %s %s: exit %d: %s", cases[i].model, cases[i].args, rc, err ? err : "");
         free(err);
     }
-    unlink(huge), unlink(text_file);
+    /* --self-check renders its prompts with the template the server serves with: one given by
+     * --chat-template that pads every prompt past --ctx is refused for it, while with the model's own
+     * the check's preparation passes and the memory check refuses, as the control's */
+    char padded[1024];
+    snprintf(padded, sizeof padded, "%s", kt_test_path("startup-padded.jinja"));
+    f = fopen(padded, "w");
+    if (f) {
+        fputs("{% for i in range(3000) %}padding {% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}", f);
+        fclose(f);
+    }
+    rc = premise ? serve_exit(huge, "--self-check --ctx 2048", &err) : -1;
+    KT_CHECK(!premise || (rc == 1 && err && strstr(err, "is available") && !strstr(err, "--self-check needs")),
+             "the model's template: exit %d: %s", rc, err ? err : "");
+    free(err);
+    err = NULL;
+    char args[1400];
+    snprintf(args, sizeof args, "--self-check --ctx 2048 --chat-template %s", padded);
+    rc = premise ? serve_exit(huge, args, &err) : -1;
+    KT_CHECK(!premise || (rc == 1 && err && strstr(err, "--self-check needs --ctx ") && !strstr(err, "listening")),
+             "--chat-template's template: exit %d: %s", rc, err ? err : "");
+    free(err);
+    unlink(huge), unlink(text_file), unlink(padded);
 }
 
 static void usage_errors_state_the_range_or_the_option_meant(void)

@@ -5,8 +5,11 @@
  * forked from one prompt, prompts reusing cached prefixes); stop strings end
  * text exactly; cancelling frees the sequence; a full queue refuses; drain
  * finishes what runs; the request histograms all count the completed
- * requests; a poke runs its hook between two steps, or at once when idle.
+ * requests; a poke runs its hook between two steps, or at once when idle;
+ * a scored prompt (prompt_logprobs) gets the engine's own logprob of every
+ * position, prefilled in chunks, never from the prefix cache.
  */
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,6 +207,76 @@ static void a_repeated_prompt_reuses_its_cached_prefix(void)
     kt_kv_cache_stats(kt_engine_kv_cache(g_engine), &ks);
     KT_CHECK(ks.n_seqs == 0 && ks.blocks_used == 0, "destroy left %u sequences, %u blocks", ks.n_seqs,
              ks.blocks_used);
+}
+
+/* A scored prompt (prompt_logprobs, max_tokens 0), prefilled in 16-token
+ * chunks beside a decoding job: every position's logprob, rank and
+ * alternatives are those of the engine's logits stepped one token at a time
+ * (within 1e-5: what shares a batch moves them by an ulp); nothing is
+ * generated; run again once its prompt is in the prefix cache, it takes
+ * nothing from the cache and scores the same. */
+static void a_scored_prompt_matches_the_engine_position_by_position(void)
+{
+    const char *prompt = prompts[2];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    kt_err err = {0};
+    kt_tokenize(g_tok, prompt, strlen(prompt), true, true, &ids, &n, &err);
+    const uint32_t nv = kt_engine_n_vocab(g_engine), seq = MAX_RUNNING + CACHE_ENTRIES - 1;
+    float *ref = kt_test_xmalloc(n * nv * sizeof *ref); /* (n, V): row p after tokens 0..p */
+    KT_CHECK(kt_engine_seq_add(g_engine, seq, &err) == KT_OK, "%s", err.msg);
+    for (size_t i = 0; i < n; i++) {
+        struct kt_batch_token t = {.token = ids[i], .seq = seq, .pos = (uint32_t)i, .want_logits = true};
+        kt_engine_step(g_engine, &(struct kt_batch){1, &t}, ref + i * nv, &err);
+    }
+    kt_engine_seq_remove(g_engine, seq, &err);
+    struct kt_sched *s = start(8, 16, CACHE_ENTRIES);
+    char body[1024];
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\", \"max_tokens\": 0, \"prompt_logprobs\": 3, \"n\": 2}", prompt);
+    struct kt_job *other = job_from("{\"prompt\": \"The river runs to the sea and\", \"max_tokens\": 40, "
+                                    "\"temperature\": 0, \"ignore_eos\": true}");
+    for (int run = 0; run < 2; run++) {
+        struct kt_job *job = job_from(body);
+        KT_CHECK(job && job->score_prompt && job->prompt_top == 3 && job->prompt.n_ids == n, "a scored job");
+        if (!job)
+            break;
+        if (run == 0)
+            kt_sched_submit(s, other);
+        kt_sched_submit(s, job);
+        wait_done(job);
+        KT_CHECK(n > 32 && job->n_scored == n - 1, "run %d: %u of %zu positions scored", run, job->n_scored, n - 1);
+        KT_CHECK(job->n_cached == 0, "run %d: %u tokens from the prefix cache", run, job->n_cached);
+        for (uint32_t c = 0; c < 2; c++)
+            KT_CHECK(job->choices[c].finish == KT_FINISH_LENGTH && job->choices[c].n_tokens == 0 &&
+                         job->choices[c].text.len == 0,
+                     "run %d choice %u: nothing generated, finish %d", run, c, job->choices[c].finish);
+        size_t wrong = 0;
+        for (size_t p = 1; p <= job->n_scored && p < n; p++) {
+            struct kt_logprobs want;
+            kt_logprobs_compute(ref + (p - 1) * nv, nv, ids[p], 3, &want, &err);
+            uint32_t rank = 0;
+            for (uint32_t v = 0; v < nv; v++)
+                rank += ref[(p - 1) * nv + v] >= ref[(p - 1) * nv + (uint32_t)ids[p]];
+            const struct kt_prompt_logprob *got = &job->prompt_lp[p];
+            /* the engine's logits move by an ulp with what shares the batch: near-ties may swap */
+            bool same = got->lp.token == ids[p] && fabsf(got->lp.logprob - want.logprob) <= 1e-5f &&
+                        (got->rank > rank ? got->rank - rank : rank - got->rank) <= 2 && got->lp.n_top == 3;
+            for (uint32_t k = 0; same && k < 3; k++)
+                same = fabsf(got->lp.top[k].logprob - want.top[k].logprob) <= 1e-5f;
+            if (!same && wrong < 3)
+                printf("run %d position %zu: token %d/%d logprob %.9g/%.9g rank %u/%u\n", run, p, got->lp.token, ids[p],
+                       got->lp.logprob, want.logprob, got->rank, rank);
+            wrong += !same;
+        }
+        KT_CHECK(wrong == 0, "run %d: %zu of %zu positions differ from the engine stepped alone", run, wrong, n - 1);
+        kt_job_release(job);
+    }
+    wait_done(other);
+    KT_CHECK(other->choices[0].n_tokens == 40, "the decoding job beside it: %u tokens", other->choices[0].n_tokens);
+    kt_job_release(other);
+    kt_sched_destroy(s);
+    free(ref);
+    free(ids);
 }
 
 static void n_choices_fork_one_prompt(void)
@@ -505,6 +578,7 @@ int main(void)
     KT_RUN(a_long_prefill_does_not_stall_running_streams);
     KT_RUN(concurrent_greedy_jobs_match_the_engine_alone);
     KT_RUN(a_repeated_prompt_reuses_its_cached_prefix);
+    KT_RUN(a_scored_prompt_matches_the_engine_position_by_position);
     KT_RUN(n_choices_fork_one_prompt);
     KT_RUN(stop_strings_end_the_text_exactly);
     KT_RUN(cancel_frees_the_sequence_and_full_queue_refuses);

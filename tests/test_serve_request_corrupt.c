@@ -97,11 +97,35 @@ static void completion_fields_are_read(void)
 {
     struct kt_api_request r;
     if (accepted(KT_API_COMPLETION, "{\"prompt\": [\"only one\"], \"echo\": true, \"max_tokens\": 3.0}", &r)) {
-        KT_CHECK(r.prompt_text && strcmp(r.prompt_text, "only one") == 0 && r.echo && r.max_tokens == 3, "text");
+        KT_CHECK(r.n_prompts == 1 && r.prompts[0].text && strcmp(r.prompts[0].text, "only one") == 0 && r.echo &&
+                     r.max_tokens == 3 && !r.no_generation,
+                 "text");
         kt_api_request_free(&r);
     }
     if (accepted(KT_API_COMPLETION, "{\"prompt\": [1, 2, 3], \"logprobs\": 2, \"best_of\": 1}", &r)) {
-        KT_CHECK(r.n_prompt_ids == 3 && r.prompt_ids[2] == 3 && r.logprobs && r.top_logprobs == 2, "ids");
+        KT_CHECK(r.n_prompts == 1 && r.prompts[0].n_ids == 3 && r.prompts[0].ids[2] == 3 && r.logprobs &&
+                     r.top_logprobs == 2 && strcmp(r.prompts[0].where, "prompt") == 0,
+                 "ids");
+        kt_api_request_free(&r);
+    }
+    /* lm-eval-harness's loglikelihood shape: a list of token-id prompts, echo, logprobs, max_tokens 0 or 1 */
+    if (accepted(KT_API_COMPLETION, "{\"prompt\": [[5, 6], [7, 8, 9]], \"max_tokens\": 0, \"echo\": true, "
+                                    "\"logprobs\": 1, \"temperature\": 0, \"seed\": 1234}", &r)) {
+        KT_CHECK(r.n_prompts == 2 && r.prompts[1].n_ids == 3 && r.prompts[1].ids[0] == 7 &&
+                     strcmp(r.prompts[1].where, "prompt[1]") == 0 && r.no_generation && r.max_tokens == 0 && r.echo &&
+                     r.logprobs && r.top_logprobs == 1,
+                 "a list of id prompts");
+        kt_api_request_free(&r);
+    }
+    if (accepted(KT_API_COMPLETION, "{\"prompt\": [\"a\", \"b\", \"c\"], \"prompt_logprobs\": 3}", &r)) {
+        KT_CHECK(r.n_prompts == 3 && strcmp(r.prompts[2].text, "c") == 0 && r.prompt_logprobs &&
+                     r.prompt_top_logprobs == 3 && !r.no_generation,
+                 "a list of text prompts, prompt_logprobs");
+        kt_api_request_free(&r);
+    }
+    if (accepted(KT_API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"prompt_logprobs\": 0}",
+                 &r)) {
+        KT_CHECK(r.prompt_logprobs && r.prompt_top_logprobs == 0, "chat prompt_logprobs 0");
         kt_api_request_free(&r);
     }
 }
@@ -148,11 +172,18 @@ static void bad_fields_name_themselves(void)
     refused(C, "{" USER ", \"response_format\": {\"type\": \"json_schema\"}}", 400, "response_format");
     refused(C, "{" USER ", \"model\": 5}", 400, "model");
     refused(P, "{}", 400, "prompt");
-    refused(P, "{\"prompt\": [[1], [2]]}", 400, "prompt");
+    refused(P, "{\"prompt\": []}", 400, "prompt");
+    refused(P, "{\"prompt\": [[1], []]}", 400, "prompt");
+    refused(P, "{\"prompt\": [[1], \"a\"]}", 400, "prompt");
+    refused(P, "{\"prompt\": \"x\", \"prompt_logprobs\": -1}", 400, "prompt_logprobs");
+    refused(P, "{\"prompt\": \"x\", \"prompt_logprobs\": 21}", 400, "prompt_logprobs");
+    refused(P, "{\"prompt\": \"x\", \"prompt_logprobs\": 1, \"stream\": true}", 400, "prompt_logprobs");
+    refused(C, "{" USER ", \"prompt_logprobs\": 1, \"stream\": true}", 400, "prompt_logprobs");
+    refused(P, "{\"prompt\": \"x\", \"max_tokens\": -1}", 400, "max_tokens");
+    refused(P, "{\"prompt\": \"x\", \"max_completion_tokens\": 0}", 400, "max_completion_tokens");
     refused(P, "{\"prompt\": [1, -1]}", 400, "prompt");
     refused(P, "{\"prompt\": \"x\", \"logprobs\": 6}", 400, "logprobs");
     refused(P, "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of");
-    refused(P, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 1}", 400, "echo");
     struct kt_buf deep = {0};
     kt_buf_puts(&deep, "{\"messages\": ");
     for (int i = 0; i < 100; i++)
@@ -245,8 +276,11 @@ static void prompt_errors_say_what_is_wrong(void)
     prompt_refused_saying("{\"prompt\": [1, \"a\"]}", "prompt[1] is a string", "batch");
     prompt_refused_saying("{\"prompt\": [[7, 0.5]]}", "prompt[0][1] is 0.5", "batch");
     prompt_refused_saying("{\"prompt\": [1, 4294967296]}", "prompt[1] is 4294967296", NULL);
-    prompt_refused_saying("{\"prompt\": [\"a\", \"b\"]}", "a batch of 2 prompts", NULL);
-    prompt_refused_saying("{\"prompt\": [[1], [2], [3]]}", "a batch of 3 prompts", NULL);
+    prompt_refused_saying("{\"prompt\": []}", "an empty list", NULL);
+    prompt_refused_saying("{\"prompt\": [[1], [2], []]}", "prompt[2] is an empty list of token ids", NULL);
+    prompt_refused_saying("{\"prompt\": [\"a\", 2]}", "prompt[1] is an integer, but prompt[0] is a string", NULL);
+    prompt_refused_saying("{\"prompt\": [[1], \"b\"]}", "prompt[1] is a string, but prompt[0] is an array", NULL);
+    prompt_refused_saying("{\"prompt\": [[1], [2, -4]]}", "prompt[1][1] is -4", NULL);
     prompt_refused_saying("{\"prompt\": true}", "not a boolean", NULL);
     prompt_refused_saying("{\"max_tokens\": 3}", "'prompt' is required", NULL);
 }

@@ -9,7 +9,8 @@
  *   4. batch: one token per decoding sequence, then prefill chunks, oldest
  *      job first, within the token budget; evict cached prefixes until the
  *      KV pool has room; step
- *   5. per logits row: a finished prompt forks into its n choices; sample,
+ *   5. per logits row: a scored prompt position publishes its logprobs; a
+ *      finished prompt forks into its n choices (none with max_tokens 0); sample,
  *      detokenize, match stops, publish; finished choices give their
  *      sequence to the prefix cache
  * It never blocks on an HTTP thread: publishing is a short critical section
@@ -80,6 +81,17 @@ struct kt_job *kt_job_create(struct kt_prompt *prompt, const struct kt_api_reque
         free(job);
         return NULL;
     }
+    const bool echo_scored = r->kind == KT_API_COMPLETION && r->echo && r->logprobs;
+    job->score_prompt = echo_scored || r->prompt_logprobs;
+    job->prompt_top = r->prompt_logprobs ? r->prompt_top_logprobs : 0;
+    if (echo_scored && r->top_logprobs > job->prompt_top)
+        job->prompt_top = r->top_logprobs;
+    if (job->score_prompt && !(job->prompt_lp = calloc(prompt->n_ids ? prompt->n_ids : 1, sizeof *job->prompt_lp))) {
+        free((void *)job->sampling.logit_bias);
+        free(job->choices);
+        free(job);
+        return NULL;
+    }
     job->prompt = *prompt;
     *prompt = (struct kt_prompt){0};
     job->seed_given = r->seed_given;
@@ -110,6 +122,7 @@ void kt_job_release(struct kt_job *job)
         kt_buf_free(&job->choices[c].text);
         free(job->choices[c].logprobs);
     }
+    free(job->prompt_lp);
     free(job->choices);
     free((void *)job->sampling.logit_bias);
     kt_prompt_free(&job->prompt);
@@ -169,9 +182,13 @@ struct run {
     double t_admitted, t_first_token; /* monotonic seconds, for the request histograms */
 };
 
+enum { ROW_PROMPT_DONE = -1, ROW_SCORE = -2 };
+
 struct row {                 /* what one logits row of the step belongs to */
     struct run *run;
-    int choice;              /* -1: the run's prompt just completed */
+    int choice;              /* a choice sampling; ROW_PROMPT_DONE: the run's prompt just completed;
+                                ROW_SCORE: prompt position pos, which scores the prompt token at pos + 1 */
+    uint32_t pos;
 };
 
 struct kt_sched {
@@ -200,7 +217,10 @@ struct kt_sched {
     uint32_t *evicted;       /* [cache entries + 1] */
     struct kt_batch_token *batch;
     struct row *rows;
-    float *logits;           /* (max_running_seqs, n_vocab) */
+    float *logits;           /* (max_running_seqs + score_rows, n_vocab) */
+    /* Rows for scored prompt positions per step (0 until the first job that
+     * scores its prompt: only such jobs pay for the bigger logits buffer). */
+    uint32_t score_rows;
     float *scratch;          /* [n_vocab] one row for a choice of many */
     char *piece;             /* detokenizer output, detok_cap bytes */
     size_t detok_cap;
@@ -437,6 +457,24 @@ static kt_status grammar_ready(struct kt_sched *s, kt_err *err)
     return KT_OK;
 }
 
+/* The logits buffer grown, once, by the rows a step gives scored prompt
+ * positions: as many as 64 MiB hold (at most the step's budget, at least one). */
+#define SCORE_LOGITS_BYTES ((size_t)64 << 20)
+static kt_status score_ready(struct kt_sched *s, kt_err *err)
+{
+    if (s->score_rows)
+        return KT_OK;
+    const size_t row_bytes = (size_t)s->n_vocab * sizeof *s->logits;
+    size_t rows = SCORE_LOGITS_BYTES / row_bytes;
+    rows = rows < 1 ? 1 : rows > s->budget ? s->budget : rows;
+    float *grown = realloc(s->logits, ((size_t)s->p.max_running_seqs + rows) * row_bytes);
+    if (!grown)
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory for the logits of scored prompt positions");
+    s->logits = grown;
+    s->score_rows = (uint32_t)rows;
+    return KT_OK;
+}
+
 /* Moves a queued job into the running set. */
 static void admit(struct kt_sched *s, struct kt_job *job)
 {
@@ -466,6 +504,8 @@ static void admit(struct kt_sched *s, struct kt_job *job)
              kt_grammar_matcher_create(job->prompt.grammar, s->grammar_vocab, &ch->matcher, &err) != KT_OK))
             break;
     }
+    if (err.status == KT_OK && job->score_prompt)
+        score_ready(s, &err);
     s->seqs_reserved += job->n;
     s->runs[s->n_runs++] = run;
     pthread_mutex_lock(&s->mu);
@@ -480,11 +520,12 @@ static void admit(struct kt_sched *s, struct kt_job *job)
         return;
     }
 
-    /* the longest cached prefix, leaving at least one prompt token to compute logits from */
+    /* the longest cached prefix, leaving at least one prompt token to compute logits from; a
+     * prompt to score computes every position's (the cache keeps KV, not logits) */
     size_t match = 0;
-    int64_t cached = s->pc ? kt_prefix_cache_lookup(s->pc, job->prompt.ids, job->prompt.n_ids,
-                                                    job->prompt.n_ids - 1, &match)
-                           : -1;
+    int64_t cached = s->pc && !job->score_prompt ? kt_prefix_cache_lookup(s->pc, job->prompt.ids, job->prompt.n_ids,
+                                                                          job->prompt.n_ids - 1, &match)
+                                                 : -1;
     uint32_t seq0 = run->ch[0].seq;
     kt_status st;
     if (cached >= 0 && match > 0) {
@@ -632,11 +673,51 @@ static void sample_choice(struct kt_sched *s, struct run *run, uint32_t c, float
     ch->next = token;
 }
 
+/* Scores prompt position pos (>= 1) of run from row, the logits of position
+ * pos - 1, and publishes it; a failure ends the run's choices. */
+static void score_position(struct kt_sched *s, struct run *run, uint32_t pos, const float *row)
+{
+    struct kt_job *job = run->job;
+    if (run->n_open == 0) /* an earlier row of this step failed */
+        return;
+    struct kt_prompt_logprob *out = &job->prompt_lp[pos]; /* unpublished: the readers stop at n_scored */
+    const int32_t token = job->prompt.ids[pos];
+    kt_err err = {0};
+    kt_status st = kt_logprobs_compute(row, s->n_vocab, token, job->prompt_top, &out->lp, &err);
+    if (st == KT_OK) {
+        uint32_t rank = 0;
+        for (uint32_t v = 0; v < s->n_vocab; v++)
+            rank += row[v] >= row[token];
+        out->rank = rank;
+    }
+    pthread_mutex_lock(&job->mu);
+    if (st == KT_OK) {
+        job->n_scored = pos;
+    } else {
+        snprintf(job->error, sizeof job->error, "scoring the prompt: %s", err.msg);
+        for (uint32_t c = 0; c < job->n; c++)
+            end_choice_locked(s, run, c, KT_FINISH_ERROR);
+    }
+    publish(job);
+    pthread_mutex_unlock(&job->mu);
+}
+
 /* The prompt of run is in ch[0]'s KV and row holds its last position's logits:
- * fork the other choices and sample every one. */
+ * fork the other choices and sample every one; with max_tokens 0 (a prompt
+ * only scored) every choice ends at once, "length". */
 static void start_decoding(struct kt_sched *s, struct run *run, float *row)
 {
     struct kt_job *job = run->job;
+    if (run->n_open == 0) /* scoring failed */
+        return;
+    if (job->prompt.max_tokens == 0) {
+        pthread_mutex_lock(&job->mu);
+        for (uint32_t c = 0; c < job->n; c++)
+            end_choice_locked(s, run, c, KT_FINISH_LENGTH);
+        publish(job);
+        pthread_mutex_unlock(&job->mu);
+        return;
+    }
     run->decoding = true;
     for (uint32_t c = 1; c < job->n; c++) {
         kt_err err = {0};
@@ -733,24 +814,31 @@ static void step(struct kt_sched *s)
             s->batch[n++] = (struct kt_batch_token){.token = ch->next, .seq = ch->seq,
                                                     .pos = kt_engine_seq_length(s->engine, ch->seq),
                                                     .want_logits = true};
-            s->rows[n_rows++] = (struct row){run, (int)c};
+            s->rows[n_rows++] = (struct row){run, (int)c, 0};
         }
     }
+    uint32_t score_left = s->score_rows; /* rows this step may give scored prompt positions */
     for (uint32_t r = 0; r < s->n_runs && n < s->budget; r++) {
         struct run *run = s->runs[r];
         if (run->decoding)
             continue;
         const struct kt_prompt *pr = &run->job->prompt;
+        const bool scoring = run->job->score_prompt;
         uint32_t left = (uint32_t)pr->n_ids - run->n_prefilled;
         uint32_t take = left < s->budget - n ? left : s->budget - n;
+        if (scoring) {
+            take = take < score_left ? take : score_left;
+            score_left -= take;
+        }
         for (uint32_t i = 0; i < take; i++) {
             uint32_t pos = run->n_prefilled + i;
+            bool last = pos + 1 == pr->n_ids;
             s->batch[n++] = (struct kt_batch_token){.token = pr->ids[pos], .seq = run->ch[0].seq, .pos = pos,
-                                                    .want_logits = pos + 1 == pr->n_ids};
+                                                    .want_logits = last || scoring};
+            if (last || scoring) /* rows in batch order, as the logits come */
+                s->rows[n_rows++] = (struct row){run, last ? ROW_PROMPT_DONE : ROW_SCORE, pos};
         }
         run->chunk = take;
-        if (take == left)
-            s->rows[n_rows++] = (struct row){run, -1};
     }
     if (n == 0)
         return;
@@ -767,7 +855,9 @@ static void step(struct kt_sched *s)
         s->runs[r]->n_prefilled += s->runs[r]->chunk;
     for (uint32_t i = 0; i < n_rows; i++) {
         float *row = s->logits + (size_t)i * s->n_vocab;
-        if (s->rows[i].choice < 0)
+        if (s->rows[i].choice == ROW_SCORE)
+            score_position(s, s->rows[i].run, s->rows[i].pos + 1, row);
+        else if (s->rows[i].choice == ROW_PROMPT_DONE)
             start_decoding(s, s->rows[i].run, row);
         else if (!s->rows[i].run->ch[s->rows[i].choice].finished)
             sample_choice(s, s->rows[i].run, (uint32_t)s->rows[i].choice, row);
@@ -954,24 +1044,31 @@ kt_status kt_sched_create(const struct kt_sched_params *p, struct kt_sched **out
     return KT_OK;
 }
 
-enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job)
+enum kt_submit_result kt_sched_submit_all(struct kt_sched *s, struct kt_job *const *jobs, size_t n)
 {
     enum kt_submit_result r = KT_SUBMIT_OK;
     pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < n; i++)
+        if (jobs[i]->n > s->p.max_running_seqs)
+            r = KT_SUBMIT_TOO_LARGE;
     if (!s->accepting)
         r = KT_SUBMIT_STOPPING;
-    else if (job->n > s->p.max_running_seqs)
-        r = KT_SUBMIT_TOO_LARGE;
-    else if (s->q_len == s->p.max_waiting)
+    else if (r == KT_SUBMIT_OK && n > s->p.max_waiting - s->q_len)
         r = KT_SUBMIT_FULL;
-    if (r == KT_SUBMIT_OK) {
-        atomic_fetch_add(&job->refs, 1);
-        s->queue[(s->q_head + s->q_len) % s->p.max_waiting] = job;
+    for (size_t i = 0; r == KT_SUBMIT_OK && i < n; i++) {
+        atomic_fetch_add(&jobs[i]->refs, 1);
+        s->queue[(s->q_head + s->q_len) % s->p.max_waiting] = jobs[i];
         s->q_len++;
-        pthread_cond_signal(&s->wake);
     }
+    if (r == KT_SUBMIT_OK)
+        pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->mu);
     return r;
+}
+
+enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job)
+{
+    return kt_sched_submit_all(s, &job, 1);
 }
 
 void kt_sched_poke(struct kt_sched *s)

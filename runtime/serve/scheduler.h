@@ -9,7 +9,9 @@
  * first, up to the per-step token budget — step it, sample, detokenize,
  * match stop strings, and publish each job's new text.  Jobs join and leave
  * the batch between steps; a long prompt is prefilled a chunk per step so
- * running streams keep flowing.
+ * running streams keep flowing.  A job that scores its prompt (echo with
+ * logprobs, prompt_logprobs) asks for the logits of every prompt position,
+ * as many a step as 64 MiB of logits hold, and never forks a cached prefix.
  *
  * Other threads (HTTP handlers) only touch a job through its mutex: they
  * read what was published and set `cancel`.  A job is reference counted:
@@ -60,6 +62,14 @@ struct kt_job_choice {
     int32_t stop_token;          /* the end-of-generation token that stopped it; -1 none */
 };
 
+/* One prompt position scored: the log-probability of the prompt's token
+ * there given the tokens before it (the logits of the position before),
+ * with the job's prompt_top alternatives. */
+struct kt_prompt_logprob {
+    struct kt_logprobs lp;
+    uint32_t rank;               /* 1 + tokens more likely than it (ties count: vLLM's rank) */
+};
+
 struct kt_job {
     /* ---- set before kt_sched_submit, read-only afterwards ---- */
     struct kt_prompt prompt;
@@ -69,6 +79,11 @@ struct kt_job {
     bool logprobs;
     uint32_t top_logprobs;
     bool ignore_eos;
+    /* Prompt scoring (echo with logprobs, prompt_logprobs): every prompt
+     * position's logits are computed - none come from the prefix cache,
+     * which keeps no logits - and each position after the first scored. */
+    bool score_prompt;
+    uint32_t prompt_top;         /* alternatives per scored position */
     double timeout_s;            /* 0: none */
     double t_arrival;            /* monotonic seconds */
 
@@ -78,6 +93,11 @@ struct kt_job {
     uint64_t version;
     struct kt_job_choice *choices; /* [n] */
     uint32_t n_cached;           /* prompt tokens whose KV came from the prefix cache */
+    /* score_prompt: [prompt.n_ids]; positions 1 .. n_scored are published
+     * (entries never change once published; [0] is unused: the first
+     * token has nothing before it) */
+    struct kt_prompt_logprob *prompt_lp;
+    uint32_t n_scored;
     bool started;                /* admitted into the running batch */
     bool done;                   /* every choice finished */
     char error[1100];            /* KT_FINISH_ERROR: why */
@@ -135,6 +155,9 @@ enum kt_submit_result {
 
 /* Queues the job; on KT_SUBMIT_OK the scheduler holds its own reference. */
 enum kt_submit_result kt_sched_submit(struct kt_sched *s, struct kt_job *job);
+/* Queues n jobs (a completions request's prompts) in order, all or none:
+ * KT_SUBMIT_FULL when the queue cannot take every one now. */
+enum kt_submit_result kt_sched_submit_all(struct kt_sched *s, struct kt_job *const *jobs, size_t n);
 
 /* Asks the scheduler thread to call p.poked once it is between two steps: after
  * the step it is making, or at once when idle (any thread). */

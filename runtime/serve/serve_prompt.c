@@ -206,6 +206,12 @@ static bool tokenize(const struct kt_serve_model *m, const char *text, bool add_
 bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_request *r, const char *request_id,
                        struct kt_prompt *out, struct kt_api_error *e)
 {
+    return kt_prompt_prepare_at(m, r, 0, request_id, out, e);
+}
+
+bool kt_prompt_prepare_at(const struct kt_serve_model *m, const struct kt_api_request *r, size_t prompt_index,
+                          const char *request_id, struct kt_prompt *out, struct kt_api_error *e)
+{
     *out = (struct kt_prompt){0};
     struct kt_buf text = {0};
     bool ok = false;
@@ -261,27 +267,32 @@ bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_reque
         /* The render carries BOS itself where the family has one (as the published templates do). */
         if (!tokenize(m, kt_buf_str(&text), false, &out->ids, &out->n_ids, e))
             goto done;
-    } else if (r->prompt_text) {
-        if (!tokenize(m, r->prompt_text, true, &out->ids, &out->n_ids, e))
+    } else if (prompt_index >= r->n_prompts) {
+        kt_api_error_set(e, 500, "server_error", NULL, NULL, "no prompt %zu in the request", prompt_index);
+        goto done;
+    } else if (r->prompts[prompt_index].text) {
+        const char *ptext = r->prompts[prompt_index].text;
+        if (!tokenize(m, ptext, true, &out->ids, &out->n_ids, e))
             goto done;
-        if (r->echo && !(out->echo = strdup(r->prompt_text))) {
+        if (r->echo && !(out->echo = strdup(ptext))) {
             nomem(e);
             goto done;
         }
     } else {
-        for (size_t i = 0; i < r->n_prompt_ids; i++)
-            if ((uint32_t)r->prompt_ids[i] >= m->n_vocab) {
-                kt_api_error_invalid(e, "prompt", "token id %d is outside the vocabulary of %u", r->prompt_ids[i],
-                                     m->n_vocab);
+        const struct kt_api_prompt *q = &r->prompts[prompt_index];
+        for (size_t i = 0; i < q->n_ids; i++)
+            if ((uint32_t)q->ids[i] >= m->n_vocab) {
+                kt_api_error_invalid(e, "prompt", "%s[%zu]: token id %d is outside the vocabulary (ids 0 to %u)",
+                                     q->where, i, q->ids[i], m->n_vocab - 1);
                 goto done;
             }
-        out->ids = malloc((r->n_prompt_ids ? r->n_prompt_ids : 1) * sizeof *out->ids);
+        out->ids = malloc((q->n_ids ? q->n_ids : 1) * sizeof *out->ids);
         if (!out->ids) {
             nomem(e);
             goto done;
         }
-        memcpy(out->ids, r->prompt_ids, r->n_prompt_ids * sizeof *out->ids);
-        out->n_ids = r->n_prompt_ids;
+        memcpy(out->ids, q->ids, q->n_ids * sizeof *out->ids);
+        out->n_ids = q->n_ids;
         if (r->echo) {
             kt_err err = {0};
             size_t len;
@@ -295,20 +306,25 @@ bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_reque
         if (!add_stop(out, r->stop[i], e))
             goto done;
 
+    /* a prompt of a list is named in messages ("prompt[3]: ...") */
+    char which[40] = "";
+    if (r->kind == KT_API_COMPLETION && r->n_prompts > 1)
+        snprintf(which, sizeof which, "%s: ", r->prompts[prompt_index].where);
     if (out->n_ids == 0) {
-        kt_api_error_invalid(e, r->kind == KT_API_CHAT ? "messages" : "prompt", "the prompt has no tokens");
+        kt_api_error_invalid(e, r->kind == KT_API_CHAT ? "messages" : "prompt", "%sthe prompt has no tokens", which);
         goto done;
     }
-    if (out->n_ids >= m->n_ctx || (r->max_tokens && out->n_ids + r->max_tokens > m->n_ctx)) {
+    /* a prompt only scored (max_tokens 0) may fill the context; one that generates leaves room for a token */
+    if (out->n_ids + !r->no_generation > m->n_ctx || (r->max_tokens && out->n_ids + r->max_tokens > m->n_ctx)) {
         kt_api_error_set(e, 400, "invalid_request_error", "context_length_exceeded",
                          r->kind == KT_API_CHAT ? "messages" : "prompt",
-                         "This model's maximum context length is %u tokens. However, you requested %zu tokens "
+                         "%sThis model's maximum context length is %u tokens. However, you requested %zu tokens "
                          "(%zu in the prompt, %u for the completion). Please reduce the length of the prompt "
                          "or of max_tokens.",
-                         m->n_ctx, out->n_ids + r->max_tokens, out->n_ids, r->max_tokens);
+                         which, m->n_ctx, out->n_ids + r->max_tokens, out->n_ids, r->max_tokens);
         goto done;
     }
-    out->max_tokens = r->max_tokens ? r->max_tokens : (uint32_t)(m->n_ctx - out->n_ids);
+    out->max_tokens = r->no_generation ? 0 : r->max_tokens ? r->max_tokens : (uint32_t)(m->n_ctx - out->n_ids);
     if (!kt_serve_grammar_build(m, r, &out->output, &out->grammar, e))
         goto done;
 

@@ -44,7 +44,7 @@ struct kt_serve_model {
 struct kt_prompt {
     int32_t *ids;               /* [n_ids] */
     size_t n_ids;
-    uint32_t max_tokens;        /* resolved: n_ids + max_tokens <= n_ctx */
+    uint32_t max_tokens;        /* resolved: n_ids + max_tokens <= n_ctx; 0: none generated (max_tokens 0) */
     char **stops;               /* [n_stops]: the request's and (chat) the family's */
     size_t n_stops;
     bool special;               /* render CONTROL tokens in the output text */
@@ -73,6 +73,11 @@ kt_chat_format kt_serve_chat_format(const struct kt_gguf *g, char *why, size_t w
  * wrongly (context too long: code "context_length_exceeded"), 500 otherwise. */
 bool kt_prompt_prepare(const struct kt_serve_model *m, const struct kt_api_request *r, const char *request_id,
                        struct kt_prompt *out, struct kt_api_error *e);
+/* The same for prompt prompt_index of a completions request's list
+ * (kt_prompt_prepare: the first; chat: 0).  A token id outside the
+ * vocabulary is a 400 naming it ("prompt[1][5]: token id ..."). */
+bool kt_prompt_prepare_at(const struct kt_serve_model *m, const struct kt_api_request *r, size_t prompt_index,
+                          const char *request_id, struct kt_prompt *out, struct kt_api_error *e);
 void kt_prompt_free(struct kt_prompt *p);
 
 /* Renders a chat request's prompt text only (for /tokenize); malloc'd. */

@@ -566,7 +566,7 @@ static bool refuse_unhonoured_extensions(const json_t *root, struct kt_api_error
         const char *name;
         int harmless; /* 0: only null; 1: also false; 2: also true (the default); 3: also 0 / an empty list */
     } fields[] = {
-        {"continue_final_message", 1},      {"prompt_logprobs", 3},        {"min_tokens", 3},
+        {"continue_final_message", 1},      {"min_tokens", 3},
         {"stop_token_ids", 3},              {"include_stop_str_in_output", 1}, {"skip_special_tokens", 2},
         {"spaces_between_special_tokens", 2}, {"truncate_prompt_tokens", 0}, {"use_beam_search", 1},
         {"length_penalty", 0},              {"allowed_token_ids", 0},      {"bad_words", 3},
@@ -585,6 +585,32 @@ static bool refuse_unhonoured_extensions(const json_t *root, struct kt_api_error
                              "request is refused): drop it", fields[i].name);
         return false;
     }
+    return true;
+}
+
+/* prompt_logprobs (vLLM): 0 .. KT_LOGPROBS_MAX_TOP alternatives per prompt
+ * token.  vLLM's -1 (the whole vocabulary) and streaming (vLLM drops the
+ * field from chunks) are refused rather than answered otherwise. */
+static bool parse_prompt_logprobs(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
+{
+    long long k = 0;
+    bool given = false;
+    if (!get_int(root, "prompt_logprobs", -1, INT32_MAX, &given, &k, e))
+        return false;
+    if (!given)
+        return true;
+    if (k < 0 || k > KT_LOGPROBS_MAX_TOP) {
+        kt_api_error_invalid(e, "prompt_logprobs", "'prompt_logprobs' must be from 0 to %d alternatives per prompt "
+                             "token, got %lld%s", KT_LOGPROBS_MAX_TOP, k,
+                             k < 0 ? " (-1, the whole vocabulary, is not supported)" : "");
+        return false;
+    }
+    if (r->stream) {
+        kt_api_error_invalid(e, "prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true");
+        return false;
+    }
+    r->prompt_logprobs = true;
+    r->prompt_top_logprobs = (uint32_t)k;
     return true;
 }
 
@@ -612,11 +638,16 @@ static bool parse_common(struct kt_api_request *r, const json_t *root, struct kt
     if (!get_int(root, "n", 1, KT_API_MAX_N, NULL, &v, e))
         return false;
     r->n = (uint32_t)v;
+    /* max_tokens 0 on /v1/completions: the prompt alone (echoed and scored, as lm-eval-harness asks) */
     v = 0;
-    if (!get_int(root, "max_tokens", 1, INT32_MAX, NULL, &v, e) ||
-        !get_int(root, "max_completion_tokens", 1, INT32_MAX, NULL, &v, e))
+    bool max_given = false;
+    if (!get_int(root, "max_tokens", r->kind == KT_API_COMPLETION ? 0 : 1, INT32_MAX, &max_given, &v, e) ||
+        !get_int(root, "max_completion_tokens", 1, INT32_MAX, &max_given, &v, e))
         return false;
     r->max_tokens = (uint32_t)v;
+    r->no_generation = max_given && v == 0;
+    if (!parse_prompt_logprobs(r, root, e))
+        return false;
 
     struct kt_sampler_params *s = &r->sampling;
     if (!get_float(root, "temperature", 0, 2, &s->temperature, e) || !get_float(root, "top_p", 0, 1, &s->top_p, e) ||
@@ -822,14 +853,19 @@ static bool parse_chat(struct kt_api_request *r, const json_t *root, struct kt_a
 
 /* ---- completions --------------------------------------------------------------------- */
 
-/* Token ids: every element an integer in [0, INT32_MAX]; where names the
- * array in errors ("prompt", or "prompt[0]" for a one-prompt list). */
-static bool parse_prompt_ids(struct kt_api_request *r, const json_t *arr, const char *where, struct kt_api_error *e)
+static bool is_token_id(const json_t *x)
+{
+    return json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) <= INT32_MAX;
+}
+
+/* Token ids: every element an integer in [0, INT32_MAX]; p->where names the
+ * array in errors ("prompt", or "prompt[2]" in a list of prompts). */
+static bool take_prompt_ids(struct kt_api_prompt *p, const json_t *arr, struct kt_api_error *e)
 {
     size_t n = json_array_size(arr);
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_array_get(arr, i);
-        if (json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) <= INT32_MAX)
+        if (is_token_id(x))
             continue;
         char what[64];
         if (json_is_number(x))
@@ -837,59 +873,96 @@ static bool parse_prompt_ids(struct kt_api_request *r, const json_t *arr, const 
         else
             snprintf(what, sizeof what, "%s", type_name(x));
         kt_api_error_invalid(e, "prompt", "'prompt' must be a string or an array of token ids (integers from 0 to "
-                                          "%d): %s[%zu] is %s", INT32_MAX, where, i, what);
+                                          "%d): %s[%zu] is %s", INT32_MAX, p->where, i, what);
         return false;
     }
-    if (!(r->prompt_ids = malloc((n ? n : 1) * sizeof *r->prompt_ids))) {
+    if (n == 0) {
+        kt_api_error_invalid(e, "prompt", "%s is an empty list of token ids", p->where);
+        return false;
+    }
+    if (!(p->ids = malloc(n * sizeof *p->ids))) {
         kt_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         return false;
     }
     for (size_t i = 0; i < n; i++)
-        r->prompt_ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
-    r->n_prompt_ids = n;
+        p->ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+    p->n_ids = n;
+    return true;
+}
+
+static bool take_prompt_text(struct kt_api_prompt *p, const json_t *s, struct kt_api_error *e)
+{
+    if (!no_nul(s)) {
+        kt_api_error_invalid(e, "prompt", "%s must be a string without NUL", p->where);
+        return false;
+    }
+    if (!(p->text = dup_json_string(s))) {
+        kt_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+/* 'prompt' as OpenAI takes it: a string, an array of token ids, or a list
+ * of strings or of token-id arrays (one kind throughout); a list of one is
+ * that prompt. */
+static bool parse_prompts(struct kt_api_request *r, const json_t *p, struct kt_api_error *e)
+{
+    if (!p) {
+        kt_api_error_invalid(e, "prompt", "'prompt' is required: a string, an array of token ids, or a list of "
+                                          "either");
+        return false;
+    }
+    if (!json_is_string(p) && !json_is_array(p)) {
+        kt_api_error_invalid(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", type_name(p));
+        return false;
+    }
+    if (json_is_array(p) && json_array_size(p) == 0) {
+        kt_api_error_invalid(e, "prompt", "'prompt' is an empty list: give a string, token ids, or a list of them");
+        return false;
+    }
+    /* a list of prompts: its first element says of which kind */
+    const json_t *first = json_is_array(p) ? json_array_get(p, 0) : NULL;
+    const bool list = first && (json_is_string(first) || json_is_array(first));
+    const size_t n = list ? json_array_size(p) : 1;
+    if (n > KT_API_MAX_PROMPTS) {
+        kt_api_error_invalid(e, "prompt", "'prompt' lists %zu prompts; at most %d in one request", n,
+                             KT_API_MAX_PROMPTS);
+        return false;
+    }
+    if (!(r->prompts = calloc(n, sizeof *r->prompts))) {
+        kt_api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    r->n_prompts = n;
+    for (size_t i = 0; i < n; i++) {
+        struct kt_api_prompt *q = &r->prompts[i];
+        const json_t *x = list ? json_array_get(p, i) : p;
+        if (list)
+            snprintf(q->where, sizeof q->where, "prompt[%zu]", i);
+        else
+            snprintf(q->where, sizeof q->where, "prompt");
+        if (list && json_typeof(x) != json_typeof(first)) {
+            kt_api_error_invalid(e, "prompt", "prompt[%zu] is %s, but prompt[0] is %s: a list of prompts holds "
+                                              "strings only or token-id arrays only", i, type_name(x),
+                                 type_name(first));
+            return false;
+        }
+        if (!(json_is_string(x) ? take_prompt_text(q, x, e) : take_prompt_ids(q, x, e)))
+            return false;
+    }
     return true;
 }
 
 static bool parse_completion(struct kt_api_request *r, const json_t *root, struct kt_api_error *e)
 {
-    const json_t *p = json_object_get(root, "prompt");
-    const char *where = "prompt";
-    /* A one-element list of prompts is that prompt.  A longer list of strings
-     * or of id arrays is a batch, which kt-serve does not take. */
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
-        p = json_array_get(p, 0);
-        where = "prompt[0]";
-    }
-    if (json_is_string(p)) {
-        if (!no_nul(p) || !(r->prompt_text = dup_json_string(p))) {
-            kt_api_error_invalid(e, "prompt", "'prompt' must be a string without NUL");
-            return false;
-        }
-    } else if (json_is_array(p) && json_array_size(p) > 1 &&
-               (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
-        kt_api_error_invalid(e, "prompt", "'prompt' is a batch of %zu prompts; kt-serve takes one prompt per request: "
-                                          "send them as separate requests", json_array_size(p));
+    if (!parse_prompts(r, json_object_get(root, "prompt"), e))
         return false;
-    } else if (json_is_array(p)) {
-        if (!parse_prompt_ids(r, p, where, e))
-            return false;
-    } else if (!p) {
-        kt_api_error_invalid(e, "prompt", "'prompt' is required: a string or an array of token ids");
-        return false;
-    } else {
-        kt_api_error_invalid(e, "prompt", "'prompt' must be a string or an array of token ids, not %s", type_name(p));
-        return false;
-    }
     long long lp = -1;
     if (!get_int(root, "logprobs", 0, 5, NULL, &lp, e) || !get_bool(root, "echo", &r->echo, e))
         return false;
     r->logprobs = lp >= 0;
     r->top_logprobs = lp > 0 ? (uint32_t)lp : 0;
-    if (r->echo && r->logprobs) {
-        kt_api_error_invalid(e, "echo", "'echo' together with 'logprobs' is not supported");
-        return false;
-    }
     const json_t *suffix = json_object_get(root, "suffix");
     if (suffix && !json_is_null(suffix)) {
         kt_api_error_invalid(e, "suffix", "'suffix' is not supported");
@@ -927,8 +1000,11 @@ void kt_api_request_free(struct kt_api_request *r)
     json_decref(r->tools);
     json_decref(r->response_schema);
     free(r->tool_choice_name);
-    free(r->prompt_text);
-    free(r->prompt_ids);
+    for (size_t i = 0; i < r->n_prompts; i++) {
+        free(r->prompts[i].text);
+        free(r->prompts[i].ids);
+    }
+    free(r->prompts);
     free(r->forced_output);
     *r = (struct kt_api_request){0};
 }

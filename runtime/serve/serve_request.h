@@ -28,6 +28,7 @@
 #define KT_API_MAX_LOGIT_BIAS 1024
 #define KT_API_MAX_JSON_DEPTH 64
 #define KT_API_MAX_CHOICES 1024  /* guided_choice strings */
+#define KT_API_MAX_PROMPTS 1024  /* prompts in one /v1/completions request */
 
 /* An error as the OpenAI envelope reports it:
  * {"error":{"message":..., "type":..., "param":..., "code":...}}. */
@@ -73,12 +74,20 @@ enum kt_response_format {
     KT_RESPONSE_CHOICE,      /* raw text equal to one of response_schema's strings (an array) */
 };
 
+/* One completions prompt: text (tokenized with BOS), or token ids. */
+struct kt_api_prompt {
+    char *text;                  /* NULL: ids */
+    int32_t *ids;                /* [n_ids] */
+    size_t n_ids;
+    char where[24];              /* how errors name it: "prompt", "prompt[3]" */
+};
+
 struct kt_api_request {
     enum kt_api_kind kind;
     char *model;                 /* NULL when not given */
     bool stream, include_usage;
     uint32_t n;                  /* choices, 1.. KT_API_MAX_N */
-    uint32_t max_tokens;         /* 0: not given (until the context is full) */
+    uint32_t max_tokens;         /* 0: not given (until the context is full), or no_generation */
     struct kt_sampler_params sampling; /* logit_bias points into logit_bias below */
     struct kt_logit_bias *logit_bias;
     bool seed_given;
@@ -101,11 +110,18 @@ struct kt_api_request {
     kt_chat_thinking thinking;   /* chat_template_kwargs.thinking / enable_thinking */
     bool add_generation_prompt;  /* extension, default true */
 
-    /* completions: one prompt, as text or as token ids */
-    char *prompt_text;
-    int32_t *prompt_ids;
-    size_t n_prompt_ids;
+    /* completions: the prompts (a string, token ids, or a list of either);
+     * each runs as its own job of n choices, answered as choices
+     * i * n .. i * n + n - 1 of one response */
+    struct kt_api_prompt *prompts; /* [n_prompts], at least one */
+    size_t n_prompts;
     bool echo;
+    bool no_generation;          /* max_tokens 0 (completions): the prompt alone, scored when asked */
+
+    /* prompt_logprobs (vLLM extension, both endpoints): every prompt token
+     * scored, with this many alternatives (0 .. KT_LOGPROBS_MAX_TOP) each */
+    bool prompt_logprobs;
+    uint32_t prompt_top_logprobs;
 
     /* test hook, honoured only when the server allows it: these tokens'
      * text is generated in place of sampled tokens */

@@ -4,6 +4,8 @@
  */
 #include "serve_response.h"
 
+#include "unicode.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,54 +13,20 @@
 
 /* ---- strings ----------------------------------------------------------------------------- */
 
-/* Length of the valid UTF-8 sequence at s (0 if invalid or cut short). */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t need;
-    unsigned min;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        need = 2, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF)
-        need = 3, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4)
-        need = 4, min = 0x10000;
-    else
-        return 0;
-    if (n < need)
-        return 0;
-    unsigned cp = c & (0x7F >> need);
-    for (size_t i = 1; i < need; i++) {
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-        return 0;
-    return need;
-}
-
+/* Ill-formed UTF-8 becomes one U+FFFD per maximal ill-formed subpart (unicode.h), as
+ * Python's and Rust's lossy decoders replace it: a token holding part of a character
+ * reads as one "\uFFFD", as vLLM returns it. */
 json_t *kt_json_text(const char *s, size_t len)
 {
     json_t *j = json_stringn(s ? s : "", s ? len : 0);
     if (j)
         return j;
-    struct kt_buf b = {0};
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < len;) {
-        size_t k = utf8_seq(u + i, len - i);
-        if (k) {
-            kt_buf_append(&b, s + i, k);
-            i += k;
-        } else {
-            kt_buf_puts(&b, "\xEF\xBF\xBD");
-            i++;
-        }
-    }
-    j = json_stringn(kt_buf_str(&b), b.len);
-    kt_buf_free(&b);
+    char *clean = malloc(3 * len + 1);
+    if (!clean)
+        return json_string("");
+    size_t n = kt_utf8_sanitize(s, len, clean);
+    j = json_stringn(clean, n);
+    free(clean);
     return j ? j : json_string("");
 }
 
@@ -77,6 +45,9 @@ bool kt_response_init(struct kt_response *w, const struct kt_api_request *r, str
     snprintf(w->id, sizeof w->id, "%s", id);
     snprintf(w->model, sizeof w->model, "%s", model_name);
     w->echo_sent = !job->prompt.echo;
+    w->echo_logprobs = r->kind == KT_API_COMPLETION && r->echo && r->logprobs && job->prompt_lp;
+    w->prompt_logprobs = r->prompt_logprobs && job->prompt_lp;
+    w->prompt_top = r->prompt_top_logprobs;
     w->ch = calloc(job->n, sizeof *w->ch);
     if (!w->ch)
         return false;
@@ -149,6 +120,10 @@ bool kt_response_take(struct kt_response *w)
         any = true;
     }
     w->n_cached = job->n_cached;
+    if (job->n_scored != w->n_scored) { /* read in place: published entries never change */
+        w->n_scored = job->n_scored;
+        any = true;
+    }
     pthread_mutex_unlock(&job->mu);
     return any;
 }
@@ -215,40 +190,130 @@ static json_t *chat_logprobs(const struct kt_response *w, const struct kt_logpro
     return json_pack("{s:o, s:n}", "content", content, "refusal");
 }
 
-/* Completions: {"tokens", "token_logprobs", "top_logprobs": [{token: lp}], "text_offset"} */
-static json_t *completion_logprobs(const struct kt_response *w, const struct kt_logprobs *lp, size_t n,
-                                   size_t text_offset)
+static json_t *token_text(const struct kt_tokenizer *tok, int32_t id)
 {
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offsets = json_array();
-    for (size_t i = 0; i < n; i++) {
-        size_t len = 0;
-        const char *b = kt_token_bytes(w->tok, lp[i].token, &len);
-        json_array_append_new(tokens, kt_json_text(b, len));
-        json_array_append_new(lps, json_real(finite_logprob(lp[i].logprob)));
-        json_array_append_new(offsets, json_integer((json_int_t)text_offset));
-        text_offset += len;
-        json_t *top = json_object();
-        for (uint32_t k = 0; k < lp[i].n_top; k++) {
-            const char *tb = kt_token_bytes(w->tok, lp[i].top[k].token, &len);
-            json_t *key = kt_json_text(tb, len);
-            json_object_set_new(top, json_string_value(key), json_real(finite_logprob(lp[i].top[k].logprob)));
-            json_decref(key);
-        }
-        json_array_append_new(tops, top);
-    }
-    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops,
-                     "text_offset", offsets);
+    size_t len = 0;
+    const char *b = kt_token_bytes(tok, id, &len);
+    return kt_json_text(b, len);
 }
 
-static json_t *usage(const struct kt_response *w)
+/* Code points of UTF-8 text: text_offset counts them, as vLLM counts Python str length. */
+static size_t code_points(const char *s, size_t n)
 {
-    json_int_t completion = 0;
-    for (uint32_t c = 0; c < w->job->n; c++)
-        completion += w->ch[c].n_tokens;
-    json_int_t prompt = (json_int_t)w->job->prompt.n_ids;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+/* Completions logprobs, a token at a time: {"tokens", "token_logprobs",
+ * "top_logprobs": [{token: logprob}], "text_offset"}.  A token's
+ * top_logprobs hold the token itself and its n_top most likely
+ * alternatives (OpenAI's "up to logprobs + 1"); text_offset is where the
+ * token's text starts in the tokens' texts joined, in code points. */
+struct completion_lp {
+    json_t *tokens, *lps, *tops, *offsets;
+};
+
+static void clp_init(struct completion_lp *b)
+{
+    *b = (struct completion_lp){json_array(), json_array(), json_array(), json_array()};
+}
+
+/* lp NULL: a token without logprobs (the prompt's first: nothing comes before it). */
+static void clp_add(struct completion_lp *b, const struct kt_tokenizer *tok, int32_t token,
+                    const struct kt_logprobs *lp, uint32_t n_top, size_t *offset)
+{
+    json_t *text = token_text(tok, token);
+    json_array_append_new(b->offsets, json_integer((json_int_t)*offset));
+    *offset += code_points(json_string_value(text), json_string_length(text));
+    if (!lp) {
+        json_array_append_new(b->tokens, text);
+        json_array_append_new(b->lps, json_null());
+        json_array_append_new(b->tops, json_null());
+        return;
+    }
+    json_array_append_new(b->lps, json_real(finite_logprob(lp->logprob)));
+    json_t *top = json_object();
+    json_object_set_new(top, json_string_value(text), json_real(finite_logprob(lp->logprob)));
+    for (uint32_t k = 0; k < lp->n_top && k < n_top; k++) {
+        json_t *key = token_text(tok, lp->top[k].token);
+        if (!json_object_get(top, json_string_value(key)))
+            json_object_set_new(top, json_string_value(key), json_real(finite_logprob(lp->top[k].logprob)));
+        json_decref(key);
+    }
+    json_array_append_new(b->tokens, text);
+    json_array_append_new(b->tops, top);
+}
+
+static json_t *clp_json(struct completion_lp *b)
+{
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", b->tokens, "token_logprobs", b->lps, "top_logprobs", b->tops,
+                     "text_offset", b->offsets);
+}
+
+/* The echoed prompt's tokens from..to-1 (scored ones with their logprobs) into b. */
+static void clp_add_prompt(struct completion_lp *b, const struct kt_response *w, size_t from, size_t to,
+                           size_t *offset)
+{
+    const struct kt_job *job = w->job;
+    for (size_t p = from; p < to; p++)
+        clp_add(b, w->tok, job->prompt.ids[p], p >= 1 && p <= w->n_scored ? &job->prompt_lp[p].lp : NULL,
+                job->top_logprobs, offset);
+}
+
+static void clp_add_generated(struct completion_lp *b, const struct kt_response *w, const struct kt_logprobs *lp,
+                              size_t n, size_t *offset)
+{
+    for (size_t i = 0; i < n; i++)
+        clp_add(b, w->tok, lp[i].token, &lp[i], w->job->top_logprobs, offset);
+}
+
+/* vLLM's prompt_logprobs: [null, {"<token id>": {"logprob", "rank",
+ * "decoded_token"}, ...}, ...] - per position the prompt's token first,
+ * then its prompt_top most likely alternatives (ranks 1, 2, ...). */
+static json_t *prompt_logprobs_json(const struct kt_response *w)
+{
+    const struct kt_job *job = w->job;
+    json_t *arr = json_array();
+    json_array_append_new(arr, json_null());
+    for (size_t p = 1; p < job->prompt.n_ids && p <= w->n_scored; p++) {
+        const struct kt_prompt_logprob *pl = &job->prompt_lp[p];
+        const uint32_t n_top = pl->lp.n_top < w->prompt_top ? pl->lp.n_top : w->prompt_top;
+        uint32_t rank = pl->rank;
+        for (uint32_t k = 0; k < n_top; k++)
+            if (pl->lp.top[k].token == pl->lp.token)
+                rank = k + 1; /* among the alternatives: its place there, as vLLM's dict keeps it */
+        json_t *d = json_object();
+        char key[16];
+        snprintf(key, sizeof key, "%d", pl->lp.token);
+        json_object_set_new(d, key, json_pack("{s:f, s:I, s:o}", "logprob", finite_logprob(pl->lp.logprob), "rank",
+                                              (json_int_t)rank, "decoded_token", token_text(w->tok, pl->lp.token)));
+        for (uint32_t k = 0; k < n_top; k++) {
+            if (pl->lp.top[k].token == pl->lp.token)
+                continue;
+            snprintf(key, sizeof key, "%d", pl->lp.top[k].token);
+            json_object_set_new(d, key, json_pack("{s:f, s:I, s:o}", "logprob", finite_logprob(pl->lp.top[k].logprob),
+                                                  "rank", (json_int_t)(k + 1), "decoded_token",
+                                                  token_text(w->tok, pl->lp.top[k].token)));
+        }
+        json_array_append_new(arr, d);
+    }
+    return arr;
+}
+
+/* Usage of n writers' jobs together. */
+static json_t *usage_all(const struct kt_response *w, size_t n)
+{
+    json_int_t completion = 0, prompt = 0, cached = 0;
+    for (size_t i = 0; i < n; i++) {
+        for (uint32_t c = 0; c < w[i].job->n; c++)
+            completion += w[i].ch[c].n_tokens;
+        prompt += (json_int_t)w[i].job->prompt.n_ids;
+        cached += (json_int_t)w[i].n_cached;
+    }
     return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", prompt, "completion_tokens", completion,
-                     "total_tokens", prompt + completion, "prompt_tokens_details", "cached_tokens",
-                     (json_int_t)w->n_cached);
+                     "total_tokens", prompt + completion, "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static json_t *tool_call_json(const struct kt_output_call *call, size_t index, bool with_index)
@@ -357,28 +422,43 @@ static json_t *chat_delta(struct kt_response_choice *rc)
     return delta;
 }
 
-bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
+/* The echo is sent once the prompt it carries logprobs for is scored (or the job ended). */
+static bool echo_ready(const struct kt_response *w)
 {
-    if (w->done_sent)
-        return true;
+    return !w->echo_logprobs || w->job_done || (size_t)w->n_scored + 1 >= w->job->prompt.n_ids;
+}
+
+/* One writer's chunks since the last call: the opening (a chat's role, the
+ * echo), then each choice's new text, logprobs and end. */
+static void stream_chunks(struct kt_response *w, struct kt_buf *out)
+{
     bool chat = w->kind == KT_API_CHAT;
     if (chat && !w->role_sent) {
         for (uint32_t c = 0; c < w->job->n; c++) {
             json_t *j = chunk_base(w);
             json_array_append_new(json_object_get(j, "choices"),
-                                  json_pack("{s:I, s:{s:s, s:s}, s:n, s:n}", "index", (json_int_t)c, "delta", "role",
-                                            "assistant", "content", "", "logprobs", "finish_reason"));
+                                  json_pack("{s:I, s:{s:s, s:s}, s:n, s:n}", "index", (json_int_t)(w->index_base + c),
+                                            "delta", "role", "assistant", "content", "", "logprobs", "finish_reason"));
             emit(out, j);
         }
         w->role_sent = true;
     }
     if (!chat && !w->echo_sent) {
+        if (!echo_ready(w))
+            return; /* nothing of a choice goes before its echo */
         for (uint32_t c = 0; c < w->job->n; c++) {
             json_t *j = chunk_base(w);
             const char *echo = w->job->prompt.echo;
+            json_t *lp = json_null();
+            if (w->echo_logprobs) {
+                struct completion_lp b;
+                clp_init(&b);
+                clp_add_prompt(&b, w, 0, w->job->prompt.n_ids, &w->ch[c].text_offset);
+                lp = clp_json(&b);
+            }
             json_array_append_new(json_object_get(j, "choices"),
-                                  json_pack("{s:I, s:o, s:n, s:n}", "index", (json_int_t)c, "text",
-                                            kt_json_text(echo, strlen(echo)), "logprobs", "finish_reason"));
+                                  json_pack("{s:I, s:o, s:o, s:n}", "index", (json_int_t)(w->index_base + c), "text",
+                                            kt_json_text(echo, strlen(echo)), "logprobs", lp, "finish_reason"));
             emit(out, j);
         }
         w->echo_sent = true;
@@ -387,7 +467,7 @@ bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
         struct kt_response_choice *rc = &w->ch[c];
         if (rc->finish_sent)
             continue;
-        json_t *choice = json_pack("{s:I}", "index", (json_int_t)c);
+        json_t *choice = json_pack("{s:I}", "index", (json_int_t)(w->index_base + c));
         bool any = false;
         if (chat) {
             json_t *delta = chat_delta(rc);
@@ -401,8 +481,16 @@ bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
             any = fresh > 0;
         }
         if (rc->n_lp) {
-            json_object_set_new(choice, "logprobs", chat ? chat_logprobs(w, rc->lp, rc->n_lp)
-                                                         : completion_logprobs(w, rc->lp, rc->n_lp, 0));
+            json_t *lp;
+            if (chat) {
+                lp = chat_logprobs(w, rc->lp, rc->n_lp);
+            } else { /* text_offset goes on from the tokens sent before */
+                struct completion_lp b;
+                clp_init(&b);
+                clp_add_generated(&b, w, rc->lp, rc->n_lp, &rc->text_offset);
+                lp = clp_json(&b);
+            }
+            json_object_set_new(choice, "logprobs", lp);
             rc->n_lp = 0;
             any = true;
         } else {
@@ -422,35 +510,51 @@ bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
         json_array_append_new(json_object_get(j, "choices"), choice);
         emit(out, j);
     }
-    if (!w->job_done)
+}
+
+bool kt_response_stream_all(struct kt_response *w, size_t n, struct kt_buf *out)
+{
+    if (w[0].done_sent)
+        return true;
+    bool all_done = true;
+    for (size_t i = 0; i < n; i++) {
+        stream_chunks(&w[i], out);
+        all_done = all_done && w[i].job_done;
+    }
+    if (!all_done)
         return false;
     /* A job is done once every choice ended, so each sent its end above,
      * whichever order the scheduler's publishing and this take interleaved;
      * the error comes after them: a stream's last event is its outcome. */
     struct kt_api_error e;
-    if (kt_response_job_error(w, &e)) {
+    bool failed = false;
+    for (size_t i = 0; i < n && !failed; i++)
+        failed = kt_response_job_error(&w[i], &e);
+    if (failed) {
         emit(out, kt_api_error_json(&e)); /* the SDKs raise it as an APIError */
-    } else if (w->include_usage) {
-        json_t *j = chunk_base(w);
-        json_object_set_new(j, "usage", usage(w));
+    } else if (w[0].include_usage) {
+        json_t *j = chunk_base(&w[0]);
+        json_object_set_new(j, "usage", usage_all(w, n));
         emit(out, j);
     }
     kt_buf_puts(out, "data: [DONE]\n\n");
-    w->done_sent = true;
+    w[0].done_sent = true;
     return true;
+}
+
+bool kt_response_stream(struct kt_response *w, struct kt_buf *out)
+{
+    return kt_response_stream_all(w, 1, out);
 }
 
 /* ---- final objects ------------------------------------------------------------------------------ */
 
-json_t *kt_response_final(struct kt_response *w, struct kt_api_error *e)
+static void final_choices(struct kt_response *w, json_t *choices)
 {
-    if (kt_response_job_error(w, e))
-        return NULL;
     bool chat = w->kind == KT_API_CHAT;
-    json_t *choices = json_array();
     for (uint32_t c = 0; c < w->job->n; c++) {
         struct kt_response_choice *rc = &w->ch[c];
-        json_t *choice = json_pack("{s:I}", "index", (json_int_t)c);
+        json_t *choice = json_pack("{s:I}", "index", (json_int_t)(w->index_base + c));
         if (chat) {
             struct kt_output *o = &rc->out;
             json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text_or_null(&o->content));
@@ -471,17 +575,46 @@ json_t *kt_response_final(struct kt_response *w, struct kt_api_error *e)
             kt_buf_append(&text, rc->text.bytes, rc->text.len);
             json_object_set_new(choice, "text", kt_json_text(kt_buf_str(&text), text.len));
             kt_buf_free(&text);
-            json_object_set_new(choice, "logprobs",
-                                w->job->logprobs ? completion_logprobs(w, rc->lp, rc->n_lp, 0) : json_null());
+            json_t *lp = json_null();
+            if (w->job->logprobs) {
+                struct completion_lp b;
+                size_t offset = 0;
+                clp_init(&b);
+                if (w->echo_logprobs)
+                    clp_add_prompt(&b, w, 0, w->job->prompt.n_ids, &offset);
+                clp_add_generated(&b, w, rc->lp, rc->n_lp, &offset);
+                lp = clp_json(&b);
+            }
+            json_object_set_new(choice, "logprobs", lp);
         }
         json_object_set_new(choice, "finish_reason", json_string(finish_reason(w, rc)));
         json_object_set_new(choice, "stop_reason", stop_reason(w, rc));
+        if (!chat && w->prompt_logprobs)
+            json_object_set_new(choice, "prompt_logprobs", prompt_logprobs_json(w));
         json_array_append_new(choices, choice);
     }
-    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", w->id, "object",
-                          chat ? "chat.completion" : "text_completion", "created", (json_int_t)w->created, "model",
-                          w->model, "choices", choices, "usage", usage(w));
+}
+
+json_t *kt_response_final_all(struct kt_response *w, size_t n, struct kt_api_error *e)
+{
+    for (size_t i = 0; i < n; i++)
+        if (kt_response_job_error(&w[i], e))
+            return NULL;
+    bool chat = w[0].kind == KT_API_CHAT;
+    json_t *choices = json_array();
+    for (size_t i = 0; i < n; i++)
+        final_choices(&w[i], choices);
+    json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", w[0].id, "object",
+                          chat ? "chat.completion" : "text_completion", "created", (json_int_t)w[0].created, "model",
+                          w[0].model, "choices", choices, "usage", usage_all(w, n));
     if (chat)
         json_object_set_new(j, "system_fingerprint", json_string("kt-serve"));
+    if (chat && w[0].prompt_logprobs) /* vLLM puts a chat's on the response */
+        json_object_set_new(j, "prompt_logprobs", prompt_logprobs_json(&w[0]));
     return j;
+}
+
+json_t *kt_response_final(struct kt_response *w, struct kt_api_error *e)
+{
+    return kt_response_final_all(w, 1, e);
 }

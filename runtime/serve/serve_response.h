@@ -33,6 +33,7 @@ struct kt_response_choice {
     int32_t stop_token;
     uint32_t n_tokens;
     bool finish_sent;
+    size_t text_offset;         /* completions logprobs: the next token's text_offset (code points so far) */
 };
 
 struct kt_response {
@@ -48,6 +49,16 @@ struct kt_response {
     bool job_done;
     char error[1100];           /* the job's error, once done */
     uint32_t n_cached;
+    /* Prompt scores (scheduler.h's score_prompt): the echoed prompt's
+     * tokens carry logprobs (completions, echo with logprobs), and
+     * prompt_logprobs as vLLM gives it (a choice's field on completions,
+     * the response's on chat), prompt_top alternatives each. */
+    bool echo_logprobs, prompt_logprobs;
+    uint32_t prompt_top;
+    uint32_t n_scored;          /* the job's n_scored as taken */
+    /* A completions request's prompt i answers choices index_base .. + n - 1
+     * (index_base = i * n), as OpenAI and vLLM number them. */
+    uint32_t index_base;
 };
 
 /* kind, stream options and model name come from the request. */
@@ -66,10 +77,17 @@ bool kt_response_take(struct kt_response *w);
  * the job is done, an error event if it ended so, else the usage chunk; and
  * "data: [DONE]\n\n" last.  Returns true once [DONE] was appended. */
 bool kt_response_stream(struct kt_response *w, struct kt_buf *out);
+/* The same for the n writers of a completions request's n prompts (w[i]
+ * answers prompt i; take each first): their chunks as they come, one usage
+ * chunk and one [DONE] once every job is done. */
+bool kt_response_stream_all(struct kt_response *w, size_t n, struct kt_buf *out);
 
 /* Once the job is done: the whole response object (new reference), or NULL
  * with e set when the job failed (500), timed out (504) or was cancelled (503). */
 json_t *kt_response_final(struct kt_response *w, struct kt_api_error *e);
+/* The same for n writers (every job done): one object, their choices in
+ * index order, usage summed; the first failure's error if any failed. */
+json_t *kt_response_final_all(struct kt_response *w, size_t n, struct kt_api_error *e);
 
 /* The error a failed, timed-out or cancelled job reports; false if it succeeded. */
 bool kt_response_job_error(const struct kt_response *w, struct kt_api_error *e);

@@ -56,8 +56,27 @@ static void check_request(enum kt_api_kind kind, const uint8_t *data, size_t siz
             free(text);
         }
     } else {
-        require((r.prompt_text != NULL) != (r.prompt_ids != NULL), "a completion has one prompt");
+        require(r.n_prompts >= 1 && r.n_prompts <= KT_API_MAX_PROMPTS, "a completion has prompts");
+        for (size_t i = 0; i < r.n_prompts; i++)
+            require((r.prompts[i].text != NULL) != (r.prompts[i].ids != NULL) &&
+                        (r.prompts[i].text || r.prompts[i].n_ids > 0),
+                    "each prompt is text or a non-empty list of ids");
+        require(!r.no_generation || r.max_tokens == 0, "max_tokens 0 asks for nothing generated");
+        /* each prompt prepares against a tiny vocabulary (no tokenizer: id prompts only) or is refused with a 400 */
+        struct kt_serve_model m = {.n_ctx = 64, .n_vocab = 1000};
+        for (size_t i = 0; i < r.n_prompts && i < 8 && !r.echo && r.response_format == KT_RESPONSE_TEXT; i++) {
+            if (r.prompts[i].text)
+                continue;
+            struct kt_prompt p;
+            struct kt_api_error pe = {0};
+            if (kt_prompt_prepare_at(&m, &r, i, "f", &p, &pe))
+                kt_prompt_free(&p);
+            else
+                require(pe.http_status == 400 && pe.message[0], "a prompt refused is a 400 saying why");
+        }
     }
+    require(!r.prompt_logprobs || (r.prompt_top_logprobs <= KT_LOGPROBS_MAX_TOP && !r.stream),
+            "prompt_logprobs in range, never streamed");
     kt_api_request_free(&r);
 }
 
@@ -144,6 +163,12 @@ static const char *const seeds[] = {
     "true, \"top_logprobs\": 5, \"logit_bias\": {\"12\": -100}}",
     "{\"prompt\": \"The river\", \"max_tokens\": 8, \"echo\": true, \"logprobs\": 3, \"best_of\": 1}",
     "{\"prompt\": [1, 2, 3], \"max_completion_tokens\": 4, \"ignore_eos\": true, \"kt_test_forced_output\": \"x\"}",
+    /* lm-eval-harness's loglikelihood request (local-completions): token-id prompts, echo, max_tokens 1 */
+    "{\"model\": \"m\", \"prompt\": [[1, 2, 3], [4, 5, 999, 1001]], \"temperature\": 0, \"max_tokens\": 1, "
+    "\"logprobs\": 1, \"seed\": 1234, \"echo\": true}",
+    "{\"prompt\": [\"The river\", \"\\u4e2d\\u6587\"], \"max_tokens\": 0, \"echo\": true, \"logprobs\": 0, "
+    "\"prompt_logprobs\": 2, \"n\": 2}",
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"prompt_logprobs\": 20, \"max_tokens\": 1}",
     ("<think>plan</think>Text<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
      "{\"a\": 1}<|tool_call_end|><|tool_calls_section_end|>"),
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",

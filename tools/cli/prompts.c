@@ -109,10 +109,21 @@ kt_status kt_tool_prompts_tokenize(const struct kt_model *m, const struct kt_tok
                                    struct kt_tool_prompts *s, kt_err *err)
 {
     kt_chat_format format;
-    char *tmpl = NULL, *bos = NULL, *eos = NULL;
+    char *tmpl = NULL;
     kt_status st = kt_tool_chat_template(m, NULL, "the prompts are chat messages, but the model has no chat template",
                                          &format, &tmpl, err);
-    if (st == KT_OK && format == KT_CHAT_JINJA)
+    if (st == KT_OK)
+        st = kt_tool_prompts_tokenize_with(format, tmpl, tok, source, s, err);
+    free(tmpl);
+    return st;
+}
+
+kt_status kt_tool_prompts_tokenize_with(kt_chat_format format, const char *tmpl, const struct kt_tokenizer *tok,
+                                        const char *source, struct kt_tool_prompts *s, kt_err *err)
+{
+    char *bos = NULL, *eos = NULL;
+    kt_status st = KT_OK;
+    if (format == KT_CHAT_JINJA)
         kt_tool_chat_special_texts(tok, &bos, &eos);
     for (size_t i = 0; st == KT_OK && i < s->n; i++) {
         struct kt_tool_prompt *p = &s->items[i];
@@ -128,6 +139,6 @@ kt_status kt_tool_prompts_tokenize(const struct kt_model *m, const struct kt_tok
         else if (p->n_ids == 0)
             st = kt_err_set(err, KT_ERR_INVALID, "%s:%u: the prompt has no tokens", source, p->line);
     }
-    free(tmpl), free(bos), free(eos);
+    free(bos), free(eos);
     return st;
 }

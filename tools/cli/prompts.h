@@ -40,6 +40,11 @@ kt_status kt_tool_prompts_add_text(struct kt_tool_prompts *s, const char *text, 
  * tokenizes it; errors are prefixed with source (the file) and the line. */
 kt_status kt_tool_prompts_tokenize(const struct kt_model *m, const struct kt_tokenizer *tok, const char *source,
                                    struct kt_tool_prompts *s, kt_err *err);
+/* The same with a template already resolved (format, and its text for
+ * KT_CHAT_JINJA): kt-serve --self-check renders with the server's own
+ * (--chat-template's, when given). */
+kt_status kt_tool_prompts_tokenize_with(kt_chat_format format, const char *tmpl, const struct kt_tokenizer *tok,
+                                        const char *source, struct kt_tool_prompts *s, kt_err *err);
 void kt_tool_prompts_free(struct kt_tool_prompts *s);
 
 #endif

@@ -19,17 +19,11 @@
 #include "server.h"
 
 struct rstream {
-    struct kt_server *server;
-    struct MHD_Connection *conn;
+    struct kt_sse_pump pump;
     struct kt_job *job;
     struct kt_responses_request rq;
     struct kt_response w;
     struct kt_responses_writer rw;
-    struct kt_buf out;           /* SSE bytes not yet handed to MHD */
-    size_t out_off;
-    uint64_t seen;
-    double last_send;
-    bool finished;
 };
 
 static void make_id(struct kt_server *s, char *id, size_t size, char *hex, size_t hex_size)
@@ -61,65 +55,41 @@ static void store(struct kt_server *s, const struct kt_responses_request *rq, co
 
 /* ---- streaming ------------------------------------------------------------------------------------ */
 
+/* The pump's writer: the Responses events; a finished response is stored. */
+static bool stream_write(void *ctx, bool first, struct kt_buf *out, bool *finished)
+{
+    struct rstream *st = ctx;
+    (void)first; /* the writer's own start says it */
+    if (!kt_response_take(&st->w) && st->rw.started)
+        return false;
+    *finished = kt_responses_stream(&st->rw, &st->w, out);
+    if (*finished && !out->out_of_memory) {
+        struct kt_api_error e;
+        json_t *object = kt_responses_final(&st->rw, &st->w, &e);
+        store(st->pump.server, &st->rq, object);
+        json_decref(object);
+    }
+    return true;
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct rstream *st = cls;
     (void)pos;
-    for (;;) {
-        if (st->out.len > st->out_off) {
-            size_t n = st->out.len - st->out_off < max ? st->out.len - st->out_off : max;
-            memcpy(buf, st->out.bytes + st->out_off, n);
-            st->out_off += n;
-            return (ssize_t)n;
-        }
-        kt_buf_consume(&st->out, st->out.len);
-        st->out_off = 0;
-        if (st->finished)
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        if (kt_http_client_gone(st->conn)) {
-            kt_job_cancel(st->job);
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-        }
-        double now = kt_monotonic_s();
-        if (kt_response_take(&st->w) || !st->rw.started) {
-            st->finished = kt_responses_stream(&st->rw, &st->w, &st->out);
-            if (st->out.out_of_memory) {
-                kt_http_out_of_memory("writing a stream");
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            }
-            if (st->finished) {
-                struct kt_api_error e;
-                json_t *object = kt_responses_final(&st->rw, &st->w, &e);
-                store(st->server, &st->rq, object);
-                json_decref(object);
-            }
-            if (st->out.len)
-                st->last_send = now;
-            continue;
-        }
-        double ping = kt_serve_ping_interval(st->server);
-        if (now - st->last_send >= ping) {
-            kt_buf_puts(&st->out, ": ping\n\n");
-            st->last_send = now;
-            continue;
-        }
-        double wait_s = ping - (now - st->last_send);
-        int wait_ms = wait_s > 0.25 ? 250 : wait_s < 0.001 ? 1 : (int)(wait_s * 1000);
-        kt_job_wait(st->job, &st->seen, wait_ms);
-    }
+    return kt_sse_pump_read(&st->pump, buf, max);
 }
 
 static void stream_free(void *cls)
 {
     struct rstream *st = cls;
-    if (!st->finished)
+    if (!st->pump.finished)
         kt_job_cancel(st->job);
-    log_done(st->server, st->finished ? ", streamed" : ", streamed, client gone", &st->w);
+    log_done(st->pump.server, st->pump.finished ? ", streamed" : ", streamed, client gone", &st->w);
     kt_response_free(&st->w);
     kt_responses_writer_free(&st->rw);
     kt_responses_request_free(&st->rq);
     kt_job_release(st->job);
-    kt_buf_free(&st->out);
+    kt_sse_pump_free(&st->pump);
     free(st);
 }
 
@@ -135,13 +105,16 @@ static enum MHD_Result answer_stream(struct kt_http_request *rq, struct kt_job *
         kt_responses_request_free(r);
         return kt_http_out_of_memory("starting a stream");
     }
-    st->server = s, st->conn = rq->conn, st->job = job, st->last_send = kt_monotonic_s();
+    st->job = job;
+    st->pump = (struct kt_sse_pump){.server = s, .conn = rq->conn, .jobs = &st->job, .n_jobs = 1,
+                                    .write = stream_write, .ctx = st, .last_send = kt_monotonic_s(),
+                                    .ping = ": ping\n\n"};
     st->rq = *r;
     *r = (struct kt_responses_request){0};
     bool ok = kt_response_init(&st->w, &st->rq.chat, job, s->tok, id, s->served_name);
     ok = kt_responses_writer_init(&st->rw, &st->rq, hex) && ok;
     if (!ok) {
-        st->finished = true;
+        st->pump.finished = true;
         stream_free(st);
         return kt_http_out_of_memory("starting a stream");
     }

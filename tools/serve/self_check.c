@@ -4,8 +4,9 @@
  * built-in prompts, in lockstep with a CPU reference engine that reads
  * every weight from its GGUF rows; a FAIL refuses to serve.
  *
- * prepare runs before any weight is read: it renders and tokenizes the
- * prompts and refuses a --ctx too short for them.  run leaves the engine
+ * prepare runs before any weight is read: it renders the prompts with the
+ * chat template the server serves with (--chat-template's when given),
+ * tokenizes them and refuses a --ctx too short for them.  run leaves the engine
  * as it found it: no sequence (the check removes its own) and every counter
  * and routing count reset, so /metrics and the profile start from zero.
  */
@@ -34,7 +35,8 @@ kt_status kt_serve_self_check_prepare(struct kt_server *s, kt_err *err)
     for (size_t i = 0; st == KT_OK && i < KT_CHECK_N_BUILTIN; i++)
         st = kt_tool_prompts_add_text(set, kt_check_builtin_prompts[i].text, err);
     if (st == KT_OK && s->format != KT_CHAT_FORMAT_UNKNOWN)
-        st = kt_tool_prompts_tokenize(s->model, s->tok, "--self-check's built-in prompt", set, err);
+        st = kt_tool_prompts_tokenize_with(s->format, s->chat_template, s->tok, "--self-check's built-in prompt", set,
+                                           err); /* the template the server renders with */
     for (size_t i = 0; st == KT_OK && s->format == KT_CHAT_FORMAT_UNKNOWN && i < set->n; i++) {
         /* no chat template to render them with: their text as it is */
         const char *text = kt_check_builtin_prompts[i].text;

@@ -216,6 +216,31 @@ void kt_serve_self_check_free(struct kt_server *s);
 /* dashboard.c: GET /dashboard, one static page polling /kt/stats and /kt/placement */
 enum MHD_Result kt_serve_dashboard(struct kt_http_request *rq);
 
+/* generate.c: the content reader of every SSE answer (chat and text
+ * completions, /v1/messages, /v1/responses).  Each time it wakes it calls
+ * write(ctx, first, out, finished): take what the jobs published, append
+ * events to out, true when anything was taken (always on the first call),
+ * *finished once the last event is in out.  Between wakes it pings a quiet
+ * stream, waits on the first of jobs still running, and cancels them all
+ * when the client goes away. */
+struct kt_sse_pump {
+    struct kt_server *server;
+    struct MHD_Connection *conn;
+    struct kt_job *const *jobs;   /* [n_jobs] */
+    size_t n_jobs;
+    bool (*write)(void *ctx, bool first, struct kt_buf *out, bool *finished);
+    void *ctx;
+    const char *ping;             /* the keep-alive: ": ping\n\n", or Anthropic's event */
+    double last_send;             /* monotonic seconds: set at the start */
+    /* the reader's own */
+    struct kt_buf out;            /* SSE bytes not yet handed to MHD */
+    size_t out_off, waiting;
+    uint64_t seen;
+    bool started, finished;
+};
+ssize_t kt_sse_pump_read(struct kt_sse_pump *p, char *buf, size_t max);
+void kt_sse_pump_free(struct kt_sse_pump *p);
+
 /* generate.c: /v1/chat/completions and /v1/completions; /v1/messages */
 enum MHD_Result kt_serve_generate(struct kt_http_request *rq, enum kt_api_kind kind);
 /* Seconds between pings on a quiet stream: --sse-ping-interval, at most half of --client-timeout
