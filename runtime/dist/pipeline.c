@@ -50,6 +50,8 @@ struct kt_pipeline {
     uint32_t n_embd, n_vocab, max_batch;
     uint32_t micro;             /* most slices of a decode batch */
     int64_t timeout_ms;
+    void (*on_broken)(void *ctx, const char *why);
+    void *on_broken_ctx;
     size_t msg_bytes;           /* the largest message: a STEP of max_batch tokens */
     /* rank 0: one buffer per slice of a step (sends), one for answers;
      * others: in, and two out buffers used in turn */
@@ -84,6 +86,8 @@ static kt_status set_broken(struct kt_pipeline *p, kt_err *err)
     if (!atomic_load(&p->is_broken)) {
         snprintf(p->broken, sizeof p->broken, "%s", err && err->msg[0] ? err->msg : "a rank failed");
         atomic_store(&p->is_broken, true);
+        if (p->on_broken)
+            p->on_broken(p->on_broken_ctx, p->broken);
     }
     return KT_ERR_IO;
 }
@@ -290,6 +294,8 @@ kt_status kt_pipeline_create(struct kt_transport *t, struct kt_engine *e, const 
     p->n_vocab = kt_engine_n_vocab(e);
     p->max_batch = kt_engine_max_batch_tokens(e);
     p->timeout_ms = d.timeout_ms > 0 ? d.timeout_ms : DEFAULT_TIMEOUT_MS;
+    p->on_broken = d.on_broken;
+    p->on_broken_ctx = d.on_broken_ctx;
     p->micro = d.micro_batches ? d.micro_batches : (uint32_t)p->size;
     if (p->micro > MAX_MICRO)
         p->micro = MAX_MICRO;

@@ -48,6 +48,10 @@
 struct kt_pipeline_params {
     uint32_t micro_batches;     /* slices of a decode batch; 0: the number of ranks; 1: never split */
     int64_t timeout_ms;         /* longest wait for a step's answer or a send; 0: 120000 */
+    /* Called once, on the stepping thread, when the pipeline breaks (before
+     * the failing call returns): kt-serve turns to 503 there.  NULL: none. */
+    void (*on_broken)(void *ctx, const char *why);
+    void *on_broken_ctx;
 };
 
 struct kt_pipeline_stats {
