@@ -599,11 +599,26 @@ static void write_profile(struct kt_server *s)
         fprintf(stderr, "kt-serve: the routing profile: %s\n", err.msg);
 }
 
+/* Rank 0's account of the pipeline at the end: steps, slices, each rank's busy time, the bubble. */
+static void pipeline_report(const struct kt_server *s)
+{
+    if (!s->pipeline)
+        return;
+    struct kt_pipeline_stats ps;
+    kt_pipeline_stats(s->pipeline, &ps);
+    fprintf(stderr, "kt-serve: pipeline of %d ranks: %llu steps in %llu slices, %.3f s; ranks busy", ps.n_ranks,
+            (unsigned long long)ps.steps, (unsigned long long)ps.micro_batches, (double)ps.step_ns * 1e-9);
+    for (int r = 0; r < ps.n_ranks; r++)
+        fprintf(stderr, " %.3f", (double)ps.busy_ns[r] * 1e-9);
+    fprintf(stderr, " s; bubble %.0f%%\n", 100.0 * kt_pipeline_bubble(&ps));
+}
+
 static void teardown(struct kt_server *s)
 {
     kt_sched_destroy(s->sched);
     kt_serve_placement_destroy(s);
     kt_serve_profile_destroy(s);
+    pipeline_report(s);
     kt_pipeline_destroy(s->pipeline); /* the other ranks stop */
     s->pipeline = NULL;
     kt_engine_destroy(s->engine);

@@ -475,3 +475,11 @@ kt_status kt_pipeline_follow(struct kt_pipeline *p, kt_err *err)
         wait_req(p, &p->out_req[i], p->timeout_ms, NULL, "sending a step to", last ? 0 : p->rank + 1, &ignored);
     return st;
 }
+
+double kt_pipeline_bubble(const struct kt_pipeline_stats *s)
+{
+    uint64_t busy = 0;
+    for (int r = 0; r < s->n_ranks; r++)
+        busy += s->busy_ns[r];
+    return s->step_ns && s->n_ranks ? 1.0 - (double)busy / ((double)s->n_ranks * (double)s->step_ns) : 0.0;
+}

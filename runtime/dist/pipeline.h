@@ -90,5 +90,7 @@ kt_status kt_pipeline_follow(struct kt_pipeline *p, kt_err *err);
 const char *kt_pipeline_broken(const struct kt_pipeline *p);
 void kt_pipeline_stats(const struct kt_pipeline *p, struct kt_pipeline_stats *out);
 void kt_pipeline_stats_reset(struct kt_pipeline *p);
+/* The share of the ranks' time in those steps that no rank worked: 1 - sum(busy) / (ranks x step time). */
+double kt_pipeline_bubble(const struct kt_pipeline_stats *s);
 
 #endif

@@ -340,15 +340,11 @@ int kt_run_generate(const struct kt_run_options *o)
     if (n_ranks > 1 && ds.steps > 0) {
         struct kt_pipeline_stats ps;
         kt_pipeline_stats(g.pipeline, &ps);
-        uint64_t busy = 0;
-        for (int r = 0; r < n_ranks; r++)
-            busy += ps.busy_ns[r];
         fprintf(stderr, "  pipeline             %d ranks; decode steps %.3f s, rank 0 waiting %.3f s; ranks busy",
                 n_ranks, (double)ps.step_ns * 1e-9, (double)ps.wait_ns * 1e-9);
         for (int r = 0; r < n_ranks; r++)
             fprintf(stderr, " %.3f", (double)ps.busy_ns[r] * 1e-9);
-        fprintf(stderr, " s; bubble %.0f%%\n",
-                ps.step_ns ? 100.0 * (1.0 - (double)busy / ((double)n_ranks * (double)ps.step_ns)) : 0.0);
+        fprintf(stderr, " s; bubble %.0f%%\n", 100.0 * kt_pipeline_bubble(&ps));
     }
     fprintf(stderr, "  load                 %.3f s\n", t_loaded - t_start);
     const double now_mib = rss_now_mib();
