@@ -5,7 +5,9 @@
  * process and writes logits within 1e-6 of its, for 2 and 3 ranks, on
  * both families (tiny: Kimi-K2 layout; tiny-v3: DeepSeek-V3, a dense first
  * layer), with a prompt prefilled in several chunks (--batch); more ranks
- * than layers is refused with a message and a non-zero exit.
+ * than layers is refused with a message and a non-zero exit; a placement
+ * config's ranks: section sets uneven ranges (and must list as many ranks
+ * as the job has).
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
  */
@@ -109,6 +111,44 @@ static void tiny_v3_over_2_and_3_ranks_matches_one_process(void)
     ranks_match_one_process("tiny-v3");
 }
 
+/* configs' ranks: section: rank 0 holds layer 0 alone, rank 1 layers 1-3 -
+ * the same text and logits; a job of another size than it lists is refused. */
+static void placement_ranks_set_uneven_layers(void)
+{
+    char model[1024], cfg[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-ranks.yaml"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-0\n  - layers: 1-3\n", f);
+    fclose(f);
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s", model);
+    /* run_kt_run takes the model path; the option rides along after it */
+    strcat(with_cfg, " --placement ");
+    strcat(with_cfg, cfg);
+    int rc = run_kt_run(mpirun_cmd(2), with_cfg, "mpi-tiny-ranks");
+    KT_CHECK(rc == 0, "mpirun -np 2 kt-run --placement (ranks 0-0, 1-3): exit %d", rc);
+    if (rc == 0)
+        compare("mpi-tiny-1", "mpi-tiny-ranks");
+    char log[1024];
+    snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-tiny-ranks"));
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    KT_CHECK(text && strstr(text, "layers [0, 1)") && strstr(text, "layers [1, 4)"),
+             "the ranks did not hold layers 0-0 and 1-3: %s", text ? text : "");
+    free(text);
+    const char *bad = kt_test_path("mpi-ranks-3.log");
+    rc = kt_test_system("timeout 120 %s %s -m %s --placement %s -p hi -n 2 -t 1 >/dev/null 2>%s", mpirun_cmd(3),
+                        kt_test_tool("kt-run"), model, cfg, bad);
+    text = kt_test_read_file(bad, &n);
+    KT_CHECK(rc != 0 && text && strstr(text, "lists 2 ranks, but mpirun started 3"),
+             "3 ranks for a 2-rank config: exit %d, %s", rc, text ? text : "");
+    free(text);
+}
+
 static void more_ranks_than_layers_is_refused(void)
 {
     char model[1024];
@@ -134,6 +174,7 @@ int main(void)
     snprintf(mpirun, sizeof mpirun, "%s", exe);
     KT_RUN(tiny_over_2_and_3_ranks_matches_one_process);
     KT_RUN(tiny_v3_over_2_and_3_ranks_matches_one_process);
+    KT_RUN(placement_ranks_set_uneven_layers);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();
 }

@@ -26,6 +26,7 @@
 #include "pipeline.h"
 #include "placement_opt.h"
 #include "preflight.h"
+#include "ranks.h"
 #include "serve_responses.h"
 #include "server.h"
 #include "threads.h"
@@ -306,14 +307,8 @@ static bool engine_params(struct kt_server *s, uint32_t n_ctx, uint32_t threads,
     const int n_ranks = kt_transport_size(s->transport);
     if (n_ranks == 1)
         return true;
-    if ((uint32_t)n_ranks > s->model->hp.n_layer) {
-        kt_err_set(err, KT_ERR_INVALID, "%d ranks for the %u layers of %s: run at most %u ranks (each holds one layer "
-                   "or more)", n_ranks, s->model->hp.n_layer, o->model, s->model->hp.n_layer);
-        return false;
-    }
-    kt_pipeline_split(s->model->hp.n_layer, n_ranks, kt_transport_rank(s->transport), &s->ep.layer_begin,
-                      &s->ep.layer_end);
-    return true;
+    return kt_tool_rank_layers(NULL, s->model, n_ranks, kt_transport_rank(s->transport), &s->ep.layer_begin,
+                               &s->ep.layer_end, err) == KT_OK;
 }
 
 /* Rank 0, on the scheduler thread, as the pipeline breaks (a rank died or

@@ -23,6 +23,7 @@
 #include "pipeline.h"
 #include "placement_opt.h"
 #include "preflight.h"
+#include "ranks.h"
 #include "run.h"
 #include "sampler.h"
 #include "threads.h"
@@ -194,13 +195,9 @@ int kt_run_generate(const struct kt_run_options *o)
         goto fail;
     struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads, .max_batch_tokens = o->batch};
     ep.progress = rank == 0 ? stderr : NULL; /* expert-store load progress */
-    if (n_ranks > 1 && (uint32_t)n_ranks > g.model->hp.n_layer) {
-        kt_err_set(&err, KT_ERR_INVALID, "%d ranks for the %u layers of %s: run at most %u ranks (each holds one "
-                   "layer or more)", n_ranks, g.model->hp.n_layer, o->model, g.model->hp.n_layer);
+    if (n_ranks > 1 &&
+        kt_tool_rank_layers(o->placement, g.model, n_ranks, rank, &ep.layer_begin, &ep.layer_end, &err) != KT_OK)
         goto fail;
-    }
-    if (n_ranks > 1)
-        kt_pipeline_split(g.model->hp.n_layer, n_ranks, rank, &ep.layer_begin, &ep.layer_end);
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
         goto fail;
