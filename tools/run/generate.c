@@ -216,9 +216,10 @@ int kt_run_generate(const struct kt_run_options *o)
             goto fail;
         struct kt_pipeline_stats ps;
         kt_pipeline_stats(g.pipeline, &ps);
-        fprintf(stderr, "kt-run: rank %d (%s): layers [%u, %u), %llu slices, busy %.3f s of %.3f s\n", rank,
-                kt_transport_host(g.transport), eff->layer_begin, eff->layer_end, (unsigned long long)ps.steps,
-                (double)ps.busy_ns[rank] * 1e-9, now_seconds() - t_follow);
+        fprintf(stderr, "kt-run: rank %d (%s): layers [%u, %u), %llu slices, busy %.3f s of %.3f s, peak memory "
+                "%.1f MiB resident\n", rank, kt_transport_host(g.transport), eff->layer_begin, eff->layer_end,
+                (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, now_seconds() - t_follow,
+                peak_rss_mib());
         rc = 0;
         goto done;
     }
