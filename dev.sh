@@ -10,7 +10,8 @@
 #   ./dev.sh build   install and build only
 #
 # Runs as root or through sudo.  Installs Debian packages only; test and asan also
-# install Debian's nodejs, npm and chromium and run `npm ci` in tests/openai-sdk (the
+# install Debian's OpenMPI (libopenmpi-dev, openmpi-bin: the tests that run kt over
+# ranks with mpirun), nodejs, npm and chromium and run `npm ci` in tests/openai-sdk (the
 # openai SDK, pinned), tests/anthropic-sdk (@anthropic-ai/sdk, pinned) and tests/dashboard
 # (playwright-core, pinned) for the real-client and browser tests.  Nothing else.
 set -euo pipefail
@@ -115,6 +116,9 @@ demo_serve() {
 # likewise). ca-certificates is only recommended by nodejs, and npm needs it to reach the
 # registry.
 TEST_PACKAGES=(nodejs npm ca-certificates chromium)
+# OpenMPI for the pipeline over ranks (runtime/dist): the build finds it (KT_MPI=AUTO) and
+# test_kt_run_mpi / test_kt_serve_mpi drive mpirun on this machine.
+MPI_PACKAGES=(libopenmpi-dev openmpi-bin)
 install_sdk_test() {
     install_missing "${TEST_PACKAGES[@]}"
     local dir
@@ -142,12 +146,13 @@ demo)
     demo_serve "$model"
     ;;
 test)
+    install_missing "${MPI_PACKAGES[@]}"
     build_release
     install_sdk_test
     run_tests build
     ;;
 asan)
-    install_missing "${BASE_PACKAGES[@]}"
+    install_missing "${BASE_PACKAGES[@]}" "${MPI_PACKAGES[@]}"
     mkdir -p build-asan
     log "building kt with ASan+UBSan (build-asan/)"
     configure_and_build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKT_SANITIZE=ON -DKT_CUDA=OFF

@@ -656,6 +656,51 @@ static kt_status parse_kv_cache(struct parser *p, const struct kt_ynode *n)
     return st;
 }
 
+/* ranks: [{layers: N-M}, ...]: each rank's layers, in rank order, following each other from layer 0. */
+static kt_status parse_ranks(struct parser *p, const struct kt_ynode *n)
+{
+    static const char *const known[] = {"layers", NULL};
+    char got[64], path[64];
+    kt_status st = expect(p, n, "ranks", KT_YSEQ);
+    if (!st && (n->n == 0 || n->n > KT_PLACEMENT_MAX_RANKS))
+        st = fail(p, n, "ranks", "expected 1 to %d ranks, got %u", KT_PLACEMENT_MAX_RANKS, (unsigned)n->n);
+    for (uint32_t r = 0; r < n->n && !st; r++) {
+        const struct kt_ynode *item = n->items[r], *layers = NULL;
+        snprintf(path, sizeof path, "ranks[%u]", r);
+        if ((st = expect(p, item, path, KT_YMAP)))
+            break;
+        for (uint32_t i = 0; i < kt_ymap_size(item) && !st; i++) {
+            int k;
+            if (!(st = which_key(p, kt_ymap_key(item, i), path, known, &k)))
+                layers = kt_ymap_value(item, i);
+        }
+        if (st)
+            break;
+        snprintf(path, sizeof path, "ranks[%u].layers", r);
+        if (!layers) {
+            st = fail(p, item, path, "missing (N-M: the rank's first and last layer)");
+            break;
+        }
+        struct kt_id_range *lr = &p->c->rank_layers[r];
+        const char *bad;
+        if (!parse_range(layers, MAX_INDEX, lr, &bad)) {
+            st = fail(p, layers, path, "%s, got %s", bad, describe(layers, got, sizeof got));
+            break;
+        }
+        if (r == 0 && lr->first != 0) {
+            st = fail(p, layers, path, "rank 0 starts at layer %u: the first rank starts at layer 0", lr->first);
+            break;
+        }
+        if (r > 0 && lr->first != p->c->rank_layers[r - 1].last + 1) {
+            st = fail(p, layers, path, "starts at layer %u, but rank %u ends at layer %u: the ranks' layers follow "
+                      "each other in rank order", lr->first, r - 1, p->c->rank_layers[r - 1].last);
+            break;
+        }
+        p->c->n_ranks = (int)r + 1;
+    }
+    return st;
+}
+
 /* A relative profile path is relative to the config file. */
 static kt_status set_profile(struct parser *p, const struct kt_ynode *n)
 {
@@ -680,9 +725,10 @@ static kt_status set_profile(struct parser *p, const struct kt_ynode *n)
 
 static kt_status parse_top(struct parser *p, const struct kt_ynode *root)
 {
-    enum { VERSION, DESCRIPTION, PROFILE, KV_CACHE, DEVICES, ATTENTION, SHARED, DENSE, EMBEDDINGS, EXPERTS, CPU };
+    enum { VERSION, DESCRIPTION, PROFILE, KV_CACHE, DEVICES, ATTENTION, SHARED, DENSE, EMBEDDINGS, EXPERTS, CPU, RANKS };
     static const char *const known[] = {"version", "description", "profile", "kv_cache", "devices", "attention",
-                                        "shared_experts", "dense_layers", "embeddings", "experts", "cpu", NULL};
+                                        "shared_experts", "dense_layers", "embeddings", "experts", "cpu", "ranks",
+                                        NULL};
     struct kt_placement_config *c = p->c;
     char got[64];
     if (!root || root->kind != KT_YMAP) {
@@ -716,6 +762,7 @@ static kt_status parse_top(struct parser *p, const struct kt_ynode *root)
         case EMBEDDINGS: st = parse_use(p, n, "embeddings", &c->embeddings); break;
         case EXPERTS: st = parse_experts(p, n); break;
         case CPU: st = parse_cpu(p, n); break;
+        case RANKS: st = parse_ranks(p, n); break;
         default: break; /* version and devices: done above */
         }
     }
@@ -749,6 +796,17 @@ const char *kt_placement_config_profile(const struct kt_placement_config *c)
 uint32_t kt_placement_config_replicas_hot_per_layer(const struct kt_placement_config *c)
 {
     return c->replicas_hot_per_layer;
+}
+
+int kt_placement_config_ranks(const struct kt_placement_config *c)
+{
+    return c->n_ranks;
+}
+
+void kt_placement_config_rank_layers(const struct kt_placement_config *c, int rank, uint32_t *first, uint32_t *last)
+{
+    *first = c->rank_layers[rank].first;
+    *last = c->rank_layers[rank].last;
 }
 
 kt_status kt_placement_config_parse(const char *text, size_t len, const char *name,

@@ -36,5 +36,11 @@ void kt_placement_config_destroy(struct kt_placement_config *c);
 const char *kt_placement_config_profile(const struct kt_placement_config *c);
 /* cpu.replicas.hot_per_layer (0: none). */
 uint32_t kt_placement_config_replicas_hot_per_layer(const struct kt_placement_config *c);
+/* ranks: an MPI job's layer ranges (runtime/dist): how many ranks it gives (0: no ranks:
+ * section), and rank r's first and last layer (r < that; contiguous from 0 in
+ * rank order, checked at load; that the last ends at the model's last layer is
+ * the tools' check). */
+int kt_placement_config_ranks(const struct kt_placement_config *c);
+void kt_placement_config_rank_layers(const struct kt_placement_config *c, int rank, uint32_t *first, uint32_t *last);
 
 #endif

@@ -21,6 +21,8 @@ struct kt_cfg_where {
     char path[KT_PLACEMENT_PATH_MAX];
 };
 
+#define KT_PLACEMENT_MAX_RANKS 16   /* as runtime/dist's KT_PIPELINE_MAX_RANKS */
+
 struct kt_id_range {
     uint32_t first, last;        /* inclusive, first <= last */
 };
@@ -101,6 +103,10 @@ struct kt_placement_config {
     struct kt_cfg_node_rules assign[KT_PLACEMENT_MAX_NODES];
     uint32_t replicas_hot_per_layer;
     struct kt_cfg_sliced sliced;
+    /* ranks: the layers of each rank of an MPI job (runtime/dist), in rank
+     * order, contiguous from layer 0; n_ranks 0: none given */
+    int n_ranks;
+    struct kt_id_range rank_layers[KT_PLACEMENT_MAX_RANKS];
 };
 
 #endif

@@ -58,8 +58,10 @@ static inline bool make_model(const char *path, const char *preset, const char *
                           extra ? extra : "", path) == 0;
 }
 
-/* Starts kt-serve MODEL --port 0 ARGS; with wait_ready, returns once /health says 200. */
-static inline bool server_start(struct test_server *s, const char *model, const char *args, bool wait_ready)
+/* Starts LAUNCHER kt-serve MODEL --port 0 ARGS (launcher: "" or e.g. "mpirun
+ * -np 2"); with wait_ready, returns once /health says 200. */
+static inline bool server_start_under(struct test_server *s, const char *launcher, const char *model, const char *args,
+                                      bool wait_ready)
 {
     static int n;
     char name[64];
@@ -71,7 +73,8 @@ static inline bool server_start(struct test_server *s, const char *model, const 
         /* a test that dies must not leave its server running (holding ctest's output open) */
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         char cmd[4096];
-        snprintf(cmd, sizeof cmd, "exec %s -m %s --port 0 %s 2>%s", kt_test_tool("kt-serve"), model, args, s->log);
+        snprintf(cmd, sizeof cmd, "exec %s %s -m %s --port 0 %s 2>%s", launcher, kt_test_tool("kt-serve"), model, args,
+                 s->log);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
@@ -101,6 +104,12 @@ static inline bool server_start(struct test_server *s, const char *model, const 
     }
     KT_CHECK(!wait_ready, "kt-serve never became ready (log %s)", s->log);
     return !wait_ready;
+}
+
+/* Starts kt-serve MODEL --port 0 ARGS; with wait_ready, returns once /health says 200. */
+static inline bool server_start(struct test_server *s, const char *model, const char *args, bool wait_ready)
+{
+    return server_start_under(s, "", model, args, wait_ready);
 }
 
 /* SIGTERM, then its exit status (128+signal if killed; -1 if it would not stop). */

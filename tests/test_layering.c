@@ -7,6 +7,7 @@
  *   runtime/model, runtime/host  kernels
  *   runtime/text                 model
  *   runtime/forward              model, host
+ *   runtime/dist                 forward (and what it uses)
  *   runtime/serve                forward, text (and what they use)
  *   placement                    forward (and what it uses)
  *   tools                        all of them, except the engine's test knobs (engine_test.h)
@@ -24,7 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-enum { KERNELS, MODEL, HOST, TEXT, FORWARD, SERVE, PLACEMENT, TOOLS, N_SUBSYSTEMS };
+enum { KERNELS, MODEL, HOST, TEXT, FORWARD, DIST, SERVE, PLACEMENT, TOOLS, N_SUBSYSTEMS };
 
 static const struct subsystem {
     const char *dir;        /* relative to the source tree */
@@ -35,6 +36,7 @@ static const struct subsystem {
     [HOST] = {"runtime/host", 1u << KERNELS | 1u << HOST},
     [TEXT] = {"runtime/text", 1u << KERNELS | 1u << MODEL | 1u << TEXT},
     [FORWARD] = {"runtime/forward", 1u << KERNELS | 1u << MODEL | 1u << HOST | 1u << FORWARD},
+    [DIST] = {"runtime/dist", 1u << KERNELS | 1u << MODEL | 1u << HOST | 1u << FORWARD | 1u << DIST},
     [SERVE] = {"runtime/serve",
                1u << KERNELS | 1u << MODEL | 1u << HOST | 1u << TEXT | 1u << FORWARD | 1u << SERVE},
     [PLACEMENT] = {"placement", 1u << KERNELS | 1u << MODEL | 1u << HOST | 1u << FORWARD | 1u << PLACEMENT},

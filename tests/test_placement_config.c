@@ -370,6 +370,14 @@ static const struct bad_doc BAD_DOCS[] = {
     {V1 "attention: cpu\nattenton: cpu\n", 3, "unknown key 'attenton' (expected one of: version,"},
     {V1 "attention: gpu\n", 2, "attention: unknown device 'gpu' (devices: cpu)"},
     {V1 "attention: cpu\nattention: cpu\n", 3, "duplicate key (first given at line 2)"},
+    {V1 "attention: cpu\nranks: 3\n", 3, "ranks: expected a sequence, got"},
+    {V1 "attention: cpu\nranks: []\n", 3, "ranks: expected 1 to 16 ranks, got 0"},
+    {V1 "attention: cpu\nranks:\n  - layers: 1-3\n", 4, "ranks[0].layers: rank 0 starts at layer 1"},
+    {V1 "attention: cpu\nranks:\n  - layers: 0-1\n  - layers: 3-4\n", 5,
+     "ranks[1].layers: starts at layer 3, but rank 0 ends at layer 1"},
+    {V1 "attention: cpu\nranks:\n  - layers: 2-1\n", 4, "ranks[0].layers: the first number is above the last"},
+    {V1 "attention: cpu\nranks:\n  - {}\n", 4, "ranks[0].layers: missing"},
+    {V1 "attention: cpu\nranks:\n  - nodes: [0]\n", 4, "ranks[0]: unknown key 'nodes' (expected one of: layers)"},
     {V1 "devices:\n  gpu: {memory_gib: 8}\nattention: gpu\n", 3, "devices.gpu: backend: missing"},
     {V1 "devices:\n  gpu: {backend: tpu, memory_gib: 8}\n", 3, "devices.gpu.backend: expected cuda or sim, got 'tpu'"},
     {V1 "devices:\n  gpu:\n    backend: cuda\n    memory_gib: -3\n", 5, "devices.gpu.memory_gib: -3 is out of range"},
@@ -442,6 +450,27 @@ static void bad_documents_name_line_and_key(void)
                  "case %zu: want '%s...%s', got '%s'", i, prefix, b->needle, err.msg);
         kt_placement_config_destroy(c);
     }
+}
+
+static void ranks_give_each_rank_its_layers(void)
+{
+    const char *text = V1 "attention: cpu\nranks:\n  - layers: 0-0\n  - layers: 1-3\n";
+    struct kt_placement_config *c = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_placement_config_parse(text, strlen(text), "r.yaml", &c, &err) == KT_OK, "%s", err.msg);
+    if (!c)
+        return;
+    KT_CHECK(kt_placement_config_ranks(c) == 2, "%d ranks", kt_placement_config_ranks(c));
+    uint32_t first = 9, last = 9;
+    kt_placement_config_rank_layers(c, 0, &first, &last);
+    KT_CHECK(first == 0 && last == 0, "rank 0: %u-%u", first, last);
+    kt_placement_config_rank_layers(c, 1, &first, &last);
+    KT_CHECK(first == 1 && last == 3, "rank 1: %u-%u", first, last);
+    kt_placement_config_destroy(c);
+    text = V1 "attention: cpu\n";
+    KT_CHECK(kt_placement_config_parse(text, strlen(text), "r.yaml", &c, &err) == KT_OK, "%s", err.msg);
+    KT_CHECK(c && kt_placement_config_ranks(c) == 0, "ranks without a ranks: section");
+    kt_placement_config_destroy(c);
 }
 
 /* Text libyaml's reader refuses (bad UTF-8, control characters) is reported
@@ -1092,6 +1121,7 @@ int main(void)
     KT_RUN(shaped_model_matches_a_kt_synth_file);
     KT_RUN(every_shipped_config_parses_and_fits_its_model);
     KT_RUN(bad_documents_name_line_and_key);
+    KT_RUN(ranks_give_each_rank_its_layers);
     KT_RUN(unreadable_text_is_reported_at_its_line_and_column);
     KT_RUN(deep_and_odd_input_is_refused_cleanly);
     KT_RUN(tiny_sim_puts_attention_shared_and_half_the_experts_on_sim);

@@ -46,6 +46,9 @@ static bool opt_info(void *opts, const char *arg, char *why, size_t why_size)
 KT_CLI_U32_OPTION(opt_ctx, ctx, 1, KT_TOOL_MAX_CTX, "--ctx", "positions; at most the model's context_length")
 KT_CLI_U32_OPTION(opt_n_predict, n_predict, 0, KT_TOOL_MAX_CTX, "-n", NULL)
 KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_U32_OPTION(opt_batch, batch, 1, 65536, "--batch", "tokens a step")
+KT_CLI_U32_OPTION(opt_micro_batches, micro_batches, 1, 16, "--micro-batches", NULL)
+KT_CLI_U32_OPTION(opt_rank_timeout, rank_timeout, 1, 86400, "--rank-timeout", "seconds")
 KT_CLI_STRING_OPTION(opt_prompt, prompt)
 KT_CLI_STRING_OPTION(opt_chat, chat)
 KT_CLI_STRING_OPTION(opt_system, system)
@@ -180,6 +183,11 @@ static const struct kt_cli_option options_table[] = {
     {"--seed", NULL, "S", 0, "sampling seed (default: from the clock, printed)", opt_seed},
     {"--threads", "-t", "N", 0, "worker threads (default: the CPUs this process may use)", opt_threads},
     {"--ctx", NULL, "N", 0, "context length (default 4096, or the model's if smaller)", opt_ctx},
+    {"--batch", NULL, "N", 0, "most tokens a step: prompts longer than N prefill in chunks of N (default 256)", opt_batch},
+    {"--micro-batches", NULL, "N", 0, "under mpirun: slices of a decode batch sent down the pipeline one after the "
+     "other (default: the number of ranks; 1: none)", opt_micro_batches},
+    {"--rank-timeout", NULL, "S", 0, "under mpirun: rank 0 gives up on a step another rank has not answered in S "
+     "seconds (default 120)", opt_rank_timeout},
     {"--logits-out", NULL, "FILE", 0, "write float32 logits of the last position of every step", opt_logits_out},
     {"--bandwidth", NULL, NULL, 0, "measure a STREAM triad on the same threads; report decode bytes/s against it",
      opt_bandwidth},

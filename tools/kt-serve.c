@@ -23,11 +23,14 @@
 
 #include "cli.h"
 #include "model_chat.h"
+#include "pipeline.h"
 #include "placement_opt.h"
 #include "preflight.h"
+#include "ranks.h"
 #include "serve_responses.h"
 #include "server.h"
 #include "threads.h"
+#include "transport.h"
 
 /* ---- options --------------------------------------------------------------------------------------- */
 
@@ -51,6 +54,8 @@ KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
 KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
 KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting", NULL)
 KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 16, "--max-batch-tokens", "the engine's most per step")
+KT_CLI_U32_OPTION(opt_micro_batches, micro_batches, 1, 16, "--micro-batches", NULL)
+KT_CLI_U32_OPTION(opt_rank_timeout, rank_timeout_s, 1, 86400, "--rank-timeout", "seconds")
 KT_CLI_U32_OPTION(opt_body, max_body_bytes, 1024, 1u << 31, "--max-body-bytes", NULL)
 KT_CLI_U32_OPTION(opt_connections, max_connections, 1, 1u << 16, "--max-connections", NULL)
 KT_CLI_U32_OPTION(opt_per_client, max_connections_per_client, 0, 1u << 16, "--max-connections-per-client",
@@ -155,6 +160,10 @@ static const struct kt_cli_option options_table[] = {
      opt_max_waiting},
     {"--max-batch-tokens", NULL, "N", 0, "tokens per step: decode tokens plus prefill chunks (default 256)",
      opt_max_batch},
+    {"--micro-batches", NULL, "N", 0, "under mpirun: slices of a decode batch sent down the pipeline one after "
+     "the other (default: the number of ranks; 1: none)", opt_micro_batches},
+    {"--rank-timeout", NULL, "S", 0, "under mpirun: a step another rank has not answered in S seconds fails, and "
+     "kt-serve answers 503 and exits non-zero (default 120)", opt_rank_timeout},
     {"--prefix-cache", NULL, "N", 0, "prompt prefixes kept for reuse, LRU (default: --max-seqs; 0: off)",
      opt_prefix_cache},
     {"--responses-store", NULL, "N", 0, "/v1/responses kept in memory for previous_response_id and GET, LRU "
@@ -281,6 +290,45 @@ static const char *file_stem(const char *path, char *out, size_t size)
     return out;
 }
 
+/* The engine's parameters from the options, the same on every rank (each
+ * with its own layers when mpirun started several). */
+static bool engine_params(struct kt_server *s, uint32_t n_ctx, uint32_t threads, kt_err *err)
+{
+    const struct kt_serve_options *o = &s->o;
+    const uint32_t block_tokens = 16;
+    s->ep = (struct kt_engine_params){
+        .n_ctx = n_ctx,
+        .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
+        .n_threads = threads,
+        .kv_block_tokens = block_tokens,
+        .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
+        .max_batch_tokens = o->max_batch_tokens,
+    };
+    const int n_ranks = kt_transport_size(s->transport);
+    if (n_ranks == 1)
+        return true;
+    return kt_tool_rank_layers(NULL, s->model, n_ranks, kt_transport_rank(s->transport), &s->ep.layer_begin,
+                               &s->ep.layer_end, err) == KT_OK;
+}
+
+/* Rank 0, on the scheduler thread, as the pipeline breaks (a rank died or
+ * hangs): from now on every request gets 503; main ends the job. */
+static void pipeline_broken(void *ctx, const char *why)
+{
+    struct kt_server *s = ctx;
+    snprintf(s->load_error, sizeof s->load_error, "a rank of the pipeline failed: %.1000s", why);
+    atomic_store(&s->state, KT_SERVER_FAILED);
+}
+
+static struct kt_pipeline_params pipeline_params(struct kt_server *s)
+{
+    const bool rank0 = kt_transport_rank(s->transport) == 0;
+    return (struct kt_pipeline_params){.micro_batches = s->o.micro_batches,
+                                       .timeout_ms = (int64_t)s->o.rank_timeout_s * 1000,
+                                       .on_broken = rank0 ? pipeline_broken : NULL,
+                                       .on_broken_ctx = s};
+}
+
 /* Everything that can be refused before a weight is read, done by main
  * before it listens: the model file (it exists, can be read, its GGUF
  * header and tensor table parse), its tokenizer, --ctx against the model,
@@ -317,15 +365,13 @@ static bool preflight(struct kt_server *s, kt_err *err)
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-serve", stderr, &threads, err) != KT_OK)
         return false;
-    const uint32_t block_tokens = 16;
-    s->ep = (struct kt_engine_params){
-        .n_ctx = n_ctx,
-        .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
-        .n_threads = threads,
-        .kv_block_tokens = block_tokens,
-        .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
-        .max_batch_tokens = o->max_batch_tokens,
-    };
+    if (!engine_params(s, n_ctx, threads, err))
+        return false;
+    if (kt_transport_size(s->transport) > 1 && o->self_check) {
+        kt_err_set(err, KT_ERR_UNSUPPORTED, "--self-check under mpirun is not supported yet: its reference engine "
+                   "would hold every layer on rank 0");
+        return false;
+    }
     if (kt_tool_placement_load(o->placement, s->model, s->ep.topology, &s->config, &s->live, err) != KT_OK)
         return false;
     if (o->placement) {
@@ -347,7 +393,9 @@ static bool preflight(struct kt_server *s, kt_err *err)
     /* last, as the loader's is: its memory check, made now, so a model that does not fit is refused
      * before kt-serve listens */
     FILE *quiet = fopen("/dev/null", "w");
-    const bool fits = !quiet || kt_tool_placement_fits(quiet, s->model, s->live, &s->ep, err);
+    /* (under mpirun each rank's engine checks its own layers' share as it loads) */
+    const bool fits = kt_transport_size(s->transport) > 1 || !quiet ||
+                      kt_tool_placement_fits(quiet, s->model, s->live, &s->ep, err);
     if (quiet)
         fclose(quiet);
     return fits;
@@ -367,6 +415,10 @@ static bool load(struct kt_server *s, kt_err *err)
         o->expert_cache_slots, o->expert_cache_lfu ? KT_EXPERT_CACHE_LFU : KT_EXPERT_CACHE_LRU};
     s->ep.expert_cache = o->expert_cache_slots ? &cache : NULL;
     bool ok = kt_engine_create(s->model, &s->ep, &s->engine, err) == KT_OK;
+    if (ok && kt_transport_size(s->transport) > 1) {
+        const struct kt_pipeline_params pp = pipeline_params(s);
+        ok = kt_pipeline_create(s->transport, s->engine, &pp, &s->pipeline, err) == KT_OK;
+    }
     s->ep.progress = NULL;
     s->ep.expert_cache = NULL;
     kt_engine_plan_free(&s->plan); /* only read at creation */
@@ -439,12 +491,84 @@ static void *loader_main(void *arg)
         fprintf(stderr, "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u\n",
                 kt_monotonic_s() - t0, s->served_name, kt_engine_params(s->engine)->n_threads, s->sm.n_ctx,
                 s->o.max_seqs, s->o.prefix_cache);
+        if (s->pipeline)
+            fprintf(stderr, "kt-serve: pipeline of %d ranks (rank 0 on %s, pid %d: layers [%u, %u), embedding and "
+                    "head); SIGTERM to rank 0 stops the job\n", kt_transport_size(s->transport),
+                    kt_transport_host(s->transport), (int)getpid(), s->ep.layer_begin, s->ep.layer_end);
     } else {
         snprintf(s->load_error, sizeof s->load_error, "%s", err.msg[0] ? err.msg : "loading failed");
         atomic_store(&s->state, KT_SERVER_FAILED);
         pthread_kill(g_main_thread, SIGUSR1);
     }
     return NULL;
+}
+
+/* ---- ranks (mpirun) ---------------------------------------------------------------------------------- */
+
+/* Under mpirun, every rank but 0: no HTTP, tokenizer or scheduler - the
+ * engine with this rank's layers, running what rank 0 sends until it stops.
+ * A failure ends the whole job (rank 0 waits on this rank). */
+static int follow_main(struct kt_server *s)
+{
+    /* mpirun passes a SIGTERM to every rank: rank 0 drains, then stops this one */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    kt_err err = {0};
+    const int rank = kt_transport_rank(s->transport);
+    uint32_t threads = s->o.threads;
+    bool ok = kt_model_open(s->o.model, &s->model, &err) == KT_OK &&
+              kt_tool_check_context("--ctx", s->o.ctx, s->model, s->o.model, &err) == KT_OK &&
+              (threads || kt_tool_default_threads("kt-serve", stderr, &threads, &err) == KT_OK) &&
+              engine_params(s, kt_tool_context(s->model, s->o.ctx), threads, &err) &&
+              kt_engine_create(s->model, &s->ep, &s->engine, &err) == KT_OK;
+    const struct kt_pipeline_params pp = pipeline_params(s);
+    ok = ok && kt_pipeline_create(s->transport, s->engine, &pp, &s->pipeline, &err) == KT_OK;
+    if (ok)
+        fprintf(stderr, "kt-serve: rank %d (%s, pid %d): layers [%u, %u) of %s, following rank 0\n", rank,
+                kt_transport_host(s->transport), (int)getpid(), s->ep.layer_begin, s->ep.layer_end, s->o.model);
+    double t0 = kt_monotonic_s();
+    ok = ok && kt_pipeline_follow(s->pipeline, &err) == KT_OK;
+    if (!ok) {
+        fprintf(stderr, "kt-serve: rank %d: %s\n", rank, err.msg[0] ? err.msg : "failed");
+        fflush(stderr);
+        kt_transport_abort(s->transport, 1);
+    }
+    struct kt_pipeline_stats ps;
+    kt_pipeline_stats(s->pipeline, &ps);
+    fprintf(stderr, "kt-serve: rank %d: stopped; %llu slices, busy %.3f s of %.3f s\n", rank,
+            (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, kt_monotonic_s() - t0);
+    kt_pipeline_destroy(s->pipeline);
+    kt_engine_destroy(s->engine);
+    kt_model_close(s->model);
+    kt_serve_metrics_destroy(&s->metrics);
+    kt_responses_store_destroy(s->responses);
+    kt_transport_finalize(s->transport);
+    return 0;
+}
+
+/* Rank 0, once the pipeline broke (pipeline_broken: new requests get 503
+ * since, the running ones failed with the step): their responses get a
+ * moment to reach the clients, then the whole job ends with status 1 (a
+ * hung rank too). */
+static void pipeline_down(struct kt_server *s)
+{
+    fprintf(stderr, "kt-serve: %s; answering 503, exiting\n", s->load_error);
+    for (double t0 = kt_monotonic_s(); atomic_load(&s->in_flight) > 0 && kt_monotonic_s() - t0 < 5;)
+        usleep(10000);
+    usleep(1000000); /* the last responses' bytes; meanwhile new requests get 503 */
+    fflush(stderr);
+    kt_transport_abort(s->transport, 1);
+}
+
+/* Rank 0's exit: with a failure under mpirun the whole job ends (the other ranks would wait). */
+static int end_job(struct kt_server *s, int status)
+{
+    if (status != 0 && s->transport && kt_transport_size(s->transport) > 1) {
+        fflush(stderr);
+        kt_transport_abort(s->transport, status);
+    }
+    kt_transport_finalize(s->transport);
+    return status;
 }
 
 /* ---- main -------------------------------------------------------------------------------------------- */
@@ -470,11 +594,28 @@ static void write_profile(struct kt_server *s)
         fprintf(stderr, "kt-serve: the routing profile: %s\n", err.msg);
 }
 
+/* Rank 0's account of the pipeline at the end: steps, slices, each rank's busy time, the bubble. */
+static void pipeline_report(const struct kt_server *s)
+{
+    if (!s->pipeline)
+        return;
+    struct kt_pipeline_stats ps;
+    kt_pipeline_stats(s->pipeline, &ps);
+    fprintf(stderr, "kt-serve: pipeline of %d ranks: %llu steps in %llu slices, %.3f s; ranks busy", ps.n_ranks,
+            (unsigned long long)ps.steps, (unsigned long long)ps.micro_batches, (double)ps.step_ns * 1e-9);
+    for (int r = 0; r < ps.n_ranks; r++)
+        fprintf(stderr, " %.3f", (double)ps.busy_ns[r] * 1e-9);
+    fprintf(stderr, " s; bubble %.0f%%\n", 100.0 * kt_pipeline_bubble(&ps));
+}
+
 static void teardown(struct kt_server *s)
 {
     kt_sched_destroy(s->sched);
     kt_serve_placement_destroy(s);
     kt_serve_profile_destroy(s);
+    pipeline_report(s);
+    kt_pipeline_destroy(s->pipeline); /* the other ranks stop */
+    s->pipeline = NULL;
     kt_engine_destroy(s->engine);
     kt_serve_self_check_free(s);
     kt_engine_plan_free(&s->plan);
@@ -535,11 +676,23 @@ int main(int argc, char **argv)
         return 1;
     }
     kt_err err = {0};
+    /* under mpirun: the other ranks only run their layers */
+    if (kt_transport_init(&argc, &argv, &s->transport, &err) != KT_OK) {
+        fprintf(stderr, "kt-serve: %s\n", err.msg);
+        return 1;
+    }
+    if (kt_transport_rank(s->transport) > 0)
+        return follow_main(s);
+    if (kt_transport_size(s->transport) > 1 && s->o.placement) {
+        fprintf(stderr, "kt-serve: --placement under mpirun is not supported yet (each rank runs its layers on its "
+                        "CPU)\n");
+        return end_job(s, 1);
+    }
     s->exit_status = 1;
     if (!preflight(s, &err)) { /* before listening: nothing is loaded yet */
         fprintf(stderr, "kt-serve: %s\n", err.msg);
         teardown(s);
-        return 1;
+        return end_job(s, 1);
     }
     file_stem(s->o.model, s->served_name, sizeof s->served_name);
     if (s->o.served_name)
@@ -572,26 +725,39 @@ int main(int argc, char **argv)
         fprintf(stderr, "kt-serve: cannot start the loader thread\n");
         return 1;
     }
-    /* with --profile-out, wake every interval to write the profile */
+    /* with --profile-out, wake every interval to write the profile; under
+     * mpirun every 0.2 s, to see a broken pipeline */
+    const bool ranks = kt_transport_size(s->transport) > 1;
+    double profile_t0 = kt_monotonic_s();
     int sig = -1;
     while (sig < 0) {
-        if (!s->o.profile_out) {
+        if (!s->o.profile_out && !ranks) {
             if (sigwait(&set, &sig) != 0)
                 sig = -1;
             continue;
         }
-        double whole = floor(s->o.profile_interval_s);
-        struct timespec interval = {(time_t)whole, (long)((s->o.profile_interval_s - whole) * 1e9)};
+        double wait_s = s->o.profile_out ? s->o.profile_interval_s : 0.2;
+        if (ranks && wait_s > 0.2)
+            wait_s = 0.2;
+        double whole = floor(wait_s);
+        struct timespec interval = {(time_t)whole, (long)((wait_s - whole) * 1e9)};
         sig = sigtimedwait(&set, NULL, &interval);
-        if (sig < 0 && atomic_load(&s->state) == KT_SERVER_READY)
+        const int state = atomic_load(&s->state);
+        if (sig < 0 && ranks && state == KT_SERVER_FAILED && s->pipeline && kt_pipeline_broken(s->pipeline))
+            pipeline_down(s); /* (a load that failed signals SIGUSR1 instead) */
+        if (sig >= 0 || state != KT_SERVER_READY)
+            continue;
+        if (s->o.profile_out && kt_monotonic_s() - profile_t0 >= s->o.profile_interval_s) {
             write_profile(s);
+            profile_t0 = kt_monotonic_s();
+        }
     }
     if (sig == SIGUSR1) {
         pthread_join(loader, NULL);
         fprintf(stderr, "kt-serve: %s\n", s->load_error);
         kt_http_stop(s);
         teardown(s);
-        return s->exit_status;
+        return end_job(s, s->exit_status);
     }
     int state = atomic_exchange(&s->state, KT_SERVER_STOPPING);
     fprintf(stderr, "kt-serve: %s: stopping\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -636,5 +802,5 @@ int main(int argc, char **argv)
     kt_http_stop(s);
     teardown(s);
     fprintf(stderr, "kt-serve: stopped\n");
-    return 0;
+    return end_job(s, 0);
 }

@@ -94,6 +94,8 @@ struct kt_engine_params kt_fwd_params_resolved(const struct kt_hparams *hp, cons
         d.kv_blocks = (uint32_t)(((uint64_t)d.n_ctx + d.kv_block_tokens - 1) / d.kv_block_tokens * d.max_seqs);
     if (!d.max_batch_tokens)
         d.max_batch_tokens = DEFAULT_MAX_BATCH;
+    if (!d.layer_begin && !d.layer_end)
+        d.layer_end = hp->n_layer;
     return d;
 }
 
@@ -474,8 +476,10 @@ static kt_status pack_host_weights(struct kt_engine *e, kt_err *err)
     e->packed_block_bytes = calloc(e->max_packed_blocks, sizeof *e->packed_block_bytes);
     if (!e->packed_blocks || !e->packed_block_bytes)
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    kt_status st = e->dev.output.data ? KT_OK : pack_host_mat(e, &e->output, true, err);
-    for (uint32_t il = 0; il < n_layer && st == KT_OK; il++) {
+    /* a later pipeline stage holds no head; no stage packs another's layers */
+    const bool head_here = e->params.layer_begin == 0;
+    kt_status st = e->dev.output.data || !head_here ? KT_OK : pack_host_mat(e, &e->output, true, err);
+    for (uint32_t il = e->params.layer_begin; il < e->params.layer_end && st == KT_OK; il++) {
         struct kt_layer_weights *L = &e->layers[il];
         /* what the device holds a copy of runs there: leave it in GGUF rows */
         const bool attention = !e->dev.layers, dense = !e->dev.dense, shared = !e->dev.shared;
@@ -525,9 +529,9 @@ struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const
     const bool dev = d.device != NULL;
     struct kt_engine_host_bytes b = {0};
     /* the matrices pack_host_weights packs, where the device does not run them */
-    if (!(dev && d.output_on_device))
+    if (!(dev && d.output_on_device) && d.layer_begin == 0)
         b.packed += packed_bytes(m->output);
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
+    for (uint32_t il = d.layer_begin; il < d.layer_end; il++) {
         const struct kt_layer *t = &m->layers[il];
         if (!(dev && d.attention_on_device)) {
             b.packed += packed_bytes(t->attn_q_a) + packed_bytes(t->attn_q_b) + packed_bytes(t->attn_q) +
@@ -632,6 +636,13 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     else if (e->test.attention_form > KT_ATTENTION_EXPANDED)
         st = kt_err_set(err, KT_ERR_INVALID, "engine: attention form %d is not one of 0 to %d",
                         (int)e->test.attention_form, (int)KT_ATTENTION_EXPANDED);
+    else if (d.layer_begin >= d.layer_end || d.layer_end > hp->n_layer)
+        st = kt_err_set(err, KT_ERR_INVALID, "engine: layers [%u, %u) are not a range of the model's %u layers",
+                        d.layer_begin, d.layer_end, hp->n_layer);
+    else if (d.device && (d.layer_begin > 0 || d.layer_end < hp->n_layer))
+        st = kt_err_set(err, KT_ERR_UNSUPPORTED, "engine: a pipeline stage (layers %u .. %u) with a device ('%s') is "
+                        "not supported yet: run the stage on the CPU", d.layer_begin, d.layer_end - 1,
+                        d.device->name ? d.device->name : "unnamed");
     if (st != KT_OK)
         goto fail;
     e->params = d;
@@ -677,7 +688,9 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
                                             .home_nodes = d.expert_home_nodes,
                                             .replica_nodes = d.expert_replica_nodes,
                                             .sliced_layers = slice_nodes ? d.layer_sliced : NULL,
-                                            .slice_nodes = slice_nodes};
+                                            .slice_nodes = slice_nodes,
+                                            .layer_begin = d.layer_begin,
+                                            .layer_end = d.layer_end};
         if (!e->test.keep_gguf_layout) {
             const struct kt_engine_host_bytes hb = kt_engine_host_bytes(m, &d);
             sp.other_host_bytes = hb.packed + hb.kv_cache;
@@ -740,24 +753,49 @@ void kt_engine_destroy(struct kt_engine *e)
 
 /* ---- sequences ---------------------------------------------------------------------------- */
 
+kt_status kt_engine_seq_apply(struct kt_engine *e, enum kt_engine_seq_op op, uint32_t seq, uint32_t arg, kt_err *err)
+{
+    switch (op) {
+    case KT_SEQ_ADD:
+        return kt_kv_cache_seq_add(e->kv, seq, err);
+    case KT_SEQ_REMOVE:
+        return kt_kv_cache_seq_remove(e->kv, seq, err);
+    case KT_SEQ_FORK:
+        return kt_kv_cache_seq_fork(e->kv, seq, arg, err);
+    case KT_SEQ_TRUNCATE:
+        return kt_kv_cache_seq_truncate(e->kv, seq, arg, err);
+    }
+    return kt_err_set(err, KT_ERR_INVALID, "engine: sequence operation %d is not one of %d to %d", (int)op,
+                      KT_SEQ_ADD, KT_SEQ_TRUNCATE);
+}
+
+/* Here, then (after it succeeded) on the pipeline's other stages. */
+static kt_status seq_op(struct kt_engine *e, enum kt_engine_seq_op op, uint32_t seq, uint32_t arg, kt_err *err)
+{
+    kt_status st = kt_engine_seq_apply(e, op, seq, arg, err);
+    if (st == KT_OK && e->stage_hooks.seq)
+        st = e->stage_hooks.seq(e->stage_hooks.ctx, op, seq, arg, err);
+    return st;
+}
+
 kt_status kt_engine_seq_add(struct kt_engine *e, uint32_t seq, kt_err *err)
 {
-    return kt_kv_cache_seq_add(e->kv, seq, err);
+    return seq_op(e, KT_SEQ_ADD, seq, 0, err);
 }
 
 kt_status kt_engine_seq_remove(struct kt_engine *e, uint32_t seq, kt_err *err)
 {
-    return kt_kv_cache_seq_remove(e->kv, seq, err);
+    return seq_op(e, KT_SEQ_REMOVE, seq, 0, err);
 }
 
 kt_status kt_engine_seq_fork(struct kt_engine *e, uint32_t src, uint32_t dst, kt_err *err)
 {
-    return kt_kv_cache_seq_fork(e->kv, src, dst, err);
+    return seq_op(e, KT_SEQ_FORK, src, dst, err);
 }
 
 kt_status kt_engine_seq_truncate(struct kt_engine *e, uint32_t seq, uint32_t n_tokens, kt_err *err)
 {
-    return kt_kv_cache_seq_truncate(e->kv, seq, n_tokens, err);
+    return seq_op(e, KT_SEQ_TRUNCATE, seq, n_tokens, err);
 }
 
 uint32_t kt_engine_seq_length(const struct kt_engine *e, uint32_t seq)
@@ -827,16 +865,20 @@ static kt_status group_batch(struct kt_engine *e, const struct kt_batch *b, uint
 }
 
 
-/* x (T, E) = token_embd[token] for the step's tokens, and their RoPE angles (T, dr). */
-static void embed(struct kt_engine *e)
+/* x (T, E) = token_embd[token] for the step's tokens, or x_in (a pipeline's
+ * previous stage), and their RoPE angles (T, dr). */
+static void embed(struct kt_engine *e, const float *x_in)
 {
     const uint32_t E = e->hp.n_embd;
-    const kt_to_float_fn to_float = kt_type_traits(e->token_embd.type)->to_float;
-    for (uint32_t t = 0; t < e->n_tokens; t++) {
-        const struct kt_batch_token *tok = &e->tokens[t];
-        kt_rope_angles(&e->rope, tok->pos, e->cos_sin + (size_t)t * e->hp.qk_rope_dim);
-        to_float(e->token_embd.data + (size_t)tok->token * e->token_embd.row_bytes, e->x + (size_t)t * E, E);
+    for (uint32_t t = 0; t < e->n_tokens; t++)
+        kt_rope_angles(&e->rope, e->tokens[t].pos, e->cos_sin + (size_t)t * e->hp.qk_rope_dim);
+    if (x_in) {
+        memcpy(e->x, x_in, (size_t)e->n_tokens * E * sizeof(float));
+        return;
     }
+    const kt_to_float_fn to_float = kt_type_traits(e->token_embd.type)->to_float;
+    for (uint32_t t = 0; t < e->n_tokens; t++)
+        to_float(e->token_embd.data + (size_t)e->tokens[t].token * e->token_embd.row_bytes, e->x + (size_t)t * E, E);
     e->stats.weight_bytes += (uint64_t)e->n_tokens * e->token_embd.row_bytes;
 }
 
@@ -863,13 +905,13 @@ static void ffn_norm(struct kt_engine *e, const struct kt_layer_weights *L)
 }
 
 /* Reserves the step's KV rows, after checking the batch; on error nothing changed. */
-static kt_status begin_step(struct kt_engine *e, const struct kt_batch *b, float *logits, uint32_t *n_wanted,
-                            kt_err *err)
+static kt_status begin_step(struct kt_engine *e, const struct kt_batch *b, bool head, float *logits,
+                            uint32_t *n_wanted, kt_err *err)
 {
     kt_status st = group_batch(e, b, n_wanted, err);
     if (st != KT_OK)
         return st;
-    if (*n_wanted > 0 && !logits) {
+    if (head && *n_wanted > 0 && !logits) {
         forget_chunks(e);
         return kt_err_set(err, KT_ERR_INVALID, "%u tokens want logits but no logits buffer was given", *n_wanted);
     }
@@ -976,23 +1018,26 @@ static void test_migrate(struct kt_engine *e)
     }
 }
 
-kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
+/* A step, or a pipeline stage's part of one: x_in NULL embeds b's tokens;
+ * x_out NULL ends with the head (logits), else takes the stream. */
+static kt_status run_step(struct kt_engine *e, const struct kt_batch *b, const float *x_in, float *x_out,
+                          float *logits, kt_err *err)
 {
     uint32_t n_wanted = 0;
     if (e->test.migrate_every_step)
         test_migrate(e);
-    kt_status st = begin_step(e, b, logits, &n_wanted, err);
+    kt_status st = begin_step(e, b, !x_out, logits, &n_wanted, err);
     if (st != KT_OK)
         return st;
     const size_t TE = (size_t)e->n_tokens * e->hp.n_embd;
     struct kt_step_clock clock;
     kt_step_clock_start(e, &clock);
 
-    embed(e);                                           /* x = token_embd[token] */
+    embed(e, x_in);                                     /* x = token_embd[token] */
     kt_dev_begin_step(e);
     kt_step_clock_lap(e, &clock, KT_PART_EMBED_HEAD);
 
-    for (uint32_t il = 0; il < e->hp.n_layer; il++) {
+    for (uint32_t il = e->params.layer_begin; il < e->params.layer_end; il++) {
         const struct kt_layer_weights *L = &e->layers[il];
         kt_step_clock_begin_layer(e, &clock);
         /* x += Attention(RMSNorm(x)); with attention on the device, a MoE
@@ -1019,7 +1064,10 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
         }
     }
 
-    head(e, n_wanted, logits);                          /* logits = output . RMSNorm(x) */
+    if (x_out)                                          /* the next stage's input */
+        memcpy(x_out, e->x, TE * sizeof(float));
+    else
+        head(e, n_wanted, logits);                      /* logits = output . RMSNorm(x) */
     kt_step_clock_lap(e, &clock, KT_PART_EMBED_HEAD);
 
     if ((st = end_step(e, err)) != KT_OK)
@@ -1027,6 +1075,79 @@ kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *l
     e->stats.steps++;
     e->stats.tokens += b->n_tokens;
     return KT_OK;
+}
+
+static bool whole_model(const struct kt_engine *e)
+{
+    return e->params.layer_begin == 0 && e->params.layer_end == e->hp.n_layer;
+}
+
+kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err)
+{
+    if (e->stage_hooks.step)
+        return e->stage_hooks.step(e->stage_hooks.ctx, e, b, logits, err);
+    if (!whole_model(e))
+        return kt_err_set(err, KT_ERR_INVALID, "engine: this engine runs layers [%u, %u) of %u, a pipeline stage: "
+                          "step it with kt_engine_step_layers (or through runtime/dist's pipeline)",
+                          e->params.layer_begin, e->params.layer_end, e->hp.n_layer);
+    return run_step(e, b, NULL, NULL, logits, err);
+}
+
+kt_status kt_engine_step_layers(struct kt_engine *e, const struct kt_batch *b, const float *x_in, float *x_out,
+                                kt_err *err)
+{
+    if (!x_out)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: a stage's step needs a buffer for its output stream");
+    if (!x_in && e->params.layer_begin > 0)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: layers [%u, %u) start past the embedding: give the stream "
+                          "the previous stage returned", e->params.layer_begin, e->params.layer_end);
+    return run_step(e, b, x_in, x_out, NULL, err);
+}
+
+kt_status kt_engine_head(struct kt_engine *e, const struct kt_batch *b, const float *x, float *logits, kt_err *err)
+{
+    if (e->params.layer_begin > 0)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: layers [%u, %u) hold no output head (the first stage does)",
+                          e->params.layer_begin, e->params.layer_end);
+    if (!b || !b->tokens || !x || b->n_tokens == 0 || b->n_tokens > e->params.max_batch_tokens)
+        return kt_err_set(err, KT_ERR_INVALID, "engine: the head takes 1 to %u rows", e->params.max_batch_tokens);
+    uint32_t n_wanted = 0;
+    for (uint32_t t = 0; t < b->n_tokens; t++)
+        n_wanted += b->tokens[t].want_logits;
+    if (n_wanted > 0 && !logits)
+        return kt_err_set(err, KT_ERR_INVALID, "%u tokens want logits but no logits buffer was given", n_wanted);
+    const uint64_t t0 = kt_fwd_now_ns();
+    e->tokens = b->tokens;
+    e->n_tokens = b->n_tokens;
+    memcpy(e->x, x, (size_t)b->n_tokens * e->hp.n_embd * sizeof(float));
+    head(e, n_wanted, logits);
+    const uint64_t ns = kt_fwd_now_ns() - t0;
+    e->stats.embed_head_ns += ns;
+    e->stats.other_ns += ns;
+    e->tokens = NULL;
+    e->n_tokens = 0;
+    return KT_OK;
+}
+
+void kt_engine_set_stage_hooks(struct kt_engine *e, const struct kt_engine_stage_hooks *h)
+{
+    e->stage_hooks = h ? *h : (struct kt_engine_stage_hooks){0};
+}
+
+void kt_engine_layer_range(const struct kt_engine *e, uint32_t *begin, uint32_t *end)
+{
+    *begin = e->params.layer_begin;
+    *end = e->params.layer_end;
+}
+
+uint32_t kt_engine_n_embd(const struct kt_engine *e)
+{
+    return e->hp.n_embd;
+}
+
+uint32_t kt_engine_n_layer(const struct kt_engine *e)
+{
+    return e->hp.n_layer;
 }
 
 /* ---- queries ------------------------------------------------------------------------------- */

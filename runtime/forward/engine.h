@@ -122,6 +122,13 @@ struct kt_engine_params {
      * nodes, slicing) are ignored: the routed experts run on the first
      * node's pool. */
     bool reference;
+    /* A pipeline stage (runtime/dist): the engine holds and runs layers
+     * [layer_begin, layer_end) only - their experts in its store, their
+     * matrices packed, nothing of the other layers read - and, when its
+     * range starts at 0, the embedding and the output head.  It steps with
+     * kt_engine_step_layers / kt_engine_head (kt_engine_step only through
+     * stage hooks).  0, 0: every layer.  Refused with a device. */
+    uint32_t layer_begin, layer_end;
     const struct kt_engine_test_params *test; /* NULL except in tests (engine_test.h) */
 };
 
@@ -208,6 +215,41 @@ uint32_t kt_engine_seq_length(const struct kt_engine *e, uint32_t seq); /* 0 if 
  * floats, may be NULL if none is wanted.  On error every sequence is as it
  * was (a failure of the device's work included) and the next step may run. */
 kt_status kt_engine_step(struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err);
+
+/* A pipeline stage's part of a step (params.layer_begin/layer_end): checks
+ * b and reserves its KV rows as kt_engine_step does, then runs this
+ * engine's layers on x_in - (n_tokens, n_embd), the residual stream the
+ * previous stage returned; NULL: the embedding of b's tokens (a range that
+ * starts at 0) - and writes the stream after its last layer to x_out
+ * (n_tokens, n_embd).  want_logits is ignored here. */
+kt_status kt_engine_step_layers(struct kt_engine *e, const struct kt_batch *b, const float *x_in, float *x_out,
+                                kt_err *err);
+/* logits (tokens of b with want_logits, n_vocab) = output . RMSNorm(x) of
+ * those tokens' rows of x (n_tokens, n_embd): the end of a step whose last
+ * layer ran elsewhere.  An engine whose range starts at 0; no state changes. */
+kt_status kt_engine_head(struct kt_engine *e, const struct kt_batch *b, const float *x, float *logits, kt_err *err);
+
+/* Stage hooks (runtime/dist installs them on the first stage of a
+ * pipeline): kt_engine_step calls step() in place of its own work, which
+ * runs the whole pipeline (kt_engine_step_layers, other processes,
+ * kt_engine_head); each sequence operation, after it succeeded here, calls
+ * seq() so the other stages do the same (an error there is returned).  So
+ * callers (kt-run, the scheduler) drive a pipeline as they drive one
+ * engine.  NULL h: none. */
+enum kt_engine_seq_op { KT_SEQ_ADD = 1, KT_SEQ_REMOVE, KT_SEQ_FORK, KT_SEQ_TRUNCATE };
+struct kt_engine_stage_hooks {
+    void *ctx;
+    kt_status (*step)(void *ctx, struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err);
+    /* op's arguments: seq (and for FORK dst = arg, for TRUNCATE n_tokens = arg) */
+    kt_status (*seq)(void *ctx, enum kt_engine_seq_op op, uint32_t seq, uint32_t arg, kt_err *err);
+};
+void kt_engine_set_stage_hooks(struct kt_engine *e, const struct kt_engine_stage_hooks *h);
+/* Applies a sequence operation as kt_engine_seq_* do, without the hooks (what the other stages run). */
+kt_status kt_engine_seq_apply(struct kt_engine *e, enum kt_engine_seq_op op, uint32_t seq, uint32_t arg, kt_err *err);
+/* The layers this engine runs: [*begin, *end). */
+void kt_engine_layer_range(const struct kt_engine *e, uint32_t *begin, uint32_t *end);
+uint32_t kt_engine_n_embd(const struct kt_engine *e);
+uint32_t kt_engine_n_layer(const struct kt_engine *e); /* the model's, not this stage's */
 
 /* A hook called after each layer of every step, on the stepping thread,
  * with the residual stream x: (n_tokens, n_embd) floats, the step's tokens

@@ -426,9 +426,10 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         goto fail;
     }
 
-    /* Plan every layer and check the total fits before allocating any of it. */
+    /* Plan every layer (of the range) and check the total fits before allocating any of it. */
+    const uint32_t layer_end = d.layer_begin || d.layer_end ? d.layer_end : s->n_layer;
     for (uint32_t il = 0; il < s->n_layer; il++) {
-        if (!m->layers[il].is_moe || !s->n_expert)
+        if (!m->layers[il].is_moe || !s->n_expert || il < d.layer_begin || il >= layer_end)
             continue;
         struct store_layer *sl = &s->layers[il];
         plan_layer(m, il, sl, d.keep_gguf_layout);

@@ -83,6 +83,10 @@ struct kt_expert_store_params {
      * matrices, its KV cache: kt_engine_host_bytes), counted in the one
      * memory check made before anything is read. */
     uint64_t other_host_bytes;
+    /* Only layers [layer_begin, layer_end) (a pipeline stage: runtime/dist):
+     * the others' experts are neither planned, counted nor read (their
+     * entries stay empty, as a dense layer's).  0, 0: every layer. */
+    uint32_t layer_begin, layer_end;
 };
 
 /* Rows are sliced in whole blocks of this many (moe.c's rows per task, a

@@ -254,6 +254,7 @@ struct kt_engine {
     uint64_t test_steps;        /* steps begun, for test.migrate_every_step */
     kt_engine_layer_hook layer_hook; /* called after each layer (kt_engine_set_layer_hook); NULL: none */
     void *layer_hook_ctx;
+    struct kt_engine_stage_hooks stage_hooks; /* kt_engine_set_stage_hooks; step NULL: none */
     struct kt_pool *pool;       /* the step's: attention, matmuls, dense FFNs (never bound) */
     struct kt_kv_cache *kv;
     struct kt_layer_weights *layers; /* [n_layer] */

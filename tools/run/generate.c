@@ -20,12 +20,15 @@
 #include "model_chat.h"
 #include "membw.h"
 #include "model.h"
+#include "pipeline.h"
 #include "placement_opt.h"
 #include "preflight.h"
+#include "ranks.h"
 #include "run.h"
 #include "sampler.h"
 #include "threads.h"
 #include "tokenizer.h"
+#include "transport.h"
 
 static double now_seconds(void)
 {
@@ -87,6 +90,8 @@ static kt_status build_prompt(const struct kt_run_options *o, const struct kt_mo
 }
 
 struct generation {
+    struct kt_transport *transport; /* the job: one process, or the ranks of mpirun */
+    struct kt_pipeline *pipeline;   /* the engine's layers over the ranks */
     struct kt_model *model;
     struct kt_tokenizer *tok;
     struct kt_engine *engine;
@@ -112,6 +117,7 @@ static void generation_free(struct generation *g)
     if (g->logits_file)
         fclose(g->logits_file);
     kt_sampler_destroy(g->sampler);
+    kt_pipeline_destroy(g->pipeline); /* rank 0: the others stop */
     kt_engine_destroy(g->engine);
     kt_tokenizer_destroy(g->tok);
     kt_model_close(g->model);
@@ -125,6 +131,9 @@ int kt_run_generate(const struct kt_run_options *o)
     char *prompt_text = NULL;
     int rc = 1;
     double t_start = now_seconds();
+    if (kt_transport_init(NULL, NULL, &g.transport, &err) != KT_OK)
+        goto fail;
+    const int rank = kt_transport_rank(g.transport), n_ranks = kt_transport_size(g.transport);
 
     /* ---- everything that can be refused, before a weight is read ------------------ */
     if (kt_model_open(o->model, &g.model, &err) != KT_OK)
@@ -173,7 +182,7 @@ int kt_run_generate(const struct kt_run_options *o)
     sp.seed = o->seed_given ? o->seed : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     if (kt_sampler_create(&sp, n_vocab, g.prompt, g.n_prompt, &g.sampler, &err) != KT_OK)
         goto fail;
-    if (o->logits_out && (kt_tool_check_writable("--logits-out", o->logits_out, &err) != KT_OK ||
+    if (rank == 0 && o->logits_out && (kt_tool_check_writable("--logits-out", o->logits_out, &err) != KT_OK ||
                           !(g.logits_file = fopen(o->logits_out, "wb")))) {
         if (!err.msg[0])
             kt_err_set(&err, KT_ERR_IO, "--logits-out %s: %s", o->logits_out, strerror(errno));
@@ -184,8 +193,11 @@ int kt_run_generate(const struct kt_run_options *o)
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-run", stderr, &threads, &err) != KT_OK)
         goto fail;
-    struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads};
-    ep.progress = stderr; /* expert-store load progress */
+    struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads, .max_batch_tokens = o->batch};
+    ep.progress = rank == 0 ? stderr : NULL; /* expert-store load progress */
+    if (n_ranks > 1 &&
+        kt_tool_rank_layers(o->placement, g.model, n_ranks, rank, &ep.layer_begin, &ep.layer_end, &err) != KT_OK)
+        goto fail;
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
         goto fail;
@@ -194,6 +206,26 @@ int kt_run_generate(const struct kt_run_options *o)
     if (created != KT_OK)
         goto fail;
     const struct kt_engine_params *eff = kt_engine_params(g.engine);
+    const struct kt_pipeline_params pp = {.micro_batches = o->micro_batches,
+                                          .timeout_ms = (int64_t)o->rank_timeout * 1000};
+    if (kt_pipeline_create(g.transport, g.engine, &pp, &g.pipeline, &err) != KT_OK)
+        goto fail;
+    if (rank > 0) { /* the layers only: rank 0 drives every step */
+        double t_follow = now_seconds();
+        if (kt_pipeline_follow(g.pipeline, &err) != KT_OK)
+            goto fail;
+        struct kt_pipeline_stats ps;
+        kt_pipeline_stats(g.pipeline, &ps);
+        fprintf(stderr, "kt-run: rank %d (%s): layers [%u, %u), %llu slices, busy %.3f s of %.3f s, peak memory "
+                "%.1f MiB resident\n", rank, kt_transport_host(g.transport), eff->layer_begin, eff->layer_end,
+                (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, now_seconds() - t_follow,
+                peak_rss_mib());
+        rc = 0;
+        goto done;
+    }
+    if (n_ranks > 1)
+        fprintf(stderr, "kt-run: pipeline of %d ranks (rank 0 on %s: layers [%u, %u), embedding and head)\n",
+                n_ranks, kt_transport_host(g.transport), eff->layer_begin, eff->layer_end);
 
     g.logits = malloc((size_t)n_vocab * sizeof(float));
     size_t piece_cap = kt_detok_max_bytes(g.tok) + 4;
@@ -232,6 +264,8 @@ int kt_run_generate(const struct kt_run_options *o)
     struct kt_engine_stats prefill_stats;
     kt_engine_stats(g.engine, &prefill_stats);
     kt_engine_stats_reset(g.engine);
+    if (g.pipeline)
+        kt_pipeline_stats_reset(g.pipeline);
 
     /* ---- decode: sample, stream, step ----------------------------------------- */
     struct kt_detok detok = KT_DETOK_INIT;
@@ -301,6 +335,15 @@ int kt_run_generate(const struct kt_run_options *o)
                 100.0 * (double)ds.attention_ns / (decode_s * 1e9), 100.0 * (double)ds.router_ns / (decode_s * 1e9),
                 100.0 * (double)ds.experts_ns / (decode_s * 1e9), 100.0 * (double)ds.other_ns / (decode_s * 1e9));
     }
+    if (n_ranks > 1 && ds.steps > 0) {
+        struct kt_pipeline_stats ps;
+        kt_pipeline_stats(g.pipeline, &ps);
+        fprintf(stderr, "  pipeline             %d ranks; decode steps %.3f s, rank 0 waiting %.3f s; ranks busy",
+                n_ranks, (double)ps.step_ns * 1e-9, (double)ps.wait_ns * 1e-9);
+        for (int r = 0; r < n_ranks; r++)
+            fprintf(stderr, " %.3f", (double)ps.busy_ns[r] * 1e-9);
+        fprintf(stderr, " s; bubble %.0f%%\n", 100.0 * kt_pipeline_bubble(&ps));
+    }
     fprintf(stderr, "  load                 %.3f s\n", t_loaded - t_start);
     const double now_mib = rss_now_mib();
     fprintf(stderr, "  peak memory          %.1f MiB resident (now %.1f MiB: peak %.3f x the footprint)\n",
@@ -319,9 +362,16 @@ int kt_run_generate(const struct kt_run_options *o)
     goto done;
 fail:
     fflush(stdout);
+    if (g.transport && kt_transport_size(g.transport) > 1) {
+        /* the other ranks wait on this one: end the job, not only this rank */
+        fprintf(stderr, "kt-run: rank %d: %s\n", kt_transport_rank(g.transport), err.msg[0] ? err.msg : "failed");
+        fflush(stderr);
+        kt_transport_abort(g.transport, 1);
+    }
     fprintf(stderr, "kt-run: %s\n", err.msg[0] ? err.msg : "failed");
 done:
     free(prompt_text);
     generation_free(&g);
+    kt_transport_finalize(g.transport);
     return rc;
 }

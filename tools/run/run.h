@@ -31,6 +31,9 @@ struct kt_run_options {
     bool seed_given;
     uint64_t seed;
     uint32_t threads;           /* 0: the CPUs this process may use (threads.h) */
+    uint32_t batch;             /* --batch: most tokens a step (prefill chunk); 0: the engine's 256 */
+    uint32_t micro_batches;     /* --micro-batches (under mpirun); 0: the number of ranks */
+    uint32_t rank_timeout;      /* --rank-timeout seconds (under mpirun); 0: 120 */
     const char *logits_out;     /* float32 logits of the last position of every step */
     bool bandwidth;             /* measure a STREAM triad and report decode bytes/s against it */
     bool quiet;                 /* do not stream the generated text */

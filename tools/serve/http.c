@@ -245,7 +245,7 @@ static enum MHD_Result dispatch(struct kt_http_request *rq, const char *url, con
         kt_api_error_set(&e, 503, "server_error", state == KT_SERVER_LOADING ? "model_loading" : "unavailable", NULL,
                          state == KT_SERVER_LOADING    ? "the model is still loading; see GET /health"
                          : state == KT_SERVER_STOPPING ? "the server is shutting down"
-                                                       : "the model failed to load: %s",
+                                                       : "the server cannot serve: %s",
                          s->load_error);
         return kt_http_send_error(rq, &e);
     }

@@ -41,6 +41,8 @@ struct kt_serve_options {
     uint32_t threads;             /* engine threads; 0: the CPUs this process may use (threads.h) */
     uint32_t max_waiting;         /* queued requests before 429 */
     uint32_t max_batch_tokens;    /* per-step token budget; 0: max(256, max_seqs) */
+    uint32_t micro_batches;       /* under mpirun: slices of a decode batch (pipeline.h); 0: the number of ranks */
+    uint32_t rank_timeout_s;      /* under mpirun: longest wait for another rank's answer; 0: 120 */
     uint32_t prefix_cache;        /* cached prefixes; default max_seqs */
     bool prefix_cache_given;
     uint32_t max_body_bytes;      /* larger request bodies get 413 */
@@ -74,6 +76,9 @@ struct kt_serve_options {
     uint32_t responses_store;     /* responses kept for previous_response_id and GET /v1/responses/{id}, LRU; 0: none */
 };
 
+struct kt_transport;
+struct kt_pipeline;
+
 enum kt_server_state { KT_SERVER_LOADING, KT_SERVER_READY, KT_SERVER_FAILED, KT_SERVER_STOPPING };
 
 struct kt_server {
@@ -99,6 +104,8 @@ struct kt_server {
     struct kt_tool_prompts *check_prompts; /* --self-check's, tokenized */
 
     /* read-only once READY */
+    struct kt_transport *transport; /* the job: one process, or mpirun's ranks (runtime/dist) */
+    struct kt_pipeline *pipeline;   /* rank 0 of several: the engine's layers over the ranks; else NULL */
     struct kt_model *model;
     struct kt_tokenizer *tok;
     struct kt_engine *engine;

@@ -1,0 +1,180 @@
+/*
+ * test_kt_run_mpi.c - kt-run over the ranks of an MPI job (runtime/dist):
+ * `mpirun -np N --oversubscribe kt-run ...` on this one machine, the
+ * model's layers split over N ranks, prints the same greedy tokens as one
+ * process and writes logits within 1e-6 of its, for 2 and 3 ranks, on
+ * both families (tiny: Kimi-K2 layout; tiny-v3: DeepSeek-V3, a dense first
+ * layer), with a prompt prefilled in several chunks (--batch); more ranks
+ * than layers is refused with a message and a non-zero exit; a placement
+ * config's ranks: section sets uneven ranges (and must list as many ranks
+ * as the job has).
+ *
+ * Skipped (visibly) when kt was built without MPI or mpirun is absent.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testlib.h"
+
+static char mpirun[1024];
+
+/* mpirun with what this machine needs: root allowed (CI runs as root in a
+ * fresh Debian root), oversubscription (2 cores, 3 ranks), and the TCP and
+ * self transports only (shared-memory single copy is not there in every
+ * container). */
+static const char *mpirun_cmd(int n)
+{
+    static char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s -np %d --oversubscribe %s --mca btl self,tcp --mca btl_tcp_if_include lo "
+             "--mca oob_tcp_if_include lo",
+             mpirun, n, getuid() == 0 ? "--allow-run-as-root" : "");
+    return cmd;
+}
+
+static const char *const prompt = "The quick brown fox jumps over the lazy dog, then naps in the sun";
+
+/* Runs kt-run greedy (-t 1: the ranks share two cores) under launcher
+ * (empty: one process), text to <tag>.txt, logits to <tag>.bin; its exit status. */
+static int run_kt_run(const char *launcher, const char *model, const char *tag)
+{
+    char txt[1024], bin[1024], log[1024];
+    snprintf(txt, sizeof txt, "%s", kt_test_path(tag));
+    strcat(txt, ".txt");
+    snprintf(bin, sizeof bin, "%s", kt_test_path(tag));
+    strcat(bin, ".bin");
+    snprintf(log, sizeof log, "%s", kt_test_path(tag));
+    strcat(log, ".log");
+    return kt_test_system("timeout 300 %s %s -m %s -p '%s' -n 12 --temp 0 --ignore-eos -t 1 --batch 5 --ctx 128 "
+                          "--logits-out %s >%s 2>%s",
+                          launcher, kt_test_tool("kt-run"), model, prompt, bin, txt, log);
+}
+
+static void compare(const char *tag_a, const char *tag_b)
+{
+    char a[1024], b[1024];
+    size_t na = 0, nb = 0;
+    snprintf(a, sizeof a, "%s.txt", kt_test_path(tag_a));
+    snprintf(b, sizeof b, "%s.txt", kt_test_path(tag_b));
+    char *ta = kt_test_read_file(a, &na), *tb = kt_test_read_file(b, &nb);
+    KT_CHECK(ta && tb && na > 0 && na == nb && memcmp(ta, tb, na) == 0,
+             "%s and %s print different text (%zu and %zu bytes)", tag_a, tag_b, na, nb);
+    free(ta), free(tb);
+    snprintf(a, sizeof a, "%s.bin", kt_test_path(tag_a));
+    snprintf(b, sizeof b, "%s.bin", kt_test_path(tag_b));
+    float *la = kt_test_read_file(a, &na), *lb = kt_test_read_file(b, &nb);
+    KT_CHECK(la && lb && na > 0 && na == nb && na % sizeof(float) == 0,
+             "%s and %s wrote logits of %zu and %zu bytes", tag_a, tag_b, na, nb);
+    if (la && lb && na == nb) {
+        double worst = 0;
+        size_t at = 0;
+        for (size_t i = 0; i < na / sizeof(float); i++) {
+            const double d = fabs((double)la[i] - (double)lb[i]);
+            if (!(d <= worst)) /* NaN counts as the worst */
+                worst = isnan(d) ? INFINITY : d, at = i;
+        }
+        KT_CHECK(worst <= 1e-6, "%s vs %s: logit %zu differs by %g", tag_a, tag_b, at, worst);
+    }
+    free(la), free(lb);
+}
+
+static void ranks_match_one_process(const char *preset)
+{
+    char model[1024], single[64];
+    snprintf(model, sizeof model, "%s", kt_test_path(preset));
+    strcat(model, ".gguf");
+    int rc = kt_test_system("%s --preset %s -o %s >/dev/null 2>&1", kt_test_tool("kt-synth"), preset, model);
+    KT_CHECK(rc == 0, "kt-synth --preset %s: %d", preset, rc);
+    snprintf(single, sizeof single, "mpi-%s-1", preset);
+    rc = run_kt_run("", model, single);
+    KT_CHECK(rc == 0, "kt-run alone on %s: exit %d", preset, rc);
+    for (int n = 2; n <= 3; n++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "mpi-%s-%d", preset, n);
+        rc = run_kt_run(mpirun_cmd(n), model, tag);
+        KT_CHECK(rc == 0, "mpirun -np %d kt-run on %s: exit %d (see %s.log)", n, preset, rc, kt_test_path(tag));
+        if (rc == 0)
+            compare(single, tag);
+    }
+}
+
+static void tiny_over_2_and_3_ranks_matches_one_process(void)
+{
+    ranks_match_one_process("tiny");
+}
+
+static void tiny_v3_over_2_and_3_ranks_matches_one_process(void)
+{
+    ranks_match_one_process("tiny-v3");
+}
+
+/* configs' ranks: section: rank 0 holds layer 0 alone, rank 1 layers 1-3 -
+ * the same text and logits; a job of another size than it lists is refused. */
+static void placement_ranks_set_uneven_layers(void)
+{
+    char model[1024], cfg[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-ranks.yaml"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-0\n  - layers: 1-3\n", f);
+    fclose(f);
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s", model);
+    /* run_kt_run takes the model path; the option rides along after it */
+    strcat(with_cfg, " --placement ");
+    strcat(with_cfg, cfg);
+    int rc = run_kt_run(mpirun_cmd(2), with_cfg, "mpi-tiny-ranks");
+    KT_CHECK(rc == 0, "mpirun -np 2 kt-run --placement (ranks 0-0, 1-3): exit %d", rc);
+    if (rc == 0)
+        compare("mpi-tiny-1", "mpi-tiny-ranks");
+    char log[1024];
+    snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-tiny-ranks"));
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    KT_CHECK(text && strstr(text, "layers [0, 1)") && strstr(text, "layers [1, 4)"),
+             "the ranks did not hold layers 0-0 and 1-3: %s", text ? text : "");
+    free(text);
+    const char *bad = kt_test_path("mpi-ranks-3.log");
+    rc = kt_test_system("timeout 120 %s %s -m %s --placement %s -p hi -n 2 -t 1 >/dev/null 2>%s", mpirun_cmd(3),
+                        kt_test_tool("kt-run"), model, cfg, bad);
+    text = kt_test_read_file(bad, &n);
+    KT_CHECK(rc != 0 && text && strstr(text, "lists 2 ranks, but mpirun started 3"),
+             "3 ranks for a 2-rank config: exit %d, %s", rc, text ? text : "");
+    free(text);
+}
+
+static void more_ranks_than_layers_is_refused(void)
+{
+    char model[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    const char *log = kt_test_path("mpi-too-many.log");
+    int rc = kt_test_system("timeout 120 %s %s -m %s -p hi -n 2 -t 1 >/dev/null 2>%s", mpirun_cmd(5),
+                            kt_test_tool("kt-run"), model, log);
+    KT_CHECK(rc != 0, "5 ranks for 4 layers ran (exit 0)");
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    KT_CHECK(text && strstr(text, "5 ranks for the 4 layers"), "no message about the ranks: %s", text ? text : "");
+    free(text);
+}
+
+int main(void)
+{
+    const char *have = getenv("KT_HAVE_MPI"), *exe = getenv("KT_MPIEXEC");
+    if (!have || strcmp(have, "ON") != 0)
+        return kt_test_skip("kt was built without MPI (apt-get install libopenmpi-dev openmpi-bin, then configure "
+                            "with -DKT_MPI=ON)");
+    if (!exe || !*exe || access(exe, X_OK) != 0)
+        return kt_test_skip("mpirun not found (apt-get install openmpi-bin)");
+    snprintf(mpirun, sizeof mpirun, "%s", exe);
+    KT_RUN(tiny_over_2_and_3_ranks_matches_one_process);
+    KT_RUN(tiny_v3_over_2_and_3_ranks_matches_one_process);
+    KT_RUN(placement_ranks_set_uneven_layers);
+    KT_RUN(more_ranks_than_layers_is_refused);
+    return kt_test_finish();
+}
