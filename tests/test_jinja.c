@@ -511,6 +511,21 @@ static void jinja_resolve_keeps_native_revisions_and_refuses_what_cannot_parse(v
              "unparsable: %s", err.msg);
     KT_CHECK(kt_chat_format_resolve("{{ messages[0].content }}", &format, &err) == KT_OK && format == KT_CHAT_JINJA,
              "a foreign template");
+    /* a published revision with a statement added keeps every pinned substring: the probe renders catch it */
+    char *r1 = read_golden_file("deepseek-r1.jinja");
+    const char *at = r1 ? strstr(r1, "{{ bos_token }}{{ ns.system_prompt }}") : NULL;
+    if (at) {
+        size_t head = (size_t)(at - r1);
+        char added[16384];
+        snprintf(added, sizeof added, "%.*s{{ bos_token }}{{ ns.system_prompt }}{%% if tools %%}{{ tools | tojson }}"
+                 "{%% endif %%}%s", (int)head, r1, at + strlen("{{ bos_token }}{{ ns.system_prompt }}"));
+        KT_CHECK(kt_chat_format_detect(added, &format, &err) == KT_OK && format == KT_CHAT_DEEPSEEK_R1,
+                 "the pins still match");
+        KT_CHECK(kt_chat_format_resolve(added, &format, &err) == KT_OK && format == KT_CHAT_JINJA,
+                 "R1 with a tools block resolves to %s", kt_chat_format_name(format));
+    }
+    KT_CHECK(at != NULL, "deepseek-r1.jinja changed");
+    free(r1);
     KT_CHECK(strcmp(kt_chat_format_name(KT_CHAT_JINJA), "jinja") == 0, "name");
     KT_CHECK(kt_chat_format_renders_tools(KT_CHAT_JINJA), "jinja renders tools");
     size_t n = 9;

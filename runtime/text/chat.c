@@ -515,10 +515,58 @@ kt_status kt_chat_format_detect(const char *template_text, kt_chat_format *forma
                       forbidden ? "does not contain" : "needs", nearest_missing);
 }
 
+static kt_status render_jinja(const kt_chat_message *messages, size_t n, const json_t *tools,
+                              const kt_chat_options *options, char **out, kt_err *err);
+
+/* Whether the native renderer of format writes what the template itself
+ * writes for a few probe conversations (plain turns, a tool call and its
+ * result, reasoning, tools declared, with and without a generation prompt):
+ * the substrings detection pins cannot see statements a template adds.  A
+ * template the interpreter cannot render keeps the native renderer. */
+static bool native_matches_template(kt_chat_format format, const char *template_text)
+{
+    static const kt_chat_tool_call call = {"functions.get_weather:0", "get_weather", "{\"city\": \"Paris\"}"};
+    static const kt_chat_message plain[] = {
+        {.role = KT_CHAT_SYSTEM, .content = "Be brief."},
+        {.role = KT_CHAT_USER, .content = "Hi"},
+        {.role = KT_CHAT_ASSISTANT, .content = "Hello.", .reasoning_content = "greet"},
+        {.role = KT_CHAT_USER, .content = "Weather?"},
+    };
+    static const kt_chat_message tools_turns[] = {
+        {.role = KT_CHAT_USER, .content = "Weather in Paris?"},
+        {.role = KT_CHAT_ASSISTANT, .content = "", .tool_calls = &call, .n_tool_calls = 1},
+        {.role = KT_CHAT_TOOL, .content = "sunny", .tool_call_id = "functions.get_weather:0"},
+    };
+    const char *tools = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+                        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]";
+    json_t *tools_json = json_loads(tools, 0, NULL);
+    bool same = true;
+    for (int probe = 0; probe < 4 && same && tools_json; probe++) {
+        kt_chat_options o = {.add_generation_prompt = probe % 2 == 0, .tools = probe >= 2 ? tools_json : NULL,
+                             .bos_token = "<｜begin▁of▁sentence｜>", .eos_token = "<｜end▁of▁sentence｜>",
+                             .template_text = template_text};
+        const kt_chat_message *m = probe < 2 ? plain : tools_turns;
+        size_t n = probe < 2 ? sizeof plain / sizeof plain[0] : sizeof tools_turns / sizeof tools_turns[0];
+        char *native = NULL, *jinja = NULL;
+        kt_err e = {0};
+        if (kt_chat_render(format, m, n, &o, &native, &e) == KT_OK &&
+            render_jinja(m, n, o.tools, &o, &jinja, &e) == KT_OK)
+            same = strcmp(native, jinja) == 0;
+        free(native);
+        free(jinja);
+    }
+    json_decref(tools_json);
+    return same;
+}
+
 kt_status kt_chat_format_resolve(const char *template_text, kt_chat_format *format, kt_err *err)
 {
     kt_err why = {0};
     kt_status st = kt_chat_format_detect(template_text, format, &why);
+    if (st == KT_OK && !native_matches_template(*format, template_text)) {
+        *format = KT_CHAT_JINJA; /* a known revision with something added: only the interpreter renders it */
+        return KT_OK;
+    }
     if (st != KT_ERR_UNSUPPORTED || !template_text || !template_text[0]) {
         if (st != KT_OK && err)
             *err = why;

@@ -46,7 +46,9 @@ typedef enum kt_chat_format {
  * naming what was seen when no known revision matches. */
 kt_status kt_chat_format_detect(const char *template_text, kt_chat_format *format, kt_err *err);
 
-/* How kt renders a template: the revision kt_chat_format_detect names, or
+/* How kt renders a template: the revision kt_chat_format_detect names when
+ * its native renderer writes what the template writes for a few probe
+ * conversations (a template that adds to a known revision fails that), or
  * else KT_CHAT_JINJA when the interpreter parses it.  Fails with
  * KT_ERR_UNSUPPORTED when there is no template or it is not Jinja that kt
  * parses (the message names the line). */
