@@ -12,7 +12,8 @@
 # Runs as root or through sudo.  Installs Debian packages only; test and asan also
 # install Debian's OpenMPI (libopenmpi-dev, openmpi-bin: the tests that run kt over
 # ranks with mpirun), nodejs, npm and chromium and run `npm ci` in tests/openai-sdk (the
-# openai SDK, pinned), tests/anthropic-sdk (@anthropic-ai/sdk, pinned) and tests/dashboard
+# openai SDK and the AI SDK, pinned), tests/anthropic-sdk (@anthropic-ai/sdk, pinned),
+# tests/langchain (@langchain/openai + @langchain/core, pinned) and tests/dashboard
 # (playwright-core, pinned) for the real-client and browser tests.  Nothing else.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -111,7 +112,8 @@ demo_serve() {
 }
 
 # The real-client tests run the official SDKs under Debian's Node (tests/openai-sdk: the
-# openai SDK; tests/anthropic-sdk: @anthropic-ai/sdk; each pinned in its package-lock.json);
+# openai SDK and the AI SDK; tests/anthropic-sdk: @anthropic-ai/sdk; tests/langchain:
+# @langchain/openai + @langchain/core; each pinned in its package-lock.json);
 # the dashboard test drives Debian's chromium with playwright-core (tests/dashboard, pinned
 # likewise). ca-certificates is only recommended by nodejs, and npm needs it to reach the
 # registry.
@@ -122,7 +124,7 @@ MPI_PACKAGES=(libopenmpi-dev openmpi-bin)
 install_sdk_test() {
     install_missing "${TEST_PACKAGES[@]}"
     local dir
-    for dir in openai-sdk anthropic-sdk dashboard; do
+    for dir in openai-sdk anthropic-sdk langchain dashboard; do
         log "npm ci in tests/$dir (pinned in its package-lock.json)"
         if ! (cd "tests/$dir" && npm ci --no-audit --no-fund --loglevel=error); then
             # CI must run the real-client tests; a developer offline still gets the rest.

@@ -4,9 +4,12 @@
  * provider's default model, which speaks the Responses API: generateText
  * (text, usage, a length finish), streamText with reasoning and a tool call,
  * a two-step tool round trip (the SDK sends its items back by reference),
- * errors as APICallError.  The cases live in tests/openai-sdk/ai-sdk.test.mjs;
- * this program starts the server and runs them.  Skips when node or the
- * packages (`npm ci` in tests/openai-sdk, which ./dev.sh test runs) are missing.
+ * structured outputs (Output.object with generateText and streamText,
+ * generateObject on the Responses and the chat model: a random model's JSON
+ * that parses and validates against the schema), errors as APICallError.
+ * The cases live in tests/openai-sdk/ai-sdk.test.mjs; this program starts
+ * the server and runs them.  Skips when node or the packages (`npm ci` in
+ * tests/openai-sdk, which ./dev.sh test runs) are missing.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -511,6 +511,21 @@ static void jinja_resolve_keeps_native_revisions_and_refuses_what_cannot_parse(v
              "unparsable: %s", err.msg);
     KT_CHECK(kt_chat_format_resolve("{{ messages[0].content }}", &format, &err) == KT_OK && format == KT_CHAT_JINJA,
              "a foreign template");
+    /* a published revision with a statement added keeps every pinned substring: the probe renders catch it */
+    char *r1 = read_golden_file("deepseek-r1.jinja");
+    const char *at = r1 ? strstr(r1, "{{ bos_token }}{{ ns.system_prompt }}") : NULL;
+    if (at) {
+        size_t head = (size_t)(at - r1);
+        char added[16384];
+        snprintf(added, sizeof added, "%.*s{{ bos_token }}{{ ns.system_prompt }}{%% if tools %%}{{ tools | tojson }}"
+                 "{%% endif %%}%s", (int)head, r1, at + strlen("{{ bos_token }}{{ ns.system_prompt }}"));
+        KT_CHECK(kt_chat_format_detect(added, &format, &err) == KT_OK && format == KT_CHAT_DEEPSEEK_R1,
+                 "the pins still match");
+        KT_CHECK(kt_chat_format_resolve(added, &format, &err) == KT_OK && format == KT_CHAT_JINJA,
+                 "R1 with a tools block resolves to %s", kt_chat_format_name(format));
+    }
+    KT_CHECK(at != NULL, "deepseek-r1.jinja changed");
+    free(r1);
     KT_CHECK(strcmp(kt_chat_format_name(KT_CHAT_JINJA), "jinja") == 0, "name");
     KT_CHECK(kt_chat_format_renders_tools(KT_CHAT_JINJA), "jinja renders tools");
     size_t n = 9;
@@ -617,6 +632,84 @@ static char *patched_golden(const char *name)
 
 static const char CHAT_BODY[] = "{\"messages\": [{\"role\": \"system\", \"content\": \"You are a helpful "
                                 "assistant.\"}, {\"role\": \"user\", \"content\": \"Hello!\"}], \"max_tokens\": 4}";
+
+static struct kt_tokenizer *open_tokenizer(const char *model, struct kt_gguf **g)
+{
+    struct kt_tokenizer *tok = NULL;
+    kt_err err = {0};
+    *g = NULL;
+    KT_CHECK(kt_gguf_open(model, g, &err) == KT_OK && kt_tokenizer_create(*g, &tok, &err) == KT_OK, "%s: %s", model,
+             err.msg);
+    return tok;
+}
+
+/* What a server reads off a template it renders with the interpreter: the
+ * family from the tool-call markers the template writes, else from the
+ * vocabulary's special tokens; thinking from <think>; whether tools are read. */
+static void jinja_traits_take_the_family_from_the_template_or_the_vocabulary(const char *kimi_model)
+{
+    static const struct {
+        const char *file;
+        kt_chat_family family;
+        bool thinks, renders_tools;
+    } expect[] = {
+        {"kimi-k2-instruct-0905-patched.jinja", KT_CHAT_FAMILY_KIMI, false, true},
+        {"kimi-k2-thinking-compact-tools.jinja", KT_CHAT_FAMILY_KIMI, true, true},
+        {"kimi-k2-instruct.jinja", KT_CHAT_FAMILY_KIMI, false, true},
+        {"deepseek-r1.jinja", KT_CHAT_FAMILY_DEEPSEEK, true, false},
+        {"deepseek-r1-think.jinja", KT_CHAT_FAMILY_DEEPSEEK, true, false},
+        {"deepseek-v3-0324.jinja", KT_CHAT_FAMILY_DEEPSEEK, false, false},
+        /* DeepSeek's markers with V3.1's call form (NAME<｜tool▁sep｜>ARGS): not read as V3's */
+        {"deepseek-v3.1.jinja", KT_CHAT_FAMILY_UNKNOWN, true, false},
+        {"chatml-macros.jinja", KT_CHAT_FAMILY_UNKNOWN, true, true},
+    };
+    for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++) {
+        char *text = read_golden_file(expect[i].file);
+        if (!text)
+            continue;
+        kt_chat_traits t = kt_chat_traits_of(KT_CHAT_JINJA, text, NULL);
+        KT_CHECK(t.family == expect[i].family && t.thinks == expect[i].thinks &&
+                     t.renders_tools == expect[i].renders_tools,
+                 "%s: family %s thinks %d tools %d", expect[i].file, kt_chat_family_name(t.family), t.thinks,
+                 t.renders_tools);
+        free(text);
+    }
+    /* native revisions carry their own */
+    kt_chat_traits r1 = kt_chat_traits_of(KT_CHAT_DEEPSEEK_R1_THINK, NULL, NULL);
+    kt_chat_traits k2 = kt_chat_traits_of(KT_CHAT_KIMI_K2_INSTRUCT_0905, NULL, NULL);
+    KT_CHECK(r1.family == KT_CHAT_FAMILY_DEEPSEEK && r1.thinks && !r1.renders_tools, "r1-think traits");
+    KT_CHECK(k2.family == KT_CHAT_FAMILY_KIMI && !k2.thinks && k2.renders_tools, "0905 traits");
+    KT_CHECK(kt_chat_traits_of(KT_CHAT_FORMAT_UNKNOWN, NULL, NULL).family == KT_CHAT_FAMILY_UNKNOWN, "unknown");
+    size_t n = 0;
+    const char *const *stops = kt_chat_family_stop_strings(KT_CHAT_FAMILY_DEEPSEEK, &n);
+    KT_CHECK(n == 1 && strcmp(stops[0], "<｜end▁of▁sentence｜>") == 0, "deepseek stops");
+    stops = kt_chat_family_stop_strings(KT_CHAT_FAMILY_KIMI, &n);
+    KT_CHECK(n == 4 && strcmp(stops[0], "<|im_end|>") == 0, "kimi stops");
+    KT_CHECK(kt_chat_family_stop_strings(KT_CHAT_FAMILY_UNKNOWN, &n) == NULL && n == 0, "unknown stops");
+
+    /* a template that writes no markers: the vocabulary decides */
+    char ds_model[1024];
+    snprintf(ds_model, sizeof ds_model, "%s", kt_test_path("jinja-traits-v3.gguf"));
+    struct kt_gguf *kg = NULL, *dg = NULL;
+    struct kt_tokenizer *kimi = open_tokenizer(kimi_model, &kg), *ds = NULL;
+    if (make_model(ds_model, "tiny-v3", NULL))
+        ds = open_tokenizer(ds_model, &dg);
+    const char *plain = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+    KT_CHECK(kt_chat_traits_of(KT_CHAT_JINJA, plain, NULL).family == KT_CHAT_FAMILY_UNKNOWN, "no vocabulary");
+    if (kimi)
+        KT_CHECK(kt_chat_traits_of(KT_CHAT_JINJA, plain, kimi).family == KT_CHAT_FAMILY_KIMI &&
+                     !kt_chat_traits_of(KT_CHAT_JINJA, plain, kimi).renders_tools,
+                 "Kimi's vocabulary");
+    if (ds)
+        KT_CHECK(kt_chat_traits_of(KT_CHAT_JINJA, plain, ds).family == KT_CHAT_FAMILY_DEEPSEEK, "DeepSeek's vocabulary");
+    char *v31 = read_golden_file("deepseek-v3.1.jinja");
+    if (v31 && ds) /* the template's markers win over the vocabulary */
+        KT_CHECK(kt_chat_traits_of(KT_CHAT_JINJA, v31, ds).family == KT_CHAT_FAMILY_UNKNOWN, "V3.1 on V3's vocabulary");
+    free(v31);
+    kt_tokenizer_destroy(kimi), kt_tokenizer_destroy(ds);
+    kt_gguf_close(kg), kt_gguf_close(dg);
+    unlink(ds_model);
+}
 
 /* The GGUF's own template is none kt renders natively: the serve prompt API
  * renders it through the interpreter, as the golden says. */
@@ -773,6 +866,7 @@ int main(void)
     char *patched = read_golden_file(PATCHED);
     if (patched && make_model(known, "tiny", NULL) && copy_with_template(known, model, patched)) {
         RUN_WITH(jinja_a_gguf_with_an_unrecognised_template_renders_its_chat_prompts, model);
+        RUN_WITH(jinja_traits_take_the_family_from_the_template_or_the_vocabulary, known);
         if (have_curl()) {
             KT_RUN_2(jinja_kt_serve_serves_a_chat_with_a_template_kt_does_not_recognise, model, known);
         } else {

@@ -8,7 +8,8 @@
  * order of a stream (text; thinking, text and a tool call), a tool round
  * trip, stop_sequences, the max_tokens stop, count_tokens against the usage,
  * 400 / 401 / 404 / 405 in Anthropic's error shape, x-api-key, DeepSeek's made-up
- * call ids and thinking, and a stream the server ended (timeout, drain)
+ * call ids and thinking, thinking.budget_tokens closing the block in time
+ * (Kimi-K2-Thinking and DeepSeek-R1), and a stream the server ended (timeout, drain)
  * ending with an error event and no message_stop.
  */
 #include <jansson.h>
@@ -851,6 +852,55 @@ static void deepseek_tool_use_and_thinking(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+/* thinking.enabled.budget_tokens is kept for the grammar, which closes the block after that many tokens:
+ * a greedy random model, which would otherwise reason until max_tokens, answers after at most the budget. */
+static void thinking_budget_closes_the_block(void)
+{
+    struct kt_api_request r;
+    if (parse_ok("{\"model\": \"m\", \"max_tokens\": 5000, \"thinking\": {\"type\": \"enabled\", \"budget_tokens\": "
+                 "2048}, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
+                 &r)) {
+        KT_CHECK(r.thinking_budget == 2048 && r.thinking == KT_CHAT_THINKING_ON, "budget %u", r.thinking_budget);
+        kt_api_request_free(&r);
+    }
+    if (parse_ok("{\"model\": \"m\", \"max_tokens\": 5, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", &r)) {
+        KT_CHECK(r.thinking_budget == 0, "no budget without thinking");
+        kt_api_request_free(&r);
+    }
+    static const char *const presets[] = {"tiny-thinking", "tiny-r1"};
+    for (size_t p = 0; p < 2; p++) {
+        char model[1024], file[64];
+        snprintf(file, sizeof file, "anthropic-%s.gguf", presets[p]);
+        snprintf(model, sizeof model, "%s", kt_test_path(file));
+        struct test_server s;
+        if (!make_model(model, presets[p], NULL) || !server_start(&s, model, "-t 2 -q --served-model-name m", true)) {
+            KT_CHECK(false, "%s: no server", presets[p]);
+            continue;
+        }
+        struct kt_buf out = {0};
+        int code = http(&s, NULL, "/v1/messages",
+                        "{\"model\": \"m\", \"max_tokens\": 1100, \"temperature\": 0, \"thinking\": {\"type\": "
+                        "\"enabled\", \"budget_tokens\": 1024}, \"messages\": [{\"role\": \"user\", \"content\": "
+                        "\"Think about rivers.\"}]}",
+                        &out, NULL);
+        json_t *j = parse(&out);
+        const json_t *content = json_object_get(j, "content"), *think = json_array_get(content, 0);
+        const json_t *text = json_array_get(content, 1);
+        const char *stop = str(j, "stop_reason");
+        KT_CHECK(code == 200 && strcmp(str(think, "type"), "thinking") == 0 && strlen(str(think, "thinking")) > 0,
+                 "%s: a thinking block first: %.300s", presets[p], kt_buf_str(&out));
+        /* closed within the budget: an answer follows, or the turn ended right after the block */
+        KT_CHECK((text && strcmp(str(text, "type"), "text") == 0) || strcmp(stop, "end_turn") == 0,
+                 "%s: the block was not closed (stop_reason %s, %zu blocks, %lld output tokens)", presets[p], stop,
+                 json_array_size(content),
+                 (long long)json_integer_value(json_object_get(json_object_get(j, "usage"), "output_tokens")));
+        json_decref(j);
+        kt_buf_free(&out);
+        KT_CHECK(server_stop(&s) == 0, "exit status");
+        unlink(model);
+    }
+}
+
 static void api_key_as_x_api_key(void)
 {
     struct test_server s;
@@ -976,6 +1026,7 @@ int main(void)
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
     KT_RUN(deepseek_tool_use_and_thinking);
+    KT_RUN(thinking_budget_closes_the_block);
     KT_RUN(api_key_as_x_api_key);
     KT_RUN(server_ended_streams_end_with_an_error_event);
     unlink(kimi), unlink(deepseek);

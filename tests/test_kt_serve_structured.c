@@ -9,7 +9,10 @@
  * schema kt cannot follow is a 400 naming where; a pattern holds (POSIX
  * regexec checks it); tool_choice "required" and
  * a named function give a parsed call of a declared tool whose arguments
- * validate against its parameters, in Kimi-K2's and DeepSeek's syntax.
+ * validate against its parameters, in Kimi-K2's and DeepSeek's syntax;
+ * thinking models (Kimi-K2-Thinking, DeepSeek-R1 and its later revision,
+ * whose prompt opens the block) reason in free text and the schema holds
+ * for the content after </think>.
  */
 #include <jansson.h>
 #include <regex.h>
@@ -355,6 +358,70 @@ static void deepseek_tool_choice_forces_a_valid_call(void)
     KT_CHECK(server_stop(&s) == 0, "exit status");
 }
 
+/* The last token id of text as /tokenize gives it (a special token's id). */
+static int last_token(const struct test_server *s, const char *text)
+{
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\": \"%s\"}", text);
+    int code;
+    json_t *j = post(s, "/tokenize", body, &code);
+    json_t *tokens = json_object_get(j, "tokens");
+    int id = code == 200 && json_array_size(tokens) ? (int)json_integer_value(json_array_get(tokens, json_array_size(tokens) - 1)) : -1;
+    json_decref(j);
+    return id;
+}
+
+/* A thinking model reasons in free text first, then the schema holds for the content after </think>:
+ * Kimi-K2-Thinking and DeepSeek-R1 (the model opens the block) and R1's later revision (the prompt opens it). */
+static void thinking_models_reason_then_answer_in_the_schema(void)
+{
+    static const struct {
+        const char *preset, *template_file;
+    } cases[] = {{"tiny-thinking", NULL}, {"tiny-r1", NULL}, {"tiny-r1", "deepseek-r1-think.jinja"}};
+    json_t *schema = json_loads(person, 0, NULL);
+    const char *src = getenv("KT_SOURCE_DIR");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char model[1024], file[64], args[1400] = "-t 2 -q --ctx 4096";
+        snprintf(file, sizeof file, "structured-think-%zu.gguf", c);
+        snprintf(model, sizeof model, "%s", kt_test_path(file));
+        if (cases[c].template_file)
+            snprintf(args, sizeof args, "-t 2 -q --ctx 4096 --chat-template %s/tests/golden/chat/%s", src ? src : ".",
+                     cases[c].template_file);
+        struct test_server s;
+        if (!make_model(model, cases[c].preset, NULL) || !server_start(&s, model, args, true)) {
+            KT_CHECK(false, "%s: no server", cases[c].preset);
+            continue;
+        }
+        int open = last_token(&s, "<think>"), close = last_token(&s, "</think>");
+        KT_CHECK(open >= 0 && close >= 0 && open != close, "%s: think tokens %d %d", cases[c].preset, open, close);
+        for (int seed = 1; seed <= 2; seed++) {
+            /* the model is steered into its block (a random one seldom opens it) and, after a while, out */
+            char body[4096];
+            snprintf(body, sizeof body,
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"A person, please.\"}], \"max_tokens\": 800, "
+                     "\"seed\": %d, \"logit_bias\": {\"34\": 4, \"93\": 4, \"125\": 4, \"%d\": 100, \"%d\": 4}, "
+                     "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"person\", "
+                     "\"strict\": true, \"schema\": %s}}}",
+                     seed, open, close, person);
+            int code;
+            json_t *j = post(&s, "/v1/chat/completions", body, &code);
+            json_t *choice = json_array_get(json_object_get(j, "choices"), 0);
+            const json_t *msg = json_object_get(choice, "message");
+            char what[96];
+            snprintf(what, sizeof what, "%s%s seed %d", cases[c].preset, cases[c].template_file ? " (r1-think)" : "",
+                     seed);
+            KT_CHECK(code == 200, "%s: status %d", what, code);
+            KT_CHECK(strlen(str(msg, "reasoning_content")) > 0, "%s: no reasoning (%s)", what,
+                     json_dumps(j, JSON_COMPACT));
+            check_valid(choice, str(msg, "content"), schema, what);
+            json_decref(j);
+        }
+        KT_CHECK(server_stop(&s) == 0, "exit status");
+        unlink(model);
+    }
+    json_decref(schema);
+}
+
 int main(void)
 {
     if (!have_curl())
@@ -377,6 +444,7 @@ int main(void)
         KT_CHECK(server_stop(&s) == 0, "exit status");
     }
     KT_RUN(deepseek_tool_choice_forces_a_valid_call);
+    KT_RUN(thinking_models_reason_then_answer_in_the_schema);
     unlink(kimi), unlink(deepseek);
     return kt_test_finish();
 }

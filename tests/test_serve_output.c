@@ -55,7 +55,7 @@ static void check(const char *what, const struct kt_output_params *p, const char
 
 static void kimi_tool_calls_keep_their_ids(void)
 {
-    struct kt_output_params p = {.format = KT_CHAT_KIMI_K2_INSTRUCT, .reasoning = true, .tools = true};
+    struct kt_output_params p = {.family = KT_CHAT_FAMILY_KIMI, .reasoning = true, .tools = true};
     check("kimi two calls", &p,
           "Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
           "<|tool_call_argument_begin|>{\"city\": \"Beijing\"}<|tool_call_end|><|tool_call_begin|> functions.get_time:1 "
@@ -75,25 +75,25 @@ static void kimi_tool_calls_keep_their_ids(void)
           "<|tool_calls_section_begin|><|tool_call_begin|>functions.a:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
           "<|tool_call_begin|>functions.b:1<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
           &(struct expect){"", "", 1, {"functions.a:0"}, {"a"}, {"{}"}});
-    struct kt_output_params no_tools = {.format = KT_CHAT_KIMI_K2_INSTRUCT, .reasoning = false};
+    struct kt_output_params no_tools = {.family = KT_CHAT_FAMILY_KIMI, .reasoning = false};
     check("kimi without tool parsing leaves markers in content", &no_tools, "<think>x</think><|tool_call_begin|>y",
           &(struct expect){"", "<think>x</think><|tool_call_begin|>y", 0, {0}, {0}, {0}});
 }
 
 static void reasoning_splits_at_think(void)
 {
-    struct kt_output_params p = {.format = KT_CHAT_KIMI_K2_THINKING, .reasoning = true, .tools = true};
+    struct kt_output_params p = {.family = KT_CHAT_FAMILY_KIMI, .reasoning = true, .tools = true};
     check("think block", &p, "<think>step 1\nstep 2</think>The answer is 4.",
           &(struct expect){"step 1\nstep 2", "The answer is 4.", 0, {0}, {0}, {0}});
     check("no think block", &p, "<thin and more", &(struct expect){"", "<thin and more", 0, {0}, {0}, {0}});
     check("think never closed", &p, "<think>still thinking", &(struct expect){"still thinking", "", 0, {0}, {0}, {0}});
-    struct kt_output_params open = {.format = KT_CHAT_DEEPSEEK_R1_THINK, .reasoning = true, .reasoning_open = true};
+    struct kt_output_params open = {.family = KT_CHAT_FAMILY_DEEPSEEK, .reasoning = true, .reasoning_open = true};
     check("deepseek forced open", &open, "hmm</think>\n\nyes", &(struct expect){"hmm", "\n\nyes", 0, {0}, {0}, {0}});
 }
 
 static void deepseek_tool_calls_with_fences(void)
 {
-    struct kt_output_params p = {.format = KT_CHAT_DEEPSEEK_V3_0324, .reasoning = true, .tools = true,
+    struct kt_output_params p = {.family = KT_CHAT_FAMILY_DEEPSEEK, .reasoning = true, .tools = true,
                                  .id_prefix = "call_x_"};
     check("deepseek two calls", &p,
           "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"

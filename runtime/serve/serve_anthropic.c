@@ -836,6 +836,8 @@ static bool parse_thinking(struct kt_api_request *r, const json_t *root, bool co
             kt_api_error_invalid(e, "thinking", "`max_tokens` must be greater than `thinking.budget_tokens`");
             return false;
         }
+        json_int_t n = json_integer_value(budget);
+        r->thinking_budget = n > (json_int_t)UINT32_MAX - 1 ? UINT32_MAX - 1 : (uint32_t)n; /* the grammar enforces it */
     }
     /* adaptive and between_tools leave it to the model: its template decides, as without the field */
     r->thinking = type == 0 ? KT_CHAT_THINKING_ON : type == 3 ? KT_CHAT_THINKING_OFF : KT_CHAT_THINKING_DEFAULT;

@@ -11,11 +11,6 @@
 
 #define MAX_PARALLEL_CALLS 16
 
-static bool is_deepseek(kt_chat_format f)
-{
-    return f == KT_CHAT_DEEPSEEK_V3_0324 || f == KT_CHAT_DEEPSEEK_R1 || f == KT_CHAT_DEEPSEEK_R1_THINK;
-}
-
 struct build {
     struct kt_grammar *g;
     const struct kt_tokenizer *tok;
@@ -156,7 +151,7 @@ static size_t earlier_calls(const struct kt_api_request *r)
 static bool tool_grammar(struct build *b, const struct kt_serve_model *m, const struct kt_api_request *r,
                          uint32_t *root, struct kt_api_error *e)
 {
-    bool deepseek = is_deepseek(m->format);
+    bool deepseek = kt_serve_traits(m).family == KT_CHAT_FAMILY_DEEPSEEK;
     const char *section_end = deepseek ? "<｜tool▁calls▁end｜>" : "<|tool_calls_section_end|>";
     size_t n_tools = json_array_size(r->tools);
     if (r->tool_choice == KT_TOOL_CHOICE_NAMED) {
@@ -204,29 +199,39 @@ done:
     return b->st == KT_OK;
 }
 
-/* A thinking model's reasoning block, then body: <think> TEXT </think> (optional;
- * only TEXT </think> when the prompt opened the block), a little whitespace. */
-static uint32_t after_reasoning(struct build *b, const struct kt_serve_model *m, const struct kt_output_params *op,
-                                uint32_t body)
+/* Whether the model reasons in a <think> block the grammar can delimit (both markers special tokens). */
+static bool reasons(const struct build *b, const struct kt_serve_model *m, const struct kt_output_params *op)
 {
-    bool thinks = m->format == KT_CHAT_KIMI_K2_THINKING || m->format == KT_CHAT_DEEPSEEK_R1 ||
-                  m->format == KT_CHAT_DEEPSEEK_R1_THINK;
     int32_t open = kt_token_find(b->tok, "<think>", 7), close = kt_token_find(b->tok, "</think>", 8);
-    if (!op || !op->reasoning || !thinks || close < 0 || kt_token_type(b->tok, close) == KT_TOK_NORMAL ||
-        (!op->reasoning_open && (open < 0 || kt_token_type(b->tok, open) == KT_TOK_NORMAL)))
+    return op && op->reasoning && kt_serve_traits(m).thinks && close >= 0 &&
+           kt_token_type(b->tok, close) != KT_TOK_NORMAL &&
+           (op->reasoning_open || (open >= 0 && kt_token_type(b->tok, open) != KT_TOK_NORMAL));
+}
+
+/* A thinking model's reasoning block, then body: <think> TEXT </think> (optional;
+ * only TEXT </think> when the prompt opened the block), a little whitespace.
+ * With a budget the block is required and TEXT is at most that many tokens:
+ * then </think> is the only token left, and the answer follows. */
+static uint32_t after_reasoning(struct build *b, const struct kt_serve_model *m, const struct kt_output_params *op,
+                                uint32_t budget, uint32_t body)
+{
+    if (!reasons(b, m, op))
         return body;
     static const char *const ws[] = {" ", "\n"};
     static const size_t ws_lens[] = {1, 1};
     uint32_t text = 0, space = 0, spaces = 0, closing = marker(b, "</think>");
     if (b->st == KT_OK)
-        b->st = kt_grammar_text(b->g, "</think>", 8, &text, &b->err);
+        b->st = kt_grammar_text_budget(b->g, "</think>", 8, budget ? budget : KT_GRAMMAR_UNBOUNDED, &text, &b->err);
     if (b->st == KT_OK)
         b->st = kt_grammar_literals(b->g, ws, ws_lens, 2, &space, &b->err);
     if (b->st == KT_OK)
         b->st = kt_grammar_repeat(b->g, space, 0, 4, &spaces, &b->err);
     uint32_t tail[] = {text, closing, spaces};
     uint32_t block = seq(b, tail, 3);
-    if (!op->reasoning_open) {
+    if (!op->reasoning_open && budget) {
+        uint32_t full[] = {marker(b, "<think>"), block};
+        block = seq(b, full, 2);
+    } else if (!op->reasoning_open) {
         uint32_t full[] = {marker(b, "<think>"), block};
         uint32_t alts[] = {seq(b, full, 2), seq(b, NULL, 0)};
         if (b->st == KT_OK)
@@ -242,15 +247,19 @@ bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_
     *out = NULL;
     bool tools = r->kind == KT_API_CHAT && r->tools &&
                  (r->tool_choice == KT_TOOL_CHOICE_REQUIRED || r->tool_choice == KT_TOOL_CHOICE_NAMED);
-    if (!tools && r->response_format == KT_RESPONSE_TEXT)
-        return true;
     struct build b = {.tok = m->tok};
+    /* a thinking budget alone: the bounded block, then anything */
+    bool budget_only = !tools && r->response_format == KT_RESPONSE_TEXT && r->thinking_budget && reasons(&b, m, op);
+    if (!tools && r->response_format == KT_RESPONSE_TEXT && !budget_only)
+        return true;
     e->http_status = 0;
     b.st = kt_grammar_create(&b.g, &b.err);
     uint32_t root = 0;
     if (b.st == KT_OK) {
         if (tools)
             tool_grammar(&b, m, r, &root, e);
+        else if (budget_only)
+            b.st = kt_grammar_any(b.g, &root, &b.err);
         else if (r->response_format == KT_RESPONSE_JSON_OBJECT)
             b.st = kt_json_any_object(b.g, &root, &b.err);
         else if (r->response_format == KT_RESPONSE_REGEX)
@@ -262,7 +271,7 @@ bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_
             b.st = kt_json_schema_compile(b.g, r->response_schema, &root, &b.err);
     }
     if (b.st == KT_OK && !tools)
-        root = after_reasoning(&b, m, op, root);
+        root = after_reasoning(&b, m, op, r->thinking_budget, root);
     if (b.st == KT_OK)
         b.st = kt_grammar_set_root(b.g, root, &b.err);
     if (b.st != KT_OK) {

@@ -33,7 +33,10 @@
  * model (Kimi-K2-Thinking, DeepSeek-R1) reasons, the JSON, regex or choice
  * comes after its reasoning block: <think> any text </think> (the block
  * optional; only its rest when the prompt opened it), then up to 4 spaces or
- * newlines.  Tool calls start at once (the prompt opened the call). */
+ * newlines.  Tool calls start at once (the prompt opened the call).
+ * r->thinking_budget (Anthropic's budget_tokens) makes the block required and
+ * at most that many tokens long, then </think> is forced and the answer
+ * follows (with no response_format: anything, special tokens included). */
 /* *out: NULL when the request constrains nothing.  false with e set (400
  * naming the tool whose parameters kt cannot follow; 500 out of memory). */
 bool kt_serve_grammar_build(const struct kt_serve_model *m, const struct kt_api_request *r,

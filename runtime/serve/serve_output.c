@@ -56,14 +56,7 @@ static const char *const ds_args_end[] = {"\n```<｜tool▁call▁end｜>", "<�
 
 static bool is_kimi(const struct kt_output *o)
 {
-    switch (o->params.format) {
-    case KT_CHAT_DEEPSEEK_V3_0324:
-    case KT_CHAT_DEEPSEEK_R1:
-    case KT_CHAT_DEEPSEEK_R1_THINK:
-        return false;
-    default:
-        return true;
-    }
+    return o->params.family != KT_CHAT_FAMILY_DEEPSEEK;
 }
 
 void kt_output_init(struct kt_output *o, const struct kt_output_params *params)

@@ -29,7 +29,7 @@
 #include "serve_text.h"
 
 struct kt_output_params {
-    kt_chat_format format;  /* picks the family's markers (Kimi or DeepSeek) */
+    kt_chat_family family;  /* picks the markers: DeepSeek's, else Kimi's (kt_chat_traits_of) */
     bool reasoning;         /* split <think>...</think> off as reasoning */
     bool reasoning_open;    /* the prompt opened the block: output starts inside it */
     bool tools;             /* parse tool calls (else markers stay content) */

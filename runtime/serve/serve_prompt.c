@@ -12,9 +12,9 @@
 #include "serve_grammar.h"
 #include "serve_text.h"
 
-static bool is_deepseek(kt_chat_format f)
+kt_chat_traits kt_serve_traits(const struct kt_serve_model *m)
 {
-    return f == KT_CHAT_DEEPSEEK_V3_0324 || f == KT_CHAT_DEEPSEEK_R1 || f == KT_CHAT_DEEPSEEK_R1_THINK;
+    return kt_chat_traits_of(m->format, m->chat_template, m->tok);
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -73,7 +73,9 @@ bool kt_prompt_render_chat(const struct kt_serve_model *m, const struct kt_api_r
     kt_chat_message *patched = NULL;
     char *system = NULL;
     kt_chat_options opts = {.add_generation_prompt = r->add_generation_prompt, .thinking = r->thinking};
-    if (r->tools && r->tool_choice != KT_TOOL_CHOICE_NONE && !kt_chat_format_renders_tools(m->format)) {
+    kt_chat_traits traits = kt_serve_traits(m);
+    if (r->tools && r->tool_choice != KT_TOOL_CHOICE_NONE && !traits.renders_tools &&
+        traits.family == KT_CHAT_FAMILY_DEEPSEEK) {
         bool has_system = n > 0 && msgs[0].role == KT_CHAT_SYSTEM;
         patched = calloc(n + 1, sizeof *patched);
         system = deepseek_tools_system(has_system ? msgs[0].content : NULL, r->tools);
@@ -129,7 +131,7 @@ static bool tool_prefill(const struct kt_serve_model *m, const struct kt_api_req
     if (r->tool_choice != KT_TOOL_CHOICE_REQUIRED && r->tool_choice != KT_TOOL_CHOICE_NAMED)
         return false;
     bool named = r->tool_choice == KT_TOOL_CHOICE_NAMED;
-    if (is_deepseek(m->format)) {
+    if (kt_serve_traits(m).family == KT_CHAT_FAMILY_DEEPSEEK) {
         kt_buf_puts(b, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>");
         if (named)
             kt_buf_printf(b, "%s\n```json\n", r->tool_choice_name);
@@ -150,6 +152,22 @@ static void apply_thinking(const struct kt_serve_model *m, const struct kt_api_r
                          r->messages.items[r->messages.count - 1].role != KT_CHAT_TOOL &&
                          r->messages.items[r->messages.count - 1].role != KT_CHAT_ASSISTANT;
     op->reasoning = !off;
+    if (m->format == KT_CHAT_JINJA) {
+        /* a template kt does not know: its prompt may open the block, as R1's later revision does */
+        kt_chat_traits traits = kt_serve_traits(m);
+        if (!traits.thinks)
+            return;
+        const char *s = kt_buf_str(text);
+        if (ends_with(s, "<think>\n") || ends_with(s, "<think>")) {
+            if (off)
+                kt_buf_puts(text, "</think>");
+            else
+                op->reasoning_open = true;
+        } else if (off && at_generation) {
+            kt_buf_puts(text, traits.family == KT_CHAT_FAMILY_DEEPSEEK ? "<think>\n\n</think>\n\n" : "<think></think>");
+        }
+        return;
+    }
     switch (m->format) {
     case KT_CHAT_KIMI_K2_THINKING:
         if (off && at_generation)
@@ -231,8 +249,16 @@ bool kt_prompt_prepare_at(const struct kt_serve_model *m, const struct kt_api_re
         free(rendered);
         out->parse_output = true;
         out->special = true;
-        out->output.format = m->format;
-        out->output.tools = r->tool_choice != KT_TOOL_CHOICE_NONE;
+        kt_chat_traits traits = kt_serve_traits(m);
+        if (r->tools && (r->tool_choice == KT_TOOL_CHOICE_REQUIRED || r->tool_choice == KT_TOOL_CHOICE_NAMED) &&
+            traits.family == KT_CHAT_FAMILY_UNKNOWN) {
+            kt_api_error_invalid(e, "tool_choice",
+                                 "this model's chat template writes no tool-call syntax kt knows (Kimi-K2's or "
+                                 "DeepSeek-V3/R1's), so a call cannot be forced; use tool_choice \"auto\" or \"none\"");
+            goto done;
+        }
+        out->output.family = traits.family;
+        out->output.tools = r->tool_choice != KT_TOOL_CHOICE_NONE && traits.family != KT_CHAT_FAMILY_UNKNOWN;
         out->output.single_tool_call = !r->parallel_tool_calls;
         apply_thinking(m, r, &text, &out->output);
         struct kt_buf prefill = {0};
@@ -254,7 +280,7 @@ bool kt_prompt_prepare_at(const struct kt_serve_model *m, const struct kt_api_re
         }
         out->output.id_prefix = out->id_prefix;
         size_t n_family;
-        const char *const *family = kt_chat_stop_strings(m->format, &n_family);
+        const char *const *family = kt_chat_family_stop_strings(traits.family, &n_family);
         if (r->ignore_eos)
             n_family = 0; /* their tokens are end-of-generation ones, ignored too */
         for (size_t i = 0; i < n_family; i++)

@@ -13,6 +13,9 @@
  *    not split off.  Other formats: off only turns the <think> split off.
  *  - tools on DeepSeek-V3/R1, whose templates do not declare tools: the
  *    declaration and the call format go into the system prompt.
+ *  - a template only the interpreter renders: its family (kt_chat_traits_of)
+ *    picks the tool-call syntax, stop strings and thinking; a prompt ending
+ *    in "<think>" opens the block; a forced call with no known syntax is a 400.
  *  - tool_choice "required" / a named function: the prompt ends with the
  *    opening of a tool call (Kimi: "functions.NAME:N" with N the number of
  *    earlier calls in the conversation), which the output parser reads as
@@ -68,6 +71,9 @@ kt_chat_format kt_serve_chat_template(const struct kt_gguf *g, const char *templ
 
 /* kt_serve_chat_template(g, NULL, NULL, ...). */
 kt_chat_format kt_serve_chat_format(const struct kt_gguf *g, char *why, size_t why_size);
+
+/* The model's template family and what it does (kt_chat_traits_of). */
+kt_chat_traits kt_serve_traits(const struct kt_serve_model *m);
 
 /* Renders and tokenizes.  false with e set: 400 for what the request asks
  * wrongly (context too long: code "context_length_exceeded"), 500 otherwise. */

@@ -108,6 +108,7 @@ struct kt_api_request {
     char *tool_choice_name;      /* KT_TOOL_CHOICE_NAMED */
     bool parallel_tool_calls;
     kt_chat_thinking thinking;   /* chat_template_kwargs.thinking / enable_thinking */
+    uint32_t thinking_budget;    /* reasoning tokens at most (Anthropic thinking.budget_tokens); 0: no bound */
     bool add_generation_prompt;  /* extension, default true */
 
     /* completions: the prompts (a string, token ids, or a list of either);

@@ -20,6 +20,7 @@
 
 #include "chat_internal.h"
 #include "jinja.h"
+#include "tokenizer.h"
 
 /* ---------------------------------------------------------------- text --- */
 
@@ -366,21 +367,72 @@ bool kt_chat_format_renders_tools(kt_chat_format format)
     return format == KT_CHAT_JINJA || kt_chat_revision_of(format)->is_kimi;
 }
 
-const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count)
+const char *const *kt_chat_family_stop_strings(kt_chat_family family, size_t *count)
 {
     static const char *const kimi[] = {"<|im_end|>", "[EOS]", "[EOT]", "<|im_middle|>"};
     static const char *const deepseek[] = {"<｜end▁of▁sentence｜>"};
-    const kt_chat_revision *rev = kt_chat_revision_of(format);
-    if (rev->format == KT_CHAT_FORMAT_UNKNOWN) { /* KT_CHAT_JINJA too */
+    switch (family) {
+    case KT_CHAT_FAMILY_KIMI:
+        *count = sizeof kimi / sizeof kimi[0];
+        return kimi;
+    case KT_CHAT_FAMILY_DEEPSEEK:
+        *count = sizeof deepseek / sizeof deepseek[0];
+        return deepseek;
+    default:
         *count = 0;
         return NULL;
     }
-    if (rev->is_kimi) {
-        *count = sizeof kimi / sizeof kimi[0];
-        return kimi;
+}
+
+static kt_chat_family revision_family(const kt_chat_revision *rev)
+{
+    if (rev->format == KT_CHAT_FORMAT_UNKNOWN)
+        return KT_CHAT_FAMILY_UNKNOWN;
+    return rev->is_kimi ? KT_CHAT_FAMILY_KIMI : KT_CHAT_FAMILY_DEEPSEEK;
+}
+
+const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count)
+{
+    return kt_chat_family_stop_strings(revision_family(kt_chat_revision_of(format)), count);
+}
+
+const char *kt_chat_family_name(kt_chat_family family)
+{
+    return family == KT_CHAT_FAMILY_KIMI ? "kimi" : family == KT_CHAT_FAMILY_DEEPSEEK ? "deepseek" : "unknown";
+}
+
+static bool special_in_vocab(const struct kt_tokenizer *tok, const char *text)
+{
+    int32_t id = tok ? kt_token_find(tok, text, strlen(text)) : -1;
+    return id >= 0 && kt_token_type(tok, id) != KT_TOK_NORMAL && kt_token_type(tok, id) != KT_TOK_BYTE &&
+           kt_token_type(tok, id) != KT_TOK_UNDEFINED;
+}
+
+kt_chat_traits kt_chat_traits_of(kt_chat_format format, const char *template_text, const struct kt_tokenizer *tok)
+{
+    if (format != KT_CHAT_JINJA) {
+        const kt_chat_revision *rev = kt_chat_revision_of(format);
+        return (kt_chat_traits){
+            .family = revision_family(rev),
+            .thinks = format == KT_CHAT_KIMI_K2_THINKING || format == KT_CHAT_DEEPSEEK_R1 ||
+                      format == KT_CHAT_DEEPSEEK_R1_THINK,
+            .renders_tools = kt_chat_format_renders_tools(format),
+        };
     }
-    *count = sizeof deepseek / sizeof deepseek[0];
-    return deepseek;
+    const char *t = template_text ? template_text : "";
+    kt_chat_traits traits = {.thinks = strstr(t, "<think>") || strstr(t, "</think>"),
+                             .renders_tools = strstr(t, "tools") != NULL};
+    if (strstr(t, "<|tool_calls_section_begin|>") && strstr(t, "<|tool_call_begin|>"))
+        traits.family = KT_CHAT_FAMILY_KIMI;
+    else if (strstr(t, "<｜tool▁calls▁begin｜>") || strstr(t, "<｜tool▁call▁begin｜>"))
+        /* V3 and R1 write "TYPE<｜tool▁sep｜>NAME" then a ```json fence; V3.1 "NAME<｜tool▁sep｜>ARGS", which kt does not parse */
+        traits.family = strstr(t, "```json") && strstr(t, "<｜tool▁sep｜>") ? KT_CHAT_FAMILY_DEEPSEEK
+                                                                               : KT_CHAT_FAMILY_UNKNOWN;
+    else if (special_in_vocab(tok, "<|tool_calls_section_begin|>"))
+        traits.family = KT_CHAT_FAMILY_KIMI;
+    else if (special_in_vocab(tok, "<｜tool▁calls▁begin｜>"))
+        traits.family = KT_CHAT_FAMILY_DEEPSEEK;
+    return traits;
 }
 
 /* The template with each two-character "\n" turned into a newline. */
@@ -463,10 +515,58 @@ kt_status kt_chat_format_detect(const char *template_text, kt_chat_format *forma
                       forbidden ? "does not contain" : "needs", nearest_missing);
 }
 
+static kt_status render_jinja(const kt_chat_message *messages, size_t n, const json_t *tools,
+                              const kt_chat_options *options, char **out, kt_err *err);
+
+/* Whether the native renderer of format writes what the template itself
+ * writes for a few probe conversations (plain turns, a tool call and its
+ * result, reasoning, tools declared, with and without a generation prompt):
+ * the substrings detection pins cannot see statements a template adds.  A
+ * template the interpreter cannot render keeps the native renderer. */
+static bool native_matches_template(kt_chat_format format, const char *template_text)
+{
+    static const kt_chat_tool_call call = {"functions.get_weather:0", "get_weather", "{\"city\": \"Paris\"}"};
+    static const kt_chat_message plain[] = {
+        {.role = KT_CHAT_SYSTEM, .content = "Be brief."},
+        {.role = KT_CHAT_USER, .content = "Hi"},
+        {.role = KT_CHAT_ASSISTANT, .content = "Hello.", .reasoning_content = "greet"},
+        {.role = KT_CHAT_USER, .content = "Weather?"},
+    };
+    static const kt_chat_message tools_turns[] = {
+        {.role = KT_CHAT_USER, .content = "Weather in Paris?"},
+        {.role = KT_CHAT_ASSISTANT, .content = "", .tool_calls = &call, .n_tool_calls = 1},
+        {.role = KT_CHAT_TOOL, .content = "sunny", .tool_call_id = "functions.get_weather:0"},
+    };
+    const char *tools = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+                        "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]";
+    json_t *tools_json = json_loads(tools, 0, NULL);
+    bool same = true;
+    for (int probe = 0; probe < 4 && same && tools_json; probe++) {
+        kt_chat_options o = {.add_generation_prompt = probe % 2 == 0, .tools = probe >= 2 ? tools_json : NULL,
+                             .bos_token = "<｜begin▁of▁sentence｜>", .eos_token = "<｜end▁of▁sentence｜>",
+                             .template_text = template_text};
+        const kt_chat_message *m = probe < 2 ? plain : tools_turns;
+        size_t n = probe < 2 ? sizeof plain / sizeof plain[0] : sizeof tools_turns / sizeof tools_turns[0];
+        char *native = NULL, *jinja = NULL;
+        kt_err e = {0};
+        if (kt_chat_render(format, m, n, &o, &native, &e) == KT_OK &&
+            render_jinja(m, n, o.tools, &o, &jinja, &e) == KT_OK)
+            same = strcmp(native, jinja) == 0;
+        free(native);
+        free(jinja);
+    }
+    json_decref(tools_json);
+    return same;
+}
+
 kt_status kt_chat_format_resolve(const char *template_text, kt_chat_format *format, kt_err *err)
 {
     kt_err why = {0};
     kt_status st = kt_chat_format_detect(template_text, format, &why);
+    if (st == KT_OK && !native_matches_template(*format, template_text)) {
+        *format = KT_CHAT_JINJA; /* a known revision with something added: only the interpreter renders it */
+        return KT_OK;
+    }
     if (st != KT_ERR_UNSUPPORTED || !template_text || !template_text[0]) {
         if (st != KT_OK && err)
             *err = why;

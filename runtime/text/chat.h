@@ -37,7 +37,7 @@ typedef enum kt_chat_format {
     KT_CHAT_DEEPSEEK_R1_THINK,         /* DeepSeek-R1, later revision: generation prompt "<｜Assistant｜><think>\n" */
     KT_CHAT_FORMAT_COUNT,              /* the native revisions are 1 .. COUNT-1 */
     /* Not a revision: kt_chat_options.template_text rendered by the Jinja
-     * interpreter.  Its family's stop strings and tool formats are unknown. */
+     * interpreter; kt_chat_traits_of finds its family from the template text. */
     KT_CHAT_JINJA = KT_CHAT_FORMAT_COUNT,
 } kt_chat_format;
 
@@ -46,7 +46,9 @@ typedef enum kt_chat_format {
  * naming what was seen when no known revision matches. */
 kt_status kt_chat_format_detect(const char *template_text, kt_chat_format *format, kt_err *err);
 
-/* How kt renders a template: the revision kt_chat_format_detect names, or
+/* How kt renders a template: the revision kt_chat_format_detect names when
+ * its native renderer writes what the template writes for a few probe
+ * conversations (a template that adds to a known revision fails that), or
  * else KT_CHAT_JINJA when the interpreter parses it.  Fails with
  * KT_ERR_UNSUPPORTED when there is no template or it is not Jinja that kt
  * parses (the message names the line). */
@@ -63,9 +65,43 @@ bool kt_chat_format_renders_tools(kt_chat_format format);
 
 /* Texts that end a generation for the format's family (their published generation configs):
  * Kimi "<|im_end|>", "[EOS]", "[EOT]" and "<|im_middle|>" (a new header
- * started); DeepSeek "<｜end▁of▁sentence｜>"; none for KT_CHAT_JINJA (the
- * tokenizer's end-of-generation tokens still stop).  Static storage, *count set. */
+ * started); DeepSeek "<｜end▁of▁sentence｜>"; none for KT_CHAT_JINJA, whose
+ * family kt_chat_traits_of finds (kt_chat_family_stop_strings then; the
+ * tokenizer's end-of-generation tokens always stop).  Static storage, *count set. */
 const char *const *kt_chat_stop_strings(kt_chat_format format, size_t *count);
+
+/* The model family behind a template: its tool-call syntax (serve_output.h
+ * parses it, serve_grammar.h forces it) and its stop strings. */
+typedef enum kt_chat_family {
+    KT_CHAT_FAMILY_UNKNOWN = 0, /* no tool-call syntax kt knows: calls are not parsed or forced */
+    KT_CHAT_FAMILY_KIMI,        /* <|tool_calls_section_begin|> <|tool_call_begin|> ID <|tool_call_argument_begin|> ... */
+    KT_CHAT_FAMILY_DEEPSEEK,    /* <｜tool▁calls▁begin｜> <｜tool▁call▁begin｜> TYPE <｜tool▁sep｜> NAME ```json ... (V3, R1) */
+} kt_chat_family;
+
+/* What a server needs to know about a format beyond rendering it. */
+typedef struct kt_chat_traits {
+    kt_chat_family family;
+    bool thinks;        /* the model may reason in <think> ... </think> before its answer */
+    bool renders_tools; /* the template declares the request's tools itself (kt_chat_format_renders_tools) */
+} kt_chat_traits;
+
+struct kt_tokenizer;
+
+/* A native format's traits are its revision's.  KT_CHAT_JINJA's come from
+ * template_text, else from tok (may be NULL): the family is the one whose
+ * tool-call markers the template writes (Kimi's section markers; DeepSeek's
+ * with the V3/R1 call form "TYPE<｜tool▁sep｜>NAME\n```json" - a DeepSeek
+ * template with another call form, as V3.1's, is UNKNOWN rather than misread);
+ * a template that writes none takes the family whose section-begin marker is
+ * a special token of tok's vocabulary.  thinks: the template mentions
+ * "<think>" or "</think>".  renders_tools: the template reads `tools`. */
+kt_chat_traits kt_chat_traits_of(kt_chat_format format, const char *template_text, const struct kt_tokenizer *tok);
+
+/* "kimi", "deepseek", "unknown". */
+const char *kt_chat_family_name(kt_chat_family family);
+
+/* The family's stop strings (kt_chat_stop_strings); none for UNKNOWN. */
+const char *const *kt_chat_family_stop_strings(kt_chat_family family, size_t *count);
 
 typedef enum kt_chat_role {
     KT_CHAT_SYSTEM,

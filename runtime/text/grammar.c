@@ -55,7 +55,9 @@ enum kind {
     K_MAP,      /* child: value; min: the key string node */
     K_PATTERN,  /* first: the DFA's start state */
     K_REGEX,    /* first: the DFA's start state; raw text, not a JSON string */
-    K_TEXT,     /* any text (of text tokens) without one byte string; first: its table in g->avoid, n: its length */
+    K_TEXT,     /* any text (of text tokens) without one byte string; first: its table in g->avoid, n: its length;
+                 * max: text tokens at most (frame a counts them) */
+    K_ANY,      /* any tokens, special ones included */
 };
 
 struct node {
@@ -314,6 +316,17 @@ kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t tar
 
 kt_status kt_grammar_text(struct kt_grammar *g, const char *avoid, size_t len, uint32_t *node, kt_err *err)
 {
+    return kt_grammar_text_budget(g, avoid, len, KT_GRAMMAR_UNBOUNDED, node, err);
+}
+
+kt_status kt_grammar_any(struct kt_grammar *g, uint32_t *node, kt_err *err)
+{
+    return add_node(g, (struct node){.kind = K_ANY}, node, err);
+}
+
+kt_status kt_grammar_text_budget(struct kt_grammar *g, const char *avoid, size_t len, uint32_t max_tokens,
+                                 uint32_t *node, kt_err *err)
+{
     if (len > 64)
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "grammar: text to avoid of %zu bytes (at most 64)", len);
     /* a matcher of avoid: [state = bytes of it matched][byte] -> next state (len: found) */
@@ -334,7 +347,8 @@ kt_status kt_grammar_text(struct kt_grammar *g, const char *avoid, size_t len, u
         }
     if (len)
         g->n_avoid = first + len * 256;
-    return add_node(g, (struct node){.kind = K_TEXT, .first = (uint32_t)first, .n = (uint32_t)len}, node, err);
+    return add_node(g, (struct node){.kind = K_TEXT, .first = (uint32_t)first, .n = (uint32_t)len, .max = max_tokens},
+                    node, err);
 }
 
 kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,
@@ -966,6 +980,7 @@ static void closure(struct kt_grammar_matcher *m, size_t start, struct frame *st
             return;
         }
         case K_TEXT:
+        case K_ANY:
             branch(m, start, st, depth - 1, *f, false);
             emit(m, start, st, depth);
             return;
@@ -2013,6 +2028,8 @@ static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *dep
 {
     struct frame *f = &st[*depth - 1];
     const struct node *n = &g->nodes[f->node];
+    if (n->kind == K_ANY)
+        return true;
     if (c >= 256) {
         if (n->kind != K_TOKEN || (int)n->min != c - 256)
             return false;
@@ -2034,6 +2051,8 @@ static bool step_top(const struct kt_grammar *g, struct frame *st, uint32_t *dep
     case K_REGEX:
         return step_regex(g, f, c);
     case K_TEXT: {
+        if (f->a >= n->max) /* its token budget is spent (the count moves at token ends) */
+            return false;
         if (n->n == 0)
             return true;
         uint8_t next = g->avoid[n->first + f->b * 256 + (uint32_t)c];
@@ -2250,6 +2269,33 @@ bool kt_grammar_matcher_accept_bytes(struct kt_grammar_matcher *m, const char *b
     return true;
 }
 
+/* One more text token in every free text the output is in now (budgets). */
+static void count_text_token(struct kt_grammar_matcher *m)
+{
+    size_t p = HDR_WORDS;
+    for (uint32_t s = 0; s < m->w[2]; s++) {
+        uint32_t depth = m->w[p];
+        struct frame *top = (struct frame *)(m->w + p + 1) + depth - 1;
+        if (m->g->nodes[top->node].kind == K_TEXT && top->a < UINT32_MAX)
+            top->a++;
+        p += 1 + FRAME_WORDS * (size_t)depth;
+    }
+}
+
+/* Some stack waits in K_ANY: every token may follow. */
+static bool in_any(const struct kt_grammar_matcher *m)
+{
+    size_t p = HDR_WORDS;
+    for (uint32_t s = 0; s < m->w[2]; s++) {
+        uint32_t depth = m->w[p];
+        const struct frame *top = (const struct frame *)(m->w + p + 1) + depth - 1;
+        if (m->g->nodes[top->node].kind == K_ANY)
+            return true;
+        p += 1 + FRAME_WORDS * (size_t)depth;
+    }
+    return false;
+}
+
 static bool is_eog(const struct kt_grammar_vocab *v, int32_t token)
 {
     for (size_t i = 0; i < v->n_eog; i++)
@@ -2278,6 +2324,7 @@ kt_status kt_grammar_matcher_accept_token(struct kt_grammar_matcher *m, int32_t 
     }
     if (!kt_grammar_matcher_accept_bytes(m, v->bytes[token], v->lens[token]))
         return kt_err_set(err, KT_ERR_INVALID, "grammar: token %d cannot follow the output", token);
+    count_text_token(m);
     return KT_OK;
 }
 
@@ -2347,7 +2394,7 @@ static void free_text_mask(struct kt_grammar_matcher *m, uint32_t *mask)
         uint32_t depth = m->w[p];
         const struct frame *top = (const struct frame *)(m->w + p + 1) + depth - 1;
         p += 1 + FRAME_WORDS * (size_t)depth;
-        if (m->g->nodes[top->node].kind != K_TEXT)
+        if (m->g->nodes[top->node].kind != K_TEXT || top->a >= m->g->nodes[top->node].max)
             continue;
         const uint32_t *bits = free_text_bits(m, top->node, top->b);
         for (uint32_t w = 0; bits && w < m->v->mask_words; w++)
@@ -2480,7 +2527,10 @@ uint32_t kt_grammar_matcher_fill_mask(struct kt_grammar_matcher *m, uint32_t *ma
             m->len = base;
         }
         uint32_t room;
-        if (in_free_text(m))
+        if (in_any(m))
+            for (uint32_t id = 0; id < v->n_tokens; id++)
+                set_bit(mask, id);
+        else if (in_free_text(m))
             free_text_mask(m, mask);
         else if (all_in_string_body(m, &room))
             string_mask(m, room, mask);
@@ -2502,7 +2552,7 @@ bool kt_grammar_matcher_can_accept(struct kt_grammar_matcher *m, int32_t token)
         return m->w[1] != 0;
     size_t base = m->len, cur = 0;
     if (v->special[token]) {
-        bool ok = false;
+        bool ok = in_any(m);
         for (size_t k = 0; k < m->g->n_tokens && !ok; k++)
             ok = m->g->tokens[k] == token;
         ok = ok && step_state(m, 0, 256 + token) != SIZE_MAX;

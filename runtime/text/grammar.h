@@ -65,6 +65,14 @@ kt_status kt_grammar_define(struct kt_grammar *g, uint32_t forward, uint32_t tar
  * begin: a reasoning block before its closing special token, whose text
  * must not end it early as text. */
 kt_status kt_grammar_text(struct kt_grammar *g, const char *avoid, size_t len, uint32_t *node, kt_err *err);
+/* The same, of at most max_tokens tokens (KT_GRAMMAR_UNBOUNDED: any): once
+ * they are spent only what follows the text can come (a thinking budget: the
+ * closing token).  Counted per token accepted while the output is in the text. */
+kt_status kt_grammar_text_budget(struct kt_grammar *g, const char *avoid, size_t len, uint32_t max_tokens,
+                                 uint32_t *node, kt_err *err);
+/* Any tokens at all, special ones included, ending anywhere (the unconstrained
+ * rest after a bounded reasoning block). */
+kt_status kt_grammar_any(struct kt_grammar *g, uint32_t *node, kt_err *err);
 
 /* JSON values.  Strings count characters (code points; an escape is one). */
 kt_status kt_grammar_json_string(struct kt_grammar *g, uint32_t min_chars, uint32_t max_chars, uint32_t *node,

@@ -6,6 +6,10 @@
  * token exactly when one-token stepping accepts it, and accepting must
  * succeed exactly then; end-of-generation is in the mask exactly when the
  * output is complete.  The first line is also compiled as a string pattern.
+ * Then the same promises for a reasoning block with a token budget: <call>,
+ * free text (without "\"}") of at most 1 + size % 4 tokens, <call>, then the
+ * schema's value or (odd sizes) any token at all; byte 0x01 of the text
+ * stands for <call> there, and a spent budget must refuse more text.
  * It must never keep state between inputs.
  */
 #include "fuzz.h"
@@ -50,6 +54,37 @@ static struct kt_grammar_vocab *make_vocab(void)
     return v;
 }
 
+/* Feeds tokens (a byte each; call_byte >= 0: that byte is the <call> token) checking the mask's promises. */
+static void walk(struct kt_grammar_matcher *m, const char *text, size_t text_len, int call_byte, uint32_t budget)
+{
+    uint32_t mask[16];
+    const int32_t eos = 256 + 10, call = 256 + 11;
+    uint32_t in_text = 0; /* text tokens accepted since the first <call> (budget walks) */
+    int calls = 0;
+    kt_err err = {0};
+    for (size_t i = 0; i <= text_len && i < 256; i++) {
+        kt_grammar_matcher_fill_mask(m, mask);
+        bool eos_in = (mask[eos >> 5] >> (eos & 31)) & 1;
+        require(eos_in == kt_grammar_matcher_complete(m), "EOS in the mask exactly when the output is complete");
+        if (i == text_len)
+            break;
+        int32_t t = call_byte >= 0 && (unsigned char)text[i] == call_byte ? call : (unsigned char)text[i];
+        bool in = (mask[t >> 5] >> (t & 31)) & 1;
+        bool can = kt_grammar_matcher_can_accept(m, t);
+        require(in == can, "the mask holds a token exactly when stepping accepts it");
+        if (budget && calls == 1 && in_text >= budget)
+            require(t == call ? true : !can, "a spent budget takes no more text");
+        bool took = kt_grammar_matcher_accept_token(m, t, &err) == KT_OK;
+        require(took == can, "accepting succeeds exactly when stepping accepts");
+        if (!took)
+            break;
+        if (t == call)
+            calls++;
+        else if (calls == 1)
+            in_text++;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const uint8_t *nl = memchr(data, '\n', size);
@@ -81,23 +116,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct kt_grammar_vocab *v = make_vocab();
     struct kt_grammar_matcher *m = NULL;
     if (kt_grammar_matcher_create(g, v, &m, &err) == KT_OK) {
-        uint32_t mask[16];
-        const int32_t eos = 256 + 10;
-        for (size_t i = 0; i <= text_len && i < 256; i++) {
-            kt_grammar_matcher_fill_mask(m, mask);
-            bool eos_in = (mask[eos >> 5] >> (eos & 31)) & 1;
-            require(eos_in == kt_grammar_matcher_complete(m), "EOS in the mask exactly when the output is complete");
-            if (i == text_len)
-                break;
-            int32_t t = (unsigned char)text[i];
-            bool in = (mask[t >> 5] >> (t & 31)) & 1;
-            bool can = kt_grammar_matcher_can_accept(m, t);
-            require(in == can, "the mask holds a byte exactly when stepping accepts it");
-            bool took = kt_grammar_matcher_accept_token(m, t, &err) == KT_OK;
-            require(took == can, "accepting succeeds exactly when stepping accepts");
-            if (!took)
-                break;
-        }
+        walk(m, text, text_len, -1, 0);
+        kt_grammar_matcher_destroy(m);
+    }
+    kt_grammar_destroy(g);
+
+    /* the same value after a budgeted reasoning block (or anything after it) */
+    uint32_t budget = 1 + (uint32_t)(size % 4), reason = 0, open = 0, close = 0, rest = 0, root = 0;
+    schema = json_loadb((const char *)data, schema_len, JSON_DECODE_ANY, NULL);
+    require(kt_grammar_create(&g, &err) == KT_OK, "create");
+    st = size % 2 ? kt_grammar_any(g, &rest, &err) : kt_json_schema_compile(g, schema, &rest, &err);
+    json_decref(schema);
+    if (st == KT_OK)
+        st = kt_grammar_text_budget(g, "\"}", 2, budget, &reason, &err);
+    if (st == KT_OK)
+        st = kt_grammar_token(g, 256 + 11, &open, &err);
+    if (st == KT_OK)
+        st = kt_grammar_token(g, 256 + 11, &close, &err);
+    if (st == KT_OK)
+        st = kt_grammar_seq(g, (const uint32_t[]){open, reason, close, rest}, 4, &root, &err);
+    if (st == KT_OK)
+        st = kt_grammar_set_root(g, root, &err);
+    require(st == KT_OK || st == KT_ERR_NOMEM, "a schema that compiled compiles after a reasoning block");
+    if (st == KT_OK && kt_grammar_matcher_create(g, v, &m, &err) == KT_OK) {
+        walk(m, text, text_len, 1, budget);
         kt_grammar_matcher_destroy(m);
     }
     kt_grammar_vocab_destroy(v);
@@ -117,6 +159,8 @@ static const char *const seeds[] = {
     "{\"type\":\"string\",\"pattern\":\"^[a-z]{2,4}(-\\\\d+)?$\"}\n\"ab-12\"",
     "^(cat|dog)s?\\.[^x]{1,3}$\n\"cats.yy\"",
     "{\"type\":\"object\"}\n{\"\xe4\xb8\xad\": [true, 1.5e-3, {}]}",
+    "{\"type\":\"integer\"}\n\x01" "ab\x01" "12",  /* a reasoning block of two tokens, then the value */
+    "{\"type\":\"integer\"}\n\x01" "abcdef\x01" "1", /* past its budget */
 };
 
 void kt_fuzz_seeds(kt_fuzz_emit_fn emit)

@@ -117,9 +117,9 @@ static void check_anthropic(bool count_tokens, const uint8_t *data, size_t size)
 
 static void check_output(const uint8_t *data, size_t size)
 {
-    static const kt_chat_format formats[] = {KT_CHAT_KIMI_K2_INSTRUCT, KT_CHAT_DEEPSEEK_R1};
+    static const kt_chat_family families[] = {KT_CHAT_FAMILY_KIMI, KT_CHAT_FAMILY_DEEPSEEK};
     for (int f = 0; f < 2; f++) {
-        struct kt_output_params p = {.format = formats[f], .reasoning = true, .tools = true,
+        struct kt_output_params p = {.family = families[f], .reasoning = true, .tools = true,
                                      .single_tool_call = size % 2 == 0, .reasoning_open = size % 3 == 0};
         struct kt_output o;
         kt_output_init(&o, &p);

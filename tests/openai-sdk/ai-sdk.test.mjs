@@ -1,6 +1,7 @@
 // ai-sdk.test.mjs - drives a running kt-serve through the AI SDK (npm `ai`
 // and `@ai-sdk/openai`, pinned in package-lock.json) with the provider's
-// default model, which speaks the Responses API (POST /v1/responses).
+// default model, which speaks the Responses API (POST /v1/responses), and
+// structured outputs (Output.object, generateObject) there and on the chat model.
 //
 //   node ai-sdk.test.mjs BASE_URL MODEL     (BASE_URL like http://127.0.0.1:8080/v1)
 //
@@ -10,12 +11,13 @@
 // knows.  Exits 0 when every check passed; prints the failure and exits 1 otherwise.
 import assert from "node:assert/strict";
 import { createOpenAI } from "@ai-sdk/openai";
-import { generateText, jsonSchema, stepCountIs, streamText, tool } from "ai";
+import { generateObject, generateText, jsonSchema, Output, stepCountIs, streamText, tool } from "ai";
 
 const [baseURL, model] = process.argv.slice(2);
 
 let forced = null;      // the next request's kt_test_forced_output
 const bodies = [];      // the bodies the provider sent to /responses
+const chatBodies = [];  // and to /chat/completions
 const provider = createOpenAI({
   baseURL, apiKey: "unused",
   fetch: async (url, init) => {
@@ -26,6 +28,7 @@ const provider = createOpenAI({
       if (forced && !forced.length) forced = null;
       init = { ...init, body: JSON.stringify(body) };
     }
+    if (String(url).endsWith("/chat/completions") && init?.body) chatBodies.push(JSON.parse(init.body));
     return fetch(url, init);
   },
 });
@@ -39,6 +42,30 @@ const weather = tool({
   description: "Current weather of a city",
   inputSchema: jsonSchema({ type: "object", properties: { city: { type: "string" } }, required: ["city"] }),
 });
+
+// A schema whose every part is bounded (string lengths, enum, maxItems), so a random model's output ends.
+const trip = {
+  type: "object",
+  properties: {
+    city: { type: "string", maxLength: 12 },
+    days: { type: "integer" },
+    units: { type: "string", enum: ["metric", "imperial"] },
+    tags: { type: "array", items: { type: "string", maxLength: 6 }, maxItems: 3 },
+  },
+  required: ["city", "days", "units", "tags"],
+  additionalProperties: false,
+};
+
+// The schema's checks, written out (what the grammar promises, checked independently of kt).
+function checkTrip(t) {
+  assert.ok(typeof t === "object" && t !== null && !Array.isArray(t), JSON.stringify(t));
+  assert.deepEqual(Object.keys(t).sort(), ["city", "days", "tags", "units"]);
+  assert.ok(typeof t.city === "string" && [...t.city].length <= 12, `city ${JSON.stringify(t.city)}`);
+  assert.ok(Number.isInteger(t.days), `days ${t.days}`);
+  assert.ok(["metric", "imperial"].includes(t.units), `units ${t.units}`);
+  assert.ok(Array.isArray(t.tags) && t.tags.length <= 3, `tags ${JSON.stringify(t.tags)}`);
+  for (const tag of t.tags) assert.ok(typeof tag === "string" && [...tag].length <= 6, `tag ${JSON.stringify(tag)}`);
+}
 
 const cases = {
   async generateTextUsesResponses() {
@@ -93,6 +120,46 @@ const cases = {
     const sent = bodies[1].input.map((i) => i.type ?? i.role);
     assert.ok(sent.includes("function_call_output"), JSON.stringify(bodies[1].input));
     assert.ok(r.steps[1].usage.inputTokens > r.steps[0].usage.inputTokens);
+  },
+
+  // structured outputs: a random model's JSON, only parseable because kt constrains it to the schema
+  async outputObjectResponses() {
+    bodies.length = 0;
+    const r = await generateText({
+      model: llm, prompt: "Plan a trip.", maxOutputTokens: 600,
+      output: Output.object({ schema: jsonSchema(trip), name: "trip" }),
+    });
+    assert.equal(bodies[0].text?.format?.type, "json_schema", JSON.stringify(bodies[0].text));
+    checkTrip(r.output);
+    assert.equal(r.finishReason, "stop");
+  },
+
+  async outputObjectStreamed() {
+    const r = streamText({
+      model: llm, prompt: "Plan a trip.", maxOutputTokens: 600,
+      output: Output.object({ schema: jsonSchema(trip) }),
+    });
+    let partials = 0;
+    for await (const p of r.partialOutputStream) if (p && typeof p === "object") partials++;
+    checkTrip(await r.output);
+    assert.ok(partials >= 1, "no partial objects");
+  },
+
+  async generateObjectOnChat() {
+    // the chat model (POST /chat/completions): response_format json_schema, and logit_bias passes through
+    chatBodies.length = 0;
+    const r = await generateObject({
+      model: provider.chat(model), schema: jsonSchema(trip), schemaName: "trip", prompt: "Plan a trip.",
+      maxOutputTokens: 600, seed: 8, providerOptions: { openai: { logitBias: { 34: 4, 93: 4, 125: 4 } } },
+    });
+    assert.equal(chatBodies[0].response_format?.type, "json_schema", JSON.stringify(chatBodies[0].response_format));
+    checkTrip(r.object);
+    assert.equal(r.finishReason, "stop");
+  },
+
+  async generateObjectOnResponses() {
+    const r = await generateObject({ model: llm, schema: jsonSchema(trip), prompt: "Plan a trip.", maxOutputTokens: 600 });
+    checkTrip(r.object);
   },
 
   async errorsAreApiCallErrors() {
