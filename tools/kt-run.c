@@ -179,7 +179,8 @@ static const struct kt_cli_option options_table[] = {
     {"--frequency-penalty", NULL, "X", 0, "OpenAI frequency penalty in [-2, 2]", opt_frequency_penalty},
     {"--seed", NULL, "S", 0, "sampling seed (default: from the clock, printed)", opt_seed},
     {"--threads", "-t", "N", 0, "worker threads (default: the CPUs this process may use)", opt_threads},
-    {"--ctx", NULL, "N", 0, "context length (default 4096, or the model's if smaller)", opt_ctx},
+    {"--ctx", NULL, "N", 0, "context length (default: the model's when its KV cache fits half the free memory, "
+     "else the largest that does)", opt_ctx},
     {"--logits-out", NULL, "FILE", 0, "write float32 logits of the last position of every step", opt_logits_out},
     {"--bandwidth", NULL, NULL, 0, "measure a STREAM triad on the same threads; report decode bytes/s against it",
      opt_bandwidth},

@@ -48,6 +48,7 @@ KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs", NULL)
 KT_CLI_U32_OPTION(opt_ctx, ctx, 16, KT_TOOL_MAX_CTX, "--ctx", "positions per sequence; at most the model's "
                   "context_length")
 KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_DOUBLE_OPTION(opt_kv_memory, kv_memory_mib, 0, 1e12, KT_CLI_LO_OPEN, "--kv-memory", "MiB")
 KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
 KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting", NULL)
 KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 16, "--max-batch-tokens", "the engine's most per step")
@@ -139,8 +140,13 @@ static const struct kt_cli_option options_table[] = {
      opt_placement},
     {"--host", NULL, "ADDR", 0, "address to listen on (default 127.0.0.1: this machine only)", opt_host},
     {"--port", NULL, "PORT", 0, "port (default 8080; 0: any free port, printed)", opt_port},
-    {"--max-seqs", NULL, "N", 0, "sequences decoding at once; each n>1 choice counts (default 8)", opt_max_seqs},
-    {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
+    {"--max-seqs", NULL, "N", 0, "sequences decoding at once, a concurrency limit (each n>1 choice counts; "
+     "default 8)", opt_max_seqs},
+    {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's context_length when one sequence of it "
+     "fits the KV pool, else the largest that does)", opt_ctx},
+    {"--kv-memory", NULL, "MIB", 0, "the KV cache's block pool, shared by all sequences as they grow; when full the "
+     "youngest request is preempted and recomputed later (default: half the host memory free beyond the model, or "
+     "9/10 of what the attention device's budget leaves; at most --max-seqs x --ctx)", opt_kv_memory},
     {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
     {"--cors-origins", NULL, "LIST", 0,
@@ -313,17 +319,15 @@ static bool preflight(struct kt_server *s, kt_err *err)
         fprintf(stderr, "kt-serve: %s: chat template: jinja (unrecognised template: rendered by the interpreter)\n",
                 o->chat_template ? o->chat_template : o->model);
 
-    const uint32_t n_ctx = kt_tool_context(s->model, o->ctx);
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-serve", stderr, &threads, err) != KT_OK)
         return false;
     const uint32_t block_tokens = 16;
     s->ep = (struct kt_engine_params){
-        .n_ctx = n_ctx,
+        .n_ctx = kt_tool_context(s->model, o->ctx), /* until the KV pool is sized, below */
         .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
         .n_threads = threads,
         .kv_block_tokens = block_tokens,
-        .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
         .max_batch_tokens = o->max_batch_tokens,
     };
     if (kt_tool_placement_load(o->placement, s->model, s->ep.topology, &s->config, &s->live, err) != KT_OK)
@@ -333,6 +337,15 @@ static bool preflight(struct kt_server *s, kt_err *err)
         if (kt_engine_plan_apply(s->live, &s->plan, &s->ep, stderr, err) != KT_OK)
             return false;
     }
+    /* the KV pool from memory, and the context from the pool (placement_opt.h) */
+    struct kt_tool_kv_pool pool;
+    const struct kt_tool_kv_request kv_rq = {.ctx = o->ctx, .max_seqs = o->max_seqs,
+                                             .kv_memory_mib = o->kv_memory_mib, .block_tokens = block_tokens};
+    if (kt_tool_kv_pool_size(s->model, s->live, &s->ep, &kv_rq, &pool, err) != KT_OK)
+        return false;
+    fprintf(stderr, "kt-serve: %s\n", pool.line);
+    s->ep.n_ctx = pool.n_ctx;
+    s->ep.kv_blocks = pool.n_blocks;
     if (o->expert_cache_slots && !s->ep.device) {
         kt_err_set(err, KT_ERR_INVALID, "--expert-cache %u needs a device: give a --placement with one (e.g. "
                                         "configs/tiny-sim.yaml), or drop --expert-cache", o->expert_cache_slots);
@@ -395,6 +408,8 @@ static bool load(struct kt_server *s, kt_err *err)
     s->config = NULL;
     s->sm = (struct kt_serve_model){.tok = s->tok, .format = s->format, .chat_template = s->chat_template,
                                     .n_ctx = s->ep.n_ctx,
+                                    .kv_positions = (uint64_t)s->ep.kv_blocks * s->ep.kv_block_tokens < UINT32_MAX
+                                                        ? s->ep.kv_blocks * s->ep.kv_block_tokens : UINT32_MAX,
                                     .n_vocab = kt_engine_n_vocab(s->engine),
                                     .allow_forced_output = o->test_forced_output};
     const struct kt_hparams *hp = &s->model->hp;
