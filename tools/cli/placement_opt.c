@@ -155,6 +155,20 @@ static double gib(uint64_t bytes)
     return (double)bytes / (1024.0 * 1024.0 * 1024.0);
 }
 
+/* Device d's bytes, with the engine's own KV pool (ep->kv_blocks) in place of the placement's estimate
+ * (kv_cache.tokens) where attention, so the pool, is there. */
+static uint64_t device_bytes(const struct kt_model *m, const struct kt_placement *p, const struct kt_engine_params *ep,
+                             int d)
+{
+    const struct kt_placement_device *dev = &p->devices[d];
+    if (!ep->device || !ep->attention_on_device || p->layers[0].attention != d)
+        return dev->bytes;
+    struct kt_engine_params host = *ep;
+    host.device = NULL;
+    host.attention_on_device = false;
+    return dev->bytes - dev->part_bytes[KT_PART_KV_CACHE] + kt_engine_host_bytes(m, &host).kv_cache;
+}
+
 /* The host memory the plan needs, by part (kt_tool_placement_fits). */
 struct host_need {
     uint64_t experts, sim, displaced, kv, packed, converted;
@@ -171,7 +185,7 @@ static struct host_need host_need(const struct kt_model *m, const struct kt_plac
     for (int d = 1; d < p->n_devices; d++) {
         const struct kt_placement_device *dev = &p->devices[d];
         if (dev->backend == KT_PLACE_SIM)
-            h.sim += dev->bytes; /* the sim's memory is the host's */
+            h.sim += device_bytes(m, p, ep, d); /* the sim's memory is the host's */
         else if (dev->backend == KT_PLACE_CUDA && !ep->device)
             h.displaced += dev->part_bytes[KT_PART_ROUTED_EXPERTS]; /* no GPU: its experts run on node 0 */
     }
@@ -191,18 +205,20 @@ bool kt_tool_placement_fits(FILE *f, const struct kt_model *m, const struct kt_p
                     gib(p->node_bytes[n]), p->node_experts[n]);
     for (int d = 1; d < p->n_devices; d++) {
         const struct kt_placement_device *dev = &p->devices[d];
-        fprintf(f, "  %-17s %9.3f GiB  of its %.3f GiB budget (%s)\n", dev->name, gib(dev->bytes),
-                gib(dev->budget_bytes), kt_place_backend_name(dev->backend));
+        const uint64_t bytes = device_bytes(m, p, ep, d);
+        fprintf(f, "  %-17s %9.3f GiB  of its %.3f GiB budget (%s%s)\n", dev->name, gib(bytes),
+                gib(dev->budget_bytes), kt_place_backend_name(dev->backend),
+                bytes != dev->bytes ? "; the KV pool as the engine makes it" : "");
         if (dev->backend == KT_PLACE_CUDA && ep->device) {
             size_t free_bytes = 0, total = 0;
             kt_err e = {0};
             if (kt_cuda_mem_info(&free_bytes, &total, &e) != KT_OK) {
                 fprintf(f, "  %s: its free memory cannot be read (%s)\n", dev->name, e.msg);
-            } else if (dev->bytes > free_bytes) {
+            } else if (bytes > free_bytes) {
                 fits = false;
                 kt_err_set(why, KT_ERR_NOMEM, "'%s' needs %.2f GiB but the GPU has %.2f GiB free of %.2f: lower its "
                                               "memory_gib or its experts in the placement",
-                           dev->name, gib(dev->bytes), gib(free_bytes), gib(total));
+                           dev->name, gib(bytes), gib(free_bytes), gib(total));
             }
         }
     }
@@ -308,9 +324,14 @@ kt_status kt_tool_kv_pool_size(const struct kt_model *m, const struct kt_placeme
             blocks = worth_blocks;
             whence = "max-seqs x ctx: no preemption needed";
         }
-        if (blocks < (uint64_t)(16 + bt - 1) / bt)
-            return kt_err_set(err, KT_ERR_NOMEM, "KV cache: no memory is left for it (%s%s): free memory, or give "
-                                                 "--kv-memory MiB", whence, room_text);
+        /* too little left: one sequence at the old default context, and the memory check that follows (the
+         * loader's, kt_tool_placement_fits) says what does not fit */
+        const uint32_t floor_ctx = want_ctx < KT_TOOL_DEFAULT_CTX ? want_ctx : KT_TOOL_DEFAULT_CTX;
+        const uint64_t floor_blocks = (floor_ctx + bt - 1) / bt;
+        if (blocks < floor_blocks) {
+            blocks = floor_blocks < worth_blocks ? floor_blocks : worth_blocks;
+            whence = "memory is short: one sequence at the default context";
+        }
     }
     if (blocks > UINT32_MAX / bt)
         blocks = UINT32_MAX / bt;
