@@ -6,9 +6,11 @@
  *      out, pop the jobs that fit into free sequence slots
  *   2. admit them: fork the best cached prefix (or start empty), samplers
  *   3. finish running jobs that were cancelled or timed out
- *   4. batch: one token per decoding sequence, then prefill chunks, oldest
- *      job first, within the token budget; evict cached prefixes until the
- *      KV pool has room; step
+ *   4. plan the batch within the KV pool's free blocks (plan): one token per
+ *      decoding sequence, oldest job first, evicting cached prefixes and
+ *      then preempting the youngest job when one cannot get its block; then
+ *      prefill chunks and recomputes of preempted jobs, oldest first, within
+ *      the token budget and the free blocks; step
  *   5. per logits row: a finished prompt forks into its n choices; sample,
  *      detokenize, match stops, publish; finished choices give their
  *      sequence to the prefix cache
