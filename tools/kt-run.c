@@ -182,7 +182,8 @@ static const struct kt_cli_option options_table[] = {
     {"--frequency-penalty", NULL, "X", 0, "OpenAI frequency penalty in [-2, 2]", opt_frequency_penalty},
     {"--seed", NULL, "S", 0, "sampling seed (default: from the clock, printed)", opt_seed},
     {"--threads", "-t", "N", 0, "worker threads (default: the CPUs this process may use)", opt_threads},
-    {"--ctx", NULL, "N", 0, "context length (default 4096, or the model's if smaller)", opt_ctx},
+    {"--ctx", NULL, "N", 0, "context length (default: the model's when its KV cache fits half the free memory, "
+     "else the largest that does)", opt_ctx},
     {"--batch", NULL, "N", 0, "most tokens a step: prompts longer than N prefill in chunks of N (default 256)", opt_batch},
     {"--micro-batches", NULL, "N", 0, "under mpirun: slices of a decode batch sent down the pipeline one after the "
      "other (default: the number of ranks; 1: none)", opt_micro_batches},

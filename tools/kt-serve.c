@@ -51,6 +51,7 @@ KT_CLI_U32_OPTION(opt_max_seqs, max_seqs, 1, 4096, "--max-seqs", NULL)
 KT_CLI_U32_OPTION(opt_ctx, ctx, 16, KT_TOOL_MAX_CTX, "--ctx", "positions per sequence; at most the model's "
                   "context_length")
 KT_CLI_U32_OPTION(opt_threads, threads, 1, 4096, "--threads", NULL)
+KT_CLI_DOUBLE_OPTION(opt_kv_memory, kv_memory_mib, 0, 1e12, KT_CLI_LO_OPEN, "--kv-memory", "MiB")
 KT_CLI_U32_OPTION(opt_expert_cache, expert_cache_slots, 0, 65536, "--expert-cache", "slots per MoE layer; 0: off")
 KT_CLI_U32_OPTION(opt_max_waiting, max_waiting, 1, 1u << 20, "--max-waiting", NULL)
 KT_CLI_U32_OPTION(opt_max_batch, max_batch_tokens, 1, 1u << 16, "--max-batch-tokens", "the engine's most per step")
@@ -144,8 +145,13 @@ static const struct kt_cli_option options_table[] = {
      opt_placement},
     {"--host", NULL, "ADDR", 0, "address to listen on (default 127.0.0.1: this machine only)", opt_host},
     {"--port", NULL, "PORT", 0, "port (default 8080; 0: any free port, printed)", opt_port},
-    {"--max-seqs", NULL, "N", 0, "sequences decoding at once; each n>1 choice counts (default 8)", opt_max_seqs},
-    {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
+    {"--max-seqs", NULL, "N", 0, "sequences decoding at once, a concurrency limit (each n>1 choice counts; "
+     "default 8)", opt_max_seqs},
+    {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's context_length when one sequence of it "
+     "fits the KV pool, else the largest that does)", opt_ctx},
+    {"--kv-memory", NULL, "MIB", 0, "the KV cache's block pool, shared by all sequences as they grow; when full the "
+     "youngest request is preempted and recomputed later (default: half the host memory free beyond the model, or "
+     "9/10 of what the attention device's budget leaves; at most --max-seqs x --ctx)", opt_kv_memory},
     {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
     {"--cors-origins", NULL, "LIST", 0,
@@ -292,16 +298,18 @@ static const char *file_stem(const char *path, char *out, size_t size)
 
 /* The engine's parameters from the options, the same on every rank (each
  * with its own layers when mpirun started several). */
-static bool engine_params(struct kt_server *s, uint32_t n_ctx, uint32_t threads, kt_err *err)
+#define KV_BLOCK_TOKENS 16 /* positions per KV block */
+
+/* The engine's parameters before the placement and the KV pool: the context
+ * until the pool is sized (preflight), and under mpirun this rank's layers. */
+static bool engine_params(struct kt_server *s, uint32_t threads, kt_err *err)
 {
     const struct kt_serve_options *o = &s->o;
-    const uint32_t block_tokens = 16;
     s->ep = (struct kt_engine_params){
-        .n_ctx = n_ctx,
+        .n_ctx = kt_tool_context(s->model, o->ctx),
         .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
         .n_threads = threads,
-        .kv_block_tokens = block_tokens,
-        .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
+        .kv_block_tokens = KV_BLOCK_TOKENS,
         .max_batch_tokens = o->max_batch_tokens,
     };
     const int n_ranks = kt_transport_size(s->transport);
@@ -361,11 +369,10 @@ static bool preflight(struct kt_server *s, kt_err *err)
         fprintf(stderr, "kt-serve: %s: chat template: jinja (unrecognised template: rendered by the interpreter)\n",
                 o->chat_template ? o->chat_template : o->model);
 
-    const uint32_t n_ctx = kt_tool_context(s->model, o->ctx);
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-serve", stderr, &threads, err) != KT_OK)
         return false;
-    if (!engine_params(s, n_ctx, threads, err))
+    if (!engine_params(s, threads, err))
         return false;
     if (kt_transport_size(s->transport) > 1 && o->self_check) {
         kt_err_set(err, KT_ERR_UNSUPPORTED, "--self-check under mpirun is not supported yet: its reference engine "
@@ -379,6 +386,15 @@ static bool preflight(struct kt_server *s, kt_err *err)
         if (kt_engine_plan_apply(s->live, &s->plan, &s->ep, stderr, err) != KT_OK)
             return false;
     }
+    /* the KV pool from memory, and the context from the pool (placement_opt.h) */
+    struct kt_tool_kv_pool pool;
+    const struct kt_tool_kv_request kv_rq = {.ctx = o->ctx, .max_seqs = o->max_seqs,
+                                             .kv_memory_mib = o->kv_memory_mib, .block_tokens = KV_BLOCK_TOKENS};
+    if (kt_tool_kv_pool_size(s->model, s->live, &s->ep, &kv_rq, &pool, err) != KT_OK)
+        return false;
+    fprintf(stderr, "kt-serve: %s\n", pool.line);
+    s->ep.n_ctx = pool.n_ctx;
+    s->ep.kv_blocks = pool.n_blocks;
     if (o->expert_cache_slots && !s->ep.device) {
         kt_err_set(err, KT_ERR_INVALID, "--expert-cache %u needs a device: give a --placement with one (e.g. "
                                         "configs/tiny-sim.yaml), or drop --expert-cache", o->expert_cache_slots);
@@ -447,6 +463,8 @@ static bool load(struct kt_server *s, kt_err *err)
     s->config = NULL;
     s->sm = (struct kt_serve_model){.tok = s->tok, .format = s->format, .chat_template = s->chat_template,
                                     .n_ctx = s->ep.n_ctx,
+                                    .kv_positions = (uint64_t)s->ep.kv_blocks * s->ep.kv_block_tokens < UINT32_MAX
+                                                        ? s->ep.kv_blocks * s->ep.kv_block_tokens : UINT32_MAX,
                                     .n_vocab = kt_engine_n_vocab(s->engine),
                                     .allow_forced_output = o->test_forced_output};
     const struct kt_hparams *hp = &s->model->hp;
@@ -505,6 +523,22 @@ static void *loader_main(void *arg)
 
 /* ---- ranks (mpirun) ---------------------------------------------------------------------------------- */
 
+/* A following rank's KV pool, sized as rank 0 sizes its own (preflight) from
+ * the same options: with --kv-memory or --ctx given, the same pool; from free
+ * memory alone, each rank's own (a smaller one makes that rank fail the step
+ * that outgrows it, which ends the job: rank 0 answers 503 and exits). */
+static bool follower_kv_pool(struct kt_server *s, kt_err *err)
+{
+    struct kt_tool_kv_pool pool;
+    const struct kt_tool_kv_request rq = {.ctx = s->o.ctx, .max_seqs = s->o.max_seqs,
+                                          .kv_memory_mib = s->o.kv_memory_mib, .block_tokens = KV_BLOCK_TOKENS};
+    if (kt_tool_kv_pool_size(s->model, NULL, &s->ep, &rq, &pool, err) != KT_OK)
+        return false;
+    s->ep.n_ctx = pool.n_ctx;
+    s->ep.kv_blocks = pool.n_blocks;
+    return true;
+}
+
 /* Under mpirun, every rank but 0: no HTTP, tokenizer or scheduler - the
  * engine with this rank's layers, running what rank 0 sends until it stops.
  * A failure ends the whole job (rank 0 waits on this rank). */
@@ -519,7 +553,7 @@ static int follow_main(struct kt_server *s)
     bool ok = kt_model_open(s->o.model, &s->model, &err) == KT_OK &&
               kt_tool_check_context("--ctx", s->o.ctx, s->model, s->o.model, &err) == KT_OK &&
               (threads || kt_tool_default_threads("kt-serve", stderr, &threads, &err) == KT_OK) &&
-              engine_params(s, kt_tool_context(s->model, s->o.ctx), threads, &err) &&
+              engine_params(s, threads, &err) && follower_kv_pool(s, &err) &&
               kt_engine_create(s->model, &s->ep, &s->engine, &err) == KT_OK;
     const struct kt_pipeline_params pp = pipeline_params(s);
     ok = ok && kt_pipeline_create(s->transport, s->engine, &pp, &s->pipeline, &err) == KT_OK;

@@ -217,6 +217,13 @@ static uint32_t blocks_needed(const struct kt_kv_cache *c, const struct seq *s, 
     return need;
 }
 
+uint32_t kt_kv_cache_grow_blocks(const struct kt_kv_cache *c, uint32_t seq, uint32_t n_new)
+{
+    if (!kt_kv_cache_seq_exists(c, seq))
+        return 0;
+    return blocks_needed(c, &c->seqs[seq], n_new);
+}
+
 /* The shared last block s would copy before writing, or UINT32_MAX. */
 static uint32_t cow_block(const struct kt_kv_cache *c, const struct seq *s, uint32_t n)
 {

@@ -17,6 +17,11 @@
  * only a partially filled last block is ever written again, so a fork costs
  * at most one block copy per sequence).
  *
+ * Blocks are handed out only as sequences grow, so the pool is sized by
+ * memory, not by sequences x context: a scheduler that shares it among many
+ * sequences asks kt_kv_cache_grow_blocks what a step would take and frees
+ * blocks (removing sequences) before stepping when it would not fit.
+ *
  * Growing a sequence is all-or-nothing over a whole batch (kt_kv_cache_reserve):
  * when a sequence would pass its context limit, or the pool has too few free
  * blocks, nothing changes and KT_ERR_INVALID names the sequence and the
@@ -95,6 +100,14 @@ uint32_t kt_kv_cache_seq_length(const struct kt_kv_cache *c, uint32_t seq); /* 0
  */
 kt_status kt_kv_cache_reserve(struct kt_kv_cache *c, uint32_t n, const uint32_t *seqs, const uint32_t *n_new,
                               kt_err *err);
+
+/* Blocks growing seq (in use) by n_new positions takes from the free list
+ * when it grows alone: the new blocks past its table, plus a copy of its
+ * partially filled last block when that block is shared.  A batch never
+ * takes more than the sum over its sequences (sharers of one block in the
+ * same batch leave the last of them uncopied), so a scheduler that keeps
+ * that sum within the free blocks never sees kt_kv_cache_reserve refuse. */
+uint32_t kt_kv_cache_grow_blocks(const struct kt_kv_cache *c, uint32_t seq, uint32_t n_new);
 
 /* The row of (seq, layer, pos), pos < length: row_floats floats, writable
  * (its block is never shared after kt_kv_cache_reserve made room for pos;

@@ -6,9 +6,11 @@
  *      out, pop the jobs that fit into free sequence slots
  *   2. admit them: fork the best cached prefix (or start empty), samplers
  *   3. finish running jobs that were cancelled or timed out
- *   4. batch: one token per decoding sequence, then prefill chunks, oldest
- *      job first, within the token budget; evict cached prefixes until the
- *      KV pool has room; step
+ *   4. plan the batch within the KV pool's free blocks (plan): one token per
+ *      decoding sequence, oldest job first, evicting cached prefixes and
+ *      then preempting the youngest job when one cannot get its block; then
+ *      prefill chunks and recomputes of preempted jobs, oldest first, within
+ *      the token budget and the free blocks; step
  *   5. per logits row: a scored prompt position publishes its logprobs; a
  *      finished prompt forks into its n choices (none with max_tokens 0); sample,
  *      detokenize, match stops, publish; finished choices give their
@@ -168,6 +170,9 @@ struct choice {
     int32_t next;            /* the token to feed next step */
     uint32_t n_generated;
     bool finished;
+    /* preempted: the sequence id stays reserved but holds nothing in the engine; the KV is
+     * recomputed from the choice's tokens (prompt, then fed[0 .. n_fed-1)) before next is fed */
+    bool parked;
     double t_last_token;
 };
 
@@ -176,6 +181,7 @@ struct run {
     struct choice *ch;       /* [job->n] */
     uint32_t n_prefilled;    /* prompt tokens in ch[0].seq's KV */
     uint32_t chunk;          /* prompt tokens in this step's batch */
+    bool in_step;            /* something of it is in this step's batch */
     bool decoding;           /* the prompt is done; choices sample */
     bool first_token_seen;
     uint32_t n_open;         /* choices not finished */
@@ -217,16 +223,24 @@ struct kt_sched {
     uint32_t *evicted;       /* [cache entries + 1] */
     struct kt_batch_token *batch;
     struct row *rows;
+    /* this step's plan: per sequence in the batch, the positions it grows by, and the KV blocks
+     * that takes at most (the sum of kt_kv_cache_grow_blocks) */
+    uint32_t *item_seq, *item_new;  /* [n_items] */
+    uint32_t n_items;
+    uint64_t plan_blocks;
+    uint32_t kv_blocks;      /* the pool's */
     float *logits;           /* (max_running_seqs + score_rows, n_vocab) */
     /* Rows for scored prompt positions per step (0 until the first job that
      * scores its prompt: only such jobs pay for the bigger logits buffer). */
     uint32_t score_rows;
+    uint32_t score_left;     /* of them, what this step's plan has not given yet */
     float *scratch;          /* [n_vocab] one row for a choice of many */
     char *piece;             /* detokenizer output, detok_cap bytes */
     size_t detok_cap;
     uint64_t seed_state;     /* seeds for requests without one */
     struct kt_grammar_vocab *grammar_vocab; /* the tokenizer's, made for the first job with a grammar */
     uint32_t *mask;          /* [mask words] the token mask of the choice being sampled */
+    uint32_t n_batch, n_rows; /* this step's tokens in batch, logits rows in rows */
 };
 
 uint32_t kt_sched_engine_seqs(uint32_t max_running_seqs, uint32_t prefix_cache_entries)
@@ -392,9 +406,10 @@ static void settle_run(struct kt_sched *s, uint32_t index)
         struct choice *ch = &run->ch[c];
         if (!ch->finished || ch->seq == NO_SEQ)
             continue;
-        if (c > 0 && !run->decoding) { /* never forked: the id was only reserved */
+        if ((c > 0 && !run->decoding) || ch->parked) { /* never forked, or preempted: only the id is held */
             s->free_ids[s->n_free++] = ch->seq;
             ch->seq = NO_SEQ;
+            ch->parked = false;
         } else {
             retire_seq(s, run, ch, run->decoding ? (uint32_t)job->prompt.n_ids : run->n_prefilled);
         }
@@ -475,6 +490,18 @@ static kt_status score_ready(struct kt_sched *s, kt_err *err)
     return KT_OK;
 }
 
+/* seq enters the engine holding the first `match` positions of src's KV
+ * (forked copy-on-write, then cut back), or empty when src < 0 or match is 0. */
+static kt_status seq_start(struct kt_sched *s, uint32_t seq, int64_t src, size_t match, kt_err *err)
+{
+    if (src < 0 || match == 0)
+        return kt_engine_seq_add(s->engine, seq, err);
+    kt_status st = kt_engine_seq_fork(s->engine, (uint32_t)src, seq, err);
+    if (st == KT_OK && (st = kt_engine_seq_truncate(s->engine, seq, (uint32_t)match, err)) != KT_OK)
+        kt_engine_seq_remove(s->engine, seq, NULL);
+    return st;
+}
+
 /* Moves a queued job into the running set. */
 static void admit(struct kt_sched *s, struct kt_job *job)
 {
@@ -527,15 +554,9 @@ static void admit(struct kt_sched *s, struct kt_job *job)
                                                                           job->prompt.n_ids - 1, &match)
                                                  : -1;
     uint32_t seq0 = run->ch[0].seq;
-    kt_status st;
-    if (cached >= 0 && match > 0) {
-        st = kt_engine_seq_fork(s->engine, (uint32_t)cached, seq0, &err);
-        if (st == KT_OK && (st = kt_engine_seq_truncate(s->engine, seq0, (uint32_t)match, &err)) != KT_OK)
-            kt_engine_seq_remove(s->engine, seq0, NULL);
-    } else {
+    kt_status st = seq_start(s, seq0, cached, match, &err);
+    if (cached < 0)
         match = 0;
-        st = kt_engine_seq_add(s->engine, seq0, &err);
-    }
     if (st != KT_OK) {
         s->free_ids[s->n_free++] = seq0;
         run->ch[0].seq = NO_SEQ;
@@ -743,36 +764,393 @@ static void start_decoding(struct kt_sched *s, struct run *run, float *row)
     }
 }
 
-/* ---- one step ---------------------------------------------------------------------------------- */
+/* ---- one step: what it runs, within the KV pool ------------------------------------------------ */
 
-static uint32_t blocks_for(uint32_t len, uint32_t bt)
+static uint32_t blocks_for(uint64_t len, uint32_t bt)
 {
-    return (len + bt - 1) / bt;
+    return (uint32_t)((len + bt - 1) / bt);
 }
 
-/* Evicts cached prefixes until the KV pool can take the batch for sure. */
-static void make_room(struct kt_sched *s, uint32_t n_tokens)
+/* The token at position pos of ch's context: the prompt, then what the choice generated. */
+static int32_t context_token(const struct run *run, const struct choice *ch, uint32_t pos)
 {
-    if (!s->pc)
-        return;
-    uint32_t need = 0;
-    for (uint32_t i = 0; i < n_tokens;) {
-        uint32_t seq = s->batch[i].seq, k = 0;
-        while (i + k < n_tokens && s->batch[i + k].seq == seq)
-            k++;
-        uint32_t len = kt_engine_seq_length(s->engine, seq);
-        need += blocks_for(len + k, s->block_tokens) - blocks_for(len, s->block_tokens) +
-                (len % s->block_tokens != 0); /* a shared last block is copied on write */
-        i += k;
-    }
+    const struct kt_prompt *pr = &run->job->prompt;
+    return pos < pr->n_ids ? pr->ids[pos] : ch->fed[pos - pr->n_ids];
+}
+
+/* Where a decoding choice's ch->next goes: its KV holds the prompt and every fed token but that last one. */
+static uint32_t next_pos(const struct run *run, const struct choice *ch)
+{
+    return (uint32_t)(run->job->prompt.n_ids + ch->n_fed - 1);
+}
+
+static bool live(const struct choice *ch)
+{
+    return !ch->finished && ch->seq != NO_SEQ;
+}
+
+static uint32_t kv_free_blocks(const struct kt_sched *s)
+{
+    struct kt_kv_cache_stats ks;
+    kt_kv_cache_stats(kt_engine_kv_cache(s->engine), &ks);
+    return ks.blocks_free;
+}
+
+static uint32_t grow_blocks(const struct kt_sched *s, uint32_t seq, uint32_t n)
+{
+    return kt_kv_cache_grow_blocks(kt_engine_kv_cache(s->engine), seq, n);
+}
+
+/* The plan's blocks again: an eviction or a preemption unshares blocks, so its sequences may need fewer. */
+static void plan_recount(struct kt_sched *s)
+{
+    s->plan_blocks = 0;
+    for (uint32_t i = 0; i < s->n_items; i++)
+        s->plan_blocks += grow_blocks(s, s->item_seq[i], s->item_new[i]);
+}
+
+/* Whether `blocks` more fit beside the plan, once cached prefixes are evicted (least recently used first) until
+ * they do. */
+static bool room_for(struct kt_sched *s, uint64_t blocks)
+{
     for (;;) {
-        struct kt_kv_cache_stats ks;
-        kt_kv_cache_stats(kt_engine_kv_cache(s->engine), &ks);
+        if (s->plan_blocks + blocks <= kv_free_blocks(s))
+            return true;
         uint32_t seq;
-        if (ks.blocks_free >= need || !kt_prefix_cache_evict_lru(s->pc, &seq))
-            return;
+        if (!s->pc || !kt_prefix_cache_evict_lru(s->pc, &seq))
+            return false;
         give_back_seq(s, seq);
+        plan_recount(s);
     }
+}
+
+/* The most of k positions seq may grow by beside the plan (grow_blocks rises with k). */
+static uint32_t fitting(struct kt_sched *s, uint32_t seq, uint32_t k)
+{
+    if (k == 0 || room_for(s, grow_blocks(s, seq, k)))
+        return k;
+    const uint64_t free_blocks = kv_free_blocks(s);
+    uint32_t lo = 0, hi = k; /* lo fits, hi does not */
+    while (hi - lo > 1) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (s->plan_blocks + grow_blocks(s, seq, mid) <= free_blocks)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* Puts positions [from, from + k) of ch's context into the batch for seq; the one at logits_at, if among them,
+ * wants logits for row `choice` (-1: the run's prompt is then complete). */
+static void plan_add(struct kt_sched *s, struct run *run, const struct choice *ch, uint32_t seq, uint32_t from,
+                     uint32_t k, uint32_t logits_at, int choice)
+{
+    /* a prompt to score: every position before the last one not scored yet (a recompute after a
+     * preemption scores nothing twice) gives a row too, in batch order, as the logits come */
+    const bool scoring = choice == ROW_PROMPT_DONE && run->job->score_prompt;
+    for (uint32_t pos = from; pos < from + k; pos++) {
+        const bool score = scoring && pos < logits_at && pos + 1 > run->job->n_scored;
+        const bool want = pos == logits_at || score;
+        s->batch[s->n_batch++] = (struct kt_batch_token){.token = context_token(run, ch, pos), .seq = seq,
+                                                         .pos = pos, .want_logits = want};
+        if (want)
+            s->rows[s->n_rows++] = (struct row){run, score ? ROW_SCORE : choice, pos};
+    }
+    s->plan_blocks += grow_blocks(s, seq, k);
+    s->item_seq[s->n_items] = seq;
+    s->item_new[s->n_items++] = k;
+    run->in_step = true;
+}
+
+/* Whether run holds KV blocks (that preempting it could give back). */
+static bool holds_kv(const struct kt_sched *s, const struct run *run)
+{
+    for (uint32_t c = 0; c < run->job->n; c++)
+        if (live(&run->ch[c]) && !run->ch[c].parked && kt_engine_seq_length(s->engine, run->ch[c].seq) > 0)
+            return true;
+    return false;
+}
+
+/* The youngest run at index >= first holding KV blocks, other than `except`; -1 if none. */
+static int64_t youngest_holder(const struct kt_sched *s, uint32_t first, int64_t except)
+{
+    for (uint32_t r = s->n_runs; r-- > first;)
+        if ((int64_t)r != except && holds_kv(s, s->runs[r]))
+            return r;
+    return -1;
+}
+
+/* Preempts run: its sequences leave the engine, their blocks back in the pool.  Their ids stay reserved, so the
+ * run keeps its place ahead of every queued job; samplers, detokenizers, stop and grammar matchers stay as they
+ * are, and the KV is recomputed from the tokens once blocks are free again (resume_choice), so what the client
+ * receives goes on exactly where it was. */
+static void preempt(struct kt_sched *s, struct run *run)
+{
+    for (uint32_t c = 0; c < run->job->n; c++) {
+        struct choice *ch = &run->ch[c];
+        if (!live(ch) || ch->parked || (c > 0 && !run->decoding)) /* those ids were never in the engine */
+            continue;
+        kt_engine_seq_remove(s->engine, ch->seq, NULL);
+        ch->parked = true;
+    }
+    if (!run->decoding)
+        run->n_prefilled = 0;
+    plan_recount(s);
+    if (s->p.metrics) {
+        pthread_mutex_lock(&s->p.metrics->mu);
+        s->p.metrics->preemptions++;
+        pthread_mutex_unlock(&s->p.metrics->mu);
+    }
+}
+
+/* Blocks a preempted run needs free before it resumes: its whole context again, the prompt's full blocks shared
+ * by its choices as they were before (resuming only to be preempted again would waste the recompute). */
+static uint64_t resume_blocks(const struct kt_sched *s, const struct run *run)
+{
+    const uint32_t bt = s->block_tokens, n_ids = (uint32_t)run->job->prompt.n_ids;
+    if (!run->decoding)
+        return blocks_for(n_ids, bt);
+    uint64_t need = 0;
+    bool first = true;
+    for (uint32_t c = 0; c < run->job->n; c++) {
+        const struct choice *ch = &run->ch[c];
+        if (!live(ch) || !ch->parked)
+            continue;
+        need += blocks_for((uint64_t)next_pos(run, ch) + 1, bt) - (first ? 0 : n_ids / bt);
+        first = false;
+    }
+    return need;
+}
+
+/* A preempted choice back in the engine, holding the longest prefix of its context that the prefix cache or a
+ * sibling choice still holds; the rest is recomputed. */
+static kt_status resume_choice(struct kt_sched *s, struct run *run, uint32_t c, kt_err *err)
+{
+    struct choice *ch = &run->ch[c];
+    const struct kt_prompt *pr = &run->job->prompt;
+    size_t match = 0;
+    int64_t src = -1;
+    if (!run->decoding) { /* as at admission: one prompt token left to compute the first logits from; */
+        /* a prompt to score computes every position it has not scored (the cache keeps no logits) */
+        src = s->pc && !run->job->score_prompt ? kt_prefix_cache_lookup(s->pc, pr->ids, pr->n_ids, pr->n_ids - 1, &match)
+                                               : -1;
+    } else {
+        const uint32_t want = next_pos(run, ch);
+        int32_t *ctx = malloc(want * sizeof *ctx);
+        if (!ctx)
+            return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
+        for (uint32_t p = 0; p < want; p++)
+            ctx[p] = context_token(run, ch, p);
+        src = s->pc ? kt_prefix_cache_lookup(s->pc, ctx, want, want, &match) : -1;
+        if (src < 0)
+            match = 0;
+        for (uint32_t d = 0; d < run->job->n; d++) {
+            const struct choice *sib = &run->ch[d];
+            if (d == c || !live(sib) || sib->parked)
+                continue;
+            const uint32_t len = kt_engine_seq_length(s->engine, sib->seq);
+            uint32_t m = 0;
+            while (m < len && m < want && context_token(run, sib, m) == ctx[m])
+                m++;
+            if (m > match)
+                match = m, src = sib->seq;
+        }
+        free(ctx);
+    }
+    if (src < 0)
+        match = 0;
+    kt_status st = seq_start(s, ch->seq, src, match, err);
+    if (st != KT_OK)
+        return st;
+    ch->parked = false;
+    if (!run->decoding)
+        run->n_prefilled = (uint32_t)match;
+    return KT_OK;
+}
+
+enum plan_result { PLAN_DONE, PLAN_AGAIN };
+enum resume_result { RESUMED, NO_ROOM, RESUME_FAILED };
+
+/* resume_choice within the plan: forking a sequence the batch grows (a sibling) makes its last block shared, so
+ * the batch may now copy it; when that no longer fits, the choice goes back to waiting. */
+static enum resume_result resume_in_plan(struct kt_sched *s, struct run *run, uint32_t c, kt_err *err)
+{
+    struct choice *ch = &run->ch[c];
+    if (resume_choice(s, run, c, err) != KT_OK)
+        return RESUME_FAILED;
+    plan_recount(s);
+    if (room_for(s, 0))
+        return RESUMED;
+    kt_engine_seq_remove(s->engine, ch->seq, NULL);
+    ch->parked = true;
+    if (!run->decoding)
+        run->n_prefilled = 0;
+    plan_recount(s);
+    return NO_ROOM;
+}
+
+/* Every decoding choice's next token, oldest run first; when the pool cannot take one, the youngest run holding
+ * KV is preempted (this run itself when it is the youngest). */
+static void plan_decodes(struct kt_sched *s)
+{
+    for (uint32_t r = 0; r < s->n_runs; r++) {
+        struct run *run = s->runs[r];
+        if (!run->decoding)
+            continue;
+        const uint32_t mark_batch = s->n_batch, mark_rows = s->n_rows, mark_items = s->n_items;
+        for (uint32_t c = 0; c < run->job->n; c++) {
+            struct choice *ch = &run->ch[c];
+            if (!live(ch) || ch->parked || kt_engine_seq_length(s->engine, ch->seq) != next_pos(run, ch))
+                continue; /* preempted or recomputing: plan_prefills */
+            bool self = false;
+            while (!room_for(s, grow_blocks(s, ch->seq, 1))) {
+                const int64_t v = youngest_holder(s, r, -1);
+                if (v < 0 || v == (int64_t)r) {
+                    self = true;
+                    break;
+                }
+                preempt(s, s->runs[v]);
+            }
+            if (self) { /* this run is the youngest: it goes, with what it had in the batch */
+                s->n_batch = mark_batch, s->n_rows = mark_rows, s->n_items = mark_items;
+                run->in_step = false;
+                preempt(s, run);
+                break;
+            }
+            plan_add(s, run, ch, ch->seq, next_pos(run, ch), 1, next_pos(run, ch), (int)c);
+        }
+    }
+}
+
+/* Prompt chunks and recomputes, oldest run first, within the step's budget and the free blocks (no preemption
+ * for these); preempted runs resume when their whole context fits.  Stops at the first run that finds no room,
+ * so younger ones never overtake it: *blocked is its index, or -1. */
+static enum plan_result plan_prefills(struct kt_sched *s, int64_t *blocked)
+{
+    *blocked = -1;
+    for (uint32_t r = 0; r < s->n_runs && s->n_batch < s->budget; r++) {
+        struct run *run = s->runs[r];
+        kt_err err = {0};
+        if (!run->decoding) {
+            struct choice *ch = &run->ch[0];
+            if (ch->parked && !room_for(s, resume_blocks(s, run))) {
+                *blocked = r;
+                return PLAN_DONE;
+            }
+            const enum resume_result rr = ch->parked ? resume_in_plan(s, run, 0, &err) : RESUMED;
+            if (rr == RESUME_FAILED) {
+                end_run(s, r, KT_FINISH_ERROR, err.msg);
+                return PLAN_AGAIN;
+            }
+            if (rr == NO_ROOM) {
+                *blocked = r;
+                return PLAN_DONE;
+            }
+            const uint32_t n_ids = (uint32_t)run->job->prompt.n_ids, left = n_ids - run->n_prefilled;
+            uint32_t want = left < s->budget - s->n_batch ? left : s->budget - s->n_batch;
+            if (run->job->score_prompt) { /* every position's logits: within this step's rows for them */
+                want = want < s->score_left ? want : s->score_left;
+                if (want == 0)
+                    continue;
+            }
+            const uint32_t k = fitting(s, ch->seq, want);
+            if (k == 0) {
+                *blocked = r;
+                return PLAN_DONE;
+            }
+            if (run->job->score_prompt)
+                s->score_left -= k;
+            plan_add(s, run, ch, ch->seq, run->n_prefilled, k, n_ids - 1, ROW_PROMPT_DONE);
+            run->chunk = k;
+            continue;
+        }
+        uint32_t first = run->job->n;
+        for (uint32_t c = 0; c < run->job->n && first == run->job->n; c++)
+            if (live(&run->ch[c]))
+                first = c;
+        for (uint32_t c = first; c < run->job->n && s->n_batch < s->budget; c++) {
+            struct choice *ch = &run->ch[c];
+            if (!live(ch))
+                continue;
+            bool resumed = false;
+            if (ch->parked) {
+                if (c == first && !room_for(s, resume_blocks(s, run))) {
+                    *blocked = r;
+                    return PLAN_DONE;
+                }
+                const struct choice *lead = &run->ch[first];
+                if (c != first && (lead->parked || kt_engine_seq_length(s->engine, lead->seq) != next_pos(run, lead)))
+                    continue; /* after the first has recomputed, to fork what they share from it */
+                const enum resume_result rr = resume_in_plan(s, run, c, &err);
+                if (rr == RESUME_FAILED) {
+                    end_run(s, r, KT_FINISH_ERROR, err.msg);
+                    return PLAN_AGAIN;
+                }
+                if (rr == NO_ROOM) {
+                    *blocked = r;
+                    return PLAN_DONE;
+                }
+                resumed = true;
+            }
+            const uint32_t len = kt_engine_seq_length(s->engine, ch->seq), at = next_pos(run, ch);
+            if (len == at && !resumed)
+                continue; /* a plain decode: plan_decodes has it */
+            const uint32_t left = at - len + 1, room = s->budget - s->n_batch;
+            const uint32_t k = fitting(s, ch->seq, left < room ? left : room);
+            if (k == 0) {
+                *blocked = r;
+                return PLAN_DONE;
+            }
+            plan_add(s, run, ch, ch->seq, len, k, at, (int)c);
+        }
+    }
+    return PLAN_DONE;
+}
+
+/* This step's batch.  When nothing at all fits, a run is stuck behind blocks that others hold: the youngest
+ * other holder is preempted; with none, the stuck run cannot fit the pool on its own and fails. */
+static enum plan_result plan(struct kt_sched *s)
+{
+    s->n_batch = s->n_rows = s->n_items = 0;
+    s->plan_blocks = 0;
+    s->score_left = s->score_rows;
+    for (uint32_t r = 0; r < s->n_runs; r++)
+        s->runs[r]->chunk = 0, s->runs[r]->in_step = false;
+    plan_decodes(s);
+    int64_t blocked;
+    if (plan_prefills(s, &blocked) == PLAN_AGAIN)
+        return PLAN_AGAIN;
+    if (s->n_batch > 0 || blocked < 0)
+        return PLAN_DONE;
+    const int64_t v = youngest_holder(s, 0, blocked);
+    if (v >= 0) {
+        preempt(s, s->runs[v]);
+        return PLAN_AGAIN;
+    }
+    char why[300];
+    snprintf(why, sizeof why, "KV cache: this request needs more than the whole pool (%u blocks of %u positions) "
+                              "on its own: lower n, max_tokens or the prompt, or give the server more KV memory",
+             s->kv_blocks, s->block_tokens);
+    end_run(s, (uint32_t)blocked, KT_FINISH_ERROR, why);
+    return PLAN_AGAIN;
+}
+
+/* A run whose every open choice is preempted counts as waiting, not running. */
+static bool run_waiting(const struct run *run)
+{
+    for (uint32_t c = 0; c < run->job->n; c++)
+        if (live(&run->ch[c]) && !run->ch[c].parked && (c == 0 || run->decoding))
+            return false;
+    return true;
+}
+
+static void count_runs(const struct kt_sched *s, uint32_t *running, uint32_t *parked)
+{
+    *parked = 0;
+    for (uint32_t r = 0; r < s->n_runs; r++)
+        *parked += run_waiting(s->runs[r]);
+    *running = s->n_runs - *parked;
 }
 
 static void publish_engine_metrics(struct kt_sched *s)
@@ -786,6 +1164,8 @@ static void publish_engine_metrics(struct kt_sched *s)
     kt_engine_stats(s->engine, &es);
     struct kt_backend_stats ds;
     bool have_device = kt_engine_device_stats(s->engine, &ds) == KT_OK;
+    uint32_t running, parked;
+    count_runs(s, &running, &parked);
     pthread_mutex_lock(&m->mu);
     m->engine = es;
     m->have_device = have_device;
@@ -795,59 +1175,26 @@ static void publish_engine_metrics(struct kt_sched *s)
         snprintf(m->device_name, sizeof m->device_name, "%s", name ? name : "device");
     }
     m->kv_cache_usage = ks.n_blocks ? (double)ks.blocks_used / (double)ks.n_blocks : 0;
-    m->requests_running = s->n_runs;
+    m->kv_blocks_total = ks.n_blocks;
+    m->kv_blocks_used = ks.blocks_used;
+    m->kv_block_tokens = ks.block_tokens;
+    m->requests_running = running;
+    m->requests_preempted = parked;
     pthread_mutex_unlock(&m->mu);
 }
 
 static void step(struct kt_sched *s)
 {
-    uint32_t n = 0, n_rows = 0;
-    for (uint32_t r = 0; r < s->n_runs; r++) {
-        struct run *run = s->runs[r];
-        run->chunk = 0;
-        if (!run->decoding)
-            continue;
-        for (uint32_t c = 0; c < run->job->n; c++) {
-            struct choice *ch = &run->ch[c];
-            if (ch->finished || ch->seq == NO_SEQ)
-                continue;
-            s->batch[n++] = (struct kt_batch_token){.token = ch->next, .seq = ch->seq,
-                                                    .pos = kt_engine_seq_length(s->engine, ch->seq),
-                                                    .want_logits = true};
-            s->rows[n_rows++] = (struct row){run, (int)c, 0};
-        }
-    }
-    uint32_t score_left = s->score_rows; /* rows this step may give scored prompt positions */
-    for (uint32_t r = 0; r < s->n_runs && n < s->budget; r++) {
-        struct run *run = s->runs[r];
-        if (run->decoding)
-            continue;
-        const struct kt_prompt *pr = &run->job->prompt;
-        const bool scoring = run->job->score_prompt;
-        uint32_t left = (uint32_t)pr->n_ids - run->n_prefilled;
-        uint32_t take = left < s->budget - n ? left : s->budget - n;
-        if (scoring) {
-            take = take < score_left ? take : score_left;
-            score_left -= take;
-        }
-        for (uint32_t i = 0; i < take; i++) {
-            uint32_t pos = run->n_prefilled + i;
-            bool last = pos + 1 == pr->n_ids;
-            s->batch[n++] = (struct kt_batch_token){.token = pr->ids[pos], .seq = run->ch[0].seq, .pos = pos,
-                                                    .want_logits = last || scoring};
-            if (last || scoring) /* rows in batch order, as the logits come */
-                s->rows[n_rows++] = (struct row){run, last ? ROW_PROMPT_DONE : ROW_SCORE, pos};
-        }
-        run->chunk = take;
-    }
+    while (plan(s) == PLAN_AGAIN)
+        ;
+    const uint32_t n = s->n_batch, n_rows = s->n_rows;
     if (n == 0)
         return;
-    make_room(s, n);
     kt_err err = {0};
     if (kt_engine_step(s->engine, &(struct kt_batch){.n_tokens = n, .tokens = s->batch}, s->logits, &err) != KT_OK) {
         /* nothing changed in the engine: fail the jobs of this batch */
         for (uint32_t r = s->n_runs; r-- > 0;)
-            if (s->runs[r]->decoding || s->runs[r]->chunk)
+            if (s->runs[r]->in_step)
                 end_run(s, r, KT_FINISH_ERROR, err.msg);
         return;
     }
@@ -957,8 +1304,11 @@ static void *scheduler_main(void *arg)
         pthread_mutex_lock(&s->mu);
         s->n_runs_shared = s->n_runs;
         if (s->p.metrics) {
+            uint32_t running, parked;
+            count_runs(s, &running, &parked);
             pthread_mutex_lock(&s->p.metrics->mu);
-            s->p.metrics->requests_running = s->n_runs;
+            s->p.metrics->requests_running = running;
+            s->p.metrics->requests_preempted = parked;
             s->p.metrics->requests_waiting = (uint32_t)s->q_len;
             pthread_mutex_unlock(&s->p.metrics->mu);
         }
@@ -986,10 +1336,6 @@ kt_status kt_sched_create(const struct kt_sched_params *p, struct kt_sched **out
                           p->prefix_cache_entries, seqs);
     struct kt_kv_cache_stats ks;
     kt_kv_cache_stats(kt_engine_kv_cache(p->engine), &ks);
-    uint32_t blocks = kt_sched_kv_blocks_needed(p->max_running_seqs, ep->n_ctx, ks.block_tokens);
-    if (ks.n_blocks < blocks)
-        return kt_err_set(err, KT_ERR_INVALID, "scheduler: the KV pool has %u blocks; %u sequences at %u "
-                                               "positions need %u", ks.n_blocks, p->max_running_seqs, ep->n_ctx, blocks);
     uint32_t budget = p->max_batch_tokens ? p->max_batch_tokens : kt_engine_max_batch_tokens(p->engine);
     if (budget > kt_engine_max_batch_tokens(p->engine))
         budget = kt_engine_max_batch_tokens(p->engine);
@@ -1004,7 +1350,17 @@ kt_status kt_sched_create(const struct kt_sched_params *p, struct kt_sched **out
     s->engine = p->engine;
     s->tok = p->tok;
     s->n_vocab = kt_engine_n_vocab(p->engine);
-    s->n_ctx = ep->n_ctx;
+    /* a sequence never holds more than the whole pool, so one alone always fits */
+    const uint64_t pool_positions = (uint64_t)ks.n_blocks * ks.block_tokens;
+    s->n_ctx = pool_positions < ep->n_ctx ? (uint32_t)pool_positions : ep->n_ctx;
+    s->kv_blocks = ks.n_blocks;
+    if (p->metrics) { /* the pool's size before the first step */
+        pthread_mutex_lock(&p->metrics->mu);
+        p->metrics->kv_blocks_total = ks.n_blocks;
+        p->metrics->kv_blocks_used = ks.blocks_used;
+        p->metrics->kv_block_tokens = ks.block_tokens;
+        pthread_mutex_unlock(&p->metrics->mu);
+    }
     s->block_tokens = ks.block_tokens;
     s->budget = budget;
     s->accepting = true;
@@ -1016,12 +1372,14 @@ kt_status kt_sched_create(const struct kt_sched_params *p, struct kt_sched **out
     s->evicted = calloc((size_t)p->prefix_cache_entries + 2, sizeof *s->evicted);
     s->batch = calloc(budget, sizeof *s->batch);
     s->rows = calloc(budget, sizeof *s->rows);
+    s->item_seq = calloc(budget, sizeof *s->item_seq);
+    s->item_new = calloc(budget, sizeof *s->item_new);
     s->logits = malloc((size_t)p->max_running_seqs * s->n_vocab * sizeof *s->logits);
     s->scratch = malloc((size_t)s->n_vocab * sizeof *s->scratch);
     s->piece = malloc(s->detok_cap);
     kt_status st = KT_OK;
-    if (!s->queue || !s->runs || !s->free_ids || !s->evicted || !s->batch || !s->rows || !s->logits ||
-        !s->scratch || !s->piece)
+    if (!s->queue || !s->runs || !s->free_ids || !s->evicted || !s->batch || !s->rows || !s->item_seq ||
+        !s->item_new || !s->logits || !s->scratch || !s->piece)
         st = kt_err_set(err, KT_ERR_NOMEM, "scheduler: out of memory");
     if (st == KT_OK && p->prefix_cache_entries)
         st = kt_prefix_cache_create(p->prefix_cache_entries, &s->pc, err);
@@ -1123,7 +1481,7 @@ void kt_sched_destroy(struct kt_sched *s)
     pthread_cond_destroy(&s->wake);
     pthread_cond_destroy(&s->idle);
     free(s->queue), free(s->runs), free(s->free_ids), free(s->evicted);
-    free(s->batch), free(s->rows), free(s->logits), free(s->scratch), free(s->piece);
+    free(s->batch), free(s->rows), free(s->item_seq), free(s->item_new), free(s->logits), free(s->scratch), free(s->piece);
     kt_grammar_vocab_destroy(s->grammar_vocab);
     free(s->mask);
     free(s);

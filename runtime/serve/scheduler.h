@@ -18,10 +18,21 @@
  * the submitter's reference and the scheduler's, so either side may finish
  * first.
  *
- * KV memory: the engine's pool must hold max_running_seqs sequences at full
- * context (kt_sched_kv_blocks_needed); cached prefixes live in the rest of
- * the time and are evicted, least recently used first, whenever a step needs
- * their blocks, so no running sequence is ever preempted.
+ * KV memory on demand: the engine's pool (any size) is shared by every
+ * sequence, which takes blocks as it grows.  Each step plans its batch
+ * within the free blocks: decodes first, oldest job first; when one cannot
+ * get its block, cached prefixes are evicted (least recently used first),
+ * then the youngest running job is preempted: its blocks go back to the
+ * pool, it keeps its sequence ids (so its place ahead of every queued job)
+ * and its sampling state, and recomputes its KV from its tokens so far
+ * (forking what the prefix cache or a sibling choice still holds) once its
+ * whole context fits again.  Its stream just pauses: no token is repeated
+ * or lost, and greedy or seeded output is what it would have been.  Prompt
+ * chunks and recomputes never preempt; they go oldest first and stop at the
+ * first that finds no room.  A sequence holds at most the whole pool (the
+ * context is cut to it), and a job that cannot fit the pool even alone
+ * fails with an error saying so.  max_running_seqs is a concurrency limit:
+ * kt_sched_kv_blocks_needed is only the pool that never has to preempt.
  */
 #ifndef KT_SCHEDULER_H
 #define KT_SCHEDULER_H
@@ -137,7 +148,8 @@ struct kt_sched_params {
     void (*poked)(void *ctx);
 };
 
-/* Engine sequences and KV blocks the scheduler needs from the engine. */
+/* Engine sequences the scheduler needs from the engine; KV blocks for
+ * max_running_seqs sequences at n_ctx (a pool that never preempts). */
 uint32_t kt_sched_engine_seqs(uint32_t max_running_seqs, uint32_t prefix_cache_entries);
 uint32_t kt_sched_kv_blocks_needed(uint32_t max_running_seqs, uint32_t n_ctx, uint32_t block_tokens);
 

@@ -110,9 +110,12 @@ void kt_serve_metrics_render(struct kt_serve_metrics *m, const char *model_name,
 
     pthread_mutex_lock(&m->mu);
     gauge(o, "vllm:num_requests_running", labels, m->requests_running, "Requests in the running batch.");
-    gauge(o, "vllm:num_requests_waiting", labels, m->requests_waiting, "Requests waiting to be admitted.");
+    gauge(o, "vllm:num_requests_waiting", labels, m->requests_waiting + m->requests_preempted,
+          "Requests waiting to be admitted, or preempted and waiting to recompute their KV cache.");
     gauge(o, "vllm:kv_cache_usage_perc", labels, m->kv_cache_usage,
           "Fraction of KV-cache blocks in use (1 = full), cached prefixes included.");
+    counter(o, "vllm:num_preemptions_total", labels, (double)m->preemptions,
+            "Running requests preempted to free KV-cache blocks (vLLM's name; kt:preemptions_total is the same).");
     counter(o, "vllm:prompt_tokens_total", labels, (double)m->prompt_tokens, "Prompt tokens processed.");
     counter(o, "vllm:generation_tokens_total", labels, (double)m->generation_tokens, "Tokens generated.");
     counter(o, "vllm:prefix_cache_queries_total", labels, (double)m->prefix_cache_queries,
@@ -143,6 +146,12 @@ void kt_serve_metrics_render(struct kt_serve_metrics *m, const char *model_name,
     /* kt's own: where the step's time goes, and who ran the routed experts */
     const struct kt_engine_stats *s = &m->engine;
     counter(o, "kt:steps_total", labels, (double)s->steps, "Engine forward steps.");
+    counter(o, "kt:preemptions_total", labels, (double)m->preemptions,
+            "Running requests preempted to free KV-cache blocks; each recomputes its KV later.");
+    gauge(o, "kt:kv_cache_blocks_used", labels, m->kv_blocks_used,
+          "KV-cache blocks in use (running sequences and cached prefixes).");
+    gauge(o, "kt:kv_cache_blocks_free", labels, m->kv_blocks_total - m->kv_blocks_used, "KV-cache blocks free.");
+    gauge(o, "kt:kv_cache_block_tokens", labels, m->kv_block_tokens, "Positions one KV-cache block holds.");
     counter(o, "kt:step_tokens_total", labels, (double)s->tokens, "Tokens through the engine (prefill and decode).");
     header(o, "kt:step_seconds_total", "counter", "Step time by part, on the stepping device.");
     const struct {

@@ -36,11 +36,14 @@ struct kt_serve_metrics {
     pthread_mutex_t mu;
     /* gauges */
     uint32_t requests_running, requests_waiting;
+    uint32_t requests_preempted; /* admitted, then preempted: waiting for KV blocks to recompute theirs */
     double kv_cache_usage; /* 0..1 of the KV pool's blocks in use (cached prefixes included) */
+    uint32_t kv_blocks_total, kv_blocks_used, kv_block_tokens; /* the pool, in blocks of kv_block_tokens positions */
     /* counters */
     uint64_t prompt_tokens, generation_tokens;
     uint64_t prefix_cache_queries, prefix_cache_hits; /* tokens */
     uint64_t request_success[KT_METRIC_FINISH_COUNT];
+    uint64_t preemptions; /* running requests whose KV was taken back for others (scheduler.h) */
     uint64_t http_requests[6]; /* by status class: 1xx .. 5xx (index 1..5) */
     /* histograms: ttft, e2e, queue_time, prompt_len and generation_len take one observation per
      * request that completed (stop or length), at its end, so their counts agree; itl one per token

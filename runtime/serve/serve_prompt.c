@@ -350,6 +350,14 @@ bool kt_prompt_prepare_at(const struct kt_serve_model *m, const struct kt_api_re
                          which, m->n_ctx, out->n_ids + r->max_tokens, out->n_ids, r->max_tokens);
         goto done;
     }
+    if (m->kv_positions && out->n_ids >= m->kv_positions) {
+        kt_api_error_set(e, 413, "invalid_request_error", "kv_cache_exceeded",
+                         r->kind == KT_API_CHAT ? "messages" : "prompt",
+                         "The prompt has %zu tokens, but the server's whole KV cache holds %u positions, so it can "
+                         "never run. Please shorten the prompt (or start the server with more KV memory).",
+                         out->n_ids, m->kv_positions);
+        goto done;
+    }
     out->max_tokens = r->no_generation ? 0 : r->max_tokens ? r->max_tokens : (uint32_t)(m->n_ctx - out->n_ids);
     if (!kt_serve_grammar_build(m, r, &out->output, &out->grammar, e))
         goto done;

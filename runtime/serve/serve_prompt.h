@@ -40,6 +40,7 @@ struct kt_serve_model {
     kt_chat_format format;     /* KT_CHAT_FORMAT_UNKNOWN: chat requests are refused */
     const char *chat_template; /* KT_CHAT_JINJA: the template the interpreter renders */
     uint32_t n_ctx;            /* positions one sequence may hold */
+    uint32_t kv_positions;     /* positions the whole KV pool holds: a longer prompt gets 413; 0: no limit */
     uint32_t n_vocab;
     bool allow_forced_output;  /* honour kt_test_forced_output (tests only) */
 };

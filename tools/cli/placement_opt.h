@@ -50,4 +50,34 @@ void kt_tool_print_layer_homes(FILE *f, const struct kt_placement *p);
 bool kt_tool_placement_fits(FILE *f, const struct kt_model *m, const struct kt_placement *p,
                             const struct kt_engine_params *ep, kt_err *why);
 
+/*
+ * The KV cache's block pool and the context, from memory.  The pool is
+ * shared by every sequence, which takes blocks as it grows (kv_cache.h; the
+ * scheduler preempts when it runs out): its size is memory, not max_seqs x
+ * ctx.  kv_memory_mib > 0 sets it; else it takes half of the host memory
+ * free beyond what the rest of plan p needs (kt_tool_placement_fits' parts
+ * and margin), or with attention on a device 9/10 of what that device's
+ * budget leaves beside its weights and working buffers - never more than
+ * max_seqs sequences at the full context need.  The context is ctx when
+ * given (it may exceed the pool: the line says what that means), else the
+ * model's context_length when one sequence of it fits the pool, else the
+ * largest that does.  line says all of it in one log line.
+ */
+struct kt_tool_kv_request {
+    uint32_t ctx;           /* --ctx; 0: from memory */
+    uint32_t max_seqs;      /* sequences at once; 0: 1 */
+    double kv_memory_mib;   /* --kv-memory; 0: from memory */
+    uint32_t block_tokens;  /* 0: 16 */
+};
+struct kt_tool_kv_pool {
+    uint32_t n_ctx;            /* positions per sequence */
+    uint32_t n_blocks, block_tokens;
+    uint64_t bytes, bytes_per_token;
+    bool on_device;            /* the pool is the attention device's */
+    char line[640];
+};
+kt_status kt_tool_kv_pool_size(const struct kt_model *m, const struct kt_placement *p,
+                               const struct kt_engine_params *ep, const struct kt_tool_kv_request *rq,
+                               struct kt_tool_kv_pool *out, kt_err *err);
+
 #endif

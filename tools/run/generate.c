@@ -127,6 +127,7 @@ static void generation_free(struct generation *g)
 int kt_run_generate(const struct kt_run_options *o)
 {
     struct generation g = {0};
+    struct kt_engine_plan plan = {0}; /* what the engine's placement fields point to, until it is created */
     kt_err err = {0};
     char *prompt_text = NULL;
     int rc = 1;
@@ -155,8 +156,28 @@ int kt_run_generate(const struct kt_run_options *o)
         kt_err_set(&err, KT_ERR_INVALID, "the prompt has no tokens: give some text");
         goto fail;
     }
-    const uint32_t n_ctx = kt_tool_context(g.model, o->ctx);
+    /* the placement, then the context: the model's when its KV cache fits memory, else the largest that does */
+    struct kt_engine_params ep = {.max_seqs = 1};
+    struct kt_placement *placement = NULL;
+    if (kt_tool_placement_resolve(o->placement, g.model, NULL, &placement, &err) != KT_OK)
+        goto fail;
+    if (o->placement) {
+        kt_placement_describe(placement, stderr);
+        if (kt_engine_plan_apply(placement, &plan, &ep, stderr, &err) != KT_OK) {
+            kt_placement_destroy(placement);
+            goto fail;
+        }
+    }
+    struct kt_tool_kv_pool pool;
+    kt_status sized = kt_tool_kv_pool_size(g.model, placement, &ep, &(struct kt_tool_kv_request){.ctx = o->ctx},
+                                           &pool, &err);
+    kt_placement_destroy(placement);
+    if (sized != KT_OK)
+        goto fail;
+    const uint32_t n_ctx = pool.n_ctx;
     const uint32_t train = g.model->hp.n_ctx_train;
+    if (!o->ctx && train && n_ctx < train)
+        fprintf(stderr, "kt-run: %s\n", pool.line);
     if (train && g.n_prompt >= train) {
         kt_err_set(&err, KT_ERR_INVALID, "the prompt has %zu tokens; %s takes at most %u positions (context_length): "
                    "shorten the prompt", g.n_prompt, o->model, train);
@@ -193,13 +214,12 @@ int kt_run_generate(const struct kt_run_options *o)
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-run", stderr, &threads, &err) != KT_OK)
         goto fail;
-    struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads, .max_batch_tokens = o->batch};
+    ep.n_ctx = n_ctx;
+    ep.n_threads = threads;
+    ep.max_batch_tokens = o->batch;
     ep.progress = rank == 0 ? stderr : NULL; /* expert-store load progress */
     if (n_ranks > 1 &&
         kt_tool_rank_layers(o->placement, g.model, n_ranks, rank, &ep.layer_begin, &ep.layer_end, &err) != KT_OK)
-        goto fail;
-    struct kt_engine_plan plan = {0};
-    if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
         goto fail;
     kt_status created = kt_engine_create(g.model, &ep, &g.engine, &err);
     kt_engine_plan_free(&plan); /* only read at creation */
@@ -370,6 +390,7 @@ fail:
     }
     fprintf(stderr, "kt-run: %s\n", err.msg[0] ? err.msg : "failed");
 done:
+    kt_engine_plan_free(&plan);
     free(prompt_text);
     generation_free(&g);
     kt_transport_finalize(g.transport);

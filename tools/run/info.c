@@ -258,7 +258,12 @@ static bool dry_run(const struct kt_run_options *o, const struct kt_model *m, kt
     if (kt_tool_placement_resolve(o->placement, m, NULL, &p, err) == KT_OK) {
         kt_placement_describe(p, stdout);
         fflush(stdout); /* kt_engine_plan_apply's notes (e.g. running CPU-only) in their place */
-        if (kt_engine_plan_apply(p, &plan, &ep, stdout, err) == KT_OK) {
+        struct kt_tool_kv_pool pool;
+        if (kt_engine_plan_apply(p, &plan, &ep, stdout, err) == KT_OK &&
+            kt_tool_kv_pool_size(m, p, &ep, &(struct kt_tool_kv_request){.ctx = o->ctx}, &pool, err) == KT_OK) {
+            ep.n_ctx = pool.n_ctx; /* the pool kt-run would make, counted below */
+            ep.kv_blocks = pool.n_blocks;
+            printf("%s\n", pool.line);
             printf("expert homes, per MoE layer (layers placed alike together)\n");
             kt_tool_print_layer_homes(stdout, p);
             fits = kt_tool_placement_fits(stdout, m, p, &ep, err);

@@ -1204,6 +1204,12 @@ enum MHD_Result kt_serve_stats_endpoint(struct kt_http_request *rq)
                           "prompt_tokens_total", (json_int_t)m->prompt_tokens, "generation_tokens_total",
                           (json_int_t)m->generation_tokens, "kv_cache_usage", m->kv_cache_usage, "steps",
                           (json_int_t)m->engine.steps);
+    json_object_set_new(j, "requests_preempted", json_integer((json_int_t)m->requests_preempted));
+    json_object_set_new(j, "preemptions_total", json_integer((json_int_t)m->preemptions));
+    json_object_set_new(j, "kv_cache", json_pack("{s:I, s:I, s:I, s:I}", "blocks", (json_int_t)m->kv_blocks_total,
+                                                 "blocks_used", (json_int_t)m->kv_blocks_used, "blocks_free",
+                                                 (json_int_t)(m->kv_blocks_total - m->kv_blocks_used),
+                                                 "block_tokens", (json_int_t)m->kv_block_tokens));
     pthread_mutex_unlock(&m->mu);
     struct kt_serve_placement *sp = s->placement;
     pthread_mutex_lock(&sp->mu);

@@ -37,7 +37,8 @@ struct kt_serve_options {
     const char *host;             /* default 127.0.0.1 */
     uint32_t port;                /* default 8080; 0: any free port (printed) */
     uint32_t max_seqs;            /* sequences in the running batch */
-    uint32_t ctx;                 /* positions per sequence; 0: min(training context, 4096) */
+    uint32_t ctx;                 /* positions per sequence; 0: from the KV pool (kt_tool_kv_pool_size) */
+    double kv_memory_mib;         /* the KV pool; 0: from free memory (kt_tool_kv_pool_size) */
     uint32_t threads;             /* engine threads; 0: the CPUs this process may use (threads.h) */
     uint32_t max_waiting;         /* queued requests before 429 */
     uint32_t max_batch_tokens;    /* per-step token budget; 0: max(256, max_seqs) */
