@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kv_type.h"
 #include "model_chat.h"
 #include "placement_opt.h"
 #include "preflight.h"
@@ -34,6 +35,12 @@
 #define OPTS(o) ((struct kt_serve_options *)(o))
 
 KT_CLI_STRING_OPTION(opt_placement, placement)
+
+static bool opt_kv_type(void *opts, const char *arg, char *why, size_t why_size)
+{
+    OPTS(opts)->kv_type_given = true;
+    return kt_tool_parse_kv_type(arg, &OPTS(opts)->kv_type, why, why_size);
+}
 KT_CLI_STRING_OPTION(opt_self_check_reference, test_self_check_reference)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
@@ -141,6 +148,7 @@ static const struct kt_cli_option options_table[] = {
     {"--port", NULL, "PORT", 0, "port (default 8080; 0: any free port, printed)", opt_port},
     {"--max-seqs", NULL, "N", 0, "sequences decoding at once; each n>1 choice counts (default 8)", opt_max_seqs},
     {"--ctx", NULL, "N", 0, "positions per sequence (default: the model's, at most 4096)", opt_ctx},
+    {"--kv-type", NULL, "T", 0, "KV cache rows: f32, bf16 or f16 (default bf16: half of f32)", opt_kv_type},
     {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
     {"--cors-origins", NULL, "LIST", 0,
@@ -323,6 +331,7 @@ static bool preflight(struct kt_server *s, kt_err *err)
         .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
         .n_threads = threads,
         .kv_block_tokens = block_tokens,
+        .kv_type = o->kv_type,
         .kv_blocks = kt_sched_kv_blocks_needed(o->max_seqs, n_ctx, block_tokens),
         .max_batch_tokens = o->max_batch_tokens,
     };
@@ -332,6 +341,8 @@ static bool preflight(struct kt_server *s, kt_err *err)
         kt_placement_describe(s->live, stderr);
         if (kt_engine_plan_apply(s->live, &s->plan, &s->ep, stderr, err) != KT_OK)
             return false;
+        if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+            s->ep.kv_type = o->kv_type;
     }
     if (o->expert_cache_slots && !s->ep.device) {
         kt_err_set(err, KT_ERR_INVALID, "--expert-cache %u needs a device: give a --placement with one (e.g. "
@@ -436,9 +447,15 @@ static void *loader_main(void *arg)
     if (ok) {
         atomic_store(&s->load_permille, 1000);
         atomic_store(&s->state, KT_SERVER_READY);
-        fprintf(stderr, "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u\n",
+        const struct kt_kv_cache *kv = kt_engine_kv_cache(s->engine);
+        struct kt_kv_cache_stats ks;
+        kt_kv_cache_stats(kv, &ks);
+        fprintf(stderr,
+                "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u, "
+                "KV cache %s (%llu bytes per token)\n",
                 kt_monotonic_s() - t0, s->served_name, kt_engine_params(s->engine)->n_threads, s->sm.n_ctx,
-                s->o.max_seqs, s->o.prefix_cache);
+                s->o.max_seqs, s->o.prefix_cache, kt_row_type_name(kt_kv_cache_row_type(kv)),
+                (unsigned long long)ks.bytes_per_token);
     } else {
         snprintf(s->load_error, sizeof s->load_error, "%s", err.msg[0] ? err.msg : "loading failed");
         atomic_store(&s->state, KT_SERVER_FAILED);
@@ -493,6 +510,7 @@ int main(int argc, char **argv)
     static struct kt_server server;
     struct kt_server *s = &server;
     s->o = (struct kt_serve_options){.host = "127.0.0.1", .port = 8080, .max_seqs = 8, .max_waiting = 64,
+                                     .kv_type = KT_TOOL_DEFAULT_KV_TYPE,
                                      .request_timeout_s = 600, .shutdown_timeout_s = 30, .ping_interval_s = 10,
                                      .max_body_bytes = 8u << 20, .max_connections = 512,
                                      .client_timeout_s = 30, .idle_timeout_s = 15,

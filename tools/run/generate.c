@@ -184,11 +184,13 @@ int kt_run_generate(const struct kt_run_options *o)
     uint32_t threads = o->threads;
     if (!threads && kt_tool_default_threads("kt-run", stderr, &threads, &err) != KT_OK)
         goto fail;
-    struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads};
+    struct kt_engine_params ep = {.n_ctx = n_ctx, .max_seqs = 1, .n_threads = threads, .kv_type = o->kv_type};
     ep.progress = stderr; /* expert-store load progress */
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, g.model, &ep, &plan, &err) != KT_OK)
         goto fail;
+    if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+        ep.kv_type = o->kv_type;
     kt_status created = kt_engine_create(g.model, &ep, &g.engine, &err);
     kt_engine_plan_free(&plan); /* only read at creation */
     if (created != KT_OK)
