@@ -238,7 +238,7 @@ static void kv_cache_on_the_device(void)
 
     /* BF16 rows: the sim runs the CPU's attention on them, so the same bits as
      * a BF16 cache on the host, and within the BF16 tolerance of F32 rows
-     * (tests/test_forward.c, kv_cache_row_types_match_f32_within_tolerance) */
+     * (tests/test_forward.c, kv_cache_row_types_match_f32_within_tolerance; measured 1.27e-3) */
     float *host_bf16 = run_forked(m, &(struct kt_engine_params){.kv_type = KT_ROW_BF16});
     float *sim_bf16 = run_forked(m, &(struct kt_engine_params){.device = &sim, .attention_on_device = true,
                                                                .kv_type = KT_ROW_BF16});
@@ -248,7 +248,7 @@ static void kv_cache_on_the_device(void)
                  "a BF16 KV cache on the device gives the host's BF16 logits");
         const double d = kt_test_worst_row_diff(host_f32, sim_bf16, 2 * FORK_STEPS, m->hp.n_vocab);
         printf("  sim, BF16 KV cache on the device: worst row diff %.3g against F32 rows\n", d);
-        KT_CHECK(d > 0 && d <= 2e-2, "BF16 rows on the device within 2e-2 of F32 rows (%.3g)", d);
+        KT_CHECK(d > 0 && d <= 5e-3, "BF16 rows on the device within 5e-3 of F32 rows (%.3g)", d);
     }
     free(host_bf16);
     free(sim_bf16);
