@@ -647,10 +647,17 @@ static kt_status parse_kv_cache(struct parser *p, const struct kt_ynode *n)
             st = get_uint(p, v, "kv_cache.tokens", MAX_KV_TOKENS, &p->c->kv_tokens);
             if (!st && p->c->kv_tokens == 0)
                 st = fail(p, v, "kv_cache.tokens", "must be at least 1");
-        } else if (kt_yscalar_is(v, "f16") || kt_yscalar_is(v, "f32")) {
-            p->c->kv_bytes_per_value = kt_yscalar_is(v, "f16") ? 2 : 4;
         } else {
-            st = fail(p, v, "kv_cache.type", "expected f16 or f32, got %s", describe(v, got, sizeof got));
+            bool known_type = false;
+            for (int t = 0; t < KT_ROW_TYPE_COUNT && !known_type; t++)
+                if (kt_yscalar_is(v, kt_row_type_name((enum kt_row_type)t))) {
+                    known_type = true;
+                    p->c->kv_type = (enum kt_row_type)t;
+                    p->c->kv_type_given = true;
+                    p->c->kv_bytes_per_value = (uint32_t)kt_row_type_size(p->c->kv_type);
+                }
+            if (!known_type)
+                st = fail(p, v, "kv_cache.type", "expected f32, bf16 or f16, got %s", describe(v, got, sizeof got));
         }
     }
     return st;
@@ -820,7 +827,8 @@ kt_status kt_placement_config_parse(const char *text, size_t len, const char *na
     snprintf(c->devices[0].name, sizeof c->devices[0].name, "cpu");
     c->n_devices = 1;
     c->kv_tokens = DEFAULT_KV_TOKENS;
-    c->kv_bytes_per_value = 4; /* the engine stores F32 rows (kv_cache.h) */
+    c->kv_type = KT_ROW_F32; /* no kv_cache.type: estimates count the widest rows, the engine runs --kv-type's */
+    c->kv_bytes_per_value = 4;
     c->nodes_auto = true;
     c->attention.device = c->shared_experts.device = c->dense_layers.device = c->embeddings.device = -1;
     struct parser p = {.name = c->name, .err = err, .c = c};

@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "plan.h"
+#include "cpu/ref/ops.h"
 
 #define KT_PLACEMENT_PATH_MAX 160
 
@@ -91,7 +92,9 @@ struct kt_placement_config {
     char *profile;               /* joined to the config's directory; NULL: none */
     struct kt_cfg_where profile_where;
     uint32_t kv_tokens;
-    uint32_t kv_bytes_per_value;
+    uint32_t kv_bytes_per_value; /* of kv_type */
+    enum kt_row_type kv_type;    /* kv_cache.type; absent: f32, the widest, for the estimates */
+    bool kv_type_given;          /* the file says kv_cache.type: the engine runs with it */
     int n_devices;               /* devices[0] is cpu */
     struct kt_cfg_device devices[KT_PLACEMENT_MAX_DEVICES];
     struct kt_cfg_use attention, shared_experts, dense_layers, embeddings;

@@ -77,6 +77,8 @@ kt_status kt_engine_plan_apply(const struct kt_placement *p, struct kt_engine_pl
             out->replica_nodes[at] = (uint16_t)h->replica_nodes;
         }
     }
+    if (p->kv_type_given) /* the config chose the KV cache's rows; its estimates counted them */
+        ep->kv_type = p->kv_type;
     if (st == KT_OK && sliced_layers && (p->expert_nodes >> KT_EXPERT_MAX_NODES) != 0)
         st = kt_err_set(err, KT_ERR_UNSUPPORTED, "%s: %u layers row-sliced over NUMA nodes beyond %d", p->source,
                         sliced_layers, KT_EXPERT_MAX_NODES - 1);

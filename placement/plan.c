@@ -451,7 +451,8 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
             held += d[i].part_bytes[part];
         if (!held)
             continue;
-        struct kt_engine_params ep = {.n_ctx = p->kv_tokens, .attention_on_device = p->layers[0].attention == i,
+        struct kt_engine_params ep = {.n_ctx = p->kv_tokens, .kv_type = p->kv_type,
+                                      .attention_on_device = p->layers[0].attention == i,
                                       .output_on_device = p->embeddings == i};
         d[i].part_bytes[KT_PART_WORK_BUFFERS] = kt_engine_device_work_bytes(m, &ep, d[i].backend == KT_PLACE_CUDA);
     }
@@ -540,6 +541,8 @@ static void fill_devices(struct resolver *r)
     snprintf(p->source, sizeof p->source, "%s", c->name);
     p->kv_tokens = c->kv_tokens;
     p->kv_bytes_per_value = c->kv_bytes_per_value;
+    p->kv_type = c->kv_type;
+    p->kv_type_given = c->kv_type_given;
     for (int i = 0; i < c->n_devices; i++) {
         struct kt_placement_device *d = &p->devices[i];
         const struct kt_cfg_device *cd = &c->devices[i];
@@ -672,7 +675,7 @@ void kt_placement_describe(const struct kt_placement *p, FILE *out)
     fprintf(out, "placement %s: %u layers (%u dense, %u MoE) of %u routed experts; hot experts by %s%s; "
                  "KV cache for %u tokens (%s)\n",
             p->source, p->n_layer, p->n_layer - n_moe, n_moe, p->n_expert, p->profile[0] ? "profile " : "index",
-            p->profile, p->kv_tokens, p->kv_bytes_per_value == 2 ? "f16" : "f32");
+            p->profile, p->kv_tokens, kt_row_type_name(p->kv_type));
     for (int i = 0; i < p->n_devices; i++) {
         const struct kt_placement_device *d = &p->devices[i];
         char a[32], b[32], runs[512], parts[512];

@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "model.h"
+#include "cpu/ref/ops.h"
 #include "status.h"
 
 #define KT_PLACEMENT_MAX_DEVICES 8 /* cpu included */
@@ -80,7 +81,9 @@ struct kt_placement {
     char source[256];            /* the config's name */
     char profile[256];           /* the profile that chose hot experts; "" when by index */
     uint32_t kv_tokens;          /* KV cache the budget holds room for */
-    uint32_t kv_bytes_per_value; /* 2 (f16) or 4 (f32) */
+    uint32_t kv_bytes_per_value; /* 2 (bf16, f16) or 4 (f32) */
+    enum kt_row_type kv_type;    /* kv_cache.type (f32 when the config has none) */
+    bool kv_type_given;          /* the config states it: kt_engine_plan_apply sets the engine's row type */
     int n_devices;
     struct kt_placement_device *devices; /* [n_devices]; [0] is the cpu */
     int embeddings;              /* device of token_embd, output_norm, output */

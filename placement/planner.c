@@ -277,7 +277,7 @@ struct parts_text {
     double memory_gib, transfer_gbps, latency_us;
     const char *accel;           /* the device's name: kt-place says "sim" or "gpu" */
     int cuda_device;
-    const char *kv_type;         /* "f32" or "f16" */
+    const char *kv_type;         /* "f32", "bf16" or "f16"; NULL: none written (the tool's type, budgeted as f32) */
     bool on_accel[4];            /* attention, shared experts, dense layers, embeddings */
 };
 
@@ -285,7 +285,9 @@ struct parts_text {
 static void put_parts(struct text *t, const struct kt_planner_options *o, const struct parts_text *pt)
 {
     put(t, "version: 1\n");
-    put(t, "kv_cache:\n  tokens: %u\n  type: %s\n", o->kv_tokens, pt->kv_type);
+    put(t, "kv_cache:\n  tokens: %u\n", o->kv_tokens);
+    if (pt->kv_type) /* else the tool's --kv-type runs, budgeted as f32 */
+        put(t, "  type: %s\n", pt->kv_type);
     const char *dev = "cpu";
     if (o->device != KT_PLACE_CPU) {
         dev = pt->accel;
@@ -309,7 +311,7 @@ static kt_status resolve_parts(struct kt_plan *plan, const struct kt_model *m, i
 {
     struct text t = {0};
     struct parts_text pt = {.memory_gib = memory_gib, .transfer_gbps = transfer_gbps, .latency_us = latency_us,
-                            .accel = accel_name(plan->options.device), .kv_type = "f32"};
+                            .accel = accel_name(plan->options.device), .kv_type = NULL};
     memcpy(pt.on_accel, on_accel, sizeof pt.on_accel);
     put_parts(&t, &plan->options, &pt);
     put(&t, "cpu:\n  nodes: [");
@@ -1099,7 +1101,7 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     struct parts_text pt = {.memory_gib = plan->accel_memory_gib, .transfer_gbps = plan->accel_transfer_gbps,
                             .latency_us = plan->accel_latency_us, .accel = acc ? acc->name : accel_name(o->device),
                             .cuda_device = acc ? acc->cuda_device : 0,
-                            .kv_type = p->kv_bytes_per_value == 2 ? "f16" : "f32"};
+                            .kv_type = p->kv_type_given ? kt_row_type_name(p->kv_type) : NULL};
     memcpy(pt.on_accel, on, sizeof on);
     put_parts(&t, o, &pt);
     const uint32_t n = p->n_expert;

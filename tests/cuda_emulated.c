@@ -535,15 +535,17 @@ kt_status kt_cuda_ffn_units(const struct kt_cuda_ffn_unit *units, uint32_t n_uni
 /* ---- MLA -------------------------------------------------------------------------------- */
 
 /* Row j of token t's context, as struct kt_cuda_mla_cache lays it out. */
-static float *cache_row(const struct kt_cuda_mla_cache *c, int64_t t, int64_t j, int64_t D)
+static void *cache_row(const struct kt_cuda_mla_cache *c, int64_t t, int64_t j, int64_t D)
 {
     const int64_t block = c->block_ids[c->first_block[t] + j / c->block_tokens];
-    return c->pool + block * c->block_floats + c->layer_offset + (j % c->block_tokens) * D;
+    return (uint8_t *)c->pool + (size_t)(block * c->block_elems + c->layer_offset + (j % c->block_tokens) * D) *
+                                    kt_row_type_size((enum kt_row_type)c->row_type);
 }
 
 static kt_status check_cache(const struct kt_cuda_mla_cache *c, kt_err *err)
 {
-    if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv || c->block_tokens < 1)
+    if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv || c->block_tokens < 1 ||
+        c->row_type < 0 || c->row_type >= KT_ROW_TYPE_COUNT)
         return kt_err_set(err, KT_ERR_INVALID, "emulated mla: bad cache");
     return KT_OK;
 }
@@ -573,14 +575,19 @@ static kt_status mla_rows_run(const void *p, kt_err *err)
     if (st != KT_OK)
         return st;
     const int64_t kvr = a->m.kv_rank, dr = a->m.rope_dim, D = kvr + dr;
+    const enum kt_row_type rt = (enum kt_row_type)a->cache.row_type;
+    float *row = malloc((size_t)D * sizeof *row);
+    if (!row)
+        return kt_err_set(err, KT_ERR_NOMEM, "emulated mla: out of memory");
     for (int64_t t = 0; t < a->n_tok; t++) {
         if (a->cache.n_kv[t] == 0)
             continue;
-        float *row = cache_row(&a->cache, t, (int64_t)a->cache.n_kv[t] - 1, D);
         kt_rmsnorm(row, a->kv_a + t * D, a->norm_w, kvr, a->eps);
         memcpy(row + kvr, a->kv_a + t * D + kvr, (size_t)dr * sizeof *row);
         kt_rope_apply(row + kvr, a->cos_sin + t * dr, (uint32_t)dr);
+        kt_row_from_f32(rt, cache_row(&a->cache, t, (int64_t)a->cache.n_kv[t] - 1, D), row, D); /* rounded as stored */
     }
+    free(row);
     return KT_OK;
 }
 
@@ -608,7 +615,10 @@ static kt_status mla_attention_run(const void *p, kt_err *err)
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank, D = kvr + dr;
     float *query = malloc((size_t)D * sizeof *query), *o_lat = malloc((size_t)kvr * sizeof *o_lat);
     float *scores = malloc((size_t)(n_kv_max > 0 ? n_kv_max : 1) * sizeof *scores);
-    kt_status st = query && o_lat && scores ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "emulated mla: out of memory");
+    float *row = malloc((size_t)D * sizeof *row); /* one cache row, widened */
+    const enum kt_row_type rt = (enum kt_row_type)cache->row_type;
+    kt_status st =
+        query && o_lat && scores && row ? KT_OK : kt_err_set(err, KT_ERR_NOMEM, "emulated mla: out of memory");
     for (int64_t t = 0; t < n_tok && st == KT_OK; t++) {
         const int64_t n_kv = cache->n_kv[t];
         if (n_kv > n_kv_max) {
@@ -626,7 +636,7 @@ static kt_status mla_attention_run(const void *p, kt_err *err)
             st = matmul(&uk, q, dn, 1, query, kvr, false, err);
             memcpy(query + kvr, q + dn, (size_t)dr * sizeof *query);
             for (int64_t j = 0; j < n_kv; j++) {
-                const float *row = cache_row(cache, t, j, D);
+                kt_row_to_f32(rt, row, cache_row(cache, t, j, D), D);
                 double s = 0;
                 for (int64_t i = 0; i < D; i++)
                     s += (double)query[i] * row[i];
@@ -636,7 +646,7 @@ static kt_status mla_attention_run(const void *p, kt_err *err)
             for (int64_t i = 0; i < kvr; i++)
                 o_lat[i] = 0.0f;
             for (int64_t j = 0; j < n_kv; j++) {
-                const float *row = cache_row(cache, t, j, D);
+                kt_row_to_f32(rt, row, cache_row(cache, t, j, D), kvr);
                 for (int64_t i = 0; i < kvr; i++)
                     o_lat[i] += scores[j] * row[i];
             }
@@ -648,7 +658,7 @@ static kt_status mla_attention_run(const void *p, kt_err *err)
                 st = matmul(&uv, o_lat, kvr, 1, d_out + (t * H + h) * dv, dv, false, err);
         }
     }
-    free(query), free(o_lat), free(scores);
+    free(query), free(o_lat), free(scores), free(row);
     return st;
 }
 

@@ -218,7 +218,7 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     uint32_t *d_row_first = kt_test_cuda_copy_in(row_first, (size_t)n_rows * sizeof *row_first);
     uint32_t *d_row_n_kv = kt_test_cuda_copy_in(row_n_kv, (size_t)n_rows * sizeof *row_n_kv);
     struct kt_cuda_mla_cache cache = {d_pool, block_floats, BLOCK_TOKENS, layer_offset, d_block_ids, d_row_first,
-                                      d_row_n_kv};
+                                      d_row_n_kv, KT_ROW_F32};
     rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, &cache, n_rows, NULL, &err);
     KT_CHECK(rc == 0, "%s %s rows: %s", s->name, c->name, err.msg);
     kt_test_cuda_copy_out(pool, d_pool, (size_t)(n_blocks * block_floats) * sizeof *pool);
@@ -301,7 +301,7 @@ static void cuda_mla_rejects_bad_shapes(void)
     float *d = kt_test_cuda_copy_in(NULL, 1 << 16);
     const uint32_t *u = (const uint32_t *)d;
     struct kt_cuda_mla m = {8, 32, 16, 32, 2048, 0.2f, {KT_TYPE_F32, d, 32, 8 * 2048, 0}, {KT_TYPE_F32, d, 2048, 256, 0}};
-    struct kt_cuda_mla_cache cache = {d, 16 * 144, 16, 0, u, u, u};
+    struct kt_cuda_mla_cache cache = {d, 16 * 144, 16, 0, u, u, u, KT_ROW_F32};
     KT_CHECK(kt_cuda_mla_scratch_bytes(&m, 1, 10) == 0, "kv rank 2048 sized");
     KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, &err) != KT_OK && err.msg[0],
              "kv rank 2048 accepted");

@@ -236,6 +236,24 @@ static void kv_cache_on_the_device(void)
     free(base);
     free(got);
 
+    /* BF16 rows: the sim runs the CPU's attention on them, so the same bits as
+     * a BF16 cache on the host, and within the BF16 tolerance of F32 rows
+     * (tests/test_forward.c, kv_cache_row_types_match_f32_within_tolerance; measured 1.27e-3) */
+    float *host_bf16 = run_forked(m, &(struct kt_engine_params){.kv_type = KT_ROW_BF16});
+    float *sim_bf16 = run_forked(m, &(struct kt_engine_params){.device = &sim, .attention_on_device = true,
+                                                               .kv_type = KT_ROW_BF16});
+    float *host_f32 = run_forked(m, &(struct kt_engine_params){0});
+    if (host_bf16 && sim_bf16 && host_f32) {
+        KT_CHECK(!memcmp(host_bf16, sim_bf16, (size_t)2 * FORK_STEPS * m->hp.n_vocab * sizeof *sim_bf16),
+                 "a BF16 KV cache on the device gives the host's BF16 logits");
+        const double d = kt_test_worst_row_diff(host_f32, sim_bf16, 2 * FORK_STEPS, m->hp.n_vocab);
+        printf("  sim, BF16 KV cache on the device: worst row diff %.3g against F32 rows\n", d);
+        KT_CHECK(d > 0 && d <= 5e-3, "BF16 rows on the device within 5e-3 of F32 rows (%.3g)", d);
+    }
+    free(host_bf16);
+    free(sim_bf16);
+    free(host_f32);
+
     const struct kt_backend_params small = {.kind = KT_BACKEND_SIM, .name = "small-gpu", .memory_bytes = 64u << 20};
     struct kt_engine_params p = {.n_ctx = 64, .n_threads = 1, .kv_blocks = 40000, .device = &small};
     struct kt_engine *e = NULL;
@@ -360,6 +378,44 @@ static void cuda_f32_paths_match_cpu_only_closely(const char *preset)
 
 /* Long prompts through the BF16 paths: the median row within 1e-2, 9 in 10
  * within 3e-2 (a flipped routing choice moves its token's row alone). */
+/* A BF16 (and F16) KV cache on the GPU: its kernels write rows rounded and
+ * read them widened, as the CPU's attention does, so everything on the GPU
+ * gives CPU-only's logits with the same row type within the F32 paths' 1e-4,
+ * and the same greedy tokens. */
+static void cuda_half_kv_cache_matches_cpu_only_closely(const char *preset)
+{
+    char path[1024];
+    struct kt_model *m = kt_test_synth_model(preset, "", path, sizeof path);
+    if (!m)
+        return;
+    struct expert_masks masks = make_masks(m);
+    const struct kt_backend_params gpu = {.kind = KT_BACKEND_CUDA, .name = "gpu"};
+    const enum kt_row_type types[] = {KT_ROW_BF16, KT_ROW_F16};
+    enum { SHORT = 8, STEPS = 8 };
+    for (size_t k = 0; k < 2; k++) {
+        const struct kt_engine_params all = {.device = &gpu, .expert_on_device = masks.all, .shared_on_device = true,
+                                             .dense_on_device = true, .attention_on_device = true,
+                                             .output_on_device = true, .kv_type = types[k]};
+        int32_t base_tokens[STEPS], tokens[STEPS];
+        float *base = kt_test_engine_greedy(m, &(struct kt_engine_params){.kv_type = types[k]}, prompt, SHORT, STEPS,
+                                            base_tokens, NULL, NULL);
+        float *got = kt_test_engine_greedy(m, &all, prompt, SHORT, STEPS, tokens, NULL, NULL);
+        if (base && got) {
+            const double d = kt_test_worst_row_diff(base, got, SHORT + STEPS, m->hp.n_vocab);
+            printf("  cuda, %s, %s KV cache, everything on the GPU: worst row diff %.3g against CPU-only %s\n", preset,
+                   kt_row_type_name(types[k]), d, kt_row_type_name(types[k]));
+            KT_CHECK(d <= 1e-4, "cuda, %s, %s KV: logits within 1e-4 of CPU-only's (%.3g)", preset,
+                     kt_row_type_name(types[k]), d);
+            KT_CHECK(!memcmp(tokens, base_tokens, sizeof tokens), "cuda, %s, %s KV: greedy tokens equal", preset,
+                     kt_row_type_name(types[k]));
+        }
+        free(base);
+        free(got);
+    }
+    free_masks(&masks);
+    kt_test_synth_remove(m, path);
+}
+
 static void long_tolerance_check(const char *what, const float *base, const float *got, size_t rows, size_t V)
 {
     const double med = kt_test_row_diff_quantile(base, got, rows, V, 0.5),
@@ -381,6 +437,7 @@ static void cuda_hybrid_matches_cpu_only_within_tolerance(void)
     cuda_splits_match_cpu_only("tiny-v3");
     cuda_f32_paths_match_cpu_only_closely("tiny");
     cuda_f32_paths_match_cpu_only_closely("tiny-v3");
+    cuda_half_kv_cache_matches_cpu_only_closely("tiny");
     char path[1024];
     struct kt_model *m = kt_test_synth_model("tiny", "", path, sizeof path);
     if (!m)

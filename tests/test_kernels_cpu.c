@@ -809,6 +809,103 @@ static void f32_row_ops_match_scalar_twins_on_odd_shapes(void)
     free(data);
 }
 
+/* The cache-row ops (scores and axpy on F32, BF16 or F16 rows) of every level
+ * give the reference's bits (kt_dot_rows_typed, kt_axpy_typed) on odd
+ * lengths and row counts, rows at odd element offsets and a strided output;
+ * the reference on BF16/F16 rows gives kt_dot_rows_f32's bits on the rows
+ * widened (so the cache's type changes only what was stored); and a row
+ * ending at a guard page is never read past. */
+static void cache_row_ops_match_the_reference_on_odd_shapes(void)
+{
+    enum { MAX_N = 583, MAX_ROWS = 13, STRIDE = 3 };
+    const int64_t lengths[] = {1, 3, 7, 8, 9, 15, 17, 64, 127, 192, 513, 576, 583};
+    float *x = kt_test_xmalloc((MAX_N + 1) * sizeof *x);
+    float *data = kt_test_xmalloc((size_t)MAX_ROWS * (MAX_N + 1) * sizeof *data);
+    float *wide = kt_test_xmalloc((size_t)MAX_ROWS * (MAX_N + 1) * sizeof *wide);
+    uint8_t *stored = kt_test_xmalloc((size_t)MAX_ROWS * (MAX_N + 1) * sizeof(float));
+    float ref[MAX_ROWS * STRIDE], got[MAX_ROWS * STRIDE], y_ref[MAX_N], y_got[MAX_N];
+    const void *rows[MAX_ROWS];
+    const float *wide_rows[MAX_ROWS];
+    uint64_t seed = 0x13198a2e03707344ull;
+    for (int64_t i = 0; i < (int64_t)MAX_ROWS * (MAX_N + 1); i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        data[i] = ((float)(int32_t)(seed >> 32) * 0x1p-31f) * (i % 7 == 0 ? 30.0f : 1.0f); /* within F16's range */
+    }
+    for (int64_t i = 0; i < MAX_N + 1; i++)
+        x[i] = data[i * 5 % ((int64_t)MAX_ROWS * MAX_N)] - 0.25f;
+    int compared = 0, failed = 0, nonzero = 0, levels = 0;
+    for (int rt = 0; rt < KT_ROW_TYPE_COUNT; rt++) {
+        const enum kt_row_type t = (enum kt_row_type)rt;
+        kt_row_from_f32(t, stored, data, (int64_t)MAX_ROWS * (MAX_N + 1));
+        kt_row_to_f32(t, wide, stored, (int64_t)MAX_ROWS * (MAX_N + 1));
+        for (int isa = KT_ISA_SCALAR; isa <= KT_ISA_AMX; isa++) {
+            const struct kt_cpu_kernels *k = kt_cpu_kernels_for((enum kt_isa)isa);
+            if (!k)
+                continue;
+            levels += rt == 0;
+            const struct kt_cpu_row_kernels *r = &k->row[t];
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+                const int64_t n = lengths[li];
+                for (int64_t n_rows = 1; n_rows <= MAX_ROWS; n_rows++) {
+                    for (int64_t j = 0; j < n_rows; j++) { /* odd element offsets: rows not 16-byte aligned */
+                        const int64_t at = j * (MAX_N + 1) + (j % 2);
+                        rows[j] = kt_row_at(t, stored, at);
+                        wide_rows[j] = wide + at;
+                    }
+                    const float *xs = x + (n_rows % 2);
+                    for (int i = 0; i < MAX_ROWS * STRIDE; i++)
+                        ref[i] = got[i] = -1.0f;
+                    kt_dot_rows_typed(t, xs, rows, n_rows, n, 0.0883883f, ref, STRIDE);
+                    r->dot_rows(xs, rows, n_rows, n, 0.0883883f, got, STRIDE);
+                    for (int i = 0; i < MAX_ROWS * STRIDE; i++) {
+                        const bool ok = f32_bits(ref[i]) == f32_bits(got[i]);
+                        if (!ok && failed++ < 3)
+                            fprintf(stderr, "  %s %s dot_rows n=%lld rows=%lld out %d: ref %.9g, got %.9g\n",
+                                    kt_isa_name((enum kt_isa)isa), kt_row_type_name(t), (long long)n,
+                                    (long long)n_rows, i, ref[i], got[i]);
+                        compared++;
+                        nonzero += i % STRIDE == 0 && i / STRIDE < n_rows && ref[i] != 0.0f;
+                    }
+                    if (isa == KT_ISA_SCALAR) { /* widening is exact: the F32 op on the widened rows agrees */
+                        kt_dot_rows_f32(xs, wide_rows, n_rows, n, 0.0883883f, got, STRIDE);
+                        for (int i = 0; i < MAX_ROWS * STRIDE; i++)
+                            if (f32_bits(ref[i]) != f32_bits(got[i]) && failed++ < 3)
+                                fprintf(stderr, "  %s widened n=%lld: %.9g vs %.9g\n", kt_row_type_name(t),
+                                        (long long)n, ref[i], got[i]);
+                    }
+                }
+                for (int64_t i = 0; i < n; i++)
+                    y_ref[i] = y_got[i] = data[(i * 3 + 1) % MAX_N];
+                kt_axpy_typed(t, y_ref, -0.7310586f, rows[1], n);
+                r->axpy(y_got, -0.7310586f, rows[1], n);
+                for (int64_t i = 0; i < n; i++) {
+                    if (f32_bits(y_ref[i]) != f32_bits(y_got[i]) && failed++ < 3)
+                        fprintf(stderr, "  %s %s axpy n=%lld element %lld: ref %.9g, got %.9g\n",
+                                kt_isa_name((enum kt_isa)isa), kt_row_type_name(t), (long long)n, (long long)i,
+                                y_ref[i], y_got[i]);
+                    compared++;
+                }
+                /* the row's last element is the last byte before a guard page */
+                struct guarded g;
+                void *end_row = guarded_alloc(&g, (size_t)n * kt_row_type_size(t));
+                memcpy(end_row, stored, (size_t)n * kt_row_type_size(t));
+                const void *one[1] = {end_row};
+                r->dot_rows(x, one, 1, n, 1.0f, got, 1);
+                r->axpy(y_got, 0.5f, end_row, n);
+                guarded_free(&g);
+            }
+        }
+    }
+    KT_CHECK(failed == 0, "%d of %d cache-row results differ from the reference (must be bit-exact)", failed,
+             compared);
+    KT_CHECK(levels >= 1 && nonzero > compared / (8 * STRIDE), "%d levels, only %d nonzero scores: vacuous", levels,
+             nonzero);
+    free(x);
+    free(data);
+    free(wide);
+    free(stored);
+}
+
 /* A kernel that reads one element past n faults on the guard page. */
 static void kernels_stay_inside_their_rows(void)
 {
@@ -1101,6 +1198,7 @@ int main(int argc, char **argv)
     KT_RUN(activation_quantizers_match_reference_bit_for_bit);
     KT_RUN(simd_dots_match_scalar_twins);
     KT_RUN(f32_row_ops_match_scalar_twins_on_odd_shapes);
+    KT_RUN(cache_row_ops_match_the_reference_on_odd_shapes);
     KT_RUN(kernels_stay_inside_their_rows);
     KT_RUN(gemv_equals_one_vec_dot_per_row);
     KT_RUN(gemv_odd_shapes_in_bounds);

@@ -48,7 +48,9 @@ static void check_against_engine(const char *model_path, const char *prompt, con
     float *logits = NULL;
     if (kt_model_open(model_path, &m, &err) != KT_OK || kt_tokenizer_create(m->gguf, &tok, &err) != KT_OK ||
         kt_tokenize(tok, prompt, strlen(prompt), true, true, &ids, &n_ids, &err) != KT_OK ||
-        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 256, .n_threads = 2}, &e, &err) != KT_OK ||
+        /* kt-run's default KV cache rows (bf16) */
+        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 256, .n_threads = 2, .kv_type = KT_ROW_BF16}, &e,
+                         &err) != KT_OK ||
         kt_engine_seq_add(e, 0, &err) != KT_OK) {
         KT_CHECK(false, "setup: %s", err.msg);
         goto done;

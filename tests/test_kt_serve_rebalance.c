@@ -469,7 +469,7 @@ static void moves_keep_the_greedy_answer_and_the_plan_serves_the_same_places(voi
     size_t len = 0;
     char *text = kt_test_read_file(plan, &len);
     KT_CHECK(text && strstr(text, "written by kt-serve's rebalancer") && !strstr(text, "predicted per layer") &&
-                 !strstr(text, "kt-place plan") && strstr(text, "type: f32") && strstr(text, "  sim:\n"),
+                 !strstr(text, "kt-place plan") && strstr(text, "kv_cache:\n  tokens: ") && strstr(text, "  sim:\n"),
              "--plan-out %s:\n%s", plan, text ? text : "(missing)");
     free(text);
     snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "

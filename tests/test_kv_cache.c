@@ -49,12 +49,12 @@ static void write_rows(struct kt_kv_cache *c, uint32_t seq, uint32_t tag, uint32
 /* Rows [from, to) of seq hold tag's marks, read through kt_kv_cache_rows. */
 static bool rows_hold(const struct kt_kv_cache *c, uint32_t seq, uint32_t tag, uint32_t from, uint32_t to)
 {
-    const float *rows[256];
+    const void *rows[256];
     for (uint32_t l = 0; l < LAYERS; l++) {
         kt_kv_cache_rows(c, seq, l, to, rows);
         for (uint32_t p = from; p < to; p++)
             for (uint32_t i = 0; i < ROW; i++)
-                if (rows[p][i] != mark(tag, l, p, i))
+                if (((const float *)rows[p])[i] != mark(tag, l, p, i))
                     return false;
     }
     return true;
@@ -258,7 +258,7 @@ struct copies {
     size_t bytes;
 };
 
-static void record_copy(void *ctx, float *dst, const float *src, size_t bytes)
+static void record_copy(void *ctx, void *dst, const void *src, size_t bytes)
 {
     struct copies *cp = ctx;
     cp->n++;
@@ -318,6 +318,76 @@ static void zero_sizes_are_rejected(void)
     KT_CHECK(kt_kv_cache_create(&p, &c, &err) == KT_ERR_INVALID && !c, "block of 0 positions accepted");
 }
 
+/* BF16 and F16 rows: half the bytes per token, rows at their own stride,
+ * values stored rounded to nearest even and read back widened exactly
+ * (integers below 256 are exact in both: every element must come back
+ * as it went in; a value between two BF16 neighbours must round to the
+ * nearer); an unknown row type is refused. */
+static void half_width_rows_halve_the_cache_and_round_to_nearest(void)
+{
+    const enum kt_row_type types[] = {KT_ROW_BF16, KT_ROW_F16};
+    for (size_t k = 0; k < 2; k++) {
+        const enum kt_row_type t = types[k];
+        struct kt_kv_cache_params p = {.n_layer = LAYERS, .row_floats = ROW, .row_type = t, .block_tokens = BT,
+                                       .n_blocks = 4, .max_seqs = 1, .n_ctx = 16};
+        uint64_t bytes = 0;
+        kt_err err = {0};
+        KT_CHECK(kt_kv_cache_pool_bytes(&p, &bytes, &err) == KT_OK && bytes == 4ull * LAYERS * BT * ROW * 2,
+                 "%s pool bytes %llu", kt_row_type_name(t), (unsigned long long)bytes);
+        struct kt_kv_cache *c = NULL;
+        KT_CHECK(kt_kv_cache_create(&p, &c, &err) == KT_OK && c, "create: %s", err.msg);
+        if (!c)
+            return;
+        kt_kv_cache_seq_add(c, 0, &err);
+        KT_CHECK(grow(c, 0, 6, &err) == KT_OK, "grow: %s", err.msg);
+        struct kt_kv_cache_stats s;
+        kt_kv_cache_stats(c, &s);
+        KT_CHECK(kt_kv_cache_row_type(c) == t && s.bytes_per_token == LAYERS * ROW * 2 &&
+                     s.block_bytes == BT * s.bytes_per_token,
+                 "%s: %llu bytes per token, %llu per block", kt_row_type_name(t),
+                 (unsigned long long)s.bytes_per_token, (unsigned long long)s.block_bytes);
+        KT_CHECK((uint8_t *)kt_kv_cache_row(c, 0, 1, 5) - (uint8_t *)kt_kv_cache_row(c, 0, 1, 4) == ROW * 2,
+                 "%s rows are %d bytes apart", kt_row_type_name(t), ROW * 2);
+        for (uint32_t l = 0; l < LAYERS; l++)
+            for (uint32_t pos = 0; pos < 6; pos++) {
+                float v[ROW];
+                for (uint32_t i = 0; i < ROW; i++)
+                    v[i] = (float)(l * 60 + pos * 10 + i) - 100.0f;
+                kt_row_from_f32(t, kt_kv_cache_row(c, 0, l, pos), v, ROW);
+            }
+        const void *rows[6];
+        bool exact = true;
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            kt_kv_cache_rows(c, 0, l, 6, rows);
+            for (uint32_t pos = 0; pos < 6; pos++) {
+                float back[ROW];
+                kt_row_to_f32(t, back, rows[pos], ROW);
+                for (uint32_t i = 0; i < ROW; i++)
+                    exact &= back[i] == (float)(l * 60 + pos * 10 + i) - 100.0f;
+            }
+        }
+        KT_CHECK(exact, "%s: small integers came back changed", kt_row_type_name(t));
+        /* 1 + 2^-8 + 2^-10 lies between BF16's 1 + 2^-7 and 1; nearer 1 + 2^-7 (F16 holds it exactly) */
+        const float x = 1.0f + 0x1p-8f + 0x1p-10f;
+        float back = 0.0f;
+        kt_row_from_f32(t, kt_kv_cache_row(c, 0, 0, 0), &x, 1);
+        kt_row_to_f32(t, &back, kt_kv_cache_row(c, 0, 0, 0), 1);
+        KT_CHECK(back == (t == KT_ROW_BF16 ? 1.0f + 0x1p-7f : x), "%s stored %.9g as %.9g", kt_row_type_name(t),
+                 (double)x, (double)back);
+        kt_kv_cache_destroy(c);
+    }
+    struct kt_kv_cache_params bad = {.n_layer = LAYERS, .row_floats = ROW, .row_type = KT_ROW_TYPE_COUNT,
+                                     .block_tokens = BT, .n_blocks = 4, .max_seqs = 1, .n_ctx = 16};
+    struct kt_kv_cache *c = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_kv_cache_create(&bad, &c, &err) == KT_ERR_INVALID && !c && strstr(err.msg, "row type"),
+             "an unknown row type was accepted (%s)", err.msg);
+    enum kt_row_type parsed = KT_ROW_F32;
+    KT_CHECK(kt_row_type_parse("BF16", &parsed) && parsed == KT_ROW_BF16 && kt_row_type_parse("f16", &parsed) &&
+                 parsed == KT_ROW_F16 && !kt_row_type_parse("q8_0", &parsed) && !kt_row_type_parse("", &parsed),
+             "row type names");
+}
+
 int main(void)
 {
     KT_RUN(sequences_grow_in_blocks_and_keep_their_rows);
@@ -330,5 +400,6 @@ int main(void)
     KT_RUN(truncate_releases_blocks_and_copies_shared_tail_on_write);
     KT_RUN(caller_storage_is_addressed_and_copied_through_the_callback);
     KT_RUN(zero_sizes_are_rejected);
+    KT_RUN(half_width_rows_halve_the_cache_and_round_to_nearest);
     return kt_test_finish();
 }

@@ -1126,13 +1126,31 @@ static void kt_run_info_reports_the_model(void)
     static const char *expect[] = {
         "GGUF version", "tiny-v3-like", "deepseek2", "gpt2, pre deepseek-v3", "tokenizer tokens", "300",
         "kv LoRA rank", "split (attn_k_b, attn_v_b)", "yarn", "sigmoid", "kq_scale", "routed experts",
-        "q8_0", "attention", "f32", "memory at context 4096 (KV cache f32", "all on CPU", "attention+shared on GPU",
+        "q8_0", "attention", "f32", "memory at context 4096 (KV cache bf16", "all on CPU", "attention+shared on GPU",
         "+ 3 experts/layer on GPU",
     };
     for (size_t i = 0; i < sizeof expect / sizeof expect[0]; i++)
         KT_CHECK(strstr(text, expect[i]), "output lacks '%s':\n%s", expect[i], text);
     KT_CHECK(!strstr(text, "+ 8 experts"), "only the asked counts are shown");
     KT_CHECK(etext[0] == 0, "stderr not empty: %s", etext);
+
+    /* --kv-type: the memory table counts the rows at their size (bf16 by default, half of f32). */
+    rc = kt_test_system("'%s' --info '%s' --kv-type f32 >'%s' 2>'%s'", tool, model, out, errp);
+    char *f32_text = slurp(out);
+    const char *bf16_at = strstr(text, "GiB; "), *f32_at = strstr(f32_text, "GiB; ");
+    unsigned long long bf16_bytes = 0, f32_bytes = 0;
+    KT_CHECK(rc == 0 && strstr(f32_text, "(KV cache f32") && bf16_at && f32_at &&
+                 sscanf(bf16_at, "GiB; %llu bytes per token", &bf16_bytes) == 1 &&
+                 sscanf(f32_at, "GiB; %llu bytes per token", &f32_bytes) == 1 && bf16_bytes > 0 &&
+                 f32_bytes == 2 * bf16_bytes,
+             "--kv-type f32: exit %d, %llu bytes per token against bf16's %llu\n%s", rc, f32_bytes, bf16_bytes,
+             f32_text);
+    free(f32_text);
+    rc = kt_test_system("'%s' --info '%s' --kv-type q4 >'%s' 2>'%s'", tool, model, out, errp);
+    char *bad_text = slurp(errp);
+    KT_CHECK(rc == 2 && strstr(bad_text, "--kv-type 'q4' is not a KV cache type: give f32, bf16 or f16"),
+             "--kv-type q4: exit %d: %s", rc, bad_text);
+    free(bad_text);
     free(text);
     free(etext);
 

@@ -425,7 +425,7 @@ static const struct bad_doc BAD_DOCS[] = {
     {V1 "attention: cpu\ncpu:\n  sliced: [1, x]\n", 4, "cpu.sliced: expected a layer number or a range N-M, got 'x'"},
     {V1 "attention: cpu\ncpu:\n  sliced: all\n  sliced: all\n", 5, "duplicate key"},
     {V1 "attention: cpu\nkv_cache: {tokens: 0}\n", 3, "kv_cache.tokens: must be at least 1"},
-    {V1 "attention: cpu\nkv_cache: {type: f8}\n", 3, "kv_cache.type: expected f16 or f32, got 'f8'"},
+    {V1 "attention: cpu\nkv_cache: {type: f8}\n", 3, "kv_cache.type: expected f32, bf16 or f16, got 'f8'"},
     {V1 "attention: cpu\ndescription:\n", 3, "description: expected a string"},
     {V1 "attention: &a cpu\n", 2, "anchors (&name) are not supported"},
     {V1 "attention: *a\n", 2, "aliases (*name) are not supported"},
@@ -1116,6 +1116,53 @@ static void describe_summarises_each_device(void)
     kt_model_close(m);
 }
 
+/* kv_cache.type f32, bf16 or f16: the KV estimate at that row size and, the
+ * file having said it, the engine's row type; without it the estimate counts
+ * f32 rows and the engine's type is left to the tool (--kv-type). */
+static void kv_cache_type_sizes_the_estimate_and_reaches_the_engine(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    const char *names[] = {"f32", "bf16", "f16"};
+    const enum kt_row_type types[] = {KT_ROW_F32, KT_ROW_BF16, KT_ROW_F16};
+    uint64_t kv_bytes[3] = {0};
+    for (int i = 0; i < 3 && m; i++) {
+        char text[256];
+        snprintf(text, sizeof text, V1 "attention: cpu\nkv_cache: {tokens: 1000, type: %s}\n", names[i]);
+        struct kt_placement *p = resolve(text, m, 1, NULL);
+        if (!p)
+            continue;
+        KT_CHECK(p->kv_type == types[i] && p->kv_type_given && p->kv_bytes_per_value == (i == 0 ? 4u : 2u),
+                 "%s: type %d, given %d, %u bytes a value", names[i], (int)p->kv_type, p->kv_type_given,
+                 p->kv_bytes_per_value);
+        kv_bytes[i] = p->devices[0].part_bytes[KT_PART_KV_CACHE];
+        check_totals(p, m);
+        struct kt_engine_plan arrays;
+        struct kt_engine_params ep = {.kv_type = types[i] == KT_ROW_F32 ? KT_ROW_BF16 : KT_ROW_F32}; /* another type */
+        kt_err err = {0};
+        if (kt_engine_plan_apply(p, &arrays, &ep, NULL, &err) == KT_OK) {
+            KT_CHECK(ep.kv_type == types[i], "%s reached the engine's params as %d", names[i], (int)ep.kv_type);
+            kt_engine_plan_free(&arrays);
+        }
+        kt_placement_destroy(p);
+    }
+    KT_CHECK(kv_bytes[0] > 0 && kv_bytes[1] * 2 == kv_bytes[0] && kv_bytes[2] == kv_bytes[1],
+             "KV estimates f32 %llu, bf16 %llu, f16 %llu bytes", (unsigned long long)kv_bytes[0],
+             (unsigned long long)kv_bytes[1], (unsigned long long)kv_bytes[2]);
+    struct kt_placement *p = m ? resolve(V1 "attention: cpu\nkv_cache: {tokens: 1000}\n", m, 1, NULL) : NULL;
+    if (p) {
+        KT_CHECK(!p->kv_type_given && p->kv_bytes_per_value == 4, "no type: f32 estimate, not given");
+        struct kt_engine_plan arrays;
+        struct kt_engine_params ep = {.kv_type = KT_ROW_BF16};
+        kt_err err = {0};
+        if (kt_engine_plan_apply(p, &arrays, &ep, NULL, &err) == KT_OK) {
+            KT_CHECK(ep.kv_type == KT_ROW_BF16, "no type in the file: the tool's row type stays");
+            kt_engine_plan_free(&arrays);
+        }
+        kt_placement_destroy(p);
+    }
+    kt_model_close(m);
+}
+
 int main(void)
 {
     KT_RUN(shaped_model_matches_a_kt_synth_file);
@@ -1137,6 +1184,7 @@ int main(void)
     KT_RUN(profile_decays_by_half_life_in_tokens);
     KT_RUN(profile_refuses_another_model_by_fingerprint);
     KT_RUN(describe_summarises_each_device);
+    KT_RUN(kv_cache_type_sizes_the_estimate_and_reaches_the_engine);
     unlink(g_tiny_path[0]);
     unlink(g_tiny_path[1]);
     return kt_test_finish();

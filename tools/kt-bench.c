@@ -19,6 +19,7 @@
 #include "bench.h"
 #include "check.h"
 #include "cli.h"
+#include "kv_type.h"
 #include "cpu/dispatch.h"
 #include "machine.h"
 #include "preflight.h"
@@ -45,6 +46,12 @@ KT_CLI_DOUBLE_OPTION(opt_sim_transfer, sim_transfer_gbps, 0, 1e6, KT_CLI_LO_OPEN
 KT_CLI_DOUBLE_OPTION(opt_sim_latency, sim_latency_us, 0, 1e6, KT_CLI_CLOSED, "--sim-latency-us", "microseconds")
 KT_CLI_STRING_OPTION(opt_json, json)
 KT_CLI_STRING_OPTION(opt_placement, placement)
+
+static bool opt_kv_type(void *opts, const char *arg, char *why, size_t why_size)
+{
+    ((struct kt_bench_options *)opts)->kv_type_given = true;
+    return kt_tool_parse_kv_type(arg, &((struct kt_bench_options *)opts)->kv_type, why, why_size);
+}
 KT_CLI_STRING_OPTION(opt_prompts, prompts)
 KT_CLI_STRING_OPTION(opt_output, output)
 KT_CLI_STRING_OPTION(opt_svg, svg)
@@ -129,6 +136,7 @@ static const struct kt_cli_option options_table[] = {
      opt_cold},
     {"--placement", NULL, "FILE", FOR_MODEL | FOR_PROFILE | FOR_CHECK, "placement config v1 (configs/*.yaml)",
      opt_placement},
+    {"--kv-type", NULL, "T", FOR_MODEL | FOR_PROFILE, "KV cache rows: f32, bf16 or f16 (default bf16)", opt_kv_type},
     {"--prompts", NULL, "FILE", FOR_PROFILE | FOR_CHECK,
      "prompts, one a line: text, or JSON chat messages (check: default, 3 built-in ones)", opt_prompts},
     {"--max-tokens", NULL, "N", FOR_PROFILE | FOR_CHECK, "new tokens per prompt, greedy (default 64; check: 16)",
@@ -225,6 +233,7 @@ static void usage(FILE *f)
 static int parse_args(int argc, char **argv, struct kt_bench_options *o)
 {
     *o = (struct kt_bench_options){.prefill_tokens = 128, .prompt_tokens = 128, .gen_tokens = 32, .seed = 1,
+                                   .kv_type = KT_TOOL_DEFAULT_KV_TYPE,
                                    .batch = 1, .vocab_tokens = 163840, .sim_transfer_gbps = KT_MACHINE_DEFAULT_LINK_GBPS,
                                    .sim_latency_us = KT_MACHINE_DEFAULT_LINK_LATENCY_US};
     if (argc >= 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kv_type.h"
 #include "preflight.h"
 #include "run.h"
 
@@ -55,6 +56,12 @@ KT_CLI_STRING_OPTION(opt_system, system)
 KT_CLI_STRING_OPTION(opt_chat_template, chat_template)
 KT_CLI_STRING_OPTION(opt_logits_out, logits_out)
 KT_CLI_STRING_OPTION(opt_placement, placement)
+
+static bool opt_kv_type(void *opts, const char *arg, char *why, size_t why_size)
+{
+    ((struct kt_run_options *)opts)->kv_type_given = true;
+    return kt_tool_parse_kv_type(arg, &((struct kt_run_options *)opts)->kv_type, why, why_size);
+}
 
 static bool opt_gpu_experts(void *opts, const char *arg, char *why, size_t why_size)
 {
@@ -189,6 +196,7 @@ static const struct kt_cli_option options_table[] = {
      "other (default: the number of ranks; 1: none)", opt_micro_batches},
     {"--rank-timeout", NULL, "S", 0, "under mpirun: rank 0 gives up on a step another rank has not answered in S "
      "seconds (default 120)", opt_rank_timeout},
+    {"--kv-type", NULL, "T", 0, "KV cache rows: f32, bf16 or f16 (default bf16: half of f32)", opt_kv_type},
     {"--logits-out", NULL, "FILE", 0, "write float32 logits of the last position of every step", opt_logits_out},
     {"--bandwidth", NULL, NULL, 0, "measure a STREAM triad on the same threads; report decode bytes/s against it",
      opt_bandwidth},
@@ -235,6 +243,7 @@ static int parse_args(int argc, char **argv, struct kt_run_options *o)
         .temperature = 0.8f,
         .top_p = 0.95f,
         .repeat_penalty = 1.0f,
+        .kv_type = KT_TOOL_DEFAULT_KV_TYPE,
     };
     int rc = kt_cli_parse(&cli, argc, argv, 1, 0, o);
     if (rc >= 0)

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "kv_type.h"
 #include "model_chat.h"
 #include "pipeline.h"
 #include "placement_opt.h"
@@ -37,6 +38,12 @@
 #define OPTS(o) ((struct kt_serve_options *)(o))
 
 KT_CLI_STRING_OPTION(opt_placement, placement)
+
+static bool opt_kv_type(void *opts, const char *arg, char *why, size_t why_size)
+{
+    OPTS(opts)->kv_type_given = true;
+    return kt_tool_parse_kv_type(arg, &OPTS(opts)->kv_type, why, why_size);
+}
 KT_CLI_STRING_OPTION(opt_self_check_reference, test_self_check_reference)
 KT_CLI_STRING_OPTION(opt_host, host)
 KT_CLI_STRING_OPTION(opt_api_key, api_key)
@@ -152,6 +159,7 @@ static const struct kt_cli_option options_table[] = {
     {"--kv-memory", NULL, "MIB", 0, "the KV cache's block pool, shared by all sequences as they grow; when full the "
      "youngest request is preempted and recomputed later (default: half the host memory free beyond the model, or "
      "9/10 of what the attention device's budget leaves; at most --max-seqs x --ctx)", opt_kv_memory},
+    {"--kv-type", NULL, "T", 0, "KV cache rows: f32, bf16 or f16 (default bf16: half of f32)", opt_kv_type},
     {"--threads", "-t", "N", 0, "engine threads (default: the CPUs this process may use)", opt_threads},
     {"--api-key", NULL, "KEY", 0, "require 'Authorization: Bearer KEY' on /v1, /tokenize and /kt/", opt_api_key},
     {"--cors-origins", NULL, "LIST", 0,
@@ -310,6 +318,7 @@ static bool engine_params(struct kt_server *s, uint32_t threads, kt_err *err)
         .max_seqs = kt_sched_engine_seqs(o->max_seqs, o->prefix_cache),
         .n_threads = threads,
         .kv_block_tokens = KV_BLOCK_TOKENS,
+        .kv_type = o->kv_type,
         .max_batch_tokens = o->max_batch_tokens,
     };
     const int n_ranks = kt_transport_size(s->transport);
@@ -385,6 +394,8 @@ static bool preflight(struct kt_server *s, kt_err *err)
         kt_placement_describe(s->live, stderr);
         if (kt_engine_plan_apply(s->live, &s->plan, &s->ep, stderr, err) != KT_OK)
             return false;
+        if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+            s->ep.kv_type = o->kv_type;
     }
     /* the KV pool from memory, and the context from the pool (placement_opt.h) */
     struct kt_tool_kv_pool pool;
@@ -506,9 +517,15 @@ static void *loader_main(void *arg)
     if (ok) {
         atomic_store(&s->load_permille, 1000);
         atomic_store(&s->state, KT_SERVER_READY);
-        fprintf(stderr, "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u\n",
+        const struct kt_kv_cache *kv = kt_engine_kv_cache(s->engine);
+        struct kt_kv_cache_stats ks;
+        kt_kv_cache_stats(kv, &ks);
+        fprintf(stderr,
+                "kt-serve: ready in %.1f s: model '%s', %u threads, context %u, %u sequences, prefix cache %u, "
+                "KV cache %s (%llu bytes per token)\n",
                 kt_monotonic_s() - t0, s->served_name, kt_engine_params(s->engine)->n_threads, s->sm.n_ctx,
-                s->o.max_seqs, s->o.prefix_cache);
+                s->o.max_seqs, s->o.prefix_cache, kt_row_type_name(kt_kv_cache_row_type(kv)),
+                (unsigned long long)ks.bytes_per_token);
         if (s->pipeline)
             fprintf(stderr, "kt-serve: pipeline of %d ranks (rank 0 on %s, pid %d: layers [%u, %u), embedding and "
                     "head); SIGTERM to rank 0 stops the job\n", kt_transport_size(s->transport),
@@ -668,6 +685,7 @@ int main(int argc, char **argv)
     static struct kt_server server;
     struct kt_server *s = &server;
     s->o = (struct kt_serve_options){.host = "127.0.0.1", .port = 8080, .max_seqs = 8, .max_waiting = 64,
+                                     .kv_type = KT_TOOL_DEFAULT_KV_TYPE,
                                      .request_timeout_s = 600, .shutdown_timeout_s = 30, .ping_interval_s = 10,
                                      .max_body_bytes = 8u << 20, .max_connections = 512,
                                      .client_timeout_s = 30, .idle_timeout_s = 15,

@@ -109,11 +109,29 @@ struct dot_row {
 KT_SCALAR_DOTS(KT_DEFINE_GEMV)
 static const struct dot_row scalar_dots[] = {KT_SCALAR_DOTS(KT_DOT_ROW)};
 
+/* The reference's typed row ops, one function per row type for the table. */
+#define KT_REF_ROWS(NAME, TYPE)                                                                                    \
+    static void dot_rows_##NAME##_ref(const float *x, const void *const *rows, int64_t n_rows, int64_t n,          \
+                                      float scale, float *out, int64_t out_stride)                                 \
+    {                                                                                                              \
+        kt_dot_rows_typed(TYPE, x, rows, n_rows, n, scale, out, out_stride);                                       \
+    }                                                                                                              \
+    static void axpy_##NAME##_ref(float *y, float a, const void *x, int64_t n)                                     \
+    {                                                                                                              \
+        kt_axpy_typed(TYPE, y, a, x, n);                                                                           \
+    }
+KT_REF_ROWS(f32, KT_ROW_F32)
+KT_REF_ROWS(bf16, KT_ROW_BF16)
+KT_REF_ROWS(f16, KT_ROW_F16)
+
 /* Rows for the scalar dot products, activations quantized by quant.c. */
 static void fill_scalar(struct kt_cpu_kernels *t)
 {
     t->f32.dot_rows = kt_dot_rows_f32;
     t->f32.axpy = kt_axpy_f32;
+    t->row[KT_ROW_F32] = (struct kt_cpu_row_kernels){dot_rows_f32_ref, axpy_f32_ref};
+    t->row[KT_ROW_BF16] = (struct kt_cpu_row_kernels){dot_rows_bf16_ref, axpy_bf16_ref};
+    t->row[KT_ROW_F16] = (struct kt_cpu_row_kernels){dot_rows_f16_ref, axpy_f16_ref};
     for (size_t k = 0; k < sizeof scalar_dots / sizeof scalar_dots[0]; k++) {
         const struct kt_type_traits *w = kt_type_traits(scalar_dots[k].type);
         struct kt_cpu_type_kernels *row = &t->type[scalar_dots[k].type];
@@ -170,6 +188,9 @@ static void fill_avx2(struct kt_cpu_kernels *t)
     fill_scalar(t);
     t->f32.dot_rows = kt_dot_rows_f32_avx2;
     t->f32.axpy = kt_axpy_f32_avx2;
+    t->row[KT_ROW_F32] = (struct kt_cpu_row_kernels){kt_dot_rows_f32_any_avx2, kt_axpy_f32_any_avx2};
+    t->row[KT_ROW_BF16] = (struct kt_cpu_row_kernels){kt_dot_rows_bf16_avx2, kt_axpy_bf16_avx2};
+    t->row[KT_ROW_F16] = (struct kt_cpu_row_kernels){kt_dot_rows_f16_avx2, kt_axpy_f16_avx2};
     for (size_t k = 0; k < sizeof avx2_dots / sizeof avx2_dots[0]; k++) {
         t->type[avx2_dots[k].type].vec_dot = avx2_dots[k].vec_dot;
         t->type[avx2_dots[k].type].gemv = avx2_dots[k].gemv;
@@ -211,6 +232,7 @@ static const struct dot_row avx512_dots[] = {KT_AVX512_DOTS(KT_DOT_ROW)};
 #include "cpu/avx512/gemm_float_avx512.h"
 #include "cpu/avx512/gemm_kquant_avx512.h"
 #include "cpu/avx512/packed_avx512.h"
+#include "cpu/avx512/rows_avx512.h"
 
 /* The avx2 rows with the AVX-512 dot products and tiled gemms
  * (kernels/cpu/avx512/gemm_avx512.c, gemm_kquant_avx512.c, gemm_float_avx512.c)
@@ -234,6 +256,9 @@ static void fill_avx512(struct kt_cpu_kernels *t)
     t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx512; /* 16 rows per group, vpdpbusd */
     t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx512;
     t->type[KT_TYPE_Q4_0].packed = &kt_packed_q4_0_avx512;
+    t->row[KT_ROW_F32].dot_rows = kt_dot_rows_f32_avx512; /* two rows per zmm, the same bits */
+    t->row[KT_ROW_BF16].dot_rows = kt_dot_rows_bf16_avx512;
+    t->row[KT_ROW_F16].dot_rows = kt_dot_rows_f16_avx512;
 }
 #else
 static void fill_avx512(struct kt_cpu_kernels *t)

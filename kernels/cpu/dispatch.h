@@ -16,6 +16,7 @@
 
 #include "quant.h"
 #include "cpu/packed.h"
+#include "cpu/ref/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -66,11 +67,20 @@ struct kt_cpu_f32_kernels {
     void (*axpy)(float *y, float a, const float *x, int64_t n); /* kt_axpy_f32: y[i] += a * x[i] */
 };
 
+/* The same two on the latent cache's rows of one element type (row[t] for
+ * enum kt_row_type t): bit for bit kt_dot_rows_typed and kt_axpy_typed. */
+struct kt_cpu_row_kernels {
+    void (*dot_rows)(const float *x, const void *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                     int64_t out_stride);
+    void (*axpy)(float *y, float a, const void *x, int64_t n);
+};
+
 struct kt_cpu_kernels {
     enum kt_isa isa;         /* the level in use */
     enum kt_isa isa_max;     /* the best level this CPU supports */
     struct kt_cpu_type_kernels type[KT_TYPE_COUNT];
     struct kt_cpu_f32_kernels f32;
+    struct kt_cpu_row_kernels row[KT_ROW_TYPE_COUNT];
 };
 
 /* The table (thread-safe; initialised on first call). */

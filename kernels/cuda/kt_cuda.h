@@ -179,19 +179,23 @@ struct kt_cuda_mla {
 
 /* Where each query token's context lives: row j (position j) of token t's
  * sequence in this layer is
- *     pool + block_ids[first_block[t] + j / block_tokens] * block_floats
- *          + layer_offset + (j % block_tokens) * (kv_rank + rope_dim)
+ *     pool + (block_ids[first_block[t] + j / block_tokens] * block_elems
+ *          + layer_offset + (j % block_tokens) * (kv_rank + rope_dim)) elements
+ * of row_type (F32, BF16 or F16: kernels/cpu/ref/ops.h, enum kt_row_type;
+ * the kernels widen BF16/F16 elements exactly as they load them and round
+ * the rows they write to nearest even)
  * and its context is rows j < n_kv[t] (causal: the token's own position is
  * n_kv[t] - 1).  A cache of contiguous rows is one block per token with
  * block_tokens >= its context and layer_offset 0. */
 struct kt_cuda_mla_cache {
-    float *pool;                /* device */
-    int64_t block_floats;       /* floats from a block to the next (n_layer * block_tokens * row) */
+    void *pool;                 /* device */
+    int64_t block_elems;        /* elements from a block to the next (n_layer * block_tokens * row) */
     int64_t block_tokens;       /* positions per block, >= 1 */
-    int64_t layer_offset;       /* floats from a block's start to this layer's first row */
+    int64_t layer_offset;       /* elements from a block's start to this layer's first row */
     const uint32_t *block_ids;  /* device: the step's block tables, one after another */
     const uint32_t *first_block;/* (n_tok) device: token t's table starts at block_ids[first_block[t]] */
     const uint32_t *n_kv;       /* (n_tok) device: rows in token t's context (0: the token is skipped) */
+    int row_type;               /* enum kt_row_type: 0 F32, 1 BF16, 2 F16 */
 };
 
 /* The cache rows of n_tok tokens, each at its position n_kv[t] - 1 (tokens

@@ -7,7 +7,8 @@
  *     o_lat[t,h] = sum_j softmax_j(kq_scale q_lat[t,h] . row_j) c_j    rows j < n_kv[t]
  *     out[t,h]   = W_UV,h o_lat[t,h]                                   per-head GEMV
  *
- * The latent cache is F32 and paged as runtime/forward/kv_cache.h pages it (struct
+ * The latent cache (F32, BF16 or F16 rows: read widened, written rounded) is
+ * paged as runtime/forward/kv_cache.h pages it (struct
  * kt_cuda_mla_cache): row j = position j = [c (kvr) | k_pe (dr)] sits in block
  * j / block_tokens of the token's table, so one launch serves tokens of many
  * sequences, each with its own table and context length.
@@ -45,11 +46,35 @@ struct mla_args {
     float *part_ml;            /* (T, H, n_split, 2): slice max and sum */
 };
 
+/* Element i of a cache row of type `type` (enum kt_row_type), widened
+ * exactly: BF16 is the top half of a float, F16 goes through the hardware
+ * conversion (exact as well). */
+__device__ static inline float mla_load(const void *row, int64_t i, int type)
+{
+    if (type == 1)
+        return __uint_as_float((unsigned)((const unsigned short *)row)[i] << 16);
+    if (type == 2)
+        return __half2float(__ushort_as_half(((const unsigned short *)row)[i]));
+    return ((const float *)row)[i];
+}
+
+/* ... and stored, rounded to nearest even. */
+__device__ static inline void mla_store(void *row, int64_t i, float x, int type)
+{
+    if (type == 1)
+        ((unsigned short *)row)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    else if (type == 2)
+        ((unsigned short *)row)[i] = __half_as_ushort(__float2half_rn(x));
+    else
+        ((float *)row)[i] = x;
+}
+
 /* Row j of token t's context (struct kt_cuda_mla_cache). */
-__device__ static inline float *mla_row(const struct kt_cuda_mla_cache &c, int64_t t, int64_t j, int64_t D)
+__device__ static inline unsigned char *mla_row(const struct kt_cuda_mla_cache &c, int64_t t, int64_t j, int64_t D)
 {
     const int64_t block = c.block_ids[c.first_block[t] + j / c.block_tokens];
-    return c.pool + block * c.block_floats + c.layer_offset + (j % c.block_tokens) * D;
+    const int64_t elem = c.row_type == 0 ? 4 : 2;
+    return (unsigned char *)c.pool + (block * c.block_elems + c.layer_offset + (j % c.block_tokens) * D) * elem;
 }
 
 static size_t mla_smem_bytes(int64_t D)
@@ -72,7 +97,7 @@ __global__ static void __launch_bounds__(MLA_THREADS) mla_attend(const struct ml
     const int nh = a.H - h0 < MLA_HEADS ? a.H - h0 : MLA_HEADS;
     const int64_t n_kv = a.cache.n_kv[t] < a.n_kv_max ? (int64_t)a.cache.n_kv[t] : a.n_kv_max;
     const int64_t jb = split * a.split_rows, je = jb + a.split_rows < n_kv ? jb + a.split_rows : n_kv;
-    __shared__ const float *tile[MLA_ROWS];   /* the tile's rows in the cache */
+    __shared__ const unsigned char *tile[MLA_ROWS]; /* the tile's rows in the cache */
 
     for (int i = tid; i < MLA_HEADS * a.D; i += MLA_THREADS) {
         const int hh = i / a.D;
@@ -94,7 +119,7 @@ __global__ static void __launch_bounds__(MLA_THREADS) mla_attend(const struct ml
         __syncthreads();
         for (int i = tid; i < MLA_ROWS * a.D; i += MLA_THREADS) {
             const int jj = i / a.D;
-            ks[i] = jj < nr ? tile[jj][i % a.D] : 0.0f;
+            ks[i] = jj < nr ? mla_load(tile[jj], i % a.D, a.cache.row_type) : 0.0f; /* widened once per tile */
         }
         __syncthreads();
 
@@ -213,7 +238,8 @@ __global__ static void __launch_bounds__(MLA_THREADS)
     const int64_t t = blockIdx.x;
     if (cache.n_kv[t] == 0) /* the same for the whole block */
         return;
-    float *row = mla_row(cache, t, (int64_t)cache.n_kv[t] - 1, kvr + dr);
+    unsigned char *row = mla_row(cache, t, (int64_t)cache.n_kv[t] - 1, kvr + dr);
+    const int type = cache.row_type;
     const float *kv = kv_a + t * (kvr + dr);
     double sum_sq = 0.0;
     for (int64_t i = threadIdx.x; i < kvr; i += blockDim.x)
@@ -221,12 +247,12 @@ __global__ static void __launch_bounds__(MLA_THREADS)
     sum_sq = kt_block_sum_double(sum_sq);
     const float scale = (float)(1.0 / sqrt(sum_sq / (double)kvr + (double)eps));
     for (int64_t i = threadIdx.x; i < kvr; i += blockDim.x)
-        row[i] = __fmul_rn(__fmul_rn(kv[i], scale), norm_w[i]);
+        mla_store(row, i, __fmul_rn(__fmul_rn(kv[i], scale), norm_w[i]), type);
     const float *cs = cos_sin + t * dr;
     for (int64_t i = threadIdx.x; i < dr / 2; i += blockDim.x) {
         const float x0 = kv[kvr + 2 * i], x1 = kv[kvr + 2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
-        row[kvr + 2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        row[kvr + 2 * i + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        mla_store(row, kvr + 2 * i, __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)), type);
+        mla_store(row, kvr + 2 * i + 1, __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)), type);
     }
 }
 
@@ -237,10 +263,12 @@ static kt_status check_cache(const struct kt_cuda_mla_cache *c, kt_err *err)
 {
     if (!c || !c->pool || !c->block_ids || !c->first_block || !c->n_kv)
         return kt_err_set(err, KT_ERR_INVALID, "mla: cache pointer missing");
-    if (c->block_tokens < 1 || c->block_floats < 0 || c->layer_offset < 0)
+    if (c->block_tokens < 1 || c->block_elems < 0 || c->layer_offset < 0 || c->row_type < 0 || c->row_type > 2)
         return kt_err_set(err, KT_ERR_INVALID,
-                          "mla: bad cache layout (%lld positions per block, %lld floats per block, layer offset %lld)",
-                          (long long)c->block_tokens, (long long)c->block_floats, (long long)c->layer_offset);
+                          "mla: bad cache layout (%lld positions per block, %lld elements per block, layer offset "
+                          "%lld, row type %d)",
+                          (long long)c->block_tokens, (long long)c->block_elems, (long long)c->layer_offset,
+                          c->row_type);
     return KT_OK;
 }
 

@@ -14,10 +14,16 @@
  * with P = softmax(kq_scale * s) and finally a = W_o concat_h(o_h).
  * Both forms give the same numbers up to rounding; absorbed costs less per
  * context position (decode), expanded less per query (long prefill chunks).
+ * Both stream the context in key blocks of KT_ATTN_EXPAND_ROWS rows with an
+ * online softmax (flash attention: running max and sum, the output rescaled
+ * when the max moves), so long contexts cost no buffer that grows with them
+ * (only the row table) and every row is read once per query group.  Rows are
+ * read in the cache's type (F32, BF16 or F16, widened exactly as they load).
  *
  * It never allocates (scratch is sized at engine creation) and never writes
  * a cache row of another sequence or position than the token's own.
  */
+#include <math.h>
 #include <string.h>
 
 #include "forward.h"
@@ -110,11 +116,52 @@ struct attention_job {
     uint32_t group;             /* absorbed: heads per item (<= KT_ATTN_HEAD_GROUP) */
 };
 
+/* One key block of an online softmax (flash attention).  sc (n scores)
+ * becomes exp(s - m) for the running max *m, which first moves to the
+ * block's max if that is larger; the running sum *sum and the output acc
+ * (n_acc) are rescaled to the new max before the block's terms join them.
+ * After the last block acc / sum is softmax-weighted sum of the values, the
+ * same as kt_softmax's up to rounding (the sum in double, as there). */
+static void online_softmax_block(float *sc, int64_t n, float *m, double *sum, float *acc, int64_t n_acc)
+{
+    float block_max = *m;
+    for (int64_t i = 0; i < n; i++)
+        block_max = sc[i] > block_max ? sc[i] : block_max;
+    if (block_max == -INFINITY) { /* nothing to attend to yet */
+        for (int64_t i = 0; i < n; i++)
+            sc[i] = 0.0f;
+        return;
+    }
+    if (block_max > *m) {
+        const float alpha = *m == -INFINITY ? 0.0f : expf(*m - block_max);
+        for (int64_t i = 0; *sum > 0.0 && i < n_acc; i++) /* acc is all 0 until a term joined */
+            acc[i] *= alpha;
+        *sum *= alpha;
+        *m = block_max;
+    }
+    double block_sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        sc[i] = expf(sc[i] - block_max);
+        block_sum += sc[i];
+    }
+    *sum += block_sum;
+}
+
+/* acc (n) /= sum: the softmax's normalisation, after the last block (no
+ * terms: attend to nothing, all 0). */
+static void online_softmax_finish(float *acc, int64_t n, double sum)
+{
+    const float inv = sum > 0.0 ? (float)(1.0 / sum) : 0.0f;
+    for (int64_t i = 0; i < n; i++)
+        acc[i] *= inv;
+}
+
 /* Item i = (token items[i / n_groups], heads of group i % n_groups): the
- * group's queries against the latent rows, each row read once for all of
- * them.  Per head exactly kt_attention_head's steps in its order (scores,
- * softmax, then the rows summed in position order), so grouping changes no
- * bit of the result, only how often a row crosses the memory bus. */
+ * group's queries against the latent rows, streamed in key blocks of
+ * KT_ATTN_EXPAND_ROWS rows (online softmax), each block read once for all
+ * of the group's heads while it sits in L1/L2.  Rows are read in the cache's
+ * own type (BF16/F16 widened exactly on the fly).  Each head's arithmetic is
+ * the same whatever the group, so grouping changes no bit of the result. */
 static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct attention_job *j = ctx;
@@ -124,39 +171,42 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank, row = kvr + dr;
     const uint32_t n_groups = (H + j->group - 1) / j->group;
-    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
+    const struct kt_cpu_row_kernels *rk = &kt_cpu_kernels()->row[kt_kv_cache_row_type(e->kv)];
+    const uint32_t B = KT_ATTN_EXPAND_ROWS;
 
     for (int64_t i = begin; i < end; i++) {
         const uint32_t b = j->items[i / n_groups], h0 = (uint32_t)(i % n_groups) * j->group;
         const uint32_t G = h0 + j->group <= H ? j->group : H - h0;
         const struct kt_batch_token *tok = &e->tokens[b];
         const uint32_t n_kv = tok->pos + 1; /* causal: positions 0 .. pos */
-        const size_t n_ctx = e->params.n_ctx;
+        float m[KT_ATTN_HEAD_GROUP];
+        double sum[KT_ATTN_HEAD_GROUP];
 
         for (uint32_t g = 0; g < G; g++) {                 /* query_g = [q_abs (kvr) | q_pe (dr)] */
             const float *q_h = e->q + ((size_t)b * H + h0 + g) * dk; /* [q_nope | q_pe] */
             float *query = s->query + (size_t)g * row;
             absorb_query(e, L, h0 + g, q_h, query, s);
             memcpy(query + kvr, q_h + dn, dr * sizeof(float));
+            memset(s->o_lat + (size_t)g * kvr, 0, kvr * sizeof(float));
+            m[g] = -INFINITY;
+            sum[g] = 0.0;
         }
         kt_kv_cache_rows(e->kv, tok->seq, j->il, n_kv, s->rows);
-        /* keys are whole rows [c | k_pe], values their first kvr floats: c;
-         * rows in blocks that stay in L2 while every head of the group reads them */
-        for (uint32_t t0 = 0; t0 < n_kv; t0 += KT_ATTN_EXPAND_ROWS) {
-            const uint32_t nt = n_kv - t0 < KT_ATTN_EXPAND_ROWS ? n_kv - t0 : KT_ATTN_EXPAND_ROWS;
-            for (uint32_t g = 0; g < G; g++)
-                f->dot_rows(s->query + (size_t)g * row, s->rows + t0, nt, row, e->kq_scale, s->scores + g * n_ctx + t0,
-                            1);
+        /* keys are whole rows [c | k_pe], values their first kvr elements: c */
+        for (uint32_t t0 = 0; t0 < n_kv; t0 += B) {
+            const uint32_t nt = n_kv - t0 < B ? n_kv - t0 : B;
+            for (uint32_t g = 0; g < G; g++) {
+                float *sc = s->scores + (size_t)g * B;
+                rk->dot_rows(s->query + (size_t)g * row, s->rows + t0, nt, row, e->kq_scale, sc, 1);
+                online_softmax_block(sc, nt, &m[g], &sum[g], s->o_lat + (size_t)g * kvr, kvr);
+            }
+            for (uint32_t t = 0; t < nt; t++)
+                for (uint32_t g = 0; g < G; g++)
+                    rk->axpy(s->o_lat + (size_t)g * kvr, s->scores[(size_t)g * B + t], s->rows[t0 + t], kvr);
         }
-        for (uint32_t g = 0; g < G; g++) {
-            kt_softmax(s->scores + g * n_ctx, n_kv);
-            memset(s->o_lat + (size_t)g * kvr, 0, kvr * sizeof(float));
-        }
-        for (uint32_t t = 0; t < n_kv; t++)
-            for (uint32_t g = 0; g < G; g++)
-                f->axpy(s->o_lat + (size_t)g * kvr, s->scores[g * n_ctx + t], s->rows[t], kvr);
 
         for (uint32_t g = 0; g < G; g++) {
+            online_softmax_finish(s->o_lat + (size_t)g * kvr, kvr, sum[g]);
             struct kt_mat uv = uv_head_abs(e, L, h0 + g);  /* o_h = W_UV,h o_lat */
             kt_quantize_rows(NULL, uv.type, s->o_lat + (size_t)g * kvr, 1, kvr, s->act_q);
             kt_matvec_q(&uv, s->act_q, e->o + ((size_t)b * H + h0 + g) * dv);
@@ -164,21 +214,11 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
     }
 }
 
-/* kt_attention_head (kernels/cpu/ref/ops.c) step for step, its dot products
- * and sums through the level's float row ops: the same bits, faster. */
-static void attention_head(float *out, const float *q, const float *const *k, const float *const *v, int64_t n_kv,
-                           int64_t dk, int64_t dv, float scale, float *scores)
-{
-    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
-    f->dot_rows(q, k, n_kv, dk, scale, scores, 1);
-    kt_softmax(scores, n_kv);
-    memset(out, 0, (size_t)dv * sizeof *out);
-    for (int64_t t = 0; t < n_kv; t++)
-        f->axpy(out, scores[t], v[t], dv);
-}
-
 /* Item i = (chunk items[i / H], head i % H): every query of one sequence's
- * chunk against keys and values expanded for its whole context. */
+ * chunk against keys and values expanded per key block of its context
+ * (each block's K and V made once for all of the chunk's queries), with an
+ * online softmax per query: the outputs accumulate in place, so nothing
+ * grows with the context but the row table. */
 static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     const struct attention_job *j = ctx;
@@ -187,6 +227,9 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
     struct kt_thread_scratch *s = &e->scratch[thread];
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank;
+    const enum kt_row_type rt = kt_kv_cache_row_type(e->kv);
+    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
+    const uint32_t B = KT_ATTN_EXPAND_ROWS;
 
     for (int64_t i = begin; i < end; i++) {
         const struct kt_seq_chunk *ch = &e->chunks[j->items[i / H]];
@@ -196,28 +239,40 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
         dequantize_head(e, L, h, s);
         const struct kt_mat w_uk = kt_mat_f32(s->w_uk, dn, kvr), w_uv = kt_mat_f32(s->w_uv, dv, kvr);
         kt_kv_cache_rows(e->kv, ch->seq, j->il, n_ctx, s->rows);
-        /* k_nope = W_UK,h c and v = W_UV,h c for a block of positions at once
-         * (F32 weights take c as it is; each output is the float the row's
-         * own matvec gives, kt_mat_gemm), the block's latents gathered first */
-        for (uint32_t t0 = 0; t0 < n_ctx; t0 += KT_ATTN_EXPAND_ROWS) {
-            const uint32_t nt = n_ctx - t0 < KT_ATTN_EXPAND_ROWS ? n_ctx - t0 : KT_ATTN_EXPAND_ROWS;
-            for (uint32_t t = 0; t < nt; t++)
-                memcpy(s->c_block + (size_t)t * kvr, s->rows[t0 + t], kvr * sizeof(float));
-            kt_mat_gemm(&w_uk, s->c_block, kvr * sizeof(float), nt, s->k_exp + (size_t)t0 * dk, dk);
-            kt_mat_gemm(&w_uv, s->c_block, kvr * sizeof(float), nt, s->v_exp + (size_t)t0 * dv, dv);
-        }
-        for (uint32_t t = 0; t < n_ctx; t++) {
-            float *k = s->k_exp + (size_t)t * dk; /* [k_nope | k_pe] */
-            memcpy(k + dn, s->rows[t] + kvr, dr * sizeof(float));
-            s->k_rows[t] = k;
-            s->v_rows[t] = s->v_exp + (size_t)t * dv;
-        }
         for (uint32_t q = 0; q < ch->n; q++) {
-            const uint32_t b = ch->tokens[q];
-            const float *q_h = e->q + ((size_t)b * H + h) * dk; /* [q_nope | q_pe] */
-            attention_head(e->o + ((size_t)b * H + h) * dv, q_h, s->k_rows, s->v_rows, ch->start + q + 1, dk, dv,
-                           e->kq_scale, s->scores);
+            memset(e->o + ((size_t)ch->tokens[q] * H + h) * dv, 0, dv * sizeof(float));
+            s->q_max[q] = -INFINITY;
+            s->q_sum[q] = 0.0;
         }
+        for (uint32_t t0 = 0; t0 < n_ctx; t0 += B) {
+            const uint32_t nt = n_ctx - t0 < B ? n_ctx - t0 : B;
+            /* k_nope = W_UK,h c and v = W_UV,h c for the block at once (F32
+             * weights take c as it is; each output is the float the row's own
+             * matvec gives, kt_mat_gemm), the block's latents widened first */
+            for (uint32_t t = 0; t < nt; t++)
+                kt_row_to_f32(rt, s->c_block + (size_t)t * kvr, s->rows[t0 + t], kvr);
+            kt_mat_gemm(&w_uk, s->c_block, kvr * sizeof(float), nt, s->k_exp, dk);
+            kt_mat_gemm(&w_uv, s->c_block, kvr * sizeof(float), nt, s->v_exp, dv);
+            for (uint32_t t = 0; t < nt; t++) {
+                float *k = s->k_exp + (size_t)t * dk; /* [k_nope | k_pe] */
+                kt_row_to_f32(rt, k + dn, kt_row_at(rt, s->rows[t0 + t], kvr), dr);
+                s->k_rows[t] = k;
+                s->v_rows[t] = s->v_exp + (size_t)t * dv;
+            }
+            /* queries whose causal window reaches into the block: positions >= t0 */
+            for (uint32_t q = t0 > ch->start ? t0 - ch->start : 0; q < ch->n; q++) {
+                const uint32_t b = ch->tokens[q], limit = ch->start + q + 1; /* positions < limit */
+                const uint32_t nk = limit - t0 < nt ? limit - t0 : nt;
+                const float *q_h = e->q + ((size_t)b * H + h) * dk; /* [q_nope | q_pe] */
+                float *out = e->o + ((size_t)b * H + h) * dv;
+                f->dot_rows(q_h, s->k_rows, nk, dk, e->kq_scale, s->scores, 1);
+                online_softmax_block(s->scores, nk, &s->q_max[q], &s->q_sum[q], out, dv);
+                for (uint32_t t = 0; t < nk; t++)
+                    f->axpy(out, s->scores[t], s->v_rows[t], dv);
+            }
+        }
+        for (uint32_t q = 0; q < ch->n; q++)
+            online_softmax_finish(e->o + ((size_t)ch->tokens[q] * H + h) * dv, dv, s->q_sum[q]);
     }
 }
 
@@ -252,12 +307,11 @@ void kt_fwd_attention(struct kt_engine *e, uint32_t il, const float *h, float *o
      * step are written before any head reads, so a chunk sees itself. */
     for (uint32_t t = 0; t < T; t++) {
         const struct kt_batch_token *tok = &e->tokens[t];
-        const float *kv = e->kv_a + (size_t)t * (kvr + dr);
+        float *kv = e->kv_a + (size_t)t * (kvr + dr); /* made the row in place, then stored in the cache's type */
         const float *cs = e->cos_sin + (size_t)t * dr;
-        float *row = kt_kv_cache_row(e->kv, tok->seq, il, tok->pos);
-        kt_rmsnorm(row, kv, L->kv_a_norm, kvr, hp->rms_eps);
-        memcpy(row + kvr, kv + kvr, dr * sizeof(float));
-        kt_rope_apply(row + kvr, cs, dr);
+        kt_rmsnorm(kv, kv, L->kv_a_norm, kvr, hp->rms_eps);
+        kt_rope_apply(kv + kvr, cs, dr);
+        kt_row_from_f32(kt_kv_cache_row_type(e->kv), kt_kv_cache_row(e->kv, tok->seq, il, tok->pos), kv, kvr + dr);
         for (uint32_t hd = 0; hd < H; hd++)
             kt_rope_apply(e->q + ((size_t)t * H + hd) * dk + dn, cs, dr);
     }

@@ -76,7 +76,7 @@ static kt_status device_floats(struct kt_engine *e, const float **v, size_t n, k
 }
 
 /* The KV cache's copy-on-write copy of a block, on the device's queue. */
-static void device_copy_block(void *ctx, float *dst, const float *src, size_t bytes)
+static void device_copy_block(void *ctx, void *dst, const void *src, size_t bytes)
 {
     struct kt_engine *e = ctx;
     kt_backend_copy_device(e->dev.backend, dst, src, bytes);
@@ -247,7 +247,8 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
         return st;
     s->cache.pool = e->dev.kv_pool;
     s->cache.block_tokens = e->params.kv_block_tokens;
-    s->cache.block_floats = (int64_t)hp->n_layer * e->params.kv_block_tokens * (int64_t)(kvr + dr);
+    s->cache.block_elems = (int64_t)hp->n_layer * e->params.kv_block_tokens * (int64_t)(kvr + dr);
+    s->cache.row_type = (int)e->params.kv_type;
     s->x = e->dev.x;
     if (e->dev.sizing)
         return KT_OK;
@@ -314,7 +315,7 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
     uint64_t kv_bytes = 0;
     struct kt_kv_cache_params kp = kt_fwd_kv_params(e);
     if (st == KT_OK && (st = kt_kv_cache_pool_bytes(&kp, &kv_bytes, err)) == KT_OK)
-        st = device_alloc(e, (size_t)kv_bytes, (void **)&e->dev.kv_pool, err);
+        st = device_alloc(e, (size_t)kv_bytes, &e->dev.kv_pool, err);
     if (st == KT_OK && !e->dev.sizing) { /* its copy-on-write copies run on the device's queue */
         kp.storage = e->dev.kv_pool;
         kp.copy_block = device_copy_block;

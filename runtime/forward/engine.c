@@ -305,17 +305,19 @@ static void layout_buffers(struct kt_engine *e, struct arena *a)
     for (int i = 0; i < n_threads; i++) {
         struct kt_thread_scratch measuring, *ts = a->base ? &e->scratch[i] : &measuring;
         CARVE(ts->rows, n_ctx);
-        CARVE(ts->k_rows, n_ctx);
-        CARVE(ts->v_rows, n_ctx);
-        CARVE(ts->scores, KT_ATTN_HEAD_GROUP * n_ctx);
+        CARVE(ts->k_rows, KT_ATTN_EXPAND_ROWS);
+        CARVE(ts->v_rows, KT_ATTN_EXPAND_ROWS);
+        CARVE(ts->scores, KT_ATTN_HEAD_GROUP * KT_ATTN_EXPAND_ROWS);
+        CARVE(ts->q_max, T);
+        CARVE(ts->q_sum, T);
         CARVE(ts->query, KT_ATTN_HEAD_GROUP * (kvr + dr));
         CARVE(ts->o_lat, KT_ATTN_HEAD_GROUP * kvr);
         CARVE(ts->tmp, max_size((size_t)KT_MAT_T_ROWS * dn, kvr));
         CARVE(ts->act_q, s.head_in);
         CARVE(ts->w_uk, dn * kvr);
         CARVE(ts->w_uv, dv * kvr);
-        CARVE(ts->k_exp, n_ctx * dk);
-        CARVE(ts->v_exp, n_ctx * dv);
+        CARVE(ts->k_exp, (size_t)KT_ATTN_EXPAND_ROWS * dk);
+        CARVE(ts->v_exp, (size_t)KT_ATTN_EXPAND_ROWS * dv);
         CARVE(ts->c_block, (size_t)KT_ATTN_EXPAND_ROWS * kvr);
     }
 #undef CARVE
@@ -550,6 +552,7 @@ struct kt_engine_host_bytes kt_engine_host_bytes(const struct kt_model *m, const
     }
     if (!(dev && d.attention_on_device)) {
         struct kt_kv_cache_params kp = {.n_layer = hp->n_layer, .row_floats = hp->kv_lora_rank + hp->qk_rope_dim,
+                                        .row_type = d.kv_type,
                                         .block_tokens = d.kv_block_tokens, .n_blocks = d.kv_blocks,
                                         .max_seqs = d.max_seqs, .n_ctx = d.n_ctx};
         uint64_t kv = 0;

@@ -50,6 +50,7 @@ struct kt_engine_params {
     uint32_t n_threads;         /* 0: the CPUs this process may use (cgroup limits included: kt_cpu_budget_read) */
     uint32_t kv_block_tokens;   /* positions per KV block; 0: 16 */
     uint32_t kv_blocks;         /* blocks in the KV pool; 0: enough for every sequence at n_ctx */
+    enum kt_row_type kv_type;   /* element type of the latent KV cache's rows; 0: KT_ROW_F32 (kv_cache.h) */
     uint32_t max_batch_tokens;  /* most tokens per step; 0: 256 */
     /* Routed experts run on one worker pool per NUMA node (pool.h) of this
      * topology: NULL, this machine (or KT_TOPOLOGY_SYNTHETIC); else an hwloc

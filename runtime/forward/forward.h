@@ -141,8 +141,10 @@ struct kt_device_part {
 /* Heads of one token that the absorbed form runs together, so each cached
  * latent row is read once for all of them (at most this many). */
 #define KT_ATTN_HEAD_GROUP 8
-/* Cache rows the expanded form gathers at a time into one block of latents,
- * multiplied by W_UK,h and W_UV,h as one tiled product. */
+/* Cache rows per key block: both forms stream the context in blocks of this
+ * many rows (flash attention: an online softmax over the blocks, so no
+ * buffer grows with the context); the expanded form gathers each block's
+ * latents and multiplies them by W_UK,h and W_UV,h as one tiled product. */
 #define KT_ATTN_EXPAND_ROWS 64
 
 /* The engine's accelerator (backend.h) and what lives on it: weights copied
@@ -199,7 +201,7 @@ struct kt_engine_device {
     bool graph_mismatch;                /* this step: a replay ran for another batch size (the step fails) */
     /* attention on the device: the KV cache's pool lives in its memory (e->kv
      * addresses it; its copy-on-write copies run on the device's queue). */
-    float *kv_pool;
+    void *kv_pool;
     /* cuda attention (NULL otherwise): [n_layer] each layer's attention
      * weights as kt_cuda_attention_block takes them, the step it runs (device
      * buffers, this step's token count, cache tables), and the host copies
@@ -220,18 +222,20 @@ struct kt_engine_device {
 
 /* Per-thread scratch; sizes in comments. */
 struct kt_thread_scratch {
-    const float **rows;         /* (n_ctx) cache rows of one sequence and layer */
-    const float **k_rows;       /* (n_ctx) expanded keys of one head */
-    const float **v_rows;       /* (n_ctx) expanded values of one head */
-    float *scores;              /* (KT_ATTN_HEAD_GROUP, n_ctx) one row per head of a group */
+    const void **rows;          /* (n_ctx) cache rows of one sequence and layer (of the cache's row type) */
+    const float **k_rows;       /* (KT_ATTN_EXPAND_ROWS) expanded keys of one head, one key block */
+    const float **v_rows;       /* (KT_ATTN_EXPAND_ROWS) expanded values of one head, one key block */
+    float *scores;              /* (KT_ATTN_HEAD_GROUP, KT_ATTN_EXPAND_ROWS) one key block's, per head of a group */
+    float *q_max;               /* (max_batch_tokens) expanded form: each query's running score max */
+    double *q_sum;              /* (max_batch_tokens) ... and running sum of exp(s - max) */
     float *query;               /* (KT_ATTN_HEAD_GROUP, kvr + dr): [q_abs | q_pe] per head */
     float *o_lat;               /* (KT_ATTN_HEAD_GROUP, kvr) */
     float *tmp;                 /* (max(KT_MAT_T_ROWS dn, kvr)) dequantized rows */
     uint8_t *act_q;             /* (max act row bytes of dn and kvr) a quantized query or latent */
     float *w_uk;                /* (dn, kvr) W_UK,h dequantized */
     float *w_uv;                /* (dv, kvr) W_UV,h dequantized */
-    float *k_exp;               /* (n_ctx, dk) expanded keys [k_nope | k_pe] of one head */
-    float *v_exp;               /* (n_ctx, dv) expanded values of one head */
+    float *k_exp;               /* (KT_ATTN_EXPAND_ROWS, dk) expanded keys [k_nope | k_pe] of one head, one key block */
+    float *v_exp;               /* (KT_ATTN_EXPAND_ROWS, dv) expanded values of one head, one key block */
     float *c_block;             /* (KT_ATTN_EXPAND_ROWS, kvr) latents c of consecutive cache rows */
 };
 

@@ -22,8 +22,9 @@ struct seq {
 struct kt_kv_cache {
     struct kt_kv_cache_params p;
     uint32_t blocks_per_seq;    /* ceil(n_ctx / block_tokens) */
-    size_t block_floats;        /* n_layer * block_tokens * row_floats */
-    float *pool;                /* [n_blocks][n_layer][block_tokens][row_floats] */
+    size_t row_bytes;           /* row_floats elements of row_type */
+    size_t block_bytes;         /* n_layer * block_tokens * row_bytes */
+    uint8_t *pool;              /* [n_blocks][n_layer][block_tokens][row_floats] of row_type */
     bool own_pool;              /* allocated here (else params.storage) */
     uint32_t *refs;             /* [n_blocks] reference counts */
     uint32_t *free_list;        /* [n_blocks] stack of free block ids */
@@ -39,19 +40,20 @@ static uint32_t blocks_for(const struct kt_kv_cache *c, uint64_t tokens)
     return (uint32_t)((tokens + c->p.block_tokens - 1) / c->p.block_tokens);
 }
 
-static float *block_data(const struct kt_kv_cache *c, uint32_t block)
+static uint8_t *block_data(const struct kt_kv_cache *c, uint32_t block)
 {
-    return c->pool + (size_t)block * c->block_floats;
+    return c->pool + (size_t)block * c->block_bytes;
 }
 
 kt_status kt_kv_cache_pool_bytes(const struct kt_kv_cache_params *p, uint64_t *bytes, kt_err *err)
 {
-    uint64_t block_floats;
-    if (__builtin_mul_overflow((uint64_t)p->n_layer * p->block_tokens, (uint64_t)p->row_floats, &block_floats) ||
-        __builtin_mul_overflow(block_floats, (uint64_t)sizeof(float) * p->n_blocks, bytes) || *bytes > SIZE_MAX / 2)
+    uint64_t block_elems;
+    if (__builtin_mul_overflow((uint64_t)p->n_layer * p->block_tokens, (uint64_t)p->row_floats, &block_elems) ||
+        __builtin_mul_overflow(block_elems, (uint64_t)kt_row_type_size(p->row_type) * p->n_blocks, bytes) ||
+        *bytes > SIZE_MAX / 2)
         return kt_err_set(err, KT_ERR_INVALID,
-                          "KV cache: %u blocks of %u layers x %u positions x %u floats overflow the address space",
-                          p->n_blocks, p->n_layer, p->block_tokens, p->row_floats);
+                          "KV cache: %u blocks of %u layers x %u positions x %u %s elements overflow the address space",
+                          p->n_blocks, p->n_layer, p->block_tokens, p->row_floats, kt_row_type_name(p->row_type));
     return KT_OK;
 }
 
@@ -60,9 +62,11 @@ kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_ca
     *out = NULL;
     if (!p->n_layer || !p->row_floats || !p->block_tokens || !p->n_blocks || !p->max_seqs || !p->n_ctx)
         return kt_err_set(err, KT_ERR_INVALID,
-                          "KV cache: every size must be positive (layers %u, row %u floats, block %u tokens, "
+                          "KV cache: every size must be positive (layers %u, row %u elements, block %u tokens, "
                           "%u blocks, %u sequences, context %u)",
                           p->n_layer, p->row_floats, p->block_tokens, p->n_blocks, p->max_seqs, p->n_ctx);
+    if ((unsigned)p->row_type >= KT_ROW_TYPE_COUNT)
+        return kt_err_set(err, KT_ERR_INVALID, "KV cache: unknown row type %d", (int)p->row_type);
     if (p->storage && !p->copy_block)
         return kt_err_set(err, KT_ERR_INVALID, "KV cache: caller-owned storage needs a block copy function");
     uint64_t pool_bytes = 0;
@@ -74,10 +78,11 @@ kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_ca
         return kt_err_set(err, KT_ERR_NOMEM, "KV cache: out of memory");
     c->p = *p;
     c->blocks_per_seq = blocks_for(c, p->n_ctx);
-    c->block_floats = (size_t)p->n_layer * p->block_tokens * p->row_floats;
+    c->row_bytes = (size_t)p->row_floats * kt_row_type_size(p->row_type);
+    c->block_bytes = (size_t)p->n_layer * p->block_tokens * c->row_bytes;
     c->own_pool = !p->storage;
     /* pages of an own pool are touched as blocks are used */
-    c->pool = c->own_pool ? calloc(p->n_blocks, c->block_floats * sizeof(float)) : p->storage;
+    c->pool = c->own_pool ? calloc(p->n_blocks, c->block_bytes) : p->storage;
     c->refs = calloc(p->n_blocks, sizeof *c->refs);
     c->free_list = malloc(p->n_blocks * sizeof *c->free_list);
     c->seqs = calloc(p->max_seqs, sizeof *c->seqs);
@@ -282,11 +287,10 @@ kt_status kt_kv_cache_reserve(struct kt_kv_cache *c, uint32_t n, const uint32_t 
         if (shared != UINT32_MAX) {
             /* Copy-on-write: the shared last block gets a private copy before it is written. */
             uint32_t copy = block_take(c);
-            const size_t bytes = c->block_floats * sizeof(float);
             if (c->own_pool)
-                memcpy(block_data(c, copy), block_data(c, shared), bytes);
+                memcpy(block_data(c, copy), block_data(c, shared), c->block_bytes);
             else
-                c->p.copy_block(c->p.copy_ctx, block_data(c, copy), block_data(c, shared), bytes);
+                c->p.copy_block(c->p.copy_ctx, block_data(c, copy), block_data(c, shared), c->block_bytes);
             block_release(c, shared);
             s->blocks[held - 1] = copy;
         }
@@ -298,21 +302,21 @@ kt_status kt_kv_cache_reserve(struct kt_kv_cache *c, uint32_t n, const uint32_t 
     return KT_OK;
 }
 
-float *kt_kv_cache_row(struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t pos)
+void *kt_kv_cache_row(struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t pos)
 {
     const struct seq *s = &c->seqs[seq];
     const uint32_t bt = c->p.block_tokens;
-    return block_data(c, s->blocks[pos / bt]) + ((size_t)layer * bt + pos % bt) * c->p.row_floats;
+    return block_data(c, s->blocks[pos / bt]) + ((size_t)layer * bt + pos % bt) * c->row_bytes;
 }
 
-void kt_kv_cache_rows(const struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t n, const float **rows)
+void kt_kv_cache_rows(const struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t n, const void **rows)
 {
     const struct seq *s = &c->seqs[seq];
     const uint32_t bt = c->p.block_tokens;
     for (uint32_t b = 0; b * bt < n; b++) {
-        const float *base = block_data(c, s->blocks[b]) + (size_t)layer * bt * c->p.row_floats;
+        const uint8_t *base = block_data(c, s->blocks[b]) + (size_t)layer * bt * c->row_bytes;
         for (uint32_t t = b * bt; t < n && t < (b + 1) * bt; t++)
-            rows[t] = base + (size_t)(t - b * bt) * c->p.row_floats;
+            rows[t] = base + (size_t)(t - b * bt) * c->row_bytes;
     }
 }
 
@@ -331,11 +335,16 @@ void kt_kv_cache_stats(const struct kt_kv_cache *c, struct kt_kv_cache_stats *s)
     s->blocks_used = c->p.n_blocks - c->n_free;
     s->block_tokens = c->p.block_tokens;
     s->n_seqs = c->n_seqs;
-    s->block_bytes = (uint64_t)c->block_floats * sizeof(float);
+    s->block_bytes = c->block_bytes;
     s->bytes_total = s->block_bytes * c->p.n_blocks;
     s->bytes_used = s->block_bytes * s->blocks_used;
-    s->bytes_per_token = (uint64_t)c->p.n_layer * c->p.row_floats * sizeof(float);
+    s->bytes_per_token = (uint64_t)c->p.n_layer * c->row_bytes;
     s->bytes_tables = (uint64_t)c->p.n_blocks * (sizeof *c->refs + sizeof *c->free_list) +
                       (uint64_t)c->p.max_seqs *
                           (sizeof *c->seqs + c->blocks_per_seq * sizeof *c->tables + sizeof *c->cow_scratch);
+}
+
+enum kt_row_type kt_kv_cache_row_type(const struct kt_kv_cache *c)
+{
+    return c->p.row_type;
 }

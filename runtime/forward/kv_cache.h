@@ -5,8 +5,10 @@
  * What is cached per token and layer is MLA's one key row,
  * [c (kv_lora_rank) | k_pe (qk_rope_dim)]: the normalised latent and the
  * roped shared key (docs/deepseek2.md, Attention (MLA)); values are the
- * first kv_lora_rank floats of the same row.  Rows are F32 for now (F16
- * later, as llama.cpp's default).
+ * first kv_lora_rank elements of the same row.  Rows are F32, BF16 or F16
+ * (params.row_type): attention reads BF16/F16 rows as they are, widening each
+ * element exactly (kernels/cpu/ref/ops.h, kt_row_type), so only the store
+ * rounds; BF16 halves the cache at ~3 significant digits per element.
  *
  * Blocks hold block_tokens consecutive positions of one sequence for every
  * layer: block[layer][token][row].  A sequence is a table of blocks; its
@@ -35,11 +37,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cpu/ref/ops.h"
 #include "status.h"
 
 struct kt_kv_cache_params {
     uint32_t n_layer;
-    uint32_t row_floats;    /* kv_lora_rank + qk_rope_dim */
+    uint32_t row_floats;    /* elements per row: kv_lora_rank + qk_rope_dim */
+    enum kt_row_type row_type; /* their type; 0: KT_ROW_F32 */
     uint32_t block_tokens;  /* positions per block */
     uint32_t n_blocks;      /* blocks in the pool */
     uint32_t max_seqs;      /* sequence ids are 0 .. max_seqs-1 */
@@ -50,8 +54,8 @@ struct kt_kv_cache_params {
      * (kt_kv_cache_row, kt_kv_cache_rows, kt_kv_cache_seq_blocks) and the
      * copy-on-write copies go through copy_block(copy_ctx, dst, src, bytes),
      * called from kt_kv_cache_reserve in the order the copies are needed. */
-    float *storage;
-    void (*copy_block)(void *ctx, float *dst, const float *src, size_t bytes);
+    void *storage;
+    void (*copy_block)(void *ctx, void *dst, const void *src, size_t bytes);
     void *copy_ctx;
 };
 
@@ -61,14 +65,14 @@ struct kt_kv_cache_stats {
     uint64_t block_bytes;       /* one block, all layers */
     uint64_t bytes_total;       /* the pool (allocated at create) */
     uint64_t bytes_used;        /* blocks in use */
-    uint64_t bytes_per_token;   /* n_layer x row_floats x 4 */
+    uint64_t bytes_per_token;   /* n_layer x row_floats x the element size */
     uint64_t bytes_tables;      /* block tables and bookkeeping */
 };
 
 struct kt_kv_cache;
 
 /* Bytes of the pool the params describe (n_blocks blocks of n_layer x
- * block_tokens x row_floats floats); KT_ERR_INVALID when that overflows. */
+ * block_tokens x row_floats elements of row_type); KT_ERR_INVALID when that overflows. */
 kt_status kt_kv_cache_pool_bytes(const struct kt_kv_cache_params *p, uint64_t *bytes, kt_err *err);
 
 kt_status kt_kv_cache_create(const struct kt_kv_cache_params *p, struct kt_kv_cache **out, kt_err *err);
@@ -109,20 +113,22 @@ kt_status kt_kv_cache_reserve(struct kt_kv_cache *c, uint32_t n, const uint32_t 
  * that sum within the free blocks never sees kt_kv_cache_reserve refuse. */
 uint32_t kt_kv_cache_grow_blocks(const struct kt_kv_cache *c, uint32_t seq, uint32_t n_new);
 
-/* The row of (seq, layer, pos), pos < length: row_floats floats, writable
+/* The row of (seq, layer, pos), pos < length: row_floats elements of row_type, writable
  * (its block is never shared after kt_kv_cache_reserve made room for pos;
  * rows of shared blocks must only be read). */
-float *kt_kv_cache_row(struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t pos);
+void *kt_kv_cache_row(struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t pos);
 
 /* rows[t] = the row of (seq, layer, t) for t < n <= length   (n pointers) */
-void kt_kv_cache_rows(const struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t n, const float **rows);
+void kt_kv_cache_rows(const struct kt_kv_cache *c, uint32_t seq, uint32_t layer, uint32_t n, const void **rows);
 
 /* The blocks seq holds, in position order (position p is in blocks[p /
  * block_tokens]); returns how many: ceil(length / block_tokens).  Block b's
- * floats start at b x n_layer x block_tokens x row_floats in the pool, layer
+ * elements start at b x n_layer x block_tokens x row_floats in the pool, layer
  * l's rows at l x block_tokens x row_floats within it. */
 uint32_t kt_kv_cache_seq_blocks(const struct kt_kv_cache *c, uint32_t seq, const uint32_t **blocks);
 
 void kt_kv_cache_stats(const struct kt_kv_cache *c, struct kt_kv_cache_stats *s);
+
+enum kt_row_type kt_kv_cache_row_type(const struct kt_kv_cache *c);
 
 #endif

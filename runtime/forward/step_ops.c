@@ -47,6 +47,7 @@ struct kt_kv_cache_params kt_fwd_kv_params(const struct kt_engine *e)
     return (struct kt_kv_cache_params){
         .n_layer = e->hp.n_layer,
         .row_floats = e->hp.kv_lora_rank + e->hp.qk_rope_dim,
+        .row_type = e->params.kv_type,
         .block_tokens = e->params.kv_block_tokens,
         .n_blocks = e->params.kv_blocks,
         .max_seqs = e->params.max_seqs,

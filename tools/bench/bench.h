@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cpu/ref/ops.h"
+
 struct kt_bench_options {
     const char *command;        /* "kernels", "model", "profile", "machine", "check" or "grammar" */
     uint32_t threads;           /* 0 until main sets the default (threads.h) */
@@ -28,6 +30,8 @@ struct kt_bench_options {
     uint64_t seed;              /* prompt tokens' seed (default 1) */
     const char *placement;      /* placement config v1; NULL: CPU only */
     bool cold;                  /* time the first prefill of a fresh engine; else one untimed first (warm buffers) */
+    enum kt_row_type kv_type;   /* model, profile: the KV cache's row type (--kv-type; default bf16) */
+    bool kv_type_given;         /* ... given: it wins over a placement config's kv_cache.type */
 
     /* profile (model, threads and placement too) */
     const char *prompts;        /* prompt lines: text or JSON chat messages */

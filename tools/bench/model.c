@@ -524,12 +524,14 @@ int kt_bench_model(const struct kt_bench_options *o)
     if (kt_tool_check_positions("--prompt-tokens and --gen-tokens", n_ctx, m, o->model, "lower them", &err) != KT_OK)
         goto fail;
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = 1, .n_threads = o->threads,
-                                  .progress = isatty(2) ? stderr : NULL};
+                                  .kv_type = o->kv_type, .progress = isatty(2) ? stderr : NULL};
     if (o->predict && predict_inputs(o, m, ep.topology, &mach, &prof, &err) != KT_OK)
         goto fail;
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
         goto fail;
+    if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+        ep.kv_type = o->kv_type;
     double t_load = kt_bench_now_seconds();
     kt_status created = kt_engine_create(m, &ep, &e, &err);
     kt_engine_plan_free(&plan); /* only read at creation */
@@ -653,7 +655,11 @@ int kt_bench_model(const struct kt_bench_options *o)
            pre.seconds);
     printf("decode                   %10.2f tok/s (%u tokens in %.3f s)\n", dec.tokens / dec.seconds, dec.tokens,
            dec.seconds);
+    struct kt_kv_cache_stats kvs;
+    kt_kv_cache_stats(kt_engine_kv_cache(e), &kvs);
     printf("weight bytes per token   %10.1f MiB\n", per_token / (1 << 20));
+    printf("KV cache bytes per token %10llu      (%s rows)\n", (unsigned long long)kvs.bytes_per_token,
+           kt_row_type_name(kt_kv_cache_row_type(kt_engine_kv_cache(e))));
     printf("decode weight bandwidth  %10.2f GB/s = %.3f x triad\n", gbps, gbps / triad.best_gbps);
     if (n_blocks > 0)
         printf("decode / adjacent triads %10.3f  (median of %u blocks of %d tokens, %.3f .. %.3f)\n", median_ratio,
@@ -698,6 +704,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     json_object_set_new(root, "command", json_string("model"));
     json_object_set_new(root, "model", json_string(o->model));
     json_object_set_new(root, "threads", json_integer(threads));
+    json_object_set_new(root, "kv_type", json_string(kt_row_type_name(kt_kv_cache_row_type(kt_engine_kv_cache(e)))));
+    json_object_set_new(root, "kv_bytes_per_token", json_integer((json_int_t)kvs.bytes_per_token));
     json_object_set_new(root, "n_layer", json_integer(n_layer));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
     json_object_set_new(root, "engine_create_seconds", json_real(t_load));

@@ -206,10 +206,12 @@ int kt_bench_profile(const struct kt_bench_options *o)
                                 "shorten the prompts or lower --max-tokens", &err) != KT_OK)
         goto fail;
     struct kt_engine_params ep = {.n_ctx = (uint32_t)n_ctx, .max_seqs = o->batch, .n_threads = o->threads,
-                                  .progress = isatty(2) ? stderr : NULL};
+                                  .kv_type = o->kv_type, .progress = isatty(2) ? stderr : NULL};
     struct kt_engine_plan plan = {0};
     if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
         goto fail;
+    if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+        ep.kv_type = o->kv_type;
     /* which routed experts the accelerator holds, for the share of routed
      * pairs it served (the plan goes once the engine has copied it) */
     const size_t n_cells = (size_t)m->hp.n_layer * m->hp.n_expert;

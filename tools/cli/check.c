@@ -290,7 +290,8 @@ kt_status kt_check_run(struct kt_model *m, struct kt_engine *candidate, const st
                                                                            : KT_CHECK_CHUNK_TOKENS;
     const struct kt_engine_params rp = {.n_ctx = (uint32_t)need, .max_seqs = 1,
                                         .n_threads = p.n_threads ? p.n_threads : cp->n_threads,
-                                        .max_batch_tokens = r.chunk, .topology = cp->topology, .reference = true};
+                                        .max_batch_tokens = r.chunk, .topology = cp->topology, .reference = true,
+                                        .kv_type = cp->kv_type}; /* the placement is checked, not the cache's row type */
     kt_status st = kt_engine_create(m, &rp, &r.ref, err);
     if (st != KT_OK) {
         kt_err_prefix(err, "check: the reference engine");

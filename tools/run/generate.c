@@ -157,7 +157,7 @@ int kt_run_generate(const struct kt_run_options *o)
         goto fail;
     }
     /* the placement, then the context: the model's when its KV cache fits memory, else the largest that does */
-    struct kt_engine_params ep = {.max_seqs = 1};
+    struct kt_engine_params ep = {.max_seqs = 1, .kv_type = o->kv_type};
     struct kt_placement *placement = NULL;
     if (kt_tool_placement_resolve(o->placement, g.model, NULL, &placement, &err) != KT_OK)
         goto fail;
@@ -167,6 +167,8 @@ int kt_run_generate(const struct kt_run_options *o)
             kt_placement_destroy(placement);
             goto fail;
         }
+        if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+            ep.kv_type = o->kv_type;
     }
     struct kt_tool_kv_pool pool;
     kt_status sized = kt_tool_kv_pool_size(g.model, placement, &ep, &(struct kt_tool_kv_request){.ctx = o->ctx},
@@ -221,6 +223,8 @@ int kt_run_generate(const struct kt_run_options *o)
     if (n_ranks > 1 &&
         kt_tool_rank_layers(o->placement, g.model, n_ranks, rank, &ep.layer_begin, &ep.layer_end, &err) != KT_OK)
         goto fail;
+    if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+        ep.kv_type = o->kv_type;
     kt_status created = kt_engine_create(g.model, &ep, &g.engine, &err);
     kt_engine_plan_free(&plan); /* only read at creation */
     if (created != KT_OK)

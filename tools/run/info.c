@@ -27,10 +27,6 @@
 #include "status.h"
 
 #define DEFAULT_CTX 4096u
-/* The engine's latent KV cache stores F32 rows (runtime/forward/kv_cache.h; F16 is not built
- * yet), so memory needs are counted at 4 bytes a value. */
-#define KV_BYTES_PER_VALUE 4u
-#define KV_TYPE_NAME "f32"
 
 
 static double gib(uint64_t bytes)
@@ -185,9 +181,11 @@ static void print_tensors(const struct kt_model *m)
            (unsigned long long)total);
 }
 
-static void print_memory_row(const struct kt_model *m, const char *label, int gpu_experts, uint32_t ctx)
+/* Memory needs count the KV cache at the row type --kv-type gives (runtime/forward/kv_cache.h). */
+static void print_memory_row(const struct kt_model *m, const char *label, int gpu_experts, uint32_t ctx,
+                             enum kt_row_type kv_type)
 {
-    struct kt_memory_need need = kt_model_memory_need(m, gpu_experts, ctx, KV_BYTES_PER_VALUE);
+    struct kt_memory_need need = kt_model_memory_need(m, gpu_experts, ctx, (uint32_t)kt_row_type_size(kv_type));
     printf("  %-36s %10.2f %10.2f\n", label, gib(need.gpu_bytes), gib(need.cpu_bytes));
 }
 
@@ -219,11 +217,15 @@ static void print_available(void)
 static void print_memory(const struct kt_model *m, const struct kt_run_options *o)
 {
     uint32_t ctx = o->ctx ? o->ctx : (m->hp.n_ctx_train < DEFAULT_CTX ? m->hp.n_ctx_train : DEFAULT_CTX);
-    printf("memory at context %u (KV cache " KV_TYPE_NAME ", as the engine stores it: %.2f GiB)\n", ctx,
-           gib(kt_model_memory_need(m, -1, ctx, KV_BYTES_PER_VALUE).kv_cache_bytes));
+    const uint32_t kv_value_bytes = (uint32_t)kt_row_type_size(o->kv_type);
+    printf("memory at context %u (KV cache %s, as the engine stores it: %.2f GiB; %llu bytes per token = %u layers "
+           "x %u values x %u bytes)\n",
+           ctx, kt_row_type_name(o->kv_type), gib(kt_model_memory_need(m, -1, ctx, kv_value_bytes).kv_cache_bytes),
+           (unsigned long long)m->hp.n_layer * (m->hp.kv_lora_rank + m->hp.qk_rope_dim) * kv_value_bytes,
+           m->hp.n_layer, m->hp.kv_lora_rank + m->hp.qk_rope_dim, kv_value_bytes);
     printf("  %-36s %10s %10s\n", "placement", "GPU GiB", "CPU GiB");
-    print_memory_row(m, "all on CPU", -1, ctx);
-    print_memory_row(m, "attention+shared on GPU", 0, ctx);
+    print_memory_row(m, "all on CPU", -1, ctx, o->kv_type);
+    print_memory_row(m, "attention+shared on GPU", 0, ctx, o->kv_type);
 
     uint32_t shown[KT_RUN_MAX_GPU_COUNTS + 1] = {0};
     int n_shown = 1;
@@ -240,7 +242,7 @@ static void print_memory(const struct kt_model *m, const struct kt_run_options *
             snprintf(label, sizeof label, "+ all %u experts/layer on GPU", n);
         else
             snprintf(label, sizeof label, "+ %u experts/layer on GPU", n);
-        print_memory_row(m, label, (int)n, ctx);
+        print_memory_row(m, label, (int)n, ctx, o->kv_type);
     }
     print_available();
 }
@@ -251,7 +253,7 @@ static bool dry_run(const struct kt_run_options *o, const struct kt_model *m, kt
 {
     struct kt_placement *p = NULL;
     struct kt_engine_plan plan = {0};
-    struct kt_engine_params ep = {.n_ctx = o->ctx};
+    struct kt_engine_params ep = {.n_ctx = o->ctx, .kv_type = o->kv_type};
     bool fits = false;
     printf("placement (a dry run: nothing is loaded)\n");
     fflush(stdout);
@@ -260,6 +262,7 @@ static bool dry_run(const struct kt_run_options *o, const struct kt_model *m, kt
         fflush(stdout); /* kt_engine_plan_apply's notes (e.g. running CPU-only) in their place */
         struct kt_tool_kv_pool pool;
         if (kt_engine_plan_apply(p, &plan, &ep, stdout, err) == KT_OK &&
+            (!o->kv_type_given || (ep.kv_type = o->kv_type, true)) && /* --kv-type wins over kv_cache.type */
             kt_tool_kv_pool_size(m, p, &ep, &(struct kt_tool_kv_request){.ctx = o->ctx}, &pool, err) == KT_OK) {
             ep.n_ctx = pool.n_ctx; /* the pool kt-run would make, counted below */
             ep.kv_blocks = pool.n_blocks;

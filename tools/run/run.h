@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cpu/ref/ops.h"
+
 #define KT_RUN_MAX_GPU_COUNTS 16
 
 struct kt_run_options {
@@ -38,6 +40,8 @@ struct kt_run_options {
     bool bandwidth;             /* measure a STREAM triad and report decode bytes/s against it */
     bool quiet;                 /* do not stream the generated text */
     const char *placement;      /* --placement: placement config v1 (configs/); NULL: CPU only */
+    enum kt_row_type kv_type;   /* --kv-type: the KV cache's row type (kv_type.h; default bf16) */
+    bool kv_type_given;         /* ... given: it wins over a placement config's kv_cache.type */
 };
 
 int kt_run_info(const struct kt_run_options *o);

@@ -39,6 +39,8 @@ struct kt_serve_options {
     uint32_t max_seqs;            /* sequences in the running batch */
     uint32_t ctx;                 /* positions per sequence; 0: from the KV pool (kt_tool_kv_pool_size) */
     double kv_memory_mib;         /* the KV pool; 0: from free memory (kt_tool_kv_pool_size) */
+    enum kt_row_type kv_type;     /* --kv-type: the KV cache's row type (kv_type.h; default bf16) */
+    bool kv_type_given;           /* ... given: it wins over a placement config's kv_cache.type */
     uint32_t threads;             /* engine threads; 0: the CPUs this process may use (threads.h) */
     uint32_t max_waiting;         /* queued requests before 429 */
     uint32_t max_batch_tokens;    /* per-step token budget; 0: max(256, max_seqs) */

@@ -12,4 +12,15 @@ void kt_dot_rows_f32_avx2(const float *x, const float *const *rows, int64_t n_ro
                           int64_t out_stride);
 void kt_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 
+/* The same on cache rows of F32, BF16 and F16 (kernels/cpu/ref/ops.h, kt_dot_rows_typed, kt_axpy_typed). */
+void kt_dot_rows_f32_any_avx2(const float *x, const void *const *rows, int64_t n_rows, int64_t n, float scale,
+                              float *out, int64_t out_stride);
+void kt_axpy_f32_any_avx2(float *y, float a, const void *x, int64_t n);
+void kt_dot_rows_bf16_avx2(const float *x, const void *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                           int64_t out_stride);
+void kt_axpy_bf16_avx2(float *y, float a, const void *x, int64_t n);
+void kt_dot_rows_f16_avx2(const float *x, const void *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                          int64_t out_stride);
+void kt_axpy_f16_avx2(float *y, float a, const void *x, int64_t n);
+
 #endif

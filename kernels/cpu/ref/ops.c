@@ -9,6 +9,9 @@
 #include "ops.h"
 
 #include <math.h>
+#include <strings.h>
+
+#include "quant.h"
 
 #define KT_PI 3.14159265358979323846
 
@@ -91,6 +94,88 @@ void kt_dot_rows_f32(const float *x, const float *const *rows, int64_t n_rows, i
 {
     for (int64_t t = 0; t < n_rows; t++)
         out[t * out_stride] = scale * kt_dot_f32(x, rows[t], n);
+}
+
+/* ---- attention's cached rows: F32, BF16 or F16 ------------------------------------- */
+
+size_t kt_row_type_size(enum kt_row_type t)
+{
+    return t == KT_ROW_F32 ? sizeof(float) : sizeof(uint16_t);
+}
+
+const char *kt_row_type_name(enum kt_row_type t)
+{
+    return t == KT_ROW_BF16 ? "bf16" : t == KT_ROW_F16 ? "f16" : "f32";
+}
+
+bool kt_row_type_parse(const char *name, enum kt_row_type *out)
+{
+    for (int t = 0; name && t < KT_ROW_TYPE_COUNT; t++)
+        if (strcasecmp(name, kt_row_type_name((enum kt_row_type)t)) == 0) {
+            *out = (enum kt_row_type)t;
+            return true;
+        }
+    return false;
+}
+
+void kt_row_from_f32(enum kt_row_type t, void *dst, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (t == KT_ROW_BF16)
+            ((kt_bf16 *)dst)[i] = kt_fp32_to_bf16(src[i]);
+        else if (t == KT_ROW_F16)
+            ((kt_fp16 *)dst)[i] = kt_fp32_to_fp16(src[i]);
+        else
+            ((float *)dst)[i] = src[i];
+    }
+}
+
+/* Element i of a row of t, widened to float. */
+static float row_elem(enum kt_row_type t, const void *row, int64_t i)
+{
+    return t == KT_ROW_BF16  ? kt_bf16_to_fp32(((const kt_bf16 *)row)[i])
+           : t == KT_ROW_F16 ? kt_fp16_to_fp32(((const kt_fp16 *)row)[i])
+                             : ((const float *)row)[i];
+}
+
+void kt_row_to_f32(enum kt_row_type t, float *dst, const void *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = row_elem(t, src, i);
+}
+
+const void *kt_row_at(enum kt_row_type t, const void *row, int64_t i)
+{
+    return (const uint8_t *)row + (size_t)i * kt_row_type_size(t);
+}
+
+/* kt_dot_f32's sum with b widened element by element. */
+static float dot_typed(enum kt_row_type t, const float *a, const void *b, int64_t n)
+{
+    float part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            part[j] += a[i + j] * row_elem(t, b, i + j);
+    float sum = 0.0f;
+    for (; i < n; i++)
+        sum += a[i] * row_elem(t, b, i);
+    for (int j = 0; j < 8; j++)
+        sum += part[j];
+    return sum;
+}
+
+void kt_dot_rows_typed(enum kt_row_type t, const float *x, const void *const *rows, int64_t n_rows, int64_t n,
+                       float scale, float *out, int64_t out_stride)
+{
+    for (int64_t r = 0; r < n_rows; r++)
+        out[r * out_stride] = scale * dot_typed(t, x, rows[r], n);
+}
+
+void kt_axpy_typed(enum kt_row_type t, float *y, float a, const void *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += a * row_elem(t, x, i);
 }
 
 /* ---- RoPE with YaRN ---------------------------------------------------------------- */

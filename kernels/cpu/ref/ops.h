@@ -13,6 +13,7 @@
 #define KT_OPS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -42,6 +43,30 @@ void kt_axpy_f32(float *y, float a, const float *x, int64_t n); /* y += a x */
 /* out[t * out_stride] = scale * kt_dot_f32(x, rows[t], n), t < n_rows: attention's scores. */
 void kt_dot_rows_f32(const float *x, const float *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
                      int64_t out_stride);
+
+/* ---- attention's cached rows: F32, BF16 or F16 ------------------------------------- */
+
+/* The element type of the latent KV cache's rows.  BF16 and F16 widen to
+ * float exactly, so the row ops below on such rows are bit for bit the F32
+ * ops on the widened rows; only the store (kt_row_from_f32) rounds. */
+enum kt_row_type { KT_ROW_F32 = 0, KT_ROW_BF16 = 1, KT_ROW_F16 = 2, KT_ROW_TYPE_COUNT };
+
+size_t kt_row_type_size(enum kt_row_type t);      /* bytes per element: 4, 2, 2 */
+const char *kt_row_type_name(enum kt_row_type t); /* "f32", "bf16", "f16" */
+/* "f32", "bf16", "f16" (any case) -> *out; false for anything else. */
+bool kt_row_type_parse(const char *name, enum kt_row_type *out);
+
+/* dst (n elements of t) = src rounded to nearest even (F32: copied). */
+void kt_row_from_f32(enum kt_row_type t, void *dst, const float *src, int64_t n);
+/* dst (n floats) = src (n elements of t), exact. */
+void kt_row_to_f32(enum kt_row_type t, float *dst, const void *src, int64_t n);
+/* Element i of a row of t. */
+const void *kt_row_at(enum kt_row_type t, const void *row, int64_t i);
+
+/* kt_dot_rows_f32 and kt_axpy_f32 on rows of type t (each element widened first). */
+void kt_dot_rows_typed(enum kt_row_type t, const float *x, const void *const *rows, int64_t n_rows, int64_t n,
+                       float scale, float *out, int64_t out_stride);
+void kt_axpy_typed(enum kt_row_type t, float *y, float a, const void *x, int64_t n);
 
 /* ---- RoPE with YaRN ---------------------------------------------------------------- */
 
