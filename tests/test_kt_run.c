@@ -341,7 +341,7 @@ static void kt_run_info_placement_is_a_dry_run(void)
         "memory this plan needs",
         "  node 0 ",
         "routed experts (48 homed here",
-        "of its 0.500 GiB budget (sim)",
+        "of its 0.500 GiB budget (sim",
         "host in all",
         "fits this machine: yes",
     };

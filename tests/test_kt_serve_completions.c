@@ -537,7 +537,7 @@ int main(void)
     }
     g_vocab = g_model->hp.n_vocab;
     struct test_server s;
-    if (server_start(&s, g_path, "-t 2 -q --max-seqs 4 --ctx 512 --max-batch-tokens 16 --max-waiting 8", true)) {
+    if (server_start(&s, g_path, "-t 2 -q --kv-type f32 --max-seqs 4 --ctx 512 --max-batch-tokens 16 --max-waiting 8", true)) {
         RUN_WITH(echo_logprobs_are_the_engines_log_softmax, &s);
         RUN_WITH(a_continuation_scores_the_same_as_text_or_ids, &s);
         RUN_WITH(a_list_of_prompts_matches_one_at_a_time, &s);

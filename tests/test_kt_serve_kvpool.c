@@ -77,7 +77,7 @@ static char *stream_text(const char *sse, int *chunks, bool *done)
 static void the_log_says_the_pool_and_the_context_it_gives(void)
 {
     struct test_server s;
-    if (!server_start(&s, model, "-t 2 -q --max-seqs 4 --kv-memory " KV_MIB, true))
+    if (!server_start(&s, model, "-t 2 -q --kv-type f32 --max-seqs 4 --kv-memory " KV_MIB, true))
         return;
     size_t len;
     char *log = kt_test_read_file(s.log, &len);
@@ -95,7 +95,7 @@ static void the_log_says_the_pool_and_the_context_it_gives(void)
 static void concurrent_streams_through_a_small_pool_match_each_alone(void)
 {
     struct test_server s;
-    if (!server_start(&s, model, "-t 2 -q --max-seqs 4 --max-batch-tokens 32 --prefix-cache 2 --ctx 1024 "
+    if (!server_start(&s, model, "-t 2 -q --kv-type f32 --max-seqs 4 --max-batch-tokens 32 --prefix-cache 2 --ctx 1024 "
                                  "--kv-memory " KV_MIB, true))
         return;
     char body[1024], *alone[N_REQ];

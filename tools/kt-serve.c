@@ -549,7 +549,12 @@ static bool follower_kv_pool(struct kt_server *s, kt_err *err)
     struct kt_tool_kv_pool pool;
     const struct kt_tool_kv_request rq = {.ctx = s->o.ctx, .max_seqs = s->o.max_seqs,
                                           .kv_memory_mib = s->o.kv_memory_mib, .block_tokens = KV_BLOCK_TOKENS};
-    if (kt_tool_kv_pool_size(s->model, NULL, &s->ep, &rq, &pool, err) != KT_OK)
+    struct kt_placement *cpu = NULL; /* under mpirun a rank runs CPU-only, as rank 0's default placement */
+    if (kt_tool_placement_resolve(NULL, s->model, NULL, &cpu, err) != KT_OK)
+        return false;
+    const kt_status st = kt_tool_kv_pool_size(s->model, cpu, &s->ep, &rq, &pool, err);
+    kt_placement_destroy(cpu);
+    if (st != KT_OK)
         return false;
     s->ep.n_ctx = pool.n_ctx;
     s->ep.kv_blocks = pool.n_blocks;
