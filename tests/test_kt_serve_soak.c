@@ -861,7 +861,7 @@ int main(void)
         return kt_test_finish();
     }
     char args[512];
-    snprintf(args, sizeof args, "-t 2 -q --served-model-name %s --max-seqs 4 --max-waiting 64 --prefix-cache 32 "
+    snprintf(args, sizeof args, "-t 2 -q --ctx 4096 --served-model-name %s --max-seqs 4 --max-waiting 64 --prefix-cache 32 "
              "--max-body-bytes %d --test-forced-output", MODEL_NAME, SOAK_MAX_BODY);
     struct test_server s;
     if (server_start(&s, model, args, true)) {
