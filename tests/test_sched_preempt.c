@@ -19,6 +19,7 @@
 #include "serve_metrics.h"
 #include "serve_prompt.h"
 #include "serve_request.h"
+#include "sched_harness.h"
 #include "testlib.h"
 #include "tokenizer.h"
 
@@ -78,35 +79,12 @@ static struct kt_sched *start(struct kt_engine *e, uint32_t cache_entries, struc
 
 static struct kt_job *job_from(const char *body)
 {
-    struct kt_api_request r;
-    struct kt_api_error e;
-    if (!kt_api_request_parse(KT_API_COMPLETION, body, strlen(body), &r, &e)) {
-        KT_CHECK(false, "parse %s: %s", body, e.message);
-        return NULL;
-    }
-    struct kt_prompt p;
-    struct kt_job *job = NULL;
-    if (kt_prompt_prepare(&g_sm, &r, "t", &p, &e))
-        job = kt_job_create(&p, &r, 0);
-    else
-        KT_CHECK(false, "prepare %s: %s", body, e.message);
-    kt_prompt_free(&p);
-    kt_api_request_free(&r);
-    return job;
+    return sched_job_from(&g_sm, body);
 }
 
 static void wait_done(struct kt_job *job)
 {
-    uint64_t seen = 0;
-    for (int i = 0; i < 12000; i++) {
-        pthread_mutex_lock(&job->mu);
-        bool done = job->done;
-        pthread_mutex_unlock(&job->mu);
-        if (done)
-            return;
-        kt_job_wait(job, &seen, 10);
-    }
-    KT_CHECK(false, "job did not finish");
+    sched_wait_done(job, 120000);
 }
 
 /* The engine's greedy continuation of prompt, alone in one sequence of e (no scheduler on it), max_tokens of it

@@ -22,6 +22,7 @@
 #include "serve_metrics.h"
 #include "serve_prompt.h"
 #include "serve_request.h"
+#include "sched_harness.h"
 #include "testlib.h"
 #include "tokenizer.h"
 
@@ -73,36 +74,12 @@ static struct kt_sched *start(uint32_t max_waiting, uint32_t budget, uint32_t ca
 /* A job from a JSON request body (completions unless it has messages). */
 static struct kt_job *job_from(const char *body)
 {
-    struct kt_api_request r;
-    struct kt_api_error e;
-    enum kt_api_kind kind = strstr(body, "\"messages\"") ? KT_API_CHAT : KT_API_COMPLETION;
-    if (!kt_api_request_parse(kind, body, strlen(body), &r, &e)) {
-        KT_CHECK(false, "parse %s: %s", body, e.message);
-        return NULL;
-    }
-    struct kt_prompt p;
-    struct kt_job *job = NULL;
-    if (kt_prompt_prepare(&g_sm, &r, "t", &p, &e))
-        job = kt_job_create(&p, &r, 0);
-    else
-        KT_CHECK(false, "prepare %s: %s", body, e.message);
-    kt_prompt_free(&p);
-    kt_api_request_free(&r);
-    return job;
+    return sched_job_from(&g_sm, body);
 }
 
 static void wait_done(struct kt_job *job)
 {
-    uint64_t seen = 0;
-    for (int i = 0; i < 6000; i++) {
-        pthread_mutex_lock(&job->mu);
-        bool done = job->done;
-        pthread_mutex_unlock(&job->mu);
-        if (done)
-            return;
-        kt_job_wait(job, &seen, 10);
-    }
-    KT_CHECK(false, "job did not finish");
+    sched_wait_done(job, 60000);
 }
 
 /* The engine's greedy continuation of ids, alone in a fresh sequence. */
