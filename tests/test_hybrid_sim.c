@@ -21,6 +21,7 @@
  * 2e-2) and says it skipped otherwise.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -546,14 +547,14 @@ static void device_moves_stay_within_the_budget(void)
         goto done;
     }
     KT_CHECK(kt_engine_expert_on_device(e, il, on) && !kt_engine_expert_on_device(e, il, off), "start");
-    kt_status st = kt_engine_expert_to_device(e, il, off, &err);
+    kt_status st = kt_engine_expert_to_device(e, il, off, NULL, &err);
     KT_CHECK(st == KT_ERR_NOMEM && strstr(err.msg, "sim0"), "over the budget: refused naming the device (%s: %s)",
              kt_status_name(st), err.msg);
     KT_CHECK(!kt_engine_expert_on_device(e, il, off), "the refused expert stays on the CPU");
-    KT_CHECK(kt_engine_expert_to_device(e, il, on, &err) == KT_ERR_INVALID, "an expert already there: refused");
+    KT_CHECK(kt_engine_expert_to_device(e, il, on, NULL, &err) == KT_ERR_INVALID, "an expert already there: refused");
     KT_CHECK(kt_engine_expert_off_device(e, il, off, &err) == KT_ERR_INVALID, "an expert not there: refused");
     KT_CHECK(kt_engine_expert_off_device(e, il, on, &err) == KT_OK, "off: %s", err.msg);
-    KT_CHECK(kt_engine_expert_to_device(e, il, off, &err) == KT_OK, "then it fits: %s", err.msg);
+    KT_CHECK(kt_engine_expert_to_device(e, il, off, NULL, &err) == KT_OK, "then it fits: %s", err.msg);
     KT_CHECK(kt_engine_expert_on_device(e, il, off) && !kt_engine_expert_on_device(e, il, on), "swapped");
     uint64_t total = 0;
     kt_engine_device_bytes(e, &total, &work);
@@ -563,7 +564,7 @@ static void device_moves_stay_within_the_budget(void)
     kt_engine_stats(e, &s);
     KT_CHECK(s.experts_moved == 2, "two moves counted (%llu)", (unsigned long long)s.experts_moved);
     if (m->hp.n_dense_lead > 0)
-        KT_CHECK(kt_engine_expert_to_device(e, 0, 0, &err) == KT_ERR_INVALID, "a dense layer has no routed experts");
+        KT_CHECK(kt_engine_expert_to_device(e, 0, 0, NULL, &err) == KT_ERR_INVALID, "a dense layer has no routed experts");
     kt_engine_destroy(e);
     e = NULL;
     /* the swapped placement decodes as CPU-only does */
@@ -574,7 +575,7 @@ static void device_moves_stay_within_the_budget(void)
     KT_CHECK(base && got && !memcmp(base, got, (size_t)(PROMPT_LEN + DECODE_STEPS) * m->hp.n_vocab * sizeof *got),
              "the swapped placement's logits equal CPU-only's");
     if (kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .n_threads = 1}, &e, &err) == KT_OK)
-        KT_CHECK(kt_engine_expert_to_device(e, il, on, &err) == KT_ERR_UNSUPPORTED, "no device: refused");
+        KT_CHECK(kt_engine_expert_to_device(e, il, on, NULL, &err) == KT_ERR_UNSUPPORTED, "no device: refused");
 done:
     kt_engine_destroy(e);
     free(base), free(got);
@@ -709,7 +710,7 @@ static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy,
         kt_engine_expert_cache_stats(e, (int)il, &before);
         if (kt_engine_expert_on_device(e, il, x) || before.resident == 0)
             continue;
-        if (kt_engine_expert_to_device(e, il, x, &err) != KT_OK) { /* x was not cached: home it, then off again */
+        if (kt_engine_expert_to_device(e, il, x, NULL, &err) != KT_OK) { /* x was not cached: home it, then off again */
             KT_CHECK(0, "%s: to the device: %s", name, err.msg);
             break;
         }
@@ -735,6 +736,163 @@ done:
     } else {
         kt_test_synth_remove(m, path);
     }
+}
+
+/* An expert staged for the device by another thread while the engine steps. */
+struct staging {
+    const struct kt_engine *e;
+    uint32_t il, x;
+    struct kt_expert_upload *u;
+    kt_err err;
+};
+
+static void *stage_upload(void *arg)
+{
+    struct staging *st = arg;
+    kt_engine_expert_upload_read(st->e, st->il, st->x, &st->u, &st->err);
+    return NULL;
+}
+
+/* The rebalancer's device moves (engine.h): every decode step, a second
+ * thread stages an expert not on the device while the engine steps; between
+ * two steps one expert goes off the device and the staged one onto it.  The
+ * device's budget is exactly what the placement took, so the swap fits only
+ * because the expert given back is freed there and then (the one step that
+ * could still read it has finished).  Given back, an expert's memory is not
+ * freed at once (off_device does not wait for the device's queue) but at the
+ * end of the next step; a staged copy of another expert is refused and stays
+ * the caller's; the logits equal CPU-only's every step.  On a GGUF (the
+ * file's rows copied) and on a checkpoint (an FP8 expert converted as it is
+ * staged). */
+static void staged_device_moves_on(const char *hf_weights)
+{
+    char path[1024];
+    struct kt_model *m = NULL;
+    if (hf_weights) {
+        snprintf(path, sizeof path, "%s", kt_test_path("staged-hf"));
+        kt_test_system("rm -rf '%s'", path);
+        kt_err e0 = {0};
+        KT_CHECK(kt_test_system("'%s' --preset tiny --format hf --hf-weights %s -q -o '%s' >/dev/null 2>&1",
+                                kt_test_tool("kt-synth"), hf_weights, path) == 0 &&
+                     kt_model_open(path, &m, &e0) == KT_OK,
+                 "checkpoint %s: %s", hf_weights, e0.msg);
+    } else {
+        m = kt_test_synth_model("tiny", "", path, sizeof path);
+    }
+    if (!m)
+        return;
+    const char *name = hf_weights ? hf_weights : "gguf";
+    const size_t V = m->hp.n_vocab;
+    const uint32_t Ne = m->hp.n_expert, il = m->hp.n_dense_lead, STEPS = 12;
+    struct expert_masks masks = make_masks(m);
+    struct kt_backend_params sim = {.kind = KT_BACKEND_SIM, .name = "sim0", .transfer_gbps = 25, .latency_us = 2};
+    struct kt_engine_params p = {.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2, .device = &sim,
+                                 .expert_on_device = masks.half};
+    const uint64_t need = device_bytes_of(m, &p);
+    sim.memory_bytes = need; /* exactly full */
+    struct kt_engine *e = NULL, *ref = NULL;
+    kt_err err = {0};
+    float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
+    if (kt_engine_create(m, &p, &e, &err) != KT_OK ||
+        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2}, &ref,
+                         &err) != KT_OK ||
+        kt_engine_seq_add(e, 0, &err) != KT_OK || kt_engine_seq_add(ref, 0, &err) != KT_OK) {
+        KT_CHECK(0, "%s: engines: %s", name, err.msg);
+        goto done;
+    }
+    bool same = step_seq0(e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK &&
+                step_seq0(ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && !memcmp(got, want, V * sizeof *got);
+    KT_CHECK(same, "%s: the prompt's logits equal CPU-only's (%s)", name, err.msg);
+    uint32_t differ = 0, swaps = 0, held_after_off = 0, freed_after_step = 0;
+    for (uint32_t s = 0; s < STEPS && same; s++) {
+        uint32_t on = Ne, off = Ne; /* one expert on the device, one not: they trade places */
+        for (uint32_t x = 0; x < Ne; x++) {
+            const bool there = kt_engine_expert_on_device(e, il, x);
+            on = there && on == Ne && x >= s % Ne ? x : on;
+            off = !there && off == Ne && x >= (s * 3) % Ne ? x : off;
+        }
+        for (uint32_t x = 0; x < Ne && (on == Ne || off == Ne); x++) {
+            on = on == Ne && kt_engine_expert_on_device(e, il, x) ? x : on;
+            off = off == Ne && !kt_engine_expert_on_device(e, il, x) ? x : off;
+        }
+        struct staging stg = {.e = e, .il = il, .x = off};
+        pthread_t t;
+        const bool threaded = pthread_create(&t, NULL, stage_upload, &stg) == 0;
+        int32_t next = 0;
+        for (uint32_t v = 1; v < V; v++)
+            next = want[v] > want[next] ? (int32_t)v : next;
+        const kt_status a = step_seq0(e, &next, 1, PROMPT_LEN + s, got, &err); /* while the copy is staged */
+        if (threaded)
+            pthread_join(t, NULL);
+        else
+            stage_upload(&stg);
+        if (a != KT_OK || step_seq0(ref, &next, 1, PROMPT_LEN + s, want, &err) != KT_OK || !stg.u) {
+            KT_CHECK(0, "%s: step %u: %s %s", name, s, err.msg, stg.err.msg);
+            kt_expert_upload_discard(stg.u);
+            break;
+        }
+        differ += memcmp(got, want, V * sizeof *got) != 0;
+        KT_CHECK(kt_engine_expert_to_device(e, il, on == 0 ? 1 : 0, stg.u, &err) != KT_OK,
+                 "%s: a staged copy of another expert is refused", name);
+        uint64_t total = 0, work = 0;
+        if (kt_engine_expert_off_device(e, il, on, &err) == KT_OK) { /* no step between: nothing freed yet */
+            kt_engine_device_bytes(e, &total, &work);
+            held_after_off += total == need; /* still there until a step has run */
+        }
+        if (kt_engine_expert_to_device(e, il, off, stg.u, &err) == KT_OK)
+            swaps++;
+        else {
+            KT_CHECK(0, "%s: step %u: onto the device: %s", name, s, err.msg);
+            kt_expert_upload_discard(stg.u);
+        }
+        KT_CHECK(kt_engine_expert_on_device(e, il, off) && !kt_engine_expert_on_device(e, il, on),
+                 "%s: step %u: experts %u and %u swapped", name, s, on, off);
+        kt_engine_device_bytes(e, &total, &work);
+        KT_CHECK(total == need, "%s: step %u: the device holds what it held (%llu vs %llu bytes)", name, s,
+                 (unsigned long long)total, (unsigned long long)need);
+    }
+    /* one more expert given back: its memory is held until the next step ends, and that step's logits are
+     * still CPU-only's */
+    uint32_t more = Ne;
+    for (uint32_t x = 0; x < Ne && more == Ne; x++)
+        more = kt_engine_expert_on_device(e, il, x) ? x : more;
+    uint64_t total = 0, work = 0;
+    if (same && more < Ne && kt_engine_expert_off_device(e, il, more, &err) == KT_OK) {
+        kt_engine_device_bytes(e, &total, &work);
+        held_after_off += total == need;
+        int32_t next = 0;
+        for (uint32_t v = 1; v < V; v++)
+            next = want[v] > want[next] ? (int32_t)v : next;
+        KT_CHECK(step_seq0(e, &next, 1, PROMPT_LEN + STEPS, got, &err) == KT_OK &&
+                     step_seq0(ref, &next, 1, PROMPT_LEN + STEPS, want, &err) == KT_OK &&
+                     !memcmp(got, want, V * sizeof *got),
+                 "%s: the step after it equals CPU-only's (%s)", name, err.msg);
+        kt_engine_device_bytes(e, &total, &work);
+        freed_after_step += total < need;
+    }
+    KT_CHECK(same && differ == 0, "%s: %u of %u decode steps' logits differ from CPU-only's", name, differ, STEPS);
+    KT_CHECK(swaps == STEPS, "%s: %u of %u swaps made within the full budget", name, swaps, STEPS);
+    KT_CHECK(held_after_off == STEPS + 1 && freed_after_step == 1,
+             "%s: given back, an expert's device memory is held until a step ends (%u of %u times), then freed (%u)",
+             name, held_after_off, STEPS + 1, freed_after_step);
+    printf("  %s: %u swaps with a staged copy each, logits equal to CPU-only's every step\n", name, swaps);
+done:
+    kt_engine_destroy(e);
+    kt_engine_destroy(ref);
+    free(got), free(want);
+    free_masks(&masks);
+    if (hf_weights) {
+        kt_model_close(m);
+        kt_test_system("rm -rf '%s'", path);
+    } else {
+        kt_test_synth_remove(m, path);
+    }
+}
+
+static void staged_device_moves_match_cpu_only(void)
+{
+    staged_device_moves_on(NULL);
+    staged_device_moves_on("fp8");
 }
 
 static void expert_cache_matches_cpu_only(enum kt_expert_cache_policy policy, double link_gbps, uint64_t idle_ns,
@@ -949,6 +1107,7 @@ int main(void)
     KT_RUN(cuda_hybrid_matches_cpu_only_within_tolerance);
     KT_RUN(kv_cache_on_the_device);
     KT_RUN(device_moves_stay_within_the_budget);
+    KT_RUN(staged_device_moves_match_cpu_only);
     KT_RUN(placement_over_the_budget_is_refused);
     KT_RUN(expert_cache_lru_matches_cpu_only);
     KT_RUN(expert_cache_lfu_matches_cpu_only);

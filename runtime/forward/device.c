@@ -364,11 +364,12 @@ kt_status kt_dev_create(struct kt_engine *e, const struct kt_engine_params *d, k
     e->dev.max_blocks = (uint32_t)(3 * n_experts + 16 * (size_t)hp->n_layer + 64);
     e->dev.blocks = calloc(e->dev.max_blocks, sizeof *e->dev.blocks);
     e->dev.block_bytes = calloc(e->dev.max_blocks, sizeof *e->dev.block_bytes);
+    e->dev.block_retired = calloc(e->dev.max_blocks, sizeof *e->dev.block_retired);
     e->dev.experts = calloc(n_experts ? n_experts : 1, sizeof *e->dev.experts);
     e->dev.cuda_units = calloc((size_t)hp->n_expert + 1, sizeof *e->dev.cuda_units);
     e->dev.shared = d->shared_on_device ? calloc(hp->n_layer, sizeof *e->dev.shared) : NULL;
     e->dev.dense = d->dense_on_device ? calloc(hp->n_layer, sizeof *e->dev.dense) : NULL;
-    if (!e->dev.blocks || !e->dev.block_bytes || !e->dev.experts || !e->dev.cuda_units ||
+    if (!e->dev.blocks || !e->dev.block_bytes || !e->dev.block_retired || !e->dev.experts || !e->dev.cuda_units ||
         (d->shared_on_device && !e->dev.shared) || (d->dense_on_device && !e->dev.dense))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
 
@@ -705,6 +706,7 @@ void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers)
 {
     if (e->dev.backend) {
         kt_cache_destroy(e);
+        kt_dev_retire(e);
         kt_backend_sync(e->dev.backend);
         destroy_graphs(e);
         if (e->dev.buffers_pinned)
@@ -715,6 +717,7 @@ void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers)
     }
     free(e->dev.blocks);
     free(e->dev.block_bytes);
+    free(e->dev.block_retired);
     free(e->dev.experts);
     free(e->dev.cuda_units);
     free(e->dev.shared);
@@ -742,52 +745,122 @@ kt_status kt_engine_device_bytes(const struct kt_engine *e, uint64_t *total, uin
 
 /* ---- routed experts moving on and off the device (engine.h) ------------------------------------ */
 
-/* Frees the device block at ptr and forgets it. */
-static void device_release(struct kt_engine *e, const void *ptr)
+/* The device block at ptr: freed now, or (retire) marked to be freed by
+ * kt_dev_retire once the queue has run what is queued now. */
+static void device_release(struct kt_engine *e, const void *ptr, bool retire)
 {
     for (uint32_t i = 0; i < e->dev.n_blocks; i++) {
         if (e->dev.blocks[i] != ptr)
             continue;
+        if (retire) {
+            e->dev.n_retired += !e->dev.block_retired[i];
+            e->dev.block_retired[i] = true;
+            return;
+        }
+        e->dev.n_retired -= e->dev.block_retired[i];
         kt_backend_free(e->dev.backend, e->dev.blocks[i], e->dev.block_bytes[i]);
         e->dev.n_blocks--;
         e->dev.blocks[i] = e->dev.blocks[e->dev.n_blocks];
         e->dev.block_bytes[i] = e->dev.block_bytes[e->dev.n_blocks];
+        e->dev.block_retired[i] = e->dev.block_retired[e->dev.n_blocks];
         return;
     }
 }
 
-kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uint64_t *bytes, kt_err *err)
+/* An expert staged in host memory for the device. */
+struct kt_expert_upload {
+    uint32_t il, x;
+    uint8_t *host[3];                    /* gate, up, down: each as the device holds it */
+    uint64_t bytes;
+    struct kt_expert_upload *next;       /* on e->dev.retired_uploads */
+};
+
+void kt_expert_upload_discard(struct kt_expert_upload *u)
 {
+    if (!u)
+        return;
+    for (int i = 0; i < 3; i++)
+        free(u->host[i]);
+    free(u);
+}
+
+uint64_t kt_expert_upload_bytes(const struct kt_expert_upload *u)
+{
+    return u ? u->bytes : 0;
+}
+
+kt_status kt_engine_expert_upload_read(const struct kt_engine *e, uint32_t il, uint32_t x,
+                                       struct kt_expert_upload **out, kt_err *err)
+{
+    *out = NULL;
+    if (!e->dev.backend)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "this engine has no device");
+    if (il >= e->hp.n_layer || x >= e->hp.n_expert || !e->layers[il].is_moe)
+        return kt_err_set(err, KT_ERR_INVALID, "no routed expert %u in layer %u", x, il);
+    struct kt_expert_upload *u = calloc(1, sizeof *u);
+    if (!u)
+        return kt_err_set(err, KT_ERR_NOMEM, "out of memory staging expert %u of layer %u", x, il);
+    *u = (struct kt_expert_upload){.il = il, .x = x};
+    const struct kt_layer *t = &e->model->layers[il];
+    const struct kt_gguf_tensor *slabs[3] = {t->ffn_gate_exps, t->ffn_up_exps, t->ffn_down_exps};
+    const struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], x);
+    const struct kt_mat *mats[3] = {&w.gate, &w.up, &w.down};
+    const bool streamed = kt_model_experts_streamed(e->model);
+    kt_status st = KT_OK;
+    for (int i = 0; i < 3 && st == KT_OK; i++) {
+        const size_t n = (size_t)kt_mat_bytes(mats[i]);
+        if (streamed && !slabs[i])
+            st = kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u: a checkpoint's experts have no fused gate_up slab", il);
+        else if (!(u->host[i] = aligned_alloc(64, (n + 63) / 64 * 64)))
+            st = kt_err_set(err, KT_ERR_NOMEM, "out of memory staging expert %u of layer %u (%zu bytes)", x, il, n);
+        else if (streamed)
+            st = kt_model_read_expert(e->model, slabs[i], x, u->host[i], err);
+        else
+            memcpy(u->host[i], mats[i]->data, n); /* the file's pages, read here */
+        u->bytes += n;
+    }
+    if (st != KT_OK) {
+        kt_expert_upload_discard(u);
+        return st;
+    }
+    *out = u;
+    return KT_OK;
+}
+
+kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, struct kt_expert_upload *u, kt_err *err)
+{
+    if (u->il != il || u->x != x)
+        return kt_err_set(err, KT_ERR_INVALID, "the staged copy is of layer %u expert %u, not layer %u expert %u",
+                          u->il, u->x, il, x);
     const bool cuda = kt_backend_kind(e->dev.backend) == KT_BACKEND_CUDA;
     struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], x);
     struct kt_mat *mats[3] = {&w.gate, &w.up, &w.down};
     void *dst[3] = {NULL, NULL, NULL};
-    uint8_t *host[3] = {NULL, NULL, NULL}; /* a checkpoint's expert, read first so its rows can be checked */
-    kt_status st = read_streamed_expert(e, il, x, &w, host, err);
+    kt_status st = KT_OK;
     for (int i = 0; i < 3 && st == KT_OK; i++) {
+        mats[i]->data = u->host[i];
         const struct kt_cuda_mat cm = kt_fwd_cuda_mat(mats[i]);
         if (cuda)
             st = kt_cuda_mat_usable(&cm, kt_type_name(mats[i]->type), err);
-        if (st == KT_OK)
+        if (st == KT_OK && (st = device_alloc(e, (size_t)kt_mat_bytes(mats[i]), &dst[i], err)) == KT_ERR_NOMEM &&
+            e->dev.n_retired > 0) {
+            kt_dev_retire(e); /* what experts given back still hold: the queue runs their last readers now */
             st = device_alloc(e, (size_t)kt_mat_bytes(mats[i]), &dst[i], err);
+        }
     }
     if (st != KT_OK) { /* the device's budget or block table: nothing changes */
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 3; i++)
             if (dst[i])
-                device_release(e, dst[i]);
-            free(host[i]);
-        }
+                device_release(e, dst[i], false);
         kt_err_prefix(err, "device '%s': layer %u expert %u", kt_backend_name(e->dev.backend), il, x);
         return st;
     }
-    *bytes = 0;
     for (int i = 0; i < 3; i++) { /* queued ahead of the next step's work, which then reads it there */
-        const size_t n = (size_t)kt_mat_bytes(mats[i]);
-        kt_backend_copy_in(e->dev.backend, dst[i], mats[i]->data, n);
+        kt_backend_copy_in(e->dev.backend, dst[i], u->host[i], (size_t)kt_mat_bytes(mats[i]));
         mats[i]->data = dst[i];
-        *bytes += n;
     }
-    free_streamed_expert(e, host);
+    u->next = e->dev.retired_uploads; /* the copies read it until the queue has run them */
+    e->dev.retired_uploads = u;
     e->dev.experts[(size_t)il * e->hp.n_expert + x] = w;
     return KT_OK;
 }
@@ -795,9 +868,23 @@ kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uin
 void kt_dev_expert_drop(struct kt_engine *e, uint32_t il, uint32_t x)
 {
     struct kt_ffn_weights *w = &e->dev.experts[(size_t)il * e->hp.n_expert + x];
-    kt_backend_sync(e->dev.backend); /* the steps that could read it are done */
-    device_release(e, w->gate.data);
-    device_release(e, w->up.data);
-    device_release(e, w->down.data);
+    device_release(e, w->gate.data, true); /* queued work may still read them */
+    device_release(e, w->up.data, true);
+    device_release(e, w->down.data, true);
     memset(w, 0, sizeof *w);
+}
+
+void kt_dev_retire(struct kt_engine *e)
+{
+    if (!e->dev.backend || (e->dev.n_retired == 0 && !e->dev.retired_uploads))
+        return;
+    kt_backend_sync(e->dev.backend); /* at a step's end the queue is idle, or runs the last uploads */
+    for (uint32_t i = e->dev.n_blocks; i-- > 0;)
+        if (e->dev.block_retired[i])
+            device_release(e, e->dev.blocks[i], false);
+    while (e->dev.retired_uploads) {
+        struct kt_expert_upload *u = e->dev.retired_uploads;
+        e->dev.retired_uploads = u->next;
+        kt_expert_upload_discard(u);
+    }
 }

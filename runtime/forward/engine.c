@@ -977,6 +977,7 @@ static kt_status end_step(struct kt_engine *e, kt_err *err)
         kt_cache_flush(e); /* a slot's copy may have been among what failed */
     }
     forget_chunks(e);
+    kt_dev_retire(e); /* what was given back before the step: its last readers have run */
     return st;
 }
 
@@ -994,7 +995,7 @@ static void test_migrate(struct kt_engine *e)
         if (e->dev.backend && kt_engine_expert_on_device(e, il, x))
             kt_engine_expert_off_device(e, il, x, &ignored);
         else if (e->dev.backend)
-            kt_engine_expert_to_device(e, il, x, &ignored);
+            kt_engine_expert_to_device(e, il, x, NULL, &ignored);
         for (int k = 1; k < e->topo->n_nodes; k++) {
             const int node = (se->home_node + k) % e->topo->n_nodes;
             if (e->topo->nodes[node].n_cores > 0) {
@@ -1331,15 +1332,23 @@ static kt_status device_move_check(const struct kt_engine *e, uint32_t il, uint3
     return KT_OK;
 }
 
-kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err)
+kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, struct kt_expert_upload *u,
+                                     kt_err *err)
 {
-    uint64_t bytes = 0;
     kt_status st = device_move_check(e, il, x, true, err);
-    if (st == KT_OK)
-        kt_cache_forget(e, il, x); /* homed there now: its slot goes back to the cache */
-    if (st == KT_OK && (st = kt_dev_expert_upload(e, il, x, &bytes, err)) == KT_OK)
-        e->stats.experts_moved++, e->stats.experts_moved_bytes += bytes;
-    return st;
+    struct kt_expert_upload *read_here = NULL;
+    if (st == KT_OK && !u && (st = kt_engine_expert_upload_read(e, il, x, &read_here, err)) == KT_OK)
+        u = read_here;
+    if (st != KT_OK)
+        return st;
+    const uint64_t bytes = kt_expert_upload_bytes(u);
+    kt_cache_forget(e, il, x); /* homed there now: its slot goes back to the cache */
+    if ((st = kt_dev_expert_upload(e, il, x, u, err)) != KT_OK) {
+        kt_expert_upload_discard(read_here);
+        return st;
+    }
+    e->stats.experts_moved++, e->stats.experts_moved_bytes += bytes;
+    return KT_OK;
 }
 
 kt_status kt_engine_expert_off_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err)

@@ -317,16 +317,28 @@ kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, con
 kt_status kt_engine_layer_whole_switch(struct kt_engine *e, struct kt_layer_whole *c, kt_err *err);
 
 /* Moving a routed expert between the host and the device (an engine with
- * one), on the stepping thread between steps.  kt_engine_expert_to_device
- * queues the copy of its GGUF rows ahead of the next step's work (never
- * waited for here) and the next step runs it there; KT_ERR_NOMEM when the
- * device's budget cannot take it, and nothing changes.
- * kt_engine_expert_off_device gives it back to its CPU home (the expert
- * store keeps every expert's CPU copy) once the device has finished the steps
- * that could read it, and frees its device memory.  The sim device computes
- * what the CPU does, bit for bit; CUDA within the tolerance of
- * tests/test_hybrid_sim.c. */
-kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err);
+ * one).  kt_engine_expert_upload_read stages expert x of layer il in host
+ * memory in the device's layout (its GGUF rows; a checkpoint's converted) -
+ * any thread, also while a step runs, so the file's pages (which the expert
+ * store's load dropped from the page cache) are read there and not on the
+ * stepping thread.  kt_engine_expert_to_device, on the stepping thread
+ * between steps, queues the staged copy ahead of the next step's work (never
+ * waited for here; u NULL: staged there and then) and the next step runs it
+ * there; it takes u on success; KT_ERR_NOMEM when the device's budget cannot
+ * take it, and nothing changes (u stays the caller's, to discard or try
+ * again).  kt_engine_expert_off_device gives it back to its CPU home (the
+ * expert store keeps every expert's CPU copy) at once, without waiting for
+ * the device: its device memory, and a staged copy, are freed at the end of
+ * the next step, when the steps that could read them are done.  The sim
+ * device computes what the CPU does, bit for bit; CUDA within the tolerance
+ * of tests/test_hybrid_sim.c. */
+struct kt_expert_upload;
+kt_status kt_engine_expert_upload_read(const struct kt_engine *e, uint32_t il, uint32_t x,
+                                       struct kt_expert_upload **out, kt_err *err);
+uint64_t kt_expert_upload_bytes(const struct kt_expert_upload *u);
+void kt_expert_upload_discard(struct kt_expert_upload *u);
+kt_status kt_engine_expert_to_device(struct kt_engine *e, uint32_t il, uint32_t x, struct kt_expert_upload *u,
+                                     kt_err *err);
 kt_status kt_engine_expert_off_device(struct kt_engine *e, uint32_t il, uint32_t x, kt_err *err);
 bool kt_engine_expert_on_device(const struct kt_engine *e, uint32_t il, uint32_t x);
 

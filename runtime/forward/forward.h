@@ -160,7 +160,11 @@ struct kt_engine_device {
     struct kt_ffn_weights *dense;       /* [n_layer] dense FFNs of the leading layers there; NULL: on the CPU */
     void **blocks;                      /* [n_blocks] its allocations, freed at destroy */
     size_t *block_bytes;                /* [n_blocks] */
-    uint32_t n_blocks, max_blocks;
+    bool *block_retired;                /* [n_blocks] its last reader is queued: freed at the end of the next step */
+    uint32_t n_blocks, max_blocks, n_retired;
+    /* experts staged in host memory whose copies to the device are queued:
+     * freed with the retired blocks (kt_dev_retire) */
+    struct kt_expert_upload *retired_uploads;
     bool sizing;                        /* setup's first pass: allocations only add up need_bytes */
     uint64_t work_bytes;                /* of the blocks, working buffers (alloc_work) */
     uint64_t need_bytes;
@@ -442,11 +446,14 @@ void kt_step_clock_end_layer(struct kt_engine *e, struct kt_step_clock *c, uint3
 kt_status kt_dev_create(struct kt_engine *e, const struct kt_engine_params *d, kt_err *err);
 /* Frees e->dev (syncs first); pinned_buffers: what was page-locked for it. */
 void kt_dev_destroy(struct kt_engine *e, void *pinned_buffers);
-/* Expert x of MoE layer il onto the device: its GGUF rows copied in on the
- * queue, ahead of the next step (bytes: how many); KT_ERR_NOMEM over the
- * budget, and nothing changes.  Drop: off it again once the queue is idle. */
-kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, uint64_t *bytes, kt_err *err);
+/* Expert x of MoE layer il onto the device, from the staged copy u (taken
+ * on success): its copies queued ahead of the next step; KT_ERR_NOMEM over
+ * the budget, and nothing changes (u stays the caller's).  Drop: off it
+ * again at once, its device memory retired.  Retire: at the end of a step,
+ * what was retired before it is freed (the queue has run its last reader). */
+kt_status kt_dev_expert_upload(struct kt_engine *e, uint32_t il, uint32_t x, struct kt_expert_upload *u, kt_err *err);
 void kt_dev_expert_drop(struct kt_engine *e, uint32_t il, uint32_t x);
+void kt_dev_retire(struct kt_engine *e);
 /* ---- expert_cache.c: the decode-time expert cache (engine.h), per MoE layer of a step ----------- */
 
 /* After the step's pairs per expert are counted: hits and misses, and a slot for the most wanted miss. */

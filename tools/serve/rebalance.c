@@ -11,8 +11,12 @@
  * the moves worth their bytes (placement/rebalance.h: hysteresis, best gain
  * per byte first) and makes them without holding up a step:
  *   - a copy to another NUMA node is made here, while steps run
- *     (kt_engine_expert_copy), with at most --migration-budget-mib of copies
- *     waiting for their switch;
+ *     (kt_engine_expert_copy), and so is the host copy of an expert going
+ *     onto the device (kt_engine_expert_upload_read: the file's pages, which
+ *     the load dropped from the page cache, are read here - between two
+ *     steps a read from disk held the next step up by 40-360 ms on
+ *     kimi-k2-slice), with at most --migration-budget-mib of copies waiting
+ *     for their switch;
  *   - the scheduler thread, between two steps (kt_serve_after_step), makes
  *     each copy the expert's home, takes experts off the device and uploads
  *     at most one expert a step onto it (the copy is queued ahead of that
@@ -57,7 +61,16 @@ struct handoff {
     struct kt_expert_copy *copy;
     struct kt_layer_slices *slices;
     struct kt_layer_whole *whole;          /* KT_MOVE_LAYER_WHOLE: the experts put back together */
+    struct kt_expert_upload *upload;       /* onto the device: the expert staged in host memory */
 };
+
+static void handoff_discard(const struct handoff *h)
+{
+    kt_expert_copy_discard(h->copy);
+    kt_layer_slices_discard(h->slices);
+    kt_layer_whole_discard(h->whole);
+    kt_expert_upload_discard(h->upload);
+}
 
 struct migration {
     double time;                           /* unix seconds */
@@ -261,8 +274,7 @@ void kt_serve_placement_destroy(struct kt_server *s)
         return;
     kt_serve_placement_stop(s);
     for (; sp->q_len; sp->q_len--, sp->q_head = (sp->q_head + 1) % sp->max_queue) /* the scheduler is gone */
-        kt_expert_copy_discard(sp->queue[sp->q_head].copy), kt_layer_slices_discard(sp->queue[sp->q_head].slices),
-            kt_layer_whole_discard(sp->queue[sp->q_head].whole);
+        handoff_discard(&sp->queue[sp->q_head]);
     pthread_mutex_destroy(&sp->mu);
     pthread_cond_destroy(&sp->cv);
     kt_placement_destroy(sp->live);
@@ -378,7 +390,7 @@ static bool hand_off(struct kt_serve_placement *sp, struct handoff h, uint64_t b
     }
     pthread_mutex_unlock(&sp->mu);
     if (!ok)
-        kt_expert_copy_discard(h.copy), kt_layer_slices_discard(h.slices), kt_layer_whole_discard(h.whole);
+        handoff_discard(&h);
     return ok;
 }
 
@@ -472,7 +484,7 @@ static void round_once(struct kt_server *s)
             /* every expert cut into the nodes' shares, or put back together on its target node: here,
              * while steps run */
             const bool slice = mv->kind == KT_MOVE_LAYER_SLICE;
-            struct handoff h = {*mv, NULL, NULL, NULL};
+            struct handoff h = {.mv = *mv};
             if ((slice ? kt_engine_layer_slice_copy(s->engine, mv->layer, &h.slices, &err)
                        : whole_copy(s, cur, plan->placement, mv->layer, &h.whole, &err)) != KT_OK) {
                 char what[64];
@@ -508,7 +520,21 @@ static void round_once(struct kt_server *s)
             pthread_mutex_unlock(&sp->mu);
             continue;
         }
-        if (!hand_off(sp, (struct handoff){*mv, copy, NULL, NULL}, budget))
+        /* onto the device: the expert's rows staged here, so the stepping thread only queues their copy
+         * (read between steps, the file's pages would stall the next one) */
+        struct kt_expert_upload *upload = NULL;
+        if (mv->kind == KT_MOVE_HOME && mv->to.device != 0 &&
+            kt_engine_expert_upload_read(s->engine, mv->layer, mv->expert, &upload, &err) != KT_OK) {
+            char what[64];
+            snprintf(what, sizeof what, "staging layer %u expert %u", mv->layer, mv->expert);
+            note_error(sp, what, &err);
+            kt_expert_copy_discard(copy);
+            pthread_mutex_lock(&sp->mu);
+            log_move(sp, mv, place_of(cur, &mv->from), place_of(cur, &mv->to), false);
+            pthread_mutex_unlock(&sp->mu);
+            continue;
+        }
+        if (!hand_off(sp, (struct handoff){.mv = *mv, .copy = copy, .upload = upload}, budget))
             break;
         handed++;
         kt_sched_poke(s->sched);
@@ -744,9 +770,11 @@ static bool make_move(struct kt_server *s, const struct handoff *h, bool *upload
             kt_expert_copy_discard(h->copy);
     }
     if (st == KT_OK && mv->to.device != 0) {
-        st = kt_engine_expert_to_device(s->engine, mv->layer, mv->expert, &err);
+        st = kt_engine_expert_to_device(s->engine, mv->layer, mv->expert, h->upload, &err); /* takes it on success */
         *uploaded = true;
     }
+    if (h->upload && (st != KT_OK || mv->to.device == 0))
+        kt_expert_upload_discard(h->upload);
     pthread_mutex_lock(&sp->mu);
     struct kt_expert_home *live = &sp->live->layers[mv->layer].experts[mv->expert];
     const struct kt_expert_home was = *live, now = engine_home(s, sp->accel, live, mv->layer, mv->expert);
