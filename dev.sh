@@ -11,10 +11,11 @@
 #
 # Runs as root or through sudo.  Installs Debian packages only; test and asan also
 # install Debian's OpenMPI (libopenmpi-dev, openmpi-bin: the tests that run kt over
-# ranks with mpirun), nodejs, npm and chromium and run `npm ci` in tests/openai-sdk (the
-# openai SDK and the AI SDK, pinned), tests/anthropic-sdk (@anthropic-ai/sdk, pinned),
-# tests/langchain (@langchain/openai + @langchain/core, pinned) and tests/dashboard
-# (playwright-core, pinned) for the real-client and browser tests.  Nothing else.
+# ranks with mpirun), iproute2 (`ip netns`: the two-host test), nodejs, npm and chromium
+# and run `npm ci` in tests/openai-sdk (the openai SDK and the AI SDK, pinned),
+# tests/anthropic-sdk (@anthropic-ai/sdk, pinned), tests/langchain (@langchain/openai +
+# @langchain/core, pinned) and tests/dashboard (playwright-core, pinned) for the
+# real-client and browser tests.  Nothing else.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -119,8 +120,10 @@ demo_serve() {
 # registry.
 TEST_PACKAGES=(nodejs npm ca-certificates chromium)
 # OpenMPI for the pipeline over ranks (runtime/dist): the build finds it (KT_MPI=AUTO) and
-# test_kt_run_mpi / test_kt_serve_mpi drive mpirun on this machine.
-MPI_PACKAGES=(libopenmpi-dev openmpi-bin)
+# test_kt_run_mpi / test_kt_serve_mpi drive mpirun on this machine; iproute2 for
+# test_kt_run_netns (`ip netns`, `ip link`: two network namespaces joined by a veth pair,
+# one rank in each; a minbase Debian root has no `ip`).
+MPI_PACKAGES=(libopenmpi-dev openmpi-bin iproute2)
 install_sdk_test() {
     install_missing "${TEST_PACKAGES[@]}"
     local dir

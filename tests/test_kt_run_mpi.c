@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "mpi_harness.h"
 #include "testlib.h"
 
 static char mpirun[1024];
@@ -35,52 +36,6 @@ static const char *mpirun_cmd(int n)
     return cmd;
 }
 
-static const char *const prompt = "The quick brown fox jumps over the lazy dog, then naps in the sun";
-
-/* Runs kt-run greedy (-t 1: the ranks share two cores) under launcher
- * (empty: one process), text to <tag>.txt, logits to <tag>.bin; its exit status. */
-static int run_kt_run(const char *launcher, const char *model, const char *tag)
-{
-    char txt[1024], bin[1024], log[1024];
-    snprintf(txt, sizeof txt, "%s", kt_test_path(tag));
-    strcat(txt, ".txt");
-    snprintf(bin, sizeof bin, "%s", kt_test_path(tag));
-    strcat(bin, ".bin");
-    snprintf(log, sizeof log, "%s", kt_test_path(tag));
-    strcat(log, ".log");
-    return kt_test_system("timeout 300 %s %s -m %s -p '%s' -n 12 --temp 0 --ignore-eos -t 1 --batch 5 --ctx 128 "
-                          "--logits-out %s >%s 2>%s",
-                          launcher, kt_test_tool("kt-run"), model, prompt, bin, txt, log);
-}
-
-static void compare(const char *tag_a, const char *tag_b)
-{
-    char a[1024], b[1024];
-    size_t na = 0, nb = 0;
-    snprintf(a, sizeof a, "%s.txt", kt_test_path(tag_a));
-    snprintf(b, sizeof b, "%s.txt", kt_test_path(tag_b));
-    char *ta = kt_test_read_file(a, &na), *tb = kt_test_read_file(b, &nb);
-    KT_CHECK(ta && tb && na > 0 && na == nb && memcmp(ta, tb, na) == 0,
-             "%s and %s print different text (%zu and %zu bytes)", tag_a, tag_b, na, nb);
-    free(ta), free(tb);
-    snprintf(a, sizeof a, "%s.bin", kt_test_path(tag_a));
-    snprintf(b, sizeof b, "%s.bin", kt_test_path(tag_b));
-    float *la = kt_test_read_file(a, &na), *lb = kt_test_read_file(b, &nb);
-    KT_CHECK(la && lb && na > 0 && na == nb && na % sizeof(float) == 0,
-             "%s and %s wrote logits of %zu and %zu bytes", tag_a, tag_b, na, nb);
-    if (la && lb && na == nb) {
-        double worst = 0;
-        size_t at = 0;
-        for (size_t i = 0; i < na / sizeof(float); i++) {
-            const double d = fabs((double)la[i] - (double)lb[i]);
-            if (!(d <= worst)) /* NaN counts as the worst */
-                worst = isnan(d) ? INFINITY : d, at = i;
-        }
-        KT_CHECK(worst <= 1e-6, "%s vs %s: logit %zu differs by %g", tag_a, tag_b, at, worst);
-    }
-    free(la), free(lb);
-}
-
 static void ranks_match_one_process(const char *preset)
 {
     char model[1024], single[64];
@@ -89,15 +44,15 @@ static void ranks_match_one_process(const char *preset)
     int rc = kt_test_system("%s --preset %s -o %s >/dev/null 2>&1", kt_test_tool("kt-synth"), preset, model);
     KT_CHECK(rc == 0, "kt-synth --preset %s: %d", preset, rc);
     snprintf(single, sizeof single, "mpi-%s-1", preset);
-    rc = run_kt_run("", model, single);
+    rc = mpi_run_kt_run("", model, single, 300);
     KT_CHECK(rc == 0, "kt-run alone on %s: exit %d", preset, rc);
     for (int n = 2; n <= 3; n++) {
         char tag[64];
         snprintf(tag, sizeof tag, "mpi-%s-%d", preset, n);
-        rc = run_kt_run(mpirun_cmd(n), model, tag);
+        rc = mpi_run_kt_run(mpirun_cmd(n), model, tag, 300);
         KT_CHECK(rc == 0, "mpirun -np %d kt-run on %s: exit %d (see %s.log)", n, preset, rc, kt_test_path(tag));
         if (rc == 0)
-            compare(single, tag);
+            mpi_compare_runs(single, tag);
     }
 }
 
@@ -126,13 +81,13 @@ static void placement_ranks_set_uneven_layers(void)
     fclose(f);
     char with_cfg[3000];
     snprintf(with_cfg, sizeof with_cfg, "%s", model);
-    /* run_kt_run takes the model path; the option rides along after it */
+    /* mpi_run_kt_run takes the model path; the option rides along after it */
     strcat(with_cfg, " --placement ");
     strcat(with_cfg, cfg);
-    int rc = run_kt_run(mpirun_cmd(2), with_cfg, "mpi-tiny-ranks");
+    int rc = mpi_run_kt_run(mpirun_cmd(2), with_cfg, "mpi-tiny-ranks", 300);
     KT_CHECK(rc == 0, "mpirun -np 2 kt-run --placement (ranks 0-0, 1-3): exit %d", rc);
     if (rc == 0)
-        compare("mpi-tiny-1", "mpi-tiny-ranks");
+        mpi_compare_runs("mpi-tiny-1", "mpi-tiny-ranks");
     char log[1024];
     snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-tiny-ranks"));
     size_t n = 0;
