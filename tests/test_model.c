@@ -1217,6 +1217,21 @@ static void kt_synth_presets_open(void)
         kt_err err = {0};
         KT_CHECK(rc != 0 || kt_model_open(path, &m, &err) == KT_OK, "preset %s: %s", presets[i], err.msg);
         KT_CHECK(rc != 0 || (m && m->n_tensors_extra == 0), "preset %s has tensors kt does not use", presets[i]);
+        /* advice on an expert's pages loses nothing: given back, they read again from the file */
+        const struct kt_layer *L = m ? &m->layers[m->hp.n_layer - 1] : NULL;
+        if (L && L->is_moe) {
+            const struct kt_gguf_tensor *t = L->ffn_down_exps;
+            const size_t slab = (size_t)(t->nbytes / (uint64_t)t->ne[2]);
+            uint8_t *before = kt_test_xmalloc(slab), *after = kt_test_xmalloc(slab);
+            const uint32_t x = (uint32_t)t->ne[2] - 1;
+            kt_model_expert_advise(m, t, x, KT_EXPERT_WILL_NEED);
+            KT_CHECK(kt_model_read_expert(m, t, x, before, &err) == KT_OK, "read: %s", err.msg);
+            kt_model_expert_advise(m, t, x, KT_EXPERT_DONE);
+            kt_model_expert_advise(m, t, (uint32_t)t->ne[2], KT_EXPERT_DONE); /* past the last: nothing */
+            KT_CHECK(kt_model_read_expert(m, t, x, after, &err) == KT_OK && !memcmp(before, after, slab),
+                     "preset %s: expert %u's bytes after its pages were given back", presets[i], x);
+            free(before), free(after);
+        }
         kt_model_close(m);
         unlink(path);
     }

@@ -806,6 +806,8 @@ kt_status kt_engine_expert_upload_read(const struct kt_engine *e, uint32_t il, u
     const struct kt_ffn_weights w = kt_fwd_expert_gguf(e, &e->layers[il], x);
     const struct kt_mat *mats[3] = {&w.gate, &w.up, &w.down};
     const bool streamed = kt_model_experts_streamed(e->model);
+    for (int i = 0; i < 3 && !streamed; i++) /* the three slabs read ahead together, hundreds of MiB apart */
+        kt_model_expert_advise(e->model, slabs[i], x, KT_EXPERT_WILL_NEED);
     kt_status st = KT_OK;
     for (int i = 0; i < 3 && st == KT_OK; i++) {
         const size_t n = (size_t)kt_mat_bytes(mats[i]);
@@ -817,6 +819,8 @@ kt_status kt_engine_expert_upload_read(const struct kt_engine *e, uint32_t il, u
             st = kt_model_read_expert(e->model, slabs[i], x, u->host[i], err);
         else
             memcpy(u->host[i], mats[i]->data, n); /* the file's pages, read here */
+        if (st == KT_OK && !streamed) /* copied out: its pages need not stay resident */
+            kt_model_expert_advise(e->model, slabs[i], x, KT_EXPERT_DONE);
         u->bytes += n;
     }
     if (st != KT_OK) {

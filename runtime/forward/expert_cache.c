@@ -53,6 +53,8 @@ struct cache_layer {
     uint64_t *last_used;                 /* [Ne] the step that last routed to it (LRU) */
     float *freq;                         /* [Ne] decayed routed pairs (LFU) */
     int32_t loading;                     /* the slot being copied; -1: none */
+    uint32_t copied;                     /* the expert whose last chunk this step queued (its file pages go
+                                            after the layer's sync); UINT32_MAX: none */
     /* a checkpoint's experts are never in memory whole: the one loading is
      * read (converted) here first, [gate | up | down] at seg_offset; made at
      * the layer's first load and reused, since a load starts only in a step
@@ -162,6 +164,7 @@ kt_status kt_engine_expert_cache_start(struct kt_engine *e, const struct kt_expe
         for (uint32_t x = 0; x < Ne; x++)
             cl->slot_of[x] = -1;
         cl->loading = -1;
+        cl->copied = UINT32_MAX;
         cl->stats.slots = S;
         need += cl->slot_bytes * S;
     }
@@ -282,6 +285,12 @@ void kt_cache_route(struct kt_engine *e, uint32_t il)
     cl->slots[s] = (struct cache_slot){.expert = want};
     cl->slot_of[want] = s;
     cl->loading = s;
+    /* the file's pages of all three matrices read ahead now, while the first chunks copy: the later chunks
+     * find them in memory instead of faulting them in from disk inside a step */
+    const struct kt_layer *t = &e->model->layers[il];
+    const struct kt_gguf_tensor *slabs[3] = {t->ffn_gate_exps, t->ffn_up_exps, t->ffn_down_exps};
+    for (int i = 0; i < 3; i++)
+        kt_model_expert_advise(e->model, slabs[i], want, KT_EXPERT_WILL_NEED);
 }
 
 /* A checkpoint's expert, converted into cl->host as its chunks need it:
@@ -367,6 +376,7 @@ void kt_cache_copy(struct kt_engine *e, uint32_t il)
         e->dev.experts[(size_t)il * e->hp.n_expert + slot->expert] = live;
         slot->ready = true;
         cl->loading = -1;
+        cl->copied = slot->expert;
         cl->stats.uploads++;
         cl->stats.resident++;
     }
@@ -375,6 +385,13 @@ void kt_cache_copy(struct kt_engine *e, uint32_t il)
 void kt_cache_measure(struct kt_engine *e, uint32_t il, uint64_t cpu_ns, uint64_t device_ns)
 {
     struct cache_layer *cl = &e->dev.cache->layers[il];
+    if (cl->copied != UINT32_MAX) { /* the queue has run its copies: the file's pages can go */
+        const struct kt_layer *t = &e->model->layers[il];
+        const struct kt_gguf_tensor *slabs[3] = {t->ffn_gate_exps, t->ffn_up_exps, t->ffn_down_exps};
+        for (int i = 0; i < 3; i++)
+            kt_model_expert_advise(e->model, slabs[i], cl->copied, KT_EXPERT_DONE);
+        cl->copied = UINT32_MAX;
+    }
     /* the link's rate for large copies (not the small per-step copies, whose
      * latency dominates); none known yet: copy a whole slot, which measures it */
     const double bytes_per_ns = kt_backend_link_bytes_per_ns(e->dev.backend);

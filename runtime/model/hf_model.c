@@ -666,6 +666,14 @@ kt_status kt_hf_read_expert(struct kt_hf_weights *w, const struct kt_gguf_tensor
     return kt_hf_read_expert_rows(w, t, x, 0, t->ne[1], dst, err);
 }
 
+void kt_hf_expert_will_need(const struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x)
+{
+    const uintptr_t at = (uintptr_t)t - (uintptr_t)w->tensors;
+    const uint64_t i = at / sizeof *t;
+    if (at % sizeof *t == 0 && i < w->n_tensors && t->source == KT_TENSOR_STREAMED && x < (uint64_t)t->ne[2])
+        will_need(&w->src[i].experts[x]);
+}
+
 kt_status kt_hf_read_expert_rows(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, int64_t first,
                                  int64_t n, void *dst, kt_err *err)
 {

@@ -59,6 +59,8 @@ kt_status kt_hf_read_expert(struct kt_hf_weights *w, const struct kt_gguf_tensor
 
 /* Rows [first, first + n) of that slab (of t->ne[1]) into dst; the shard
  * pages are given back once the last row is read. */
+/* Starts reading expert x of t ahead (madvise WILLNEED on its tensors' pages); nothing when t is not one of ours. */
+void kt_hf_expert_will_need(const struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x);
 kt_status kt_hf_read_expert_rows(struct kt_hf_weights *w, const struct kt_gguf_tensor *t, uint32_t x, int64_t first,
                                  int64_t n, void *dst, kt_err *err);
 

@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "hf_model.h"
 #include "hf_tensors.h"
@@ -954,6 +956,29 @@ kt_status kt_model_read_expert_rows(const struct kt_model *m, const struct kt_gg
                           m->gguf->path, (long long)first, (long long)n, x, t->name);
     memcpy(dst, (const uint8_t *)t->data + ((size_t)x * (size_t)t->ne[1] + (size_t)first) * row, (size_t)n * row);
     return KT_OK;
+}
+
+void kt_model_expert_advise(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x,
+                            enum kt_expert_advice advice)
+{
+    if (m->hf) {
+        if (advice == KT_EXPERT_WILL_NEED)
+            kt_hf_expert_will_need(m->hf, t, x);
+        return;
+    }
+    if (!t || !t->data || t->ne[2] <= 0 || x >= (uint64_t)t->ne[2])
+        return;
+    const uint64_t slab = t->nbytes / (uint64_t)t->ne[2];
+    const uintptr_t page = sysconf(_SC_PAGESIZE) > 0 ? (uintptr_t)sysconf(_SC_PAGESIZE) : 4096;
+    const uintptr_t from = (uintptr_t)t->data + (uintptr_t)(slab * x), to = from + (uintptr_t)slab;
+    if (advice == KT_EXPERT_WILL_NEED) { /* the pages it touches */
+        const uintptr_t lo = from / page * page;
+        madvise((void *)lo, to - lo, MADV_WILLNEED);
+        return;
+    }
+    const uintptr_t lo = (from + page - 1) / page * page, hi = to / page * page; /* only pages wholly its own */
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 /* ---- memory ------------------------------------------------------------------------ */

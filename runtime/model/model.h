@@ -213,6 +213,17 @@ kt_status kt_model_read_expert(const struct kt_model *m, const struct kt_gguf_te
 kt_status kt_model_read_expert_rows(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x,
                                     int64_t first, int64_t n, void *dst, kt_err *err);
 
+/* Advice on expert x's slab of stacked expert tensor t in the file's
+ * mapping, for copies made out of it while serving (the device's uploads):
+ * KT_EXPERT_WILL_NEED starts reading it ahead, asynchronously (a mapping
+ * otherwise faults its pages in one by one, on the thread that touches
+ * them); KT_EXPERT_DONE gives its whole pages back (read again from the file
+ * if touched again), so what was copied out does not stay resident.  A
+ * checkpoint's reads drop their own pages: DONE does nothing there. */
+enum kt_expert_advice { KT_EXPERT_WILL_NEED, KT_EXPERT_DONE };
+void kt_model_expert_advise(const struct kt_model *m, const struct kt_gguf_tensor *t, uint32_t x,
+                            enum kt_expert_advice advice);
+
 /* Memory one placement needs, in bytes. */
 struct kt_memory_need {
     uint64_t gpu_bytes;         /* weights on the GPU + latent KV cache there */
