@@ -2,7 +2,7 @@
  * test_long_context.c - the model's whole context, 131072 positions, on
  * kt-synth's tiny-long (tiny's Kimi-K2 layout and semantics, YaRN RoPE,
  * 131072 positions of training context, with the smallest attention: 2
- * heads, kv rank 32, nope 16, rope 8, v 16; one layer here, dense: attention
+ * heads, kv rank 32, nope 8, rope 8, v 8; one layer here, dense: attention
  * is what is under test), prefilled in chunks of 512 tokens and decoded, with
  * the default BF16 KV cache.
  *
@@ -25,9 +25,9 @@
  *    per-thread attention scratch as at 64.
  *
  * Why the unchunked comparison runs at 16384 positions, not 131072: the
- * engine's attention costs ~10 ns per (query, key, head) on this layer
- * whatever the dims (exp, the running max and the per-row calls dominate at
- * 24-wide keys), and a 131072-token prefill has 8.6e9 such pairs per head:
+ * engine's attention costs up to ~13 ns of CPU per (query, key, head) on this
+ * layer whatever the dims (exp, the running max and the per-row calls dominate
+ * at 16-wide keys), and a 131072-token prefill has 8.6e9 such pairs per head:
  * the chunked run is most of this test's time, an unchunked one would
  * double it.  The bit-identity it checks is a property of the chunking
  * (which keys a query sees, in which blocks), not of the depth, and
