@@ -5,7 +5,11 @@
 #   KV cache bytes per token (all layers), from kt-bench model's report;
 #   prefill tok/s of a DEPTH-token prompt (chunked: kt-bench model prefills in
 #   steps of the engine's max_batch_tokens, 256), a fresh engine's (--cold);
-#   decode tok/s at that depth (greedy, GEN tokens after the prompt).
+#   decode tok/s at that depth (greedy, GEN tokens after the prompt), and of a
+#   decode token's time the attention's: all of it, and its heads over the
+#   context (attention less its projections, which do not grow with depth),
+#   from kt-bench model's per-layer split ("attention per token" of the
+#   decode block), in ms per token.
 # Usage: benchmarks/long_context.sh [BUILD_DIR] [WORK_DIR] [THREADS] [DEPTH...]
 #   DEPTH  context depths (default: 8192 32768 131072; 131072 runs a prompt of
 #          131072 - GEN tokens so prompt + decode fit the model's 131072)
@@ -36,6 +40,9 @@ model=$work/k2s-q4k.gguf
 num() { # FILE PREFIX: the number after PREFIX on the first line that starts with it
     awk -v p="$2" 'index($0, p) == 1 { $0 = substr($0, length(p) + 1); print $1; exit }' "$1"
 }
+decode_attention() { # FILE FIELD: the decode block's attention per token (4: all of it, 10: its heads), ms
+    awk -v f="$2" '/^decode per layer/ { d = 1 } d && index($0, "  attention per token") == 1 { print $f; exit }' "$1"
+}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 rows=()
@@ -48,11 +55,15 @@ for depth in "${depths[@]}"; do
         --gen-tokens "$gen" --cold --json "$work/long-context-$depth.json" >"$out/$depth" 2>&1 ||
         { cat "$out/$depth"; exit 1; }
     grep -E "^(prefill|decode) +[0-9]|^KV cache bytes per token" "$out/$depth"
+    echo "   decode attention $(decode_attention "$out/$depth" 4) ms per token, of it heads over the context" \
+        "$(decode_attention "$out/$depth" 10) ms"
     echo "   ($(($(date +%s) - start)) s)"
-    rows+=("$(printf "%-8s %12s %14s %14s" "$depth" "$(num "$out/$depth" "KV cache bytes per token")" \
-        "$(num "$out/$depth" "prefill")" "$(num "$out/$depth" "decode")")")
+    rows+=("$(printf "%-8s %12s %14s %14s %16s %16s" "$depth" "$(num "$out/$depth" "KV cache bytes per token")" \
+        "$(num "$out/$depth" "prefill")" "$(num "$out/$depth" "decode")" "$(decode_attention "$out/$depth" 4)" \
+        "$(decode_attention "$out/$depth" 10)")")
 done
 echo
 echo "== $(basename "$model"), KV $kv_type, $threads threads ($(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //'))"
-printf "%-8s %12s %14s %14s\n" "depth" "KV B/token" "prefill tok/s" "decode tok/s"
+printf "%-8s %12s %14s %14s %16s %16s\n" "depth" "KV B/token" "prefill tok/s" "decode tok/s" "dec attn ms/tok" \
+    "dec heads ms/tok"
 printf "%s\n" "${rows[@]}"

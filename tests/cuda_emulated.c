@@ -550,10 +550,18 @@ static kt_status check_cache(const struct kt_cuda_mla_cache *c, kt_err *err)
     return KT_OK;
 }
 
+/* The shapes mla.cu takes (mla_plan.h), refused as it refuses them. */
+static kt_status check_mla_shape(const struct kt_cuda_mla *m, kt_err *err)
+{
+    if (!m || !mla_shape_supported(m))
+        return kt_err_set(err, m ? KT_ERR_UNSUPPORTED : KT_ERR_INVALID, "emulated mla: unsupported shape");
+    return KT_OK;
+}
+
 /* The GPU path's own sizing (mla_plan.h), so the engine's scratch is checked as a GPU would. */
 size_t kt_cuda_mla_scratch_bytes(const struct kt_cuda_mla *m, int64_t n_tok, int64_t n_kv_max)
 {
-    if (!m || n_tok <= 0 || n_kv_max < 0)
+    if (!m || !mla_shape_supported(m) || n_tok <= 0 || n_kv_max < 0)
         return 0;
     return mla_scratch_total(m, n_tok, n_kv_max);
 }
@@ -596,7 +604,9 @@ kt_status kt_cuda_mla_write_rows(const struct kt_cuda_mla *m, const float *d_kv_
                                  void *stream, kt_err *err)
 {
     (void)stream;
-    const kt_status st = check_cache(cache, err);
+    kt_status st = check_mla_shape(m, err);
+    if (st == KT_OK)
+        st = check_cache(cache, err);
     if (st != KT_OK)
         return st;
     const struct mla_args a = {.m = *m, .cache = *cache, .kv_a = d_kv_a, .norm_w = d_norm_w, .cos_sin = d_cos_sin,
@@ -667,7 +677,9 @@ kt_status kt_cuda_mla_attention(const struct kt_cuda_mla *m, const float *d_q, c
                                 void *stream, kt_err *err)
 {
     (void)stream;
-    const kt_status st = check_cache(cache, err);
+    kt_status st = check_mla_shape(m, err);
+    if (st == KT_OK)
+        st = check_cache(cache, err);
     if (st != KT_OK)
         return st;
     if (!d_scratch || scratch_bytes < kt_cuda_mla_scratch_bytes(m, n_tok, n_kv_max))

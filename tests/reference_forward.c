@@ -162,15 +162,20 @@ static void mla_free(struct mla_weights *w)
     free(w->q_a), free(w->q_b), free(w->q), free(w->kv_a), free(w->uk), free(w->uv), free(w->wo);
 }
 
-/* x (n, E) += MLA attention of RMSNorm(x), causal, every position.
+/* x (n, E) += MLA attention of RMSNorm(x), causal, for positions from .. n-1
+ * (every position's key and value, since they attend to all earlier ones).
  * Expanded form: keys and values are materialised per head from the latent.
+ * cache_type < 0 keeps the latent row [c | k_pe] in double; a GGUF type
+ * (F32, F16, BF16) rounds it as a KV cache of that type stores it (to float,
+ * then to the type, to nearest even) before keys and values are made.
  *   q  (H, dk)      = W_qb RMSNorm(W_qa h)   (or W_q h), RoPE on each head's last dr
  *   [c | k_pe]      = W_kva h                (kvr + dr); c = RMSNorm(c), RoPE(k_pe)
  *   k_h (dk)        = [uk_h c | k_pe]        (k_pe shared by all heads)
  *   v_h (dv)        = uv_h c
  *   o_h (dv)        = sum_t softmax_t(kq_scale q_h . k_h,t) v_h,t
  *   x              += W_o [o_0 .. o_H-1]     (E) */
-static void mla_attention(const struct kt_model *m, const struct kt_layer *L, double *x, int64_t n)
+static void mla_attention(const struct kt_model *m, const struct kt_layer *L, double *x, int64_t n, int64_t from,
+                          int cache_type)
 {
     const struct kt_hparams *hp = &m->hp;
     const int64_t E = hp->n_embd, H = hp->n_head, qr = hp->q_lora_rank, kvr = hp->kv_lora_rank;
@@ -183,22 +188,35 @@ static void mla_attention(const struct kt_model *m, const struct kt_layer *L, do
     double *k = malloc(n * H * dk * sizeof *k);  /* (n, H, dk) */
     double *v = malloc(n * H * dv * sizeof *v);  /* (n, H, dv) */
     double *o = malloc(H * dv * sizeof *o), *s = malloc(n * sizeof *s), *y = malloc(E * sizeof *y);
+    float *row = malloc((kvr + dr) * sizeof *row), *stored = malloc((kvr + dr) * sizeof *stored);
 
     /* queries, keys and values of every position (before x changes) */
     for (int64_t p = 0; p < n; p++) {
         rmsnorm(h, x + p * E, L->attn_norm->data, E, eps);
-        if (qr) {
+        if (p >= from && qr) { /* a query only where attention is computed */
             matvec(qa, w.q_a, h, qr, E);
             rmsnorm(qa, qa, L->attn_q_a_norm->data, qr, eps);
             matvec(q + p * H * dk, w.q_b, qa, H * dk, qr);
-        } else {
+        } else if (p >= from) {
             matvec(q + p * H * dk, w.q, h, H * dk, E);
         }
         matvec(kv, w.kv_a, h, kvr + dr, E);
         rmsnorm(kv, kv, L->attn_kv_a_norm->data, kvr, eps); /* c: the first kvr values */
         rope_yarn(hp, kv + kvr, p);                         /* k_pe: the last dr */
+        if (cache_type >= 0) { /* the row as the cache keeps it */
+            for (int64_t i = 0; i < kvr + dr; i++)
+                row[i] = (float)kv[i];
+            const struct kt_type_traits *tr = kt_type_traits(cache_type);
+            if (cache_type != KT_TYPE_F32) {
+                tr->from_float(row, stored, kvr + dr);
+                tr->to_float(stored, row, kvr + dr);
+            }
+            for (int64_t i = 0; i < kvr + dr; i++)
+                kv[i] = row[i];
+        }
         for (int64_t hd = 0; hd < H; hd++) {
-            rope_yarn(hp, q + (p * H + hd) * dk + dn, p);
+            if (p >= from)
+                rope_yarn(hp, q + (p * H + hd) * dk + dn, p);
             double *kh = k + (p * H + hd) * dk, *vh = v + (p * H + hd) * dv;
             matvec(kh, w.uk + hd * dn * kvr, kv, dn, kvr);
             memcpy(kh + dn, kv + kvr, dr * sizeof *kh);
@@ -206,7 +224,7 @@ static void mla_attention(const struct kt_model *m, const struct kt_layer *L, do
         }
     }
     /* causal softmax attention per head, output projection, residual */
-    for (int64_t p = 0; p < n; p++) {
+    for (int64_t p = from; p < n; p++) {
         for (int64_t hd = 0; hd < H; hd++) {
             const double *qh = q + (p * H + hd) * dk;
             double mx = -INFINITY, sum = 0.0;
@@ -231,6 +249,7 @@ static void mla_attention(const struct kt_model *m, const struct kt_layer *L, do
     }
     mla_free(&w);
     free(h), free(qa), free(kv), free(q), free(k), free(v), free(o), free(s), free(y);
+    free(row), free(stored);
 }
 
 /* ---- Dense FFN (docs/deepseek2.md "Dense FFN") --------------------------------------------- */
@@ -426,7 +445,7 @@ double *ref_forward_routed(const struct kt_model *m, const int32_t *toks, int64_
     free(embd);
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         const struct kt_layer *L = &m->layers[il];
-        mla_attention(m, L, x, n);
+        mla_attention(m, L, x, n, 0, -1);
         if (L->is_moe)
             moe_block(m, L, x, n, routes ? routes + il * n * k : NULL, margin);
         else
@@ -434,6 +453,32 @@ double *ref_forward_routed(const struct kt_model *m, const int32_t *toks, int64_
     }
     double *logits = malloc(n * V * sizeof *logits);
     head(m, x, n, logits);
+    free(x);
+    return logits;
+}
+
+/* Only a one-layer model's last positions: a position reaches the logits of
+ * a later one only through its key and value, which depend on its token
+ * alone, so each earlier position costs its row and nothing quadratic. */
+double *ref_forward_last(const struct kt_model *m, const int32_t *toks, int64_t n, int64_t n_last, int cache_type)
+{
+    if (m->hp.n_layer != 1 || n_last < 1 || n_last > n)
+        return NULL;
+    const int64_t E = m->hp.n_embd, V = m->hp.n_vocab, from = n - n_last;
+    double *x = malloc(n * E * sizeof *x); /* (n, E) the residual stream */
+    float *embd = ref_dequantize(m->token_embd);
+    for (int64_t p = 0; p < n; p++)
+        for (int64_t i = 0; i < E; i++)
+            x[p * E + i] = embd[toks[p] * E + i];
+    free(embd);
+    const struct kt_layer *L = &m->layers[0];
+    mla_attention(m, L, x, n, from, cache_type);
+    if (L->is_moe)
+        moe_block(m, L, x + from * E, n_last, NULL, NULL);
+    else
+        dense_ffn_block(m, L, x + from * E, n_last);
+    double *logits = malloc(n_last * V * sizeof *logits);
+    head(m, x + from * E, n_last, logits);
     free(x);
     return logits;
 }

@@ -35,4 +35,11 @@ double *ref_forward(const struct kt_model *m, const int32_t *toks, int64_t n);
  * *margin lowered to the smallest ref_route margin met (may both be NULL). */
 double *ref_forward_routed(const struct kt_model *m, const int32_t *toks, int64_t n, uint32_t *routes, double *margin);
 
+/* Logits (n_last, V) of the last n_last positions of toks[0..n), malloc'd, for a
+ * model of one layer only (NULL otherwise): linear in n, not quadratic, so a
+ * 131072-token context is a few seconds.  cache_type: the GGUF type (F32, F16,
+ * BF16) the latent cache row is rounded to before it is read, as a KV cache of
+ * that type stores it; -1 keeps it in double as ref_forward does. */
+double *ref_forward_last(const struct kt_model *m, const int32_t *toks, int64_t n, int64_t n_last, int cache_type);
+
 #endif

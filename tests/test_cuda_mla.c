@@ -1,10 +1,16 @@
 /*
- * test_cuda_mla.c - MLA attention on the GPU (absorbed form, latent F32
- * cache) computes what runtime/forward/attention.c's absorbed path computes, for the
- * tiny model's and Kimi-K2's head shapes, decode and prefill:
- *   cache rows (norm + rope)         within 1e-6 relative of kt_rmsnorm / kt_rope_apply
+ * test_cuda_mla.c - MLA attention on the GPU (absorbed form, latent cache of
+ * F32, BF16 or F16 rows) computes what runtime/forward/attention.c's absorbed
+ * path computes, for the tiny model's and Kimi-K2's head shapes, decode and
+ * prefill, with every row type:
+ *   cache rows (norm + rope)         F32: within 1e-6 relative of kt_rmsnorm / kt_rope_apply;
+ *                                    BF16 / F16: that row rounded to nearest, within half an
+ *                                    ulp of the type (2^-8 / 2^-11 relative, F16 subnormals
+ *                                    2^-25) plus that 1e-6
  *   output vs the same math on CPU   (W_UK, W_UV dequantized, F32 activations,
- *                                    kt_attention_head)  within 1e-4 of the output's max
+ *                                    kt_attention_head; BF16 / F16: on the rows the GPU
+ *                                    stored, widened, which is what the CPU's row kernels
+ *                                    read bit for bit)  within 1e-4 of the output's max
  *   output vs kt's CPU numerics      (activations quantized to the weight's
  *                                    vec_dot_type: differs for Q8_0)  within 5e-2 of its max
  * The cache is paged as kv_cache.h pages it (16 positions per block, rows in
@@ -12,7 +18,9 @@
  * Cases: the first token (one row), one decode token over 300 rows (context
  * split across blocks), three sequences of 5/130/257 rows in one launch,
  * a 17-token prefill from position 0 and a 64-token chunk after 40 rows.
- * Skips visibly ("skipped: no CUDA device") where no GPU can be used.
+ * Skips visibly ("skipped: no CUDA device") where no GPU can be used.  Builds
+ * without CUDA also run it against tests/cuda_emulated.c (test_cuda_mla_emulated):
+ * that proves the test and the emulation's MLA, not the kernel.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -148,9 +156,11 @@ static int64_t count_far(const float *got, const float *want, int64_t n, float t
     return bad;
 }
 
-static void run_case(const struct mla_shape *s, const struct mla_case *c, unsigned long long *rng)
+static void run_case(const struct mla_shape *s, const struct mla_case *c, enum kt_row_type rt, unsigned long long *rng)
 {
     const int64_t H = s->H, dn = s->dn, dr = s->dr, dk = dn + dr, dv = s->dv, kvr = s->kvr, D = kvr + dr;
+    const size_t elem = kt_row_type_size(rt);
+    const char *tn = kt_row_type_name(rt);
     const float eps = 1e-6f;
     kt_err err = {0};
     kt_status rc;
@@ -191,7 +201,9 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     float *kv_a = kt_test_xmalloc((size_t)(n_rows * D) * sizeof *kv_a);
     float *cos_sin = kt_test_xmalloc((size_t)(n_rows * dr) * sizeof *cos_sin);
     float *cpu_rows = kt_test_xmalloc((size_t)(n_rows * D) * sizeof *cpu_rows);
-    float *pool = kt_test_xmalloc((size_t)(n_blocks * block_floats) * sizeof *pool);
+    const size_t pool_bytes = (size_t)(n_blocks * block_floats) * elem;
+    uint8_t *pool = kt_test_xmalloc(pool_bytes);
+    float *stored = kt_test_xmalloc((size_t)(n_rows * D) * sizeof *stored); /* the GPU's rows, widened */
     uint32_t *row_first = kt_test_xmalloc((size_t)n_rows * sizeof *row_first);
     uint32_t *row_n_kv = kt_test_xmalloc((size_t)n_rows * sizeof *row_n_kv);
     const float **cpu_row_ptrs = kt_test_xmalloc((size_t)n_rows * sizeof *cpu_row_ptrs);
@@ -209,29 +221,37 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
             cpu_row_ptrs[r] = row;
         }
     }
-    for (int64_t i = 0; i < n_blocks * block_floats; i++)
-        pool[i] = NAN; /* poison: a row read before it was written shows */
-    float *d_pool = kt_test_cuda_copy_in(pool, (size_t)(n_blocks * block_floats) * sizeof *pool);
+    memset(pool, 0xff, pool_bytes); /* poison, NaN in every row type: a row read before it was written shows */
+    void *d_pool = kt_test_cuda_copy_in(pool, pool_bytes);
     uint32_t *d_block_ids = kt_test_cuda_copy_in(block_ids, (size_t)n_blocks * sizeof *block_ids);
     float *d_kv_a = kt_test_cuda_copy_in(kv_a, (size_t)(n_rows * D) * sizeof *kv_a);
     float *d_cos_sin = kt_test_cuda_copy_in(cos_sin, (size_t)(n_rows * dr) * sizeof *cos_sin);
     uint32_t *d_row_first = kt_test_cuda_copy_in(row_first, (size_t)n_rows * sizeof *row_first);
     uint32_t *d_row_n_kv = kt_test_cuda_copy_in(row_n_kv, (size_t)n_rows * sizeof *row_n_kv);
     struct kt_cuda_mla_cache cache = {d_pool, block_floats, BLOCK_TOKENS, layer_offset, d_block_ids, d_row_first,
-                                      d_row_n_kv, KT_ROW_F32};
+                                      d_row_n_kv, (int)rt};
     rc = kt_cuda_mla_write_rows(&m, d_kv_a, d_norm_w, eps, d_cos_sin, &cache, n_rows, NULL, &err);
-    KT_CHECK(rc == 0, "%s %s rows: %s", s->name, c->name, err.msg);
-    kt_test_cuda_copy_out(pool, d_pool, (size_t)(n_blocks * block_floats) * sizeof *pool);
+    KT_CHECK(rc == 0, "%s %s %s rows: %s", s->name, c->name, tn, err.msg);
+    kt_test_cuda_copy_out(pool, d_pool, pool_bytes);
+    /* the F32 row's error, plus half an ulp of the stored type where it rounds */
+    const float rel = 1e-6f + (rt == KT_ROW_BF16 ? 0x1p-8f : rt == KT_ROW_F16 ? 0x1p-11f : 0.0f);
+    const float abs_floor = rt == KT_ROW_F16 ? 0x1p-25f : 1e-30f;
     int64_t bad = 0;
     for (int q = 0; q < c->n_seqs; q++)
         for (int64_t p = 0; p < c->n_ctx[q]; p++) {
             const float *want = cpu_rows + (seq_row0[q] + p) * D;
-            const float *row = pool + block_ids[seq_first[q] + p / BLOCK_TOKENS] * block_floats + layer_offset +
-                               (p % BLOCK_TOKENS) * D;
+            float *row = stored + (seq_row0[q] + p) * D;
+            kt_row_to_f32(rt, row,
+                          pool + (size_t)(block_ids[seq_first[q] + p / BLOCK_TOKENS] * block_floats + layer_offset +
+                                          (p % BLOCK_TOKENS) * D) * elem,
+                          D);
             for (int64_t i = 0; i < D; i++)
-                bad += !(fabsf(row[i] - want[i]) <= 1e-6f * fabsf(want[i]) + 1e-30f);
+                bad += !(fabsf(row[i] - want[i]) <= rel * fabsf(want[i]) + abs_floor);
         }
-    KT_CHECK(bad == 0, "%s %s: %lld cache values differ from the CPU's", s->name, c->name, (long long)bad);
+    KT_CHECK(bad == 0, "%s %s %s: %lld cache values differ from the CPU's", s->name, c->name, tn, (long long)bad);
+    if (rt != KT_ROW_F32) /* the CPU reads the rows the GPU stored: the same bits, widened as its kernels widen them */
+        for (int64_t r = 0; r < n_rows; r++)
+            cpu_row_ptrs[r] = stored + r * D;
 
     /* the queries: token t of sequence seq[t] at position pos[t] */
     const int64_t T = c->n_tok;
@@ -262,7 +282,7 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
     cache.first_block = d_first;
     cache.n_kv = d_n_kv;
     rc = kt_cuda_mla_attention(&m, d_q, &cache, T, n_kv_max, d_scratch, scratch_bytes, d_out, NULL, &err);
-    KT_CHECK(rc == 0, "%s %s: %s", s->name, c->name, err.msg);
+    KT_CHECK(rc == 0, "%s %s %s: %s", s->name, c->name, tn, err.msg);
     kt_test_cuda_copy_out(got, d_out, (size_t)(T * H * dv) * sizeof *got);
 
     /* the CPU, on its own rows */
@@ -274,15 +294,18 @@ static void run_case(const struct mla_shape *s, const struct mla_case *c, unsign
         cpu_attention(s, w_uk, w_uv, q + t * H * dk, rows, n_kv[t], true, kt_cpu + t * H * dv);
     }
     bad = count_far(got, same_math, T * H * dv, 1e-4f);
-    KT_CHECK(bad == 0, "%s %s: %lld outputs differ from the same math on the CPU", s->name, c->name, (long long)bad);
+    KT_CHECK(bad == 0, "%s %s %s rows: %lld outputs differ from the same math on the CPU", s->name, c->name, tn,
+             (long long)bad);
     bad = count_far(got, kt_cpu, T * H * dv, 5e-2f);
-    KT_CHECK(bad == 0, "%s %s: %lld outputs differ from kt's CPU numerics", s->name, c->name, (long long)bad);
+    KT_CHECK(bad == 0, "%s %s %s rows: %lld outputs differ from kt's CPU numerics", s->name, c->name, tn,
+             (long long)bad);
 
     kt_cuda_free((void *)m.w_uk.data), kt_cuda_free((void *)m.w_uv.data), kt_cuda_free(d_norm_w);
     kt_cuda_free(d_pool), kt_cuda_free(d_block_ids), kt_cuda_free(d_row_first), kt_cuda_free(d_row_n_kv);
     kt_cuda_free(d_kv_a), kt_cuda_free(d_cos_sin), kt_cuda_free(d_q), kt_cuda_free(d_first), kt_cuda_free(d_n_kv);
     kt_cuda_free(d_out), kt_cuda_free(d_scratch);
-    free(w_uk), free(w_uv), free(norm_w), free(kv_a), free(cos_sin), free(cpu_rows), free(pool), free(block_ids);
+    free(w_uk), free(w_uv), free(norm_w), free(kv_a), free(cos_sin), free(cpu_rows), free(pool), free(stored);
+    free(block_ids);
     free(row_first), free(row_n_kv), free(cpu_row_ptrs), free(seq), free(n_kv), free(first), free(q), free(got);
     free(same_math), free(kt_cpu);
 }
@@ -292,7 +315,8 @@ static void cuda_mla_matches_cpu_attention(void)
     unsigned long long rng = 31;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
-            run_case(&shapes[s], &cases[c], &rng);
+            for (int rt = 0; rt < KT_ROW_TYPE_COUNT; rt++)
+                run_case(&shapes[s], &cases[c], (enum kt_row_type)rt, &rng);
 }
 
 static void cuda_mla_rejects_bad_shapes(void)
@@ -316,6 +340,11 @@ static void cuda_mla_rejects_bad_shapes(void)
     KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, &err) != KT_OK && err.msg[0],
              "blocks of 0 positions accepted");
     cache.block_tokens = 16;
+    cache.row_type = KT_ROW_TYPE_COUNT;
+    err.msg[0] = 0;
+    KT_CHECK(kt_cuda_mla_attention(&m, d, &cache, 1, 10, d, 1 << 16, d, NULL, &err) != KT_OK && err.msg[0],
+             "row type %d accepted", KT_ROW_TYPE_COUNT);
+    cache.row_type = KT_ROW_F32;
     cache.block_ids = NULL;
     err.msg[0] = 0;
     KT_CHECK(kt_cuda_mla_write_rows(&m, d, d, 1e-6f, d, &cache, 1, NULL, &err) != KT_OK && err.msg[0],

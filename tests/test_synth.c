@@ -785,8 +785,8 @@ static void invalid_options_fail_cleanly(void)
     static const struct {
         const char *args, *want;
     } said[] = {
-        {"--preset tny", "kt-synth: --preset 'tny' is not one of tiny, tiny-v3, tiny-thinking, tiny-r1, kimi-k2-slice "
-                         "or deepseek-v3-slice: did you mean 'tiny'?\n"},
+        {"--preset tny", "kt-synth: --preset 'tny' is not one of tiny, tiny-v3, tiny-thinking, tiny-r1, tiny-long, "
+                         "kimi-k2-slice or deepseek-v3-slice: did you mean 'tiny'?\n"},
         {"--preset tiny --layres 3", "kt-synth: unknown option '--layres': did you mean '--layers'?\n"},
         {"--preset tiny --layers 0", "kt-synth: --layers '0' is out of range: give a whole number from 1 to 256"},
         {"--preset tiny --experts-type q4k", "kt-synth: --experts-type: unknown type 'q4k'"},

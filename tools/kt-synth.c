@@ -34,6 +34,8 @@ static void usage(FILE *out)
             "  tiny-v3            the same dims with DeepSeek-V3 routing (4 groups, 2 used), RoPE, tokenizer\n"
             "  tiny-thinking      tiny with the Kimi-K2-Thinking chat template (reasoning in <think>)\n"
             "  tiny-r1            tiny-v3 with the DeepSeek-R1 chat template\n"
+            "  tiny-long          tiny with the smallest attention (2 heads, kv rank 32, rope 8,\n"
+            "                     hidden 64): long-context tests, whose cost is per (query, key, head)\n"
             "  kimi-k2-slice      Kimi-K2's real per-layer dims; --layers (4), --experts (64)\n"
             "  deepseek-v3-slice  DeepSeek-V3's real per-layer dims, up to 3 dense layers;\n"
             "                     --layers (4), --experts (64, a multiple of the 8 groups)\n"
@@ -117,10 +119,10 @@ KT_CLI_U32_OPTION(opt_threads, threads, 1, 1024, "--threads", NULL)
 
 static bool opt_preset(void *o, const char *arg, char *why, size_t ws)
 {
-    static const char *const presets[] = {"tiny", "tiny-v3", "tiny-thinking", "tiny-r1", "kimi-k2-slice",
-                                          "deepseek-v3-slice"};
+    static const char *const presets[] = {"tiny", "tiny-v3", "tiny-thinking", "tiny-r1", "tiny-long",
+                                          "kimi-k2-slice", "deepseek-v3-slice"};
     OPTS(o)->preset = arg;
-    return kt_cli_choice_arg("--preset", arg, presets, 6, why, ws) >= 0;
+    return kt_cli_choice_arg("--preset", arg, presets, 7, why, ws) >= 0;
 }
 
 static bool opt_seed(void *o, const char *arg, char *why, size_t ws)
@@ -274,8 +276,7 @@ int main(int argc, char **argv)
         return rc;
     if (!o.preset)
         return kt_cli_usage_error(&cli, "%s", "no preset given: give --preset tiny, tiny-v3, tiny-thinking, tiny-r1, "
-                                              "kimi-k2-slice or "
-                                              "deepseek-v3-slice");
+                                              "tiny-long, kimi-k2-slice or deepseek-v3-slice");
     if (o.skew_given && o.route_skew_given)
         return kt_cli_usage_error(&cli, "%s", "--skew and --route-skew both set the router skew: give one");
 

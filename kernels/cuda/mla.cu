@@ -26,11 +26,7 @@
 #include "common.cuh"
 #include "mla_plan.h"
 
-#define MLA_ROWS 8           /* cache rows per tile */
-#define MLA_THREADS 256
-#define MLA_MAX_COLS 4       /* latent columns per thread: kvr <= 4 * 256 */
-#define MLA_MAX_SMEM 49152
-#define MLA_STATIC_SMEM (MLA_ROWS * sizeof(const float *)) /* mla_attend's tile row pointers */
+/* tile sizes and shape limits: mla_plan.h */
 
 static_assert(MLA_HEADS * 32 == MLA_THREADS, "one warp per head");
 static_assert(MLA_ROWS <= 32, "one lane per row of a tile");
@@ -75,11 +71,6 @@ __device__ static inline unsigned char *mla_row(const struct kt_cuda_mla_cache &
     const int64_t block = c.block_ids[c.first_block[t] + j / c.block_tokens];
     const int64_t elem = c.row_type == 0 ? 4 : 2;
     return (unsigned char *)c.pool + (block * c.block_elems + c.layer_offset + (j % c.block_tokens) * D) * elem;
-}
-
-static size_t mla_smem_bytes(int64_t D)
-{
-    return (size_t)((MLA_HEADS + MLA_ROWS) * D + MLA_HEADS * MLA_ROWS + 3 * MLA_HEADS) * sizeof(float);
 }
 
 /* Block (token, head group, context slice). */
@@ -277,8 +268,7 @@ static kt_status check_shape(const struct kt_cuda_mla *m, bool weights, kt_err *
     if (!m)
         return kt_err_set(err, KT_ERR_INVALID, "mla: no shape");
     const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank;
-    if (H <= 0 || H > KT_CUDA_MAX_GRID_YZ * MLA_HEADS || dn <= 0 || dr <= 0 || dr % 2 != 0 || dv <= 0 || kvr <= 0 ||
-        kvr > MLA_MAX_COLS * MLA_THREADS || mla_smem_bytes(kvr + dr) + MLA_STATIC_SMEM > MLA_MAX_SMEM)
+    if (!mla_shape_supported(m))
         return kt_err_set(err, KT_ERR_UNSUPPORTED,
                           "mla: unsupported shape (%lld heads, nope %lld, rope %lld, v %lld, kv rank %lld; "
                           "kv rank <= %d, kv rank + rope <= 760)", (long long)H, (long long)dn, (long long)dr,

@@ -7,6 +7,7 @@
 #ifndef KT_CUDA_MLA_PLAN_H
 #define KT_CUDA_MLA_PLAN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,6 +17,28 @@
 #define MLA_MIN_SPLIT_ROWS 64
 #define MLA_TARGET_BLOCKS 256 /* split the context until a launch has about this many blocks */
 #define MLA_MAX_SPLITS 1024
+#define MLA_ROWS 8           /* cache rows per tile */
+#define MLA_THREADS 256
+#define MLA_MAX_COLS 4       /* latent columns per thread: kvr <= 4 * 256 */
+#define MLA_MAX_SMEM 49152
+#define MLA_STATIC_SMEM (MLA_ROWS * sizeof(const float *)) /* mla_attend's tile row pointers */
+#define MLA_MAX_HEAD_GROUPS 65535LL /* gridDim.y */
+
+/* Dynamic shared memory of mla_attend for rows of D = kvr + dr. */
+static inline size_t mla_smem_bytes(int64_t D)
+{
+    return (size_t)((MLA_HEADS + MLA_ROWS) * D + MLA_HEADS * MLA_ROWS + 3 * MLA_HEADS) * sizeof(float);
+}
+
+/* Whether the kernels take the shape: positive dims, an even rope dim, kvr
+ * <= 1024 (four latent columns per thread) and the tile in 48 KiB of shared
+ * memory (kvr + dr <= 760). */
+static inline bool mla_shape_supported(const struct kt_cuda_mla *m)
+{
+    const int64_t H = m->n_head, dn = m->nope_dim, dr = m->rope_dim, dv = m->v_dim, kvr = m->kv_rank;
+    return H > 0 && H <= MLA_MAX_HEAD_GROUPS * MLA_HEADS && dn > 0 && dr > 0 && dr % 2 == 0 && dv > 0 && kvr > 0 &&
+           kvr <= MLA_MAX_COLS * MLA_THREADS && mla_smem_bytes(kvr + dr) + MLA_STATIC_SMEM <= MLA_MAX_SMEM;
+}
 
 /* Context slices for a launch: enough blocks to fill the GPU, none shorter
  * than 64 rows.  *most_slices: the count before rounding to equal slices,

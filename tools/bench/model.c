@@ -97,6 +97,7 @@ static json_t *phase_json(const struct phase *ph, uint32_t n_layer, double triad
         json_t *x = json_object();
         json_object_set_new(x, "layer", json_integer(il));
         json_object_set_new(x, "attention_ns", json_integer((json_int_t)l->attention_ns));
+        json_object_set_new(x, "attention_proj_ns", json_integer((json_int_t)l->attention_proj_ns));
         json_object_set_new(x, "router_ns", json_integer((json_int_t)l->router_ns));
         json_object_set_new(x, "experts_ns", json_integer((json_int_t)l->experts_ns));
         json_object_set_new(x, "combine_ns", json_integer((json_int_t)l->combine_ns));
@@ -225,6 +226,12 @@ static void print_phase(const struct phase *ph, uint32_t n_layer)
     }
     printf("  embedding + output head %.3f ms; steps' wall time %.3f ms\n", 1e-6 * ph->stats.embed_head_ns,
            1e3 * ph->seconds);
+    uint64_t proj_ns = 0; /* attention's projections; the rest of it (heads over the context) grows with depth */
+    for (uint32_t il = 0; il < n_layer; il++)
+        proj_ns += ph->layers[il].attention_proj_ns;
+    const double per_token = ph->tokens ? 1e-6 / ph->tokens : 0.0;
+    printf("  attention per token %.3f ms: heads over the context %.3f ms, projections %.3f ms\n",
+           per_token * (double)sum[0], per_token * (double)(sum[0] - proj_ns), per_token * (double)proj_ns);
     bool nodes = false;
     for (uint32_t il = 0; il < n_layer; il++)
         nodes |= ph->layers[il].node_busy_mean_ns > 0;

@@ -98,6 +98,27 @@ static void tiny_dims(struct kt_synth_config *c)
     c->n_expert = 32;
 }
 
+/* tiny-long: tiny's layout with the smallest attention that keeps every code path
+ * (2 heads: the expanded form and the head groups still split across two
+ * threads; rope 8: four rotated pairs), for long-context tests, whose cost
+ * is the attention's per (query, key, head) pair: hidden 64, dense FFN 128,
+ * expert FFN 32, q rank 32, kv rank 32, nope 8, rope 8, v 8.  Rows of 8
+ * are no multiple of 32: a legacy type asked for attn_k_b falls back to F16. */
+static void tiny_long_dims(struct kt_synth_config *c)
+{
+    c->n_embd = 64;
+    c->n_ff = 128;
+    c->n_ff_exp = 32;
+    c->n_head = 2;
+    c->q_lora_rank = 32;
+    c->kv_lora_rank = 32;
+    c->qk_nope_dim = 8;
+    c->qk_rope_dim = 8;
+    c->v_head_dim = 8;
+    c->n_layer = 4;
+    c->n_expert = 32;
+}
+
 static void set_types(struct kt_synth_config *c, int experts, int rest)
 {
     for (int r = 0; r < KT_SYNTH_ROLE_COUNT; r++)
@@ -115,6 +136,11 @@ kt_status kt_synth_preset(const char *name, struct kt_synth_config *cfg, kt_err 
         tiny_dims(&c);
         set_types(&c, KT_TYPE_F32, KT_TYPE_F32);
         snprintf(c.name, sizeof c.name, "kt-synth tiny (Kimi-K2 layout)");
+    } else if (strcmp(name, "tiny-long") == 0) {
+        kimi_semantics(&c);
+        tiny_long_dims(&c);
+        set_types(&c, KT_TYPE_F32, KT_TYPE_F32);
+        snprintf(c.name, sizeof c.name, "kt-synth tiny-long (Kimi-K2 layout, minimal attention)");
     } else if (strcmp(name, "tiny-v3") == 0) {
         deepseek_v3_semantics(&c);
         tiny_dims(&c);
@@ -152,8 +178,8 @@ kt_status kt_synth_preset(const char *name, struct kt_synth_config *cfg, kt_err 
         snprintf(c.name, sizeof c.name, "kt-synth deepseek-v3-slice (DeepSeek-V3 layout)");
     } else {
         return kt_err_set(err, KT_ERR_INVALID,
-                          "unknown preset '%s' (presets: tiny, tiny-v3, tiny-thinking, tiny-r1, kimi-k2-slice, "
-                          "deepseek-v3-slice)", name);
+                          "unknown preset '%s' (presets: tiny, tiny-v3, tiny-thinking, tiny-r1, tiny-long, "
+                          "kimi-k2-slice, deepseek-v3-slice)", name);
     }
     snprintf(c.preset, sizeof c.preset, "%s", name);
     c.rms_eps = 1e-6f;

@@ -77,8 +77,8 @@ struct kt_synth_config {
     uint32_t n_threads;           /* 0: online CPUs */
 };
 
-/* Fills cfg with a preset's defaults: "tiny", "tiny-v3", "kimi-k2-slice" or
- * "deepseek-v3-slice".  KT_ERR_INVALID for an unknown name. */
+/* Fills cfg with a preset's defaults: "tiny", "tiny-v3", "tiny-thinking", "tiny-r1",
+ * "tiny-long", "kimi-k2-slice" or "deepseek-v3-slice".  KT_ERR_INVALID for an unknown name. */
 kt_status kt_synth_preset(const char *name, struct kt_synth_config *cfg, kt_err *err);
 
 /* A type id a tensor can be written as (has a reference quantizer and is a
