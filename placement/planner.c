@@ -1133,7 +1133,11 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
             first_node = false;
         }
     put(&t, "]\n");
-    if (p->devices[0].n_experts) {
+    bool cpu_experts = false; /* in the layers written */
+    for (uint32_t il = 0; il < p->n_layer && !cpu_experts; il++)
+        for (int d = 0; d < p->n_nodes && !cpu_experts; d++)
+            cpu_experts = p->layers[il].experts && yaml_layer(plan, il) && any_on(p->layers[il].experts, n, 0, d);
+    if (cpu_experts) {
         put(&t, "  assign:\n");
         for (int d = 0; d < p->n_nodes; d++) {
             bool any = false;

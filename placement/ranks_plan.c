@@ -145,11 +145,14 @@ static kt_status no_fit(const struct split *s, kt_err *err)
         if (s->capacity[r] && (worst < 0 || s->capacity[r] < s->capacity[worst]))
             worst = r;
     if (worst >= 0 && !stage_fits(s, worst, worst == 0 ? 0 : (uint32_t)worst, (uint32_t)worst + 1))
+    {
+        const uint64_t one = stage_bytes(s, worst, (uint32_t)worst, (uint32_t)worst + 1);
         return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank %d holds %s, less "
-                          "than one layer%s needs with the loader's margin (%s): give that rank more memory or "
+                          "than one layer%s needs (%s, + %s the loader keeps free): give that rank more memory or "
                           "fewer --kv-tokens", s->L, s->R, worst, human(s->capacity[worst], a, sizeof a),
-                          worst == 0 ? " with the embedding and head" : "",
-                          human(stage_bytes(s, worst, (uint32_t)worst, (uint32_t)worst + 1), b, sizeof b));
+                          worst == 0 ? " with the embedding and head" : "", human(one, b, sizeof b),
+                          human(kt_meminfo_margin_bytes(one), c, sizeof c));
+    }
     return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks into contiguous ranges fits "
                       "every rank's memory (the smallest rank, %d, holds %s): give the small ranks more memory, "
                       "or use fewer ranks", s->L, s->R, worst, worst >= 0 ? human(s->capacity[worst], a, sizeof a)

@@ -159,7 +159,8 @@ int kt_run_generate(const struct kt_run_options *o)
     /* the placement, then the context: the model's when its KV cache fits memory, else the largest that does */
     struct kt_engine_params ep = {.max_seqs = 1, .kv_type = o->kv_type};
     struct kt_placement *placement = NULL;
-    if (kt_tool_placement_resolve(o->placement, g.model, NULL, &placement, &err) != KT_OK)
+    if (kt_tool_placement_resolve_rank(o->placement, g.model, NULL, n_ranks > 1 ? rank : -1, &placement, &err) !=
+        KT_OK)
         goto fail;
     if (o->placement) {
         kt_placement_describe(placement, stderr);
