@@ -139,24 +139,38 @@ static kt_status no_fit(const struct split *s, kt_err *err)
                           "layers) and the loader's margin, the ranks hold %s in all: give more ranks, machines with "
                           "more memory or fewer --kv-tokens", s->L, s->R, human(need, a, sizeof a),
                           human(s->head_bytes, b, sizeof b), human(have, c, sizeof c));
-    /* the total would fit: some rank cannot hold what contiguity leaves it; name the rank that holds least */
+    /* the total would fit: some rank cannot hold what contiguity leaves it - rank 0 starts with layer 0 and
+     * the head, the last rank ends with the last layer, every rank holds one layer at least */
+    const int last = s->R - 1;
+    if (!stage_fits(s, 0, 0, 1))
+        return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank 0 holds %s, less "
+                          "than layer 0 with the embedding and head need (%s, + %s the loader keeps free): give rank "
+                          "0 more memory or fewer --kv-tokens", s->L, s->R, human(s->capacity[0], a, sizeof a),
+                          human(stage_bytes(s, 0, 0, 1), b, sizeof b),
+                          human(kt_meminfo_margin_bytes(stage_bytes(s, 0, 0, 1)), c, sizeof c));
+    if (last > 0 && !stage_fits(s, last, s->L - 1, s->L))
+        return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank %d, the last, "
+                          "holds %s, less than the last layer needs (%s, + %s the loader keeps free): give it more "
+                          "memory, or put a larger machine last", s->L, s->R, last,
+                          human(s->capacity[last], a, sizeof a), human(stage_bytes(s, last, s->L - 1, s->L), b, sizeof b),
+                          human(kt_meminfo_margin_bytes(stage_bytes(s, last, s->L - 1, s->L)), c, sizeof c));
+    for (int r = 1; r < last; r++) {
+        bool any = false;
+        for (uint32_t il = 1; il + 1 < s->L && !any; il++)
+            any = stage_fits(s, r, il, il + 1);
+        if (!any)
+            return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank %d holds %s, "
+                              "less than any one layer needs with the loader's margin: give it more memory or "
+                              "fewer --kv-tokens", s->L, s->R, r, human(s->capacity[r], a, sizeof a));
+    }
     int worst = -1;
     for (int r = 0; r < s->R; r++)
         if (s->capacity[r] && (worst < 0 || s->capacity[r] < s->capacity[worst]))
             worst = r;
-    if (worst >= 0 && !stage_fits(s, worst, worst == 0 ? 0 : (uint32_t)worst, (uint32_t)worst + 1))
-    {
-        const uint64_t one = stage_bytes(s, worst, (uint32_t)worst, (uint32_t)worst + 1);
-        return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank %d holds %s, less "
-                          "than one layer%s needs (%s, + %s the loader keeps free): give that rank more memory or "
-                          "fewer --kv-tokens", s->L, s->R, worst, human(s->capacity[worst], a, sizeof a),
-                          worst == 0 ? " with the embedding and head" : "", human(one, b, sizeof b),
-                          human(kt_meminfo_margin_bytes(one), c, sizeof c));
-    }
     return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks into contiguous ranges fits "
                       "every rank's memory (the smallest rank, %d, holds %s): give the small ranks more memory, "
-                      "or use fewer ranks", s->L, s->R, worst, worst >= 0 ? human(s->capacity[worst], a, sizeof a)
-                                                                       : "an unknown amount");
+                      "reorder the ranks, or use fewer", s->L, s->R, worst,
+                      worst >= 0 ? human(s->capacity[worst], a, sizeof a) : "an unknown amount");
 }
 
 kt_status kt_rank_split(uint32_t n_layer, int n_ranks, const double *layer_s, double head_s,
