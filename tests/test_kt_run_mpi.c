@@ -7,7 +7,9 @@
  * layer), with a prompt prefilled in several chunks (--batch); more ranks
  * than layers is refused with a message and a non-zero exit; a placement
  * config's ranks: section sets uneven ranges (and must list as many ranks
- * as the job has).
+ * as the job has); each rank applies its own part of a kt-place plan over
+ * two machines (ranks[r].placement: rank 1 on two NUMA nodes, rank 0 on
+ * one) with the same text and logits.
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
  */
@@ -104,6 +106,68 @@ static void placement_ranks_set_uneven_layers(void)
     free(text);
 }
 
+/* A machine file of `nodes` nodes (kt-place's figures for another host). */
+static void write_machine(const char *path, int nodes, double triad)
+{
+    FILE *f = fopen(path, "w");
+    KT_CHECK(f != NULL, "cannot write %s", path);
+    if (!f)
+        return;
+    fprintf(f, "{\"version\": 1, \"kind\": \"a rank's host\", \"topology\": \"\", \"nodes\": [");
+    for (int n = 0; n < nodes; n++)
+        fprintf(f, "%s{\"node\": %d, \"threads\": 1, \"memory_gib\": 4, \"triad_gbps\": %g}", n ? ", " : "", n,
+                triad);
+    fprintf(f, "], \"accelerators\": []}\n");
+    fclose(f);
+}
+
+/* kt-place over a 1-node and a 2-node machine writes each rank's own placement (ranks[r].placement); under
+ * mpirun every rank applies its own (rank 1 spreads its layers' experts over two nodes of a synthetic
+ * topology, rank 0 keeps one): the same text and logits as one process with the same file. */
+static void each_rank_applies_its_own_placement(void)
+{
+    char model[1024], cfg[1024], m0[1024], m1[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-cluster.yaml"));
+    snprintf(m0, sizeof m0, "%s", kt_test_path("mpi-rank0.json"));
+    snprintf(m1, sizeof m1, "%s", kt_test_path("mpi-rank1.json"));
+    write_machine(m0, 1, 10);
+    write_machine(m1, 2, 20);
+    int rc = kt_test_system("%s -m %s --machine %s --machine %s --kv-tokens 128 -o %s >/dev/null 2>&1",
+                            kt_test_tool("kt-place"), model, m0, m1, cfg);
+    KT_CHECK(rc == 0, "kt-place --machine x2: exit %d", rc);
+    if (rc != 0)
+        return;
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s --placement %s", model, cfg);
+    setenv("KT_TOPOLOGY_SYNTHETIC", "numa:2 core:1 pu:1", 1); /* two nodes for rank 1's placement */
+    rc = mpi_run_kt_run("", with_cfg, "mpi-cluster-1", 300);
+    KT_CHECK(rc == 0, "kt-run --placement (one process): exit %d", rc);
+    const int rc2 = mpi_run_kt_run(mpirun_cmd(2), with_cfg, "mpi-cluster-2", 300);
+    unsetenv("KT_TOPOLOGY_SYNTHETIC");
+    KT_CHECK(rc2 == 0, "mpirun -np 2 kt-run --placement (each rank its own): exit %d", rc2);
+    if (rc == 0 && rc2 == 0)
+        mpi_compare_runs("mpi-cluster-1", "mpi-cluster-2");
+    char log[1024];
+    snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-cluster-2"));
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    /* each rank describes its placement: rank 0's own has node 0 alone, rank 1's both nodes (the file's top
+     * level, which one process runs, spreads over both: a rank that ran it would name node 1 twice) */
+    int one_node = 0, two_nodes = 0;
+    for (const char *at = text; at && (at = strstr(at, "NUMA nodes: 0: ")); at++) {
+        const char *eol = strchr(at, '\n');
+        const char *second = strstr(at, "; 1: ");
+        if (second && (!eol || second < eol))
+            two_nodes++;
+        else
+            one_node++;
+    }
+    KT_CHECK(one_node == 1 && two_nodes == 1, "placements on one node %d, on two %d (want 1 and 1): %s", one_node,
+             two_nodes, text ? text : "");
+    free(text);
+}
+
 static void more_ranks_than_layers_is_refused(void)
 {
     char model[1024];
@@ -130,6 +194,7 @@ int main(void)
     KT_RUN(tiny_over_2_and_3_ranks_matches_one_process);
     KT_RUN(tiny_v3_over_2_and_3_ranks_matches_one_process);
     KT_RUN(placement_ranks_set_uneven_layers);
+    KT_RUN(each_rank_applies_its_own_placement);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();
 }
