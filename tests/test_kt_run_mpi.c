@@ -9,10 +9,12 @@
  * config's ranks: section sets uneven ranges (and must list as many ranks
  * as the job has); each rank applies its own part of a kt-place plan over
  * two machines (ranks[r].placement: rank 1 on two NUMA nodes, rank 0 on
- * one) with the same text and logits.
+ * one) with the same text and logits; `mpirun kt-bench model` reports once,
+ * with each phase's pipeline account.
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
  */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +170,52 @@ static void each_rank_applies_its_own_placement(void)
     free(text);
 }
 
+/* mpirun -np 2 kt-bench model: rank 0 reports, with each phase's pipeline account (steps, every rank's busy
+ * time, the communication a step, the bubble) in its text and its JSON; the ranks: section's layers hold. */
+static void kt_bench_model_over_ranks(void)
+{
+    char model[1024], cfg[1024], json[1024], out[1024], log[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-bench-ranks.yaml"));
+    snprintf(json, sizeof json, "%s", kt_test_path("mpi-bench.json"));
+    snprintf(out, sizeof out, "%s", kt_test_path("mpi-bench.txt"));
+    snprintf(log, sizeof log, "%s", kt_test_path("mpi-bench.log"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-0\n  - layers: 1-3\n", f);
+    fclose(f);
+    int rc = kt_test_system("timeout 300 %s %s model -m %s --placement %s -t 1 --prompt-tokens 32 --gen-tokens 8 "
+                            "--json %s >%s 2>%s", mpirun_cmd(2), kt_test_tool("kt-bench"), model, cfg, json, out, log);
+    KT_CHECK(rc == 0, "mpirun -np 2 kt-bench model: exit %d (see %s)", rc, log);
+    size_t n = 0;
+    char *text = kt_test_read_file(out, &n), *err = kt_test_read_file(log, &n);
+    KT_CHECK(text && strstr(text, "pipeline of 2 MPI ranks") && strstr(text, "pipeline, decode") &&
+                 strstr(text, "communication") && strstr(text, "bubble"),
+             "no pipeline lines: %s", text ? text : "");
+    KT_CHECK(err && strstr(err, "layers [1, 4)"), "rank 1 did not hold layers 1-3: %s", err ? err : "");
+    /* one report: rank 0's */
+    const char *report = text ? strstr(text, "kt-bench model:") : NULL;
+    KT_CHECK(report && !strstr(report + 1, "kt-bench model:"), "not one report: %s", text ? text : "");
+    free(text), free(err);
+    char *body = kt_test_read_file(json, &n);
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *pd = json_object_get(json_object_get(j, "decode"), "pipeline");
+    json_t *busy = json_object_get(pd, "busy_seconds");
+    KT_CHECK(json_integer_value(json_object_get(pd, "ranks")) == 2 &&
+                 json_integer_value(json_object_get(pd, "steps")) == 8,
+             "decode pipeline: %s", body ? body : "(no JSON)");
+    KT_CHECK(json_array_size(busy) == 2 && json_real_value(json_array_get(busy, 0)) > 0 &&
+                 json_real_value(json_array_get(busy, 1)) > 0,
+             "busy seconds of both ranks");
+    const double bubble = json_real_value(json_object_get(pd, "bubble"));
+    const double comm = json_real_value(json_object_get(pd, "communication_seconds_per_step"));
+    KT_CHECK(bubble > 0 && bubble < 1 && comm >= 0 && comm < 1, "bubble %g, communication %g s a step", bubble, comm);
+    json_decref(j);
+    free(body);
+}
+
 static void more_ranks_than_layers_is_refused(void)
 {
     char model[1024];
@@ -195,6 +243,7 @@ int main(void)
     KT_RUN(tiny_v3_over_2_and_3_ranks_matches_one_process);
     KT_RUN(placement_ranks_set_uneven_layers);
     KT_RUN(each_rank_applies_its_own_placement);
+    KT_RUN(kt_bench_model_over_ranks);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();
 }
