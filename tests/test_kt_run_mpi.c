@@ -9,7 +9,8 @@
  * config's ranks: section sets uneven ranges (and must list as many ranks
  * as the job has); each rank applies its own part of a kt-place plan over
  * two machines (ranks[r].placement: rank 1 on two NUMA nodes, rank 0 on
- * one) with the same text and logits; `mpirun kt-bench model` reports once,
+ * one) with the same text and logits, and a rank with a sim device of its own
+ * (a hybrid stage) too; `mpirun kt-bench model` reports once,
  * with each phase's pipeline account.
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
@@ -170,6 +171,41 @@ static void each_rank_applies_its_own_placement(void)
     free(text);
 }
 
+/* A hybrid stage: rank 1's own placement puts its layers' attention and 8 experts a layer on a sim device,
+ * rank 0 runs on the CPU; the sim computes what the CPU does, so the text and logits are one CPU process's
+ * (the file's top level), and rank 1's device did the work. */
+static void a_rank_with_a_sim_device(void)
+{
+    char model[1024], cfg[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-hybrid.yaml"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-1\n  - layers: 2-3\n    placement:\n"
+          "      version: 1\n      devices:\n        sim: {backend: sim, memory_gib: 1}\n      attention: sim\n"
+          "      shared_experts: sim\n      experts:\n        sim:\n          per_layer: 8\n", f);
+    fclose(f);
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s --placement %s", model, cfg);
+    int rc = mpi_run_kt_run("", with_cfg, "mpi-hybrid-1", 300);
+    KT_CHECK(rc == 0, "kt-run --placement (one process, CPU): exit %d", rc);
+    const int rc2 = mpi_run_kt_run(mpirun_cmd(2), with_cfg, "mpi-hybrid-2", 300);
+    KT_CHECK(rc2 == 0, "mpirun -np 2 kt-run, rank 1 with a sim device: exit %d", rc2);
+    if (rc == 0 && rc2 == 0)
+        mpi_compare_runs("mpi-hybrid-1", "mpi-hybrid-2");
+    char log[1024];
+    snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-hybrid-2"));
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    const char *line = text ? strstr(text, "kt-run: rank 1 (") : NULL;
+    const char *dev = line ? strstr(line, "its device busy ") : NULL;
+    const char *eol = line ? strchr(line, '\n') : NULL;
+    KT_CHECK(dev && (!eol || dev < eol) && atof(dev + 16) > 0, "rank 1's device did no work: %s", text ? text : "");
+    free(text);
+}
+
 /* mpirun -np 2 kt-bench model: rank 0 reports, with each phase's pipeline account (steps, every rank's busy
  * time, the communication a step, the bubble) in its text and its JSON; the ranks: section's layers hold. */
 static void kt_bench_model_over_ranks(void)
@@ -243,6 +279,7 @@ int main(void)
     KT_RUN(tiny_v3_over_2_and_3_ranks_matches_one_process);
     KT_RUN(placement_ranks_set_uneven_layers);
     KT_RUN(each_rank_applies_its_own_placement);
+    KT_RUN(a_rank_with_a_sim_device);
     KT_RUN(kt_bench_model_over_ranks);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();
