@@ -5,7 +5,8 @@
  * batches, split into micro-batches down the pipeline) get the same text
  * from 2 and 3 ranks as from one process; SIGTERM to rank 0 stops the
  * whole job with status 0.  With a kt-place plan over two machines each
- * rank applies its own part of --placement and serves the same text.  Faults: a rank that hangs (SIGSTOP) fails the running request,
+ * rank applies its own part of --placement and serves the same text, and
+ * so does a job whose rank 1 has a sim device of its own.  Faults: a rank that hangs (SIGSTOP) fails the running request,
  * /health turns 503, and the job exits non-zero within --rank-timeout and a
  * few seconds; a rank killed (SIGKILL) ends the job non-zero too, never a
  * hang.
@@ -164,6 +165,48 @@ static void ranks_serve_with_their_own_placement(void)
         free(one[i]), free(many[i]);
 }
 
+/* A hybrid stage: rank 1's own placement puts its layers' attention, shared experts and 8 experts a layer on
+ * a sim device (which computes what the CPU does): the same text as one CPU process (the file's top level),
+ * and rank 1's device did the work. */
+static void a_rank_with_a_sim_device_serves_the_same(void)
+{
+    char cfg[1024], args[2048];
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-serve-hybrid.yaml"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-1\n  - layers: 2-3\n    placement:\n"
+          "      version: 1\n      devices:\n        sim: {backend: sim, memory_gib: 1}\n      attention: sim\n"
+          "      shared_experts: sim\n      experts:\n        sim:\n          per_layer: 8\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "-t 1 --max-seqs 4 --kv-memory 64 --placement %s", cfg);
+    char *one[N_REQUESTS] = {0}, *many[N_REQUESTS] = {0};
+    struct test_server s;
+    if (!server_start(&s, model, args, true))
+        return;
+    concurrent_requests(&s, one);
+    KT_CHECK(server_stop(&s) == 0, "kt-serve alone did not stop cleanly (log %s)", s.log);
+    if (server_start_under(&s, mpirun_cmd(2), model, args, true)) {
+        concurrent_requests(&s, many);
+        for (int i = 0; i < N_REQUESTS; i++)
+            KT_CHECK(one[i] && many[i] && strcmp(one[i], many[i]) == 0,
+                     "rank 1 with a sim device, request %d: '%s', one process: '%s'", i, many[i] ? many[i] : "(none)",
+                     one[i] ? one[i] : "(none)");
+        const int stopped = stop_job(&s);
+        KT_CHECK(stopped == 0, "mpirun -np 2 kt-serve, a hybrid rank: SIGTERM gave %d (log %s)", stopped, s.log);
+        size_t n = 0;
+        char *text = kt_test_read_file(s.log, &n);
+        const char *line = text ? strstr(text, "kt-serve: rank 1: stopped") : NULL;
+        const char *dev = line ? strstr(line, "its device busy ") : NULL;
+        const char *eol = line ? strchr(line, '\n') : NULL;
+        KT_CHECK(dev && (!eol || dev < eol) && atof(dev + 16) > 0, "rank 1's device did no work (log %s)", s.log);
+        free(text);
+    }
+    for (int i = 0; i < N_REQUESTS; i++)
+        free(one[i]), free(many[i]);
+}
+
 /* The pid a rank printed in the log (rank 0: "rank 0 on host, pid N"; others
  * "rank R (host, pid N)"); 0 if none. */
 static pid_t rank_pid(const struct test_server *s, int rank)
@@ -272,6 +315,7 @@ int main(void)
     KT_CHECK(make_model(model, "tiny", NULL), "kt-synth failed");
     KT_RUN(ranks_serve_what_one_process_serves);
     KT_RUN(ranks_serve_with_their_own_placement);
+    KT_RUN(a_rank_with_a_sim_device_serves_the_same);
     KT_RUN(a_hung_rank_fails_requests_then_the_job);
     KT_RUN(a_killed_rank_ends_the_job);
     return kt_test_finish();

@@ -607,8 +607,13 @@ static int follow_main(struct kt_server *s)
     }
     struct kt_pipeline_stats ps;
     kt_pipeline_stats(s->pipeline, &ps);
-    fprintf(stderr, "kt-serve: rank %d: stopped; %llu slices, busy %.3f s of %.3f s\n", rank,
-            (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, kt_monotonic_s() - t0);
+    struct kt_backend_stats dev;
+    char device[96] = "";
+    if (s->engine && kt_engine_device_stats(s->engine, &dev) == KT_OK) /* a hybrid stage: its device's share */
+        snprintf(device, sizeof device, ", its device busy %.3f s (%llu ops)", (double)dev.busy_ns * 1e-9,
+                 (unsigned long long)dev.ops);
+    fprintf(stderr, "kt-serve: rank %d: stopped; %llu slices, busy %.3f s of %.3f s%s\n", rank,
+            (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, kt_monotonic_s() - t0, device);
     kt_pipeline_destroy(s->pipeline);
     kt_engine_destroy(s->engine);
     kt_model_close(s->model);
