@@ -110,7 +110,8 @@ static const struct kt_cli_option options_table[] = {
      "memory and predicted time, and its own placement of them (every rank on the --machine file)", opt_ranks},
     {"--device", NULL, "cuda|sim|cpu", 0, "plan for this accelerator (default, or cpu: none, CPU only)", opt_device},
     {"--gpu-memory", NULL, "GIB", 0, "the accelerator's budget (default: the machine file's)", opt_gpu_memory},
-    {"--kv-tokens", NULL, "N", 0, "KV cache the accelerator holds room for (default 4096)", opt_kv},
+    {"--kv-tokens", NULL, "N", 0, "KV cache the accelerator holds room for (default 4096; --ranks: each rank's "
+     "RAM, for its layers)", opt_kv},
     {"--batch", NULL, "B", 0, "decode tokens per step (default 1)", opt_batch},
     {"--prefill-tokens", NULL, "N", 0, "prompt length the prefill figures are for (default 512)", opt_prefill},
     {"--context", NULL, "N", 0, "decode: positions already cached (default 512)", opt_context},
