@@ -2,7 +2,11 @@
 # benchmarks/pipeline.sh - issue 20: one model over 1, 2 and 3 MPI ranks on
 # this machine (runtime/dist).  kt-run: prefill and decode tok/s and the
 # pipeline line (rank 0's wait, each rank's busy time, the bubble) for each
-# rank count; kt-serve: 8 concurrent greedy requests, with micro-batches
+# rank count; kt-bench model (a seeded prompt, greedy decode): prefill and
+# decode tok/s and each phase's pipeline account (steps, every rank's busy
+# time a step, the communication a step, the bubble) for each rank count;
+# kt-place: the layer ranges it plans for the ranks (--ranks N, this
+# machine's defaults) against the even split; kt-serve: 8 concurrent greedy requests, with micro-batches
 # (default: one per rank) and without (--micro-batches 1), rank 0's pipeline
 # account (steps, slices, busy per rank, bubble) from its log.
 #
@@ -29,6 +33,21 @@ for n in 1 2 3; do
     echo "-- $n rank(s)"
     "${launch[@]}" "$build/tools/kt-run" -m "$model" -p "$prompt" -n 64 --temp 0 --ignore-eos -t "$threads" -q \
         2>&1 | grep -E "prompt tokens|prefill  |decode  |pipeline  " || true
+done
+
+echo "== kt-bench model: $model, $threads thread(s) per rank, 128-token prompt, 64 decoded"
+for n in 1 2 3; do
+    launch=()
+    [ "$n" -eq 1 ] || launch=("${mpirun[@]}" -np "$n")
+    echo "-- $n rank(s)"
+    "${launch[@]}" "$build/tools/kt-bench" model -m "$model" -t "$threads" --prompt-tokens 128 --gen-tokens 64 \
+        2>/dev/null | grep -E "^(prefill|decode) +[0-9.]+ tok/s|^pipeline, " || true
+done
+
+echo "== kt-place: layer ranges for 2 and 3 ranks (the stated defaults: every rank this machine's size)"
+for n in 2 3; do
+    "$build/tools/kt-place" -m "$model" --ranks "$n" -o "$dir/cluster-$n.yaml" 2>/dev/null |
+        grep -E "^  (planned|even)  " || true
 done
 
 echo "== kt-serve: 8 concurrent requests of 48 tokens"

@@ -31,7 +31,11 @@ struct parser {
     const char *name;
     kt_err *err;
     struct kt_placement_config *c;
+    bool nested;                 /* a rank's own placement (ranks[r].placement): no ranks: of its own */
 };
+
+static kt_status parse_top(struct parser *p, const struct kt_ynode *root);
+static struct kt_placement_config *config_new(const char *name);
 
 /* ---- messages ----------------------------------------------------------------- */
 
@@ -663,23 +667,52 @@ static kt_status parse_kv_cache(struct parser *p, const struct kt_ynode *n)
     return st;
 }
 
-/* ranks: [{layers: N-M}, ...]: each rank's layers, in rank order, following each other from layer 0. */
+/* ranks[r].placement: the rank's own placement config v1 (its devices, NUMA nodes and its layers' experts),
+ * a mapping read as a file of its own would be; messages keep this file's name and lines. */
+static kt_status parse_rank_placement(struct parser *p, const struct kt_ynode *n, uint32_t r)
+{
+    char path[64];
+    snprintf(path, sizeof path, "ranks[%u].placement", r);
+    kt_status st = expect(p, n, path, KT_YMAP);
+    if (st)
+        return st;
+    struct kt_placement_config *sub = config_new(p->name);
+    if (!sub)
+        return kt_err_set(p->err, KT_ERR_NOMEM, "%s: out of memory", p->name);
+    struct parser sp = {.name = sub->name, .err = p->err, .c = sub, .nested = true};
+    st = parse_top(&sp, n);
+    if (st) {
+        kt_placement_config_destroy(sub);
+        return st;
+    }
+    p->c->rank_placement[r] = sub;
+    return KT_OK;
+}
+
+/* ranks: [{layers: N-M, placement: {...}}, ...]: each rank's layers, in rank order, following each other from
+ * layer 0, and optionally the rank's own placement. */
 static kt_status parse_ranks(struct parser *p, const struct kt_ynode *n)
 {
-    static const char *const known[] = {"layers", NULL};
+    static const char *const known[] = {"layers", "placement", NULL};
     char got[64], path[64];
     kt_status st = expect(p, n, "ranks", KT_YSEQ);
+    if (!st && p->nested)
+        st = fail(p, n, "ranks", "a rank's own placement cannot list ranks of its own");
     if (!st && (n->n == 0 || n->n > KT_PLACEMENT_MAX_RANKS))
         st = fail(p, n, "ranks", "expected 1 to %d ranks, got %u", KT_PLACEMENT_MAX_RANKS, (unsigned)n->n);
     for (uint32_t r = 0; r < n->n && !st; r++) {
-        const struct kt_ynode *item = n->items[r], *layers = NULL;
+        const struct kt_ynode *item = n->items[r], *layers = NULL, *placement = NULL;
         snprintf(path, sizeof path, "ranks[%u]", r);
         if ((st = expect(p, item, path, KT_YMAP)))
             break;
         for (uint32_t i = 0; i < kt_ymap_size(item) && !st; i++) {
             int k;
-            if (!(st = which_key(p, kt_ymap_key(item, i), path, known, &k)))
-                layers = kt_ymap_value(item, i);
+            if (!(st = which_key(p, kt_ymap_key(item, i), path, known, &k))) {
+                if (k == 0)
+                    layers = kt_ymap_value(item, i);
+                else
+                    placement = kt_ymap_value(item, i);
+            }
         }
         if (st)
             break;
@@ -703,6 +736,8 @@ static kt_status parse_ranks(struct parser *p, const struct kt_ynode *n)
                       "each other in rank order", lr->first, r - 1, p->c->rank_layers[r - 1].last);
             break;
         }
+        if (placement && (st = parse_rank_placement(p, placement, r)))
+            break;
         p->c->n_ranks = (int)r + 1;
     }
     return st;
@@ -792,6 +827,8 @@ void kt_placement_config_destroy(struct kt_placement_config *c)
     free(c->sliced.where);
     free(c->description);
     free(c->profile);
+    for (int r = 0; r < KT_PLACEMENT_MAX_RANKS; r++)
+        kt_placement_config_destroy(c->rank_placement[r]);
     free(c);
 }
 
@@ -816,13 +853,16 @@ void kt_placement_config_rank_layers(const struct kt_placement_config *c, int ra
     *last = c->rank_layers[rank].last;
 }
 
-kt_status kt_placement_config_parse(const char *text, size_t len, const char *name,
-                                    struct kt_placement_config **out, kt_err *err)
+const struct kt_placement_config *kt_placement_config_rank_placement(const struct kt_placement_config *c, int rank)
 {
-    *out = NULL;
+    return rank >= 0 && rank < c->n_ranks ? c->rank_placement[rank] : NULL;
+}
+
+static struct kt_placement_config *config_new(const char *name)
+{
     struct kt_placement_config *c = calloc(1, sizeof *c);
     if (!c)
-        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", name);
+        return NULL;
     snprintf(c->name, sizeof c->name, "%s", name);
     snprintf(c->devices[0].name, sizeof c->devices[0].name, "cpu");
     c->n_devices = 1;
@@ -831,6 +871,16 @@ kt_status kt_placement_config_parse(const char *text, size_t len, const char *na
     c->kv_bytes_per_value = 4;
     c->nodes_auto = true;
     c->attention.device = c->shared_experts.device = c->dense_layers.device = c->embeddings.device = -1;
+    return c;
+}
+
+kt_status kt_placement_config_parse(const char *text, size_t len, const char *name,
+                                    struct kt_placement_config **out, kt_err *err)
+{
+    *out = NULL;
+    struct kt_placement_config *c = config_new(name);
+    if (!c)
+        return kt_err_set(err, KT_ERR_NOMEM, "%s: out of memory", name);
     struct parser p = {.name = c->name, .err = err, .c = c};
     struct kt_ynode *root = NULL;
     kt_status st = kt_yaml_tree_parse(text, len, c->name, &root, err);

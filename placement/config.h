@@ -42,5 +42,9 @@ uint32_t kt_placement_config_replicas_hot_per_layer(const struct kt_placement_co
  * the tools' check). */
 int kt_placement_config_ranks(const struct kt_placement_config *c);
 void kt_placement_config_rank_layers(const struct kt_placement_config *c, int rank, uint32_t *first, uint32_t *last);
+/* ranks[rank].placement: that rank's own config (its devices, NUMA nodes and its layers' experts, a
+ * placement config v1 of its own, which kt_placement_resolve takes), or NULL when the entry has none (the
+ * file's top level then serves every rank).  Owned by c. */
+const struct kt_placement_config *kt_placement_config_rank_placement(const struct kt_placement_config *c, int rank);
 
 #endif

@@ -110,6 +110,8 @@ struct kt_placement_config {
      * order, contiguous from layer 0; n_ranks 0: none given */
     int n_ranks;
     struct kt_id_range rank_layers[KT_PLACEMENT_MAX_RANKS];
+    /* ranks[r].placement: rank r's own config (owned; NULL: the file's top level serves it) */
+    struct kt_placement_config *rank_placement[KT_PLACEMENT_MAX_RANKS];
 };
 
 #endif

@@ -1049,6 +1049,12 @@ static bool any_on(const struct kt_expert_home *homes, uint32_t n, int device, i
     return false;
 }
 
+/* Whether kt_plan_yaml writes layer il of plan (its layer range). */
+static bool yaml_layer(const struct kt_plan *plan, uint32_t il)
+{
+    return plan->layer_end == 0 || (il >= plan->layer_begin && il < plan->layer_end);
+}
+
 char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const char *profile_path)
 {
     const struct kt_placement *p = plan->placement;
@@ -1068,6 +1074,8 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     if (predicted)
         put(&t, "# predicted per layer (ms): decode step, prefill; accelerator experts; CPU busiest/mean node\n");
     for (uint32_t il = 0; predicted && il < p->n_layer; il++) {
+        if (!yaml_layer(plan, il))
+            continue;
         const struct kt_plan_layer *l = &plan->layers[il];
         put(&t, "#   layer %3u: decode %.4f  prefill %.4f", il, 1e3 * l->decode_s, 1e3 * l->prefill_s);
         if (p->layers[il].experts)
@@ -1109,7 +1117,7 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
         put(&t, "experts:\n  %s:\n    layers:\n", pt.accel);
         for (uint32_t il = 0; il < p->n_layer; il++) {
             const struct kt_expert_home *homes = p->layers[il].experts;
-            if (!homes || !any_on(homes, n, plan->accel, -1))
+            if (!homes || !yaml_layer(plan, il) || !any_on(homes, n, plan->accel, -1))
                 continue;
             put(&t, "      %u: ", il);
             put_list(&t, homes, n, plan->accel, -1);
@@ -1125,18 +1133,22 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
             first_node = false;
         }
     put(&t, "]\n");
-    if (p->devices[0].n_experts) {
+    bool cpu_experts = false; /* in the layers written */
+    for (uint32_t il = 0; il < p->n_layer && !cpu_experts; il++)
+        for (int d = 0; d < p->n_nodes && !cpu_experts; d++)
+            cpu_experts = p->layers[il].experts && yaml_layer(plan, il) && any_on(p->layers[il].experts, n, 0, d);
+    if (cpu_experts) {
         put(&t, "  assign:\n");
         for (int d = 0; d < p->n_nodes; d++) {
             bool any = false;
             for (uint32_t il = 0; il < p->n_layer && !any; il++)
-                any = p->layers[il].experts && any_on(p->layers[il].experts, n, 0, d);
+                any = p->layers[il].experts && yaml_layer(plan, il) && any_on(p->layers[il].experts, n, 0, d);
             if (!any)
                 continue;
             put(&t, "    %d:\n      layers:\n", d);
             for (uint32_t il = 0; il < p->n_layer; il++) {
                 const struct kt_expert_home *homes = p->layers[il].experts;
-                if (!homes || !any_on(homes, n, 0, d))
+                if (!homes || !yaml_layer(plan, il) || !any_on(homes, n, 0, d))
                     continue;
                 put(&t, "        %u: ", il);
                 put_list(&t, homes, n, 0, d);
@@ -1148,15 +1160,15 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
         put(&t, "  replicas:\n    hot_per_layer: %u\n", plan->replicas_hot_per_layer);
     bool sliced = false;
     for (uint32_t il = 0; il < p->n_layer; il++)
-        sliced |= p->layers[il].cpu_sliced;
+        sliced |= p->layers[il].cpu_sliced && yaml_layer(plan, il);
     if (sliced) {
         put(&t, "  sliced: [");
         bool first = true;
         for (uint32_t il = 0; il < p->n_layer; il++) {
-            if (!p->layers[il].cpu_sliced)
+            if (!p->layers[il].cpu_sliced || !yaml_layer(plan, il))
                 continue;
             uint32_t last = il;
-            while (last + 1 < p->n_layer && p->layers[last + 1].cpu_sliced)
+            while (last + 1 < p->n_layer && p->layers[last + 1].cpu_sliced && yaml_layer(plan, last + 1))
                 last++;
             if (last == il)
                 put(&t, "%s%u", first ? "" : ", ", il);
@@ -1174,12 +1186,16 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     return t.s;
 }
 
-kt_status kt_plan_compare(const struct kt_placement *a, const struct kt_placement *b, kt_err *err)
+
+kt_status kt_plan_compare_layers(const struct kt_placement *a, const struct kt_placement *b, uint32_t begin,
+                                 uint32_t end, kt_err *err)
 {
     if (a->n_layer != b->n_layer || a->n_expert != b->n_expert)
         return kt_err_set(err, KT_ERR_INVALID, "%u layers x %u experts against %u x %u", a->n_layer, a->n_expert,
                           b->n_layer, b->n_expert);
-    for (uint32_t il = 0; il < a->n_layer; il++) {
+    if (end == 0 || end > a->n_layer)
+        end = a->n_layer;
+    for (uint32_t il = begin; il < end; il++) {
         const struct kt_placement_layer *la = &a->layers[il], *lb = &b->layers[il];
         if (la->cpu_sliced != lb->cpu_sliced)
             return kt_err_set(err, KT_ERR_INVALID, "layer %u is %srow-sliced in one plan only", il,
@@ -1205,6 +1221,11 @@ kt_status kt_plan_compare(const struct kt_placement *a, const struct kt_placemen
     return KT_OK;
 }
 
+kt_status kt_plan_compare(const struct kt_placement *a, const struct kt_placement *b, kt_err *err)
+{
+    return kt_plan_compare_layers(a, b, 0, 0, err);
+}
+
 kt_status kt_plan_check_yaml(const struct kt_plan *p, const char *text, size_t len, const char *name,
                              const struct kt_model *m, kt_err *err)
 {
@@ -1213,7 +1234,7 @@ kt_status kt_plan_check_yaml(const struct kt_plan *p, const char *text, size_t l
     kt_status st = kt_placement_config_parse(text, len, name, &c, err);
     if (!st)
         st = kt_placement_resolve(c, m, p->placement->n_nodes, NULL, &back, err);
-    if (!st && (st = kt_plan_compare(p->placement, back, err)) != KT_OK)
+    if (!st && (st = kt_plan_compare_layers(p->placement, back, p->layer_begin, p->layer_end, err)) != KT_OK)
         kt_err_prefix(err, "%s: the config does not give the plan back", name);
     kt_placement_destroy(back);
     kt_placement_config_destroy(c);

@@ -73,6 +73,9 @@ struct kt_plan {
     double weight_decode, weight_prefill; /* the objective: weights of per-token decode and prefill time */
     double plan_s;                   /* wall time of kt_plan_create */
     const char *description;         /* kt_plan_yaml's header and description; NULL: kt-place's (objective) */
+    /* kt_plan_yaml and kt_plan_check_yaml: only layers [layer_begin, layer_end) (a rank's stage, ranks_plan.h);
+     * layer_end 0: every layer */
+    uint32_t layer_begin, layer_end;
 };
 
 /* Plans m for prof (NULL: uniform routing) on mach with the cost model cost
@@ -129,5 +132,8 @@ kt_status kt_plan_check_yaml(const struct kt_plan *p, const char *text, size_t l
 /* KT_OK when a and b home every expert alike (device, node, replicas) and
  * slice the same layers; else KT_ERR_INVALID naming the first difference. */
 kt_status kt_plan_compare(const struct kt_placement *a, const struct kt_placement *b, kt_err *err);
+/* The same over layers [begin, end) alone (end 0: every layer), and the embeddings. */
+kt_status kt_plan_compare_layers(const struct kt_placement *a, const struct kt_placement *b, uint32_t begin,
+                                 uint32_t end, kt_err *err);
 
 #endif

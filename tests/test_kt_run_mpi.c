@@ -7,10 +7,15 @@
  * layer), with a prompt prefilled in several chunks (--batch); more ranks
  * than layers is refused with a message and a non-zero exit; a placement
  * config's ranks: section sets uneven ranges (and must list as many ranks
- * as the job has).
+ * as the job has); each rank applies its own part of a kt-place plan over
+ * two machines (ranks[r].placement: rank 1 on two NUMA nodes, rank 0 on
+ * one) with the same text and logits, and a rank with a sim device of its own
+ * (a hybrid stage) too; `mpirun kt-bench model` reports once,
+ * with each phase's pipeline account.
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
  */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +109,149 @@ static void placement_ranks_set_uneven_layers(void)
     free(text);
 }
 
+/* A machine file of `nodes` nodes (kt-place's figures for another host). */
+static void write_machine(const char *path, int nodes, double triad)
+{
+    FILE *f = fopen(path, "w");
+    KT_CHECK(f != NULL, "cannot write %s", path);
+    if (!f)
+        return;
+    fprintf(f, "{\"version\": 1, \"kind\": \"a rank's host\", \"topology\": \"\", \"nodes\": [");
+    for (int n = 0; n < nodes; n++)
+        fprintf(f, "%s{\"node\": %d, \"threads\": 1, \"memory_gib\": 4, \"triad_gbps\": %g}", n ? ", " : "", n,
+                triad);
+    fprintf(f, "], \"accelerators\": []}\n");
+    fclose(f);
+}
+
+/* kt-place over a 1-node and a 2-node machine writes each rank's own placement (ranks[r].placement); under
+ * mpirun every rank applies its own (rank 1 spreads its layers' experts over two nodes of a synthetic
+ * topology, rank 0 keeps one): the same text and logits as one process with the same file. */
+static void each_rank_applies_its_own_placement(void)
+{
+    char model[1024], cfg[1024], m0[1024], m1[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-cluster.yaml"));
+    snprintf(m0, sizeof m0, "%s", kt_test_path("mpi-rank0.json"));
+    snprintf(m1, sizeof m1, "%s", kt_test_path("mpi-rank1.json"));
+    write_machine(m0, 1, 10);
+    write_machine(m1, 2, 20);
+    int rc = kt_test_system("%s -m %s --machine %s --machine %s --kv-tokens 128 -o %s >/dev/null 2>&1",
+                            kt_test_tool("kt-place"), model, m0, m1, cfg);
+    KT_CHECK(rc == 0, "kt-place --machine x2: exit %d", rc);
+    if (rc != 0)
+        return;
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s --placement %s", model, cfg);
+    setenv("KT_TOPOLOGY_SYNTHETIC", "numa:2 core:1 pu:1", 1); /* two nodes for rank 1's placement */
+    rc = mpi_run_kt_run("", with_cfg, "mpi-cluster-1", 300);
+    KT_CHECK(rc == 0, "kt-run --placement (one process): exit %d", rc);
+    const int rc2 = mpi_run_kt_run(mpirun_cmd(2), with_cfg, "mpi-cluster-2", 300);
+    unsetenv("KT_TOPOLOGY_SYNTHETIC");
+    KT_CHECK(rc2 == 0, "mpirun -np 2 kt-run --placement (each rank its own): exit %d", rc2);
+    if (rc == 0 && rc2 == 0)
+        mpi_compare_runs("mpi-cluster-1", "mpi-cluster-2");
+    char log[1024];
+    snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-cluster-2"));
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    /* each rank describes its placement: rank 0's own has node 0 alone, rank 1's both nodes (the file's top
+     * level, which one process runs, spreads over both: a rank that ran it would name node 1 twice) */
+    int one_node = 0, two_nodes = 0;
+    for (const char *at = text; at && (at = strstr(at, "NUMA nodes: 0: ")); at++) {
+        const char *eol = strchr(at, '\n');
+        const char *second = strstr(at, "; 1: ");
+        if (second && (!eol || second < eol))
+            two_nodes++;
+        else
+            one_node++;
+    }
+    KT_CHECK(one_node == 1 && two_nodes == 1, "placements on one node %d, on two %d (want 1 and 1): %s", one_node,
+             two_nodes, text ? text : "");
+    free(text);
+}
+
+/* A hybrid stage: rank 1's own placement puts its layers' attention and 8 experts a layer on a sim device,
+ * rank 0 runs on the CPU; the sim computes what the CPU does, so the text and logits are one CPU process's
+ * (the file's top level), and rank 1's device did the work. */
+static void a_rank_with_a_sim_device(void)
+{
+    char model[1024], cfg[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-hybrid.yaml"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-1\n  - layers: 2-3\n    placement:\n"
+          "      version: 1\n      devices:\n        sim: {backend: sim, memory_gib: 1}\n      attention: sim\n"
+          "      shared_experts: sim\n      experts:\n        sim:\n          per_layer: 8\n", f);
+    fclose(f);
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s --placement %s", model, cfg);
+    int rc = mpi_run_kt_run("", with_cfg, "mpi-hybrid-1", 300);
+    KT_CHECK(rc == 0, "kt-run --placement (one process, CPU): exit %d", rc);
+    const int rc2 = mpi_run_kt_run(mpirun_cmd(2), with_cfg, "mpi-hybrid-2", 300);
+    KT_CHECK(rc2 == 0, "mpirun -np 2 kt-run, rank 1 with a sim device: exit %d", rc2);
+    if (rc == 0 && rc2 == 0)
+        mpi_compare_runs("mpi-hybrid-1", "mpi-hybrid-2");
+    char log[1024];
+    snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-hybrid-2"));
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    const char *line = text ? strstr(text, "kt-run: rank 1 (") : NULL;
+    const char *dev = line ? strstr(line, "its device busy ") : NULL;
+    const char *eol = line ? strchr(line, '\n') : NULL;
+    KT_CHECK(dev && (!eol || dev < eol) && atof(dev + 16) > 0, "rank 1's device did no work: %s", text ? text : "");
+    free(text);
+}
+
+/* mpirun -np 2 kt-bench model: rank 0 reports, with each phase's pipeline account (steps, every rank's busy
+ * time, the communication a step, the bubble) in its text and its JSON; the ranks: section's layers hold. */
+static void kt_bench_model_over_ranks(void)
+{
+    char model[1024], cfg[1024], json[1024], out[1024], log[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-bench-ranks.yaml"));
+    snprintf(json, sizeof json, "%s", kt_test_path("mpi-bench.json"));
+    snprintf(out, sizeof out, "%s", kt_test_path("mpi-bench.txt"));
+    snprintf(log, sizeof log, "%s", kt_test_path("mpi-bench.log"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-0\n  - layers: 1-3\n", f);
+    fclose(f);
+    int rc = kt_test_system("timeout 300 %s %s model -m %s --placement %s -t 1 --prompt-tokens 32 --gen-tokens 8 "
+                            "--json %s >%s 2>%s", mpirun_cmd(2), kt_test_tool("kt-bench"), model, cfg, json, out, log);
+    KT_CHECK(rc == 0, "mpirun -np 2 kt-bench model: exit %d (see %s)", rc, log);
+    size_t n = 0;
+    char *text = kt_test_read_file(out, &n), *err = kt_test_read_file(log, &n);
+    KT_CHECK(text && strstr(text, "pipeline of 2 MPI ranks") && strstr(text, "pipeline, decode") &&
+                 strstr(text, "communication") && strstr(text, "bubble"),
+             "no pipeline lines: %s", text ? text : "");
+    KT_CHECK(err && strstr(err, "layers [1, 4)"), "rank 1 did not hold layers 1-3: %s", err ? err : "");
+    /* one report: rank 0's */
+    const char *report = text ? strstr(text, "kt-bench model:") : NULL;
+    KT_CHECK(report && !strstr(report + 1, "kt-bench model:"), "not one report: %s", text ? text : "");
+    free(text), free(err);
+    char *body = kt_test_read_file(json, &n);
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *pd = json_object_get(json_object_get(j, "decode"), "pipeline");
+    json_t *busy = json_object_get(pd, "busy_seconds");
+    KT_CHECK(json_integer_value(json_object_get(pd, "ranks")) == 2 &&
+                 json_integer_value(json_object_get(pd, "steps")) == 8,
+             "decode pipeline: %s", body ? body : "(no JSON)");
+    KT_CHECK(json_array_size(busy) == 2 && json_real_value(json_array_get(busy, 0)) > 0 &&
+                 json_real_value(json_array_get(busy, 1)) > 0,
+             "busy seconds of both ranks");
+    const double bubble = json_real_value(json_object_get(pd, "bubble"));
+    const double comm = json_real_value(json_object_get(pd, "communication_seconds_per_step"));
+    KT_CHECK(bubble > 0 && bubble < 1 && comm >= 0 && comm < 1, "bubble %g, communication %g s a step", bubble, comm);
+    json_decref(j);
+    free(body);
+}
+
 static void more_ranks_than_layers_is_refused(void)
 {
     char model[1024];
@@ -130,6 +278,9 @@ int main(void)
     KT_RUN(tiny_over_2_and_3_ranks_matches_one_process);
     KT_RUN(tiny_v3_over_2_and_3_ranks_matches_one_process);
     KT_RUN(placement_ranks_set_uneven_layers);
+    KT_RUN(each_rank_applies_its_own_placement);
+    KT_RUN(a_rank_with_a_sim_device);
+    KT_RUN(kt_bench_model_over_ranks);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();
 }

@@ -4,7 +4,9 @@
  * Concurrent greedy requests (continuous batching: their decode steps are
  * batches, split into micro-batches down the pipeline) get the same text
  * from 2 and 3 ranks as from one process; SIGTERM to rank 0 stops the
- * whole job with status 0.  Faults: a rank that hangs (SIGSTOP) fails the running request,
+ * whole job with status 0.  With a kt-place plan over two machines each
+ * rank applies its own part of --placement and serves the same text, and
+ * so does a job whose rank 1 has a sim device of its own.  Faults: a rank that hangs (SIGSTOP) fails the running request,
  * /health turns 503, and the job exits non-zero within --rank-timeout and a
  * few seconds; a rank killed (SIGKILL) ends the job non-zero too, never a
  * hang.
@@ -94,6 +96,115 @@ static void ranks_serve_what_one_process_serves(void)
     }
     for (int i = 0; i < N_REQUESTS; i++)
         free(one[i]);
+}
+
+/* Placements described in a log: on node 0 alone, and on nodes 0 and 1. */
+static void count_placements(const char *log, int *one_node, int *two_nodes)
+{
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    *one_node = *two_nodes = 0;
+    for (const char *at = text; at && (at = strstr(at, "NUMA nodes: 0: ")); at++) {
+        const char *eol = strchr(at, '\n'), *second = strstr(at, "; 1: ");
+        if (second && (!eol || second < eol))
+            (*two_nodes)++;
+        else
+            (*one_node)++;
+    }
+    free(text);
+}
+
+/* kt-place over a 1-node and a 2-node machine: under mpirun each rank applies its own part of the file
+ * (ranks[r].placement; rank 1 on both nodes of a synthetic topology, rank 0 on one), the same text as one
+ * process serving the same file. */
+static void ranks_serve_with_their_own_placement(void)
+{
+    char cfg[1024], m0[1024], m1[1024], args[2048];
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-serve-cluster.yaml"));
+    snprintf(m0, sizeof m0, "%s", kt_test_path("mpi-serve-rank0.json"));
+    snprintf(m1, sizeof m1, "%s", kt_test_path("mpi-serve-rank1.json"));
+    for (int r = 0; r < 2; r++) {
+        FILE *f = fopen(r ? m1 : m0, "w");
+        KT_CHECK(f != NULL, "cannot write %s", r ? m1 : m0);
+        if (!f)
+            return;
+        fprintf(f, "{\"version\": 1, \"kind\": \"host %d\", \"topology\": \"\", \"nodes\": [%s]}\n", r,
+                r ? "{\"node\": 0, \"memory_gib\": 4, \"triad_gbps\": 20}, {\"node\": 1, \"memory_gib\": 4, "
+                    "\"triad_gbps\": 20}"
+                  : "{\"node\": 0, \"memory_gib\": 4, \"triad_gbps\": 10}");
+        fclose(f);
+    }
+    int rc = kt_test_system("%s -m %s --machine %s --machine %s --kv-tokens 256 -o %s >/dev/null 2>&1",
+                            kt_test_tool("kt-place"), model, m0, m1, cfg);
+    KT_CHECK(rc == 0, "kt-place --machine x2: exit %d", rc);
+    if (rc != 0)
+        return;
+    snprintf(args, sizeof args, "-t 1 --max-seqs 4 --kv-memory 64 --placement %s", cfg);
+    setenv("KT_TOPOLOGY_SYNTHETIC", "numa:2 core:1 pu:1", 1); /* two nodes for rank 1's placement */
+    char *one[N_REQUESTS] = {0}, *many[N_REQUESTS] = {0};
+    struct test_server s;
+    if (server_start(&s, model, args, true)) {
+        concurrent_requests(&s, one);
+        KT_CHECK(server_stop(&s) == 0, "kt-serve alone did not stop cleanly (log %s)", s.log);
+        if (server_start_under(&s, mpirun_cmd(2), model, args, true)) {
+            concurrent_requests(&s, many);
+            for (int i = 0; i < N_REQUESTS; i++)
+                KT_CHECK(one[i] && many[i] && strcmp(one[i], many[i]) == 0,
+                         "2 ranks with their placements, request %d: '%s', one process: '%s'", i,
+                         many[i] ? many[i] : "(none)", one[i] ? one[i] : "(none)");
+            const int stopped = stop_job(&s);
+            KT_CHECK(stopped == 0, "mpirun -np 2 kt-serve --placement: SIGTERM gave %d (log %s)", stopped, s.log);
+            int on_one = 0, on_two = 0;
+            count_placements(s.log, &on_one, &on_two);
+            KT_CHECK(on_one == 1 && on_two == 1, "placements on one node %d, on two %d, want 1 and 1 (log %s)",
+                     on_one, on_two, s.log);
+        }
+    }
+    unsetenv("KT_TOPOLOGY_SYNTHETIC");
+    for (int i = 0; i < N_REQUESTS; i++)
+        free(one[i]), free(many[i]);
+}
+
+/* A hybrid stage: rank 1's own placement puts its layers' attention, shared experts and 8 experts a layer on
+ * a sim device (which computes what the CPU does): the same text as one CPU process (the file's top level),
+ * and rank 1's device did the work. */
+static void a_rank_with_a_sim_device_serves_the_same(void)
+{
+    char cfg[1024], args[2048];
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-serve-hybrid.yaml"));
+    FILE *f = fopen(cfg, "w");
+    KT_CHECK(f != NULL, "cannot write %s", cfg);
+    if (!f)
+        return;
+    fputs("version: 1\nattention: cpu\nranks:\n  - layers: 0-1\n  - layers: 2-3\n    placement:\n"
+          "      version: 1\n      devices:\n        sim: {backend: sim, memory_gib: 1}\n      attention: sim\n"
+          "      shared_experts: sim\n      experts:\n        sim:\n          per_layer: 8\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "-t 1 --max-seqs 4 --kv-memory 64 --placement %s", cfg);
+    char *one[N_REQUESTS] = {0}, *many[N_REQUESTS] = {0};
+    struct test_server s;
+    if (!server_start(&s, model, args, true))
+        return;
+    concurrent_requests(&s, one);
+    KT_CHECK(server_stop(&s) == 0, "kt-serve alone did not stop cleanly (log %s)", s.log);
+    if (server_start_under(&s, mpirun_cmd(2), model, args, true)) {
+        concurrent_requests(&s, many);
+        for (int i = 0; i < N_REQUESTS; i++)
+            KT_CHECK(one[i] && many[i] && strcmp(one[i], many[i]) == 0,
+                     "rank 1 with a sim device, request %d: '%s', one process: '%s'", i, many[i] ? many[i] : "(none)",
+                     one[i] ? one[i] : "(none)");
+        const int stopped = stop_job(&s);
+        KT_CHECK(stopped == 0, "mpirun -np 2 kt-serve, a hybrid rank: SIGTERM gave %d (log %s)", stopped, s.log);
+        size_t n = 0;
+        char *text = kt_test_read_file(s.log, &n);
+        const char *line = text ? strstr(text, "kt-serve: rank 1: stopped") : NULL;
+        const char *dev = line ? strstr(line, "its device busy ") : NULL;
+        const char *eol = line ? strchr(line, '\n') : NULL;
+        KT_CHECK(dev && (!eol || dev < eol) && atof(dev + 16) > 0, "rank 1's device did no work (log %s)", s.log);
+        free(text);
+    }
+    for (int i = 0; i < N_REQUESTS; i++)
+        free(one[i]), free(many[i]);
 }
 
 /* The pid a rank printed in the log (rank 0: "rank 0 on host, pid N"; others
@@ -203,6 +314,8 @@ int main(void)
     snprintf(model, sizeof model, "%s", kt_test_path("mpi-serve-tiny.gguf"));
     KT_CHECK(make_model(model, "tiny", NULL), "kt-synth failed");
     KT_RUN(ranks_serve_what_one_process_serves);
+    KT_RUN(ranks_serve_with_their_own_placement);
+    KT_RUN(a_rank_with_a_sim_device_serves_the_same);
     KT_RUN(a_hung_rank_fails_requests_then_the_job);
     KT_RUN(a_killed_rank_ends_the_job);
     return kt_test_finish();

@@ -377,7 +377,7 @@ static const struct bad_doc BAD_DOCS[] = {
      "ranks[1].layers: starts at layer 3, but rank 0 ends at layer 1"},
     {V1 "attention: cpu\nranks:\n  - layers: 2-1\n", 4, "ranks[0].layers: the first number is above the last"},
     {V1 "attention: cpu\nranks:\n  - {}\n", 4, "ranks[0].layers: missing"},
-    {V1 "attention: cpu\nranks:\n  - nodes: [0]\n", 4, "ranks[0]: unknown key 'nodes' (expected one of: layers)"},
+    {V1 "attention: cpu\nranks:\n  - nodes: [0]\n", 4, "ranks[0]: unknown key 'nodes' (expected one of: layers, placement)"},
     {V1 "devices:\n  gpu: {memory_gib: 8}\nattention: gpu\n", 3, "devices.gpu: backend: missing"},
     {V1 "devices:\n  gpu: {backend: tpu, memory_gib: 8}\n", 3, "devices.gpu.backend: expected cuda or sim, got 'tpu'"},
     {V1 "devices:\n  gpu:\n    backend: cuda\n    memory_gib: -3\n", 5, "devices.gpu.memory_gib: -3 is out of range"},

@@ -23,6 +23,7 @@
 #include "planner.h"
 #include "rebalance.h"
 #include "profile.h"
+#include "ranks_plan.h"
 #include "small_file.h"
 #include "svg.h"
 #include "topology.h"
@@ -34,13 +35,27 @@ struct place_options {
     int baseline;                /* -1: the planner's plan; else the enum kt_plan_baseline to write */
     double gpu_memory_gib;
     uint32_t kv_tokens, batch, prefill_tokens, context;
+    const char *machines[16];    /* --machine, one per rank when repeated */
+    int n_machines;
+    uint32_t ranks;              /* --ranks: an MPI job of this many ranks */
     bool explain;
 };
 
 #define OPTS(o) ((struct place_options *)(o))
 KT_CLI_STRING_OPTION(opt_model, model)
 KT_CLI_STRING_OPTION(opt_profile, profile)
-KT_CLI_STRING_OPTION(opt_machine, machine)
+static bool opt_machine(void *o, const char *arg, char *why, size_t ws)
+{
+    struct place_options *po = OPTS(o);
+    if (po->n_machines == 16) {
+        snprintf(why, ws, "--machine given more than 16 times (one per rank, 16 ranks at most)");
+        return false;
+    }
+    po->machines[po->n_machines++] = arg;
+    po->machine = po->machines[0];
+    return true;
+}
+KT_CLI_U32_OPTION(opt_ranks, ranks, 1, 16, "--ranks", "MPI ranks")
 KT_CLI_STRING_OPTION(opt_output, output)
 KT_CLI_STRING_OPTION(opt_evaluate, evaluate)
 KT_CLI_STRING_OPTION(opt_svg, svg)
@@ -89,10 +104,14 @@ static const struct kt_cli_option options_table[] = {
     {"--model", "-m", "MODEL", 0, "the model (a GGUF file or a checkpoint directory); only its headers are read", opt_model},
     {"--profile", NULL, "FILE", 0, "routing profile (kt-bench profile); without one, routing is taken as uniform",
      opt_profile},
-    {"--machine", NULL, "FILE", 0, "machine file (kt-bench machine); without one, stated defaults", opt_machine},
+    {"--machine", NULL, "FILE", 0, "machine file (kt-bench machine); without one, stated defaults.  Repeated: one per "
+     "MPI rank, in rank order (plans the ranks: layer ranges, each rank's placement)", opt_machine},
+    {"--ranks", NULL, "N", 0, "plan an MPI job of N ranks (runtime/dist): each rank's contiguous layers by "
+     "memory and predicted time, and its own placement of them (every rank on the --machine file)", opt_ranks},
     {"--device", NULL, "cuda|sim|cpu", 0, "plan for this accelerator (default, or cpu: none, CPU only)", opt_device},
     {"--gpu-memory", NULL, "GIB", 0, "the accelerator's budget (default: the machine file's)", opt_gpu_memory},
-    {"--kv-tokens", NULL, "N", 0, "KV cache the accelerator holds room for (default 4096)", opt_kv},
+    {"--kv-tokens", NULL, "N", 0, "KV cache the accelerator holds room for (default 4096; --ranks: each rank's "
+     "RAM, for its layers)", opt_kv},
     {"--batch", NULL, "B", 0, "decode tokens per step (default 1)", opt_batch},
     {"--prefill-tokens", NULL, "N", 0, "prompt length the prefill figures are for (default 512)", opt_prefill},
     {"--context", NULL, "N", 0, "decode: positions already cached (default 512)", opt_context},
@@ -123,6 +142,7 @@ static void usage(FILE *f);
     "                [--gpu-memory GIB] [--kv-tokens N] [--batch B] [--objective decode|prefill|mixed]\n"             \
     "                [--explain] [--svg FILE] [--baseline index|equal|top]\n"                                        \
     "                [--moves-from SERVED.yaml [--min-gain S] [--move-budget-mib M]] -o plan.yaml\n"                 \
+    "       kt-place -m MODEL [--profile P] (--ranks N [--machine M] | --machine M0 --machine M1 ...) -o cluster.yaml\n" \
     "       kt-place -m MODEL [--profile P] [--machine M] --evaluate plan.yaml\n"
 static const struct kt_cli cli = {.prog = "kt-place", .synopsis = SYNOPSIS, .options = options_table,
                                   .n_options = sizeof options_table / sizeof options_table[0], .usage = usage};
@@ -421,6 +441,118 @@ static int fail(const char *msg)
     return 1;
 }
 
+/* ---- an MPI job's ranks ------------------------------------------------------------------------------ */
+
+static void print_stages(const char *label, const struct kt_rank_plan *rp, const struct kt_rank_stage *st)
+{
+    double slowest = 0, sum = 0;
+    for (int r = 0; r < rp->n_ranks; r++) {
+        const struct kt_rank_stage *s = &st[r];
+        char cap[32];
+        if (s->capacity)
+            snprintf(cap, sizeof cap, "%.2f GiB", (double)s->capacity / 1073741824.0);
+        else
+            snprintf(cap, sizeof cap, "unknown");
+        printf("  %-10s %4d %6u-%-6u %12.4f %13.4f %12.2f %12s%s\n", label, r, s->first, s->last, 1e3 * s->decode_s,
+               1e3 * s->prefill_s, (double)s->bytes / 1073741824.0, cap, s->fits ? "" : "  does not fit");
+        slowest = s->decode_s > slowest ? s->decode_s : slowest;
+        sum += s->decode_s;
+    }
+    printf("  %-10s slowest stage %.4f ms a decode step, %.4f ms through every stage\n", label, 1e3 * slowest,
+           1e3 * sum);
+}
+
+/* kt-place --ranks N / --machine F repeated: the layer ranges and each rank's placement, written atomically. */
+static int plan_ranks(const struct place_options *o, const struct kt_model *m, const struct kt_profile *prof,
+                      const char *profile_abs, const struct kt_planner_options *po)
+{
+    const int n_ranks = o->ranks ? (int)o->ranks : o->n_machines;
+    struct kt_machine *mach[KT_RANK_PLAN_MAX] = {0};
+    struct kt_cost_model *cost[KT_RANK_PLAN_MAX] = {0};
+    struct kt_rank_input in[KT_RANK_PLAN_MAX];
+    struct kt_rank_plan *rp = NULL;
+    char *text = NULL;
+    kt_err err = {0};
+    int rc = 1;
+    int n_nodes = 1;
+    if (o->n_machines == 0) {
+        struct kt_topology *topo = NULL;
+        if (kt_topology_create(NULL, &topo, &err) == KT_OK)
+            n_nodes = topo->n_nodes;
+        kt_topology_destroy(topo);
+        fprintf(stderr, "kt-place: warning: no --machine: planning every rank with stated defaults for %d NUMA "
+                "node(s), memory not checked\n", n_nodes);
+    }
+    for (int r = 0; r < n_ranks; r++) {
+        /* one file for every rank, or one per rank; a rank's file comes from its own host: no kind check */
+        const char *file = o->n_machines == 0 ? NULL : o->machines[o->n_machines == 1 ? 0 : r];
+        if (r > 0 && o->n_machines <= 1) { /* the same machine: the same figures */
+            in[r] = (struct kt_rank_input){.mach = mach[0], .cost = cost[0], .name = in[0].name};
+            continue;
+        }
+        if (file) {
+            if (kt_machine_load(file, &mach[r], &err) != KT_OK) {
+                fail(err.msg);
+                goto done;
+            }
+            for (uint32_t i = 0; i < mach[r]->n_defaulted; i++)
+                fprintf(stderr, "kt-place: warning: %s: %s\n", file, mach[r]->defaulted[i]);
+        } else {
+            if (!(mach[r] = calloc(1, sizeof *mach[r]))) {
+                fail("out of memory");
+                goto done;
+            }
+            kt_machine_defaults(mach[r], n_nodes);
+        }
+        if (kt_cost_create(m, prof, mach[r], &cost[r], &err) != KT_OK) {
+            fprintf(stderr, "kt-place: rank %d (%s): %s\n", r, file ? file : "defaults", err.msg);
+            goto done;
+        }
+        in[r] = (struct kt_rank_input){.mach = mach[r], .cost = cost[r], .name = file ? file : "the stated defaults"};
+    }
+    if (kt_plan_ranks(m, o->model, prof, n_ranks, in, po, &rp, &err) != KT_OK) {
+        fail(err.msg);
+        goto done;
+    }
+    for (int r = 0; r < n_ranks; r++)
+        if (profile_abs)
+            snprintf(rp->plans[r]->placement->profile, sizeof rp->plans[r]->placement->profile, "%s", profile_abs);
+    if (!(text = kt_rank_plan_yaml(rp, o->model, profile_abs, in))) {
+        fail("out of memory");
+        goto done;
+    }
+    if (kt_rank_plan_check_yaml(rp, text, strlen(text), o->output, m, &err) != KT_OK) {
+        fprintf(stderr, "kt-place: %s (nothing written)\n", err.msg);
+        goto done;
+    }
+    if (kt_write_file_atomic(o->output, text, strlen(text), &err) != KT_OK) {
+        fail(err.msg);
+        goto done;
+    }
+    printf("kt-place: %s -> %s: %d MPI ranks planned in %.1f ms (run: mpirun -np %d kt-serve -m MODEL "
+           "--placement %s)\n", o->model, o->output, n_ranks, 1e3 * rp->plan_s, n_ranks, o->output);
+    for (int r = 0; r < n_ranks; r++)
+        printf("  rank %d: %s, %d NUMA node(s)\n", r, in[r].name, rp->plans[r]->placement->n_nodes);
+    printf("predicted stages (decode batch %u at context %u; prefill of %u tokens; rank 0 with the embedding and "
+           "the head; the activations' transfer between ranks is not modelled):\n", po->batch ? po->batch : 1,
+           po->context ? po->context : 512, po->prefill_tokens ? po->prefill_tokens : 512);
+    printf("  %-10s %4s %13s %12s %13s %12s %12s\n", "split", "rank", "layers", "decode ms", "prefill ms",
+           "holds GiB", "RAM");
+    print_stages("planned", rp, rp->stages);
+    print_stages("even", rp, rp->even);
+    if (!rp->even_fits)
+        printf("  (the even split by layer count does not fit every rank's memory)\n");
+    rc = 0;
+done:
+    free(text);
+    kt_rank_plan_destroy(rp);
+    for (int r = 0; r < n_ranks; r++) {
+        kt_cost_destroy(cost[r]);
+        free(mach[r]);
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     struct place_options o = {.objective = "decode", .baseline = -1, .min_gain = 0.02};
@@ -435,6 +567,16 @@ int main(int argc, char **argv)
         return kt_cli_usage_error(&cli, "%s", "--moves-from lists moves to a new plan: not with --evaluate");
     if (o.evaluate && (o.output || o.baseline >= 0 || o.svg))
         return kt_cli_usage_error(&cli, "%s", "--evaluate writes nothing: no -o, --baseline or --svg with it");
+    const bool ranks = o.ranks > 0 || o.n_machines > 1;
+    if (o.n_machines > 1 && o.ranks && (int)o.ranks != o.n_machines)
+        return kt_cli_usage_error(&cli, "%s", "--ranks N with several --machine files: give one --machine per rank "
+                                  "(as many as --ranks), or one for every rank");
+    if (ranks && (o.evaluate || o.baseline >= 0 || o.svg || o.moves_from || o.explain))
+        return kt_cli_usage_error(&cli, "%s", "planning ranks (--ranks, or --machine repeated) writes the ranks' "
+                                  "config: not with --evaluate, --baseline, --svg, --moves-from or --explain");
+    if (ranks && o.device && strcmp(o.device, "cpu") != 0)
+        return kt_cli_usage_error(&cli, "--device %s: a rank of an MPI job runs its layers on its host's CPU "
+                                  "(runtime/dist): plan the ranks without --device", o.device);
     kt_err err = {0};
     struct kt_model *m = NULL;
     struct kt_profile *prof = NULL;
@@ -461,6 +603,20 @@ int main(int argc, char **argv)
         }
     } else {
         fprintf(stderr, "kt-place: warning: no --profile: routing taken as uniform, hot experts by index\n");
+    }
+    if (ranks) {
+        const struct kt_planner_options rpo = {
+            .device = KT_PLACE_CPU,
+            .kv_tokens = o.kv_tokens,
+            .batch = o.batch,
+            .prefill_tokens = o.prefill_tokens,
+            .context = o.context,
+            .objective = strcmp(o.objective, "prefill") == 0 ? KT_PLAN_PREFILL
+                         : strcmp(o.objective, "mixed") == 0 ? KT_PLAN_MIXED
+                                                             : KT_PLAN_DECODE,
+        };
+        rc = plan_ranks(&o, m, prof, profile_abs, &rpo);
+        goto done;
     }
     if (o.machine) {
         if (kt_machine_load(o.machine, &mach, &err) != KT_OK || kt_machine_check_kind(mach, o.machine, &err) != KT_OK) {

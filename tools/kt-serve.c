@@ -324,8 +324,8 @@ static bool engine_params(struct kt_server *s, uint32_t threads, kt_err *err)
     const int n_ranks = kt_transport_size(s->transport);
     if (n_ranks == 1)
         return true;
-    return kt_tool_rank_layers(NULL, s->model, n_ranks, kt_transport_rank(s->transport), &s->ep.layer_begin,
-                               &s->ep.layer_end, err) == KT_OK;
+    return kt_tool_rank_layers(o->placement, s->model, n_ranks, kt_transport_rank(s->transport),
+                               &s->ep.layer_begin, &s->ep.layer_end, err) == KT_OK;
 }
 
 /* Rank 0, on the scheduler thread, as the pipeline breaks (a rank died or
@@ -388,7 +388,10 @@ static bool preflight(struct kt_server *s, kt_err *err)
                    "would hold every layer on rank 0");
         return false;
     }
-    if (kt_tool_placement_load(o->placement, s->model, s->ep.topology, &s->config, &s->live, err) != KT_OK)
+    /* under mpirun rank 0's own part of the placement (its ranks[0].placement, where the file has one) */
+    const int rank = kt_transport_size(s->transport) > 1 ? 0 : -1;
+    if (kt_tool_placement_load_rank(o->placement, s->model, s->ep.topology, rank, &s->config, &s->live, err) !=
+        KT_OK)
         return false;
     if (o->placement) {
         kt_placement_describe(s->live, stderr);
@@ -549,11 +552,23 @@ static bool follower_kv_pool(struct kt_server *s, kt_err *err)
     struct kt_tool_kv_pool pool;
     const struct kt_tool_kv_request rq = {.ctx = s->o.ctx, .max_seqs = s->o.max_seqs,
                                           .kv_memory_mib = s->o.kv_memory_mib, .block_tokens = KV_BLOCK_TOKENS};
-    struct kt_placement *cpu = NULL; /* under mpirun a rank runs CPU-only, as rank 0's default placement */
-    if (kt_tool_placement_resolve(NULL, s->model, NULL, &cpu, err) != KT_OK)
+    /* this rank's part of --placement (ranks[rank].placement, else the file's top level), applied to its
+     * engine; without one CPU-only, as rank 0's default placement */
+    struct kt_placement *own = NULL;
+    if (kt_tool_placement_resolve_rank(s->o.placement, s->model, s->ep.topology, kt_transport_rank(s->transport),
+                                       &own, err) != KT_OK)
         return false;
-    const kt_status st = kt_tool_kv_pool_size(s->model, cpu, &s->ep, &rq, &pool, err);
-    kt_placement_destroy(cpu);
+    kt_status st = KT_OK;
+    if (s->o.placement) {
+        fprintf(stderr, "kt-serve: rank %d: ", kt_transport_rank(s->transport));
+        kt_placement_describe(own, stderr);
+        st = kt_engine_plan_apply(own, &s->plan, &s->ep, stderr, err);
+        if (st == KT_OK && s->o.kv_type_given) /* --kv-type wins over the config's kv_cache.type */
+            s->ep.kv_type = s->o.kv_type;
+    }
+    if (st == KT_OK)
+        st = kt_tool_kv_pool_size(s->model, own, &s->ep, &rq, &pool, err);
+    kt_placement_destroy(own);
     if (st != KT_OK)
         return false;
     s->ep.n_ctx = pool.n_ctx;
@@ -577,6 +592,7 @@ static int follow_main(struct kt_server *s)
               (threads || kt_tool_default_threads("kt-serve", stderr, &threads, &err) == KT_OK) &&
               engine_params(s, threads, &err) && follower_kv_pool(s, &err) &&
               kt_engine_create(s->model, &s->ep, &s->engine, &err) == KT_OK;
+    kt_engine_plan_free(&s->plan); /* only read at creation */
     const struct kt_pipeline_params pp = pipeline_params(s);
     ok = ok && kt_pipeline_create(s->transport, s->engine, &pp, &s->pipeline, &err) == KT_OK;
     if (ok)
@@ -591,8 +607,13 @@ static int follow_main(struct kt_server *s)
     }
     struct kt_pipeline_stats ps;
     kt_pipeline_stats(s->pipeline, &ps);
-    fprintf(stderr, "kt-serve: rank %d: stopped; %llu slices, busy %.3f s of %.3f s\n", rank,
-            (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, kt_monotonic_s() - t0);
+    struct kt_backend_stats dev;
+    char device[96] = "";
+    if (s->engine && kt_engine_device_stats(s->engine, &dev) == KT_OK) /* a hybrid stage: its device's share */
+        snprintf(device, sizeof device, ", its device busy %.3f s (%llu ops)", (double)dev.busy_ns * 1e-9,
+                 (unsigned long long)dev.ops);
+    fprintf(stderr, "kt-serve: rank %d: stopped; %llu slices, busy %.3f s of %.3f s%s\n", rank,
+            (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, kt_monotonic_s() - t0, device);
     kt_pipeline_destroy(s->pipeline);
     kt_engine_destroy(s->engine);
     kt_model_close(s->model);
@@ -740,10 +761,14 @@ int main(int argc, char **argv)
     }
     if (kt_transport_rank(s->transport) > 0)
         return follow_main(s);
-    if (kt_transport_size(s->transport) > 1 && s->o.placement) {
-        fprintf(stderr, "kt-serve: --placement under mpirun is not supported yet (each rank runs its layers on its "
-                        "CPU)\n");
+    if (kt_transport_size(s->transport) > 1 && s->o.rebalance_given && s->o.rebalance_interval_s > 0) {
+        fprintf(stderr, "kt-serve: --rebalance-interval under mpirun is not supported yet (rank 0 would move only "
+                        "its own layers' experts): give --rebalance-interval 0\n");
         return end_job(s, 1);
+    }
+    if (kt_transport_size(s->transport) > 1) { /* no rebalancer under mpirun (above) */
+        s->o.rebalance_given = true;
+        s->o.rebalance_interval_s = 0;
     }
     s->exit_status = 1;
     if (!preflight(s, &err)) { /* before listening: nothing is loaded yet */

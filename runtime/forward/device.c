@@ -157,7 +157,7 @@ static int cuda_work(struct kt_engine *e, struct work_buf *w)
         mla_scratch = bytes > mla_scratch ? bytes : mla_scratch;
     }
     size_t lt_scratch = 0;
-    for (uint32_t il = 0; T >= KT_CUDA_LT_MIN_TOKENS && il < hp->n_layer; il++) {
+    for (uint32_t il = e->params.layer_begin; T >= KT_CUDA_LT_MIN_TOKENS && il < e->params.layer_end; il++) {
         const struct kt_layer *L = &e->model->layers[il];
         const struct kt_gguf_tensor *mats[] = {L->attn_q_a, L->attn_q_b, L->attn_q, L->attn_kv_a_mqa, L->attn_output};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
@@ -222,7 +222,7 @@ uint64_t kt_engine_device_work_bytes(const struct kt_model *m, const struct kt_e
     uint64_t sum = work_bytes(w, ffn_work(e, &s, w));
     if (e->params.attention_on_device)
         sum += work_bytes(w, attention_work(e, w)) + (cuda ? work_bytes(w, cuda_work(e, w)) : 0);
-    if (e->params.output_on_device)
+    if (e->params.output_on_device && e->params.layer_begin == 0)
         sum += work_bytes(w, head_work(e, w));
     free(e);
     return sum;
@@ -254,7 +254,7 @@ static kt_status cuda_attention_buffers(struct kt_engine *e, kt_err *err)
         return KT_OK;
     if (!(e->dev.cuda_layers = calloc(hp->n_layer, sizeof *e->dev.cuda_layers)))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
+    for (uint32_t il = e->params.layer_begin; il < e->params.layer_end; il++) { /* a stage: its layers */
         const struct kt_layer_weights *L = &e->dev.layers[il];
         struct kt_cuda_mla mla = shape;
         mla.w_uk = kt_fwd_cuda_mat(&L->uk);
@@ -283,7 +283,7 @@ static kt_status device_attention(struct kt_engine *e, kt_err *err)
     if (!e->dev.layers && !(e->dev.layers = calloc(hp->n_layer, sizeof *e->dev.layers)))
         return kt_err_set(err, KT_ERR_NOMEM, "engine: out of memory");
     kt_status st = KT_OK;
-    for (uint32_t il = 0; il < hp->n_layer && st == KT_OK; il++) {
+    for (uint32_t il = e->params.layer_begin; il < e->params.layer_end && st == KT_OK; il++) { /* a stage: its own */
         struct kt_layer_weights *L = &e->dev.layers[il];
         *L = e->layers[il];
         const bool uv_is_uk = L->uv.data == L->uk.data; /* fused attn_kv_b: one tensor for both */
@@ -448,7 +448,7 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
 {
     const struct kt_hparams *hp = &e->hp;
     kt_status st = KT_OK;
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
+    for (uint32_t il = e->params.layer_begin; il < e->params.layer_end; il++) { /* a stage: its layers only */
         const struct kt_layer_weights *L = &e->layers[il];
         if (!L->is_moe && e->dev.dense) {
             struct kt_ffn_weights w = L->dense;
@@ -486,7 +486,7 @@ static kt_status place_on_device(struct kt_engine *e, const struct kt_engine_par
         kt_err_prefix(err, "attention weights");
         return st;
     }
-    if (d->output_on_device) {
+    if (d->output_on_device && e->params.layer_begin == 0) { /* a later stage holds no head */
         struct kt_mat w = e->output;
         struct work_buf wb[MAX_WORK_BUFS];
         if ((st = device_mat(e, &w, err)) || (st = alloc_work(e, wb, head_work(e, wb), err))) {

@@ -642,10 +642,6 @@ kt_status kt_engine_create(struct kt_model *m, const struct kt_engine_params *p,
     else if (d.layer_begin >= d.layer_end || d.layer_end > hp->n_layer)
         st = kt_err_set(err, KT_ERR_INVALID, "engine: layers [%u, %u) are not a range of the model's %u layers",
                         d.layer_begin, d.layer_end, hp->n_layer);
-    else if (d.device && (d.layer_begin > 0 || d.layer_end < hp->n_layer))
-        st = kt_err_set(err, KT_ERR_UNSUPPORTED, "engine: a pipeline stage (layers %u .. %u) with a device ('%s') is "
-                        "not supported yet: run the stage on the CPU", d.layer_begin, d.layer_end - 1,
-                        d.device->name ? d.device->name : "unnamed");
     if (st != KT_OK)
         goto fail;
     e->params = d;

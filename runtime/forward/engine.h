@@ -128,7 +128,9 @@ struct kt_engine_params {
      * matrices packed, nothing of the other layers read - and, when its
      * range starts at 0, the embedding and the output head.  It steps with
      * kt_engine_step_layers / kt_engine_head (kt_engine_step only through
-     * stage hooks).  0, 0: every layer.  Refused with a device. */
+     * stage hooks).  0, 0: every layer.  With a device, only the range's
+     * attention, dense and shared FFNs and experts go to it (the head only
+     * when the range starts at 0). */
     uint32_t layer_begin, layer_end;
     const struct kt_engine_test_params *test; /* NULL except in tests (engine_test.h) */
 };

@@ -7,7 +7,8 @@
  * 32 experts) on 1 to 4 NUMA nodes, and the plan's promises are checked:
  * every routed expert has exactly one home on a device that exists, CPU homes
  * sit on a node the plan allows, replicas never include the home, budgets
- * hold and the bytes add up to the model.  The same input is also parsed as
+ * hold and the bytes add up to the model; the same for each rank's own
+ * placement (ranks[r].placement).  The same input is also parsed as
  * a profile.  A rejection must be a format error whose message starts with
  * the input's name.  A broken promise aborts.  It must never touch files or
  * keep state between inputs.  kt_fuzz_seeds hands replay.c valid configs,
@@ -188,6 +189,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             else
                 check_error(s, &err);
             kt_placement_destroy(p);
+            /* each rank's own placement (ranks[r].placement) resolves with the same promises */
+            for (int r = 0; r < kt_placement_config_ranks(c); r++) {
+                const struct kt_placement_config *own = kt_placement_config_rank_placement(c, r);
+                if (!own || kt_placement_config_profile(own))
+                    continue;
+                p = NULL;
+                s = kt_placement_resolve(own, &sm->m, n_nodes, NULL, &p, &err);
+                require((s == KT_OK) == (p != NULL), "a rank's plan set exactly on success");
+                if (p)
+                    check_plan(p, &sm->m, n_nodes);
+                else
+                    check_error(s, &err);
+                kt_placement_destroy(p);
+            }
             free(sm);
         }
     }
@@ -230,6 +245,9 @@ static const char *const SEEDS[] = {
     "version: 1\nattention: cpu\ncpu: {nodes: [0], assign: {0: {per_layer: all}}}\n",
     "version: 1\nattention: cpu\ncpu: {sliced: [1, 2-3], replicas: {hot_per_layer: 2}}\n",
     "version: 1\nattention: cpu\ncpu:\n  nodes: [0, 1]\n  sliced: all\n",
+    "version: 1\nattention: cpu\nranks:\n  - layers: 0-1\n    placement:\n      version: 1\n      attention: cpu\n"
+    "      cpu: {nodes: [0], assign: {0: {layers: {1: all}}}}\n  - layers: 2-3\n    placement:\n"
+    "      version: 1\n      attention: cpu\n      cpu:\n        nodes: [0, 1]\n        sliced: [2-3]\n",
     "{\"version\": 1, \"model\": \"m\", \"layers\": [[], [1, 2.5, 0], [3, 0, 1e3]]}",
     "{\"version\": 2, \"model\": {\"name\": \"K\", \"arch\": \"deepseek2\", \"n_layer\": 2, \"n_expert\": 3, "
     "\"n_expert_used\": 2, \"n_embd\": 64, \"n_ff_exp\": 32, \"fingerprint\": \"00ff00ff00ff00fa\"}, "

@@ -20,10 +20,13 @@
 #include "membw.h"
 #include "peak.h"
 #include "model.h"
+#include "pipeline.h"
 #include "placement_opt.h"
 #include "preflight.h"
 #include "profile.h"
+#include "ranks.h"
 #include "svg.h"
+#include "transport.h"
 
 struct phase {
     const char *name;
@@ -507,6 +510,75 @@ static json_t *prediction_json(const struct phase *ph, const struct kt_cost_laye
     return j;
 }
 
+/* Under mpirun: rank 0's account of a phase's steps through the pipeline.  At one token a step (kt-bench
+ * model's decode) and in prefill chunks the steps go whole, rank after rank: what a step took beyond the
+ * ranks' work is the activations' transfer and the messages' latency. */
+static void print_pipeline(const char *phase, const struct kt_pipeline_stats *ps)
+{
+    if (ps->steps == 0)
+        return;
+    uint64_t busy = 0;
+    for (int r = 0; r < ps->n_ranks; r++)
+        busy += ps->busy_ns[r];
+    const double per_step = (double)ps->step_ns / (double)ps->steps * 1e-6;
+    const double comm = ps->step_ns > busy ? (double)(ps->step_ns - busy) / (double)ps->steps * 1e-6 : 0;
+    printf("pipeline, %-7s        %d ranks, %llu steps of %.3f ms: ranks busy", phase, ps->n_ranks,
+           (unsigned long long)ps->steps, per_step);
+    for (int r = 0; r < ps->n_ranks; r++)
+        printf(" %.3f", (double)ps->busy_ns[r] / (double)ps->steps * 1e-6);
+    printf(" ms a step; communication %.3f ms a step; bubble %.0f%%\n", comm, 100.0 * kt_pipeline_bubble(ps));
+}
+
+static json_t *pipeline_json(const struct kt_pipeline_stats *ps)
+{
+    json_t *j = json_object(), *busy = json_array();
+    uint64_t sum = 0;
+    for (int r = 0; r < ps->n_ranks; r++) {
+        json_array_append_new(busy, json_real((double)ps->busy_ns[r] * 1e-9));
+        sum += ps->busy_ns[r];
+    }
+    json_object_set_new(j, "ranks", json_integer(ps->n_ranks));
+    json_object_set_new(j, "steps", json_integer((json_int_t)ps->steps));
+    json_object_set_new(j, "step_seconds", json_real((double)ps->step_ns * 1e-9));
+    json_object_set_new(j, "rank0_wait_seconds", json_real((double)ps->wait_ns * 1e-9));
+    json_object_set_new(j, "busy_seconds", busy);
+    json_object_set_new(j, "communication_seconds_per_step",
+                        json_real(ps->steps && ps->step_ns > sum ? (double)(ps->step_ns - sum) * 1e-9 / ps->steps : 0));
+    json_object_set_new(j, "bubble", json_real(kt_pipeline_bubble(ps)));
+    json_object_set_new(j, "sent_bytes", json_integer((json_int_t)ps->sent_bytes));
+    json_object_set_new(j, "received_bytes", json_integer((json_int_t)ps->received_bytes));
+    return j;
+}
+
+/* Ranks > 0 of `mpirun kt-bench model`: this rank's layers, following rank 0's steps until it stops. */
+static int follow(const struct kt_bench_options *o, struct kt_transport *t, struct kt_model *m,
+                  struct kt_engine_params *ep)
+{
+    kt_err err = {0};
+    struct kt_engine *e = NULL;
+    struct kt_pipeline *p = NULL;
+    const int rank = kt_transport_rank(t);
+    const struct kt_pipeline_params pp = {.timeout_ms = 120000};
+    kt_status st = kt_engine_create(m, ep, &e, &err);
+    if (st == KT_OK)
+        st = kt_pipeline_create(t, e, &pp, &p, &err);
+    if (st == KT_OK)
+        st = kt_pipeline_follow(p, &err);
+    if (st != KT_OK) {
+        fprintf(stderr, "kt-bench: rank %d: %s\n", rank, err.msg);
+        fflush(stderr);
+        kt_transport_abort(t, 1);
+    }
+    struct kt_pipeline_stats ps;
+    kt_pipeline_stats(p, &ps);
+    fprintf(stderr, "kt-bench: rank %d (%s): layers [%u, %u) of %s, %llu slices, busy %.3f s\n", rank,
+            kt_transport_host(t), kt_engine_params(e)->layer_begin, kt_engine_params(e)->layer_end, o->model,
+            (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9);
+    kt_pipeline_destroy(p);
+    kt_engine_destroy(e);
+    return 0;
+}
+
 int kt_bench_model(const struct kt_bench_options *o)
 {
     int rc = 1;
@@ -522,7 +594,18 @@ int kt_bench_model(const struct kt_bench_options *o)
     struct kt_machine *mach = NULL; /* --predict's */
     struct kt_profile *prof = NULL;
     json_t *root = NULL;
+    struct kt_transport *transport = NULL; /* the job: one process, or the ranks of mpirun */
+    struct kt_pipeline *pipeline = NULL;
+    struct kt_pipeline_stats pipe_stats[2] = {{0}}; /* prefill, decode */
 
+    if (kt_transport_init(NULL, NULL, &transport, &err) != KT_OK)
+        goto fail;
+    const int rank = kt_transport_rank(transport), n_ranks = kt_transport_size(transport);
+    if (n_ranks > 1 && o->predict) {
+        kt_err_set(&err, KT_ERR_UNSUPPORTED, "--predict under mpirun is not supported yet (rank 0 measures its own "
+                   "layers only)");
+        goto fail;
+    }
     if (kt_model_open(o->model, &m, &err) != KT_OK)
         goto fail;
     const uint32_t n_layer = m->hp.n_layer;
@@ -535,14 +618,38 @@ int kt_bench_model(const struct kt_bench_options *o)
     if (o->predict && predict_inputs(o, m, ep.topology, &mach, &prof, &err) != KT_OK)
         goto fail;
     struct kt_engine_plan plan = {0};
-    if (o->placement && kt_tool_placement_apply(o->placement, m, &ep, &plan, &err) != KT_OK)
-        goto fail;
+    if (o->placement) { /* under mpirun this rank's own part of it (ranks[rank].placement) */
+        struct kt_placement *p = NULL;
+        kt_status st = kt_tool_placement_resolve_rank(o->placement, m, ep.topology, n_ranks > 1 ? rank : -1, &p,
+                                                      &err);
+        if (st == KT_OK) {
+            kt_placement_describe(p, stderr);
+            st = kt_engine_plan_apply(p, &plan, &ep, stderr, &err);
+        }
+        kt_placement_destroy(p);
+        if (st != KT_OK)
+            goto fail;
+    }
     if (o->kv_type_given) /* --kv-type wins over the config's kv_cache.type */
         ep.kv_type = o->kv_type;
+    if (n_ranks > 1 &&
+        kt_tool_rank_layers(o->placement, m, n_ranks, rank, &ep.layer_begin, &ep.layer_end, &err) != KT_OK) {
+        kt_engine_plan_free(&plan);
+        goto fail;
+    }
+    if (rank > 0) {
+        ep.progress = NULL;
+        rc = follow(o, transport, m, &ep);
+        kt_engine_plan_free(&plan);
+        goto done;
+    }
     double t_load = kt_bench_now_seconds();
     kt_status created = kt_engine_create(m, &ep, &e, &err);
     kt_engine_plan_free(&plan); /* only read at creation */
     if (created != KT_OK)
+        goto fail;
+    const struct kt_pipeline_params pp = {.timeout_ms = 120000};
+    if (kt_pipeline_create(transport, e, &pp, &pipeline, &err) != KT_OK)
         goto fail;
     t_load = kt_bench_now_seconds() - t_load;
     const uint32_t threads = kt_engine_params(e)->n_threads;
@@ -591,12 +698,14 @@ int kt_bench_model(const struct kt_bench_options *o)
         kt_peak_measure(KT_PEAK_DOT_INT8, (enum kt_isa)peak_isa, (int)threads, 0.5, 3, &peak, &err) != KT_OK)
         goto fail;
     kt_engine_stats_reset(e);
+    kt_pipeline_stats_reset(pipeline);
     double t0 = kt_bench_now_seconds();
     if (prefill(e, prompt, o->prompt_tokens, chunk, batch, logits, &err) != KT_OK)
         goto fail;
     pre.seconds = kt_bench_now_seconds() - t0;
     pre.tokens = o->prompt_tokens;
     take_stats(e, n_layer, &pre, routes, cells);
+    kt_pipeline_stats(pipeline, &pipe_stats[0]);
     if (peak_isa >= 0) {
         if (kt_peak_measure(KT_PEAK_DOT_INT8, (enum kt_isa)peak_isa, (int)threads, 0.5, 3, &peak_after, &err) != KT_OK)
             goto fail;
@@ -615,6 +724,7 @@ int kt_bench_model(const struct kt_bench_options *o)
         goto fail;
     double decode_triad_sum = before.best_gbps;
     uint32_t decode_triads = 1;
+    kt_pipeline_stats_reset(pipeline);
     for (uint32_t i = 0; i < o->gen_tokens;) {
         struct kt_engine_stats s0, s1;
         kt_engine_stats(e, &s0);
@@ -639,6 +749,7 @@ int kt_bench_model(const struct kt_bench_options *o)
     }
     dec.tokens = o->gen_tokens;
     take_stats(e, n_layer, &dec, routes, cells);
+    kt_pipeline_stats(pipeline, &pipe_stats[1]);
     if (o->predict && predict(o, m, ep.topology, mach, prof, threads, chunk, &pred, &err) != KT_OK)
         goto fail;
     /* median block ratio */
@@ -654,14 +765,23 @@ int kt_bench_model(const struct kt_bench_options *o)
 
     const double per_token = (double)dec.stats.weight_bytes / dec.tokens;
     const double gbps = (double)dec.stats.weight_bytes / dec.seconds * 1e-9;
-    printf("kt-bench model: %s, %u layers, %u threads (engine created in %.2f s)\n\n", o->model, n_layer, threads,
+    printf("kt-bench model: %s, %u layers, %u threads (engine created in %.2f s)\n", o->model, n_layer, threads,
            t_load);
+    if (n_ranks > 1)
+        printf("pipeline of %d MPI ranks: rank 0 (%s) holds layers [%u, %u), the embedding and the head; its "
+               "counters below (weight bytes, pools, the layers' split) are its own layers'\n", n_ranks,
+               kt_transport_host(transport), kt_engine_params(e)->layer_begin, kt_engine_params(e)->layer_end);
+    printf("\n");
     printf("STREAM triad             %10.2f GB/s  (3 x %zu MiB, best of 5)\n", triad.best_gbps,
            triad.array_bytes >> 20);
     printf("prefill                  %10.2f tok/s (%u tokens in %.3f s)\n", pre.tokens / pre.seconds, pre.tokens,
            pre.seconds);
     printf("decode                   %10.2f tok/s (%u tokens in %.3f s)\n", dec.tokens / dec.seconds, dec.tokens,
            dec.seconds);
+    if (n_ranks > 1) {
+        print_pipeline("prefill", &pipe_stats[0]);
+        print_pipeline("decode", &pipe_stats[1]);
+    }
     struct kt_kv_cache_stats kvs;
     kt_kv_cache_stats(kt_engine_kv_cache(e), &kvs);
     printf("weight bytes per token   %10.1f MiB\n", per_token / (1 << 20));
@@ -691,7 +811,7 @@ int kt_bench_model(const struct kt_bench_options *o)
                ph->device.bytes_in / 1e6, ph->device.bytes_out / 1e6, (unsigned long long)ph->stats.device_pairs,
                ph->stats.device_wait_ns / 1e6);
     }
-    if (peak.best_gops > 0 && dec.tokens > 0 && pre.tokens > 0)
+    if (peak.best_gops > 0 && dec.tokens > 0 && pre.tokens > 0 && n_ranks == 1) /* the whole model's work */
         print_parts(m, &pre, &dec, routes, decode_triad_sum / decode_triads, &peak);
     print_phase(&pre, n_layer);
     print_phase(&dec, n_layer);
@@ -725,6 +845,10 @@ int kt_bench_model(const struct kt_bench_options *o)
     json_object_set_new(root, "decode", phase_json(&dec, n_layer, triad.best_gbps, true));
     json_object_set_new(json_object_get(root, "decode"), "ratio_to_adjacent_triads_median", json_real(median_ratio));
     json_object_set_new(root, "routing", routing_json(m, routes));
+    if (n_ranks > 1) {
+        json_object_set_new(json_object_get(root, "prefill"), "pipeline", pipeline_json(&pipe_stats[0]));
+        json_object_set_new(json_object_get(root, "decode"), "pipeline", pipeline_json(&pipe_stats[1]));
+    }
     if (o->predict) {
         json_t *jp = json_object();
         json_object_set_new(jp, "machine", json_string(pred.machine));
@@ -736,8 +860,15 @@ int kt_bench_model(const struct kt_bench_options *o)
     rc = o->json ? kt_bench_write_json(root, o->json) : 0;
     goto done;
 fail:
+    fflush(stdout);
+    if (transport && kt_transport_size(transport) > 1) { /* the other ranks wait on this one: end the job */
+        fprintf(stderr, "kt-bench: rank %d: %s\n", kt_transport_rank(transport), err.msg);
+        fflush(stderr);
+        kt_transport_abort(transport, 1);
+    }
     fprintf(stderr, "kt-bench: %s\n", err.msg);
 done:
+    kt_pipeline_destroy(pipeline); /* rank 0: the others stop */
     json_decref(root);
     free(pre.layers), free(dec.layers);
     free(pred.layers[0]), free(pred.layers[1]);
@@ -747,5 +878,6 @@ done:
     kt_profile_destroy(prof);
     kt_engine_destroy(e);
     kt_model_close(m);
+    kt_transport_finalize(transport);
     return rc;
 }

@@ -15,6 +15,12 @@
 kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, const char *topology,
                                  struct kt_placement_config **config, struct kt_placement **out, kt_err *err)
 {
+    return kt_tool_placement_load_rank(path, m, topology, -1, config, out, err);
+}
+
+kt_status kt_tool_placement_load_rank(const char *path, const struct kt_model *m, const char *topology, int rank,
+                                      struct kt_placement_config **config, struct kt_placement **out, kt_err *err)
+{
     static const char cpu_only[] = "version: 1\ndescription: every weight on the CPU\nattention: cpu\n";
     struct kt_topology *topo = NULL;
     *out = NULL;
@@ -23,8 +29,11 @@ kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, con
                         : kt_placement_config_parse(cpu_only, strlen(cpu_only), "cpu only", config, err);
     if (st == KT_OK)
         st = kt_topology_create(topology, &topo, err);
+    /* an MPI job's rank with a placement of its own (ranks[rank].placement): that one */
+    const struct kt_placement_config *own =
+        st == KT_OK && rank >= 0 ? kt_placement_config_rank_placement(*config, rank) : NULL;
     if (st == KT_OK)
-        st = kt_placement_resolve(*config, m, topo->n_nodes, NULL, out, err);
+        st = kt_placement_resolve(own ? own : *config, m, topo->n_nodes, NULL, out, err);
     kt_topology_destroy(topo);
     if (st != KT_OK) {
         kt_placement_config_destroy(*config);
@@ -36,8 +45,14 @@ kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, con
 kt_status kt_tool_placement_resolve(const char *path, const struct kt_model *m, const char *topology,
                                     struct kt_placement **out, kt_err *err)
 {
+    return kt_tool_placement_resolve_rank(path, m, topology, -1, out, err);
+}
+
+kt_status kt_tool_placement_resolve_rank(const char *path, const struct kt_model *m, const char *topology, int rank,
+                                         struct kt_placement **out, kt_err *err)
+{
     struct kt_placement_config *c = NULL;
-    kt_status st = kt_tool_placement_load(path, m, topology, &c, out, err);
+    kt_status st = kt_tool_placement_load_rank(path, m, topology, rank, &c, out, err);
     kt_placement_config_destroy(c);
     return st;
 }

@@ -31,6 +31,14 @@ kt_status kt_tool_placement_load(const char *path, const struct kt_model *m, con
                                  struct kt_placement_config **config, struct kt_placement **out, kt_err *err);
 kt_status kt_tool_placement_resolve(const char *path, const struct kt_model *m, const char *topology,
                                     struct kt_placement **out, kt_err *err);
+/* The same for rank `rank` of an MPI job (runtime/dist; -1: not one): where
+ * the config's ranks[rank] has a placement of its own, *out is that one
+ * resolved (its NUMA nodes and its layers' experts on this rank's machine);
+ * else the file's top level.  *config is still the whole file. */
+kt_status kt_tool_placement_load_rank(const char *path, const struct kt_model *m, const char *topology, int rank,
+                                      struct kt_placement_config **config, struct kt_placement **out, kt_err *err);
+kt_status kt_tool_placement_resolve_rank(const char *path, const struct kt_model *m, const char *topology, int rank,
+                                         struct kt_placement **out, kt_err *err);
 
 /* Layer il's routed experts at one place - a device (device > 0), or CPU
  * node `node` (device 0) - as "0-3,7,9-12 (9)", or "none (0)". */

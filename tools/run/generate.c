@@ -29,6 +29,7 @@
 #include "threads.h"
 #include "tokenizer.h"
 #include "transport.h"
+#include "backend.h"
 
 static double now_seconds(void)
 {
@@ -159,7 +160,8 @@ int kt_run_generate(const struct kt_run_options *o)
     /* the placement, then the context: the model's when its KV cache fits memory, else the largest that does */
     struct kt_engine_params ep = {.max_seqs = 1, .kv_type = o->kv_type};
     struct kt_placement *placement = NULL;
-    if (kt_tool_placement_resolve(o->placement, g.model, NULL, &placement, &err) != KT_OK)
+    if (kt_tool_placement_resolve_rank(o->placement, g.model, NULL, n_ranks > 1 ? rank : -1, &placement, &err) !=
+        KT_OK)
         goto fail;
     if (o->placement) {
         kt_placement_describe(placement, stderr);
@@ -240,9 +242,14 @@ int kt_run_generate(const struct kt_run_options *o)
             goto fail;
         struct kt_pipeline_stats ps;
         kt_pipeline_stats(g.pipeline, &ps);
-        fprintf(stderr, "kt-run: rank %d (%s): layers [%u, %u), %llu slices, busy %.3f s of %.3f s, peak memory "
+        struct kt_backend_stats dev;
+        char device[96] = "";
+        if (kt_engine_device_stats(g.engine, &dev) == KT_OK) /* a hybrid stage: its device's share */
+            snprintf(device, sizeof device, ", its device busy %.3f s (%llu ops)", (double)dev.busy_ns * 1e-9,
+                     (unsigned long long)dev.ops);
+        fprintf(stderr, "kt-run: rank %d (%s): layers [%u, %u), %llu slices, busy %.3f s of %.3f s%s, peak memory "
                 "%.1f MiB resident\n", rank, kt_transport_host(g.transport), eff->layer_begin, eff->layer_end,
-                (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, now_seconds() - t_follow,
+                (unsigned long long)ps.steps, (double)ps.busy_ns[rank] * 1e-9, now_seconds() - t_follow, device,
                 peak_rss_mib());
         rc = 0;
         goto done;
