@@ -612,6 +612,57 @@ static kt_status step_seq0(struct kt_engine *e, const int32_t *tok, uint32_t n, 
     return kt_engine_step(e, &(struct kt_batch){n, bt}, logits, err);
 }
 
+/* kt-synth's tiny: a GGUF, or (hf_weights: kt-synth's --hf-weights kind)
+ * a checkpoint directory at the test path named tag. */
+static struct kt_model *open_tiny(const char *hf_weights, const char *tag, char *path, size_t path_size)
+{
+    if (!hf_weights)
+        return kt_test_synth_model("tiny", "", path, path_size);
+    struct kt_model *m = NULL;
+    snprintf(path, path_size, "%s", kt_test_path(tag));
+    kt_test_system("rm -rf '%s'", path);
+    kt_err err = {0};
+    KT_CHECK(kt_test_system("'%s' --preset tiny --format hf --hf-weights %s -q -o '%s' >/dev/null 2>&1",
+                            kt_test_tool("kt-synth"), hf_weights, path) == 0 &&
+                 kt_model_open(path, &m, &err) == KT_OK,
+             "checkpoint %s: %s", hf_weights, err.msg);
+    return m;
+}
+
+static void close_tiny(struct kt_model *m, const char *hf_weights, const char *path)
+{
+    if (hf_weights) {
+        kt_model_close(m);
+        kt_test_system("rm -rf '%s'", path);
+    } else {
+        kt_test_synth_remove(m, path);
+    }
+}
+
+/* An engine of params p and a CPU-only one, sequence 0 added to both, the
+ * prompt stepped through both: true when their logits are the same bits
+ * (*e and *ref NULL when they could not be made). */
+static bool lockstep_prompt(struct kt_model *m, const struct kt_engine_params *p, struct kt_engine **e,
+                            struct kt_engine **ref, float *got, float *want, const char *name)
+{
+    kt_err err = {0};
+    const size_t V = m->hp.n_vocab;
+    if (kt_engine_create(m, p, e, &err) != KT_OK ||
+        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2}, ref,
+                         &err) != KT_OK ||
+        kt_engine_seq_add(*e, 0, &err) != KT_OK || kt_engine_seq_add(*ref, 0, &err) != KT_OK) {
+        KT_CHECK(0, "%s: engines: %s", name, err.msg);
+        kt_engine_destroy(*e);
+        kt_engine_destroy(*ref);
+        *e = *ref = NULL;
+        return false;
+    }
+    const bool same = step_seq0(*e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK &&
+                      step_seq0(*ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && !memcmp(got, want, V * sizeof *got);
+    KT_CHECK(same, "%s: the prompt's logits equal CPU-only's (%s)", name, err.msg);
+    return same;
+}
+
 /* The expert cache on the device (engine.h): an engine with a cache of 4
  * slots per layer and an engine without a device decode in lockstep - after
  * the prompt, each steps the other's greedy token - and every step's logits
@@ -626,18 +677,8 @@ static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy,
                                              bool chunked, const char *hf_weights)
 {
     char path[1024];
-    struct kt_model *m = NULL;
-    if (hf_weights) { /* a checkpoint directory: its experts converted into the cache's host rows chunk by chunk */
-        snprintf(path, sizeof path, "%s", kt_test_path("cache-hf"));
-        kt_test_system("rm -rf '%s'", path);
-        kt_err e0 = {0};
-        KT_CHECK(kt_test_system("'%s' --preset tiny --format hf --hf-weights %s -q -o '%s' >/dev/null 2>&1",
-                                kt_test_tool("kt-synth"), hf_weights, path) == 0 &&
-                     kt_model_open(path, &m, &e0) == KT_OK,
-                 "checkpoint %s: %s", hf_weights, e0.msg);
-    } else {
-        m = kt_test_synth_model("tiny", "", path, sizeof path);
-    }
+    /* a checkpoint directory: its experts converted into the cache's host rows chunk by chunk */
+    struct kt_model *m = open_tiny(hf_weights, "cache-hf", path, sizeof path);
     if (!m)
         return;
     const char *name = hf_weights ? hf_weights : policy == KT_EXPERT_CACHE_LFU ? "lfu" : "lru";
@@ -656,16 +697,9 @@ static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy,
     struct kt_engine *e = NULL, *ref = NULL;
     kt_err err = {0};
     float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
-    if (kt_engine_create(m, &p, &e, &err) != KT_OK ||
-        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2}, &ref,
-                         &err) != KT_OK ||
-        kt_engine_seq_add(e, 0, &err) != KT_OK || kt_engine_seq_add(ref, 0, &err) != KT_OK) {
-        KT_CHECK(0, "%s: engines: %s", name, err.msg);
+    bool same = lockstep_prompt(m, &p, &e, &ref, got, want, name);
+    if (!e || !ref)
         goto done;
-    }
-    bool same = step_seq0(e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK &&
-                step_seq0(ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && !memcmp(got, want, V * sizeof *got);
-    KT_CHECK(same, "%s: the prompt's logits equal CPU-only's (%s)", name, err.msg);
     uint32_t differ = 0;
     for (uint32_t s = 0; s < STEPS && same; s++) {
         int32_t next = 0; /* greedy, with a twist every few steps so the routing moves around */
@@ -730,12 +764,7 @@ done:
     kt_engine_destroy(ref);
     free(got), free(want);
     free_masks(&masks);
-    if (hf_weights) {
-        kt_model_close(m);
-        kt_test_system("rm -rf '%s'", path);
-    } else {
-        kt_test_synth_remove(m, path);
-    }
+    close_tiny(m, hf_weights, path);
 }
 
 /* An expert staged for the device by another thread while the engine steps. */
@@ -767,18 +796,7 @@ static void *stage_upload(void *arg)
 static void staged_device_moves_on(const char *hf_weights)
 {
     char path[1024];
-    struct kt_model *m = NULL;
-    if (hf_weights) {
-        snprintf(path, sizeof path, "%s", kt_test_path("staged-hf"));
-        kt_test_system("rm -rf '%s'", path);
-        kt_err e0 = {0};
-        KT_CHECK(kt_test_system("'%s' --preset tiny --format hf --hf-weights %s -q -o '%s' >/dev/null 2>&1",
-                                kt_test_tool("kt-synth"), hf_weights, path) == 0 &&
-                     kt_model_open(path, &m, &e0) == KT_OK,
-                 "checkpoint %s: %s", hf_weights, e0.msg);
-    } else {
-        m = kt_test_synth_model("tiny", "", path, sizeof path);
-    }
+    struct kt_model *m = open_tiny(hf_weights, "staged-hf", path, sizeof path);
     if (!m)
         return;
     const char *name = hf_weights ? hf_weights : "gguf";
@@ -793,16 +811,9 @@ static void staged_device_moves_on(const char *hf_weights)
     struct kt_engine *e = NULL, *ref = NULL;
     kt_err err = {0};
     float *got = kt_test_xmalloc(V * sizeof *got), *want = kt_test_xmalloc(V * sizeof *want);
-    if (kt_engine_create(m, &p, &e, &err) != KT_OK ||
-        kt_engine_create(m, &(struct kt_engine_params){.n_ctx = 64, .max_batch_tokens = 32, .n_threads = 2}, &ref,
-                         &err) != KT_OK ||
-        kt_engine_seq_add(e, 0, &err) != KT_OK || kt_engine_seq_add(ref, 0, &err) != KT_OK) {
-        KT_CHECK(0, "%s: engines: %s", name, err.msg);
+    bool same = lockstep_prompt(m, &p, &e, &ref, got, want, name);
+    if (!e || !ref)
         goto done;
-    }
-    bool same = step_seq0(e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK &&
-                step_seq0(ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && !memcmp(got, want, V * sizeof *got);
-    KT_CHECK(same, "%s: the prompt's logits equal CPU-only's (%s)", name, err.msg);
     uint32_t differ = 0, swaps = 0, held_after_off = 0, freed_after_step = 0;
     for (uint32_t s = 0; s < STEPS && same; s++) {
         uint32_t on = Ne, off = Ne; /* one expert on the device, one not: they trade places */
@@ -881,12 +892,7 @@ done:
     kt_engine_destroy(ref);
     free(got), free(want);
     free_masks(&masks);
-    if (hf_weights) {
-        kt_model_close(m);
-        kt_test_system("rm -rf '%s'", path);
-    } else {
-        kt_test_synth_remove(m, path);
-    }
+    close_tiny(m, hf_weights, path);
 }
 
 static void staged_device_moves_match_cpu_only(void)
