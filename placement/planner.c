@@ -16,6 +16,7 @@
 #include "planner.h"
 
 #include "config.h"
+#include "text.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -218,44 +219,6 @@ static struct kt_placement *copy_placement(const struct kt_placement *src)
 
 /* ---- the parts besides routed experts -------------------------------------------- */
 
-struct text {
-    char *s;
-    size_t len, cap;
-    bool failed;
-};
-
-static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(struct text *t, const char *fmt, ...)
-{
-    if (t->failed)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->s ? t->s + t->len : NULL, t->s ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            t->failed = true;
-            return;
-        }
-        if (t->s && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t cap = t->cap ? 2 * t->cap : 4096;
-        while (cap < t->len + (size_t)n + 1)
-            cap *= 2;
-        char *s = realloc(t->s, cap);
-        if (!s) {
-            t->failed = true;
-            return;
-        }
-        t->s = s;
-        t->cap = cap;
-    }
-}
-
 static const char *accel_name(enum kt_place_backend b)
 {
     return b == KT_PLACE_SIM ? "sim" : "gpu";
@@ -282,26 +245,26 @@ struct parts_text {
 };
 
 /* devices:, attention: ... of a plan (everything but its experts). */
-static void put_parts(struct text *t, const struct kt_planner_options *o, const struct parts_text *pt)
+static void put_parts(struct kt_text *t, const struct kt_planner_options *o, const struct parts_text *pt)
 {
-    put(t, "version: 1\n");
-    put(t, "kv_cache:\n  tokens: %u\n", o->kv_tokens);
+    kt_text_put(t, "version: 1\n");
+    kt_text_put(t, "kv_cache:\n  tokens: %u\n", o->kv_tokens);
     if (pt->kv_type) /* else the tool's --kv-type runs, budgeted as f32 */
-        put(t, "  type: %s\n", pt->kv_type);
+        kt_text_put(t, "  type: %s\n", pt->kv_type);
     const char *dev = "cpu";
     if (o->device != KT_PLACE_CPU) {
         dev = pt->accel;
-        put(t, "devices:\n  %s:\n    backend: %s\n", dev, kt_place_backend_name(o->device));
+        kt_text_put(t, "devices:\n  %s:\n    backend: %s\n", dev, kt_place_backend_name(o->device));
         if (o->device == KT_PLACE_CUDA)
-            put(t, "    device: %d\n", pt->cuda_device);
-        put(t, "    memory_gib: %.17g\n", pt->memory_gib);
+            kt_text_put(t, "    device: %d\n", pt->cuda_device);
+        kt_text_put(t, "    memory_gib: %.17g\n", pt->memory_gib);
         if (o->device == KT_PLACE_SIM)
-            put(t, "    transfer_gbps: %.17g\n    latency_us: %.17g\n", pt->transfer_gbps, pt->latency_us);
+            kt_text_put(t, "    transfer_gbps: %.17g\n    latency_us: %.17g\n", pt->transfer_gbps, pt->latency_us);
     }
-    put(t, "attention: %s\n", pt->on_accel[0] ? dev : "cpu");
-    put(t, "shared_experts: %s\n", pt->on_accel[1] ? dev : "cpu");
-    put(t, "dense_layers: %s\n", pt->on_accel[2] ? dev : "cpu");
-    put(t, "embeddings: %s\n", pt->on_accel[3] ? dev : "cpu");
+    kt_text_put(t, "attention: %s\n", pt->on_accel[0] ? dev : "cpu");
+    kt_text_put(t, "shared_experts: %s\n", pt->on_accel[1] ? dev : "cpu");
+    kt_text_put(t, "dense_layers: %s\n", pt->on_accel[2] ? dev : "cpu");
+    kt_text_put(t, "embeddings: %s\n", pt->on_accel[3] ? dev : "cpu");
 }
 
 /* Resolves the parts alone (every routed expert goes to the CPU). */
@@ -309,15 +272,15 @@ static kt_status resolve_parts(struct kt_plan *plan, const struct kt_model *m, i
                                double transfer_gbps, double latency_us, const bool on_accel[4],
                                struct kt_placement **out, kt_err *err)
 {
-    struct text t = {0};
+    struct kt_text t = {0};
     struct parts_text pt = {.memory_gib = memory_gib, .transfer_gbps = transfer_gbps, .latency_us = latency_us,
                             .accel = accel_name(plan->options.device), .kv_type = NULL};
     memcpy(pt.on_accel, on_accel, sizeof pt.on_accel);
     put_parts(&t, &plan->options, &pt);
-    put(&t, "cpu:\n  nodes: [");
+    kt_text_put(&t, "cpu:\n  nodes: [");
     for (int n = 0; n < n_nodes; n++)
-        put(&t, "%s%d", n ? ", " : "", n);
-    put(&t, "]\n");
+        kt_text_put(&t, "%s%d", n ? ", " : "", n);
+    kt_text_put(&t, "]\n");
     if (t.failed) {
         free(t.s);
         return kt_err_set(err, KT_ERR_NOMEM, "planner: out of memory");
@@ -1020,9 +983,9 @@ kt_status kt_plan_summarize(const struct kt_cost_model *cost, const struct kt_pl
 /* ---- the config text ---------------------------------------------------------------- */
 
 /* "[0, 5, 9-12]" of the experts of layer il homed where `pick` says. */
-static void put_list(struct text *t, const struct kt_expert_home *homes, uint32_t n, int device, int node)
+static void put_list(struct kt_text *t, const struct kt_expert_home *homes, uint32_t n, int device, int node)
 {
-    put(t, "[");
+    kt_text_put(t, "[");
     bool first = true;
     for (uint32_t x = 0; x < n; x++) {
         bool in = homes[x].device == device && (device != 0 || homes[x].node == node);
@@ -1032,13 +995,13 @@ static void put_list(struct text *t, const struct kt_expert_home *homes, uint32_
         while (last + 1 < n && homes[last + 1].device == device && (device != 0 || homes[last + 1].node == node))
             last++;
         if (last == x)
-            put(t, "%s%u", first ? "" : ", ", x);
+            kt_text_put(t, "%s%u", first ? "" : ", ", x);
         else
-            put(t, "%s%u-%u", first ? "" : ", ", x, last);
+            kt_text_put(t, "%s%u-%u", first ? "" : ", ", x, last);
         first = false;
         x = last;
     }
-    put(t, "]");
+    kt_text_put(t, "]");
 }
 
 static bool any_on(const struct kt_expert_home *homes, uint32_t n, int device, int node)
@@ -1060,28 +1023,28 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     const struct kt_placement *p = plan->placement;
     const struct kt_planner_options *o = &plan->options;
     static const char *const objective[] = {"decode", "prefill", "mixed"};
-    struct text t = {0};
+    struct kt_text t = {0};
     bool predicted = false; /* a placement read back from an engine has no predictions */
     for (uint32_t il = 0; il < p->n_layer; il++)
         predicted |= plan->layers[il].decode_s > 0 || plan->layers[il].prefill_s > 0;
     if (plan->description) {
-        put(&t, "# %s: %s\n# %d NUMA node(s)\n", model_name ? model_name : "a model", plan->description, p->n_nodes);
+        kt_text_put(&t, "# %s: %s\n# %d NUMA node(s)\n", model_name ? model_name : "a model", plan->description, p->n_nodes);
     } else {
-        put(&t, "# kt-place plan for %s\n", model_name ? model_name : "a model");
-        put(&t, "# objective %s (decode batch %u at context %u, prefill of %u tokens); %d NUMA node(s)\n",
+        kt_text_put(&t, "# kt-place plan for %s\n", model_name ? model_name : "a model");
+        kt_text_put(&t, "# objective %s (decode batch %u at context %u, prefill of %u tokens); %d NUMA node(s)\n",
             objective[o->objective], o->batch, o->context, o->prefill_tokens, p->n_nodes);
     }
     if (predicted)
-        put(&t, "# predicted per layer (ms): decode step, prefill; accelerator experts; CPU busiest/mean node\n");
+        kt_text_put(&t, "# predicted per layer (ms): decode step, prefill; accelerator experts; CPU busiest/mean node\n");
     for (uint32_t il = 0; predicted && il < p->n_layer; il++) {
         if (!yaml_layer(plan, il))
             continue;
         const struct kt_plan_layer *l = &plan->layers[il];
-        put(&t, "#   layer %3u: decode %.4f  prefill %.4f", il, 1e3 * l->decode_s, 1e3 * l->prefill_s);
+        kt_text_put(&t, "#   layer %3u: decode %.4f  prefill %.4f", il, 1e3 * l->decode_s, 1e3 * l->prefill_s);
         if (p->layers[il].experts)
-            put(&t, "  accel %u  balance %.3f%s", l->gpu_experts, l->balance,
+            kt_text_put(&t, "  accel %u  balance %.3f%s", l->gpu_experts, l->balance,
                 p->layers[il].cpu_sliced ? " (row-sliced)" : "");
-        put(&t, "\n");
+        kt_text_put(&t, "\n");
     }
     const struct kt_placement_device *acc = plan->accel ? &p->devices[plan->accel] : NULL;
     bool on[4] = {false, false, false, false};
@@ -1093,18 +1056,18 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     }
     on[3] = acc && p->embeddings == plan->accel;
     if (plan->description) {
-        put(&t, "description: '");
+        kt_text_put(&t, "description: '");
         for (const char *c = plan->description; *c; c++)
             if (*c == '\'')
-                put(&t, "''"); /* the one escape in YAML's single quotes */
+                kt_text_put(&t, "''"); /* the one escape in YAML's single quotes */
             else
-                put(&t, "%c", *c);
-        put(&t, "'\n");
+                kt_text_put(&t, "%c", *c);
+        kt_text_put(&t, "'\n");
     } else {
-        put(&t, "description: kt-place plan (objective %s)\n", objective[o->objective]);
+        kt_text_put(&t, "description: kt-place plan (objective %s)\n", objective[o->objective]);
     }
     if (profile_path)
-        put(&t, "profile: '%s'\n", profile_path);
+        kt_text_put(&t, "profile: '%s'\n", profile_path);
     /* the very text the parts were resolved with: the same budget in bytes, the device's own name */
     struct parts_text pt = {.memory_gib = plan->accel_memory_gib, .transfer_gbps = plan->accel_transfer_gbps,
                             .latency_us = plan->accel_latency_us, .accel = acc ? acc->name : accel_name(o->device),
@@ -1114,55 +1077,55 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
     put_parts(&t, o, &pt);
     const uint32_t n = p->n_expert;
     if (acc && acc->n_experts) {
-        put(&t, "experts:\n  %s:\n    layers:\n", pt.accel);
+        kt_text_put(&t, "experts:\n  %s:\n    layers:\n", pt.accel);
         for (uint32_t il = 0; il < p->n_layer; il++) {
             const struct kt_expert_home *homes = p->layers[il].experts;
             if (!homes || !yaml_layer(plan, il) || !any_on(homes, n, plan->accel, -1))
                 continue;
-            put(&t, "      %u: ", il);
+            kt_text_put(&t, "      %u: ", il);
             put_list(&t, homes, n, plan->accel, -1);
-            put(&t, "\n");
+            kt_text_put(&t, "\n");
         }
     }
     /* the nodes experts may use, and any one that holds experts anyway */
-    put(&t, "cpu:\n  nodes: [");
+    kt_text_put(&t, "cpu:\n  nodes: [");
     bool first_node = true;
     for (int d = 0; d < p->n_nodes; d++)
         if (p->expert_nodes >> d & 1 || p->node_experts[d]) {
-            put(&t, "%s%d", first_node ? "" : ", ", d);
+            kt_text_put(&t, "%s%d", first_node ? "" : ", ", d);
             first_node = false;
         }
-    put(&t, "]\n");
+    kt_text_put(&t, "]\n");
     bool cpu_experts = false; /* in the layers written */
     for (uint32_t il = 0; il < p->n_layer && !cpu_experts; il++)
         for (int d = 0; d < p->n_nodes && !cpu_experts; d++)
             cpu_experts = p->layers[il].experts && yaml_layer(plan, il) && any_on(p->layers[il].experts, n, 0, d);
     if (cpu_experts) {
-        put(&t, "  assign:\n");
+        kt_text_put(&t, "  assign:\n");
         for (int d = 0; d < p->n_nodes; d++) {
             bool any = false;
             for (uint32_t il = 0; il < p->n_layer && !any; il++)
                 any = p->layers[il].experts && yaml_layer(plan, il) && any_on(p->layers[il].experts, n, 0, d);
             if (!any)
                 continue;
-            put(&t, "    %d:\n      layers:\n", d);
+            kt_text_put(&t, "    %d:\n      layers:\n", d);
             for (uint32_t il = 0; il < p->n_layer; il++) {
                 const struct kt_expert_home *homes = p->layers[il].experts;
                 if (!homes || !yaml_layer(plan, il) || !any_on(homes, n, 0, d))
                     continue;
-                put(&t, "        %u: ", il);
+                kt_text_put(&t, "        %u: ", il);
                 put_list(&t, homes, n, 0, d);
-                put(&t, "\n");
+                kt_text_put(&t, "\n");
             }
         }
     }
     if (plan->replicas_hot_per_layer)
-        put(&t, "  replicas:\n    hot_per_layer: %u\n", plan->replicas_hot_per_layer);
+        kt_text_put(&t, "  replicas:\n    hot_per_layer: %u\n", plan->replicas_hot_per_layer);
     bool sliced = false;
     for (uint32_t il = 0; il < p->n_layer; il++)
         sliced |= p->layers[il].cpu_sliced && yaml_layer(plan, il);
     if (sliced) {
-        put(&t, "  sliced: [");
+        kt_text_put(&t, "  sliced: [");
         bool first = true;
         for (uint32_t il = 0; il < p->n_layer; il++) {
             if (!p->layers[il].cpu_sliced || !yaml_layer(plan, il))
@@ -1171,13 +1134,13 @@ char *kt_plan_yaml(const struct kt_plan *plan, const char *model_name, const cha
             while (last + 1 < p->n_layer && p->layers[last + 1].cpu_sliced && yaml_layer(plan, last + 1))
                 last++;
             if (last == il)
-                put(&t, "%s%u", first ? "" : ", ", il);
+                kt_text_put(&t, "%s%u", first ? "" : ", ", il);
             else
-                put(&t, "%s%u-%u", first ? "" : ", ", il, last);
+                kt_text_put(&t, "%s%u-%u", first ? "" : ", ", il, last);
             first = false;
             il = last;
         }
-        put(&t, "]\n");
+        kt_text_put(&t, "]\n");
     }
     if (t.failed) {
         free(t.s);

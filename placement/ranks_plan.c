@@ -4,6 +4,7 @@
 #include "ranks_plan.h"
 
 #include "config.h"
+#include "text.h"
 #include "meminfo.h"
 
 #include <math.h>
@@ -379,58 +380,21 @@ void kt_rank_plan_destroy(struct kt_rank_plan *rp)
 
 /* ---- the config text ------------------------------------------------------------- */
 
-struct text {
-    char *s;
-    size_t len, cap;
-    bool failed;
-};
-
-static void put(struct text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(struct text *t, const char *fmt, ...)
-{
-    if (t->failed)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        t->failed = true;
-        return;
-    }
-    if (t->len + (size_t)n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + (size_t)n + 1)
-            cap *= 2;
-        char *s = realloc(t->s, cap);
-        if (!s) {
-            t->failed = true;
-            return;
-        }
-        t->s = s, t->cap = cap;
-    }
-    va_start(ap, fmt);
-    vsnprintf(t->s + t->len, t->cap - t->len, fmt, ap);
-    va_end(ap);
-    t->len += (size_t)n;
-}
-
 /* text's lines, each indented by `indent` spaces. */
-static void put_indented(struct text *t, const char *text, int indent)
+static void put_indented(struct kt_text *t, const char *text, int indent)
 {
     for (const char *line = text; *line;) {
         const char *nl = strchr(line, '\n');
         const int len = (int)(nl ? nl - line : (ptrdiff_t)strlen(line));
-        put(t, "%*s%.*s\n", len ? indent : 0, "", len, line);
+        kt_text_put(t, "%*s%.*s\n", len ? indent : 0, "", len, line);
         line += len + (nl ? 1 : 0);
     }
 }
 
-static void put_stage(struct text *t, const char *label, int r, const struct kt_rank_stage *s)
+static void put_stage(struct kt_text *t, const char *label, int r, const struct kt_rank_stage *s)
 {
     char a[32], b[32];
-    put(t, "#   %s rank %d: layers %u-%u, decode %.4f ms, prefill %.4f ms, objective %.4f ms a token; %s of %s%s\n",
+    kt_text_put(t, "#   %s rank %d: layers %u-%u, decode %.4f ms, prefill %.4f ms, objective %.4f ms a token; %s of %s%s\n",
         label, r, s->first, s->last, 1e3 * s->decode_s, 1e3 * s->prefill_s, 1e3 * s->objective_s,
         human(s->bytes, a, sizeof a), s->capacity ? human(s->capacity, b, sizeof b) : "unknown RAM",
         s->fits ? "" : " (does not fit)");
@@ -439,27 +403,27 @@ static void put_stage(struct text *t, const char *label, int r, const struct kt_
 char *kt_rank_plan_yaml(const struct kt_rank_plan *rp, const char *model_name, const char *profile_path,
                         const struct kt_rank_input *in)
 {
-    struct text t = {0};
+    struct kt_text t = {0};
     static const char *const objective[] = {"decode", "prefill", "mixed"};
     const struct kt_planner_options *o = &rp->plans[0]->options;
-    put(&t, "# kt-place plan of %s over %d MPI ranks (runtime/dist): layer ranges by memory and predicted time\n",
+    kt_text_put(&t, "# kt-place plan of %s over %d MPI ranks (runtime/dist): layer ranges by memory and predicted time\n",
         model_name ? model_name : "a model", rp->n_ranks);
-    put(&t, "# objective %s (decode batch %u at context %u, prefill of %u tokens); KV cache of %u tokens a rank\n",
+    kt_text_put(&t, "# objective %s (decode batch %u at context %u, prefill of %u tokens); KV cache of %u tokens a rank\n",
         objective[o->objective], o->batch, o->context, o->prefill_tokens, o->kv_tokens);
     for (int r = 0; r < rp->n_ranks; r++)
-        put(&t, "# rank %d planned on %s\n", r, in && in[r].name ? in[r].name : "its machine");
-    put(&t, "# predicted stages (rank 0 with the embedding and the head):\n");
+        kt_text_put(&t, "# rank %d planned on %s\n", r, in && in[r].name ? in[r].name : "its machine");
+    kt_text_put(&t, "# predicted stages (rank 0 with the embedding and the head):\n");
     for (int r = 0; r < rp->n_ranks; r++)
         put_stage(&t, "planned", r, &rp->stages[r]);
     for (int r = 0; r < rp->n_ranks; r++)
         put_stage(&t, "even split", r, &rp->even[r]);
-    put(&t, "version: 1\ndescription: kt-place plan over %d MPI ranks (objective %s)\n", rp->n_ranks,
+    kt_text_put(&t, "version: 1\ndescription: kt-place plan over %d MPI ranks (objective %s)\n", rp->n_ranks,
         objective[o->objective]);
     if (profile_path)
-        put(&t, "profile: '%s'\n", profile_path);
-    put(&t, "attention: cpu\nranks:\n");
+        kt_text_put(&t, "profile: '%s'\n", profile_path);
+    kt_text_put(&t, "attention: cpu\nranks:\n");
     for (int r = 0; r < rp->n_ranks; r++) {
-        put(&t, "  - layers: %u-%u\n    placement:\n", rp->stages[r].first, rp->stages[r].last);
+        kt_text_put(&t, "  - layers: %u-%u\n    placement:\n", rp->stages[r].first, rp->stages[r].last);
         char *sub = kt_plan_yaml(rp->plans[r], model_name, profile_path);
         if (!sub) {
             t.failed = true;
