@@ -609,10 +609,10 @@ Q8_0_BLOCK(16)
 
 /*
  * The 8 unsigned vpdpbusd operands of block b of a group's k chunk (g at the
- * chunk's first pair), prefetching as they stream, and its 16 rows' scales.
+ * chunk's first pair), prefetching as they stream (the scales: legacy_scales).
  */
-static inline __attribute__((always_inline)) __m512 legacy_weights(const uint8_t *g, int64_t b, const bool q4,
-                                                                   __m512i w[8])
+static inline __attribute__((always_inline)) void legacy_weights(const uint8_t *g, int64_t b, const bool q4,
+                                                                 __m512i w[8])
 {
     const uint8_t *s = g + (size_t)(b / 2) * (q4 ? Q4_0_PAIR_BYTES : Q8_0_PAIR_BYTES);
     if (q4) {
@@ -626,7 +626,7 @@ static inline __attribute__((always_inline)) __m512 legacy_weights(const uint8_t
         }
         if (b % 2 == 0)
             prefetch_weights(s + Q4_0_D, PREFETCH_BYTES);
-        return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q4_0_D + 32 * (b % 2))));
+        return;
     }
     const uint8_t *v = s + 512 * (b % 2);
     for (int c = 0; c < 8; c++) {
@@ -635,7 +635,15 @@ static inline __attribute__((always_inline)) __m512 legacy_weights(const uint8_t
     }
     if (b % 2 == 1) /* the pair's scale line too (unprefetched, it measured slower) */
         prefetch_weights(s + Q8_0_D, PREFETCH_BYTES);
-    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + Q8_0_D + 32 * (b % 2))));
+}
+
+/* The 16 rows' scales of block b (g as for legacy_weights), read after its
+ * products: loaded before them (the pair's scale line ahead of its second
+ * block's quants) the Q8_0 decode measured slower. */
+static inline __attribute__((always_inline)) __m512 legacy_scales(const uint8_t *g, int64_t b, const bool q4)
+{
+    const uint8_t *s = g + (size_t)(b / 2) * (q4 ? Q4_0_PAIR_BYTES : Q8_0_PAIR_BYTES);
+    return _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(s + (q4 ? Q4_0_D : Q8_0_D) + 32 * (b % 2))));
 }
 
 /*
@@ -654,7 +662,7 @@ static inline __attribute__((always_inline)) void legacy_tile(int64_t kb, const 
         _mm512_store_ps(acc + 16 * t, first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rmask, y + t * y_stride));
     for (int64_t b = 0; b < kb; b++) {
         __m512i w[8];
-        const __m512 dw = legacy_weights(g, b, q4, w);
+        legacy_weights(g, b, q4, w);
         const uint8_t *p = panels + (size_t)b * 40 * ta;
         __m512i sumi[TOKENS];
         int t = 0;
@@ -668,6 +676,7 @@ static inline __attribute__((always_inline)) void legacy_tile(int64_t kb, const 
             q8_0_block2(sumi + t, w, p + 4 * t, ta), t += 2;
         if (nt - t >= 1)
             q8_0_block1(sumi + t, w, p + 4 * t, ta);
+        const __m512 dw = legacy_scales(g, b, q4); /* after the products: see legacy_scales */
         for (t = 0; t < nt; t++) {
             float da;
             memcpy(&da, p + 36 * ta + 4 * t, sizeof da);
