@@ -336,7 +336,8 @@ TILE_COUNTS(Q4K_TILE)
 static const q4_K_tile_fn q4_K_tiles[TOKENS] = {TILE_COUNTS(Q4K_TILE_REF)};
 
 /* Groups outer, token tiles inner: a group's weights (66 KiB at n = 7168)
- * stay in L2 while every token tile reads them. */
+ * stay in L2 while every token tile reads them; a tile of one token (decode,
+ * or a batch's last) runs q4_K_decode. */
 static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
