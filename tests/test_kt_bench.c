@@ -98,6 +98,20 @@ static void kernels_json_has_every_field_positive_and_ratios_in_range(void)
         KT_CHECK(n % N_BENCH_TYPES == 0 && found == (int)(n / N_BENCH_TYPES), "%s: %d results of %zu", bench_types[t],
                  found, n);
     }
+    /* each packed decode row beside its own triads (taken just before and after it) */
+    json_t *packed = json_object_get(root, "packed");
+    size_t ip;
+    json_t *pr;
+    json_array_foreach(packed, ip, pr)
+    {
+        json_t *d = json_object_get(pr, "decode");
+        const char *name = json_string_value(json_object_get(pr, "format"));
+        KT_CHECK(num(d, "adjacent_triad_gbps") > 0 && num(d, "ratio_to_adjacent_triad") > 0, "%s: adjacent triad",
+                 name ? name : "?");
+        KT_CHECK(fabs(num(d, "ratio_to_adjacent_triad") * num(d, "adjacent_triad_gbps") - num(d, "gbps")) <=
+                     1e-4 * num(d, "gbps"), /* 6 significant digits in the JSON */
+                 "%s: ratio_to_adjacent_triad is not gbps over adjacent_triad_gbps", name ? name : "?");
+    }
     json_decref(root);
     remove(json_path);
 }

@@ -365,6 +365,9 @@ static kt_status measure_float_prefill(struct kt_pool *pool, const struct kt_ben
 /* Rows per gemm call: a whole number of groups for every format, and enough
  * that a call's per-token setup is a small share of it. */
 #define PACKED_TASK_ROWS 256
+/* Bytes of each array of the triads measured beside each packed decode row
+ * (three arrays, each 4 x a 32 MiB L3: STREAM's rule). */
+#define ADJ_TRIAD_BYTES ((size_t)128 << 20)
 
 /* Tokens per expert matrix at prefill: 128 tokens x top-8 over 64 experts, and twice that. */
 static const int64_t packed_tokens[] = {16, 32};
@@ -416,9 +419,10 @@ static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_opti
     printf("\npacked expert layouts: decode 1 token over >= %zu MiB of packed matrices; prefill %lld and %lld "
            "tokens x one matrix; %d rows per call\n\n",
            decode_working_set() >> 20, (long long)packed_tokens[0], (long long)packed_tokens[1], PACKED_TASK_ROWS);
-    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s %s\n", "format", "isa", "decode", "/triad", "weights",
-           "prefill16", "/peak", "prefill32", "/peak", "peak");
-    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s\n", "", "", "GB/s", "", "MiB", "GFLOP/s", "", "GFLOP/s", "");
+    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s %-15s %9s %7s\n", "format", "isa", "decode", "/triad", "weights",
+           "prefill16", "/peak", "prefill32", "/peak", "peak", "adj triad", "/adj");
+    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s %-15s %9s\n", "", "", "GB/s", "", "MiB", "GFLOP/s", "", "GFLOP/s",
+           "", "", "GB/s");
     kt_status st = KT_OK;
     for (size_t i = 0; i < sizeof types / sizeof types[0] && st == KT_OK; i++) {
         const enum kt_type type = types[i];
@@ -453,9 +457,17 @@ static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_opti
 
             int decode_passes = 0, prefill_passes[N_PACKED_TOKENS];
             double prefill_gflops[N_PACKED_TOKENS];
+            /* triads just before and after the decode pass, beside the run's first one: on a
+             * shared machine the bandwidth moves between the start and this row */
+            struct kt_triad_result before, after;
+            if ((st = kt_stream_triad(ADJ_TRIAD_BYTES, kt_pool_n_threads(pool), 3, &before, err)) != KT_OK)
+                goto next;
             struct packed_job j = {f, packed, (int64_t)experts * ROWS, act, act_bytes, 1, out};
             double t = best_pass(pool, (j.n_rows + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS, packed_task, &j,
                                  o->seconds, &decode_passes);
+            if ((st = kt_stream_triad(ADJ_TRIAD_BYTES, kt_pool_n_threads(pool), 3, &after, err)) != KT_OK)
+                goto next;
+            const double adj_triad = 0.5 * (before.best_gbps + after.best_gbps);
             const double decode_gbps = (double)experts * (double)matrix_bytes / t * 1e-9;
             for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
                 j = (struct packed_job){f, packed, ROWS, act, act_bytes, packed_tokens[ti], out};
@@ -472,10 +484,13 @@ static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_opti
                 if (peak > 0)
                     snprintf(ratio[ti], sizeof ratio[ti], "%.3f", prefill_gflops[ti] / peak);
             }
-            printf("%-16s %-7s %9.2f %7.3f %8.0f %10.2f %7s %10.2f %7s %s %s\n", f->name, kt_isa_name((enum kt_isa)isa),
-                   decode_gbps, decode_gbps / triad_gbps, (double)experts * (double)matrix_bytes / (1 << 20),
-                   prefill_gflops[0], ratio[0], prefill_gflops[1], ratio[1],
-                   kt_peak_kind_name(KT_PEAK_DOT_INT8), peak > 0 ? kt_isa_name((enum kt_isa)isa) : "(none)");
+            char peak_name[32];
+            snprintf(peak_name, sizeof peak_name, "%s %s", kt_peak_kind_name(KT_PEAK_DOT_INT8),
+                     peak > 0 ? kt_isa_name((enum kt_isa)isa) : "(none)");
+            printf("%-16s %-7s %9.2f %7.3f %8.0f %10.2f %7s %10.2f %7s %-15s %9.2f %7.3f\n", f->name,
+                   kt_isa_name((enum kt_isa)isa), decode_gbps, decode_gbps / triad_gbps,
+                   (double)experts * (double)matrix_bytes / (1 << 20), prefill_gflops[0], ratio[0], prefill_gflops[1],
+                   ratio[1], peak_name, adj_triad, decode_gbps / adj_triad);
             fflush(stdout);
 
             json_t *jr = json_object();
@@ -491,6 +506,8 @@ static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_opti
             json_object_set_new(jd, "passes", json_integer(decode_passes));
             json_object_set_new(jd, "gbps", json_real(decode_gbps));
             json_object_set_new(jd, "ratio_to_triad", json_real(decode_gbps / triad_gbps));
+            json_object_set_new(jd, "adjacent_triad_gbps", json_real(adj_triad));
+            json_object_set_new(jd, "ratio_to_adjacent_triad", json_real(decode_gbps / adj_triad));
             json_object_set_new(jr, "decode", jd);
             json_t *jp = json_array();
             for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
