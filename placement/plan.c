@@ -18,6 +18,7 @@
  * It must never allocate anything sized by the config rather than the model.
  */
 #include "plan.h"
+#include "text.h"
 
 #include "config_internal.h"
 #include "engine.h"
@@ -461,16 +462,6 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
             d[i].bytes += d[i].part_bytes[part];
 }
 
-/* "1.23 GiB" or "45.6 MiB" */
-static const char *human(uint64_t bytes, char *buf, size_t cap)
-{
-    if (bytes >= (1ull << 30))
-        snprintf(buf, cap, "%.2f GiB", (double)bytes / GIB);
-    else
-        snprintf(buf, cap, "%.1f MiB", (double)bytes / (1 << 20));
-    return buf;
-}
-
 static void parts_text(const struct kt_placement_device *d, char *out, size_t cap)
 {
     size_t used = 0;
@@ -480,7 +471,7 @@ static void parts_text(const struct kt_placement_device *d, char *out, size_t ca
         if (!d->part_bytes[part])
             continue;
         int n = snprintf(out + used, cap - used, "%s%s %s", used ? ", " : "", kt_place_part_name(part),
-                         human(d->part_bytes[part], b, sizeof b));
+                         kt_text_bytes(d->part_bytes[part], b, sizeof b));
         used += n > 0 ? (size_t)n : 0;
     }
 }
@@ -496,7 +487,7 @@ static kt_status check_budgets(struct resolver *r)
         parts_text(d, parts, sizeof parts);
         return fail(r, &r->c->devices[i].where,
                     "the plan needs %s on '%s' but memory_gib is %g (%s; %u routed experts; KV cache for %u tokens)",
-                    human(d->bytes, need, sizeof need), d->name, r->c->devices[i].memory_gib, parts, d->n_experts,
+                    kt_text_bytes(d->bytes, need, sizeof need), d->name, r->c->devices[i].memory_gib, parts, d->n_experts,
                     p->kv_tokens);
     }
     return KT_OK;
@@ -684,9 +675,9 @@ void kt_placement_describe(const struct kt_placement *p, FILE *out)
             fprintf(out, " device %d", d->cuda_device);
         if (d->backend == KT_PLACE_SIM)
             fprintf(out, ", %g GB/s, %g us", d->transfer_gbps, d->latency_us);
-        fprintf(out, "): %s", human(d->bytes, a, sizeof a));
+        fprintf(out, "): %s", kt_text_bytes(d->bytes, a, sizeof a));
         if (d->budget_bytes)
-            fprintf(out, " of %s (%.0f%%)", human(d->budget_bytes, b, sizeof b),
+            fprintf(out, " of %s (%.0f%%)", kt_text_bytes(d->budget_bytes, b, sizeof b),
                     100.0 * (double)d->bytes / (double)d->budget_bytes);
         fputc('\n', out);
         for (int which = LP_ATTENTION; which <= LP_SHARED; which++) {
@@ -722,7 +713,7 @@ void kt_placement_describe(const struct kt_placement *p, FILE *out)
     for (int n = 0; n < p->n_nodes; n++) {
         char a[32];
         if (p->expert_nodes >> n & 1 || p->node_experts[n])
-            fprintf(out, " %d: %u experts, %s;", n, p->node_experts[n], human(p->node_bytes[n], a, sizeof a));
+            fprintf(out, " %d: %u experts, %s;", n, p->node_experts[n], kt_text_bytes(p->node_bytes[n], a, sizeof a));
     }
     uint32_t replicated = 0;
     for (uint32_t il = 0; il < p->n_layer; il++)

@@ -294,15 +294,6 @@ static kt_status resolve_parts(struct kt_plan *plan, const struct kt_model *m, i
     return st;
 }
 
-static const char *human(uint64_t bytes, char *buf, size_t cap)
-{
-    if (bytes >= (1ull << 30))
-        snprintf(buf, cap, "%.2f GiB", (double)bytes / GIB);
-    else
-        snprintf(buf, cap, "%.1f MiB", (double)bytes / (1 << 20));
-    return buf;
-}
-
 /* Attention + KV cache first, then shared experts, dense layers, embeddings, while they fit. */
 static kt_status place_parts(struct planner *pl, const char *name, kt_err *err)
 {
@@ -338,9 +329,9 @@ static kt_status place_parts(struct planner *pl, const char *name, kt_err *err)
                             "%s: attention, its KV cache and the working buffers need %s on the %s accelerator "
                             "(attention and router %s, KV cache %s for %u tokens, working buffers %s) but its budget "
                             "is %s (%s): give more memory or fewer --kv-tokens",
-                            name, human(used, a1, sizeof a1), kt_place_backend_name(o->device),
-                            human(pb[KT_PART_ATTENTION], a2, sizeof a2), human(pb[KT_PART_KV_CACHE], a3, sizeof a3),
-                            o->kv_tokens, human(pb[KT_PART_WORK_BUFFERS], a5, sizeof a5), human(budget, a4, sizeof a4),
+                            name, kt_text_bytes(used, a1, sizeof a1), kt_place_backend_name(o->device),
+                            kt_text_bytes(pb[KT_PART_ATTENTION], a2, sizeof a2), kt_text_bytes(pb[KT_PART_KV_CACHE], a3, sizeof a3),
+                            o->kv_tokens, kt_text_bytes(pb[KT_PART_WORK_BUFFERS], a5, sizeof a5), kt_text_bytes(budget, a4, sizeof a4),
                             o->budget_source ? o->budget_source : "machine file");
             kt_placement_destroy(all);
             return st;

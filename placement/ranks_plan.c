@@ -108,15 +108,6 @@ static double program(const struct split *s, double limit, double *cost, uint32_
     return total;
 }
 
-static const char *human(uint64_t bytes, char *buf, size_t cap)
-{
-    if (bytes >= (1ull << 30))
-        snprintf(buf, cap, "%.2f GiB", (double)bytes / GIB);
-    else
-        snprintf(buf, cap, "%.1f MiB", (double)bytes / (1 << 20));
-    return buf;
-}
-
 /* Why no split fits: the total against the ranks' memory, else the tightest rank. */
 static kt_status no_fit(const struct split *s, kt_err *err)
 {
@@ -138,23 +129,23 @@ static kt_status no_fit(const struct split *s, kt_err *err)
         return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits their memory: the model "
                           "needs %s (the embedding and head %s of it on rank 0, the rest with the KV cache of its "
                           "layers) and the loader's margin, the ranks hold %s in all: give more ranks, machines with "
-                          "more memory or fewer --kv-tokens", s->L, s->R, human(need, a, sizeof a),
-                          human(s->head_bytes, b, sizeof b), human(have, c, sizeof c));
+                          "more memory or fewer --kv-tokens", s->L, s->R, kt_text_bytes(need, a, sizeof a),
+                          kt_text_bytes(s->head_bytes, b, sizeof b), kt_text_bytes(have, c, sizeof c));
     /* the total would fit: some rank cannot hold what contiguity leaves it - rank 0 starts with layer 0 and
      * the head, the last rank ends with the last layer, every rank holds one layer at least */
     const int last = s->R - 1;
     if (!stage_fits(s, 0, 0, 1))
         return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank 0 holds %s, less "
                           "than layer 0 with the embedding and head need (%s, + %s the loader keeps free): give rank "
-                          "0 more memory or fewer --kv-tokens", s->L, s->R, human(s->capacity[0], a, sizeof a),
-                          human(stage_bytes(s, 0, 0, 1), b, sizeof b),
-                          human(kt_meminfo_margin_bytes(stage_bytes(s, 0, 0, 1)), c, sizeof c));
+                          "0 more memory or fewer --kv-tokens", s->L, s->R, kt_text_bytes(s->capacity[0], a, sizeof a),
+                          kt_text_bytes(stage_bytes(s, 0, 0, 1), b, sizeof b),
+                          kt_text_bytes(kt_meminfo_margin_bytes(stage_bytes(s, 0, 0, 1)), c, sizeof c));
     if (last > 0 && !stage_fits(s, last, s->L - 1, s->L))
         return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank %d, the last, "
                           "holds %s, less than the last layer needs (%s, + %s the loader keeps free): give it more "
                           "memory, or put a larger machine last", s->L, s->R, last,
-                          human(s->capacity[last], a, sizeof a), human(stage_bytes(s, last, s->L - 1, s->L), b, sizeof b),
-                          human(kt_meminfo_margin_bytes(stage_bytes(s, last, s->L - 1, s->L)), c, sizeof c));
+                          kt_text_bytes(s->capacity[last], a, sizeof a), kt_text_bytes(stage_bytes(s, last, s->L - 1, s->L), b, sizeof b),
+                          kt_text_bytes(kt_meminfo_margin_bytes(stage_bytes(s, last, s->L - 1, s->L)), c, sizeof c));
     for (int r = 1; r < last; r++) {
         bool any = false;
         for (uint32_t il = 1; il + 1 < s->L && !any; il++)
@@ -162,7 +153,7 @@ static kt_status no_fit(const struct split *s, kt_err *err)
         if (!any)
             return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks fits: rank %d holds %s, "
                               "less than any one layer needs with the loader's margin: give it more memory or "
-                              "fewer --kv-tokens", s->L, s->R, r, human(s->capacity[r], a, sizeof a));
+                              "fewer --kv-tokens", s->L, s->R, r, kt_text_bytes(s->capacity[r], a, sizeof a));
     }
     int worst = -1;
     for (int r = 0; r < s->R; r++)
@@ -171,7 +162,7 @@ static kt_status no_fit(const struct split *s, kt_err *err)
     return kt_err_set(err, KT_ERR_INVALID, "no split of the %u layers over %d ranks into contiguous ranges fits "
                       "every rank's memory (the smallest rank, %d, holds %s): give the small ranks more memory, "
                       "reorder the ranks, or use fewer", s->L, s->R, worst,
-                      worst >= 0 ? human(s->capacity[worst], a, sizeof a) : "an unknown amount");
+                      worst >= 0 ? kt_text_bytes(s->capacity[worst], a, sizeof a) : "an unknown amount");
 }
 
 kt_status kt_rank_split(uint32_t n_layer, int n_ranks, const double *layer_s, double head_s,
@@ -396,7 +387,7 @@ static void put_stage(struct kt_text *t, const char *label, int r, const struct 
     char a[32], b[32];
     kt_text_put(t, "#   %s rank %d: layers %u-%u, decode %.4f ms, prefill %.4f ms, objective %.4f ms a token; %s of %s%s\n",
         label, r, s->first, s->last, 1e3 * s->decode_s, 1e3 * s->prefill_s, 1e3 * s->objective_s,
-        human(s->bytes, a, sizeof a), s->capacity ? human(s->capacity, b, sizeof b) : "unknown RAM",
+        kt_text_bytes(s->bytes, a, sizeof a), s->capacity ? kt_text_bytes(s->capacity, b, sizeof b) : "unknown RAM",
         s->fits ? "" : " (does not fit)");
 }
 

@@ -36,3 +36,12 @@ void kt_text_put(struct kt_text *t, const char *fmt, ...)
         t->cap = cap;
     }
 }
+
+const char *kt_text_bytes(uint64_t bytes, char *buf, size_t cap)
+{
+    if (bytes >= (1ull << 30))
+        snprintf(buf, cap, "%.2f GiB", (double)bytes / (double)(1ull << 30));
+    else
+        snprintf(buf, cap, "%.1f MiB", (double)bytes / (1 << 20));
+    return buf;
+}

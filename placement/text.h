@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct kt_text {
     char *s;
@@ -17,5 +18,8 @@ struct kt_text {
 };
 
 void kt_text_put(struct kt_text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* "1.23 GiB" or "45.6 MiB" into buf; returns buf. */
+const char *kt_text_bytes(uint64_t bytes, char *buf, size_t cap);
 
 #endif
