@@ -510,7 +510,8 @@ static long count_replicas(const json_t *placement)
 /* kt-serve on tiny from the placement config `yaml` (written to name in the
  * scratch folder, its path left in config), rebalancing every 0.2 s; false
  * (after a failed check, the file gone) when it does not start. */
-static bool start_cpu_only(struct test_server *s, char *config, size_t config_size, const char *name, const char *yaml)
+static bool start_cpu_only(struct test_server *s, char *config, size_t config_size, const char *name, const char *yaml,
+                           const char *extra)
 {
     snprintf(config, config_size, "%s", kt_test_path(name));
     FILE *f = fopen(config, "w");
@@ -522,7 +523,7 @@ static bool start_cpu_only(struct test_server *s, char *config, size_t config_si
     fclose(f);
     char args[2600];
     snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
-             "--rebalance-interval 0.2", config);
+             "--rebalance-interval 0.2 %s", config, extra);
     if (!server_start(s, tiny, args, true)) {
         unlink(config);
         return false;
@@ -542,7 +543,7 @@ static void replicas_are_dropped_between_steps(void)
     struct test_server s;
     if (!start_cpu_only(&s, config, sizeof config, "replicas.yaml",
                         "version: 1\ndescription: both nodes, two replicas a layer\nattention: cpu\ncpu:\n"
-                        "  nodes: auto\n  replicas:\n    hot_per_layer: 2\n"))
+                        "  nodes: auto\n  replicas:\n    hot_per_layer: 2\n", ""))
         return;
     json_t *first = get_json(&s, "/kt/placement");
     const long at_start = count_replicas(first);
@@ -583,17 +584,37 @@ static void replicas_are_dropped_between_steps(void)
     unlink(config);
 }
 
+/* The rebalancer's layer moves in j (GET /kt/placement) came in parts of the
+ * budget's size: one part a layer under the default budget (budget_mib 0),
+ * more under a budget below a layer's bytes; the copies in flight never held
+ * more than the budget. */
+static void check_layer_parts(const json_t *j, long layers, double budget_mib)
+{
+    const json_t *rb = json_object_get(j, "rebalancer");
+    const json_int_t parts = json_integer_value(json_object_get(rb, "layer_parts"));
+    const json_int_t max = json_integer_value(json_object_get(rb, "in_flight_bytes_max"));
+    const json_int_t budget = json_integer_value(json_object_get(rb, "budget_bytes"));
+    printf("  %lld parts for %ld layers, at most %.2f MiB in flight (budget %.2f MiB)\n", (long long)parts, layers,
+           (double)max / 1048576.0, (double)budget / 1048576.0);
+    KT_CHECK(budget_mib > 0 ? parts >= 2 * layers : parts == layers, "budget %g MiB: %lld parts for %ld layers",
+             budget_mib, (long long)parts, layers);
+    KT_CHECK(max > 0 && max <= budget, "%lld bytes in flight, budget %lld", (long long)max, (long long)budget);
+}
+
 /* Layers sliced while serving: CPU only on both nodes, every layer whole at
  * the start; at batch 1 the planner row-slices them (a whole expert's tokens
  * fall unevenly on two nodes), so the rebalancer slices a layer between two
  * steps - logged as a "slice" - and the greedy answer stays the same (the
  * shares hold the whole experts' bytes). */
-static void layers_are_sliced_between_steps(void)
+static void layers_are_sliced_between_steps_budget(double budget_mib)
 {
-    char config[1024];
+    char config[1024], extra[64] = "";
+    if (budget_mib > 0)
+        snprintf(extra, sizeof extra, "--migration-budget-mib %g", budget_mib);
     struct test_server s;
     if (!start_cpu_only(&s, config, sizeof config, "whole.yaml",
-                        "version: 1\ndescription: both nodes, whole experts\nattention: cpu\ncpu:\n  nodes: auto\n"))
+                        "version: 1\ndescription: both nodes, whole experts\nattention: cpu\ncpu:\n  nodes: auto\n",
+                        extra))
         return;
     char *before = greedy_answer(&s);
     json_t *j = NULL;
@@ -619,6 +640,7 @@ static void layers_are_sliced_between_steps(void)
     }
     printf("  %ld layers sliced while serving (%ld logged)\n", sliced, logged);
     KT_CHECK(logged == sliced, "%ld sliced layers, %ld slices logged", sliced, logged);
+    check_layer_parts(j, sliced, budget_mib);
     char *after = greedy_answer(&s);
     KT_CHECK(before && after && strcmp(before, after) == 0, "the greedy answer changed as layers were sliced:\n%s\n%s",
              before, after);
@@ -628,11 +650,23 @@ static void layers_are_sliced_between_steps(void)
     unlink(config);
 }
 
+static void layers_are_sliced_between_steps(void)
+{
+    layers_are_sliced_between_steps_budget(0);
+}
+
+/* A layer of tiny holds 24 MiB of experts: under a 4 MiB budget it is sliced
+ * 5 experts at a time, and serves the same answer while sliced in part. */
+static void layers_larger_than_the_budget_are_sliced_in_parts(void)
+{
+    layers_are_sliced_between_steps_budget(4);
+}
+
 /* And back: both nodes, every layer sliced by the config, and a machine whose
  * node 1 runs at 40% of node 0: a whole layer can give the faster node more
  * experts, which an even slice cannot, so the rebalancer makes the layers
  * whole again between steps, logs each, and the greedy answer stays. */
-static void sliced_layers_are_made_whole_between_steps(void)
+static void sliced_layers_are_made_whole_between_steps_budget(double budget_mib)
 {
     char machine[1024];
     snprintf(machine, sizeof machine, "%s", kt_test_path("uneven.machine.json"));
@@ -650,7 +684,8 @@ static void sliced_layers_are_made_whole_between_steps(void)
                         "  sliced: all\n", f) >= 0 && fclose(f) == 0, "writing %s", config);
     char args[3000];
     snprintf(args, sizeof args, "-t 2 -q --served-model-name tiny --prefix-cache 0 --placement '%s' "
-             "--rebalance-interval 0.2 --machine '%s'", config, machine);
+             "--rebalance-interval 0.2 --machine '%s' --migration-budget-mib %g", config, machine,
+             budget_mib > 0 ? budget_mib : 1024);
     struct test_server s;
     if (!server_start(&s, tiny, args, true)) {
         unlink(config), unlink(machine);
@@ -685,6 +720,7 @@ static void sliced_layers_are_made_whole_between_steps(void)
     }
     printf("  %ld layers made whole while serving (%ld logged)\n", whole, logged);
     KT_CHECK(logged == whole, "%ld whole layers, %ld logged", whole, logged);
+    check_layer_parts(j, whole, budget_mib);
     struct kt_buf out = {0};
     KT_CHECK(http(&s, NULL, "/metrics", NULL, &out, NULL) == 200 &&
                  metric(kt_buf_str(&out), "kt:layers_made_whole_total") == (double)logged,
@@ -697,6 +733,17 @@ static void sliced_layers_are_made_whole_between_steps(void)
     json_decref(j);
     KT_CHECK(server_stop(&s) == 0, "exit status");
     unlink(config), unlink(machine);
+}
+
+static void sliced_layers_are_made_whole_between_steps(void)
+{
+    sliced_layers_are_made_whole_between_steps_budget(0);
+}
+
+/* Under a 6 MiB budget a sliced layer of tiny is made whole a few experts at a time. */
+static void layers_larger_than_the_budget_are_made_whole_in_parts(void)
+{
+    sliced_layers_are_made_whole_between_steps_budget(6);
 }
 
 /* A tiny expert is 0.75 MiB: a budget below it still lets one move at a time through. */
@@ -872,7 +919,9 @@ int main(void)
     KT_RUN(a_budget_below_one_expert_still_moves_experts);
     KT_RUN(replicas_are_dropped_between_steps);
     KT_RUN(layers_are_sliced_between_steps);
+    KT_RUN(layers_larger_than_the_budget_are_sliced_in_parts);
     KT_RUN(sliced_layers_are_made_whole_between_steps);
+    KT_RUN(layers_larger_than_the_budget_are_made_whole_in_parts);
     KT_RUN(bad_rebalancing_options_are_refused);
     KT_RUN(api_key_guards_kt_endpoints_but_not_the_dashboard);
     KT_RUN(the_expert_cache_hits_and_keeps_the_greedy_answer);

@@ -185,9 +185,12 @@ static void shares_are_the_whole_experts_rows(const char *extra)
 }
 
 /* A whole layer sliced while serving (kt_expert_store_slice_copy, then
- * _switch) holds the bytes a store sliced at load holds, byte for byte, in
- * the same layout; its whole copies are given back. */
-static void slicing_a_layer_later_gives_the_loads_shares(const char *extra)
+ * _switch), in one move or in parts, holds the bytes a store sliced at load
+ * holds, byte for byte, in the same layout; its whole copies are given back
+ * (in one move, as much memory as the load; in parts, the same data).  While
+ * sliced in part its sliced experts cannot move, its whole ones can, and
+ * slicing a sliced expert again or over other nodes is refused. */
+static void slicing_a_layer_later_gives_the_loads_shares(const char *extra, uint32_t parts)
 {
     char path[1024];
     struct kt_model *m = kt_test_synth_model("tiny", extra, path, sizeof path);
@@ -205,12 +208,39 @@ static void slicing_a_layer_later_gives_the_loads_shares(const char *extra)
         if (!m->layers[il].is_moe)
             continue;
         struct kt_layer_slices *c = NULL;
-        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x4, &c, &err) == KT_ERR_INVALID && !c &&
+        const uint32_t Ne = m->hp.n_expert;
+        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x4, 0, Ne, &c, &err) == KT_ERR_INVALID && !c &&
                      strstr(err.msg, "two or more"),
                  "one node is no slicing: %s", err.msg);
-        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, &c, &err) == KT_OK && c, "%s", err.msg);
-        KT_CHECK(!kt_expert_store_layout(later, il)->sliced, "layer %u: whole until the switch", il);
-        KT_CHECK(c && kt_expert_store_slice_switch(later, c, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, 2, 2, &c, &err) == KT_ERR_INVALID && !c,
+                 "an empty range: %s", err.msg);
+        for (uint32_t part = 0; part < parts; part++) {
+            const uint32_t x0 = Ne * part / parts, x1 = Ne * (part + 1) / parts;
+            KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, x0, x1, &c, &err) == KT_OK && c, "%s", err.msg);
+            KT_CHECK(kt_expert_store_layout(later, il)->n_sliced == x0 && !kt_expert_store_layout(later, il)->sliced,
+                     "layer %u: experts from %u whole until the switch", il, x0);
+            KT_CHECK(c && kt_expert_store_slice_switch(later, c, &err) == KT_OK, "%s", err.msg);
+            c = NULL;
+            const struct kt_expert_layout *now = kt_expert_store_layout(later, il);
+            KT_CHECK(now->n_sliced == x1 && now->sliced == (x1 == Ne) && now->slice_nodes == 0x5,
+                     "layer %u after part %u: %u sliced", il, part, now->n_sliced);
+            if (x1 == Ne)
+                continue;
+            struct kt_expert_copy *moved = NULL;
+            KT_CHECK(kt_expert_store_copy(later, il, x0, 1, &moved, &err) == KT_ERR_UNSUPPORTED && !moved,
+                     "a sliced expert has no home to move: %s", err.msg);
+            KT_CHECK(kt_expert_store_copy(later, il, x1, 1, &moved, &err) == KT_OK && moved, "a whole one moves: %s",
+                     err.msg);
+            kt_expert_copy_discard(moved);
+            KT_CHECK(kt_expert_store_expert(later, il, x1)->data && !kt_expert_store_expert(later, il, x0)->data,
+                     "layer %u: expert %u whole, %u sliced", il, x1, x0);
+            KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, x0, x1 + 1, &c, &err) == KT_ERR_INVALID && !c &&
+                         strstr(err.msg, "row-sliced already"),
+                     "a sliced expert again: %s", err.msg);
+            KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x3, x1, Ne, &c, &err) == KT_ERR_INVALID && !c &&
+                         strstr(err.msg, "sliced over nodes 0x5"),
+                     "other slice nodes: %s", err.msg);
+        }
         const struct kt_expert_layout *a = kt_expert_store_layout(later, il), *b = kt_expert_store_layout(at_load, il);
         KT_CHECK(a->sliced && a->slice_nodes == 0x5 && !memcmp(a->slice, b->slice, sizeof a->slice) &&
                      a->gate_packed == b->gate_packed && a->down_packed == b->down_packed,
@@ -229,10 +259,14 @@ static void slicing_a_layer_later_gives_the_loads_shares(const char *extra)
                          "%s layer %u expert %u: node %d's share differs from the load's", extra, il, x, node);
             }
         c = NULL;
-        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, &c, &err) == KT_ERR_INVALID && !c,
+        KT_CHECK(kt_expert_store_slice_copy(later, m, il, 0x5, 0, Ne, &c, &err) == KT_ERR_INVALID && !c,
                  "a sliced layer again: %s", err.msg);
     }
-    KT_CHECK(!later || !at_load || kt_expert_store_bytes(later) == kt_expert_store_bytes(at_load),
+    KT_CHECK(!later || !at_load || kt_expert_store_data_bytes(later) == kt_expert_store_data_bytes(at_load),
+             "data bytes: sliced later %llu, at load %llu",
+             (unsigned long long)(later ? kt_expert_store_data_bytes(later) : 0),
+             (unsigned long long)(at_load ? kt_expert_store_data_bytes(at_load) : 0));
+    KT_CHECK(!later || !at_load || parts > 1 || kt_expert_store_bytes(later) == kt_expert_store_bytes(at_load),
              "bytes: whole %llu, sliced later %llu, sliced at load %llu", (unsigned long long)bytes_whole,
              (unsigned long long)(later ? kt_expert_store_bytes(later) : 0),
              (unsigned long long)(at_load ? kt_expert_store_bytes(at_load) : 0));
@@ -244,18 +278,24 @@ static void slicing_a_layer_later_gives_the_loads_shares(const char *extra)
 
 static void slicing_later_f32(void)
 {
-    slicing_a_layer_later_gives_the_loads_shares("");
+    slicing_a_layer_later_gives_the_loads_shares("", 1);
 }
 
 static void slicing_later_q4_k(void)
 {
-    slicing_a_layer_later_gives_the_loads_shares("--experts-type q4_k");
+    slicing_a_layer_later_gives_the_loads_shares("--experts-type q4_k", 1);
 }
 
-/* A layer sliced at load made whole again holds, expert for expert, the bytes
- * a whole load with the same homes holds, and as much memory; a whole layer
+static void slicing_later_in_parts_q4_k(void)
+{
+    slicing_a_layer_later_gives_the_loads_shares("--experts-type q4_k", 3);
+}
+
+/* A layer sliced at load made whole again, in one move or in parts, holds,
+ * expert for expert, the bytes a whole load with the same homes holds (in
+ * one move as much memory, in parts the same data); a whole layer or expert
  * is refused, and so is a home past the store's nodes. */
-static void making_a_layer_whole_gives_the_whole_loads_experts(const char *extra)
+static void making_a_layer_whole_gives_the_whole_loads_experts(const char *extra, uint32_t parts)
 {
     char path[1024];
     struct kt_model *m = kt_test_synth_model("tiny", extra, path, sizeof path);
@@ -277,19 +317,30 @@ static void making_a_layer_whole_gives_the_whole_loads_experts(const char *extra
         if (!m->layers[il].is_moe)
             continue;
         struct kt_layer_whole *c = NULL;
-        KT_CHECK(kt_expert_store_whole_copy(whole, il, homes + (size_t)il * Ne, &c, &err) == KT_ERR_INVALID && !c &&
+        KT_CHECK(kt_expert_store_whole_copy(whole, il, homes + (size_t)il * Ne, 0, Ne, &c, &err) == KT_ERR_INVALID && !c &&
                      strstr(err.msg, "whole already"),
                  "a whole layer: %s", err.msg);
         int bad[64];
         for (uint32_t x = 0; x < Ne && x < 64; x++)
             bad[x] = x == 3 ? KT_EXPERT_MAX_NODES : 0;
-        KT_CHECK(Ne > 64 || (kt_expert_store_whole_copy(sliced, il, bad, &c, &err) == KT_ERR_INVALID && !c &&
+        KT_CHECK(Ne > 64 || (kt_expert_store_whole_copy(sliced, il, bad, 0, Ne, &c, &err) == KT_ERR_INVALID && !c &&
                              strstr(err.msg, "expert 3: home node")),
                  "a home past the nodes: %s", err.msg);
-        KT_CHECK(kt_expert_store_whole_copy(sliced, il, homes + (size_t)il * Ne, &c, &err) == KT_OK && c, "%s",
-                 err.msg);
-        KT_CHECK(kt_expert_store_layout(sliced, il)->sliced, "layer %u: sliced until the switch", il);
-        KT_CHECK(c && kt_expert_store_whole_switch(sliced, c, &err) == KT_OK, "%s", err.msg);
+        for (uint32_t part = 0; part < parts; part++) {
+            const uint32_t x0 = Ne * part / parts, x1 = Ne * (part + 1) / parts;
+            KT_CHECK(kt_expert_store_whole_copy(sliced, il, homes + (size_t)il * Ne, x0, x1, &c, &err) == KT_OK && c,
+                     "%s", err.msg);
+            KT_CHECK(kt_expert_store_layout(sliced, il)->n_sliced == Ne - x0, "layer %u: sliced until the switch", il);
+            KT_CHECK(c && kt_expert_store_whole_switch(sliced, c, &err) == KT_OK, "%s", err.msg);
+            c = NULL;
+            const struct kt_expert_layout *now = kt_expert_store_layout(sliced, il);
+            KT_CHECK(now->n_sliced == Ne - x1 && !now->sliced && (x1 == Ne) == (now->slice_nodes == 0),
+                     "layer %u after part %u: %u sliced, nodes 0x%x", il, part, now->n_sliced, now->slice_nodes);
+            KT_CHECK(x1 == Ne || (kt_expert_store_whole_copy(sliced, il, homes + (size_t)il * Ne, 0, x1 + 1, &c, &err) ==
+                                      KT_ERR_INVALID &&
+                                  !c && strstr(err.msg, "whole already")),
+                     "a whole expert again: %s", err.msg);
+        }
         const struct kt_expert_layout *a = kt_expert_store_layout(sliced, il), *b = kt_expert_store_layout(whole, il);
         KT_CHECK(!a->sliced && a->slice_nodes == 0 && a->expert_bytes == b->expert_bytes &&
                      a->gate_packed == b->gate_packed && a->down_packed == b->down_packed,
@@ -304,7 +355,7 @@ static void making_a_layer_whole_gives_the_whole_loads_experts(const char *extra
                      we->home_node);
         }
     }
-    KT_CHECK(!whole || !sliced || (kt_expert_store_bytes(sliced) == kt_expert_store_bytes(whole) &&
+    KT_CHECK(!whole || !sliced || ((parts > 1 || kt_expert_store_bytes(sliced) == kt_expert_store_bytes(whole)) &&
                                    kt_expert_store_data_bytes(sliced) == kt_expert_store_data_bytes(whole)),
              "bytes: made whole %llu (data %llu), whole at load %llu (data %llu)",
              (unsigned long long)(sliced ? kt_expert_store_bytes(sliced) : 0),
@@ -319,16 +370,23 @@ static void making_a_layer_whole_gives_the_whole_loads_experts(const char *extra
 
 static void whole_again_f32(void)
 {
-    making_a_layer_whole_gives_the_whole_loads_experts("");
+    making_a_layer_whole_gives_the_whole_loads_experts("", 1);
 }
 
 static void whole_again_q4_k(void)
 {
-    making_a_layer_whole_gives_the_whole_loads_experts("--experts-type q4_k");
+    making_a_layer_whole_gives_the_whole_loads_experts("--experts-type q4_k", 1);
+}
+
+static void whole_again_in_parts_q4_k(void)
+{
+    making_a_layer_whole_gives_the_whole_loads_experts("--experts-type q4_k", 4);
 }
 
 /* An engine whose layers are sliced after the prompt and made whole again two
- * decode steps later gives, step for step, the logits of one never sliced. */
+ * decode steps later - odd layers in one move, even ones in two parts, a
+ * decode step running between the parts with the layer sliced in part -
+ * gives, step for step, the logits of one never sliced. */
 static void slicing_and_unslicing_between_steps_keeps_every_logit(void)
 {
     char path[1024];
@@ -350,21 +408,27 @@ static void slicing_and_unslicing_between_steps_keeps_every_logit(void)
               kt_engine_step(e, &(struct kt_batch){PROMPT_LEN, bt}, logits, &err) == KT_OK;
     int *homes = kt_test_xmalloc(Ne * sizeof *homes);
     for (uint32_t s = 0; ok && s < DECODE_STEPS; s++) {
-        for (uint32_t il = 0; ok && il < m->hp.n_layer && (s == 0 || s == 2); il++) {
-            if (!m->layers[il].is_moe)
+        for (uint32_t il = 0; ok && il < m->hp.n_layer && s < 4; il++) {
+            const uint32_t half = il % 2 ? Ne : Ne / 2; /* the first part: experts [0, half) */
+            const uint32_t x0 = s % 2 ? half : 0, x1 = s % 2 ? Ne : half;
+            if (!m->layers[il].is_moe || x0 == x1)
                 continue;
-            if (s == 0) {
+            if (s < 2) {
                 struct kt_layer_slices *c = NULL;
-                ok = kt_engine_layer_slice_copy(e, il, &c, &err) == KT_OK &&
-                     kt_engine_layer_slice_switch(e, c, &err) == KT_OK && kt_engine_layer_sliced(e, il);
+                ok = kt_engine_layer_slice_copy(e, il, x0, x1, &c, &err) == KT_OK &&
+                     kt_engine_layer_slice_switch(e, c, &err) == KT_OK && kt_engine_layer_sliced(e, il) == (x1 == Ne) &&
+                     kt_engine_layer_sliced_experts(e, il) == x1 && kt_engine_expert_node(e, il, x0) < 0;
             } else {
                 for (uint32_t x = 0; x < Ne; x++)
                     homes[x] = (int)((x + il) % 2);
                 struct kt_layer_whole *c = NULL;
-                ok = kt_engine_layer_whole_copy(e, il, homes, &c, &err) == KT_OK &&
+                ok = kt_engine_layer_whole_copy(e, il, homes, x0, x1, &c, &err) == KT_OK &&
                      kt_engine_layer_whole_switch(e, c, &err) == KT_OK && !kt_engine_layer_sliced(e, il) &&
-                     kt_engine_expert_node(e, il, 1) == (int)((1 + il) % 2);
+                     kt_engine_layer_sliced_experts(e, il) == Ne - x1 &&
+                     kt_engine_expert_node(e, il, x0) == (int)((x0 + il) % 2);
             }
+            if (!ok)
+                fprintf(stderr, "step %u layer %u experts [%u, %u): %s\n", s, il, x0, x1, err.msg);
         }
         const int32_t next = argmax(logits + (size_t)(PROMPT_LEN + s - 1) * V, V);
         struct kt_batch_token t = {next, 0, PROMPT_LEN + s, true};
@@ -374,7 +438,7 @@ static void slicing_and_unslicing_between_steps_keeps_every_logit(void)
     KT_CHECK(!ok || memcmp(logits, base, (size_t)(PROMPT_LEN + DECODE_STEPS) * V * sizeof *logits) == 0,
              "logits differ from the never-sliced engine's");
     struct kt_layer_whole *c = NULL;
-    KT_CHECK(!e || !ok || (kt_engine_layer_whole_copy(e, 1, homes, &c, &err) == KT_ERR_INVALID && !c),
+    KT_CHECK(!e || !ok || (kt_engine_layer_whole_copy(e, 1, homes, 0, Ne, &c, &err) == KT_ERR_INVALID && !c),
              "layer 1 is whole: refused (%s)", err.msg);
     kt_engine_destroy(e);
     free(base), free(logits), free(homes);
@@ -592,8 +656,10 @@ int main(void)
     KT_RUN(shares_are_whole_rows_f32);
     KT_RUN(slicing_later_f32);
     KT_RUN(slicing_later_q4_k);
+    KT_RUN(slicing_later_in_parts_q4_k);
     KT_RUN(whole_again_f32);
     KT_RUN(whole_again_q4_k);
+    KT_RUN(whole_again_in_parts_q4_k);
     KT_RUN(slicing_and_unslicing_between_steps_keeps_every_logit);
     KT_RUN(shares_are_whole_rows_q4_k);
     KT_RUN(tiny_sliced_logits_identical);

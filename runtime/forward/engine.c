@@ -1251,8 +1251,8 @@ kt_status kt_engine_expert_add_replica(struct kt_engine *e, struct kt_expert_cop
     return kt_expert_store_add_replica(e->experts, c, err);
 }
 
-kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, struct kt_layer_slices **out,
-                                     kt_err *err)
+kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, uint32_t x0, uint32_t x1,
+                                     struct kt_layer_slices **out, kt_err *err)
 {
     *out = NULL;
     if (!e->experts)
@@ -1260,7 +1260,7 @@ kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, str
     if (e->n_slices < 2)
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u: the engine has worker pools on fewer than two nodes: "
                                                    "nothing to slice over", il);
-    return kt_expert_store_slice_copy(e->experts, e->model, il, e->slice_nodes, out, err);
+    return kt_expert_store_slice_copy(e->experts, e->model, il, e->slice_nodes, x0, x1, out, err);
 }
 
 kt_status kt_engine_layer_slice_switch(struct kt_engine *e, struct kt_layer_slices *c, kt_err *err)
@@ -1273,7 +1273,33 @@ bool kt_engine_layer_sliced(const struct kt_engine *e, uint32_t il)
     return e->experts && il < e->hp.n_layer && kt_expert_store_layout(e->experts, il)->sliced;
 }
 
-kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, const int *homes,
+uint32_t kt_engine_layer_sliced_experts(const struct kt_engine *e, uint32_t il)
+{
+    return e->experts && il < e->hp.n_layer ? kt_expert_store_layout(e->experts, il)->n_sliced : 0;
+}
+
+uint32_t kt_engine_layer_move_experts(const struct kt_engine *e, uint32_t il, bool slice, uint64_t budget)
+{
+    const uint32_t Ne = e->hp.n_expert;
+    if (!e->experts || il >= e->hp.n_layer || !e->layers[il].is_moe || e->n_slices < 2)
+        return Ne;
+    /* the memory a copy of n experts holds: the shares exactly; whole copies
+     * at most one 2 MiB rounding per node over their buffers */
+    const uint64_t whole = kt_expert_store_whole_bytes(e->experts, il), round = 2ull << 20;
+    uint32_t lo = 1, hi = Ne; /* the most experts whose copy fits, at least one */
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo + 1) / 2;
+        const uint64_t bytes = slice ? kt_expert_store_slice_bytes(e->experts, e->model, il, e->slice_nodes, mid)
+                                     : (uint64_t)mid * whole + (uint64_t)e->topo->n_nodes * round;
+        if (bytes <= budget)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, const int *homes, uint32_t x0, uint32_t x1,
                                      struct kt_layer_whole **out, kt_err *err)
 {
     *out = NULL;
@@ -1281,11 +1307,11 @@ kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, con
         return kt_err_set(err, KT_ERR_UNSUPPORTED, "the routed experts are read in place: no layer is sliced");
     if (il >= e->hp.n_layer || !e->layers[il].is_moe)
         return kt_err_set(err, KT_ERR_INVALID, "layer %u has no routed experts", il);
-    for (uint32_t x = 0; x < e->hp.n_expert; x++)
+    for (uint32_t x = x0; x < x1 && x < e->hp.n_expert; x++)
         if (homes[x] < 0 || homes[x] >= e->topo->n_nodes || e->topo->nodes[homes[x]].n_cores == 0)
             return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u: node %d is not a node with cores of this "
                               "engine's topology (%d nodes)", il, x, homes[x], e->topo->n_nodes);
-    return kt_expert_store_whole_copy(e->experts, il, homes, out, err);
+    return kt_expert_store_whole_copy(e->experts, il, homes, x0, x1, out, err);
 }
 
 kt_status kt_engine_layer_whole_switch(struct kt_engine *e, struct kt_layer_whole *c, kt_err *err)

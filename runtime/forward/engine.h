@@ -278,12 +278,12 @@ uint64_t kt_engine_expert_store_bytes(const struct kt_engine *e);           /* 0
  * stepping thread (never during a step), and the next step runs it on that
  * node's pool: the same bytes, bit-identical logits.  kt_engine_move_expert
  * does both between steps.  `node` must have cores in the engine's topology;
- * experts of row-sliced layers do not move (KT_ERR_UNSUPPORTED), nor to a
+ * row-sliced experts do not move (KT_ERR_UNSUPPORTED), nor to a
  * node holding a copy of them (KT_ERR_INVALID); replicas stay where they
  * are; a failed switch leaves the old home serving.  An
  * expert on the device moves its CPU copy (where it runs once off the
  * device).  kt_engine_expert_node: the node of that copy; -1 for a dense
- * layer, a sliced one, or experts read in place. */
+ * layer, a sliced expert, or experts read in place. */
 struct kt_expert_copy;
 kt_status kt_engine_expert_copy(const struct kt_engine *e, uint32_t il, uint32_t x, int node,
                                 struct kt_expert_copy **out, kt_err *err);
@@ -298,23 +298,32 @@ int kt_engine_expert_node(const struct kt_engine *e, uint32_t il, uint32_t x);
 kt_status kt_engine_expert_add_replica(struct kt_engine *e, struct kt_expert_copy *c, kt_err *err);
 kt_status kt_engine_expert_drop_replica(struct kt_engine *e, uint32_t il, uint32_t x, int node, kt_err *err);
 uint16_t kt_engine_expert_replica_nodes(const struct kt_engine *e, uint32_t il, uint32_t x);
-/* A whole layer row-sliced while serving (expert_store.h): the shares of
- * every node with a pool are made by kt_engine_layer_slice_copy (any thread,
- * while steps run, no other move of the layer meanwhile) and the layer
- * switches between two steps (kt_engine_layer_slice_switch, on the stepping
- * thread); the same bytes, so bit-identical logits.  KT_ERR_UNSUPPORTED
- * with pools on fewer than two nodes.  kt_engine_layer_sliced: whether
- * layer il's CPU experts are sliced now. */
+/* A whole layer row-sliced while serving (expert_store.h), in one move or in
+ * parts: the shares of experts [x0, x1) on every node with a pool are made by
+ * kt_engine_layer_slice_copy (any thread, while steps run, no other move of
+ * the layer meanwhile) and those experts switch between two steps
+ * (kt_engine_layer_slice_switch, on the stepping thread), their whole copies
+ * given back; the same bytes, so bit-identical logits, also while the layer
+ * is sliced in part (its sliced experts run on every node, the rest whole).
+ * KT_ERR_UNSUPPORTED with pools on fewer than two nodes.
+ * kt_engine_layer_sliced: whether every CPU expert of layer il is sliced now;
+ * kt_engine_layer_sliced_experts: how many are.
+ * kt_engine_layer_move_experts: the most experts of layer il one such copy
+ * (slice) or its inverse (!slice) may take for its memory to stay within
+ * `budget` bytes (at least 1; n_expert where nothing is sliced). */
 struct kt_layer_slices;
-kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, struct kt_layer_slices **out,
-                                     kt_err *err);
+kt_status kt_engine_layer_slice_copy(const struct kt_engine *e, uint32_t il, uint32_t x0, uint32_t x1,
+                                     struct kt_layer_slices **out, kt_err *err);
 kt_status kt_engine_layer_slice_switch(struct kt_engine *e, struct kt_layer_slices *c, kt_err *err);
 bool kt_engine_layer_sliced(const struct kt_engine *e, uint32_t il);
-/* And back: layer il made whole again, expert x homed on node homes[x] (a
- * node with a pool), the same way (kt_engine_layer_whole_copy any thread,
- * kt_engine_layer_whole_switch on the stepping thread): bit-identical. */
+uint32_t kt_engine_layer_sliced_experts(const struct kt_engine *e, uint32_t il);
+uint32_t kt_engine_layer_move_experts(const struct kt_engine *e, uint32_t il, bool slice, uint64_t budget);
+/* And back: experts [x0, x1) of layer il made whole again, expert x homed on
+ * node homes[x] (a node with a pool; homes indexed by expert), the same way
+ * (kt_engine_layer_whole_copy any thread, kt_engine_layer_whole_switch on the
+ * stepping thread): bit-identical. */
 struct kt_layer_whole;
-kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, const int *homes,
+kt_status kt_engine_layer_whole_copy(const struct kt_engine *e, uint32_t il, const int *homes, uint32_t x0, uint32_t x1,
                                      struct kt_layer_whole **out, kt_err *err);
 kt_status kt_engine_layer_whole_switch(struct kt_engine *e, struct kt_layer_whole *c, kt_err *err);
 

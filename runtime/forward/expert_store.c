@@ -64,6 +64,13 @@ struct slab {
     struct slab_part part[2];
 };
 
+/* A mapping of a layer made while serving, on one node. */
+struct layer_map {
+    uint8_t *base;
+    size_t bytes;
+    bool shares;                    /* experts' shares, else whole copies */
+};
+
 struct store_layer {
     struct kt_expert_layout layout;
     struct slab slabs[3];           /* file order */
@@ -80,6 +87,13 @@ struct store_layer {
      * base[n] or none.  Made at the layer's first change. */
     uint8_t **own;
     size_t *own_bytes;
+    /* Mappings made while serving by slicing or unslicing experts (shares or
+     * whole copies of several experts, one node each): kept until no expert
+     * of their kind is left in the layer.  base_shares: base[] holds shares
+     * (the layer was loaded sliced), else whole copies. */
+    struct layer_map *maps;
+    uint32_t n_maps;
+    bool base_shares;
 };
 
 struct kt_expert_store {
@@ -444,6 +458,8 @@ kt_status kt_expert_store_create(const struct kt_model *m, const struct kt_exper
         }
         if ((st = place_copies(sl, il, s->n_expert, &d, err)) != KT_OK)
             goto fail;
+        sl->layout.n_sliced = sl->layout.sliced ? s->n_expert : 0;
+        sl->base_shares = sl->layout.sliced;
         for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
             const uint64_t stride = sl->layout.sliced ? sl->slice_stride[n] : sl->stride;
             const uint64_t bytes = sl->layout.sliced ? sl->layout.slice[n].bytes : sl->layout.expert_bytes;
@@ -566,6 +582,9 @@ void kt_expert_store_destroy(struct kt_expert_store *s)
             if (sl->own[i])
                 munmap(sl->own[i], sl->own_bytes[i]);
         free(sl->own), free(sl->own_bytes);
+        for (uint32_t i = 0; i < sl->n_maps; i++)
+            munmap(sl->maps[i].base, sl->maps[i].bytes);
+        free(sl->maps);
     }
     free(s->layers);
     free(s);
@@ -618,8 +637,8 @@ kt_status kt_expert_store_copy(const struct kt_expert_store *s, uint32_t il, uin
     const struct kt_stored_expert *se = &sl->experts[x];
     if (node < 0 || node >= KT_EXPERT_MAX_NODES)
         return kt_err_set(err, KT_ERR_INVALID, "expert store: node %d is not 0 to %d", node, KT_EXPERT_MAX_NODES - 1);
-    if (sl->layout.sliced)
-        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u is row-sliced: its experts have no home to move", il);
+    if (!se->data)
+        return kt_err_set(err, KT_ERR_UNSUPPORTED, "layer %u expert %u is row-sliced: it has no home to move", il, x);
     if (se->nodes >> node & 1)
         return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u already has a copy on node %d", il, x, node);
     struct kt_expert_copy *c = calloc(1, sizeof *c);
@@ -656,7 +675,7 @@ static void release_copy(struct kt_expert_store *s, struct store_layer *sl, uint
 {
     struct kt_stored_expert *se = &sl->experts[x];
     const size_t i = (size_t)x * KT_EXPERT_MAX_NODES + (size_t)node;
-    if (sl->own[i]) {
+    if (sl->own && sl->own[i]) {
         munmap(sl->own[i], sl->own_bytes[i]);
         s->bytes -= sl->own_bytes[i];
         sl->own[i] = NULL, sl->own_bytes[i] = 0;
@@ -718,7 +737,7 @@ kt_status kt_expert_store_drop_replica(struct kt_expert_store *s, uint32_t il, u
         return kt_err_set(err, KT_ERR_INVALID, "expert store: no routed expert %u in layer %u", x, il);
     struct store_layer *sl = &s->layers[il];
     const struct kt_stored_expert *se = &sl->experts[x];
-    if (node < 0 || node >= KT_EXPERT_MAX_NODES || !(se->nodes >> node & 1) || sl->layout.sliced)
+    if (node < 0 || node >= KT_EXPERT_MAX_NODES || !(se->nodes >> node & 1) || !se->data)
         return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u has no replica on node %d", il, x, node);
     if (node == se->home_node)
         return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u lives on node %d: its home is not a replica", il, x,
@@ -743,13 +762,23 @@ uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c)
     return c ? c->map_bytes : 0;
 }
 
-/* ---- slicing a layer while serving ------------------------------------------------------------ */
+/* ---- slicing experts while serving ------------------------------------------------------------ */
+
+/*
+ * A layer goes from whole to row-sliced and back in one move or in parts: a
+ * copy covers experts [x0, x1) and its switch gives those experts' old copies
+ * back at once (a copy made while serving is unmapped; a slot of a larger
+ * mapping returns its pages), keeping the new mappings in sl->maps.  A layer
+ * sliced in part (0 < n_sliced < n_expert) computes correctly: moe.c runs its
+ * sliced experts over the slice nodes and the others whole.  Once no expert
+ * of a kind is left, the mappings that held that kind go.
+ */
 
 struct kt_layer_slices {
-    uint32_t il;
-    struct kt_expert_layout layout;             /* the sliced layout */
+    uint32_t il, x0, x1;
+    struct kt_expert_layout layout;             /* the sliced layout: its nodes and shares */
     uint64_t stride[KT_EXPERT_MAX_NODES];        /* node n's share of one expert, rounded up */
-    uint8_t *base[KT_EXPERT_MAX_NODES];          /* (n_expert, stride[n]) bound to node n */
+    uint8_t *base[KT_EXPERT_MAX_NODES];          /* (x1 - x0, stride[n]) bound to node n */
     size_t map_bytes[KT_EXPERT_MAX_NODES];
 };
 
@@ -781,6 +810,67 @@ static uint64_t nodes_bytes(const size_t bytes[KT_EXPERT_MAX_NODES])
     return sum;
 }
 
+/* Room in sl->maps for one more copy's mappings; false out of memory. */
+static bool reserve_maps(struct store_layer *sl)
+{
+    struct layer_map *maps = realloc(sl->maps, (sl->n_maps + KT_EXPERT_MAX_NODES) * sizeof *maps);
+    if (maps)
+        sl->maps = maps;
+    return maps != NULL;
+}
+
+/* A copy's mappings become the layer's (after reserve_maps), counted in the
+ * store's bytes; the copy's pointers are cleared. */
+static void keep_maps(struct kt_expert_store *s, struct store_layer *sl, uint8_t *base[KT_EXPERT_MAX_NODES],
+                      const size_t bytes[KT_EXPERT_MAX_NODES], bool shares)
+{
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        if (base[n]) {
+            sl->maps[sl->n_maps++] = (struct layer_map){base[n], bytes[n], shares};
+            s->bytes += bytes[n];
+            base[n] = NULL;
+        }
+}
+
+/* No expert of the layer is kept whole (shares false) or sliced (true) any
+ * more: the mappings that held that kind go. */
+static void drop_kind(struct kt_expert_store *s, struct store_layer *sl, bool shares)
+{
+    for (int n = 0; sl->base_shares == shares && n < KT_EXPERT_MAX_NODES; n++)
+        if (sl->base[n]) {
+            munmap(sl->base[n], sl->map_bytes[n]);
+            s->bytes -= sl->map_bytes[n];
+            sl->base[n] = NULL, sl->map_bytes[n] = 0;
+        }
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < sl->n_maps; i++) {
+        if (sl->maps[i].shares != shares) {
+            sl->maps[kept++] = sl->maps[i];
+            continue;
+        }
+        munmap(sl->maps[i].base, sl->maps[i].bytes);
+        s->bytes -= sl->maps[i].bytes;
+    }
+    sl->n_maps = kept;
+}
+
+/* KT_OK if [x0, x1) is a non-empty range of layer il's experts, each sliced
+ * (want_sliced) or whole. */
+static kt_status check_range(const struct kt_expert_store *s, uint32_t il, uint32_t x0, uint32_t x1, bool want_sliced,
+                             kt_err *err)
+{
+    if (il >= s->n_layer || !s->layers[il].experts)
+        return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u has no routed experts", il);
+    if (x0 >= x1 || x1 > s->n_expert)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u: experts [%u, %u) are not a range of its %u", il, x0, x1,
+                          s->n_expert);
+    for (uint32_t x = x0; x < x1; x++)
+        if ((s->layers[il].experts[x].data == NULL) != want_sliced)
+            return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u is %s already", il, x,
+                              want_sliced ? "whole" : "row-sliced");
+    return KT_OK;
+}
+
 void kt_layer_slices_discard(struct kt_layer_slices *c)
 {
     if (!c)
@@ -794,29 +884,51 @@ uint64_t kt_layer_slices_bytes(const struct kt_layer_slices *c)
     return c ? nodes_bytes(c->map_bytes) : 0;
 }
 
+uint64_t kt_expert_store_slice_bytes(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
+                                     uint16_t slice_nodes, uint32_t n_experts)
+{
+    if (il >= s->n_layer || !s->layers[il].experts || __builtin_popcount(slice_nodes) < 2)
+        return 0;
+    struct store_layer plan = s->layers[il]; /* plan_slices writes only its layout and strides */
+    plan_slices(m, &plan, slice_nodes);
+    uint64_t bytes = 0;
+    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
+        if (slice_nodes >> n & 1)
+            bytes += round_up((uint64_t)n_experts * plan.slice_stride[n], LAYER_ALIGN);
+    return bytes;
+}
+
+uint64_t kt_expert_store_whole_bytes(const struct kt_expert_store *s, uint32_t il)
+{
+    return il < s->n_layer && s->layers[il].experts ? s->layers[il].stride : 0;
+}
+
 kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
-                                     uint16_t slice_nodes, struct kt_layer_slices **out, kt_err *err)
+                                     uint16_t slice_nodes, uint32_t x0, uint32_t x1, struct kt_layer_slices **out,
+                                     kt_err *err)
 {
     *out = NULL;
-    if (il >= s->n_layer || !s->layers[il].experts)
-        return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u has no routed experts", il);
+    kt_status st = check_range(s, il, x0, x1, false, err);
+    if (st != KT_OK)
+        return st;
     const struct store_layer *sl = &s->layers[il];
-    if (sl->layout.sliced)
-        return kt_err_set(err, KT_ERR_INVALID, "layer %u is row-sliced already", il);
     if (__builtin_popcount(slice_nodes) < 2)
         return kt_err_set(err, KT_ERR_INVALID, "layer %u: slicing needs two or more nodes (0x%x)", il, slice_nodes);
+    if (sl->layout.n_sliced && slice_nodes != sl->layout.slice_nodes)
+        return kt_err_set(err, KT_ERR_INVALID, "layer %u is sliced over nodes 0x%x, not 0x%x", il,
+                          sl->layout.slice_nodes, slice_nodes);
     struct kt_layer_slices *c = calloc(1, sizeof *c);
     if (!c)
         return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
     struct store_layer plan = *sl; /* plan_slices writes only its layout and strides */
     plan_slices(m, &plan, slice_nodes);
-    c->il = il;
+    c->il = il, c->x0 = x0, c->x1 = x1;
     c->layout = plan.layout;
     for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
         if (!(slice_nodes >> n & 1))
             continue;
         c->stride[n] = plan.slice_stride[n];
-        c->map_bytes[n] = (size_t)round_up((uint64_t)s->n_expert * c->stride[n], LAYER_ALIGN);
+        c->map_bytes[n] = (size_t)round_up((uint64_t)(x1 - x0) * c->stride[n], LAYER_ALIGN);
         if (!(c->base[n] = map_layer(c->map_bytes[n], n))) {
             const size_t bytes = c->map_bytes[n];
             kt_layer_slices_discard(c);
@@ -839,8 +951,8 @@ kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const stru
             /* rows from a whole block on: the same bytes packing them alone gives */
             const uint64_t from = whole_at[matrix] + matrix_bytes(sb->t, packed, first);
             const uint64_t bytes = matrix_bytes(sb->t, packed, rows);
-            for (uint32_t x = 0; rows > 0 && x < s->n_expert; x++)
-                memcpy(c->base[n] + (size_t)x * c->stride[n] + at, sl->experts[x].data + from, bytes);
+            for (uint32_t x = x0; rows > 0 && x < x1; x++)
+                memcpy(c->base[n] + (size_t)(x - x0) * c->stride[n] + at, sl->experts[x].data + from, bytes);
         }
     }
     *out = c;
@@ -850,60 +962,54 @@ kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const stru
 kt_status kt_expert_store_slice_switch(struct kt_expert_store *s, struct kt_layer_slices *c, kt_err *err)
 {
     struct store_layer *sl = &s->layers[c->il];
-    if (sl->layout.sliced) {
-        const uint32_t il = c->il;
+    kt_status st = check_range(s, c->il, c->x0, c->x1, false, err);
+    if (st == KT_OK && sl->layout.n_sliced && c->layout.slice_nodes != sl->layout.slice_nodes)
+        st = kt_err_set(err, KT_ERR_INVALID, "layer %u was sliced over other nodes meanwhile", c->il);
+    if (st == KT_OK && !reserve_maps(sl))
+        st = kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory slicing layer %u (it stays as it was)", c->il);
+    if (st != KT_OK) {
         kt_layer_slices_discard(c);
-        return kt_err_set(err, KT_ERR_INVALID, "layer %u is row-sliced already", il);
+        return st;
     }
-    /* the whole copies go: the load-time mappings and the copies made while serving */
-    for (uint32_t x = 0; sl->own && x < s->n_expert; x++)
-        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
-            const size_t i = (size_t)x * KT_EXPERT_MAX_NODES + (size_t)n;
-            if (sl->own[i]) {
-                munmap(sl->own[i], sl->own_bytes[i]);
-                s->bytes -= sl->own_bytes[i];
-            }
-        }
-    free(sl->own), free(sl->own_bytes);
-    sl->own = NULL, sl->own_bytes = NULL;
-    const uint64_t data_before = (uint64_t)sl->layout.expert_bytes * s->n_expert; /* approximately: homes */
-    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
-        if (sl->base[n]) {
-            munmap(sl->base[n], sl->map_bytes[n]);
-            s->bytes -= sl->map_bytes[n];
-        }
-        sl->base[n] = c->base[n];
-        sl->map_bytes[n] = c->map_bytes[n];
-        sl->slice_stride[n] = c->stride[n];
-        sl->copies_on[n] = c->base[n] ? s->n_expert : 0;
-        s->bytes += c->map_bytes[n];
+    if (!sl->layout.n_sliced) {
+        sl->layout.slice_nodes = c->layout.slice_nodes;
+        memcpy(sl->layout.slice, c->layout.slice, sizeof sl->layout.slice);
+        memcpy(sl->slice_stride, c->stride, sizeof sl->slice_stride);
     }
-    sl->layout = c->layout;
-    uint64_t data_after = 0;
-    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++)
-        if (c->base[n])
-            data_after += sl->layout.slice[n].bytes * s->n_expert;
-    s->data_bytes = s->data_bytes - (s->data_bytes < data_before ? s->data_bytes : data_before) + data_after;
-    for (uint32_t x = 0; x < s->n_expert; x++) {
+    for (uint32_t x = c->x0; x < c->x1; x++) {
         struct kt_stored_expert *se = &sl->experts[x];
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) /* its whole copies go: home and replicas */
+            if (se->nodes >> n & 1) {
+                release_copy(s, sl, x, n);
+                s->data_bytes -= sl->layout.expert_bytes;
+            }
         se->data = NULL;
         se->nodes = sl->layout.slice_nodes;
         for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
             se->copy[n] = NULL;
-            se->slice[n] = c->base[n] ? c->base[n] + (size_t)x * c->stride[n] : NULL;
+            se->slice[n] = c->base[n] ? c->base[n] + (size_t)(x - c->x0) * c->stride[n] : NULL;
+            s->data_bytes += c->base[n] ? sl->layout.slice[n].bytes : 0;
         }
+    }
+    keep_maps(s, sl, c->base, c->map_bytes, true);
+    sl->layout.n_sliced += c->x1 - c->x0;
+    if (sl->layout.n_sliced == s->n_expert) { /* no whole expert left */
+        sl->layout.sliced = true;
+        drop_kind(s, sl, false);
+        free(sl->own), free(sl->own_bytes); /* every entry was released */
+        sl->own = NULL, sl->own_bytes = NULL;
     }
     free(c);
     (void)err;
     return KT_OK;
 }
 
-/* ---- making a sliced layer whole again while serving ------------------------------------------ */
+/* ---- making sliced experts whole again while serving ------------------------------------------ */
 
 struct kt_layer_whole {
-    uint32_t il;
-    int *home;                               /* [n_expert] each expert's node */
-    uint32_t *slot;                          /* [n_expert] its place in base[home] */
+    uint32_t il, x0, x1;
+    int *home;                               /* [x1 - x0] each expert's node */
+    uint32_t *slot;                          /* [x1 - x0] its place in base[home] */
     uint32_t count[KT_EXPERT_MAX_NODES];     /* experts homed on each node */
     uint8_t *base[KT_EXPERT_MAX_NODES];      /* (count[n], stride) bound to node n */
     size_t map_bytes[KT_EXPERT_MAX_NODES];
@@ -923,40 +1029,40 @@ uint64_t kt_layer_whole_bytes(const struct kt_layer_whole *c)
     return c ? nodes_bytes(c->map_bytes) : 0;
 }
 
-kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes,
-                                     struct kt_layer_whole **out, kt_err *err)
+kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes, uint32_t x0,
+                                     uint32_t x1, struct kt_layer_whole **out, kt_err *err)
 {
     *out = NULL;
-    if (il >= s->n_layer || !s->layers[il].experts)
-        return kt_err_set(err, KT_ERR_INVALID, "expert store: layer %u has no routed experts", il);
+    kt_status st = check_range(s, il, x0, x1, true, err);
+    if (st != KT_OK)
+        return st;
     const struct store_layer *sl = &s->layers[il];
-    if (!sl->layout.sliced)
-        return kt_err_set(err, KT_ERR_INVALID, "layer %u is whole already", il);
+    const uint32_t n = x1 - x0;
     struct kt_layer_whole *c = calloc(1, sizeof *c);
-    if (!c || !(c->home = calloc(s->n_expert, sizeof *c->home)) || !(c->slot = calloc(s->n_expert, sizeof *c->slot))) {
+    if (!c || !(c->home = calloc(n, sizeof *c->home)) || !(c->slot = calloc(n, sizeof *c->slot))) {
         kt_layer_whole_discard(c);
         return kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory");
     }
-    c->il = il;
-    for (uint32_t x = 0; x < s->n_expert; x++) {
+    c->il = il, c->x0 = x0, c->x1 = x1;
+    for (uint32_t x = x0; x < x1; x++) {
         if (homes[x] < 0 || homes[x] >= KT_EXPERT_MAX_NODES) {
             const int h = homes[x];
             kt_layer_whole_discard(c);
             return kt_err_set(err, KT_ERR_INVALID, "layer %u expert %u: home node %d is not 0..%d", il, x, h,
                               KT_EXPERT_MAX_NODES - 1);
         }
-        c->home[x] = homes[x];
-        c->slot[x] = c->count[homes[x]]++;
+        c->home[x - x0] = homes[x];
+        c->slot[x - x0] = c->count[homes[x]]++;
     }
-    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
-        if (!c->count[n])
+    for (int node = 0; node < KT_EXPERT_MAX_NODES; node++) {
+        if (!c->count[node])
             continue;
-        c->map_bytes[n] = (size_t)round_up((uint64_t)c->count[n] * sl->stride, LAYER_ALIGN);
-        if (!(c->base[n] = map_layer(c->map_bytes[n], n))) {
-            const size_t bytes = c->map_bytes[n];
+        c->map_bytes[node] = (size_t)round_up((uint64_t)c->count[node] * sl->stride, LAYER_ALIGN);
+        if (!(c->base[node] = map_layer(c->map_bytes[node], node))) {
+            const size_t bytes = c->map_bytes[node];
             kt_layer_whole_discard(c);
             return kt_err_set(err, KT_ERR_NOMEM, "expert store: no memory on node %d to make layer %u whole (%zu "
-                              "bytes)", n, il, bytes);
+                              "bytes)", node, il, bytes);
         }
     }
     /* each node's share goes back where the whole expert keeps those rows:
@@ -967,17 +1073,17 @@ kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t i
         const struct slab *sb = matrix_slab(sl, matrix, &packed);
         if (!sb)
             continue;
-        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
-            if (!(sl->layout.slice_nodes >> n & 1))
+        for (int node = 0; node < KT_EXPERT_MAX_NODES; node++) {
+            if (!(sl->layout.slice_nodes >> node & 1))
                 continue;
-            const struct kt_expert_slice *sh = &sl->layout.slice[n];
+            const struct kt_expert_slice *sh = &sl->layout.slice[node];
             const int64_t first = matrix == 2 ? sh->out_first : sh->ff_first, rows = matrix == 2 ? sh->n_out : sh->n_ff;
             const uint64_t at = matrix == 0 ? sh->gate_offset : matrix == 1 ? sh->up_offset : sh->down_offset;
             const uint64_t to = whole_at[matrix] + matrix_bytes(sb->t, packed, first);
             const uint64_t bytes = matrix_bytes(sb->t, packed, rows);
-            for (uint32_t x = 0; rows > 0 && x < s->n_expert; x++)
-                memcpy(c->base[c->home[x]] + (size_t)c->slot[x] * sl->stride + to, sl->experts[x].slice[n] + at,
-                       bytes);
+            for (uint32_t x = x0; rows > 0 && x < x1; x++)
+                memcpy(c->base[c->home[x - x0]] + (size_t)c->slot[x - x0] * sl->stride + to,
+                       sl->experts[x].slice[node] + at, bytes);
         }
     }
     *out = c;
@@ -987,39 +1093,38 @@ kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t i
 kt_status kt_expert_store_whole_switch(struct kt_expert_store *s, struct kt_layer_whole *c, kt_err *err)
 {
     struct store_layer *sl = &s->layers[c->il];
-    if (!sl->layout.sliced) {
-        const uint32_t il = c->il;
+    kt_status st = check_range(s, c->il, c->x0, c->x1, true, err);
+    if (st == KT_OK && !reserve_maps(sl))
+        st = kt_err_set(err, KT_ERR_NOMEM, "expert store: out of memory making layer %u whole (it stays as it was)",
+                        c->il);
+    if (st != KT_OK) {
         kt_layer_whole_discard(c);
-        return kt_err_set(err, KT_ERR_INVALID, "layer %u is whole already", il);
+        return st;
     }
-    uint64_t data_before = 0;
-    for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) {
-        if (sl->layout.slice_nodes >> n & 1)
-            data_before += sl->layout.slice[n].bytes * s->n_expert;
-        if (sl->base[n]) { /* the shares go */
-            munmap(sl->base[n], sl->map_bytes[n]);
-            s->bytes -= sl->map_bytes[n];
-        }
-        sl->base[n] = c->base[n], c->base[n] = NULL;
-        sl->map_bytes[n] = c->map_bytes[n];
-        sl->slice_stride[n] = 0;
-        sl->copies_on[n] = c->count[n];
-        s->bytes += c->map_bytes[n];
-    }
-    sl->layout.sliced = false;
-    sl->layout.slice_nodes = 0;
-    memset(sl->layout.slice, 0, sizeof sl->layout.slice);
-    const uint64_t data_after = (uint64_t)sl->layout.expert_bytes * s->n_expert;
-    s->data_bytes = s->data_bytes - (s->data_bytes < data_before ? s->data_bytes : data_before) + data_after;
-    for (uint32_t x = 0; x < s->n_expert; x++) {
+    for (uint32_t x = c->x0; x < c->x1; x++) {
         struct kt_stored_expert *se = &sl->experts[x];
-        const int home = c->home[x];
+        const int home = c->home[x - c->x0];
+        for (int n = 0; n < KT_EXPERT_MAX_NODES; n++) /* its shares give their pages back */
+            if (se->slice[n]) {
+                madvise((void *)se->slice[n], (size_t)sl->slice_stride[n], MADV_DONTNEED);
+                s->data_bytes -= sl->layout.slice[n].bytes;
+            }
         memset(se->copy, 0, sizeof se->copy);
         memset(se->slice, 0, sizeof se->slice);
-        se->copy[home] = sl->base[home] + (size_t)c->slot[x] * sl->stride;
+        se->copy[home] = c->base[home] + (size_t)c->slot[x - c->x0] * sl->stride;
         se->data = se->copy[home];
         se->home_node = home;
         se->nodes = (uint16_t)(1u << home);
+        s->data_bytes += sl->layout.expert_bytes;
+    }
+    keep_maps(s, sl, c->base, c->map_bytes, false);
+    sl->layout.n_sliced -= c->x1 - c->x0;
+    sl->layout.sliced = false;
+    if (!sl->layout.n_sliced) { /* no share left */
+        drop_kind(s, sl, true);
+        sl->layout.slice_nodes = 0;
+        memset(sl->layout.slice, 0, sizeof sl->layout.slice);
+        memset(sl->slice_stride, 0, sizeof sl->slice_stride);
     }
     kt_layer_whole_discard(c);
     (void)err;

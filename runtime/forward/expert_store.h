@@ -133,6 +133,11 @@ struct kt_expert_layout {
     bool sliced;
     uint16_t slice_nodes;
     struct kt_expert_slice slice[KT_EXPERT_MAX_NODES];
+    /* Experts row-sliced now: n_expert when sliced; 0 < n_sliced < n_expert
+     * while a rebalancer slices the layer (or makes it whole) in parts, the
+     * rest whole (their data set), slice_nodes and slice[] valid as soon as
+     * one expert is sliced. */
+    uint32_t n_sliced;
 };
 
 struct kt_expert_store;
@@ -166,7 +171,7 @@ double kt_expert_store_load_s(const struct kt_expert_store *s);
  * unmapped; a slot of the layer's load-time mapping keeps its address space,
  * counted in kt_expert_store_bytes, and returns its pages).  The bytes are
  * the same, so the logits are bit-identical.  Only whole experts move
- * (KT_ERR_UNSUPPORTED for a sliced layer), to a node without a copy of them
+ * (KT_ERR_UNSUPPORTED for a sliced expert), to a node without a copy of them
  * (KT_ERR_INVALID); an expert's replicas stay where they are.  One copy of
  * an expert at a time.  A failed switch (KT_ERR_NOMEM) discards the copy and
  * leaves the old home serving; an unused copy goes with
@@ -187,36 +192,50 @@ uint64_t kt_expert_copy_bytes(const struct kt_expert_copy *c); /* the memory it 
 
 /*
  * Slicing a whole layer while the engine serves (the rebalancer's way to even
- * the nodes at batch 1): kt_expert_store_slice_copy cuts every expert of
- * layer il into the shares of slice_nodes (>= 2 nodes), each share in its
- * node's memory - any thread, while steps run: it only reads the experts,
- * and no other move of that layer may be made meanwhile - with the same
- * bytes a load sliced from the start puts there (whole blocks of packed rows
- * are contiguous); kt_expert_store_slice_switch makes the layer sliced
- * between two steps and gives back the whole copies (homes and replicas).
- * KT_ERR_INVALID for a layer already sliced or fewer than two nodes;
- * KT_ERR_NOMEM leaves the layer whole.  m is the model the store was made for.
+ * the nodes at batch 1), in one move or in parts of a few experts each, so the
+ * memory a move holds stays within a budget however large the layer:
+ * kt_expert_store_slice_copy cuts experts [x0, x1) of layer il (each whole)
+ * into the shares of slice_nodes (>= 2 nodes; the layer's own slice nodes if
+ * some experts are sliced already), each share in its node's memory - any
+ * thread, while steps run: it only reads the experts, and no other move of
+ * that layer may be made meanwhile - with the same bytes a load sliced from
+ * the start puts there (whole blocks of packed rows are contiguous);
+ * kt_expert_store_slice_switch makes those experts sliced between two steps
+ * and gives back their whole copies (homes and replicas).  Once every expert
+ * is sliced the layer is (layout.sliced); until then the engine runs its
+ * sliced experts over the slice nodes and the rest whole, the same results.
+ * KT_ERR_INVALID for an empty range, an expert in it sliced already, fewer
+ * than two nodes or other nodes than the layer's slice nodes; KT_ERR_NOMEM
+ * leaves the experts whole.  m is the model the store was made for.
+ * kt_expert_store_slice_bytes: the memory a copy of n_experts experts holds;
+ * kt_expert_store_whole_bytes: one whole expert's (its buffer, rounded up).
  */
 struct kt_layer_slices;
 kt_status kt_expert_store_slice_copy(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
-                                     uint16_t slice_nodes, struct kt_layer_slices **out, kt_err *err);
+                                     uint16_t slice_nodes, uint32_t x0, uint32_t x1, struct kt_layer_slices **out,
+                                     kt_err *err);
 kt_status kt_expert_store_slice_switch(struct kt_expert_store *s, struct kt_layer_slices *c, kt_err *err);
 void kt_layer_slices_discard(struct kt_layer_slices *c);
 uint64_t kt_layer_slices_bytes(const struct kt_layer_slices *c); /* the memory it holds */
+uint64_t kt_expert_store_slice_bytes(const struct kt_expert_store *s, const struct kt_model *m, uint32_t il,
+                                     uint16_t slice_nodes, uint32_t n_experts);
+uint64_t kt_expert_store_whole_bytes(const struct kt_expert_store *s, uint32_t il);
 
 /*
- * Making a row-sliced layer whole again while serving (the rebalancer undoes a
- * slice the live profile no longer pays for): kt_expert_store_whole_copy puts
- * every expert back together from the nodes' shares into the memory of
- * homes[x] (one mapping per node) - any thread, while steps run, no other
- * move of that layer meanwhile - with the bytes a whole load puts there;
- * kt_expert_store_whole_switch makes the layer whole between two steps and
- * gives back the shares.  KT_ERR_INVALID for a whole layer or a home past
- * KT_EXPERT_MAX_NODES; KT_ERR_NOMEM leaves the layer sliced.
+ * Making sliced experts whole again while serving (the rebalancer undoes a
+ * slice the live profile no longer pays for), in one move or in parts:
+ * kt_expert_store_whole_copy puts experts [x0, x1) (each sliced) back
+ * together from the nodes' shares, expert x into the memory of homes[x] (one
+ * mapping per node; homes is indexed by expert) - any thread, while steps
+ * run, no other move of that layer meanwhile - with the bytes a whole load
+ * puts there; kt_expert_store_whole_switch makes them whole between two steps
+ * and gives back their shares.  KT_ERR_INVALID for an empty range, an expert
+ * in it whole already or a home past KT_EXPERT_MAX_NODES; KT_ERR_NOMEM leaves
+ * them sliced.
  */
 struct kt_layer_whole;
-kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes,
-                                     struct kt_layer_whole **out, kt_err *err);
+kt_status kt_expert_store_whole_copy(const struct kt_expert_store *s, uint32_t il, const int *homes, uint32_t x0,
+                                     uint32_t x1, struct kt_layer_whole **out, kt_err *err);
 kt_status kt_expert_store_whole_switch(struct kt_expert_store *s, struct kt_layer_whole *c, kt_err *err);
 void kt_layer_whole_discard(struct kt_layer_whole *c);
 uint64_t kt_layer_whole_bytes(const struct kt_layer_whole *c); /* the memory it holds */

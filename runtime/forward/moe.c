@@ -19,7 +19,8 @@
  * (expert_store.h) every pool runs its node's rows of every CPU unit - the
  * same 64-row tasks, on its node's share of the bytes - and an even share of
  * the per-pair work, so each output is still computed by the same call on
- * the same inputs.  Every (token, expert)
+ * the same inputs (in a layer the rebalancer is slicing in parts, its sliced
+ * experts run so first, then the rest on their pools).  Every (token, expert)
  * product is computed the same way whatever else is in the batch, and sums
  * run in selection order, so a token's output never depends on its batch.
  * Nothing here allocates.
@@ -342,8 +343,9 @@ static const uint8_t *quantized_h(struct kt_engine *e, struct kt_pool *pool, con
  * pool[g], all groups at once, the calling thread helping group 0's pool (the
  * step's pool always; a node pool when e->help_first_pool);
  * pool NULL: one group, on the calling thread alone (a device's queue).
- * sliced (a row-sliced layer): every group works on units [first[0],
- * first[n]): an even share of their pairs, and its part of each one's tasks. */
+ * sliced (a layer's row-sliced experts): every group works on units
+ * [first[0], first[1]): an even share of their pairs, and its part of each
+ * one's tasks. */
 struct unit_groups {
     int n;
     struct kt_pool *const *pool; /* [n] */
@@ -351,6 +353,13 @@ struct unit_groups {
     struct kt_units_job *jobs;   /* [n] */
     bool sliced;
 };
+
+/* The units [*u0, *u1) of all of g's groups. */
+static void group_units(const struct unit_groups *g, uint32_t *u0, uint32_t *u1)
+{
+    *u0 = g->first[0];
+    *u1 = g->first[g->sliced ? 1 : g->n];
+}
 
 /* fn on its items, the time it took added to the step's CPU expert busy
  * time (every CPU thread's, so a fully busy step of n threads counts n x its
@@ -376,7 +385,8 @@ static void timed_task(void *ctx, int64_t begin, int64_t end, int thread)
 static int64_t sliced_job(struct kt_engine *e, const struct kt_moe_bufs *b, const struct unit_groups *g, int i,
                           uint32_t n_units, enum item_kind kind, kt_pool_fn fn)
 {
-    const uint32_t u0 = g->first[0], u1 = g->first[g->n];
+    uint32_t u0, u1;
+    group_units(g, &u0, &u1);
     struct kt_units_job *j = &g->jobs[i];
     uint32_t begin, end;
     unit_items(e, u0, u1, n_units, kind, &begin, &end);
@@ -437,7 +447,8 @@ static void run_phase(struct kt_engine *e, const struct kt_moe_bufs *b, const st
 static void run_units(struct kt_engine *e, const struct kt_moe_bufs *b, const float *h, const struct unit_groups *g,
                       uint32_t n_units)
 {
-    const uint32_t u0 = g->first[0], u1 = g->first[g->n];
+    uint32_t u0, u1;
+    group_units(g, &u0, &u1);
     if (u0 >= u1)
         return;
     int slot_types[4], n_slots = 0;
@@ -522,6 +533,19 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
     return w;
 }
 
+/* Experts of layer il row-sliced over the node pools now: all of them, or
+ * some while the rebalancer slices the layer in parts (or makes it whole). */
+static uint32_t sliced_experts(const struct kt_engine *e, uint32_t il)
+{
+    return e->n_slices > 1 && e->experts ? kt_expert_store_layout(e->experts, il)->n_sliced : 0;
+}
+
+/* True if expert x of layer il is row-sliced (in a layer with sliced experts). */
+static bool expert_sliced(const struct kt_engine *e, uint32_t il, uint32_t x)
+{
+    return kt_expert_store_expert(e->experts, il, x)->data == NULL;
+}
+
 /* Pools for the step's active CPU experts (expert_pairs[x] > 0), largest token
  * groups first: each to the least loaded pool holding a copy of it (its
  * home's on ties, then the lowest pool), so replicas spread a hot expert's
@@ -533,13 +557,14 @@ static struct kt_ffn_weights expert_weights(const struct kt_engine *e, uint32_t 
  * routing; which copy runs never changes a result (the copies are the same
  * bytes). */
 #define KT_READ_PAIRS 8 /* tokens whose multiply-adds take about one read of an expert's weights */
-static void choose_pools(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, bool shared_on_cpu)
+static void choose_pools(struct kt_engine *e, uint32_t il, const struct kt_layer_weights *L, bool shared_on_cpu,
+                         bool skip_sliced)
 {
     const uint32_t Ne = e->hp.n_expert;
     const int n_pools = e->n_pools;
     uint32_t n_active = 0;
     for (uint32_t x = 0; x < Ne; x++)
-        if (e->expert_pairs[x] && !kt_fwd_expert_on_device(e, il, x))
+        if (e->expert_pairs[x] && !kt_fwd_expert_on_device(e, il, x) && !(skip_sliced && expert_sliced(e, il, x)))
             e->active_experts[n_active++] = x;
     /* insertion sort by pairs, descending (few active experts in decode, at most Ne) */
     for (uint32_t i = 1; i < n_active; i++)
@@ -600,19 +625,13 @@ static void note_node_balance(struct kt_engine *e, uint32_t il)
     }
 }
 
-/* True if layer il's CPU experts are row-sliced over the node pools. */
-static bool layer_sliced(const struct kt_engine *e, uint32_t il)
-{
-    return e->n_slices > 1 && e->experts && kt_expert_store_layout(e->experts, il)->sliced;
-}
-
-/* A row-sliced layer's pair counts: every slice node runs its share of
- * every pair of the step's CPU experts. */
+/* The pair counts of a layer's row-sliced experts: every slice node runs its
+ * share of every pair of the step's sliced CPU experts. */
 static void count_sliced_pairs(struct kt_engine *e, uint32_t il)
 {
     uint64_t pairs = 0;
     for (uint32_t x = 0; x < e->hp.n_expert; x++)
-        if (!kt_fwd_expert_on_device(e, il, x))
+        if (!kt_fwd_expert_on_device(e, il, x) && expert_sliced(e, il, x))
             pairs += e->expert_pairs[x];
     for (int g = 0; g < e->n_pools; g++) {
         const int node = kt_pool_node(e->expert_pools[g]);
@@ -635,10 +654,11 @@ static kt_status cuda_device_part(void *ctx, void *stream, kt_err *err)
 
 /* Runs the step's n_units (planned): units [dev0, n_units) on the device -
  * queued first (h in unless h_on_device, its units, their outputs back) -
- * and the CPU's units [0, dev0) in `cpu`'s groups while the device works;
+ * and the CPU's units [0, dev0) while the device works: first the sliced
+ * experts' in `sliced` (NULL: none), then the rest in `cpu`'s groups;
  * returns once both are done (so the device's work may point at this frame). */
 static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uint32_t n_units,
-                      const struct unit_groups *cpu, int cache_layer)
+                      const struct unit_groups *sliced, const struct unit_groups *cpu, int cache_layer)
 {
     const uint32_t dev0 = cpu->first[cpu->n];
     const size_t T = e->n_tokens, E = e->hp.n_embd;
@@ -667,6 +687,8 @@ static void run_split(struct kt_engine *e, const float *h, bool h_on_device, uin
     if (cache) /* rides in the queue's idle time while the CPU computes the misses */
         kt_cache_copy(e, (uint32_t)cache_layer);
     const uint64_t c0 = kt_fwd_now_ns();
+    if (sliced)
+        run_units(e, &e->bufs, h, sliced, n_units);
     run_units(e, &e->bufs, h, cpu, n_units);
     const uint64_t cpu_ns = kt_fwd_now_ns() - c0;
     if (device_work || cache) {
@@ -700,7 +722,7 @@ static void dense_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_we
     count_weight_bytes(e, 1);
     const uint32_t first[2] = {0, device ? 0 : 1};
     struct kt_units_job job;
-    run_split(e, h, false, 1, &(struct unit_groups){.n = 1, .pool = &e->pool, .first = first, .jobs = &job}, -1);
+    run_split(e, h, false, 1, NULL, &(struct unit_groups){.n = 1, .pool = &e->pool, .first = first, .jobs = &job}, -1);
     memcpy(out, e->bufs.pair_out, (size_t)T * E * sizeof(float));
 }
 
@@ -761,8 +783,8 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
      * each; experts by the pool that runs them, in id order within it, the
      * device's experts last; the shared experts serve every token after the
      * first group's experts, or the device's.
-     * A row-sliced layer has one group of CPU units, which every pool runs
-     * its part of.
+     * A layer's row-sliced experts (and then the shared experts) come first,
+     * one group which every pool runs its part of.
      * The order of units changes no sum: the combine below follows pair_of
      * in selection order. */
     memset(e->expert_pairs, 0, Ne * sizeof *e->expert_pairs);
@@ -770,36 +792,39 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
         e->expert_pairs[e->route_experts[i]]++;
     if (e->dev.cache)
         kt_cache_route(e, il);
-    const bool sliced = layer_sliced(e, il);
-    const int n_groups = sliced ? 1 : e->n_pools;
-    if (sliced)
-        count_sliced_pairs(e, il);
-    else
-        choose_pools(e, il, L, L->shared.n_ff > 0 && !e->dev.shared);
+    const bool sliced = sliced_experts(e, il) > 0;
+    const bool all_sliced = sliced && kt_expert_store_layout(e->experts, il)->sliced;
     const bool shared = L->shared.n_ff > 0;
     const bool shared_on_device = shared && e->dev.shared;
-    uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0;
-    for (int g = 0; g <= n_groups; g++) { /* g == n_groups: the device */
-        const bool device = g == n_groups;
+    if (sliced)
+        count_sliced_pairs(e, il);
+    if (!all_sliced)
+        choose_pools(e, il, L, shared && !shared_on_device && !sliced, sliced);
+    uint32_t n_units = 0, n_pairs = 0, shared_pair = 0, dev0 = 0, sliced_first[2] = {0, 0};
+    for (int g = -1; g <= e->n_pools; g++) { /* -1: the sliced experts, on every pool; n_pools: the device */
+        const bool device = g == e->n_pools, slices = g < 0;
         if (device)
             dev0 = n_units;
-        else
+        else if (!slices)
             e->pool_units[g] = n_units;
-        for (uint32_t x = 0; x < Ne; x++) {
+        for (uint32_t x = 0; (!slices || sliced) && x < Ne; x++) {
             if (!e->expert_pairs[x] || kt_fwd_expert_on_device(e, il, x) != device ||
-                (!device && !sliced && e->expert_pool_of[x] != g))
+                (!device && sliced && expert_sliced(e, il, x) != slices) ||
+                (!device && !slices && e->expert_pool_of[x] != g))
                 continue;
-            const int node = device || sliced ? -1 : kt_pool_node(e->expert_pools[g]);
+            const int node = device || slices ? -1 : kt_pool_node(e->expert_pools[g]);
             e->expert_unit[x] = n_units;
             e->stats.device_routed_pairs += device ? e->expert_pairs[x] : 0;
             e->units[n_units++] = (struct kt_ffn_unit){
                 .w = expert_weights(e, il, L, x, node),
                 .first_pair = n_pairs,
-                .sliced = sliced && !device ? kt_expert_store_expert(e->experts, il, x) : NULL,
-                .layout = sliced && !device ? kt_expert_store_layout(e->experts, il) : NULL};
+                .sliced = slices ? kt_expert_store_expert(e->experts, il, x) : NULL,
+                .layout = slices ? kt_expert_store_layout(e->experts, il) : NULL};
             n_pairs += e->expert_pairs[x];
         }
-        if (shared && (device ? shared_on_device : g == 0 && !shared_on_device)) {
+        /* the shared experts: with the sliced experts if any (every pool
+         * runs its rows), else with the first pool's */
+        if (shared && (device ? shared_on_device : !shared_on_device && (sliced ? slices : g == 0))) {
             shared_pair = n_pairs;
             e->units[n_units++] = (struct kt_ffn_unit){
                 .w = device ? e->dev.shared[il] : L->shared, .first_pair = n_pairs, .n_pairs = T};
@@ -807,9 +832,10 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
                 e->pair_token[n_pairs + t] = t;
             n_pairs += T;
         }
+        if (slices)
+            sliced_first[1] = n_units;
     }
-    for (int g = n_groups; g <= e->n_pools; g++)
-        e->pool_units[g] = dev0;
+    e->pool_units[e->n_pools] = dev0;
     for (uint32_t i = 0; i < T * k; i++) {
         struct kt_ffn_unit *u = &e->units[e->expert_unit[e->route_experts[i]]];
         uint32_t p = u->first_pair + u->n_pairs++;
@@ -820,8 +846,9 @@ static void moe_ffn(struct kt_engine *e, uint32_t il, const struct kt_layer_weig
     count_weight_bytes(e, n_units);
 
     memset(e->step_node_busy, 0, sizeof e->step_node_busy);
-    run_split(e, h, routed_on_device, n_units,
-              &(struct unit_groups){e->n_pools, e->expert_pools, e->pool_units, e->pool_jobs, sliced}, (int)il);
+    const struct unit_groups slice_groups = {e->n_pools, e->expert_pools, sliced_first, e->pool_jobs, true};
+    run_split(e, h, routed_on_device, n_units, sliced ? &slice_groups : NULL,
+              &(struct unit_groups){e->n_pools, e->expert_pools, e->pool_units, e->pool_jobs, false}, (int)il);
     if (e->n_pools > 1)
         note_node_balance(e, il);
 

@@ -62,6 +62,7 @@ struct handoff {
     struct kt_layer_slices *slices;
     struct kt_layer_whole *whole;          /* KT_MOVE_LAYER_WHOLE: the experts put back together */
     struct kt_expert_upload *upload;       /* onto the device: the expert staged in host memory */
+    uint64_t bytes;                        /* the memory its copy holds until it is made (the budget's) */
 };
 
 static void handoff_discard(const struct handoff *h)
@@ -98,6 +99,8 @@ struct kt_serve_placement {
 
     /* guarded by mu: what /kt/placement and /metrics report */
     uint64_t rounds, moves_ok, moves_failed, bytes_moved, layers_sliced, layers_whole;
+    uint64_t layer_parts;                  /* parts of layer moves switched (a layer's one move: one part) */
+    uint64_t max_queued_bytes;             /* the most the copies in flight ever held */
     bool in_round;                         /* a round has moves to hand off or waits for them to be made */
     uint64_t pair_moves[MAX_PLACES][MAX_PLACES], pair_bytes[MAX_PLACES][MAX_PLACES];
     double before_s, after_s;              /* the last round's predicted MoE step, now and planned */
@@ -381,16 +384,31 @@ static bool wait_untouched(struct kt_serve_placement *sp, const struct kt_move *
 static bool hand_off(struct kt_serve_placement *sp, struct handoff h, uint64_t budget_bytes)
 {
     pthread_mutex_lock(&sp->mu);
-    while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + h.mv.bytes > budget_bytes))
+    while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + h.bytes > budget_bytes))
         pthread_cond_wait(&sp->cv, &sp->mu);
     const bool ok = !sp->stop;
     if (ok) {
         sp->queue[(sp->q_head + sp->q_len++) % sp->max_queue] = h;
-        sp->queued_bytes += h.mv.bytes;
+        sp->queued_bytes += h.bytes;
+        sp->max_queued_bytes = sp->queued_bytes > sp->max_queued_bytes ? sp->queued_bytes : sp->max_queued_bytes;
     }
     pthread_mutex_unlock(&sp->mu);
     if (!ok)
         handoff_discard(&h);
+    return ok;
+}
+
+/* Waits until a copy of `bytes` fits beside the copies on their way within
+ * the budget, or none is on its way (one copy larger than the budget goes
+ * alone): made only then, the copies in flight never hold more than the
+ * budget; false when stopping. */
+static bool wait_room(struct kt_serve_placement *sp, uint64_t bytes, uint64_t budget_bytes)
+{
+    pthread_mutex_lock(&sp->mu);
+    while (!sp->stop && sp->q_len > 0 && sp->queued_bytes + bytes > budget_bytes)
+        pthread_cond_wait(&sp->cv, &sp->mu);
+    const bool ok = !sp->stop;
+    pthread_mutex_unlock(&sp->mu);
     return ok;
 }
 
@@ -400,7 +418,7 @@ static void recent_steps(const struct kt_serve_placement *sp, double *step_s, do
  * on its node in the target (one the target keeps on the device: the lowest
  * node the placement homes experts on). */
 static kt_status whole_copy(struct kt_server *s, const struct kt_placement *cur, const struct kt_placement *target,
-                            uint32_t il, struct kt_layer_whole **out, kt_err *err)
+                            uint32_t il, uint32_t x0, uint32_t x1, struct kt_layer_whole **out, kt_err *err)
 {
     const uint32_t N = cur->n_expert;
     int *homes = malloc((N ? N : 1) * sizeof *homes);
@@ -412,9 +430,67 @@ static kt_status whole_copy(struct kt_server *s, const struct kt_placement *cur,
         const struct kt_expert_home *t = kt_placement_expert(target, il, x);
         homes[x] = t->device == 0 && t->node >= 0 && t->node < cur->n_nodes ? t->node : first;
     }
-    const kt_status st = kt_engine_layer_whole_copy(s->engine, il, homes, out, err);
+    const kt_status st = kt_engine_layer_whole_copy(s->engine, il, homes, x0, x1, out, err);
     free(homes);
     return st;
+}
+
+/* True if expert x of layer il is already as a layer move wants it: row-sliced
+ * (slice) or whole.  Read only while no move of the layer is on its way. */
+static bool expert_done(const struct kt_server *s, uint32_t il, uint32_t x, bool slice)
+{
+    return (kt_engine_expert_node(s->engine, il, x) < 0) == slice;
+}
+
+/* A layer move (slicing it, or making it whole) in parts of as many experts
+ * as one copy may take within the budget: each part's shares or whole copies
+ * made here, while steps run, and switched between two steps before the next
+ * part is copied, so the copies in flight stay within the budget however
+ * large the layer (a part's switch gives its experts' old copies back).  The
+ * experts already as the move wants them are skipped (a part that failed in
+ * an earlier round left them so).  Returns the parts handed off; -1 when
+ * stopping.  A part that cannot be copied ends the move: the layer stays
+ * sliced in part, which computes the same, and the next round goes on. */
+static int layer_move(struct kt_server *s, const struct kt_placement *cur, const struct kt_placement *target,
+                      const struct kt_move *mv, uint64_t budget)
+{
+    struct kt_serve_placement *sp = s->placement;
+    const bool slice = mv->kind == KT_MOVE_LAYER_SLICE;
+    const uint32_t N = cur->n_expert, il = mv->layer;
+    int handed = 0;
+    for (uint32_t x0 = 0; x0 < N;) {
+        /* the last part handed off is switched first: the layer's state is then this thread's to read */
+        if (!wait_untouched(sp, mv) || !wait_room(sp, budget, budget))
+            return -1;
+        const uint32_t per = kt_engine_layer_move_experts(s->engine, il, slice, budget);
+        while (x0 < N && expert_done(s, il, x0, slice))
+            x0++;
+        if (x0 == N)
+            break;
+        uint32_t x1 = x0 + 1;
+        while (x1 < N && x1 - x0 < per && !expert_done(s, il, x1, slice))
+            x1++;
+        struct handoff h = {.mv = *mv};
+        kt_err err = {0};
+        if ((slice ? kt_engine_layer_slice_copy(s->engine, il, x0, x1, &h.slices, &err)
+                   : whole_copy(s, cur, target, il, x0, x1, &h.whole, &err)) != KT_OK) {
+            char what[80];
+            snprintf(what, sizeof what, "%s layer %u%s (experts %u to %u)", slice ? "slicing" : "making", il,
+                     slice ? "" : " whole", x0, x1 - 1);
+            note_error(sp, what, &err);
+            pthread_mutex_lock(&sp->mu);
+            log_move(sp, mv, 0, 0, false);
+            pthread_mutex_unlock(&sp->mu);
+            return handed;
+        }
+        h.bytes = slice ? kt_layer_slices_bytes(h.slices) : kt_layer_whole_bytes(h.whole);
+        if (!hand_off(sp, h, budget))
+            return -1;
+        handed++;
+        kt_sched_poke(s->sched); /* made between two steps, or at once on an idle server */
+        x0 = x1;
+    }
+    return handed;
 }
 
 static void round_once(struct kt_server *s)
@@ -451,15 +527,12 @@ static void round_once(struct kt_server *s)
         .objective = KT_PLAN_DECODE,
     };
     const uint64_t budget = (uint64_t)(s->o.migration_budget_mib * 1048576.0);
-    /* a round may always make one move or swap: below that, a budget would stop every move */
-    uint64_t round_bytes = budget;
-    for (uint32_t il = 0; il < cur->n_layer; il++)
-        if (cur->layers[il].experts && 2 * kt_layer_expert_bytes(s->model, il) > round_bytes)
-            round_bytes = 2 * kt_layer_expert_bytes(s->model, il);
     const struct kt_rebalance_params rp = {
         .query = {.mode = KT_COST_DECODE, .batch = batch, .context = 512},
         .min_gain = s->o.rebalance_min_gain,
-        .budget_bytes = round_bytes,
+        /* no bytes limit a round: the budget bounds the copies in flight as they are made (wait_room,
+         * layer_move), so a round takes every move its hysteresis lets through, layers included */
+        .budget_bytes = 0,
     };
     if (kt_cost_create(s->model, prof, sp->mach, &cost, &err) != KT_OK ||
         kt_plan_create(s->model, s->served_name, prof, sp->mach, cost, &po, &plan, &err) != KT_OK ||
@@ -481,27 +554,14 @@ static void round_once(struct kt_server *s)
         if (!wait_untouched(sp, mv))
             break;
         if (mv->kind == KT_MOVE_LAYER_SLICE || mv->kind == KT_MOVE_LAYER_WHOLE) {
-            /* every expert cut into the nodes' shares, or put back together on its target node: here,
-             * while steps run */
-            const bool slice = mv->kind == KT_MOVE_LAYER_SLICE;
-            struct handoff h = {.mv = *mv};
-            if ((slice ? kt_engine_layer_slice_copy(s->engine, mv->layer, &h.slices, &err)
-                       : whole_copy(s, cur, plan->placement, mv->layer, &h.whole, &err)) != KT_OK) {
-                char what[64];
-                snprintf(what, sizeof what, "%s layer %u%s", slice ? "slicing" : "making", mv->layer,
-                         slice ? "" : " whole");
-                note_error(sp, what, &err);
-                pthread_mutex_lock(&sp->mu);
-                log_move(sp, mv, 0, 0, false);
-                pthread_mutex_unlock(&sp->mu);
-                continue;
-            }
-            if (!hand_off(sp, h, budget))
+            const int parts = layer_move(s, cur, plan->placement, mv, budget);
+            if (parts < 0)
                 break;
-            handed++;
-            kt_sched_poke(s->sched); /* made between two steps, or at once on an idle server */
+            handed += (uint32_t)parts;
             continue;
         }
+        if (!wait_room(sp, mv->bytes, budget))
+            break;
         struct kt_expert_copy *copy = NULL;
         /* the CPU copy goes to its new node here, while steps run (a new replica's to its node) */
         /* (a row-sliced layer holds every expert's rows on its nodes: one off the device needs no copy) */
@@ -534,7 +594,7 @@ static void round_once(struct kt_server *s)
             pthread_mutex_unlock(&sp->mu);
             continue;
         }
-        if (!hand_off(sp, (struct handoff){.mv = *mv, .copy = copy, .upload = upload}, budget))
+        if (!hand_off(sp, (struct handoff){.mv = *mv, .copy = copy, .upload = upload, .bytes = mv->bytes}, budget))
             break;
         handed++;
         kt_sched_poke(s->sched);
@@ -669,9 +729,10 @@ static void end_layer_move(struct kt_serve_placement *sp, const struct kt_move *
         fprintf(stderr, "kt-serve: rebalancer: layer %u stays %s: %s\n", mv->layer, stays, err->msg);
 }
 
-/* Slices a layer on the engine (scheduler thread, between steps): the live
- * placement's layer becomes sliced, its replicas gone, each node holding
- * its share of every CPU expert. */
+/* Slices a part of a layer on the engine (scheduler thread, between steps);
+ * once every expert is, the live placement's layer becomes sliced, its
+ * replicas gone, each node holding its share of every CPU expert (until then
+ * it shows the layer whole, and only a failed part is logged). */
 static void make_slice_move(struct kt_server *s, const struct handoff *h)
 {
     struct kt_serve_placement *sp = s->placement;
@@ -680,6 +741,11 @@ static void make_slice_move(struct kt_server *s, const struct handoff *h)
     const kt_status st = kt_engine_layer_slice_switch(s->engine, h->slices, &err); /* takes h->slices */
     const bool sliced = kt_engine_layer_sliced(s->engine, mv->layer);
     pthread_mutex_lock(&sp->mu);
+    sp->layer_parts += st == KT_OK;
+    if (st == KT_OK && !sliced) { /* a part: the next one follows */
+        pthread_mutex_unlock(&sp->mu);
+        return;
+    }
     struct kt_placement *p = sp->live;
     struct kt_placement_layer *L = &p->layers[mv->layer];
     if (sliced && !L->cpu_sliced) {
@@ -707,16 +773,22 @@ static void make_slice_move(struct kt_server *s, const struct handoff *h)
     end_layer_move(sp, mv, st, sliced, &err, "slicing", "whole");
 }
 
-/* Makes a sliced layer whole on the engine (scheduler thread, between steps):
- * the live placement's CPU experts go back to their nodes. */
+/* Makes a part of a sliced layer whole on the engine (scheduler thread,
+ * between steps); once every expert is, the live placement's CPU experts go
+ * back to their nodes. */
 static void make_whole_move(struct kt_server *s, const struct handoff *h)
 {
     struct kt_serve_placement *sp = s->placement;
     const struct kt_move *mv = &h->mv;
     kt_err err = {0};
     const kt_status st = kt_engine_layer_whole_switch(s->engine, h->whole, &err); /* takes h->whole */
-    const bool whole = !kt_engine_layer_sliced(s->engine, mv->layer);
+    const bool whole = kt_engine_layer_sliced_experts(s->engine, mv->layer) == 0;
     pthread_mutex_lock(&sp->mu);
+    sp->layer_parts += st == KT_OK;
+    if (st == KT_OK && !whole) { /* a part: the next one follows */
+        pthread_mutex_unlock(&sp->mu);
+        return;
+    }
     struct kt_placement *p = sp->live;
     struct kt_placement_layer *L = &p->layers[mv->layer];
     if (whole && L->cpu_sliced) {
@@ -902,7 +974,7 @@ void kt_serve_make_moves(void *ctx)
         pthread_mutex_lock(&sp->mu);
         sp->q_head = (sp->q_head + 1) % sp->max_queue;
         sp->q_len--;
-        sp->queued_bytes -= h.mv.bytes;
+        sp->queued_bytes -= h.bytes;
         pthread_cond_broadcast(&sp->cv);
         pthread_mutex_unlock(&sp->mu);
     }
@@ -1010,6 +1082,10 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
                      "of kt:expert_migrations' total).\n"
                      "# TYPE kt:layers_made_whole_total counter\nkt:layers_made_whole_total %llu\n",
                   (unsigned long long)sp->layers_whole);
+    kt_buf_printf(o, "# HELP kt:layer_move_parts_total Parts of those layer moves switched: a layer larger than "
+                     "--migration-budget-mib is sliced or made whole a few experts at a time.\n"
+                     "# TYPE kt:layer_move_parts_total counter\nkt:layer_move_parts_total %llu\n",
+                  (unsigned long long)sp->layer_parts);
     kt_buf_printf(o, "# HELP kt:expert_migrations_failed_total Moves that failed (the old home kept serving).\n"
                      "# TYPE kt:expert_migrations_failed_total counter\nkt:expert_migrations_failed_total %llu\n",
                   (unsigned long long)sp->moves_failed);
@@ -1206,8 +1282,11 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
     recent_steps(sp, &step_s, &step_tokens);
     json_object_set_new(
         j, "rebalancer",
-        json_pack("{s:b, s:f, s:I, s:b, s:I, s:I, s:f, s:f, s:f, s:f, s:s}", "enabled", sp->started, "interval_s",
-                  s->o.rebalance_interval_s, "rounds", (json_int_t)sp->rounds, "in_round", sp->in_round, "in_flight", (json_int_t)sp->q_len,
+        json_pack("{s:b, s:f, s:I, s:b, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:s}", "enabled", sp->started,
+                  "interval_s", s->o.rebalance_interval_s, "rounds", (json_int_t)sp->rounds, "in_round", sp->in_round,
+                  "in_flight", (json_int_t)sp->q_len, "in_flight_bytes_max", (json_int_t)sp->max_queued_bytes,
+                  "budget_bytes", (json_int_t)(s->o.migration_budget_mib * 1048576.0), "layer_parts",
+                  (json_int_t)sp->layer_parts,
                   "pending", (json_int_t)sp->pending, "predicted_before_ms", 1e3 * sp->before_s,
                   "predicted_after_ms", 1e3 * sp->after_s, "measured_ms", 1e3 * step_s, "measured_tokens",
                   step_tokens, "last_error", sp->last_error));
