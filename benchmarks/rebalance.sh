@@ -6,6 +6,8 @@
 # balance the rebalancer reaches on a synthetic 2-node topology (CPU only).
 #
 # Usage: benchmarks/rebalance.sh [BUILD_DIR] [WORK_DIR] [THREADS]
+# KT_REBALANCE_STEPS="6 7" runs only those of steps 4-7 (1-3 always run; their files, and
+# step 5's tables for step 6, come from an earlier run in WORK_DIR when present).
 #
 # Steps (each prints what it measured; every file lands in WORK_DIR, where
 # the model, machine file and profiles of an earlier run are reused):
@@ -64,6 +66,7 @@ interval=${KT_REBALANCE_INTERVAL:-5}     # seconds between rebalancing rounds
 port=${KT_REBALANCE_PORT:-18431}
 
 say() { printf '\n== %s\n' "$*"; }
+want() { [ -z "${KT_REBALANCE_STEPS:-}" ] || [[ " $KT_REBALANCE_STEPS " == *" $1 "* ]]; }
 
 say "1. model: kimi-k2-slice, 4 layers x 32 experts, q4_K experts, routing skew 0.3..1.5 by layer, input-dependent"
 [ -f "$model" ] || "$synth" --preset kimi-k2-slice --layers 4 --experts 32 --experts-type q4_k \
@@ -103,6 +106,7 @@ plan a "$(awk -v g="$gib" -v c="$cache_gib" 'BEGIN { print g - c }')" plan-a-cac
 # the device keeps its whole budget: the cache takes what the plan left
 sed -i -E "s/^(    memory_gib: ).*/\1$gib/" "$work/plan-a-cache.yaml"
 
+if want 4; then
 say "4. the expert cache on set B ($slots slots per MoE layer), decode steps: against plan A alone and plan B"
 profile_b() { # label placement extra... (an earlier run's result is shown again)
     local label=$1 plan=$2
@@ -119,6 +123,7 @@ profile_b static-a plan-a.yaml
 profile_b hindsight-b plan-b.yaml
 profile_b cache-lru plan-a-cache.yaml --expert-cache "$slots"
 profile_b cache-lfu plan-a-cache.yaml --expert-cache "$slots" --expert-cache-policy lfu
+fi
 
 # ---- kt-serve -------------------------------------------------------------------------------------
 
@@ -164,6 +169,7 @@ run_batch() { # prompts seed
 table_head() { printf '%-6s %8s %10s %10s %10s %10s %6s\n' batch share tok/s gap_p99 gap_max migrated ok; }
 table_row() { printf '%-6s %8.3f %10.2f %10.4f %10.4f %10s %6s\n' "$1" "$2" "$3" "$4" "$5" "$6" "$7"; }
 
+if want 5; then
 say "5. kt-serve, the rebalancer off, set B in batches of $batch requests (one at a time, 16 tokens each)"
 for p in a b; do
     echo "-- plan-$p.yaml"
@@ -177,10 +183,12 @@ for p in a b; do
     done
     stop_server
 done
+fi
 hindsight=$(awk '{ s += $2 } END { printf "%.4f", s / NR }' "$work/static-b.txt")
 static_p99=$(awk '{ if ($4 > m) m = $4 } END { printf "%.4f", m }' "$work/static-a.txt")
 echo "the hindsight plan's share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
 
+if want 6; then
 say "6. kt-serve from plan A, the rebalancer on (every $interval s): set A, then set B"
 start_server serve-rebalance.log --placement "$work/plan-a.yaml" --rebalance-interval "$interval" --max-seqs 1 \
     --machine "$work/machine-gpu-like.json" --plan-out "$work/plan-live.yaml"
@@ -207,7 +215,9 @@ awk -v s="$static_p99" -v prev="$moved_after_a" '
           else print "no batch of set B migrated" }' "$work/rebalance.txt"
 jq -r '"migrations: \(.migrations_total) ok, \(.migrations_failed) failed, \(.migrated_bytes_total / 1048576 | floor) MiB in \(.rebalancer.rounds) rounds; the last round predicted the MoE step \(.rebalancer.predicted_before_ms | . * 100 | round / 100) -> \(.rebalancer.predicted_after_ms | . * 100 | round / 100) ms; measured \(.rebalancer.measured_ms | . * 100 | round / 100) ms"' \
     "$work/placement-live.json"
+fi
 
+if want 6b; then
 say "6b. what migrating costs a step: the tiny model, configs/tiny-sim.yaml on 2 synthetic nodes, rebalancing every 1 s"
 # Without --machine the cost model's defaults rate the sim no faster than the host, so the rebalancer
 # moves the sim's experts off it and spreads them over the nodes: a steady stream of migrations.
@@ -232,7 +242,9 @@ awk 'FNR == 1 { f++ } f == 1 && $4 > off { off = $4 }
      END { if (k) printf "gap p99 in the %d batch(es) that migrated (%d experts): worst %.4f s, %.2f x the worst without the rebalancer (%.4f s)\n",
                k, n, on, on / off, off;
            else print "no batch migrated" }' "$work/6b-off.txt" "$work/6b-on.txt"
+fi
 
+if want 7; then
 say "7. CPU only, 2 synthetic NUMA nodes, experts by index over both: node balance on set B, the rebalancer off and on"
 cat >"$work/nodes-start.yaml" <<EOF
 version: 1
@@ -283,4 +295,5 @@ if [ -f "$work/plan-nodes.yaml" ]; then
     head -n 1 "$work/plan-nodes.yaml"
     KT_TOPOLOGY_SYNTHETIC=$two_nodes "$place" -m "$model" --profile "$work/profile-b.json" \
         --machine "$work/machine-2node.json" --evaluate "$work/plan-nodes.yaml" 2>>"$work/stderr.log" | grep -E "busiest"
+fi
 fi

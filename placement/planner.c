@@ -28,6 +28,7 @@
 static const double GIB = 1073741824.0;
 static const double RAM_USABLE = 0.9;   /* of a node's memory, for homed experts and replicas */
 static const double REPLICA_MIN_GAIN = 0.005; /* replicas are kept only where they save this share of the objective */
+static const double SLICE_MIN_GAIN = 0.01; /* a layer is sliced where that saves this share of its objective */
 
 const char *kt_plan_baseline_name(enum kt_plan_baseline b)
 {
@@ -601,13 +602,17 @@ static void spread_layer(struct planner *pl, uint32_t il)
         }
     }
     info->balance_whole = info->balance = ratio;
-    if (ratio > KT_PLAN_BALANCE_LIMIT) {
-        kt_cost_layer(pl->cost, pl->p, il, L->experts, true, pl->qbal, &c);
-        const double sliced = kt_plan_layer_balance(pl->p, &c);
-        if (sliced < ratio) { /* slicing cannot move what is not experts: only where it helps */
-            L->cpu_sliced = true;
-            info->balance = sliced;
-        }
+    /* Sliced where that makes the layer faster by the objective, or (as
+     * before) better balanced past the limit: at batch 1 the k active experts
+     * fall unevenly on whole homes however even their means are, and a slice
+     * splits each one evenly.  On nodes of unequal speed a whole spread can
+     * give the faster node more and stays. */
+    kt_cost_layer(pl->cost, pl->p, il, L->experts, true, pl->qbal, &c);
+    const double sliced = kt_plan_layer_balance(pl->p, &c);
+    const bool faster = objective(pl, il, true) < objective(pl, il, false) * (1 - SLICE_MIN_GAIN);
+    if (faster || (ratio > KT_PLAN_BALANCE_LIMIT && sliced < ratio)) {
+        L->cpu_sliced = true;
+        info->balance = sliced;
     }
 }
 

@@ -325,6 +325,18 @@ static void planner_slices_a_layer_whole_experts_cannot_balance(void)
         KT_CHECK(!plan->placement->layers[1].cpu_sliced, "layer 1 sliced though whole experts balance (%.3f)",
                  plan->layers[1].balance_whole);
         KT_CHECK(plan->replicas_hot_per_layer == 0, "replicas with a sliced layer (the engine refuses them)");
+        /* and no layer left whole where slicing it would be 1% faster */
+        const struct kt_cost_query q = {.mode = KT_COST_DECODE, .batch = plan->options.batch,
+                                        .context = plan->options.context};
+        for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+            const struct kt_placement_layer *L = &plan->placement->layers[il];
+            if (!L->experts || L->cpu_sliced)
+                continue;
+            const double whole = kt_cost_layer(cost, plan->placement, il, L->experts, false, &q, NULL);
+            const double sliced = kt_cost_layer(cost, plan->placement, il, L->experts, true, &q, NULL);
+            KT_CHECK(sliced >= whole * 0.99, "layer %u kept whole at %.4f ms, sliced %.4f ms", il, whole * 1e3,
+                     sliced * 1e3);
+        }
         check_balance(plan, cost);
         if (config_has_sliced()) {
             const char *pp = save_profile(prof, "planner-prof-sliced.json");
