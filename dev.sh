@@ -121,7 +121,7 @@ demo_serve() {
 TEST_PACKAGES=(nodejs npm ca-certificates chromium)
 # OpenMPI for the pipeline over ranks (runtime/dist): the build finds it (KT_MPI=AUTO) and
 # test_kt_run_mpi / test_kt_serve_mpi drive mpirun on this machine; iproute2 for
-# test_kt_run_netns (`ip netns`, `ip link`: two network namespaces joined by a veth pair,
+# test_kt_run_netns and test_kt_serve_netns (`ip netns`, `ip link`: two network namespaces joined by a veth pair,
 # one rank in each; a minbase Debian root has no `ip`).
 MPI_PACKAGES=(libopenmpi-dev openmpi-bin iproute2)
 install_sdk_test() {

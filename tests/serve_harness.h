@@ -37,6 +37,7 @@ struct test_server {
     pid_t pid;
     int port;
     char log[1024];
+    char via[1200]; /* the prefix curl runs under ("": here; "nsenter --net=...": in the server's namespace) */
 };
 
 static inline double harness_now(void)
@@ -59,10 +60,13 @@ static inline bool make_model(const char *path, const char *preset, const char *
 }
 
 /* Starts LAUNCHER kt-serve MODEL --port 0 ARGS (launcher: "" or e.g. "mpirun
- * -np 2"); with wait_ready, returns once /health says 200. */
-static inline bool server_start_under(struct test_server *s, const char *launcher, const char *model, const char *args,
-                                      bool wait_ready)
+ * -np 2"); with wait_ready, returns once /health says 200.  Every curl of the
+ * harness runs under via (a command prefix; "": here), for a server whose
+ * 127.0.0.1 is another network namespace's. */
+static inline bool server_start_in(struct test_server *s, const char *via, const char *launcher, const char *model,
+                                   const char *args, bool wait_ready)
 {
+    snprintf(s->via, sizeof s->via, "%s", via);
     static int n;
     char name[64];
     snprintf(name, sizeof name, "kt-serve-%d.log", n++);
@@ -98,12 +102,19 @@ static inline bool server_start_under(struct test_server *s, const char *launche
         return false;
     }
     for (double t0 = harness_now(); wait_ready && harness_now() - t0 < 300;) {
-        if (kt_test_system("curl -sf -o /dev/null http://127.0.0.1:%d/health", s->port) == 0)
+        if (kt_test_system("%s curl -sf -o /dev/null http://127.0.0.1:%d/health", s->via, s->port) == 0)
             return true;
         usleep(20000);
     }
     KT_CHECK(!wait_ready, "kt-serve never became ready (log %s)", s->log);
     return !wait_ready;
+}
+
+/* Starts LAUNCHER kt-serve MODEL --port 0 ARGS, curl here. */
+static inline bool server_start_under(struct test_server *s, const char *launcher, const char *model, const char *args,
+                                      bool wait_ready)
+{
+    return server_start_in(s, "", launcher, model, args, wait_ready);
 }
 
 /* Starts kt-serve MODEL --port 0 ARGS; with wait_ready, returns once /health says 200. */
@@ -186,10 +197,10 @@ static inline int http(const struct test_server *s, const char *curl_args, const
         fwrite(body, 1, strlen(body), f);
         fclose(f);
     }
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "curl -s --max-time 120 -o %s -D %s -w '%%{http_code}' %s %s%s%s "
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s curl -s --max-time 120 -o %s -D %s -w '%%{http_code}' %s %s%s%s "
                               "http://127.0.0.1:%d%s",
-             out_file, head_file, curl_args ? curl_args : "", body ? "-H 'Content-Type: application/json' " : "",
+             s->via, out_file, head_file, curl_args ? curl_args : "", body ? "-H 'Content-Type: application/json' " : "",
              body ? "--data-binary @" : "", body ? body_file : "", s->port, path);
     FILE *p = popen(cmd, "r");
     int code = 0;
