@@ -262,4 +262,19 @@ static inline bool wait_idle(const struct test_server *s, double wait_s)
     return false;
 }
 
+/* The pid a kt-serve rank printed in the job's log (rank 0: "rank 0 on host, pid
+ * N"; others "rank R (host, pid N)"); 0 if none. */
+static inline pid_t server_rank_pid(const struct test_server *s, int rank)
+{
+    size_t n = 0;
+    char *text = kt_test_read_file(s->log, &n);
+    char mark[64];
+    snprintf(mark, sizeof mark, rank == 0 ? "(rank 0 on " : "kt-serve: rank %d (", rank);
+    const char *at = text ? strstr(text, mark) : NULL;
+    const char *pid = at ? strstr(at, ", pid ") : NULL;
+    const pid_t p = pid ? (pid_t)atoi(pid + 6) : 0;
+    free(text);
+    return p;
+}
+
 #endif

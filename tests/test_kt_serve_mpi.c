@@ -207,21 +207,6 @@ static void a_rank_with_a_sim_device_serves_the_same(void)
         free(one[i]), free(many[i]);
 }
 
-/* The pid a rank printed in the log (rank 0: "rank 0 on host, pid N"; others
- * "rank R (host, pid N)"); 0 if none. */
-static pid_t rank_pid(const struct test_server *s, int rank)
-{
-    size_t n = 0;
-    char *text = kt_test_read_file(s->log, &n);
-    char mark[64];
-    snprintf(mark, sizeof mark, rank == 0 ? "(rank 0 on " : "kt-serve: rank %d (", rank);
-    const char *at = text ? strstr(text, mark) : NULL;
-    const char *pid = at ? strstr(at, ", pid ") : NULL;
-    const pid_t p = pid ? (pid_t)atoi(pid + 6) : 0;
-    free(text);
-    return p;
-}
-
 /* Waits for the job's exit at most wait_s; its status (128+signal), or -1 if still running. */
 static int wait_exit(struct test_server *s, double wait_s)
 {
@@ -238,7 +223,7 @@ static int wait_exit(struct test_server *s, double wait_s)
 /* SIGTERM to rank 0 (it drains, then stops the other ranks); the job's exit status. */
 static int stop_job(struct test_server *s)
 {
-    const pid_t rank0 = rank_pid(s, 0);
+    const pid_t rank0 = server_rank_pid(s, 0);
     KT_CHECK(rank0 > 0, "no pid of rank 0 in %s", s->log);
     if (rank0 <= 0)
         return server_stop(s);
@@ -254,7 +239,7 @@ static void a_hung_rank_fails_requests_then_the_job(void)
     struct test_server s;
     if (!server_start_under(&s, mpirun_cmd(2), model, "-t 1 --rank-timeout 2", true))
         return;
-    const pid_t follower = rank_pid(&s, 1);
+    const pid_t follower = server_rank_pid(&s, 1);
     KT_CHECK(follower > 0, "no pid of rank 1 in %s", s.log);
     if (follower <= 0) {
         server_stop(&s);
@@ -286,7 +271,7 @@ static void a_killed_rank_ends_the_job(void)
     struct test_server s;
     if (!server_start_under(&s, mpirun_cmd(2), model, "-t 1 --rank-timeout 2", true))
         return;
-    const pid_t follower = rank_pid(&s, 1);
+    const pid_t follower = server_rank_pid(&s, 1);
     KT_CHECK(follower > 0, "no pid of rank 1 in %s", s.log);
     if (follower > 0)
         kill(follower, SIGKILL);

@@ -116,27 +116,12 @@ static void ask(const struct test_server *s, int first, int n, struct reply *rep
     }
 }
 
-/* The pid a rank printed in the log (rank 0: "rank 0 on host, pid N"; others
- * "rank R (host, pid N)"); 0 if none. */
-static pid_t rank_pid(const struct test_server *s, int rank)
-{
-    size_t n = 0;
-    char *text = kt_test_read_file(s->log, &n);
-    char mark[64];
-    snprintf(mark, sizeof mark, rank == 0 ? "(rank 0 on " : "kt-serve: rank %d (", rank);
-    const char *at = text ? strstr(text, mark) : NULL;
-    const char *pid = at ? strstr(at, ", pid ") : NULL;
-    const pid_t p = pid ? (pid_t)atoi(pid + 6) : 0;
-    free(text);
-    return p;
-}
-
 /* Waits until rank 0 has logged the pipeline (it does once ready) and rank 1
  * its layers, at most wait_s; the two pids (0 where missing). */
 static void rank_pids(const struct test_server *s, double wait_s, pid_t *rank0, pid_t *rank1)
 {
     for (double t0 = harness_now(); harness_now() - t0 < wait_s; usleep(20000))
-        if ((*rank0 = rank_pid(s, 0)) > 0 && (*rank1 = rank_pid(s, 1)) > 0)
+        if ((*rank0 = server_rank_pid(s, 0)) > 0 && (*rank1 = server_rank_pid(s, 1)) > 0)
             return;
 }
 
