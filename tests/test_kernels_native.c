@@ -354,9 +354,10 @@ static void fp8_reference_within_float_summation_of_the_definition(void)
 static const float fp8_large_scales[] = {0x1.fffffep7f, 0x1p8f, -0x1.8p8f, 0x1p100f, -0x1.fffffep7f, 1000.0f};
 
 /* vec_dot, gemv and gemm of every level equal the reference bit for bit: rows
- * 1, 3, 4, 5, 8, 17; cols 128, 384 and 1152; tokens 1..9; every E4M3 code but
- * NaN, subnormal scales among them; then again with every third block's
- * scale from fp8_large_scales (rows mixing both kinds of block). */
+ * 1, 3, 4, 5, 8, 17 (the gemv's four-row passes and the rows left over); cols 128,
+ * 384 and 1152; tokens 1..9; every E4M3 code but NaN, subnormal scales among
+ * them, and a second round with every third block's scale from
+ * fp8_large_scales (a four-row pass then holds blocks of both kinds). */
 static void fp8_kernels_equal_the_reference_bit_for_bit(void)
 {
     enum kt_isa lv[KT_ISA_AMX + 1];
