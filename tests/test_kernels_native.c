@@ -348,23 +348,34 @@ static void fp8_reference_within_float_summation_of_the_definition(void)
     printf("  fp8_b128: worst |ref - exact| / sum|w*a| = %.2e over %d rows\n", worst, checked);
 }
 
+/* Block scales at and around 2^8, where d * 2^120 stops being a finite F32
+ * (the SIMD levels' fast path multiplies by it, their other path by 2^120
+ * and d), and large ones whose products stay finite. */
+static const float fp8_large_scales[] = {0x1.fffffep7f, 0x1p8f, -0x1.8p8f, 0x1p100f, -0x1.fffffep7f, 1000.0f};
+
 /* vec_dot, gemv and gemm of every level equal the reference bit for bit: rows
- * 1, 3, 17; cols 128, 384 and 1152; tokens 1..9; every E4M3 code but NaN,
- * subnormal scales among them. */
+ * 1, 3, 4, 5, 8, 17 (the gemv's four-row passes and the rows left over); cols 128,
+ * 384 and 1152; tokens 1..9; every E4M3 code but NaN, subnormal scales among
+ * them, and a second round with every third block's scale from
+ * fp8_large_scales (a four-row pass then holds blocks of both kinds). */
 static void fp8_kernels_equal_the_reference_bit_for_bit(void)
 {
     enum kt_isa lv[KT_ISA_AMX + 1];
     const int nl = all_levels(lv);
-    const int64_t rows_list[] = {1, 3, 17}, cols[] = {128, 384, 1152};
+    const int64_t rows_list[] = {1, 3, 4, 5, 8, 17}, cols[] = {128, 384, 1152};
     enum { MAX_ROWS = 17, MAX_TOK = 9, MAX_N = 1152 };
     struct kt_block_fp8_b128 *w = kt_test_xmalloc(MAX_ROWS * (MAX_N / 128) * sizeof *w);
     float *a = kt_test_xmalloc((size_t)MAX_TOK * (MAX_N + 3) * sizeof *a); /* rows 3 floats apart: unaligned */
     float ref[MAX_TOK][MAX_ROWS], y[MAX_TOK * MAX_ROWS];
-    int compared = 0, differ = 0, nonzero = 0;
-    for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
+    int compared = 0, differ = 0, nonzero = 0, large = 0;
+    for (size_t pass = 0; pass < 2 * sizeof cols / sizeof cols[0]; pass++) {
+        const size_t ci = pass % (sizeof cols / sizeof cols[0]);
         const int64_t n = cols[ci], nb = n / 128;
         const size_t row_bytes = (size_t)nb * sizeof *w, act_bytes = (size_t)(n + 3) * sizeof *a;
         make_fp8_rows(w, MAX_ROWS, n);
+        if (pass >= sizeof cols / sizeof cols[0])
+            for (int64_t j = 1; j < MAX_ROWS * nb; j += 3, large++)
+                w[j].d = fp8_large_scales[(size_t)j % (sizeof fp8_large_scales / sizeof fp8_large_scales[0])];
         for (int64_t t = 0; t < MAX_TOK; t++)
             make_act(a + t * (n + 3), n, (int)t);
         for (int64_t t = 0; t < MAX_TOK; t++)
@@ -403,33 +414,38 @@ static void fp8_kernels_equal_the_reference_bit_for_bit(void)
     }
     KT_CHECK(differ == 0, "fp8_b128: %d of %d outputs differ from the scalar reference (must be bit-exact)", differ,
              compared);
-    KT_CHECK(nonzero > 3 * 17 * 9 / 2, "fp8_b128: only %d nonzero reference dots", nonzero);
-    printf("  fp8_b128: %d gemm outputs at %d levels\n", compared, nl);
+    KT_CHECK(nonzero > 2 * 3 * 17 * 9 / 2, "fp8_b128: only %d nonzero reference dots", nonzero);
+    KT_CHECK(large > 0, "no block took a large scale");
+    printf("  fp8_b128: %d gemm outputs at %d levels, %d blocks with large scales\n", compared, nl, large);
     free(w);
     free(a);
 }
 
 /* Every code through every level's widening: a row whose element i is code
  * i % 256 (NaN codes replaced by 0), dotted with a one-hot activation, is
- * to_float's value for that element (lanes holding +0 add nothing). */
+ * to_float's value for that element (lanes holding +0 add nothing), under
+ * normal, subnormal and large scales. */
 static void fp8_every_code_widens_exactly_at_every_level(void)
 {
     enum kt_isa lv[KT_ISA_AMX + 1];
     const int nl = all_levels(lv);
-    struct kt_block_fp8_b128 w[2];
-    for (int i = 0; i < 256; i++)
+    enum { N = 512 };
+    struct kt_block_fp8_b128 w[N / 128];
+    for (int i = 0; i < N; i++)
         w[i / 128].q[i % 128] = (i & 0x7f) == 0x7f ? 0 : (uint8_t)i;
     w[0].d = 0.75f;
-    w[1].d = 0x1p-130f; /* subnormal scale: products round once, like to_float */
-    float wf[256], x[256];
-    kt_type_traits(KT_TYPE_FP8_B128)->to_float(w, wf, 256);
+    w[1].d = 0x1p-130f;       /* subnormal scale: products round once, like to_float */
+    w[2].d = 0x1.fffffep7f;   /* the largest scale times 2^120 still finite */
+    w[3].d = -0x1p8f;         /* the smallest that is not: the SIMD levels' other path */
+    float wf[N], x[N];
+    kt_type_traits(KT_TYPE_FP8_B128)->to_float(w, wf, N);
     int differ = 0;
     for (int l = 0; l < nl; l++)
-        for (int i = 0; i < 256; i++) {
+        for (int i = 0; i < N; i++) {
             memset(x, 0, sizeof x);
             x[i] = 1.0f;
             float got;
-            kt_cpu_kernels_for(lv[l])->type[KT_TYPE_FP8_B128].vec_dot(256, &got, w, x);
+            kt_cpu_kernels_for(lv[l])->type[KT_TYPE_FP8_B128].vec_dot(N, &got, w, x);
             const float want = wf[i] + 0.0f; /* -0 plus the other lanes' +0 is +0 */
             if (f32_bits(got) != f32_bits(want) && differ++ < 3)
                 fprintf(stderr, "  %s code 0x%02x: %.9g, want %.9g\n", kt_isa_name(lv[l]), w[i / 128].q[i % 128], got,

@@ -20,7 +20,7 @@
  *           packed: Q4_K, Q8_0 and Q4_0 expert weights 8 rows per group
  *           (kernels/cpu/avx2/packed_avx2.c)
  *   avx512  kernels/cpu/avx512 vec_dot (VNNI) for Q8_0, Q4_0, Q4_K and MXFP4,
- *           FP8_B128 (fp8_avx512.c), and tiled gemms for Q8_0, Q4_K, Q5_K, Q6_K (VNNI),
+ *           FP8_B128 (fp8_avx512.c, with a four-row gemv), and tiled gemms for Q8_0, Q4_K, Q5_K, Q6_K (VNNI),
  *           FP8_B128 and F32/F16/BF16 over the avx2
  *           rows (each level's features include AVX2's)
  *           (Q4_0's gemm: a loop over its AVX-512 vec_dot)
@@ -253,6 +253,7 @@ static void fill_avx512(struct kt_cpu_kernels *t)
     t->type[KT_TYPE_F16].gemm = kt_gemm_f16_f32_avx512;
     t->type[KT_TYPE_BF16].gemm = kt_gemm_bf16_f32_avx512;
     t->type[KT_TYPE_FP8_B128].gemm = kt_gemm_fp8_b128_f32_avx512; /* 4 tokens per decoded block */
+    t->type[KT_TYPE_FP8_B128].gemv = kt_gemv_fp8_b128_f32_avx512; /* 4 rows per activation load */
     t->type[KT_TYPE_Q4_K].packed = &kt_packed_q4_K_avx512; /* 16 rows per group, vpdpbusd */
     t->type[KT_TYPE_Q8_0].packed = &kt_packed_q8_0_avx512;
     t->type[KT_TYPE_Q4_0].packed = &kt_packed_q4_0_avx512;

@@ -12,7 +12,10 @@
 #error "simd_avx2.h needs -mavx2 -mfma -mf16c (kernels/CMakeLists.txt sets them for cpu/avx2/*.c)"
 #endif
 
+#include <float.h>
 #include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -160,18 +163,28 @@ static inline __m256i mxfp4_quants_32(const uint8_t qs[16])
     return _mm256_shuffle_epi8(doubled, unpack_nibbles_32(qs));
 }
 
-/* Eight E4M3 codes (no NaN codes) as F32 times d, each e4m3(q) * d exactly as
- * the reference: the 7 magnitude bits placed at F32 bit 20 give the value
- * times 2^-120 (the exponent field e4 + 0, a subnormal F32 for e4 = 0), and
- * the multiply by 2^120 is exact for every code; then one multiply by d.
- * Needs MXCSR's DAZ off (the C default), like every kernel here. */
-static inline __m256 e4m3x8_times(const uint8_t q[8], __m256 d)
+/* Eight E4M3 codes (no NaN codes) as F32 e4m3(q) * 2^-120, exactly: the
+ * sign-extended code shifted by 20 puts the 7 magnitude bits at F32 bit 20
+ * (the exponent field e4 + 0, so e4 = 0 is a subnormal F32, as E4M3's
+ * subnormals) and copies of the sign at bits 31..27, of which the mask keeps
+ * bit 31.  Three integer ops; the reference's weight e4m3(q) * d is then one
+ * multiply by fp8_scale_2p120's d * 2^120 (or, where that overflows, by
+ * 2^120, exact, then by d).  Needs MXCSR's DAZ off (the C default), like
+ * every kernel here. */
+static inline __m256 e4m3x8_scaled(const uint8_t q[8])
 {
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-    const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
-    const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(0x1p120f));
-    return _mm256_mul_ps(v, d);
+    const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(s, 20), _mm256_set1_epi32((int)0x87f00000u)));
+}
+
+/* *d120 = d * 2^120 (exact unless it overflows: a power of two scaling up);
+ * true when that is finite, so that e4m3(q) * 2^-120 * (d * 2^120) is the
+ * exact product e4m3(q) * d rounded once, the reference's weight.  False for
+ * |d| >= 2^8 (and non-finite d): multiply by 2^120 and d separately. */
+static inline bool fp8_scale_2p120(float d, float *d120)
+{
+    *d120 = d * 0x1p120f;
+    return fabsf(*d120) <= FLT_MAX;
 }
 
 #endif

@@ -7,8 +7,9 @@
  * each block adds (2^(e-128) * da) * (float)sumi to a scalar in block order:
  * bit for bit kt_vec_dot_mxfp4_q8_0_ref.
  *
- * FP8_B128: codes widen to F32 with integer ops (simd_avx2.h, e4m3x8_times),
- * times the block's d, and are fused-multiply-added into the reference's 64
+ * FP8_B128: codes widen to F32 times 2^-120 with three integer ops
+ * (simd_avx2.h, e4m3x8_scaled), one multiply by d * 2^120 makes each the
+ * reference's e4m3(q) * d, and they are fused-multiply-added into the reference's 64
  * interleaved lanes (eight registers of 8), which are then halved pairwise
  * in its order: bit for bit kt_vec_dot_fp8_b128_f32_ref.  Never change the
  * lane of an element or the order of the halving, never read past n
@@ -55,6 +56,18 @@ static inline float fp8_lanes_sum(__m256 acc[8])
     return hsum_ps(_mm256_add_ps(acc[0], acc[1])); /* l + 8, then hsum_ps: + 4, + 2, + 1 */
 }
 
+/* Block b into the lanes when |d| >= 2^8: each weight e4m3(q) * 2^-120 * 2^120
+ * (exact) * d, rounded once as well. */
+static inline void fp8_block_large_scale(const struct kt_block_fp8_b128 *b, const float *yb, __m256 acc[8])
+{
+    const __m256 d = _mm256_set1_ps(b->d);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 8; k++) {
+            const __m256 v = _mm256_mul_ps(e4m3x8_scaled(b->q + 64 * h + 8 * k), _mm256_set1_ps(0x1p120f));
+            acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(v, d), _mm256_loadu_ps(yb + 64 * h + 8 * k), acc[k]);
+        }
+}
+
 void kt_vec_dot_fp8_b128_f32_avx2(int64_t n, float *out, const void *w, const void *a)
 {
     const struct kt_block_fp8_b128 *x = w; /* (n/128) blocks */
@@ -64,11 +77,16 @@ void kt_vec_dot_fp8_b128_f32_avx2(int64_t n, float *out, const void *w, const vo
         acc[k] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / KT_QK_FP8; i++) {
         prefetch_ahead(&x[i], sizeof x[i]);
-        const __m256 d = _mm256_set1_ps(x[i].d);
         const float *yb = y + i * KT_QK_FP8;
+        float d120;
+        if (!fp8_scale_2p120(x[i].d, &d120)) {
+            fp8_block_large_scale(&x[i], yb, acc);
+            continue;
+        }
+        const __m256 m = _mm256_set1_ps(d120);
         for (int h = 0; h < 2; h++) /* elements 64h .. 64h+63: lanes 0..63 */
             for (int k = 0; k < 8; k++)
-                acc[k] = _mm256_fmadd_ps(e4m3x8_times(x[i].q + 64 * h + 8 * k, d),
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(e4m3x8_scaled(x[i].q + 64 * h + 8 * k), m),
                                          _mm256_loadu_ps(yb + 64 * h + 8 * k), acc[k]);
     }
     *out = fp8_lanes_sum(acc);

@@ -12,6 +12,7 @@
 #ifndef KT_KERNELS_AVX512_H
 #define KT_KERNELS_AVX512_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* kt_vec_dot_fn: *out = dot(w, a) over n elements */
@@ -20,5 +21,9 @@ void kt_vec_dot_q4_0_q8_0_avx512(int64_t n, float *out, const void *w, const voi
 void kt_vec_dot_q4_K_q8_K_avx512(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_mxfp4_q8_0_avx512(int64_t n, float *out, const void *w, const void *a);
 void kt_vec_dot_fp8_b128_f32_avx512(int64_t n, float *out, const void *w, const void *a);
+
+/* kt_gemv_fn: out[r] = dot(row r, a), bit for bit the vec_dot above, four rows per pass */
+void kt_gemv_fp8_b128_f32_avx512(int64_t n, float *out, const void *w, size_t row_bytes, const void *a,
+                                 int64_t n_rows);
 
 #endif
