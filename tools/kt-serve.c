@@ -212,7 +212,8 @@ static const struct kt_cli_option options_table[] = {
     {"--rebalance-min-gain", NULL, "G", 0, "move only when the plan saves this share of the step (default 0.02)",
      opt_min_gain},
     {"--migration-budget-mib", NULL, "M", 0,
-     "bytes of expert copies in one round and waiting for their switch, at most (default 1024)",
+     "memory the expert copies on their way to a new home hold at most; a larger layer is sliced or made "
+     "whole in parts (default 1024)",
      opt_migration_budget},
     {"--machine", NULL, "FILE", 0, "kt-bench machine file for the rebalancer's cost model (default: stated defaults)",
      opt_machine},
