@@ -657,7 +657,7 @@ static void layer_runs(const struct kt_placement *p, int device, enum layer_part
     }
 }
 
-void kt_placement_describe(const struct kt_placement *p, FILE *out)
+static void describe(const struct kt_placement *p, FILE *out)
 {
     static const char *const part_names[] = {"attention", "dense FFN", "shared experts"};
     uint32_t n_moe = 0;
@@ -727,4 +727,21 @@ void kt_placement_describe(const struct kt_placement *p, FILE *out)
             snprintf(nodes + strlen(nodes), sizeof nodes - strlen(nodes), "%s%d", nodes[0] ? ", " : "", n);
     if (runs[0])
         fprintf(out, "  row-sliced CPU experts: layers %s, each expert's rows split over nodes %s\n", runs, nodes);
+}
+
+/* The text is made first and written with one call: on an unbuffered stderr
+ * that several MPI ranks share, line by line it interleaved with theirs. */
+void kt_placement_describe(const struct kt_placement *p, FILE *out)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) { /* out of memory: line by line */
+        describe(p, out);
+        return;
+    }
+    describe(p, f);
+    if (fclose(f) == 0)
+        fwrite(text, 1, len, out);
+    free(text);
 }
