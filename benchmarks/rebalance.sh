@@ -254,17 +254,26 @@ cpu:
   nodes: auto
 EOF
 # The served traffic's balance: kt-serve sums, over the steps that only decode, each MoE layer's
-# busiest and mean node pool busy time (GET /kt/placement, layers[].node_balance); between two
-# snapshots their ratio is what the batches in between measured.
+# busiest and mean node pool busy time and each node pool's busy time (GET /kt/placement,
+# layers[].node_balance); between two snapshots, per layer: the busiest / mean node per step
+# (what a step waits for: the placement's imbalance plus the step-to-step jitter of threads that
+# share these 2 vCPUs with the server's other threads), and the busiest / mean node total over
+# the batches (how evenly the placement spread the layer's work).
 snapshot() { curl -sf "http://127.0.0.1:$port/kt/placement" >"$work/$1"; }
 balance_between() { # before.json after.json
     jq -rn --slurpfile a "$work/$1" --slurpfile b "$work/$2" '
+        def r3: . * 1000 | round / 1000;
         [range(0; $b[0].layers | length) as $i | $b[0].layers[$i] as $l | $a[0].layers[$i] as $k
          | select($l.node_balance)
          | ($l.node_balance.busiest_s - ($k.node_balance.busiest_s // 0)) as $x
          | ($l.node_balance.mean_s - ($k.node_balance.mean_s // 0)) as $m
-         | "\($i): \(if $m > 0 then ($x / $m * 1000 | round / 1000) else "-" end)\(if $l.sliced then " (sliced)" else "" end)"]
-        | "  node balance per MoE layer, decode steps (busiest / mean node pool busy time): " + join("  ")'
+         | [range(0; $l.node_balance.node_busy_s | length) as $n
+            | $l.node_balance.node_busy_s[$n] - ($k.node_balance.node_busy_s[$n] // 0)] as $t
+         | {i: $i, sliced: $l.sliced, step: (if $m > 0 then $x / $m else null end),
+            total: (if ($t | add) > 0 then ($t | max) / (($t | add) / ($t | length)) else null end)}] as $rows
+        | "  per layer, busiest / mean node per decode step:   " + ([$rows[] | "\(.i): \(.step // "-" | if type == "number" then r3 else . end)\(if .sliced then "s" else "" end)"] | join("  ")),
+          "  per layer, busiest / mean node total over them:  " + ([$rows[] | "\(.i): \(.total // "-" | if type == "number" then r3 else . end)\(if .sliced then "s" else "" end)"] | join("  ")),
+          "  (s: the layer row-sliced over both nodes) worst per step \([$rows[].step // empty] | max | r3), worst total \([$rows[].total // empty] | max | r3)"'
 }
 echo "-- the rebalancer off: 2 batches"
 KT_TOPOLOGY_SYNTHETIC=$two_nodes start_server serve-nodes-off.log --placement "$work/nodes-start.yaml" \

@@ -167,6 +167,19 @@ static void check_placement_shape(const json_t *j, bool traffic, bool enabled)
             KT_CHECK(traffic && mean > 0 && busiest >= mean * (1 - 1e-9) && busiest <= 2 * mean * (1 + 1e-9) &&
                          fabs(ratio - busiest / mean) < 1e-6,
                      "layer %zu node balance: %s", il, json_dumps(nb, 0));
+            /* the nodes' totals: their mean is the steps' mean summed (each step's mean truncated to a ns),
+             * the busiest total at most the steps' busiest summed, spread their ratio */
+            const json_t *nodes = json_object_get(nb, "node_busy_s");
+            double top = 0, sum = 0;
+            for (size_t n = 0; n < json_array_size(nodes); n++) {
+                const double b = json_number_value(json_array_get(nodes, n));
+                top = b > top ? b : top, sum += b;
+            }
+            const double spread = json_num(nb, "spread");
+            KT_CHECK(json_array_size(nodes) == 2 && fabs(sum / 2 - mean) <= 1e-6 * mean + 1e-6 &&
+                         top <= busiest * (1 + 1e-9) && spread >= 1 && spread <= ratio * (1 + 1e-6) &&
+                         fabs(spread - top / (sum / 2)) < 1e-6,
+                     "layer %zu nodes' totals: %s", il, json_dumps(nb, 0));
             balanced++;
         }
     }

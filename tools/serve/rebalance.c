@@ -53,6 +53,7 @@
 #define MAX_PLACES (KT_EXPERT_MAX_NODES + KT_PLACEMENT_MAX_DEVICES)
 #define MIN_PROFILE_TOKENS 16              /* a round needs this much routing seen */
 #define RECENT_STEPS 32                    /* decode steps the measured step time is the mean of */
+#define BUSY_STRIDE (2 + 16)               /* per layer: busiest, mean, then each node pool's busy time */
 
 /* A move on its way: the copy made on the target node, if it needed one
  * (a layer to slice: its shares). */
@@ -121,10 +122,14 @@ struct kt_serve_placement {
      * pairs on every slice node from then on, not before) */
     uint64_t *seen_node_pairs;
     uint64_t sum_pairs[MAX_PLACES];
-    /* [n_layer * 2] each layer's busiest and mean node pool busy time, summed
-     * per step (kt_engine_layer_stats), at the last step (the scheduler
-     * thread's), and over the steps that only decoded (guarded by mu): their
-     * ratio is the layer's node balance as the served traffic measured it */
+    /* [n_layer * BUSY_STRIDE] each layer's busiest and mean node pool busy
+     * time, summed per step, then each node pool's busy time
+     * (kt_engine_layer_stats): at the last step (the scheduler thread's), in
+     * the last step, and over the steps that only decoded (guarded by mu).
+     * Busiest / mean per step is the layer's node balance as each step felt
+     * it (a step waits for its slowest pool); busiest / mean of the nodes'
+     * totals is how evenly the placement spread the layer's work, with the
+     * steps' jitter averaged out */
     uint64_t *seen_node_busy, *step_node_busy, *decode_node_busy;
 
     /* guarded by mu: the device's expert cache after the last step (--expert-cache; NULL: none) */
@@ -228,9 +233,9 @@ kt_status kt_serve_placement_create(struct kt_server *s, struct kt_placement *li
     sp->max_queue = live->n_layer * live->n_expert + 1;
     if (!(sp->queue = calloc(sp->max_queue, sizeof *sp->queue)) ||
         !(sp->seen_node_pairs = calloc((size_t)live->n_layer * 16, sizeof *sp->seen_node_pairs)) ||
-        !(sp->seen_node_busy = calloc((size_t)live->n_layer * 2, sizeof *sp->seen_node_busy)) ||
-        !(sp->step_node_busy = calloc((size_t)live->n_layer * 2, sizeof *sp->step_node_busy)) ||
-        !(sp->decode_node_busy = calloc((size_t)live->n_layer * 2, sizeof *sp->decode_node_busy)))
+        !(sp->seen_node_busy = calloc((size_t)live->n_layer * BUSY_STRIDE, sizeof *sp->seen_node_busy)) ||
+        !(sp->step_node_busy = calloc((size_t)live->n_layer * BUSY_STRIDE, sizeof *sp->step_node_busy)) ||
+        !(sp->decode_node_busy = calloc((size_t)live->n_layer * BUSY_STRIDE, sizeof *sp->decode_node_busy)))
         return kt_err_set(err, KT_ERR_NOMEM, "out of memory");
     if (kt_engine_expert_cache_stats(s->engine, -1, &sp->cache) &&
         (!(sp->cache_layers = calloc(live->n_layer, sizeof *sp->cache_layers)) ||
@@ -883,7 +888,7 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
     for (uint32_t il = 0; il < p->n_layer; il++) {
         const struct kt_placement_layer *L = &p->layers[il];
         struct kt_engine_layer_stats ls;
-        step_busy[2 * il] = step_busy[2 * il + 1] = 0;
+        memset(step_busy + BUSY_STRIDE * (size_t)il, 0, BUSY_STRIDE * sizeof *step_busy);
         if (!L->experts || !kt_engine_layer_stats(e, il, &ls))
             continue;
         moe_ns += ls.attention_ns + ls.router_ns + ls.experts_ns + ls.combine_ns;
@@ -903,9 +908,11 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
         }
         if (slices && first >= 0) /* every slice node counted each pair: the rest of the division to one */
             sp->sum_pairs[first] += step_all / slices - given;
-        uint64_t *busy = sp->seen_node_busy + 2 * (size_t)il;
-        step_busy[2 * il] = ls.node_busy_max_ns - busy[0], step_busy[2 * il + 1] = ls.node_busy_mean_ns - busy[1];
-        busy[0] = ls.node_busy_max_ns, busy[1] = ls.node_busy_mean_ns;
+        uint64_t *busy = sp->seen_node_busy + BUSY_STRIDE * (size_t)il, *now = step_busy + BUSY_STRIDE * (size_t)il;
+        uint64_t total[BUSY_STRIDE] = {ls.node_busy_max_ns, ls.node_busy_mean_ns};
+        memcpy(total + 2, ls.node_busy_ns, sizeof ls.node_busy_ns);
+        for (int i = 0; i < BUSY_STRIDE; i++)
+            now[i] = total[i] - busy[i], busy[i] = total[i];
     }
     for (int n = 0; n < p->n_nodes && n < 16; n++)
         pairs[n] = sp->sum_pairs[n];
@@ -933,7 +940,7 @@ static void measure_step(struct kt_server *s, const struct kt_engine *e)
         }
     }
     if (decoded && !prefilled) {
-        for (uint32_t i = 0; i < 2 * p->n_layer; i++)
+        for (size_t i = 0; i < BUSY_STRIDE * (size_t)p->n_layer; i++)
             sp->decode_node_busy[i] += step_busy[i];
         sp->recent_s[sp->n_recent % RECENT_STEPS] = 1e-9 * (double)step_ns;
         sp->recent_tokens[sp->n_recent++ % RECENT_STEPS] = (uint32_t)decoded;
@@ -1180,6 +1187,26 @@ void kt_serve_placement_metrics(struct kt_server *s, struct kt_buf *o)
 }
 
 /* Each expert's share of its layer's routed pairs in prof. */
+/* A layer's node balance over the decode steps (busy: its BUSY_STRIDE
+ * counters): per step, the busiest pool's busy time against the pools' mean
+ * (ratio), and over the steps, the busiest node's total against the nodes'
+ * mean total (spread; the nodes that may hold experts, idle ones too). */
+static json_t *node_balance(const struct kt_placement *p, const uint64_t *busy)
+{
+    json_t *nodes = json_array();
+    uint64_t max = 0, sum = 0;
+    int n = 0;
+    for (int node = 0; node < p->n_nodes && node < 16; node++)
+        if (p->expert_nodes >> node & 1) {
+            const uint64_t ns = busy[2 + node];
+            json_array_append_new(nodes, json_real(1e-9 * (double)ns));
+            max = ns > max ? ns : max, sum += ns, n++;
+        }
+    return json_pack("{s:f, s:f, s:f, s:o, s:f}", "busiest_s", 1e-9 * (double)busy[0], "mean_s", 1e-9 * (double)busy[1],
+                     "ratio", (double)busy[0] / (double)busy[1], "node_busy_s", nodes, "spread",
+                     sum ? (double)max * n / (double)sum : 0.0);
+}
+
 static json_t *layer_heat(const struct kt_profile *prof, uint32_t il, uint32_t n_expert)
 {
     json_t *heat = json_array();
@@ -1244,11 +1271,9 @@ enum MHD_Result kt_serve_placement_endpoint(struct kt_http_request *rq)
             json_object_set_new(l, "place", place);
             json_object_set_new(l, "replicas", replicas);
             json_object_set_new(l, "heat", layer_heat(prof, il, p->n_expert));
-            const uint64_t *busy = sp->decode_node_busy + 2 * (size_t)il;
+            const uint64_t *busy = sp->decode_node_busy + BUSY_STRIDE * (size_t)il;
             if (busy[1]) /* more than one node pool: the decode steps' busiest / mean node, measured */
-                json_object_set_new(l, "node_balance", json_pack("{s:f, s:f, s:f}", "busiest_s", 1e-9 * (double)busy[0],
-                                                                 "mean_s", 1e-9 * (double)busy[1], "ratio",
-                                                                 (double)busy[0] / (double)busy[1]));
+                json_object_set_new(l, "node_balance", node_balance(p, busy));
             if (sp->cached) { /* the device's expert cache: what it holds, how often it served */
                 json_t *cached = json_array();
                 for (uint32_t x = 0; x < p->n_expert; x++)
