@@ -184,9 +184,14 @@ for p in a b; do
     stop_server
 done
 fi
-hindsight=$(awk '{ s += $2 } END { printf "%.4f", s / NR }' "$work/static-b.txt")
-static_p99=$(awk '{ if ($4 > m) m = $4 } END { printf "%.4f", m }' "$work/static-a.txt")
-echo "the hindsight plan's share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
+if [ -s "$work/static-a.txt" ] && [ -s "$work/static-b.txt" ]; then # step 5's, now or from an earlier run
+    hindsight=$(awk '{ s += $2 } END { printf "%.4f", s / NR }' "$work/static-b.txt")
+    static_p99=$(awk '{ if ($4 > m) m = $4 } END { printf "%.4f", m }' "$work/static-a.txt")
+    echo "the hindsight plan's share on B: $hindsight; the static plan's worst gap p99: $static_p99 s"
+elif want 6; then
+    echo "rebalance.sh: step 6 compares with step 5's static plans: run step 5 first (KT_REBALANCE_STEPS=\"5 6\")" >&2
+    exit 1
+fi
 
 if want 6; then
 say "6. kt-serve from plan A, the rebalancer on (every $interval s): set A, then set B"

@@ -39,6 +39,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "model.h"
 #include "testlib.h"
 
 #define NETNS_PREFIX "kt-netns-"
@@ -287,6 +288,14 @@ static inline const char *netns_in_a(void)
     return cmd;
 }
 
+/* ... in b. */
+static inline const char *netns_in_b(void)
+{
+    static char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s --net=/run/netns/%s", netns.nsenter, netns.ns_b);
+    return cmd;
+}
+
 /* The launcher of a 2-rank job, rank 0 in a and rank 1 in b: mpirun run in
  * a, the agent starting b's daemon, TCP on the /30 alone. */
 static inline const char *netns_mpirun(void)
@@ -319,6 +328,22 @@ static inline bool netns_veth_b_bytes(uint64_t *rx, uint64_t *tx)
     if (ok)
         *rx = r, *tx = t;
     return ok;
+}
+
+/* The embedding width of the model at path (the bytes an activation row
+ * sends per token), 0 if it does not open. */
+static inline uint32_t netns_model_n_embd(const char *path)
+{
+    struct kt_model *m = NULL;
+    kt_err err;
+    uint32_t n_embd = 0;
+    if (kt_model_open(path, &m, &err) == KT_OK) {
+        struct kt_model_identity id;
+        kt_model_identity(m, &id);
+        n_embd = id.n_embd;
+        kt_model_close(m);
+    }
+    return n_embd;
 }
 
 /* The namespace (of the two) that process pid is in: 'a', 'b', or 0 when

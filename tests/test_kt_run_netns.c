@@ -48,15 +48,7 @@ static void two_namespaces_match_one_process(const char *preset)
     KT_CHECK(rc == 0, "kt-synth --preset %s: %d", preset, rc);
     if (rc != 0)
         return;
-    struct kt_model *m = NULL;
-    kt_err err;
-    uint32_t n_embd = 0;
-    if (kt_model_open(model, &m, &err) == KT_OK) {
-        struct kt_model_identity id;
-        kt_model_identity(m, &id);
-        n_embd = id.n_embd;
-        kt_model_close(m);
-    }
+    const uint32_t n_embd = netns_model_n_embd(model);
     KT_CHECK(n_embd > 0, "cannot open %s", model);
     snprintf(single, sizeof single, "netns-%s-1", preset);
     rc = mpi_run_kt_run("", model, single, RUN_TIMEOUT_S);

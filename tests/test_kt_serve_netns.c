@@ -4,11 +4,13 @@
  * in network namespace a and rank 1 in b, the two joined by a veth pair and
  * OpenMPI over TCP between them (tests/netns_harness.h makes and removes
  * them).  The requests go to rank 0's port on a's own 127.0.0.1 (curl run
- * in a).
+ * in a), and one of the two sent at once comes from b to rank 0's address on
+ * the veth (rank 0 listens on every address of a: its loopback and the veth).
  *
  * Checked: a greedy chat answer is the one a single kt-serve gives for the
- * same prompt (tiny), two concurrent requests both complete, well formed
- * and as one process answers them; rank 0 ran in a and rank 1 in b (their
+ * same prompt (tiny), two concurrent requests (one of them from b, over
+ * the veth: b has no other way to a) both complete, well formed and as one
+ * process answers them; rank 0 ran in a and rank 1 in b (their
  * /proc/PID/ns/net, and rank 1's log names b's hostname); the residual
  * stream of every token crossed the veth both ways (b's /proc/net/dev); the
  * job stops with status 0 on SIGTERM to rank 0, no process of it left; and
@@ -36,6 +38,8 @@
 #define CHILD_WATCHDOG_S 45 /* the stopped-midway case's job (its start takes seconds) */
 /* the same on both sides; no prefix cache, so every prompt token goes down the ring */
 #define SERVE_ARGS "-t 1 --max-seqs 2 --ctx 256 --prefix-cache 0 --rank-timeout 30"
+/* ... and the job's rank 0 listens on a's addresses (its loopback and the veth), for b's request */
+#define JOB_ARGS SERVE_ARGS " --host 0.0.0.0"
 
 static char model[1024];
 static uint32_t n_embd;
@@ -87,8 +91,9 @@ static void parse_reply(const char *what, const char *body, unsigned max, struct
 }
 
 /* Requests prompts[first..first+n) at once (curl in the background, in the
- * server's namespace), each reply parsed into replies[i]. */
-static void ask(const struct test_server *s, int first, int n, struct reply *replies)
+ * server's namespace; request from_b, if one of them, from b to a's veth
+ * address), each reply parsed into replies[i]. */
+static void ask(const struct test_server *s, int first, int n, int from_b, struct reply *replies)
 {
     char script[8192] = "";
     size_t used = 0;
@@ -99,15 +104,16 @@ static void ask(const struct test_server *s, int first, int n, struct reply *rep
         used += (size_t)snprintf(script + used, sizeof script - used,
                                  "%s curl -s --max-time %d -o %s -H 'Content-Type: application/json' -d "
                                  "'{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}], \"max_tokens\": %u, "
-                                 "\"temperature\": 0}' http://127.0.0.1:%d/v1/chat/completions & ",
-                                 s->via, CURL_MAX_S, out, prompts[i], max_tokens[i], s->port);
+                                 "\"temperature\": 0}' http://%s:%d/v1/chat/completions & ",
+                                 i == from_b ? netns_in_b() : s->via, CURL_MAX_S, out, prompts[i], max_tokens[i],
+                                 i == from_b ? netns.addr_a : "127.0.0.1", s->port);
     }
     snprintf(script + used, sizeof script - used, "wait");
     KT_CHECK(kt_test_system("%s", script) == 0, "the requests did not run");
     for (int i = first; i < first + n; i++) {
         char out[1024], what[64];
         snprintf(out, sizeof out, "%s.%d", kt_test_path("netns-serve-reply"), i);
-        snprintf(what, sizeof what, "request %d (port %d)", i, s->port);
+        snprintf(what, sizeof what, "request %d (port %d%s)", i, s->port, i == from_b ? ", from b" : "");
         size_t bytes = 0;
         char *body = kt_test_read_file(out, &bytes);
         parse_reply(what, body, max_tokens[i], &replies[i]);
@@ -172,14 +178,14 @@ static void two_namespaces_serve_what_one_process_serves(void)
     memset(one, 0, sizeof one), memset(two, 0, sizeof two);
     if (!server_start(&s, model, SERVE_ARGS, true))
         return;
-    ask(&s, 0, 1, one);
-    ask(&s, 1, 2, one);
+    ask(&s, 0, 1, -1, one);
+    ask(&s, 1, 2, -1, one);
     KT_CHECK(server_stop(&s) == 0, "kt-serve alone did not stop cleanly (log %s)", s.log);
 
     uint64_t rx0 = 0, tx0 = 0, rx1 = 0, tx1 = 0;
     KT_CHECK(netns_veth_b_bytes(&rx0, &tx0), "no counters of %s in %s", netns.if_b, netns.ns_b);
     const double t0 = harness_now();
-    if (!server_start_in(&s, netns_in_a(), netns_mpirun(), model, SERVE_ARGS, true)) {
+    if (!server_start_in(&s, netns_in_a(), netns_mpirun(), model, JOB_ARGS, true)) {
         free_replies(one, 3);
         return;
     }
@@ -192,9 +198,9 @@ static void two_namespaces_serve_what_one_process_serves(void)
     KT_CHECK(in1 == 'b', "rank 1 (pid %d) is not in %s (%c)", (int)rank1, netns.ns_b, in1 ? in1 : '-');
 
     const double t1 = harness_now();
-    ask(&s, 0, 1, two);
+    ask(&s, 0, 1, -1, two);
     const double alone_s = harness_now() - t1;
-    ask(&s, 1, 2, two);
+    ask(&s, 1, 2, 2, two); /* the second from b */
     const double pair_s = harness_now() - t1 - alone_s;
     for (int i = 0; i < 3; i++)
         KT_CHECK(one[i].text && two[i].text && strcmp(one[i].text, two[i].text) == 0 &&
@@ -300,14 +306,7 @@ int main(void)
         return kt_test_skip("curl not found");
     snprintf(model, sizeof model, "%s", kt_test_path("netns-serve-tiny.gguf"));
     KT_CHECK(make_model(model, "tiny", NULL), "kt-synth failed");
-    struct kt_model *m = NULL;
-    kt_err err;
-    if (kt_model_open(model, &m, &err) == KT_OK) {
-        struct kt_model_identity id;
-        kt_model_identity(m, &id);
-        n_embd = id.n_embd;
-        kt_model_close(m);
-    }
+    n_embd = netns_model_n_embd(model);
     KT_CHECK(n_embd > 0, "cannot open %s", model);
     if (n_embd == 0)
         return kt_test_finish();

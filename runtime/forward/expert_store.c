@@ -78,7 +78,9 @@ struct store_layer {
     uint64_t stride;                /* expert_bytes rounded up to EXPERT_ALIGN */
     uint64_t slice_stride[KT_EXPERT_MAX_NODES]; /* sliced: node n's share bytes rounded up to EXPERT_ALIGN */
     bool moe;
-    uint32_t copies_on[KT_EXPERT_MAX_NODES]; /* expert copies (homes + replicas) on each node */
+    /* expert copies (homes + replicas) on each node at load, which size
+     * base[]: not kept up as experts move while serving (own, maps) */
+    uint32_t copies_on[KT_EXPERT_MAX_NODES];
     uint8_t *base[KT_EXPERT_MAX_NODES];      /* (copies_on[n], stride) bound to node n; NULL if none */
     size_t map_bytes[KT_EXPERT_MAX_NODES];
     struct kt_stored_expert *experts; /* [n_expert] */
@@ -684,7 +686,6 @@ static void release_copy(struct kt_expert_store *s, struct store_layer *sl, uint
     }
     se->copy[node] = NULL;
     se->nodes = (uint16_t)(se->nodes & ~(1u << node));
-    sl->copies_on[node]--;
 }
 
 /* Copy c becomes expert c->x's copy on c->node, its own mapping. */
@@ -694,7 +695,6 @@ static void adopt_copy(struct kt_expert_store *s, struct store_layer *sl, struct
     const size_t i = (size_t)c->x * KT_EXPERT_MAX_NODES + (size_t)c->node;
     se->copy[c->node] = c->buf;
     se->nodes = (uint16_t)(se->nodes | 1u << c->node);
-    sl->copies_on[c->node]++;
     sl->own[i] = c->buf, sl->own_bytes[i] = c->map_bytes;
     s->bytes += c->map_bytes;
     free(c);

@@ -384,12 +384,14 @@ static bool wait_untouched(struct kt_serve_placement *sp, const struct kt_move *
     return ok;
 }
 
-/* Hands mv (with its copy) to the scheduler thread, waiting while the copies
- * on their way exceed the budget; false when stopping (the copy discarded). */
-static bool hand_off(struct kt_serve_placement *sp, struct handoff h, uint64_t budget_bytes)
+/* Hands mv (with its copy) to the scheduler thread, waiting while the queue
+ * is full; false when stopping (the copy discarded).  The budget was waited
+ * for before the copy was made (wait_room): only the scheduler thread takes
+ * from the queue meanwhile, so its bytes can only have fallen since. */
+static bool hand_off(struct kt_serve_placement *sp, struct handoff h)
 {
     pthread_mutex_lock(&sp->mu);
-    while (!sp->stop && sp->q_len > 0 && (sp->q_len == sp->max_queue || sp->queued_bytes + h.bytes > budget_bytes))
+    while (!sp->stop && sp->q_len == sp->max_queue)
         pthread_cond_wait(&sp->cv, &sp->mu);
     const bool ok = !sp->stop;
     if (ok) {
@@ -489,7 +491,7 @@ static int layer_move(struct kt_server *s, const struct kt_placement *cur, const
             return handed;
         }
         h.bytes = slice ? kt_layer_slices_bytes(h.slices) : kt_layer_whole_bytes(h.whole);
-        if (!hand_off(sp, h, budget))
+        if (!hand_off(sp, h))
             return -1;
         handed++;
         kt_sched_poke(s->sched); /* made between two steps, or at once on an idle server */
@@ -599,7 +601,7 @@ static void round_once(struct kt_server *s)
             pthread_mutex_unlock(&sp->mu);
             continue;
         }
-        if (!hand_off(sp, (struct handoff){.mv = *mv, .copy = copy, .upload = upload, .bytes = mv->bytes}, budget))
+        if (!hand_off(sp, (struct handoff){.mv = *mv, .copy = copy, .upload = upload, .bytes = mv->bytes}))
             break;
         handed++;
         kt_sched_poke(s->sched);
