@@ -413,9 +413,13 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
     struct kt_memory_need need = kt_model_memory_need(m, -1, p->kv_tokens, p->kv_bytes_per_value);
     uint64_t kv_per_layer = need.kv_cache_bytes / m->hp.n_layer;
     struct kt_placement_device *d = p->devices;
-    d[p->embeddings].part_bytes[KT_PART_EMBEDDINGS] +=
-        bytes_of(m->token_embd) + bytes_of(m->output_norm) + (m->output_tied ? 0 : bytes_of(m->output));
-    for (uint32_t il = 0; il < p->n_layer; il++) {
+    /* a stage holds its layers alone, and the embeddings and head when it starts at 0 */
+    const uint32_t begin = p->stage_end ? p->stage_begin : 0;
+    const uint32_t end = p->stage_end && p->stage_end < p->n_layer ? p->stage_end : p->n_layer;
+    if (begin == 0)
+        d[p->embeddings].part_bytes[KT_PART_EMBEDDINGS] +=
+            bytes_of(m->token_embd) + bytes_of(m->output_norm) + (m->output_tied ? 0 : bytes_of(m->output));
+    for (uint32_t il = begin; il < end; il++) {
         const struct kt_layer *L = &m->layers[il];
         const struct kt_placement_layer *pl = &p->layers[il];
         const struct kt_gguf_tensor *attn[] = {L->attn_norm, L->attn_q_a, L->attn_q_a_norm, L->attn_q_b,
@@ -453,8 +457,8 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
         if (!held)
             continue;
         struct kt_engine_params ep = {.n_ctx = p->kv_tokens, .kv_type = p->kv_type,
-                                      .attention_on_device = p->layers[0].attention == i,
-                                      .output_on_device = p->embeddings == i};
+                                      .attention_on_device = begin < end && p->layers[begin].attention == i,
+                                      .output_on_device = begin == 0 && p->embeddings == i};
         d[i].part_bytes[KT_PART_WORK_BUFFERS] = kt_engine_device_work_bytes(m, &ep, d[i].backend == KT_PLACE_CUDA);
     }
     for (int i = 0; i < p->n_devices; i++)
@@ -534,6 +538,8 @@ static void fill_devices(struct resolver *r)
     p->kv_bytes_per_value = c->kv_bytes_per_value;
     p->kv_type = c->kv_type;
     p->kv_type_given = c->kv_type_given;
+    p->stage_begin = c->stage_begin;
+    p->stage_end = c->stage_end;
     for (int i = 0; i < c->n_devices; i++) {
         struct kt_placement_device *d = &p->devices[i];
         const struct kt_cfg_device *cd = &c->devices[i];
