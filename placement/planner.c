@@ -342,7 +342,9 @@ static kt_status place_parts(struct planner *pl, const char *name, kt_err *err)
         }
         on[0] = true;
         const enum kt_place_part next[3] = {KT_PART_SHARED_EXPERTS, KT_PART_DENSE_FFN, KT_PART_EMBEDDINGS};
-        for (int i = 0; i < 3; i++)
+        /* a stage not starting at 0 holds no embeddings or head (the engine's): none to place */
+        const int n_next = o->stage_end && o->stage_begin > 0 ? 2 : 3;
+        for (int i = 0; i < n_next; i++)
             if (used + pb[next[i]] <= budget) {
                 used += pb[next[i]];
                 on[1 + i] = true;
