@@ -254,7 +254,7 @@ kt_status kt_rank_split(uint32_t n_layer, int n_ranks, const double *layer_s, do
 /* One message of n tokens as runtime/dist/pipeline.c sends it: its header (struct msg_header, 160 bytes:
  * kind, counts, the step number, 16 ranks' busy times), a STEP's tokens (struct kt_batch_token, 16 bytes
  * each), padded to 64 bytes (x_offset), then the residual stream, n_embd floats a token. */
-static uint64_t message_bytes(uint32_t n_tokens, uint32_t n_embd, bool step)
+uint64_t kt_rank_message_bytes(uint32_t n_tokens, uint32_t n_embd, bool step)
 {
     const uint64_t head = 160 + (step ? 16 * (uint64_t)n_tokens : 0);
     return (head + 63) / 64 * 64 + (uint64_t)n_tokens * n_embd * sizeof(float);
@@ -269,7 +269,7 @@ double kt_rank_link_seconds(const struct kt_machine *from, const struct kt_machi
     double s = 0;
     for (uint32_t k = 0; k < messages; k++) { /* contiguous slices, the first n % messages one token longer */
         const uint32_t n = n_tokens / messages + (k < n_tokens % messages ? 1 : 0);
-        s += 1e-6 * lat + (double)message_bytes(n, n_embd, step) / (gbps * 1e9);
+        s += 1e-6 * lat + (double)kt_rank_message_bytes(n, n_embd, step) / (gbps * 1e9);
     }
     return s;
 }

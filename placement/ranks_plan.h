@@ -115,6 +115,11 @@ kt_status kt_rank_split(uint32_t n_layer, int n_ranks, const double *layer_s, do
                         const uint64_t *layer_bytes, uint64_t head_bytes, const uint64_t *capacity, uint32_t *first,
                         kt_err *err);
 
+/* Bytes of one message of n_tokens tokens as runtime/dist/pipeline.c sends
+ * it (step: a STEP, with the tokens; else the RESULT back to rank 0); what
+ * kt-bench model's pipeline counts (test_kt_run_mpi checks the two agree). */
+uint64_t kt_rank_message_bytes(uint32_t n_tokens, uint32_t n_embd, bool step);
+
 /* Seconds to send n_tokens tokens' residual stream of n_embd floats from a
  * host to the next (step: a STEP message with the tokens, else the RESULT
  * back to rank 0) in `messages` micro-batches as runtime/dist/pipeline.c

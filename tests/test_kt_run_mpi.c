@@ -23,7 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model.h"
 #include "mpi_harness.h"
+#include "ranks_plan.h"
 #include "testlib.h"
 
 static char mpirun[1024];
@@ -300,6 +302,21 @@ static void kt_bench_model_over_ranks(void)
     const double bubble = json_real_value(json_object_get(pd, "bubble"));
     const double comm = json_real_value(json_object_get(pd, "communication_seconds_per_step"));
     KT_CHECK(bubble > 0 && bubble < 1 && comm >= 0 && comm < 1, "bubble %g, communication %g s a step", bubble, comm);
+    /* the bytes kt-place's link model prices (placement/ranks_plan.h): rank 0 sends each batch-1 decode step
+     * as one STEP of one token and gets one RESULT back */
+    struct kt_model *m = NULL;
+    kt_err kerr = {0};
+    KT_CHECK(kt_model_open(model, &m, &kerr) == KT_OK, "%s", kerr.msg);
+    if (m) {
+        const json_int_t sent = json_integer_value(json_object_get(pd, "sent_bytes"));
+        const json_int_t got = json_integer_value(json_object_get(pd, "received_bytes"));
+        const uint64_t want_sent = 8 * kt_rank_message_bytes(1, m->hp.n_embd, true);
+        const uint64_t want_got = 8 * kt_rank_message_bytes(1, m->hp.n_embd, false);
+        KT_CHECK((uint64_t)sent == want_sent && (uint64_t)got == want_got,
+                 "rank 0 sent %lld bytes in 8 decode steps and received %lld; the link model says %llu and %llu",
+                 (long long)sent, (long long)got, (unsigned long long)want_sent, (unsigned long long)want_got);
+    }
+    kt_model_close(m);
     json_decref(j);
     free(body);
 }
