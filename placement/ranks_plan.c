@@ -265,11 +265,14 @@ double kt_rank_link_seconds(const struct kt_machine *from, const struct kt_machi
 {
     const double gbps = from->net_gbps < to->net_gbps ? from->net_gbps : to->net_gbps;
     const double lat = from->net_latency_us > to->net_latency_us ? from->net_latency_us : to->net_latency_us;
-    messages = messages < 1 ? 1 : messages > n_tokens && n_tokens ? n_tokens : messages;
+    if (messages > n_tokens)
+        messages = n_tokens; /* no empty slices */
+    if (messages < 1)
+        messages = 1;
     double s = 0;
-    for (uint32_t k = 0; k < messages; k++) { /* contiguous slices, the first n % messages one token longer */
-        const uint32_t n = n_tokens / messages + (k < n_tokens % messages ? 1 : 0);
-        s += 1e-6 * lat + (double)kt_rank_message_bytes(n, n_embd, step) / (gbps * 1e9);
+    for (uint32_t k = 0; k < messages; k++) { /* pipeline.c's slices: [n k / messages, n (k + 1) / messages) */
+        const uint64_t lo = (uint64_t)n_tokens * k / messages, hi = (uint64_t)n_tokens * (k + 1) / messages;
+        s += 1e-6 * lat + (double)kt_rank_message_bytes((uint32_t)(hi - lo), n_embd, step) / (gbps * 1e9);
     }
     return s;
 }

@@ -384,7 +384,10 @@ static void the_link_costs_latency_and_bytes(void)
     /* 3 tokens in one STEP: 160 + 48 = 208 bytes of header, padded to 256 */
     want = 100e-6 + (256.0 + 3 * 7168 * 4) / 1e9, got = kt_rank_link_seconds(&a, &b, 7168, 3, 1, true);
     KT_CHECK(fabs(got - want) < 1e-12, "3 tokens: %.9g s, want %.9g", got, want);
-    /* the RESULT back to rank 0 carries no tokens: 5 tokens in 2 (3 and 2), 192-byte headers */
+    /* 5 tokens in 2 STEPs, sliced as the pipeline does (2 then 3): headers of 192 and 256 bytes */
+    want = 2 * 100e-6 + (192.0 + 256.0 + 5 * 7168 * 4) / 1e9, got = kt_rank_link_seconds(&a, &b, 7168, 5, 2, true);
+    KT_CHECK(fabs(got - want) < 1e-12, "a step of 5 tokens in 2: %.9g s, want %.9g", got, want);
+    /* the RESULT back to rank 0 carries no tokens: 192-byte headers */
     want = 2 * 100e-6 + (2 * 192.0 + 5 * 7168 * 4) / 1e9, got = kt_rank_link_seconds(&a, &b, 7168, 5, 2, false);
     KT_CHECK(fabs(got - want) < 1e-12, "a result of 5 tokens: %.9g s, want %.9g", got, want);
 }
