@@ -759,6 +759,21 @@ static void kt_place_plans_a_hybrid_rank(void)
     kt_placement_destroy(p);
     KT_CHECK(c && kt_placement_config_rank_placement(c, 0), "rank 0 has no placement");
     kt_placement_config_destroy(c);
+    /* a rank's machine file with a bad network figure: refused naming the file and the key, nothing written */
+    f = fopen(hyb, "w");
+    if (f) {
+        fprintf(f, "{\"version\": 1, \"kind\": \"k\", \"nodes\": [{\"node\": 0, \"memory_gib\": 1024}], "
+                "\"network\": {\"bandwidth_gbps\": -1}}\n");
+        fclose(f);
+    }
+    unlink(out);
+    rc = kt_test_system("%s -m %s --machine %s --machine %s -o %s >%s 2>&1", kt_test_tool("kt-place"), kimi, cpu, hyb,
+                        out, log);
+    text = kt_test_read_file(log, &n);
+    KT_CHECK(rc == 1 && text && strstr(text, "ranks-hybrid.json") &&
+                 strstr(text, "network.bandwidth_gbps: expected a non-negative number") && access(out, F_OK) != 0,
+             "a bad network figure: exit %d, %s", rc, text ? text : "");
+    free(text);
     kt_model_close(m);
 }
 
