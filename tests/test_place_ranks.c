@@ -10,7 +10,16 @@
  * (61 layers, a dense first layer) over a small and a large machine gets a
  * plan whose config resolves back to each rank's plan over its layers;
  * the config's ranks[r].placement is read (and bad ones refused with the
- * line); kt-place writes the file (and nothing when it refuses).
+ * line); kt-place writes the file (and nothing when it refuses).  The
+ * links: a message costs latency + bytes / bandwidth of the slower host by
+ * pipeline.c's message sizes (checked by hand), every Kimi-K2 stage carries
+ * exactly its link's time, a slow link moves layers (split alone, and a slow
+ * third host over 3 ranks); bad `network` figures are refused naming the key.
+ * Devices: a rank with a device gets more layers than on its CPU alone, its
+ * plan's experts only in its stage and within its budget (12 GiB holds fewer
+ * than 64), its written placement resolving as its stage; a device too small
+ * for one layer's attention is refused; kt-place --device sim plans the rank
+ * whose machine file has a sim.
  */
 #include <math.h>
 #include <stdio.h>
