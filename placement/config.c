@@ -685,6 +685,8 @@ static kt_status parse_rank_placement(struct parser *p, const struct kt_ynode *n
         kt_placement_config_destroy(sub);
         return st;
     }
+    sub->stage_begin = p->c->rank_layers[r].first; /* its bytes are its layers' (kt_placement_resolve) */
+    sub->stage_end = p->c->rank_layers[r].last + 1;
     p->c->rank_placement[r] = sub;
     return KT_OK;
 }
@@ -905,4 +907,10 @@ kt_status kt_placement_config_load(const char *path, struct kt_placement_config 
         st = kt_placement_config_parse(text, len, path, out, err);
     free(text);
     return st;
+}
+
+void kt_placement_config_set_stage(struct kt_placement_config *c, uint32_t begin, uint32_t end)
+{
+    c->stage_begin = begin;
+    c->stage_end = end;
 }

@@ -46,5 +46,9 @@ void kt_placement_config_rank_layers(const struct kt_placement_config *c, int ra
  * placement config v1 of its own, which kt_placement_resolve takes), or NULL when the entry has none (the
  * file's top level then serves every rank).  Owned by c. */
 const struct kt_placement_config *kt_placement_config_rank_placement(const struct kt_placement_config *c, int rank);
+/* Resolve c as a pipeline stage of layers [begin, end) (0, 0: every layer): its bytes and device budgets
+ * count those layers alone (kt_placement.stage_begin).  A rank's own config (ranks[r].placement) is
+ * that of its ranks[r].layers already; kt-place's planner sets it for a rank's stage. */
+void kt_placement_config_set_stage(struct kt_placement_config *c, uint32_t begin, uint32_t end);
 
 #endif

@@ -112,6 +112,8 @@ struct kt_placement_config {
     struct kt_id_range rank_layers[KT_PLACEMENT_MAX_RANKS];
     /* ranks[r].placement: rank r's own config (owned; NULL: the file's top level serves it) */
     struct kt_placement_config *rank_placement[KT_PLACEMENT_MAX_RANKS];
+    /* the stage a rank's own config is for (its ranks[r].layers, [begin, end)); 0, 0: every layer */
+    uint32_t stage_begin, stage_end;
 };
 
 #endif

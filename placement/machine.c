@@ -156,6 +156,8 @@ void kt_machine_defaults(struct kt_machine *m, int n_nodes)
     sim->backend = KT_PLACE_SIM;
     sim->shares_host = true;
     default_accel(m, sim, 0, none, none);
+    m->net_gbps = KT_MACHINE_DEFAULT_NET_GBPS;
+    m->net_latency_us = KT_MACHINE_DEFAULT_NET_LATENCY_US;
 }
 
 /* ---- parsing --------------------------------------------------------------------------- */
@@ -457,6 +459,30 @@ static kt_status parse_accel(const struct parser *p, struct kt_machine *m, json_
     return KT_OK;
 }
 
+/* "network": {"bandwidth_gbps": B, "latency_us": L}, both optional. */
+static kt_status parse_network(const struct parser *p, struct kt_machine *m, json_t *obj)
+{
+    static const char *const known[] = {"bandwidth_gbps", "latency_us", NULL};
+    if (!json_is_object(obj))
+        return bad(p, "network", "expected an object {\"bandwidth_gbps\": GB/s, \"latency_us\": us}");
+    const char *key;
+    json_t *v;
+    kt_status st = KT_OK;
+    json_object_foreach(obj, key, v) {
+        if (known_key(p, "network", key, known, &st) < 0)
+            return st;
+    }
+    json_t *bw = json_object_get(obj, "bandwidth_gbps"), *lat = json_object_get(obj, "latency_us");
+    if (bw && (st = get_figure(p, bw, "network.bandwidth_gbps", 1e5, &m->net_gbps)))
+        return st;
+    if (bw && !(m->net_gbps > 0))
+        return bad(p, "network.bandwidth_gbps", "expected a positive number of GB/s (0 would never deliver)");
+    if (lat && (st = get_figure(p, lat, "network.latency_us", 1e7, &m->net_latency_us)))
+        return st;
+    m->network_given = true;
+    return KT_OK;
+}
+
 kt_status kt_machine_parse(const char *text, size_t len, const char *name, struct kt_machine **out, kt_err *err)
 {
     *out = NULL;
@@ -475,7 +501,7 @@ kt_status kt_machine_parse(const char *text, size_t len, const char *name, struc
         st = kt_err_set(err, KT_ERR_FORMAT, "%s: expected a JSON object", p.name);
         goto done;
     }
-    static const char *const known[] = {"version", "kind", "topology", "nodes", "accelerators", NULL};
+    static const char *const known[] = {"version", "kind", "topology", "nodes", "accelerators", "network", NULL};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
@@ -531,6 +557,11 @@ kt_status kt_machine_parse(const char *text, size_t len, const char *name, struc
     for (int i = 0; i < m->n_accel; i++)
         if ((st = parse_accel(&p, m, json_array_get(accel, (size_t)i), i)))
             goto done;
+    m->net_gbps = KT_MACHINE_DEFAULT_NET_GBPS;
+    m->net_latency_us = KT_MACHINE_DEFAULT_NET_LATENCY_US;
+    json_t *network = json_object_get(root, "network");
+    if (network && (st = parse_network(&p, m, network)))
+        goto done;
 done:
     json_decref(root);
     if (st) {
@@ -632,6 +663,11 @@ kt_status kt_machine_save(const struct kt_machine *m, const char *path, kt_err *
              set_real(o, "latency_us", a->latency_us) && add_kernels(o, a->decode, a->prefill_gflops) &&
              add_figures(o, "prefill_fixed_gbps", a->prefill_fixed_gbps, false) &&
              json_object_set_new(o, "shares_host", json_boolean(a->shares_host)) == 0;
+    }
+    if (ok && m->network_given) { /* as the file gave them */
+        json_t *o = json_object();
+        ok = o && json_object_set_new(root, "network", o) == 0 && set_real(o, "bandwidth_gbps", m->net_gbps) &&
+             set_real(o, "latency_us", m->net_latency_us);
     }
     /* 10 significant digits: more than any figure measures, and short to read */
     char *text = ok ? json_dumps(root, JSON_INDENT(1) | JSON_REAL_PRECISION(10)) : NULL;

@@ -20,7 +20,8 @@
  *      "accelerators": [{"name": "sim", "backend": "sim", "memory_gib": 0,
  *                        "h2d_gbps": 25, "d2h_gbps": 25, "latency_us": 10,
  *                        "decode": {...}, "prefill_gflops": {...},
- *                        "prefill_fixed_gbps": {...}}]}
+ *                        "prefill_fixed_gbps": {...}}],
+ *      "network": {"bandwidth_gbps": 12.5, "latency_us": 5}}     (optional: the link between MPI ranks)
  *
  * Type names are GGUF's (kt_type_name).  Unknown keys, unknown types, a
  * figure that is not a finite non-negative number, a node given twice and
@@ -101,6 +102,7 @@
 #ifndef KT_PLACEMENT_MACHINE_H
 #define KT_PLACEMENT_MACHINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -128,6 +130,12 @@
 #define KT_MACHINE_DEFAULT_GPU_DECODE_GBPS 1000.0
 #define KT_MACHINE_DEFAULT_GPU_OVERHEAD_US 10.0
 #define KT_MACHINE_DEFAULT_GPU_PREFILL_GFLOPS 50000.0
+/* The host's network to the other ranks of an MPI job (kt-place --ranks: the
+ * activations between stages) when the file has no `network`: 10 Gbit
+ * Ethernet's 1.25 GB/s and 50 us a message through MPI over TCP - stated
+ * assumptions, not measurements. */
+#define KT_MACHINE_DEFAULT_NET_GBPS 1.25
+#define KT_MACHINE_DEFAULT_NET_LATENCY_US 50.0
 
 /* A kernel's time for one call (one matrix or one expert at decode shapes):
  * overhead_us + bytes / gbps.  gbps 0: not measured. */
@@ -198,6 +206,11 @@ struct kt_machine {
     struct kt_machine_node nodes[KT_MACHINE_MAX_NODES];
     int n_accel;
     struct kt_machine_accel accel[KT_MACHINE_MAX_ACCEL];
+    /* "network": {"bandwidth_gbps": GB/s, "latency_us": us} - the link to the other ranks of an MPI
+     * job, each message latency_us + bytes / bandwidth; both optional (KT_MACHINE_DEFAULT_NET_*);
+     * network_given: the file has the entry.  Not measured by kt-bench machine: the user writes it. */
+    double net_gbps, net_latency_us;
+    bool network_given;
     /* Entries that were missing and got defaults ("nodes[0].decode.q6_K: 20 GB/s assumed"). */
     uint32_t n_defaulted;
     char defaulted[KT_MACHINE_MAX_DEFAULTED][96];

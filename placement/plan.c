@@ -413,9 +413,13 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
     struct kt_memory_need need = kt_model_memory_need(m, -1, p->kv_tokens, p->kv_bytes_per_value);
     uint64_t kv_per_layer = need.kv_cache_bytes / m->hp.n_layer;
     struct kt_placement_device *d = p->devices;
-    d[p->embeddings].part_bytes[KT_PART_EMBEDDINGS] +=
-        bytes_of(m->token_embd) + bytes_of(m->output_norm) + (m->output_tied ? 0 : bytes_of(m->output));
-    for (uint32_t il = 0; il < p->n_layer; il++) {
+    /* a stage holds its layers alone, and the embeddings and head when it starts at 0 */
+    const uint32_t begin = p->stage_end ? p->stage_begin : 0;
+    const uint32_t end = p->stage_end && p->stage_end < p->n_layer ? p->stage_end : p->n_layer;
+    if (begin == 0)
+        d[p->embeddings].part_bytes[KT_PART_EMBEDDINGS] +=
+            bytes_of(m->token_embd) + bytes_of(m->output_norm) + (m->output_tied ? 0 : bytes_of(m->output));
+    for (uint32_t il = begin; il < end; il++) {
         const struct kt_layer *L = &m->layers[il];
         const struct kt_placement_layer *pl = &p->layers[il];
         const struct kt_gguf_tensor *attn[] = {L->attn_norm, L->attn_q_a, L->attn_q_a_norm, L->attn_q_b,
@@ -453,8 +457,8 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
         if (!held)
             continue;
         struct kt_engine_params ep = {.n_ctx = p->kv_tokens, .kv_type = p->kv_type,
-                                      .attention_on_device = p->layers[0].attention == i,
-                                      .output_on_device = p->embeddings == i};
+                                      .attention_on_device = begin < end && p->layers[begin].attention == i,
+                                      .output_on_device = begin == 0 && p->embeddings == i};
         d[i].part_bytes[KT_PART_WORK_BUFFERS] = kt_engine_device_work_bytes(m, &ep, d[i].backend == KT_PLACE_CUDA);
     }
     for (int i = 0; i < p->n_devices; i++)
@@ -534,6 +538,8 @@ static void fill_devices(struct resolver *r)
     p->kv_bytes_per_value = c->kv_bytes_per_value;
     p->kv_type = c->kv_type;
     p->kv_type_given = c->kv_type_given;
+    p->stage_begin = c->stage_begin;
+    p->stage_end = c->stage_end;
     for (int i = 0; i < c->n_devices; i++) {
         struct kt_placement_device *d = &p->devices[i];
         const struct kt_cfg_device *cd = &c->devices[i];
@@ -639,16 +645,25 @@ static int layer_device(const struct kt_placement_layer *pl, enum layer_part whi
     return which == LP_ATTENTION ? pl->attention : which == LP_DENSE ? pl->dense_ffn : pl->shared_experts;
 }
 
-/* The layers whose `which` is on device, as runs: "0-3" or "1, 5-60"; "" when none. */
+/* The layers a placement holds: its stage's, or every layer. */
+static void held_layers(const struct kt_placement *p, uint32_t *begin, uint32_t *end)
+{
+    *begin = p->stage_end ? p->stage_begin : 0;
+    *end = p->stage_end && p->stage_end < p->n_layer ? p->stage_end : p->n_layer;
+}
+
+/* The layers (of those held) whose `which` is on device, as runs: "0-3" or "1, 5-60"; "" when none. */
 static void layer_runs(const struct kt_placement *p, int device, enum layer_part which, char *out, size_t cap)
 {
     size_t used = 0;
+    uint32_t begin, end;
+    held_layers(p, &begin, &end);
     out[0] = 0;
-    for (uint32_t il = 0; il < p->n_layer && used < cap; il++) {
+    for (uint32_t il = begin; il < end && used < cap; il++) {
         if (layer_device(&p->layers[il], which) != device)
             continue;
         uint32_t last = il;
-        while (last + 1 < p->n_layer && layer_device(&p->layers[last + 1], which) == device)
+        while (last + 1 < end && layer_device(&p->layers[last + 1], which) == device)
             last++;
         int n = last == il ? snprintf(out + used, cap - used, "%s%u", used ? ", " : "", il)
                            : snprintf(out + used, cap - used, "%s%u-%u", used ? ", " : "", il, last);
@@ -667,6 +682,10 @@ static void describe(const struct kt_placement *p, FILE *out)
                  "KV cache for %u tokens (%s)\n",
             p->source, p->n_layer, p->n_layer - n_moe, n_moe, p->n_expert, p->profile[0] ? "profile " : "index",
             p->profile, p->kv_tokens, kt_row_type_name(p->kv_type));
+    uint32_t begin, end;
+    held_layers(p, &begin, &end);
+    if (p->stage_end) /* a rank's stage: what follows counts its layers alone */
+        fprintf(out, "  a pipeline stage: layers %u-%u held\n", begin, end - 1);
     for (int i = 0; i < p->n_devices; i++) {
         const struct kt_placement_device *d = &p->devices[i];
         char a[32], b[32], runs[512], parts[512];
@@ -685,11 +704,11 @@ static void describe(const struct kt_placement *p, FILE *out)
             if (runs[0])
                 fprintf(out, "    %s: layers %s\n", part_names[which], runs);
         }
-        if (p->embeddings == i)
+        if (p->embeddings == i && begin == 0)
             fprintf(out, "    embeddings and output\n");
         if (d->n_experts) {
             uint32_t lo = UINT32_MAX, hi = 0;
-            for (uint32_t il = 0; il < p->n_layer; il++) {
+            for (uint32_t il = begin; il < end; il++) {
                 uint32_t n = 0;
                 for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
                     n += p->layers[il].experts[x].device == i;
@@ -712,11 +731,15 @@ static void describe(const struct kt_placement *p, FILE *out)
     fprintf(out, "  NUMA nodes:");
     for (int n = 0; n < p->n_nodes; n++) {
         char a[32];
-        if (p->expert_nodes >> n & 1 || p->node_experts[n])
-            fprintf(out, " %d: %u experts, %s;", n, p->node_experts[n], kt_text_bytes(p->node_bytes[n], a, sizeof a));
+        uint32_t homed = 0; /* of the layers held (node_experts counts every layer) */
+        for (uint32_t il = begin; il < end; il++)
+            for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
+                homed += p->layers[il].experts[x].device == 0 && p->layers[il].experts[x].node == n;
+        if (p->expert_nodes >> n & 1 || homed)
+            fprintf(out, " %d: %u experts, %s;", n, homed, kt_text_bytes(p->node_bytes[n], a, sizeof a));
     }
     uint32_t replicated = 0;
-    for (uint32_t il = 0; il < p->n_layer; il++)
+    for (uint32_t il = begin; il < end; il++)
         for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
             replicated += p->layers[il].experts[x].replica_nodes != 0;
     fprintf(out, " %u experts replicated\n", replicated);

@@ -93,6 +93,11 @@ struct kt_placement {
     uint64_t expert_nodes;       /* bit n: node n may hold routed experts (cpu.nodes) */
     uint64_t *node_bytes;        /* [n_nodes] routed-expert bytes homed or replicated on each */
     uint32_t *node_experts;      /* [n_nodes] routed experts homed on each */
+    /* A pipeline stage (runtime/dist: ranks[r].placement): the rank holds layers
+     * [stage_begin, stage_end) only, so the bytes and the budgets count those
+     * (the embeddings and the head only when the stage starts at 0), as the
+     * engine loads them.  0, 0: every layer. */
+    uint32_t stage_begin, stage_end;
 };
 
 /* Resolves c against m on a machine with n_numa_nodes nodes (1..64).

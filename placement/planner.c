@@ -163,7 +163,8 @@ static void recount_experts(struct kt_placement *p, const struct kt_model *m)
     }
     memset(p->node_bytes, 0, (size_t)p->n_nodes * sizeof *p->node_bytes);
     memset(p->node_experts, 0, (size_t)p->n_nodes * sizeof *p->node_experts);
-    for (uint32_t il = 0; il < p->n_layer; il++) {
+    for (uint32_t il = p->stage_end ? p->stage_begin : 0;
+         il < (p->stage_end && p->stage_end < p->n_layer ? p->stage_end : p->n_layer); il++) {
         const struct kt_expert_home *homes = p->layers[il].experts;
         const uint64_t eb = kt_layer_expert_bytes(m, il);
         for (uint32_t x = 0; homes && x < p->n_expert; x++) {
@@ -289,6 +290,8 @@ static kt_status resolve_parts(struct kt_plan *plan, const struct kt_model *m, i
     struct kt_placement_config *c = NULL;
     kt_status st = kt_placement_config_parse(t.s, t.len, "kt-place (parts)", &c, err);
     if (!st)
+        kt_placement_config_set_stage(c, plan->options.stage_begin, plan->options.stage_end);
+    if (!st)
         st = kt_placement_resolve(c, m, n_nodes, NULL, out, err);
     kt_placement_config_destroy(c);
     free(t.s);
@@ -339,7 +342,9 @@ static kt_status place_parts(struct planner *pl, const char *name, kt_err *err)
         }
         on[0] = true;
         const enum kt_place_part next[3] = {KT_PART_SHARED_EXPERTS, KT_PART_DENSE_FFN, KT_PART_EMBEDDINGS};
-        for (int i = 0; i < 3; i++)
+        /* a stage not starting at 0 holds no embeddings or head (the engine's): none to place */
+        const int n_next = o->stage_end && o->stage_begin > 0 ? 2 : 3;
+        for (int i = 0; i < n_next; i++)
             if (used + pb[next[i]] <= budget) {
                 used += pb[next[i]];
                 on[1 + i] = true;
@@ -445,6 +450,12 @@ static bool next_slot(struct planner *pl, uint32_t il, const uint32_t *order, ui
     return false;
 }
 
+/* Whether layer il is the plan's (its stage's, or every layer). */
+static bool in_stage(const struct kt_planner_options *o, uint32_t il)
+{
+    return o->stage_end == 0 || (il >= o->stage_begin && il < o->stage_end);
+}
+
 static kt_status place_accel_experts(struct planner *pl, uint32_t *order /* [n_layer][n_expert] */,
                                      uint64_t budget, kt_err *err)
 {
@@ -460,7 +471,7 @@ static kt_status place_accel_experts(struct planner *pl, uint32_t *order /* [n_l
     const bool proxy_sliced = pl->n_nodes > 1;
     uint64_t left = budget;
     for (uint32_t il = 0; il < n_layer; il++) {
-        if (!pl->p->layers[il].experts)
+        if (!pl->p->layers[il].experts || !in_stage(&pl->plan->options, il))
             continue;
         cur[il] = objective(pl, il, proxy_sliced);
         struct slot s;
@@ -776,10 +787,15 @@ kt_status kt_plan_create(const struct kt_model *m, const char *name, const struc
     if (prof && prof->n_expert && (prof->n_layer != m->hp.n_layer || prof->n_expert != m->hp.n_expert))
         return kt_err_set(err, KT_ERR_INVALID, "%s: a profile of %u layers x %u experts, the model has %u x %u", name,
                           prof->n_layer, prof->n_expert, m->hp.n_layer, m->hp.n_expert);
+    if (o->stage_end && (o->stage_begin >= o->stage_end || o->stage_end > m->hp.n_layer))
+        return kt_err_set(err, KT_ERR_INVALID, "%s: a stage of layers [%u, %u) of its %u", name, o->stage_begin,
+                          o->stage_end, m->hp.n_layer);
     struct kt_plan *plan = calloc(1, sizeof *plan);
     if (!plan)
         return kt_err_set(err, KT_ERR_NOMEM, "planner: out of memory");
     plan->options = *o;
+    plan->layer_begin = o->stage_begin;
+    plan->layer_end = o->stage_end;
     struct kt_planner_options *po = &plan->options;
     po->kv_tokens = po->kv_tokens ? po->kv_tokens : 4096;
     po->batch = po->batch ? po->batch : 1;

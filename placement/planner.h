@@ -47,6 +47,11 @@ struct kt_planner_options {
     uint32_t prefill_tokens;       /* prompt of the prefill objective; 0: 512 */
     uint32_t context;              /* decode: positions cached per sequence; 0: 512 */
     enum kt_plan_objective objective;
+    /* A pipeline stage (ranks_plan.h): only layers [stage_begin, stage_end) are the rank's, so the
+     * accelerator's budget holds their attention, KV cache, FFNs and experts alone (the embeddings and
+     * head only when the stage starts at 0) and no other layer's expert goes there; the plan's
+     * layer_begin/layer_end are set to it.  0, 0: every layer. */
+    uint32_t stage_begin, stage_end;
 };
 
 /* Why a layer got what it got (kt-place --explain). */

@@ -10,7 +10,8 @@
  * as the job has); each rank applies its own part of a kt-place plan over
  * two machines (ranks[r].placement: rank 1 on two NUMA nodes, rank 0 on
  * one) with the same text and logits, and a rank with a sim device of its own
- * (a hybrid stage) too; `mpirun kt-bench model` reports once,
+ * (a hybrid stage) too, hand-written and as kt-place --device sim plans it
+ * for a rank whose machine file has a sim; `mpirun kt-bench model` reports once,
  * with each phase's pipeline account.
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
@@ -22,7 +23,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "model.h"
 #include "mpi_harness.h"
+#include "ranks_plan.h"
 #include "testlib.h"
 
 static char mpirun[1024];
@@ -155,8 +158,9 @@ static void each_rank_applies_its_own_placement(void)
     snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-cluster-2"));
     size_t n = 0;
     char *text = kt_test_read_file(log, &n);
-    /* each rank describes its placement: rank 0's own has node 0 alone, rank 1's both nodes (the file's top
-     * level, which one process runs, spreads over both: a rank that ran it would name node 1 twice) */
+    /* each rank describes its placement as its stage: rank 0's own holds the dense layer 0 alone (kt-place
+     * gives the faster rank 1 the MoE layers), so no routed expert and no NUMA line, rank 1's both nodes (the
+     * file's top level, which one process runs, spreads over both: a rank that ran it would name them twice) */
     int one_node = 0, two_nodes = 0;
     for (const char *at = text; at && (at = strstr(at, "NUMA nodes: 0: ")); at++) {
         const char *eol = strchr(at, '\n');
@@ -166,8 +170,10 @@ static void each_rank_applies_its_own_placement(void)
         else
             one_node++;
     }
-    KT_CHECK(one_node == 1 && two_nodes == 1, "placements on one node %d, on two %d (want 1 and 1): %s", one_node,
+    KT_CHECK(one_node == 0 && two_nodes == 1, "placements on one node %d, on two %d (want 0 and 1): %s", one_node,
              two_nodes, text ? text : "");
+    KT_CHECK(text && strstr(text, "a pipeline stage: layers 0-0 held") && strstr(text, "a pipeline stage: layers 1-3 held"),
+             "the ranks did not describe their stages: %s", text ? text : "");
     free(text);
 }
 
@@ -199,6 +205,54 @@ static void a_rank_with_a_sim_device(void)
     snprintf(log, sizeof log, "%s.log", kt_test_path("mpi-hybrid-2"));
     size_t n = 0;
     char *text = kt_test_read_file(log, &n);
+    const char *line = text ? strstr(text, "kt-run: rank 1 (") : NULL;
+    const char *dev = line ? strstr(line, "its device busy ") : NULL;
+    const char *eol = line ? strchr(line, '\n') : NULL;
+    KT_CHECK(dev && (!eol || dev < eol) && atof(dev + 16) > 0, "rank 1's device did no work: %s", text ? text : "");
+    free(text);
+}
+
+/* kt-place --device sim over a CPU host and a host with a sim: rank 1's own placement is its stage planned
+ * hybrid (attention and its layers' experts on its sim, within the budget); under mpirun each rank applies
+ * its own and the text and logits are one CPU process's (the file's top level), rank 1's device busy. */
+static void kt_place_plans_a_hybrid_rank(void)
+{
+    char model[1024], cfg[1024], m0[1024], m1[1024];
+    snprintf(model, sizeof model, "%s.gguf", kt_test_path("tiny"));
+    snprintf(cfg, sizeof cfg, "%s", kt_test_path("mpi-place-hybrid.yaml"));
+    snprintf(m0, sizeof m0, "%s", kt_test_path("mpi-cpu-host.json"));
+    snprintf(m1, sizeof m1, "%s", kt_test_path("mpi-sim-host.json"));
+    write_machine(m0, 1, 10);
+    FILE *f = fopen(m1, "w");
+    KT_CHECK(f != NULL, "cannot write %s", m1);
+    if (!f)
+        return;
+    fputs("{\"version\": 1, \"kind\": \"a rank's host with a sim\", \"nodes\": [{\"node\": 0, \"threads\": 1, "
+          "\"memory_gib\": 4, \"triad_gbps\": 10}], \"accelerators\": [{\"name\": \"sim\", \"backend\": \"sim\", "
+          "\"memory_gib\": 1, \"shares_host\": false}], \"network\": {\"bandwidth_gbps\": 10, \"latency_us\": 5}}\n",
+          f);
+    fclose(f);
+    const char *log = kt_test_path("mpi-place-hybrid.log");
+    int rc = kt_test_system("%s -m %s --machine %s --machine %s --device sim --kv-tokens 128 -o %s >%s 2>&1",
+                            kt_test_tool("kt-place"), model, m0, m1, cfg, log);
+    size_t n = 0;
+    char *text = kt_test_read_file(log, &n);
+    KT_CHECK(rc == 0 && text && strstr(text, "its sim (sim)"), "kt-place --device sim: exit %d: %s", rc,
+             text ? text : "");
+    free(text);
+    if (rc != 0)
+        return;
+    char with_cfg[3000];
+    snprintf(with_cfg, sizeof with_cfg, "%s --placement %s", model, cfg);
+    rc = mpi_run_kt_run("", with_cfg, "mpi-place-hybrid-1", 300);
+    KT_CHECK(rc == 0, "kt-run --placement (one process, CPU): exit %d", rc);
+    const int rc2 = mpi_run_kt_run(mpirun_cmd(2), with_cfg, "mpi-place-hybrid-2", 300);
+    KT_CHECK(rc2 == 0, "mpirun -np 2 kt-run with kt-place's hybrid rank 1: exit %d", rc2);
+    if (rc == 0 && rc2 == 0)
+        mpi_compare_runs("mpi-place-hybrid-1", "mpi-place-hybrid-2");
+    char run_log[1024];
+    snprintf(run_log, sizeof run_log, "%s.log", kt_test_path("mpi-place-hybrid-2"));
+    text = kt_test_read_file(run_log, &n);
     const char *line = text ? strstr(text, "kt-run: rank 1 (") : NULL;
     const char *dev = line ? strstr(line, "its device busy ") : NULL;
     const char *eol = line ? strchr(line, '\n') : NULL;
@@ -248,6 +302,21 @@ static void kt_bench_model_over_ranks(void)
     const double bubble = json_real_value(json_object_get(pd, "bubble"));
     const double comm = json_real_value(json_object_get(pd, "communication_seconds_per_step"));
     KT_CHECK(bubble > 0 && bubble < 1 && comm >= 0 && comm < 1, "bubble %g, communication %g s a step", bubble, comm);
+    /* the bytes kt-place's link model prices (placement/ranks_plan.h): rank 0 sends each batch-1 decode step
+     * as one STEP of one token and gets one RESULT back */
+    struct kt_model *m = NULL;
+    kt_err kerr = {0};
+    KT_CHECK(kt_model_open(model, &m, &kerr) == KT_OK, "%s", kerr.msg);
+    if (m) {
+        const json_int_t sent = json_integer_value(json_object_get(pd, "sent_bytes"));
+        const json_int_t got = json_integer_value(json_object_get(pd, "received_bytes"));
+        const uint64_t want_sent = 8 * kt_rank_message_bytes(1, m->hp.n_embd, true);
+        const uint64_t want_got = 8 * kt_rank_message_bytes(1, m->hp.n_embd, false);
+        KT_CHECK((uint64_t)sent == want_sent && (uint64_t)got == want_got,
+                 "rank 0 sent %lld bytes in 8 decode steps and received %lld; the link model says %llu and %llu",
+                 (long long)sent, (long long)got, (unsigned long long)want_sent, (unsigned long long)want_got);
+    }
+    kt_model_close(m);
     json_decref(j);
     free(body);
 }
@@ -280,6 +349,7 @@ int main(void)
     KT_RUN(placement_ranks_set_uneven_layers);
     KT_RUN(each_rank_applies_its_own_placement);
     KT_RUN(a_rank_with_a_sim_device);
+    KT_RUN(kt_place_plans_a_hybrid_rank);
     KT_RUN(kt_bench_model_over_ranks);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();

@@ -105,11 +105,15 @@ static const struct kt_cli_option options_table[] = {
     {"--profile", NULL, "FILE", 0, "routing profile (kt-bench profile); without one, routing is taken as uniform",
      opt_profile},
     {"--machine", NULL, "FILE", 0, "machine file (kt-bench machine); without one, stated defaults.  Repeated: one per "
-     "MPI rank, in rank order (plans the ranks: layer ranges, each rank's placement)", opt_machine},
+     "MPI rank, in rank order (plans the ranks: layer ranges, each rank's placement; its `network` gives the "
+     "link to the next rank)", opt_machine},
     {"--ranks", NULL, "N", 0, "plan an MPI job of N ranks (runtime/dist): each rank's contiguous layers by "
      "memory and predicted time, and its own placement of them (every rank on the --machine file)", opt_ranks},
-    {"--device", NULL, "cuda|sim|cpu", 0, "plan for this accelerator (default, or cpu: none, CPU only)", opt_device},
-    {"--gpu-memory", NULL, "GIB", 0, "the accelerator's budget (default: the machine file's)", opt_gpu_memory},
+    {"--device", NULL, "cuda|sim|cpu", 0, "plan for this accelerator (default, or cpu: none, CPU only); with --ranks, "
+     "every rank whose machine file lists one of this backend plans its stage hybrid on it, the others on "
+     "their CPU", opt_device},
+    {"--gpu-memory", NULL, "GIB", 0, "the accelerator's budget (default: the machine file's; --ranks: every device "
+     "rank's)", opt_gpu_memory},
     {"--kv-tokens", NULL, "N", 0, "KV cache the accelerator holds room for (default 4096; --ranks: each rank's "
      "RAM, for its layers)", opt_kv},
     {"--batch", NULL, "B", 0, "decode tokens per step (default 1)", opt_batch},
@@ -142,7 +146,8 @@ static void usage(FILE *f);
     "                [--gpu-memory GIB] [--kv-tokens N] [--batch B] [--objective decode|prefill|mixed]\n"             \
     "                [--explain] [--svg FILE] [--baseline index|equal|top]\n"                                        \
     "                [--moves-from SERVED.yaml [--min-gain S] [--move-budget-mib M]] -o plan.yaml\n"                 \
-    "       kt-place -m MODEL [--profile P] (--ranks N [--machine M] | --machine M0 --machine M1 ...) -o cluster.yaml\n" \
+    "       kt-place -m MODEL [--profile P] (--ranks N [--machine M] | --machine M0 --machine M1 ...)\n"           \
+    "                [--device cuda|sim [--gpu-memory GIB]] -o cluster.yaml\n" \
     "       kt-place -m MODEL [--profile P] [--machine M] --evaluate plan.yaml\n"
 static const struct kt_cli cli = {.prog = "kt-place", .synopsis = SYNOPSIS, .options = options_table,
                                   .n_options = sizeof options_table / sizeof options_table[0], .usage = usage};
@@ -453,8 +458,13 @@ static void print_stages(const char *label, const struct kt_rank_plan *rp, const
             snprintf(cap, sizeof cap, "%.2f GiB", (double)s->capacity / 1073741824.0);
         else
             snprintf(cap, sizeof cap, "unknown");
-        printf("  %-10s %4d %6u-%-6u %12.4f %13.4f %12.2f %12s%s\n", label, r, s->first, s->last, 1e3 * s->decode_s,
-               1e3 * s->prefill_s, (double)s->bytes / 1073741824.0, cap, s->fits ? "" : "  does not fit");
+        char dev[48] = "-";
+        if (s->device)
+            snprintf(dev, sizeof dev, "%.2f/%.2f", (double)s->device_bytes / 1073741824.0,
+                     (double)s->device_capacity / 1073741824.0);
+        printf("  %-10s %4d %6u-%-6u %12.4f %13.4f %9.4f %10.2f %12s %12s%s\n", label, r, s->first, s->last,
+               1e3 * s->decode_s, 1e3 * s->prefill_s, 1e3 * s->link_decode_s, (double)s->bytes / 1073741824.0, cap,
+               dev, s->fits ? "" : "  does not fit");
         slowest = s->decode_s > slowest ? s->decode_s : slowest;
         sum += s->decode_s;
     }
@@ -509,6 +519,24 @@ static int plan_ranks(const struct place_options *o, const struct kt_model *m, c
             goto done;
         }
         in[r] = (struct kt_rank_input){.mach = mach[r], .cost = cost[r], .name = file ? file : "the stated defaults"};
+        if (!mach[r]->network_given)
+            fprintf(stderr, "kt-place: warning: rank %d (%s): no network figures: %g GB/s and %g us a message "
+                    "assumed for its link to the other ranks\n", r, in[r].name, mach[r]->net_gbps,
+                    mach[r]->net_latency_us);
+    }
+    /* --device: every rank whose machine has an accelerator of that backend plans its stage with it */
+    int n_devices = 0;
+    for (int r = 0; r < n_ranks; r++) {
+        in[r].device = KT_PLACE_CPU;
+        for (int i = 0; po->device != KT_PLACE_CPU && i < in[r].mach->n_accel; i++)
+            if (in[r].mach->accel[i].backend == po->device)
+                in[r].device = po->device;
+        n_devices += in[r].device != KT_PLACE_CPU;
+    }
+    if (po->device != KT_PLACE_CPU && n_devices == 0) {
+        fprintf(stderr, "kt-place: --device %s: no rank's machine file has a %s accelerator (kt-bench machine on "
+                "the rank's host with the device lists it)\n", o->device, kt_place_backend_name(po->device));
+        goto done;
     }
     if (kt_plan_ranks(m, o->model, prof, n_ranks, in, po, &rp, &err) != KT_OK) {
         fail(err.msg);
@@ -531,13 +559,22 @@ static int plan_ranks(const struct place_options *o, const struct kt_model *m, c
     }
     printf("kt-place: %s -> %s: %d MPI ranks planned in %.1f ms (run: mpirun -np %d kt-serve -m MODEL "
            "--placement %s)\n", o->model, o->output, n_ranks, 1e3 * rp->plan_s, n_ranks, o->output);
-    for (int r = 0; r < n_ranks; r++)
-        printf("  rank %d: %s, %d NUMA node(s)\n", r, in[r].name, rp->plans[r]->placement->n_nodes);
+    for (int r = 0; r < n_ranks; r++) {
+        const struct kt_plan *plan = rp->plans[r];
+        printf("  rank %d: %s, %d NUMA node(s)", r, in[r].name, plan->placement->n_nodes);
+        if (plan->accel)
+            printf(", its %s (%s) with %.2f GiB", plan->placement->devices[plan->accel].name,
+                   kt_place_backend_name(in[r].device), plan->accel_memory_gib);
+        printf("; network %g GB/s, %g us a message%s\n", in[r].mach->net_gbps, in[r].mach->net_latency_us,
+               in[r].mach->network_given ? "" : " (assumed)");
+    }
+    if (rp->rounds > 1)
+        printf("  (the device ranks' estimates took %d splits to settle)\n", rp->rounds);
     printf("predicted stages (decode batch %u at context %u; prefill of %u tokens; rank 0 with the embedding and "
-           "the head; the activations' transfer between ranks is not modelled):\n", po->batch ? po->batch : 1,
-           po->context ? po->context : 512, po->prefill_tokens ? po->prefill_tokens : 512);
-    printf("  %-10s %4s %13s %12s %13s %12s %12s\n", "split", "rank", "layers", "decode ms", "prefill ms",
-           "holds GiB", "RAM");
+           "the head; each with its link: sending its output to the next rank, the last to rank 0):\n",
+           po->batch ? po->batch : 1, po->context ? po->context : 512, po->prefill_tokens ? po->prefill_tokens : 512);
+    printf("  %-10s %4s %13s %12s %13s %9s %10s %12s %12s\n", "split", "rank", "layers", "decode ms", "prefill ms",
+           "link ms", "holds GiB", "RAM", "device GiB");
     print_stages("planned", rp, rp->stages);
     print_stages("even", rp, rp->even);
     if (!rp->even_fits)
@@ -574,9 +611,6 @@ int main(int argc, char **argv)
     if (ranks && (o.evaluate || o.baseline >= 0 || o.svg || o.moves_from || o.explain))
         return kt_cli_usage_error(&cli, "%s", "planning ranks (--ranks, or --machine repeated) writes the ranks' "
                                   "config: not with --evaluate, --baseline, --svg, --moves-from or --explain");
-    if (ranks && o.device && strcmp(o.device, "cpu") != 0)
-        return kt_cli_usage_error(&cli, "--device %s: a rank of an MPI job runs its layers on its host's CPU "
-                                  "(runtime/dist): plan the ranks without --device", o.device);
     kt_err err = {0};
     struct kt_model *m = NULL;
     struct kt_profile *prof = NULL;
@@ -606,7 +640,10 @@ int main(int argc, char **argv)
     }
     if (ranks) {
         const struct kt_planner_options rpo = {
-            .device = KT_PLACE_CPU,
+            .device = !o.device || strcmp(o.device, "cpu") == 0 ? KT_PLACE_CPU
+                      : strcmp(o.device, "cuda") == 0        ? KT_PLACE_CUDA
+                                                             : KT_PLACE_SIM,
+            .gpu_memory_gib = o.gpu_memory_gib,
             .kv_tokens = o.kv_tokens,
             .batch = o.batch,
             .prefill_tokens = o.prefill_tokens,
