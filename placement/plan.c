@@ -416,6 +416,8 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
     /* a stage holds its layers alone, and the embeddings and head when it starts at 0 */
     const uint32_t begin = p->stage_end ? p->stage_begin : 0;
     const uint32_t end = p->stage_end && p->stage_end < p->n_layer ? p->stage_end : p->n_layer;
+    /* the homing counted every layer's experts per node as it went: from here, those held */
+    memset(p->node_experts, 0, (size_t)p->n_nodes * sizeof *p->node_experts);
     if (begin == 0)
         d[p->embeddings].part_bytes[KT_PART_EMBEDDINGS] +=
             bytes_of(m->token_embd) + bytes_of(m->output_norm) + (m->output_tied ? 0 : bytes_of(m->output));
@@ -442,8 +444,10 @@ static void count_bytes(struct kt_placement *p, const struct kt_model *m)
             d[h->device].part_bytes[KT_PART_ROUTED_EXPERTS] += expert_bytes;
             d[h->device].n_experts++;
             d[0].part_bytes[KT_PART_REPLICAS] += (uint64_t)copies * expert_bytes;
-            if (h->device == 0)
+            if (h->device == 0) {
                 p->node_bytes[h->node] += expert_bytes;
+                p->node_experts[h->node]++;
+            }
             for (int n = 0; n < p->n_nodes; n++)
                 if (h->replica_nodes >> n & 1)
                     p->node_bytes[n] += expert_bytes;
@@ -595,6 +599,9 @@ kt_status kt_placement_resolve(const struct kt_placement_config *c, const struct
                           KT_PLACEMENT_MAX_NODES);
     if (m->hp.n_layer == 0)
         return kt_err_set(err, KT_ERR_INVALID, "placement: the model has no layers");
+    if (c->stage_end && (c->stage_begin >= c->stage_end || c->stage_end > m->hp.n_layer))
+        return kt_err_set(err, KT_ERR_FORMAT, "%s: a rank's placement for layers %u-%u, of a model of %u layers",
+                          c->name, c->stage_begin, c->stage_end - 1, m->hp.n_layer);
     struct resolver r = {.c = c, .m = m, .err = err, .n_owners = c->n_devices + c->n_assign};
     kt_status st = alloc_plan(&r, n_numa_nodes);
     if (!st)
@@ -731,10 +738,7 @@ static void describe(const struct kt_placement *p, FILE *out)
     fprintf(out, "  NUMA nodes:");
     for (int n = 0; n < p->n_nodes; n++) {
         char a[32];
-        uint32_t homed = 0; /* of the layers held (node_experts counts every layer) */
-        for (uint32_t il = begin; il < end; il++)
-            for (uint32_t x = 0; p->layers[il].experts && x < p->n_expert; x++)
-                homed += p->layers[il].experts[x].device == 0 && p->layers[il].experts[x].node == n;
+        const uint32_t homed = p->node_experts[n]; /* of the layers held */
         if (p->expert_nodes >> n & 1 || homed)
             fprintf(out, " %d: %u experts, %s;", n, homed, kt_text_bytes(p->node_bytes[n], a, sizeof a));
     }

@@ -92,7 +92,7 @@ struct kt_placement {
     int n_nodes;                 /* NUMA nodes of the machine it was resolved for */
     uint64_t expert_nodes;       /* bit n: node n may hold routed experts (cpu.nodes) */
     uint64_t *node_bytes;        /* [n_nodes] routed-expert bytes homed or replicated on each */
-    uint32_t *node_experts;      /* [n_nodes] routed experts homed on each */
+    uint32_t *node_experts;      /* [n_nodes] routed experts homed on each (of the stage's layers) */
     /* A pipeline stage (runtime/dist: ranks[r].placement): the rank holds layers
      * [stage_begin, stage_end) only, so the bytes and the budgets count those
      * (the embeddings and the head only when the stage starts at 0), as the

@@ -1163,6 +1163,42 @@ static void kv_cache_type_sizes_the_estimate_and_reaches_the_engine(void)
     kt_model_close(m);
 }
 
+/* A rank's own placement counts its stage alone: its CPU experts per node
+ * are its layers' (2 MoE layers of tiny's 3); one for layers past the
+ * model's last is refused, naming them. */
+static void a_rank_placement_resolves_its_stage_alone(void)
+{
+    struct kt_model *m = tiny_model("tiny");
+    static const char *const texts[2] = {
+        V1 "attention: cpu\nranks:\n  - layers: 0-1\n  - layers: 2-3\n    placement:\n      version: 1\n"
+           "      attention: cpu\n",
+        V1 "attention: cpu\nranks:\n  - layers: 0-1\n  - layers: 2-7\n    placement:\n      version: 1\n"
+           "      attention: cpu\n"};
+    for (int i = 0; m && i < 2; i++) {
+        struct kt_placement_config *c = parse(texts[i]);
+        const struct kt_placement_config *own = c ? kt_placement_config_rank_placement(c, 1) : NULL;
+        KT_CHECK(own != NULL, "case %d: rank 1 has no placement", i);
+        struct kt_placement *p = NULL;
+        kt_err err = {0};
+        const kt_status st = own ? kt_placement_resolve(own, m, 2, NULL, &p, &err) : KT_ERR_INVALID;
+        if (i == 0) {
+            KT_CHECK(st == KT_OK && p, "%s", err.msg);
+            KT_CHECK(!p || (p->node_experts[0] + p->node_experts[1] == 2 * p->n_expert &&
+                            p->devices[0].n_experts == 2 * p->n_expert &&
+                            p->devices[0].part_bytes[KT_PART_ROUTED_EXPERTS] == 2 * p->n_expert * kt_layer_expert_bytes(m, 2) &&
+                            p->devices[0].part_bytes[KT_PART_EMBEDDINGS] == 0),
+                     "stage 2-3: %u + %u experts on the nodes, %u on the CPU", p ? p->node_experts[0] : 0,
+                     p ? p->node_experts[1] : 0, p ? p->devices[0].n_experts : 0);
+        } else {
+            KT_CHECK(st == KT_ERR_FORMAT && !p && strstr(err.msg, "layers 2-7, of a model of 4 layers"), "%s",
+                     err.msg);
+        }
+        kt_placement_destroy(p);
+        kt_placement_config_destroy(c);
+    }
+    kt_model_close(m);
+}
+
 int main(void)
 {
     KT_RUN(shaped_model_matches_a_kt_synth_file);
@@ -1185,6 +1221,7 @@ int main(void)
     KT_RUN(profile_refuses_another_model_by_fingerprint);
     KT_RUN(describe_summarises_each_device);
     KT_RUN(kv_cache_type_sizes_the_estimate_and_reaches_the_engine);
+    KT_RUN(a_rank_placement_resolves_its_stage_alone);
     unlink(g_tiny_path[0]);
     unlink(g_tiny_path[1]);
     return kt_test_finish();

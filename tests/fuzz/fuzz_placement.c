@@ -44,6 +44,8 @@ struct small_model {
     struct kt_layer layers[N_LAYER];
     struct kt_gguf_tensor tensors[MAX_TENSORS];
     int n;
+    /* what the tensors added so far weigh, and each layer's and the embeddings' and head's share */
+    uint64_t bytes, layer_bytes[N_LAYER], head_bytes;
 };
 
 static const struct kt_gguf_tensor *add(struct small_model *s, enum kt_tensor_class c, int64_t ne0, int64_t ne1,
@@ -59,6 +61,7 @@ static const struct kt_gguf_tensor *add(struct small_model *s, enum kt_tensor_cl
     t->ne[3] = 1;
     t->nbytes = (uint64_t)(ne0 * ne1 * ne2) * 4;
     s->m.class_bytes[c] += t->nbytes;
+    s->bytes += t->nbytes;
     return t;
 }
 
@@ -74,8 +77,10 @@ static void build_model(struct small_model *s)
     m->token_embd = add(s, KT_CLASS_EMBED_OUTPUT, E, 100, 1);
     m->output_norm = add(s, KT_CLASS_EMBED_OUTPUT, E, 1, 1);
     m->output = add(s, KT_CLASS_EMBED_OUTPUT, E, 100, 1);
+    s->head_bytes = s->bytes;
     for (int il = 0; il < N_LAYER; il++) {
         struct kt_layer *L = &s->layers[il];
+        const uint64_t before = s->bytes;
         L->attn_norm = add(s, KT_CLASS_ATTENTION, E, 1, 1);
         L->attn_q = add(s, KT_CLASS_ATTENTION, E, 32, 1);
         L->attn_kv_a_mqa = add(s, KT_CLASS_ATTENTION, E, 24, 1);
@@ -86,6 +91,7 @@ static void build_model(struct small_model *s)
             L->ffn_gate = add(s, KT_CLASS_DENSE_FFN, E, F, 1);
             L->ffn_up = add(s, KT_CLASS_DENSE_FFN, E, F, 1);
             L->ffn_down = add(s, KT_CLASS_DENSE_FFN, F, E, 1);
+            s->layer_bytes[il] = s->bytes - before;
             continue;
         }
         L->ffn_gate_inp = add(s, KT_CLASS_ROUTER, E, N_EXPERT, 1);
@@ -95,12 +101,16 @@ static void build_model(struct small_model *s)
         L->ffn_gate_shexp = add(s, KT_CLASS_SHARED_EXPERTS, E, FE, 1);
         L->ffn_up_shexp = add(s, KT_CLASS_SHARED_EXPERTS, E, FE, 1);
         L->ffn_down_shexp = add(s, KT_CLASS_SHARED_EXPERTS, FE, E, 1);
+        s->layer_bytes[il] = s->bytes - before;
     }
 }
 
 /* ---- checks ------------------------------------------------------------------------ */
 
-static void check_plan(const struct kt_placement *p, const struct kt_model *m, int n_nodes)
+/* p resolved for sm's model on n_nodes nodes: a rank's stage (stage_end set)
+ * holds its layers' weights alone, and the embeddings and head when it
+ * starts at layer 0. */
+static void check_plan(const struct kt_placement *p, const struct small_model *sm, int n_nodes)
 {
     require(p->n_devices >= 1 && p->n_devices <= KT_PLACEMENT_MAX_DEVICES, "device count");
     require(p->devices[0].backend == KT_PLACE_CPU && strcmp(p->devices[0].name, "cpu") == 0, "devices[0] is cpu");
@@ -122,11 +132,13 @@ static void check_plan(const struct kt_placement *p, const struct kt_model *m, i
     }
     for (int n = 0; n < n_nodes; n++)
         node_homed += p->node_experts[n];
-    uint64_t total = 0;
-    for (int c = 0; c < KT_CLASS_COUNT; c++)
-        total += m->class_bytes[c];
-    require(weights == total, "weights add up to the model");
-    require(homed == (N_LAYER - 1) * N_EXPERT, "every expert homed once");
+    const uint32_t begin = p->stage_end ? p->stage_begin : 0, end = p->stage_end ? p->stage_end : N_LAYER;
+    require(begin < end && end <= N_LAYER, "a stage within the model");
+    uint64_t total = begin == 0 ? sm->head_bytes : 0;
+    for (uint32_t il = begin; il < end; il++)
+        total += sm->layer_bytes[il];
+    require(weights == total, "weights add up to the model's, or to the stage's");
+    require(homed == (end - (begin > 0 ? begin : 1)) * N_EXPERT, "every expert of the stage homed once");
     require(node_homed == p->devices[0].n_experts, "node counts add up to the CPU's");
     for (uint32_t il = 0; il < N_LAYER; il++) {
         const struct kt_placement_layer *pl = &p->layers[il];
@@ -185,7 +197,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             s = kt_placement_resolve(c, &sm->m, n_nodes, NULL, &p, &err);
             require((s == KT_OK) == (p != NULL), "plan set exactly on success");
             if (p)
-                check_plan(p, &sm->m, n_nodes);
+                check_plan(p, sm, n_nodes);
             else
                 check_error(s, &err);
             kt_placement_destroy(p);
@@ -198,7 +210,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 s = kt_placement_resolve(own, &sm->m, n_nodes, NULL, &p, &err);
                 require((s == KT_OK) == (p != NULL), "a rank's plan set exactly on success");
                 if (p)
-                    check_plan(p, &sm->m, n_nodes);
+                    check_plan(p, sm, n_nodes);
                 else
                     check_error(s, &err);
                 kt_placement_destroy(p);
