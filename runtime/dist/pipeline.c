@@ -126,6 +126,15 @@ static kt_status hook_seq(void *ctx, enum kt_engine_seq_op op, uint32_t seq, uin
     return st == KT_OK ? KT_OK : set_broken(p, err);
 }
 
+/* Between two layers of a slice (both sides): the sends in flight move on,
+ * so a slice sent before this one's layers reaches the next rank while they
+ * compute (kt_transport_progress), not only once they are done. */
+static void hook_progress(void *ctx)
+{
+    struct kt_pipeline *p = ctx;
+    kt_transport_progress(p->t, p->out_req, p->rank == 0 ? (int)p->micro : 2);
+}
+
 /* A batch every sequence of which has one token (decode), split when it has two or more. */
 static uint32_t slices_of(const struct kt_pipeline *p, const struct kt_batch *b)
 {
@@ -332,12 +341,14 @@ kt_status kt_pipeline_create(struct kt_transport *t, struct kt_engine *e, const 
             st = wait_req(p, &req, p->timeout_ms, NULL, "telling its layers to", 0, err);
         if (st != KT_OK)
             goto fail;
+        kt_engine_set_stage_hooks(e, &(struct kt_engine_stage_hooks){.ctx = p, .progress = hook_progress});
         *out = p;
         return KT_OK;
     }
     if ((st = check_ranks(p, &mine, err)) != KT_OK)
         goto fail;
-    kt_engine_set_stage_hooks(e, &(struct kt_engine_stage_hooks){.ctx = p, .step = hook_step, .seq = hook_seq});
+    kt_engine_set_stage_hooks(
+        e, &(struct kt_engine_stage_hooks){.ctx = p, .step = hook_step, .seq = hook_seq, .progress = hook_progress});
     *out = p;
     return KT_OK;
 
@@ -353,8 +364,9 @@ void kt_pipeline_destroy(struct kt_pipeline *p)
 {
     if (!p)
         return;
-    if (p->rank == 0 && p->size > 1) {
+    if (p->size > 1)
         kt_engine_set_stage_hooks(p->e, NULL);
+    if (p->rank == 0 && p->size > 1) {
         kt_err ignored = {0};
         for (int i = 0; i < MAX_MICRO && !p->is_broken; i++)
             if (wait_req(p, &p->out_req[i], p->timeout_ms, NULL, "sending a step to", 1, &ignored) != KT_OK)

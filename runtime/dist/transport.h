@@ -23,6 +23,7 @@ struct kt_transport;
 /* A send or receive in flight; zeroed: none. */
 struct kt_transport_req {
     bool active;
+    bool failed;                /* kt_transport_progress saw it fail: its wait says so */
     uint64_t impl[2];           /* the MPI_Request */
 };
 
@@ -56,5 +57,13 @@ kt_status kt_transport_wait(struct kt_transport *t, struct kt_transport_req *req
                             bool *timed_out, kt_err *err);
 /* Cancels a request still active (a receive no one will answer). */
 void kt_transport_cancel(struct kt_transport *t, struct kt_transport_req *req);
+/* Lets the requests in flight move on, without waiting: each active one of
+ * reqs[0..n) is tested once, and one that completed becomes inactive.  For
+ * a rank that computes while its sends are in flight: MPI moves a large
+ * message (past the transport's eager limit, e.g. OpenMPI's 64 KiB over
+ * TCP) only while the sender is inside an MPI call, so without this a send
+ * started before a long computation would not leave before it ends.  A
+ * request that failed stays active, marked: its wait reports the failure. */
+void kt_transport_progress(struct kt_transport *t, struct kt_transport_req *reqs, int n);
 
 #endif

@@ -166,6 +166,10 @@ kt_status kt_transport_wait(struct kt_transport *t, struct kt_transport_req *req
         *timed_out = false;
     if (!req->active)
         return KT_OK;
+    if (req->failed) {
+        req->active = req->failed = false;
+        return kt_err_set(err, KT_ERR_IO, "a message to or from a peer rank failed");
+    }
     MPI_Request r;
     memcpy(&r, req->impl, sizeof r);
     const int64_t deadline = timeout_ms < 0 ? INT64_MAX : now_ms() + timeout_ms;
@@ -203,11 +207,32 @@ kt_status kt_transport_wait(struct kt_transport *t, struct kt_transport_req *req
     }
 }
 
+void kt_transport_progress(struct kt_transport *t, struct kt_transport_req *reqs, int n)
+{
+    (void)t;
+    for (int i = 0; i < n; i++) {
+        if (!reqs[i].active)
+            continue;
+        MPI_Request r;
+        memcpy(&r, reqs[i].impl, sizeof r);
+        int done = 0;
+        if (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            reqs[i].failed = true; /* (MPI may have freed it) its wait reports the failure */
+        else if (done)
+            reqs[i].active = false;
+        memcpy(reqs[i].impl, &r, sizeof r);
+    }
+}
+
 void kt_transport_cancel(struct kt_transport *t, struct kt_transport_req *req)
 {
     (void)t;
     if (!req->active)
         return;
+    if (req->failed) { /* nothing left to cancel */
+        req->active = req->failed = false;
+        return;
+    }
     MPI_Request r;
     memcpy(&r, req->impl, sizeof r);
     MPI_Cancel(&r);

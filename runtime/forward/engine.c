@@ -1058,6 +1058,8 @@ static kt_status run_step(struct kt_engine *e, const struct kt_batch *b, const f
         kt_fwd_add_rows(e->x, e->y, TE);                /* x += y */
         kt_step_clock_lap(e, &clock, KT_PART_COMBINE);
         kt_step_clock_end_layer(e, &clock, il);
+        if (e->stage_hooks.progress)
+            e->stage_hooks.progress(e->stage_hooks.ctx);
         if (e->layer_hook) { /* its time goes to no part of the step */
             e->layer_hook(e->layer_hook_ctx, il, e->x, e->n_tokens, e->hp.n_embd);
             clock.last_ns = kt_fwd_now_ns();

@@ -245,6 +245,10 @@ struct kt_engine_stage_hooks {
     kt_status (*step)(void *ctx, struct kt_engine *e, const struct kt_batch *b, float *logits, kt_err *err);
     /* op's arguments: seq (and for FORK dst = arg, for TRUNCATE n_tokens = arg) */
     kt_status (*seq)(void *ctx, enum kt_engine_seq_op op, uint32_t seq, uint32_t arg, kt_err *err);
+    /* After each layer of a step (kt_engine_step_layers included), on the
+     * stepping thread: lets the messages in flight move on while the layers
+     * compute (runtime/dist).  Any of the three may be NULL. */
+    void (*progress)(void *ctx);
 };
 void kt_engine_set_stage_hooks(struct kt_engine *e, const struct kt_engine_stage_hooks *h);
 /* Applies a sequence operation as kt_engine_seq_* do, without the hooks (what the other stages run). */
