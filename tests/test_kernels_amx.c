@@ -7,7 +7,9 @@
  * the SDM's semantics (wrapping int32 sums, signed/unsigned bytes, per-step
  * rounding and DAZ/FTZ of TDPBF16PS) and its faults where the CPU raises #UD.
  * Then the formats (tests/amx_emulated.c builds packed_amx.c with emulated
- * tiles): Q8_0, Q4_0 and Q4_K must equal kt_vec_dot_*_ref bit for bit for every
+ * tiles, which take every token count; the real ones hand decode-sized calls
+ * to the AVX-512 kernels over the same layouts, and the .tiles formats do
+ * not): Q8_0, Q4_0 and Q4_K must equal kt_vec_dot_*_ref bit for bit for every
  * (row, token) pair on odd shapes; BF16, whose activations are rounded to
  * bf16 and summed in fp32, must stay within
  *     |y - ref| <= (2^-8 + n * 2^-23) * sum_i |w_i * a_i|
@@ -22,6 +24,7 @@
 
 #define KT_AMX_EMULATE 1
 #include "cpu/amx/amx_ops.h"
+#include "cpu/amx/packed_amx.h"
 #include "cpu/dispatch.h"
 #include "quant.h"
 
@@ -592,6 +595,36 @@ static void real_tiles_equal_the_reference(void)
     check_format(q4_0, KT_TYPE_Q4_0, q4_0_ns, COUNT(q4_0_ns));
     check_format(q4_K, KT_TYPE_Q4_K, q4_K_ns, COUNT(q4_K_ns));
     check_format(bf16, KT_TYPE_BF16, bf16_ns, COUNT(bf16_ns));
+#ifdef KT_HAVE_AMX_KERNELS
+    /* the tiles at every token count (the formats above hand decode-sized calls to AVX-512) */
+    check_format(&kt_packed_q8_0_amx_tiles, KT_TYPE_Q8_0, q8_0_ns, COUNT(q8_0_ns));
+    check_format(&kt_packed_q4_0_amx_tiles, KT_TYPE_Q4_0, q4_0_ns, COUNT(q4_0_ns));
+    check_format(&kt_packed_q4_K_amx_tiles, KT_TYPE_Q4_K, q4_K_ns, COUNT(q4_K_ns));
+#endif
+}
+
+/* The amx level's integer formats read the avx512 level's layouts (one packed
+ * copy serves both kernels): the same bytes for the same rows. */
+static void integer_formats_share_the_avx512_layouts(void)
+{
+    const struct kt_cpu_kernels *avx512 = kt_cpu_kernels_for(KT_ISA_AVX512);
+    const int types[] = {KT_TYPE_Q8_0, KT_TYPE_Q4_0, KT_TYPE_Q4_K};
+    const struct kt_packed_format *amx[] = {&kt_packed_q8_0_amx_emulated, &kt_packed_q4_0_amx_emulated,
+                                            &kt_packed_q4_K_amx_emulated};
+    for (int i = 0; i < 3; i++) {
+        const struct kt_packed_format *ref = avx512->type[types[i]].packed;
+        const int64_t n = types[i] == KT_TYPE_Q4_K ? 512 : 96, n_rows = 21;
+        struct problem p;
+        problem_make(&p, amx[i], types[i], n, n_rows, 1);
+        KT_CHECK(ref && strstr(ref->name, ".avx512") && ref->group_bytes(n) == amx[i]->group_bytes(n),
+                 "%s: group bytes differ from the avx512 format's", amx[i]->name);
+        uint8_t *theirs = guarded_alloc(p.packed_bytes);
+        ref->pack(n, p.w, p.row_bytes, n_rows, theirs);
+        KT_CHECK(memcmp(theirs, p.packed, p.packed_bytes) == 0, "%s: packs other bytes than %s", amx[i]->name,
+                 ref->name);
+        guarded_free(theirs, p.packed_bytes);
+        problem_free(&p);
+    }
 }
 #endif /* KT_TEST_AMX_EMULATED */
 
@@ -612,6 +645,7 @@ int main(void)
     KT_RUN(emulated_q4_K_equals_the_reference_bit_for_bit);
     KT_RUN(emulated_bf16_stays_within_the_bf16_tolerance);
     KT_RUN(real_tiles_equal_the_reference);
+    KT_RUN(integer_formats_share_the_avx512_layouts);
     return kt_test_finish();
 #else
     if (kt_test_failures)

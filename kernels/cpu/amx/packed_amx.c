@@ -4,6 +4,14 @@
  * (bit for bit the reference), BF16 with AMX-BF16 (not exact: activations
  * are rounded to bf16).  The amx level's packed rows (kernels/cpu/dispatch.c).
  *
+ * The integer formats share the avx512 level's layouts (packed_avx512.c: pack
+ * and group_bytes are that level's), so one packed copy of an expert serves
+ * both kernels: a call of fewer than AMX_MIN_TOKENS tokens (decode) runs the
+ * AVX-512 VNNI kernel, which streams a 16-row vector per load, and a larger
+ * one the tiles (prefill).  Both are the reference bit for bit, so the switch
+ * changes no output.  (Before 2026-12 the tiles had layouts of their own and
+ * served decode too, at 0.62-0.94 x the AVX-512 kernels' GB/s.)
+ *
  * A C tile is tokens x weight rows: the A tile holds up to 16 tokens (the
  * integer products load it straight from the activation rows, row stride
  * act_bytes; BF16 from a bf16 copy made per step of K), and the B
@@ -12,9 +20,10 @@
  * step K by 32 bytes, one Q8_0 / Q4_0 block or Q4_K sub-block, so every C element
  * is that block's exact int32 sum; it is stored and scaled per (token, row)
  * by AVX-512 in the reference's float expression and block order.  Both
- * weights and tokens are signed bytes under TDPBSSD: Q8_0 quants are int8,
- * Q4_0's codes less 8 are int8 in [-8, 7] (unpacked per block into a B tile),
- * and Q4_K's nibbles 0..15 are valid non-negative int8 - TDPBUSD would need
+ * weights and tokens are signed bytes under TDPBSSD: the B tile of a block is
+ * unpacked from the avx512 layout per pass (Q8_0's quants stored +128 get
+ * their sign bit back, Q4_0's codes less 8 are int8 in [-8, 7], Q4_K's
+ * nibbles 0..15 are valid non-negative int8) - TDPBUSD would need
  * the unsigned operand in A, i.e. weights as A and the activations copied
  * into the VNNI layout of B on every call, for the same throughput.  BF16
  * keeps its C tiles across all of K (there is no per-block scale).
@@ -45,6 +54,7 @@
 #include "cpu/amx/packed_amx.h"
 
 #include "cpu/amx/amx_ops.h"
+#include "cpu/avx512/packed_avx512.h"
 #include "quant.h"
 
 #include <immintrin.h>
@@ -159,73 +169,51 @@ static inline void int8_token_tile(struct kt_amx_tiles *s, bool tail, bool two_g
 /* ---- Q8_0 x Q8_0 and Q4_0 x Q8_0 ---------------------------------------------------- */
 
 /*
- * Q8_0: a group of 16 rows, nb = n/32 blocks:
- *   quants[nb][8][16][4] int8: [i][kk][r][b] = row r's qs[4kk + b] of block i,
- *       so block i is one 8 x 64-byte B tile;
- *   d[nb][16] fp16: row r's scale of block i; zeros to a 64-byte end.
- *
- * Q4_0: a group of 16 rows, nb blocks:
- *   qs[nb][4][16][4]: [i][kk][r][b] = row r's qs[4kk + b] of block i, the
- *       GGUF bytes: low nibble code 4kk + b, high nibble code 16 + 4kk + b;
- *       split (AND 0x0f / shift 4) and less 8 they are block i's B tile,
- *       rows kk the low nibbles (elements 4kk ..) and rows 4 + kk the high
- *       (elements 16 + 4kk ..), int8 in [-8, 7] for TDPBSSD;
- *   d[nb][16] fp16; zeros to a 64-byte end.
- * As many bytes as the GGUF rows' whenever nb * 32 is a multiple of 64.
+ * The avx512 level's legacy layouts (packed_avx512.c), read here per block i:
+ * a group is pair slices, pair i/2 holding blocks i and i^1 of the 16 rows,
+ *   Q8_0 (1088 bytes a pair): block i's 8 vectors at 512 (i%2), bytes 4r ..
+ *       4r+3 of vector kk = row r's qs[4kk .. 4kk+3] + 128 (sign bit
+ *       flipped), so flipped back they are block i's 8 x 64-byte B tile;
+ *       d[r] fp16 at 1024 + 32 (i%2);
+ *   Q4_0 (576 bytes a pair): block i's 4 vectors at 256 (i%2), bytes 4r ..
+ *       4r+3 of vector kk = row r's qs[4kk .. 4kk+3], the GGUF bytes: low
+ *       nibble code 4kk + b, high nibble code 16 + 4kk + b; split (AND 0x0f /
+ *       shift 4) and less 8 they are block i's B tile, rows kk the low
+ *       nibbles and rows 4 + kk the high, int8 in [-8, 7];
+ *       d[r] fp16 at 512 + 32 (i%2).
  */
-#define Q8_0_TILE_BYTES 512
+#define Q8_0_PAIR_BYTES 1088
+#define Q8_0_QS_BYTES 512
+#define Q4_0_PAIR_BYTES 576
 #define Q4_0_QS_BYTES 256
 
 static size_t q8_0_group_bytes(int64_t n)
 {
-    const size_t nb = (size_t)(n / KT_QK);
-    return nb * Q8_0_TILE_BYTES + round_up_64(nb * GROUP_ROWS * sizeof(kt_fp16));
+    return kt_packed_q8_0_avx512.group_bytes(n);
 }
 
 static size_t q4_0_group_bytes(int64_t n)
 {
-    const size_t nb = (size_t)(n / KT_QK);
-    return nb * Q4_0_QS_BYTES + round_up_64(nb * GROUP_ROWS * sizeof(kt_fp16));
+    return kt_packed_q4_0_avx512.group_bytes(n);
 }
 
 static void q8_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
 {
-    const int64_t nb = n / KT_QK;
-    const size_t group_bytes = q8_0_group_bytes(n);
-    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
-        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
-        uint8_t *d = grp + (size_t)nb * Q8_0_TILE_BYTES;
-        memset(grp, 0, group_bytes);
-        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
-            const struct kt_block_q8_0 *x =
-                (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
-            for (int64_t i = 0; i < nb; i++) {
-                for (int kk = 0; kk < 8; kk++)
-                    memcpy(grp + i * Q8_0_TILE_BYTES + 64 * kk + 4 * r, x[i].qs + 4 * kk, 4);
-                memcpy(d + (i * GROUP_ROWS + r) * sizeof(kt_fp16), &x[i].d, sizeof(kt_fp16));
-            }
-        }
-    }
+    kt_packed_q8_0_avx512.pack(n, w, row_bytes, n_rows, dst);
 }
 
 static void q4_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
 {
-    const int64_t nb = n / KT_QK;
-    const size_t group_bytes = q4_0_group_bytes(n);
-    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
-        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
-        uint8_t *d = grp + (size_t)nb * Q4_0_QS_BYTES;
-        memset(grp, 0, group_bytes);
-        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
-            const struct kt_block_q4_0 *x =
-                (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
-            for (int64_t i = 0; i < nb; i++) {
-                for (int kk = 0; kk < 4; kk++)
-                    memcpy(grp + i * Q4_0_QS_BYTES + 64 * kk + 4 * r, x[i].qs + 4 * kk, 4);
-                memcpy(d + (i * GROUP_ROWS + r) * sizeof(kt_fp16), &x[i].d, sizeof(kt_fp16));
-            }
-        }
-    }
+    kt_packed_q4_0_avx512.pack(n, w, row_bytes, n_rows, dst);
+}
+
+/* The B tile (512 bytes) of one Q8_0 block from its 512 packed bytes. */
+static inline void q8_0_signed(const uint8_t *qs, uint8_t tile[512])
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int v = 0; v < 8; v++)
+        _mm512_store_si512((void *)(tile + 64 * v),
+                           _mm512_xor_si512(_mm512_load_si512((const void *)(qs + 64 * v)), flip));
 }
 
 /* The B tile (512 bytes) of one Q4_0 block from its 256 packed bytes: codes
@@ -250,11 +238,12 @@ static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const v
 {
     const int64_t nb = n / KT_QK;
     const size_t group_bytes = q4 ? q4_0_group_bytes(n) : q8_0_group_bytes(n);
-    const size_t qs_bytes = q4 ? Q4_0_QS_BYTES : Q8_0_TILE_BYTES; /* per block, before the scales */
+    const size_t pair_bytes = q4 ? Q4_0_PAIR_BYTES : Q8_0_PAIR_BYTES;
+    const size_t qs_bytes = q4 ? Q4_0_QS_BYTES : Q8_0_QS_BYTES; /* per block; a pair's two, then their scales */
     const uint8_t *act = a;
     _Alignas(64) float acc[CHUNK_TOKENS][PASS_ROWS];
     _Alignas(64) int32_t c[2][TILE_TOKENS][GROUP_ROWS];
-    _Alignas(64) uint8_t bq[2][512]; /* q4: the unpacked B tiles of the pass's groups */
+    _Alignas(64) uint8_t bq[2][512]; /* the unpacked B tiles of the pass's groups */
     struct kt_amx_tilecfg cfg;
     struct kt_amx_tiles tiles;
     int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
@@ -268,21 +257,21 @@ static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const v
             grp[1] = ng == 2 ? grp[0] + group_bytes : grp[0];
             memset(acc, 0, (size_t)nt * sizeof acc[0]);
             for (int64_t i = 0; i < nb; i++) {
+                const size_t pair = (size_t)(i / 2) * pair_bytes, half = (size_t)(i % 2);
                 __m512 dw[2];
                 for (int g = 0; g < 2; g++)
-                    dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        (const __m256i *)(grp[g] + nb * qs_bytes + i * GROUP_ROWS * sizeof(kt_fp16))));
-                if (q4) {
-                    for (int g = 0; g < ng; g++)
-                        q4_0_split_nibbles(grp[g] + i * Q4_0_QS_BYTES, bq[g]);
-                    kt_amx_load(&tiles, TILE_B0, bq[0], 64);
-                    if (ng == 2)
-                        kt_amx_load(&tiles, TILE_B1, bq[1], 64);
-                } else {
-                    kt_amx_load(&tiles, TILE_B0, grp[0] + i * Q8_0_TILE_BYTES, 64);
-                    if (ng == 2)
-                        kt_amx_load(&tiles, TILE_B1, grp[1] + i * Q8_0_TILE_BYTES, 64);
+                    dw[g] = _mm512_cvtph_ps(_mm256_load_si256(
+                        (const __m256i *)(grp[g] + pair + 2 * qs_bytes + GROUP_ROWS * sizeof(kt_fp16) * half)));
+                for (int g = 0; g < ng; g++) {
+                    const uint8_t *qs = grp[g] + pair + qs_bytes * half;
+                    if (q4)
+                        q4_0_split_nibbles(qs, bq[g]);
+                    else
+                        q8_0_signed(qs, bq[g]);
                 }
+                kt_amx_load(&tiles, TILE_B0, bq[0], 64);
+                if (ng == 2)
+                    kt_amx_load(&tiles, TILE_B1, bq[1], 64);
                 for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
                     const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
                     const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
@@ -308,13 +297,13 @@ static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const v
     kt_amx_release(&tiles);
 }
 
-static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+static void q8_0_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
     legacy_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, false);
 }
 
-static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+static void q4_0_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
     legacy_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, true);
@@ -323,64 +312,52 @@ static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
 /* ---- Q4_K x Q8_K ------------------------------------------------------------------ */
 
 /*
- * A group of 16 rows, per super-block (Q4_K_SB_BYTES, n/256 of them):
- *   qs[4][8][16][4]: [c][kk][r][b] = row r's qs[32c + 4kk + b], whose low
- *       nibbles are sub-block 2c and high nibbles sub-block 2c+1, each split
- *       out (AND 0x0f / shift 4) already in the B tile's order;
- *   sc[8][16]: row r's 6-bit scale of sub-block j;
- *   mins[4][16][2]: row r's 6-bit mins of sub-blocks 2p, 2p+1 (widened to
- *       int16 pairs they meet Q8_K's pair sums in one VPDPWSSD);
- *   d[16], dmin[16] fp16.
+ * The avx512 level's Q4_K layout (packed_avx512.c): a group of 16 rows is
+ * n/256 super-block slices of Q4_K_SB_BYTES,
+ *   quants at 0: sub-block j's 32 elements in the 4 vectors at 256j + 64v,
+ *       bytes 4r .. 4r+3 of vector v: low nibbles row r's elements 32j + 8v
+ *       .. +3, high nibbles 32j + 8v + 4 .. +7, so split (AND 0x0f / shift 4)
+ *       they are rows 2v and 2v+1 of sub-block j's B tile;
+ *   sc[8][16] at 2048, m[8][16] at 2176: row r's 6-bit scale and min of
+ *       sub-block j, u8;
+ *   d[16], dmin[16] fp16 at 2304 and 2336.
  */
-#define Q4_K_QS 0
 #define Q4_K_SC 2048
-#define Q4_K_MINS 2176
+#define Q4_K_M 2176
 #define Q4_K_D 2304
 #define Q4_K_DMIN 2336
 #define Q4_K_SB_BYTES 2368 /* 37 * 64 */
 
 static size_t q4_K_group_bytes(int64_t n)
 {
-    return (size_t)(n / KT_QK_K) * Q4_K_SB_BYTES;
+    return kt_packed_q4_K_avx512.group_bytes(n);
 }
 
 static void q4_K_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
 {
-    const int64_t nsb = n / KT_QK_K;
-    const size_t group_bytes = q4_K_group_bytes(n);
-    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
-        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
-        memset(grp, 0, group_bytes);
-        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
-            const struct kt_block_q4_K *x =
-                (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
-            for (int64_t sb = 0; sb < nsb; sb++) {
-                uint8_t *p = grp + sb * Q4_K_SB_BYTES;
-                for (int c = 0; c < 4; c++)
-                    for (int kk = 0; kk < 8; kk++)
-                        memcpy(p + Q4_K_QS + 512 * c + 64 * kk + 4 * r, x[sb].qs + 32 * c + 4 * kk, 4);
-                for (int j = 0; j < 8; j++) {
-                    uint8_t sc, m;
-                    kt_k_scale_min(x[sb].scales, j, &sc, &m);
-                    p[Q4_K_SC + GROUP_ROWS * j + r] = sc;
-                    p[Q4_K_MINS + 32 * (j / 2) + 2 * r + j % 2] = m;
-                }
-                memcpy(p + Q4_K_D + 2 * r, &x[sb].d, sizeof(kt_fp16));
-                memcpy(p + Q4_K_DMIN + 2 * r, &x[sb].dmin, sizeof(kt_fp16));
-            }
-        }
+    kt_packed_q4_K_avx512.pack(n, w, row_bytes, n_rows, dst);
+}
+
+/* Sub-block j's B tile (512 bytes) from its 256 packed bytes. */
+static inline void q4_K_split_nibbles(const uint8_t *qs, uint8_t tile[512])
+{
+    const __m512i mask = _mm512_set1_epi8(0x0f);
+    for (int v = 0; v < 4; v++) {
+        const __m512i x = _mm512_load_si512((const void *)(qs + 64 * v));
+        _mm512_store_si512((void *)(tile + 128 * v), _mm512_and_si512(x, mask));
+        _mm512_store_si512((void *)(tile + 128 * v + 64), _mm512_and_si512(_mm512_srli_epi16(x, 4), mask));
     }
 }
 
-/* lo / hi: the B tiles (512 bytes each) of sub-blocks 2c and 2c+1. */
-static inline void q4_K_split_nibbles(const uint8_t *qs, uint8_t lo[512], uint8_t hi[512])
+/* Words (m[2p][r], m[2p+1][r]) in dword r: the mins of sub-blocks 2p and
+ * 2p+1 as the int16 pairs that meet Q8_K's pair sums in one VPDPWSSD. */
+static inline __m512i q4_K_min_pair(const uint8_t *m, int p)
 {
-    const __m512i mask = _mm512_set1_epi8(0x0f);
-    for (int v = 0; v < 8; v++) {
-        const __m512i x = _mm512_loadu_si512((const void *)(qs + 64 * v));
-        _mm512_store_si512((void *)(lo + 64 * v), _mm512_and_si512(x, mask));
-        _mm512_store_si512((void *)(hi + 64 * v), _mm512_and_si512(_mm512_srli_epi16(x, 4), mask));
-    }
+    const __m128i lo = _mm_load_si128((const __m128i *)(m + 32 * p));
+    const __m128i hi = _mm_load_si128((const __m128i *)(m + 32 * p + 16));
+    const __m256i pairs = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(lo, hi)),
+                                                  _mm_unpackhi_epi8(lo, hi), 1);
+    return _mm512_cvtepu8_epi16(pairs);
 }
 
 /*
@@ -391,7 +368,7 @@ static inline void q4_K_split_nibbles(const uint8_t *qs, uint8_t lo[512], uint8_
  * The integer sums are exact in any order; the float steps are the
  * reference's, super-block after super-block.
  */
-static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+static void q4_K_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
     const int64_t nsb = n / KT_QK_K;
@@ -400,7 +377,7 @@ static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
     _Alignas(64) float acc[CHUNK_TOKENS][PASS_ROWS];
     _Alignas(64) int32_t isum[CHUNK_TOKENS][PASS_ROWS]; /* sum_q of the current super-block */
     _Alignas(64) int32_t c[2][TILE_TOKENS][GROUP_ROWS];
-    _Alignas(64) uint8_t bq[2][2][512]; /* [group][sub-block 2c, 2c+1]: unpacked B tiles */
+    _Alignas(64) uint8_t bq[2][512]; /* [group]: the unpacked B tile of the sub-block */
     struct kt_amx_tilecfg cfg;
     struct kt_amx_tiles tiles;
     int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
@@ -416,32 +393,29 @@ static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
             for (int64_t sb = 0; sb < nsb; sb++) {
                 const uint8_t *blk[2] = {grp[0] + sb * Q4_K_SB_BYTES, grp[1] + sb * Q4_K_SB_BYTES};
                 memset(isum, 0, (size_t)nt * sizeof isum[0]);
-                for (int cc = 0; cc < 4; cc++) {
+                for (int j = 0; j < 8; j++) {
                     for (int g = 0; g < ng; g++)
-                        q4_K_split_nibbles(blk[g] + Q4_K_QS + 512 * cc, bq[g][0], bq[g][1]);
-                    for (int h = 0; h < 2; h++) {
-                        const int j = 2 * cc + h;
-                        __m512i sc[2];
-                        for (int g = 0; g < 2; g++)
-                            sc[g] = _mm512_cvtepu8_epi32(
-                                _mm_loadu_si128((const __m128i *)(blk[g] + Q4_K_SC + GROUP_ROWS * j)));
-                        kt_amx_load(&tiles, TILE_B0, bq[0][h], 64);
-                        if (ng == 2)
-                            kt_amx_load(&tiles, TILE_B1, bq[1][h], 64);
-                        for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
-                            const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
-                            const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
-                            int8_token_tile(&tiles, mt < TILE_TOKENS, ng == 2,
-                                            tok + sb * sizeof(struct kt_block_q8_K) +
-                                                offsetof(struct kt_block_q8_K, qs) + 32 * j,
-                                            act_bytes, c);
-                            for (int64_t m = 0; m < mt; m++)
-                                for (int g = 0; g < ng; g++) {
-                                    int32_t *s = &isum[m0 + m][GROUP_ROWS * g];
-                                    const __m512i p = _mm512_mullo_epi32(_mm512_load_si512(c[g][m]), sc[g]);
-                                    _mm512_store_si512(s, _mm512_add_epi32(_mm512_load_si512(s), p));
-                                }
-                        }
+                        q4_K_split_nibbles(blk[g] + 256 * j, bq[g]);
+                    __m512i sc[2];
+                    for (int g = 0; g < 2; g++)
+                        sc[g] = _mm512_cvtepu8_epi32(
+                            _mm_load_si128((const __m128i *)(blk[g] + Q4_K_SC + GROUP_ROWS * j)));
+                    kt_amx_load(&tiles, TILE_B0, bq[0], 64);
+                    if (ng == 2)
+                        kt_amx_load(&tiles, TILE_B1, bq[1], 64);
+                    for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
+                        const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
+                        const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
+                        int8_token_tile(&tiles, mt < TILE_TOKENS, ng == 2,
+                                        tok + sb * sizeof(struct kt_block_q8_K) +
+                                            offsetof(struct kt_block_q8_K, qs) + 32 * j,
+                                        act_bytes, c);
+                        for (int64_t m = 0; m < mt; m++)
+                            for (int g = 0; g < ng; g++) {
+                                int32_t *s = &isum[m0 + m][GROUP_ROWS * g];
+                                const __m512i p = _mm512_mullo_epi32(_mm512_load_si512(c[g][m]), sc[g]);
+                                _mm512_store_si512(s, _mm512_add_epi32(_mm512_load_si512(s), p));
+                            }
                     }
                 }
                 __m512 d[2], dmin[2];
@@ -450,8 +424,7 @@ static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
                     d[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_D)));
                     dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_DMIN)));
                     for (int p = 0; p < 4; p++)
-                        mins[g][p] = _mm512_cvtepu8_epi16(
-                            _mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_MINS + 32 * p)));
+                        mins[g][p] = q4_K_min_pair(blk[g] + Q4_K_M, p);
                 }
                 for (int64_t m = 0; m < nt; m++) {
                     const struct kt_block_q8_K *yb =
@@ -620,32 +593,56 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
 
 /* ---- the formats ------------------------------------------------------------------- */
 
-const struct kt_packed_format KT_AMX_NAME(kt_packed_q8_0_amx) = {
-    .name = "q8_0.r16" KT_AMX_LABEL,
-    .rows = GROUP_ROWS,
-    .exact = true,
-    .group_bytes = q8_0_group_bytes,
-    .pack = q8_0_pack,
-    .gemm = q8_0_gemm,
-};
+/*
+ * Below AMX_MIN_TOKENS tokens the AVX-512 kernels read the shared layouts
+ * faster than the tiles: each 32-byte step of K costs the tiles a B-tile
+ * unpack, a C-tile store and per (token, row) the block's scaling, whatever
+ * the token count.  Measured on one core of a Sapphire-Rapids-class VM
+ * (2026-12-03, 2048 x 7168 matrices streamed from memory), tiles / AVX-512
+ * time: Q4_K 0.59 at 1 token, 0.64 at 16, 0.87 at 32, 0.89 at 64; Q8_0 0.64,
+ * 0.76, 0.91, 1.01; Q4_0 0.60, 0.81, 0.97, 1.10.  So only a whole chunk of
+ * 64 tokens goes to the tiles.  The emulated build takes the tiles at every
+ * count, so the tests check them at every shape.
+ */
+#ifdef KT_AMX_EMULATE
+#define AMX_MIN_TOKENS 1
+#else
+#define AMX_MIN_TOKENS CHUNK_TOKENS
+#endif
 
-const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_0_amx) = {
-    .name = "q4_0.r16" KT_AMX_LABEL,
-    .rows = GROUP_ROWS,
-    .exact = true,
-    .group_bytes = q4_0_group_bytes,
-    .pack = q4_0_pack,
-    .gemm = q4_0_gemm,
-};
+static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    (n_tok < AMX_MIN_TOKENS ? kt_packed_q8_0_avx512.gemm : q8_0_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
+                                                                      y_stride);
+}
 
-const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_K_amx) = {
-    .name = "q4_K.r16" KT_AMX_LABEL,
-    .rows = GROUP_ROWS,
-    .exact = true,
-    .group_bytes = q4_K_group_bytes,
-    .pack = q4_K_pack,
-    .gemm = q4_K_gemm,
-};
+static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    (n_tok < AMX_MIN_TOKENS ? kt_packed_q4_0_avx512.gemm : q4_0_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
+                                                                      y_stride);
+}
+
+static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    (n_tok < AMX_MIN_TOKENS ? kt_packed_q4_K_avx512.gemm : q4_K_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
+                                                                      y_stride);
+}
+
+#define INT8_FORMAT(type, label, gemm_fn)                                                                    \
+    {                                                                                                        \
+        .name = #type ".r16" label, .rows = GROUP_ROWS, .exact = true, .group_bytes = type##_group_bytes,    \
+        .pack = type##_pack, .gemm = gemm_fn,                                                                \
+    }
+
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q8_0_amx) = INT8_FORMAT(q8_0, KT_AMX_LABEL, q8_0_gemm);
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_0_amx) = INT8_FORMAT(q4_0, KT_AMX_LABEL, q4_0_gemm);
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_K_amx) = INT8_FORMAT(q4_K, KT_AMX_LABEL, q4_K_gemm);
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q8_0_amx_tiles) = INT8_FORMAT(q8_0, KT_AMX_LABEL ".tiles", q8_0_tiles);
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_0_amx_tiles) = INT8_FORMAT(q4_0, KT_AMX_LABEL ".tiles", q4_0_tiles);
+const struct kt_packed_format KT_AMX_NAME(kt_packed_q4_K_amx_tiles) = INT8_FORMAT(q4_K, KT_AMX_LABEL ".tiles", q4_K_tiles);
 
 const struct kt_packed_format KT_AMX_NAME(kt_packed_bf16_amx) = {
     .name = "bf16.r16" KT_AMX_LABEL,

@@ -1,7 +1,8 @@
 /*
  * packed_amx.h - expert weights packed for AMX tiles (the amx level's rows).
  *
- * Q8_0, Q4_0 and Q4_K are multiplied with AMX-INT8 and equal the reference
+ * Q8_0, Q4_0 and Q4_K are multiplied with AMX-INT8 (decode-sized calls with
+ * the AVX-512 kernels over the same layout) and equal the reference
  * vec_dot bit for bit; BF16 with AMX-BF16 on activations rounded to bf16,
  * which the f32 reference does not do (exact = false; tolerance in
  * tests/test_kernels_amx.c).  16 rows per group, any row count and token
@@ -19,5 +20,12 @@ extern const struct kt_packed_format kt_packed_q8_0_amx; /* vs Q8_0 activations 
 extern const struct kt_packed_format kt_packed_q4_0_amx; /* vs Q8_0 activations */
 extern const struct kt_packed_format kt_packed_q4_K_amx; /* vs Q8_K activations */
 extern const struct kt_packed_format kt_packed_bf16_amx; /* vs F32 activations */
+
+/* The integer formats above pack exactly as the avx512 level's
+ * (packed_avx512.h) and run its kernels below a few tokens; these run the
+ * tiles at every token count (for the tests and kt-bench's comparison). */
+extern const struct kt_packed_format kt_packed_q8_0_amx_tiles;
+extern const struct kt_packed_format kt_packed_q4_0_amx_tiles;
+extern const struct kt_packed_format kt_packed_q4_K_amx_tiles;
 
 #endif
