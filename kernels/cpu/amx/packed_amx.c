@@ -85,6 +85,16 @@ static inline size_t round_up_64(size_t bytes)
     return (bytes + 63) & ~(size_t)63;
 }
 
+/* Tokens per chunk of a call: at most CHUNK_TOKENS, as even as whole token
+ * tiles allow (96 tokens: 48 + 48, not 64 + 32, whose short chunk pays a
+ * whole pass's weight unpacking for half the products). */
+static inline int64_t chunk_tokens(int64_t n_tok)
+{
+    const int64_t chunks = (n_tok + CHUNK_TOKENS - 1) / CHUNK_TOKENS;
+    const int64_t even = (n_tok + chunks - 1) / chunks;
+    return min_i64(CHUNK_TOKENS, (even + TILE_TOKENS - 1) / TILE_TOKENS * TILE_TOKENS);
+}
+
 /* The first k lanes of 16 (k clamped to 0..16). */
 static inline __mmask16 first_lanes(int64_t k)
 {
@@ -248,8 +258,9 @@ static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const v
     struct kt_amx_tiles tiles;
     int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
     kt_amx_config(&tiles, &cfg);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
-        const int64_t nt = min_i64(CHUNK_TOKENS, n_tok - t0);
+    const int64_t chunk = chunk_tokens(n_tok);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += chunk) {
+        const int64_t nt = min_i64(chunk, n_tok - t0);
         for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
             const int ng = n_rows - r0 > GROUP_ROWS ? 2 : 1;
             const uint8_t *grp[2];
@@ -338,14 +349,39 @@ static void q4_K_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
     kt_packed_q4_K_avx512.pack(n, w, row_bytes, n_rows, dst);
 }
 
-/* Sub-block j's B tile (512 bytes) from its 256 packed bytes. */
-static inline void q4_K_split_nibbles(const uint8_t *qs, uint8_t tile[512])
+/*
+ * The tiles cannot scale a C element per sub-block without storing it every
+ * 32 bytes of K, which is what kept them slower than AVX-512.  Instead each
+ * row's 6-bit scale splits as sc = 8 sh + sl (sh, sl in 0..7) and the B tiles
+ * carry the products sh * q and sl * q (at most 7 * 15 = 105, still int8):
+ *   sum_q = sum_j sc_j * (sum of sub-block j) = 8 * H + L,
+ *   H = sum over the super-block of (sh * q) * a,  L = the same with sl,
+ * two int32 sums the tiles accumulate across all 256 elements (|L|, |H| <=
+ * 256 * 105 * 128 < 2^22), exact, so equal to the reference's sum_q.  The
+ * B tiles of a super-block (K = 64 bytes each, two sub-blocks) are built
+ * once per pass and serve every token tile.
+ */
+
+/* Words (s_r, s_r) in dword r from 16 u8 s_r. */
+static inline __m512i word_pairs(__m512i s32)
+{
+    return _mm512_or_si512(s32, _mm512_slli_epi32(s32, 16));
+}
+
+/* Sub-block j of a group (256 packed bytes at qs) into the halves of the
+ * super-block's H and L B tiles: rows 2v and 2v+1 from vector v's low and
+ * high nibbles, each byte times its row's sh or sl (vpmullw on byte pairs:
+ * both products stay under 256, so neither carries into the other byte). */
+static inline void q4_K_scaled_tile(const uint8_t *qs, __m512i shw, __m512i slw, uint8_t h[512], uint8_t l[512])
 {
     const __m512i mask = _mm512_set1_epi8(0x0f);
     for (int v = 0; v < 4; v++) {
         const __m512i x = _mm512_load_si512((const void *)(qs + 64 * v));
-        _mm512_store_si512((void *)(tile + 128 * v), _mm512_and_si512(x, mask));
-        _mm512_store_si512((void *)(tile + 128 * v + 64), _mm512_and_si512(_mm512_srli_epi16(x, 4), mask));
+        const __m512i lo = _mm512_and_si512(x, mask), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
+        _mm512_store_si512((void *)(h + 128 * v), _mm512_mullo_epi16(lo, shw));
+        _mm512_store_si512((void *)(h + 128 * v + 64), _mm512_mullo_epi16(hi, shw));
+        _mm512_store_si512((void *)(l + 128 * v), _mm512_mullo_epi16(lo, slw));
+        _mm512_store_si512((void *)(l + 128 * v + 64), _mm512_mullo_epi16(hi, slw));
     }
 }
 
@@ -360,30 +396,48 @@ static inline __m512i q4_K_min_pair(const uint8_t *m, int p)
     return _mm512_cvtepu8_epi16(pairs);
 }
 
+#define TILE_QB0 0 /* B: 16 K-quads (two sub-blocks) x 16 rows' dwords */
+#define TILE_QB1 1
+#define TILE_QA 2  /* 16 tokens x 64 bytes */
+#define TILE_QH0 4 /* int32 H of group 0: 16 tokens x 16 rows */
+#define TILE_QL0 5
+#define TILE_QH1 6
+#define TILE_QL1 7
+
 /*
  * Per (token, row) and super-block, as kt_vec_dot_q4_K_q8_K_ref:
- *   sum_q = sum_j sc_j * (int32 sum of sub-block j)   (tiles, then VPMULLD)
+ *   sum_q = 8 H + L                                     (tiles)
  *   sum_m = sum_j m_j * (bsums[2j] + bsums[2j+1])      (VPDPWSSD)
  *   sum  += d*da*(float)sum_q - dmin*da*(float)sum_m
- * The integer sums are exact in any order; the float steps are the
- * reference's, super-block after super-block.
+ * The float steps are the reference's, super-block after super-block.  A
+ * token tile short of 16 (the last) loads its A tiles from a zero-padded copy
+ * of its tokens' quants, so every tile is 16 rows and one configuration
+ * serves the call.
  */
 static void q4_K_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
-                      float *y, int64_t y_stride)
+                       float *y, int64_t y_stride)
 {
     const int64_t nsb = n / KT_QK_K;
     const size_t group_bytes = q4_K_group_bytes(n);
     const uint8_t *act = a;
     _Alignas(64) float acc[CHUNK_TOKENS][PASS_ROWS];
-    _Alignas(64) int32_t isum[CHUNK_TOKENS][PASS_ROWS]; /* sum_q of the current super-block */
-    _Alignas(64) int32_t c[2][TILE_TOKENS][GROUP_ROWS];
-    _Alignas(64) uint8_t bq[2][512]; /* [group]: the unpacked B tile of the sub-block */
+    _Alignas(64) int32_t ch[2][TILE_TOKENS][GROUP_ROWS], cl[2][TILE_TOKENS][GROUP_ROWS];
+    _Alignas(64) uint8_t bh[2][4][1024], bl[2][4][1024]; /* [group][K step]: the super-block's B tiles */
+    _Alignas(64) uint8_t pad[TILE_TOKENS][KT_QK_K];      /* the short tile's quants, zero rows after */
+    memset(pad, 0, sizeof pad);
     struct kt_amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    set_tile(&cfg, TILE_QB0, 16, 64);
+    set_tile(&cfg, TILE_QB1, 16, 64);
+    set_tile(&cfg, TILE_QA, TILE_TOKENS, 64);
+    for (int t = TILE_QH0; t <= TILE_QL1; t++)
+        set_tile(&cfg, t, TILE_TOKENS, 64);
     struct kt_amx_tiles tiles;
-    int8_tile_config(&cfg, (int)(n_tok % TILE_TOKENS));
     kt_amx_config(&tiles, &cfg);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += CHUNK_TOKENS) {
-        const int64_t nt = min_i64(CHUNK_TOKENS, n_tok - t0);
+    const int64_t chunk = chunk_tokens(n_tok);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += chunk) {
+        const int64_t nt = min_i64(chunk, n_tok - t0);
         for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
             const int ng = n_rows - r0 > GROUP_ROWS ? 2 : 1;
             const uint8_t *grp[2];
@@ -392,60 +446,84 @@ static void q4_K_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, 
             memset(acc, 0, (size_t)nt * sizeof acc[0]);
             for (int64_t sb = 0; sb < nsb; sb++) {
                 const uint8_t *blk[2] = {grp[0] + sb * Q4_K_SB_BYTES, grp[1] + sb * Q4_K_SB_BYTES};
-                memset(isum, 0, (size_t)nt * sizeof isum[0]);
-                for (int j = 0; j < 8; j++) {
-                    for (int g = 0; g < ng; g++)
-                        q4_K_split_nibbles(blk[g] + 256 * j, bq[g]);
-                    __m512i sc[2];
-                    for (int g = 0; g < 2; g++)
-                        sc[g] = _mm512_cvtepu8_epi32(
-                            _mm_load_si128((const __m128i *)(blk[g] + Q4_K_SC + GROUP_ROWS * j)));
-                    kt_amx_load(&tiles, TILE_B0, bq[0], 64);
-                    if (ng == 2)
-                        kt_amx_load(&tiles, TILE_B1, bq[1], 64);
-                    for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
-                        const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
-                        const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
-                        int8_token_tile(&tiles, mt < TILE_TOKENS, ng == 2,
-                                        tok + sb * sizeof(struct kt_block_q8_K) +
-                                            offsetof(struct kt_block_q8_K, qs) + 32 * j,
-                                        act_bytes, c);
-                        for (int64_t m = 0; m < mt; m++)
-                            for (int g = 0; g < ng; g++) {
-                                int32_t *s = &isum[m0 + m][GROUP_ROWS * g];
-                                const __m512i p = _mm512_mullo_epi32(_mm512_load_si512(c[g][m]), sc[g]);
-                                _mm512_store_si512(s, _mm512_add_epi32(_mm512_load_si512(s), p));
-                            }
+                for (int g = 0; g < ng; g++)
+                    for (int j = 0; j < 8; j++) {
+                        const __m512i sc =
+                            _mm512_cvtepu8_epi32(_mm_load_si128((const __m128i *)(blk[g] + Q4_K_SC + GROUP_ROWS * j)));
+                        const __m512i shw = word_pairs(_mm512_srli_epi32(sc, 3));
+                        const __m512i slw = word_pairs(_mm512_and_si512(sc, _mm512_set1_epi32(7)));
+                        q4_K_scaled_tile(blk[g] + 256 * j, shw, slw, bh[g][j / 2] + 512 * (j % 2),
+                                         bl[g][j / 2] + 512 * (j % 2));
                     }
-                }
                 __m512 d[2], dmin[2];
                 __m512i mins[2][4];
                 for (int g = 0; g < 2; g++) {
-                    d[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_D)));
-                    dmin[g] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk[g] + Q4_K_DMIN)));
+                    d[g] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk[g] + Q4_K_D)));
+                    dmin[g] = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *)(blk[g] + Q4_K_DMIN)));
                     for (int p = 0; p < 4; p++)
                         mins[g][p] = q4_K_min_pair(blk[g] + Q4_K_M, p);
                 }
-                for (int64_t m = 0; m < nt; m++) {
-                    const struct kt_block_q8_K *yb =
-                        (const struct kt_block_q8_K *)(const void *)(act + (size_t)(t0 + m) * act_bytes) + sb;
-                    const __m512 da = _mm512_set1_ps(yb->d);
-                    __m512i pair[4]; /* (bsum of sub-block 2p, of 2p+1) as int16, in every dword */
-                    for (int p = 0; p < 4; p++) {
-                        const int16_t lo = (int16_t)(yb->bsums[4 * p] + yb->bsums[4 * p + 1]);
-                        const int16_t hi = (int16_t)(yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3]);
-                        pair[p] = _mm512_set1_epi32((int)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16));
+                for (int64_t m0 = 0; m0 < nt; m0 += TILE_TOKENS) {
+                    const int64_t mt = min_i64(TILE_TOKENS, nt - m0);
+                    const uint8_t *tok = act + (size_t)(t0 + m0) * act_bytes;
+                    const uint8_t *qa = tok + sb * sizeof(struct kt_block_q8_K) + offsetof(struct kt_block_q8_K, qs);
+                    size_t qa_stride = act_bytes;
+                    if (mt < TILE_TOKENS) {
+                        for (int64_t m = 0; m < mt; m++)
+                            memcpy(pad[m], qa + (size_t)m * act_bytes, KT_QK_K);
+                        qa = &pad[0][0];
+                        qa_stride = KT_QK_K;
                     }
-                    for (int g = 0; g < ng; g++) {
-                        __m512i sum_m = _mm512_setzero_si512();
-                        for (int p = 0; p < 4; p++)
-                            sum_m = _mm512_dpwssd_epi32(sum_m, mins[g][p], pair[p]);
-                        const __m512 sum_q = _mm512_cvtepi32_ps(_mm512_load_si512(&isum[m][GROUP_ROWS * g]));
-                        const __m512 term = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d[g], da), sum_q),
-                                                          _mm512_mul_ps(_mm512_mul_ps(dmin[g], da),
-                                                                        _mm512_cvtepi32_ps(sum_m)));
-                        float *sum = &acc[m][GROUP_ROWS * g];
-                        _mm512_store_ps(sum, _mm512_add_ps(_mm512_load_ps(sum), term));
+                    /* (tile numbers are immediates: group 1's tiles are spelled out) */
+                    kt_amx_zero(&tiles, TILE_QH0);
+                    kt_amx_zero(&tiles, TILE_QL0);
+                    if (ng == 2) {
+                        kt_amx_zero(&tiles, TILE_QH1);
+                        kt_amx_zero(&tiles, TILE_QL1);
+                    }
+                    for (int kb = 0; kb < 4; kb++) {
+                        kt_amx_load(&tiles, TILE_QA, qa + 64 * kb, qa_stride);
+                        kt_amx_load(&tiles, TILE_QB0, bh[0][kb], 64);
+                        kt_amx_dpbssd(&tiles, TILE_QH0, TILE_QA, TILE_QB0);
+                        kt_amx_load(&tiles, TILE_QB1, bl[0][kb], 64);
+                        kt_amx_dpbssd(&tiles, TILE_QL0, TILE_QA, TILE_QB1);
+                        if (ng == 2) {
+                            kt_amx_load(&tiles, TILE_QB0, bh[1][kb], 64);
+                            kt_amx_dpbssd(&tiles, TILE_QH1, TILE_QA, TILE_QB0);
+                            kt_amx_load(&tiles, TILE_QB1, bl[1][kb], 64);
+                            kt_amx_dpbssd(&tiles, TILE_QL1, TILE_QA, TILE_QB1);
+                        }
+                    }
+                    kt_amx_store(&tiles, TILE_QH0, ch[0], GROUP_ROWS * sizeof(int32_t));
+                    kt_amx_store(&tiles, TILE_QL0, cl[0], GROUP_ROWS * sizeof(int32_t));
+                    if (ng == 2) {
+                        kt_amx_store(&tiles, TILE_QH1, ch[1], GROUP_ROWS * sizeof(int32_t));
+                        kt_amx_store(&tiles, TILE_QL1, cl[1], GROUP_ROWS * sizeof(int32_t));
+                    }
+                    for (int64_t m = 0; m < mt; m++) {
+                        const struct kt_block_q8_K *yb =
+                            (const struct kt_block_q8_K *)(const void *)(tok + (size_t)m * act_bytes) + sb;
+                        const __m512 da = _mm512_set1_ps(yb->d);
+                        __m512i pair[4]; /* (bsum of sub-block 2p, of 2p+1) as int16, in every dword */
+                        for (int p = 0; p < 4; p++) {
+                            const int16_t lo = (int16_t)(yb->bsums[4 * p] + yb->bsums[4 * p + 1]);
+                            const int16_t hi = (int16_t)(yb->bsums[4 * p + 2] + yb->bsums[4 * p + 3]);
+                            pair[p] =
+                                _mm512_set1_epi32((int)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16));
+                        }
+                        for (int g = 0; g < ng; g++) {
+                            __m512i sum_m = _mm512_setzero_si512();
+                            for (int p = 0; p < 4; p++)
+                                sum_m = _mm512_dpwssd_epi32(sum_m, mins[g][p], pair[p]);
+                            const __m512i q = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(ch[g][m]), 3),
+                                                               _mm512_load_si512(cl[g][m]));
+                            const __m512 sum_q = _mm512_cvtepi32_ps(q);
+                            const __m512 term = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(d[g], da), sum_q),
+                                                              _mm512_mul_ps(_mm512_mul_ps(dmin[g], da),
+                                                                            _mm512_cvtepi32_ps(sum_m)));
+                            float *sum = &acc[m0 + m][GROUP_ROWS * g];
+                            _mm512_store_ps(sum, _mm512_add_ps(_mm512_load_ps(sum), term));
+                        }
                     }
                 }
             }
@@ -606,8 +684,10 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
  */
 #ifdef KT_AMX_EMULATE
 #define AMX_MIN_TOKENS 1
+#define AMX_MIN_TOKENS_Q4_K 1
 #else
 #define AMX_MIN_TOKENS CHUNK_TOKENS
+#define AMX_MIN_TOKENS_Q4_K 40
 #endif
 
 static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
@@ -627,7 +707,7 @@ static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
 static void q4_K_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
-    (n_tok < AMX_MIN_TOKENS ? kt_packed_q4_K_avx512.gemm : q4_K_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
+    (n_tok < AMX_MIN_TOKENS_Q4_K ? kt_packed_q4_K_avx512.gemm : q4_K_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
                                                                       y_stride);
 }
 
