@@ -237,7 +237,7 @@ static struct kt_mat unit_rows(const struct kt_units_job *j, const struct kt_ffn
 
 /* Tokens per gemm call of gate and up: the task's 16 rows of gate and of up
  * stay in L1/L2 while blocks of this many tokens pass over them. */
-#define GATE_UP_TOKENS_PER_CALL 16
+#define GATE_UP_TOKENS_PER_CALL 64
 
 /* act[p][r] = silu(gate_r . h) * (up_r . h) for the rows of one task, every
  * pair of its unit: gate and up of a block of tokens, then SiLU and the
