@@ -62,12 +62,12 @@ row "prefill 128 tokens, whole step (of int8 peak)" ">= 0.40" "^  prefill, whole
 row "prefill, attention projections (of int8 peak)" ">= 0.5" "^  prefill, attention projections"
 row "prefill, attention with its heads (of peak)" "-" "^  prefill, attention \(all"
 row "prefill, routed + shared experts (of int8 peak)" ">= 0.6" "^  prefill, routed"
-best=$(grep -E '^q4_K\.r[0-9]+\.' "$out/kernels" | tail -1)
+best=$(grep -E '^q4_K\.r[0-9]+\.' "$out/kernels" | grep -v '\.tiles ' | tail -1)
 printf "%-48s %-8s %8s  (%s; %s x the run's first triad)\n" "kernels: packed Q4_K decode (x adjacent triads)" ">= 0.95" \
-    "$(echo "$best" | awk '{print $13}')" "$(echo "$best" | awk '{print $1}')" "$(echo "$best" | awk '{print $4}')"
-q8=$(grep -E '^q8_0\.r[0-9]+\.' "$out/kernels" | tail -1)
+    "$(echo "$best" | awk '{print $NF}')" "$(echo "$best" | awk '{print $1}')" "$(echo "$best" | awk '{print $4}')"
+q8=$(grep -E '^q8_0\.r[0-9]+\.' "$out/kernels" | grep -v '\.tiles ' | tail -1)
 printf "%-48s %-8s %8s  (%s; %s x the run's first triad)\n" "kernels: packed Q8_0 decode (x adjacent triads)" ">= 0.95" \
-    "$(echo "$q8" | awk '{print $13}')" "$(echo "$q8" | awk '{print $1}')" "$(echo "$q8" | awk '{print $4}')"
+    "$(echo "$q8" | awk '{print $NF}')" "$(echo "$q8" | awk '{print $1}')" "$(echo "$q8" | awk '{print $4}')"
 gguf=$(grep -E '^q4_K +avx' "$out/kernels" | tail -1)
 printf "%-48s %-8s %8s  (%s)\n" "kernels: Q4_K GGUF-row gemv decode (x triad)" "-" "$(echo "$gguf" | awk '{print $4}')" \
     "$(echo "$gguf" | awk '{print $2}')"

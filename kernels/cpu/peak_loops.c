@@ -25,6 +25,12 @@ const struct kt_peak_loops *kt_peak_loops_for(enum kt_isa isa)
     if (isa == KT_ISA_AVX512 && f->avx512f && f->avx512bw && f->avx512vnni)
         return &avx512;
 #endif
+#ifdef KT_HAVE_AMX_KERNELS
+    /* no f32 tile product: the level's floats are the avx512 ones (their peak is that level's) */
+    static const struct kt_peak_loops amx = {8192, NULL, kt_peak_dot_int8_amx, "tdpbssd"};
+    if (isa == KT_ISA_AMX && kt_cpu_kernels_for(KT_ISA_AMX) && f->amx_int8 && f->amx_permitted)
+        return &amx;
+#endif
     (void)isa;
     return NULL;
 }

@@ -23,19 +23,20 @@ typedef uint64_t (*kt_peak_loop_fn)(uint64_t iters, float *sink);
 
 struct kt_peak_loops {
     int width_bits;             /* register width the loops use */
-    kt_peak_loop_fn fma_f32;    /* vfmadd on f32 lanes */
+    kt_peak_loop_fn fma_f32;    /* vfmadd on f32 lanes; NULL at amx */
     kt_peak_loop_fn dot_int8;   /* u8 x s8 -> s32: vpmaddubsw+vpmaddwd+vpaddd, or vpdpbusd */
     const char *dot_int8_name;  /* the instruction sequence, for reports */
 };
 
-/* The loops of one level (avx2, avx512); NULL for levels without loops
- * (scalar, amx) or that this build or CPU lacks. */
+/* The loops of one level (avx2, avx512, amx: its int8 loop only); NULL for
+ * levels without loops (scalar) or that this build or CPU lacks. */
 const struct kt_peak_loops *kt_peak_loops_for(enum kt_isa isa);
 
 uint64_t kt_peak_fma_avx2(uint64_t iters, float *sink);
 uint64_t kt_peak_dot_int8_avx2(uint64_t iters, float *sink);
 uint64_t kt_peak_fma_avx512(uint64_t iters, float *sink);
 uint64_t kt_peak_dot_int8_avx512(uint64_t iters, float *sink);
+uint64_t kt_peak_dot_int8_amx(uint64_t iters, float *sink); /* TDPBSSD; fma_f32 NULL at amx */
 
 #ifdef __cplusplus
 }

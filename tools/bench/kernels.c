@@ -33,6 +33,9 @@
 
 #include "bench.h"
 #include "cpu/dispatch.h"
+#ifdef KT_HAVE_AMX_KERNELS
+#include "cpu/amx/packed_amx.h"
+#endif
 #include "membw.h"
 #include "onednn_gemm.h"
 #include "peak.h"
@@ -370,7 +373,7 @@ static kt_status measure_float_prefill(struct kt_pool *pool, const struct kt_ben
 #define ADJ_TRIAD_BYTES ((size_t)128 << 20)
 
 /* Tokens per expert matrix at prefill: 128 tokens x top-8 over 64 experts, and twice that. */
-static const int64_t packed_tokens[] = {16, 32};
+static const int64_t packed_tokens[] = {16, 32, 64};
 #define N_PACKED_TOKENS (sizeof packed_tokens / sizeof packed_tokens[0])
 
 struct packed_job {
@@ -396,17 +399,126 @@ static void packed_task(void *ctx, int64_t begin, int64_t end, int thread)
 }
 
 /* The int8 dot peak measured at a level in this run; 0 if none was. */
-static double int8_peak_at(const struct kt_peak_result *peaks, int n_peaks, enum kt_isa isa)
+static double peak_at(const struct kt_peak_result *peaks, int n_peaks, enum kt_peak_kind kind, enum kt_isa isa)
 {
     for (int i = 0; i < n_peaks; i++)
-        if (peaks[i].kind == KT_PEAK_DOT_INT8 && peaks[i].isa == isa)
+        if (peaks[i].kind == kind && peaks[i].isa == isa)
             return peaks[i].best_gops;
     return 0.0;
 }
 
+static double int8_peak_at(const struct kt_peak_result *peaks, int n_peaks, enum kt_isa isa)
+{
+    return peak_at(peaks, n_peaks, KT_PEAK_DOT_INT8, isa);
+}
+
+/* One row of the packed table: format f of `type` at level isa (its kernels
+ * table), decode and prefill at packed_tokens, printed and appended to jout. */
+static kt_status packed_row(struct kt_pool *pool, const struct kt_bench_options *o, const struct kt_packed_format *f,
+                            enum kt_isa isa, enum kt_type type, const uint8_t *w, size_t row_bytes, uint64_t *seed_io,
+                            double triad_gbps, const struct kt_peak_result *peaks, int n_peaks, json_t *jout,
+                            kt_err *err)
+{
+    const struct kt_cpu_kernels *table = kt_cpu_kernels_for(isa);
+    const int64_t max_tok = packed_tokens[N_PACKED_TOKENS - 1];
+    uint64_t seed = *seed_io;
+    kt_status st = KT_OK;
+    const struct kt_cpu_type_kernels *k = &table->type[type];
+    const size_t act_bytes = kt_type_row_bytes(k->vec_dot_type, COLS);
+    const size_t matrix_bytes = kt_packed_bytes(f, COLS, ROWS);
+    const int experts = decode_experts(type);
+    const size_t huge = (size_t)2 << 20, bytes = ((size_t)experts * matrix_bytes + huge - 1) & ~(huge - 1);
+    uint8_t *packed = aligned_alloc(huge, bytes), *act = make_acts(k, max_tok, act_bytes, &seed);
+    float *out = malloc((size_t)experts * ROWS * sizeof(float));
+    if (!packed || !act || !out) {
+        st = kt_err_set(err, KT_ERR_NOMEM, "cannot allocate the packed %s matrices", f->name);
+        goto done;
+    }
+    madvise(packed, bytes, MADV_HUGEPAGE);
+    f->pack(COLS, w, row_bytes, ROWS, packed);
+    for (int e = 1; e < experts; e++) /* whole groups: the experts' rows packed back to back */
+        memcpy(packed + (size_t)e * matrix_bytes, packed, matrix_bytes);
+
+    int decode_passes = 0, prefill_passes[N_PACKED_TOKENS];
+    double prefill_gflops[N_PACKED_TOKENS];
+    /* triads just before and after the decode pass, beside the run's first one: on a
+     * shared machine the bandwidth moves between the start and this row */
+    struct kt_triad_result before, after;
+    if ((st = kt_stream_triad(ADJ_TRIAD_BYTES, kt_pool_n_threads(pool), 3, &before, err)) != KT_OK)
+        goto done;
+    struct packed_job j = {f, packed, (int64_t)experts * ROWS, act, act_bytes, 1, out};
+    double t = best_pass(pool, (j.n_rows + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS, packed_task, &j,
+                         o->seconds, &decode_passes);
+    if ((st = kt_stream_triad(ADJ_TRIAD_BYTES, kt_pool_n_threads(pool), 3, &after, err)) != KT_OK)
+        goto done;
+    const double adj_triad = 0.5 * (before.best_gbps + after.best_gbps);
+    const double decode_gbps = (double)experts * (double)matrix_bytes / t * 1e-9;
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+        j = (struct packed_job){f, packed, ROWS, act, act_bytes, packed_tokens[ti], out};
+        const int64_t tasks = (ROWS + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS;
+        kt_pool_parallel_for(pool, tasks, 1, packed_task, &j); /* untimed: the matrix into cache */
+        t = best_pass(pool, tasks, packed_task, &j, o->seconds, &prefill_passes[ti]);
+        prefill_gflops[ti] = 2.0 * COLS * ROWS * (double)packed_tokens[ti] / t * 1e-9;
+    }
+
+    const double peak = int8_peak_at(peaks, n_peaks, (enum kt_isa)isa);
+    char ratio[N_PACKED_TOKENS][16];
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+        strcpy(ratio[ti], "-");
+        if (peak > 0)
+            snprintf(ratio[ti], sizeof ratio[ti], "%.3f", prefill_gflops[ti] / peak);
+    }
+    char peak_name[32];
+    snprintf(peak_name, sizeof peak_name, "%s %s", kt_peak_kind_name(KT_PEAK_DOT_INT8),
+             peak > 0 ? kt_isa_name((enum kt_isa)isa) : "(none)");
+    printf("%-20s %-7s %9.2f %7.3f %8.0f", f->name, kt_isa_name((enum kt_isa)isa), decode_gbps,
+           decode_gbps / triad_gbps, (double)experts * (double)matrix_bytes / (1 << 20));
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++)
+        printf(" %10.2f %7s", prefill_gflops[ti], ratio[ti]);
+    printf(" %-15s %9.2f %7.3f\n", peak_name, adj_triad, decode_gbps / adj_triad);
+    fflush(stdout);
+
+    json_t *jr = json_object();
+    json_object_set_new(jr, "format", json_string(f->name));
+    json_object_set_new(jr, "type", json_string(kt_type_name(type)));
+    json_object_set_new(jr, "isa", json_string(kt_isa_name((enum kt_isa)isa)));
+    json_object_set_new(jr, "rows_per_group", json_integer(f->rows));
+    json_object_set_new(jr, "exact", json_boolean(f->exact));
+    json_object_set_new(jr, "task_rows", json_integer(PACKED_TASK_ROWS));
+    json_t *jd = json_object();
+    json_object_set_new(jd, "weight_bytes", json_integer((json_int_t)((size_t)experts * matrix_bytes)));
+    json_object_set_new(jd, "experts", json_integer(experts));
+    json_object_set_new(jd, "passes", json_integer(decode_passes));
+    json_object_set_new(jd, "gbps", json_real(decode_gbps));
+    json_object_set_new(jd, "ratio_to_triad", json_real(decode_gbps / triad_gbps));
+    json_object_set_new(jd, "adjacent_triad_gbps", json_real(adj_triad));
+    json_object_set_new(jd, "ratio_to_adjacent_triad", json_real(decode_gbps / adj_triad));
+    json_object_set_new(jr, "decode", jd);
+    json_t *jp = json_array();
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+        json_t *jt = json_object();
+        json_object_set_new(jt, "tokens", json_integer(packed_tokens[ti]));
+        json_object_set_new(jt, "passes", json_integer(prefill_passes[ti]));
+        json_object_set_new(jt, "gflops", json_real(prefill_gflops[ti]));
+        json_object_set_new(jt, "peak", json_string(kt_peak_kind_name(KT_PEAK_DOT_INT8)));
+        if (peak > 0) {
+            json_object_set_new(jt, "peak_isa", json_string(kt_isa_name((enum kt_isa)isa)));
+            json_object_set_new(jt, "ratio_to_peak", json_real(prefill_gflops[ti] / peak));
+        }
+        json_array_append_new(jp, jt);
+    }
+    json_object_set_new(jr, "prefill", jp);
+    json_array_append_new(jout, jr);
+done:
+    free(packed), free(act), free(out);
+    *seed_io = seed;
+    return st;
+}
+
 /*
  * For each level's packed format of Q4_K, Q8_0 and Q4_0 (a level whose format is a
- * lower level's is skipped): decode over as many packed 2048 x 7168 matrices
+ * lower level's is skipped; at the amx level also its .tiles formats, the tiles at
+ * every token count): decode over as many packed 2048 x 7168 matrices
  * as the decode shape of the GGUF rows, and prefill at packed_tokens over the
  * first, in tasks of PACKED_TASK_ROWS rows: printed, and appended to jout.
  */
@@ -414,15 +526,22 @@ static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_opti
                                 const struct kt_peak_result *peaks, int n_peaks, json_t *jout, kt_err *err)
 {
     const enum kt_type types[] = {KT_TYPE_Q4_K, KT_TYPE_Q8_0, KT_TYPE_Q4_0}; /* Q4_0: Kimi-K2's INT4 experts */
-    const int64_t max_tok = packed_tokens[N_PACKED_TOKENS - 1];
     const enum kt_isa isa_max = kt_cpu_kernels()->isa_max;
-    printf("\npacked expert layouts: decode 1 token over >= %zu MiB of packed matrices; prefill %lld and %lld "
-           "tokens x one matrix; %d rows per call\n\n",
-           decode_working_set() >> 20, (long long)packed_tokens[0], (long long)packed_tokens[1], PACKED_TASK_ROWS);
-    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s %-15s %9s %7s\n", "format", "isa", "decode", "/triad", "weights",
-           "prefill16", "/peak", "prefill32", "/peak", "peak", "adj triad", "/adj");
-    printf("%-16s %-7s %9s %7s %8s %10s %7s %10s %7s %-15s %9s\n", "", "", "GB/s", "", "MiB", "GFLOP/s", "", "GFLOP/s",
-           "", "", "GB/s");
+    printf("\npacked expert layouts: decode 1 token over >= %zu MiB of packed matrices; prefill", decode_working_set() >> 20);
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++)
+        printf("%s %lld", ti == 0 ? "" : ti + 1 == N_PACKED_TOKENS ? " and" : ",", (long long)packed_tokens[ti]);
+    printf(" tokens x one matrix; %d rows per call\n\n", PACKED_TASK_ROWS);
+    printf("%-20s %-7s %9s %7s %8s", "format", "isa", "decode", "/triad", "weights");
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
+        char col[16];
+        snprintf(col, sizeof col, "prefill%lld", (long long)packed_tokens[ti]);
+        printf(" %10s %7s", col, "/peak");
+    }
+    printf(" %-15s %9s %7s\n", "peak", "adj triad", "/adj");
+    printf("%-20s %-7s %9s %7s %8s", "", "", "GB/s", "", "MiB");
+    for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++)
+        printf(" %10s %7s", "GFLOP/s", "");
+    printf(" %-15s %9s\n", "", "GB/s");
     kt_status st = KT_OK;
     for (size_t i = 0; i < sizeof types / sizeof types[0] && st == KT_OK; i++) {
         const enum kt_type type = types[i];
@@ -439,93 +558,16 @@ static kt_status measure_packed(struct kt_pool *pool, const struct kt_bench_opti
                 seen = seen || kt_cpu_kernels_for((enum kt_isa)lower)->type[type].packed == f;
             if (!f || seen || (o->isa_mask && !(o->isa_mask & (1u << isa))))
                 continue;
-            const struct kt_cpu_type_kernels *k = &table->type[type];
-            const size_t act_bytes = kt_type_row_bytes(k->vec_dot_type, COLS);
-            const size_t matrix_bytes = kt_packed_bytes(f, COLS, ROWS);
-            const int experts = decode_experts(type);
-            const size_t huge = (size_t)2 << 20, bytes = ((size_t)experts * matrix_bytes + huge - 1) & ~(huge - 1);
-            uint8_t *packed = aligned_alloc(huge, bytes), *act = make_acts(k, max_tok, act_bytes, &seed);
-            float *out = malloc((size_t)experts * ROWS * sizeof(float));
-            if (!packed || !act || !out) {
-                st = kt_err_set(err, KT_ERR_NOMEM, "cannot allocate the packed %s matrices", f->name);
-                goto next;
-            }
-            madvise(packed, bytes, MADV_HUGEPAGE);
-            f->pack(COLS, w, row_bytes, ROWS, packed);
-            for (int e = 1; e < experts; e++) /* whole groups: the experts' rows packed back to back */
-                memcpy(packed + (size_t)e * matrix_bytes, packed, matrix_bytes);
-
-            int decode_passes = 0, prefill_passes[N_PACKED_TOKENS];
-            double prefill_gflops[N_PACKED_TOKENS];
-            /* triads just before and after the decode pass, beside the run's first one: on a
-             * shared machine the bandwidth moves between the start and this row */
-            struct kt_triad_result before, after;
-            if ((st = kt_stream_triad(ADJ_TRIAD_BYTES, kt_pool_n_threads(pool), 3, &before, err)) != KT_OK)
-                goto next;
-            struct packed_job j = {f, packed, (int64_t)experts * ROWS, act, act_bytes, 1, out};
-            double t = best_pass(pool, (j.n_rows + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS, packed_task, &j,
-                                 o->seconds, &decode_passes);
-            if ((st = kt_stream_triad(ADJ_TRIAD_BYTES, kt_pool_n_threads(pool), 3, &after, err)) != KT_OK)
-                goto next;
-            const double adj_triad = 0.5 * (before.best_gbps + after.best_gbps);
-            const double decode_gbps = (double)experts * (double)matrix_bytes / t * 1e-9;
-            for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
-                j = (struct packed_job){f, packed, ROWS, act, act_bytes, packed_tokens[ti], out};
-                const int64_t tasks = (ROWS + PACKED_TASK_ROWS - 1) / PACKED_TASK_ROWS;
-                kt_pool_parallel_for(pool, tasks, 1, packed_task, &j); /* untimed: the matrix into cache */
-                t = best_pass(pool, tasks, packed_task, &j, o->seconds, &prefill_passes[ti]);
-                prefill_gflops[ti] = 2.0 * COLS * ROWS * (double)packed_tokens[ti] / t * 1e-9;
-            }
-
-            const double peak = int8_peak_at(peaks, n_peaks, (enum kt_isa)isa);
-            char ratio[N_PACKED_TOKENS][16];
-            for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
-                strcpy(ratio[ti], "-");
-                if (peak > 0)
-                    snprintf(ratio[ti], sizeof ratio[ti], "%.3f", prefill_gflops[ti] / peak);
-            }
-            char peak_name[32];
-            snprintf(peak_name, sizeof peak_name, "%s %s", kt_peak_kind_name(KT_PEAK_DOT_INT8),
-                     peak > 0 ? kt_isa_name((enum kt_isa)isa) : "(none)");
-            printf("%-16s %-7s %9.2f %7.3f %8.0f %10.2f %7s %10.2f %7s %-15s %9.2f %7.3f\n", f->name,
-                   kt_isa_name((enum kt_isa)isa), decode_gbps, decode_gbps / triad_gbps,
-                   (double)experts * (double)matrix_bytes / (1 << 20), prefill_gflops[0], ratio[0], prefill_gflops[1],
-                   ratio[1], peak_name, adj_triad, decode_gbps / adj_triad);
-            fflush(stdout);
-
-            json_t *jr = json_object();
-            json_object_set_new(jr, "format", json_string(f->name));
-            json_object_set_new(jr, "type", json_string(kt_type_name(type)));
-            json_object_set_new(jr, "isa", json_string(kt_isa_name((enum kt_isa)isa)));
-            json_object_set_new(jr, "rows_per_group", json_integer(f->rows));
-            json_object_set_new(jr, "exact", json_boolean(f->exact));
-            json_object_set_new(jr, "task_rows", json_integer(PACKED_TASK_ROWS));
-            json_t *jd = json_object();
-            json_object_set_new(jd, "weight_bytes", json_integer((json_int_t)((size_t)experts * matrix_bytes)));
-            json_object_set_new(jd, "experts", json_integer(experts));
-            json_object_set_new(jd, "passes", json_integer(decode_passes));
-            json_object_set_new(jd, "gbps", json_real(decode_gbps));
-            json_object_set_new(jd, "ratio_to_triad", json_real(decode_gbps / triad_gbps));
-            json_object_set_new(jd, "adjacent_triad_gbps", json_real(adj_triad));
-            json_object_set_new(jd, "ratio_to_adjacent_triad", json_real(decode_gbps / adj_triad));
-            json_object_set_new(jr, "decode", jd);
-            json_t *jp = json_array();
-            for (size_t ti = 0; ti < N_PACKED_TOKENS; ti++) {
-                json_t *jt = json_object();
-                json_object_set_new(jt, "tokens", json_integer(packed_tokens[ti]));
-                json_object_set_new(jt, "passes", json_integer(prefill_passes[ti]));
-                json_object_set_new(jt, "gflops", json_real(prefill_gflops[ti]));
-                json_object_set_new(jt, "peak", json_string(kt_peak_kind_name(KT_PEAK_DOT_INT8)));
-                if (peak > 0) {
-                    json_object_set_new(jt, "peak_isa", json_string(kt_isa_name((enum kt_isa)isa)));
-                    json_object_set_new(jt, "ratio_to_peak", json_real(prefill_gflops[ti] / peak));
-                }
-                json_array_append_new(jp, jt);
-            }
-            json_object_set_new(jr, "prefill", jp);
-            json_array_append_new(jout, jr);
-        next:
-            free(packed), free(act), free(out);
+            st = packed_row(pool, o, f, (enum kt_isa)isa, type, w, row_bytes, &seed, triad_gbps, peaks, n_peaks, jout,
+                            err);
+#ifdef KT_HAVE_AMX_KERNELS
+            const struct kt_packed_format *tiles = type == KT_TYPE_Q4_K   ? &kt_packed_q4_K_amx_tiles
+                                                   : type == KT_TYPE_Q8_0 ? &kt_packed_q8_0_amx_tiles
+                                                                          : &kt_packed_q4_0_amx_tiles;
+            if (st == KT_OK && isa == KT_ISA_AMX && strstr(f->name, ".amx"))
+                st = packed_row(pool, o, tiles, (enum kt_isa)isa, type, w, row_bytes, &seed, triad_gbps, peaks,
+                                n_peaks, jout, err);
+#endif
         }
         free(w);
     }
@@ -626,7 +668,10 @@ int kt_bench_kernels(const struct kt_bench_options *o)
             /* integer dot products: FP8_B128 is quantized but multiplies floats (F32 activations) */
             const bool quantized = kt_type_traits(r->type)->is_quantized && k->vec_dot_type != KT_TYPE_F32;
             const int peak_kind = quantized ? KT_PEAK_DOT_INT8 : KT_PEAK_FMA_F32;
-            const double peak = best_peak[peak_kind];
+            /* the row's own level's peak (the amx level's int8 one is the tiles', which these
+             * rows do not use: "same kernels as avx512"), else the best measured */
+            const double own = peak_at(peaks, n_peaks, (enum kt_peak_kind)peak_kind, r->isa);
+            const double peak = own > 0 ? own : best_peak[peak_kind];
             const double ratio_triad = r->decode_gbps / triad.best_gbps;
             char peak_ratio[16] = "-";
             if (peak > 0)

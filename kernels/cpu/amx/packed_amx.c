@@ -6,10 +6,9 @@
  *
  * The integer formats share the avx512 level's layouts (packed_avx512.c: pack
  * and group_bytes are that level's), so one packed copy of an expert serves
- * both kernels: a call of fewer than AMX_MIN_TOKENS tokens (decode) runs the
- * AVX-512 VNNI kernel, which streams a 16-row vector per load, and a larger
- * one the tiles (prefill).  Both are the reference bit for bit, so the switch
- * changes no output.  (Before 2026-12 the tiles had layouts of their own and
+ * both kernels: a call of fewer than a few tokens (AMX_MIN_TOKENS_*: decode)
+ * runs the AVX-512 VNNI kernel, and a larger one the tiles.  Both are the
+ * reference bit for bit, so the switch changes no output.  (Before 2026-12 the tiles had layouts of their own and
  * served decode too, at 0.62-0.94 x the AVX-512 kernels' GB/s.)
  *
  * A C tile is tokens x weight rows: the A tile holds up to 16 tokens (the
@@ -85,6 +84,7 @@ static inline size_t round_up_64(size_t bytes)
     return (bytes + 63) & ~(size_t)63;
 }
 
+
 /* Tokens per chunk of a call: at most CHUNK_TOKENS, as even as whole token
  * tiles allow (96 tokens: 48 + 48, not 64 + 32, whose short chunk pays a
  * whole pass's weight unpacking for half the products). */
@@ -94,6 +94,16 @@ static inline int64_t chunk_tokens(int64_t n_tok)
     const int64_t even = (n_tok + chunks - 1) / chunks;
     return min_i64(CHUNK_TOKENS, (even + TILE_TOKENS - 1) / TILE_TOKENS * TILE_TOKENS);
 }
+
+/* Prefetches the weight line `ahead` bytes past p (an integer address: it may
+ * lie past the buffer, and a prefetch never faults).  The tiles read the
+ * weights once per pass, streamed from memory as the AVX-512 kernels do. */
+static inline __attribute__((always_inline)) void prefetch_weights(const void *p, size_t ahead)
+{
+    _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
+}
+
+#define PREFETCH_BYTES 4096
 
 /* The first k lanes of 16 (k clamped to 0..16). */
 static inline __mmask16 first_lanes(int64_t k)
@@ -221,9 +231,11 @@ static void q4_0_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
 static inline void q8_0_signed(const uint8_t *qs, uint8_t tile[512])
 {
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    for (int v = 0; v < 8; v++)
+    for (int v = 0; v < 8; v++) {
+        prefetch_weights(qs + 64 * v, PREFETCH_BYTES);
         _mm512_store_si512((void *)(tile + 64 * v),
                            _mm512_xor_si512(_mm512_load_si512((const void *)(qs + 64 * v)), flip));
+    }
 }
 
 /* The B tile (512 bytes) of one Q4_0 block from its 256 packed bytes: codes
@@ -232,6 +244,7 @@ static inline void q4_0_split_nibbles(const uint8_t *qs, uint8_t tile[512])
 {
     const __m512i mask = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
     for (int v = 0; v < 4; v++) {
+        prefetch_weights(qs + 64 * v, PREFETCH_BYTES);
         const __m512i x = _mm512_loadu_si512((const void *)(qs + 64 * v));
         _mm512_store_si512((void *)(tile + 64 * v), _mm512_sub_epi8(_mm512_and_si512(x, mask), eight));
         _mm512_store_si512((void *)(tile + 256 + 64 * v),
@@ -269,6 +282,9 @@ static inline __attribute__((always_inline)) void legacy_gemm(int64_t n, const v
             memset(acc, 0, (size_t)nt * sizeof acc[0]);
             for (int64_t i = 0; i < nb; i++) {
                 const size_t pair = (size_t)(i / 2) * pair_bytes, half = (size_t)(i % 2);
+                if (half == 0)
+                    for (int g = 0; g < ng; g++) /* the pair's scale line */
+                        prefetch_weights(grp[g] + pair + 2 * qs_bytes, PREFETCH_BYTES);
                 __m512 dw[2];
                 for (int g = 0; g < 2; g++)
                     dw[g] = _mm512_cvtph_ps(_mm256_load_si256(
@@ -376,6 +392,7 @@ static inline void q4_K_scaled_tile(const uint8_t *qs, __m512i shw, __m512i slw,
 {
     const __m512i mask = _mm512_set1_epi8(0x0f);
     for (int v = 0; v < 4; v++) {
+        prefetch_weights(qs + 64 * v, PREFETCH_BYTES);
         const __m512i x = _mm512_load_si512((const void *)(qs + 64 * v));
         const __m512i lo = _mm512_and_si512(x, mask), hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), mask);
         _mm512_store_si512((void *)(h + 128 * v), _mm512_mullo_epi16(lo, shw));
@@ -446,6 +463,9 @@ static void q4_K_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, 
             memset(acc, 0, (size_t)nt * sizeof acc[0]);
             for (int64_t sb = 0; sb < nsb; sb++) {
                 const uint8_t *blk[2] = {grp[0] + sb * Q4_K_SB_BYTES, grp[1] + sb * Q4_K_SB_BYTES};
+                for (int g = 0; g < ng; g++)
+                    for (int line = Q4_K_SC; line < Q4_K_SB_BYTES; line += 64)
+                        prefetch_weights(blk[g] + line, PREFETCH_BYTES);
                 for (int g = 0; g < ng; g++)
                     for (int j = 0; j < 8; j++) {
                         const __m512i sc =
@@ -672,35 +692,38 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
 /* ---- the formats ------------------------------------------------------------------- */
 
 /*
- * Below AMX_MIN_TOKENS tokens the AVX-512 kernels read the shared layouts
- * faster than the tiles: each 32-byte step of K costs the tiles a B-tile
- * unpack, a C-tile store and per (token, row) the block's scaling, whatever
- * the token count.  Measured on one core of a Sapphire-Rapids-class VM
- * (2026-12-03, 2048 x 7168 matrices streamed from memory), tiles / AVX-512
- * time: Q4_K 0.59 at 1 token, 0.64 at 16, 0.87 at 32, 0.89 at 64; Q8_0 0.64,
- * 0.76, 0.91, 1.01; Q4_0 0.60, 0.81, 0.97, 1.10.  So only a whole chunk of
- * 64 tokens goes to the tiles.  The emulated build takes the tiles at every
- * count, so the tests check them at every shape.
+ * Below a few tokens the AVX-512 kernels read the shared layouts faster than
+ * the tiles: each step of K costs the tiles a B-tile unpack (and Q8_0 / Q4_0
+ * a C-tile store and per (token, row) the block's scaling) whatever the
+ * token count.  Measured on one core of a Sapphire-Rapids-class VM
+ * (2026-12-03, 2048 x 7168 matrices streamed from memory, both kernels
+ * prefetching), AVX-512 time / tiles time: Q4_K 0.70 at 1 token, 0.80 at 8,
+ * 1.03 at 16, 1.30 at 32, 1.56 at 64; Q8_0 1.00 at 1, 1.19 at 4, 1.29 at 8,
+ * 1.50 at 32; Q4_0 0.87 at 1, 0.96 at 4, 1.21 at 6, 1.31 at 32.  The
+ * emulated build takes the tiles at every count, so the tests check them at
+ * every shape.
  */
 #ifdef KT_AMX_EMULATE
-#define AMX_MIN_TOKENS 1
+#define AMX_MIN_TOKENS_Q8_0 1
+#define AMX_MIN_TOKENS_Q4_0 1
 #define AMX_MIN_TOKENS_Q4_K 1
 #else
-#define AMX_MIN_TOKENS CHUNK_TOKENS
-#define AMX_MIN_TOKENS_Q4_K 40
+#define AMX_MIN_TOKENS_Q8_0 4
+#define AMX_MIN_TOKENS_Q4_0 6
+#define AMX_MIN_TOKENS_Q4_K 16
 #endif
 
 static void q8_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
-    (n_tok < AMX_MIN_TOKENS ? kt_packed_q8_0_avx512.gemm : q8_0_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
+    (n_tok < AMX_MIN_TOKENS_Q8_0 ? kt_packed_q8_0_avx512.gemm : q8_0_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
                                                                       y_stride);
 }
 
 static void q4_0_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
 {
-    (n_tok < AMX_MIN_TOKENS ? kt_packed_q4_0_avx512.gemm : q4_0_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
+    (n_tok < AMX_MIN_TOKENS_Q4_0 ? kt_packed_q4_0_avx512.gemm : q4_0_tiles)(n, w, n_rows, a, act_bytes, n_tok, y,
                                                                       y_stride);
 }
 
