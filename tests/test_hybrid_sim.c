@@ -27,7 +27,6 @@
 #include <unistd.h>
 
 #include "backend.h"
-#include "cpu/dispatch.h"
 #include "engine.h"
 #include "engine_test.h"
 #include "kt_cuda.h"
@@ -640,29 +639,6 @@ static void close_tiny(struct kt_model *m, const char *hf_weights, const char *p
     }
 }
 
-/* How close the hybrid engine's logits must be to CPU-only's: 0, the same
- * bits (the sim computes what the CPU does), unless the CPU runs a format that
- * is not its reference's bits where the sim runs the reference: the amx
- * level's BF16 experts (activations rounded to bf16, kernels/cpu/amx), whose
- * difference through the model is bounded relative to the largest logit
- * (measured on an AMX host, 2026-12-03: 0.0161 on tiny's INT4 checkpoint,
- * its BF16 shared experts on the CPU; the bound 0.03). */
-static double logit_tolerance;
-static double logit_worst; /* the largest relative difference compared under a tolerance */
-
-static bool same_logits(const float *got, const float *want, size_t V)
-{
-    if (logit_tolerance == 0)
-        return !memcmp(got, want, V * sizeof *got);
-    double top = 0, diff = 0;
-    for (size_t v = 0; v < V; v++) {
-        top = fmax(top, fabs(want[v]));
-        diff = fmax(diff, fabs((double)got[v] - want[v]));
-    }
-    logit_worst = fmax(logit_worst, diff / (top + 1e-30));
-    return isfinite(diff) && diff <= logit_tolerance * top;
-}
-
 /* An engine of params p and a CPU-only one, sequence 0 added to both, the
  * prompt stepped through both: true when their logits are the same bits
  * (*e and *ref NULL when they could not be made). */
@@ -682,7 +658,7 @@ static bool lockstep_prompt(struct kt_model *m, const struct kt_engine_params *p
         return false;
     }
     const bool same = step_seq0(*e, prompt, PROMPT_LEN, 0, got, &err) == KT_OK &&
-                      step_seq0(*ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && same_logits(got, want, V);
+                      step_seq0(*ref, prompt, PROMPT_LEN, 0, want, &err) == KT_OK && !memcmp(got, want, V * sizeof *got);
     KT_CHECK(same, "%s: the prompt's logits equal CPU-only's (%s)", name, err.msg);
     return same;
 }
@@ -705,10 +681,6 @@ static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy,
     struct kt_model *m = open_tiny(hf_weights, "cache-hf", path, sizeof path);
     if (!m)
         return;
-    /* Kimi's INT4 checkpoint keeps BF16 elsewhere: its shared experts are CPU-only's BF16 units */
-    const struct kt_packed_format *bf16 = kt_cpu_kernels()->type[KT_TYPE_BF16].packed;
-    logit_tolerance = hf_weights && !strcmp(hf_weights, "int4-experts") && bf16 && !bf16->exact ? 3e-2 : 0;
-    logit_worst = 0;
     const char *name = hf_weights ? hf_weights : policy == KT_EXPERT_CACHE_LFU ? "lfu" : "lru";
     const size_t V = m->hp.n_vocab;
     const uint32_t Ne = m->hp.n_expert, k = m->hp.n_expert_used, STEPS = 40, SLOTS = 4;
@@ -739,7 +711,7 @@ static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy,
             KT_CHECK(0, "%s: step %u: %s", name, s, err.msg);
             break;
         }
-        differ += !same_logits(got, want, V);
+        differ += memcmp(got, want, V * sizeof *got) != 0;
     }
     KT_CHECK(same && differ == 0, "%s: %u of %u decode steps' logits differ from CPU-only's", name, differ, STEPS);
     struct kt_expert_cache_stats cs;
@@ -785,13 +757,9 @@ static void expert_cache_matches_cpu_only_on(enum kt_expert_cache_policy policy,
     }
     KT_CHECK(step_seq0(e, prompt, 1, PROMPT_LEN + STEPS, got, &err) == KT_OK &&
                  step_seq0(ref, prompt, 1, PROMPT_LEN + STEPS, want, &err) == KT_OK &&
-                 same_logits(got, want, V),
+                 !memcmp(got, want, V * sizeof *got),
              "%s: after the moves the logits still equal CPU-only's", name);
-    if (logit_tolerance > 0)
-        printf("  %s: logits within %.3g of the largest (tolerance %g: the amx level's BF16 shared experts)\n", name,
-               logit_worst, logit_tolerance);
 done:
-    logit_tolerance = 0;
     kt_engine_destroy(e);
     kt_engine_destroy(ref);
     free(got), free(want);
