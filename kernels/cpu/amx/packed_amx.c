@@ -79,11 +79,6 @@ static inline int64_t min_i64(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-static inline size_t round_up_64(size_t bytes)
-{
-    return (bytes + 63) & ~(size_t)63;
-}
-
 
 /* Tokens per chunk of a call: at most CHUNK_TOKENS, as even as whole token
  * tiles allow (96 tokens: 48 + 48, not 64 + 32, whose short chunk pays a
