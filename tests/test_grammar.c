@@ -713,7 +713,7 @@ static void free_text_until_a_special_token(void)
 {
     struct kt_grammar *g;
     kt_err err = {0};
-    uint32_t open, text, close, body, root;
+    uint32_t open = 0, text = 0, close = 0, body = 0, root = 0;
     int32_t think = V.call + 1; /* TOK_THINK follows TOK_CALL */
     kt_status st = kt_grammar_create(&g, &err);
     if (st == KT_OK)
@@ -761,7 +761,7 @@ static void special_tokens_frame_a_tool_call(void)
 {
     kt_err err = {0};
     struct kt_grammar *g;
-    uint32_t tok, name, sep, args, root;
+    uint32_t tok = 0, name = 0, sep = 0, args = 0, root = 0;
     KT_CHECK(kt_grammar_create(&g, &err) == KT_OK, "create");
     json_t *params = json_loads("{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":4}},"
                                 "\"required\":[\"city\"]}", 0, NULL);

@@ -35,8 +35,8 @@ static const char *const texts[] = {
     "数学是科学的语言。日本語のテキストも。한국어 문장입니다.",
     "Emoji: 🙂🚀 and accents: café, naïve, Ångström; numbers 1234567890 3.14159",
     "<|im_start|>user\nHi<|im_end|><|im_start|>assistant\n",
-    "<|im_system|>system<|im_middle|>You are Kimi.<|im_end|><|im_user|>user<|im_middle|>写一首诗<|im_end|>"
-    "<|im_assistant|>assistant<|im_middle|><think>[EOS]<|tool_call_begin|>[BOS]",
+    ("<|im_system|>system<|im_middle|>You are Kimi.<|im_end|><|im_user|>user<|im_middle|>写一首诗<|im_end|>"
+     "<|im_assistant|>assistant<|im_middle|><think>[EOS]<|tool_call_begin|>[BOS]"), /* one text */
     "<｜begin▁of▁sentence｜><｜User｜>こんにちは 👋🏽<｜Assistant｜><think>\n</think>\n\n<｜end▁of▁sentence｜>",
     "for (int i = 0; i < n; i++) { sum += a[i] * b[i]; }  // 0x7fff_ffff\n#include <stdio.h>\r\n",
     "   leading spaces and trailing   ",
