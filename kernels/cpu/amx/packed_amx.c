@@ -8,8 +8,9 @@
  * and group_bytes are that level's), so one packed copy of an expert serves
  * both kernels: a call of fewer than a few tokens (AMX_MIN_TOKENS_*: decode)
  * runs the AVX-512 VNNI kernel, and a larger one the tiles.  Both are the
- * reference bit for bit, so the switch changes no output.  (Before 2026-12 the tiles had layouts of their own and
- * served decode too, at 0.62-0.94 x the AVX-512 kernels' GB/s.)
+ * reference bit for bit, so the switch changes no output.  (Before 2026-12
+ * the tiles had layouts of their own and served decode too, at 0.62-0.94 x
+ * the AVX-512 kernels' GB/s.)
  *
  * A C tile is tokens x weight rows: the A tile holds up to 16 tokens (the
  * integer products load it straight from the activation rows, row stride
@@ -79,7 +80,6 @@ static inline int64_t min_i64(int64_t a, int64_t b)
     return a < b ? a : b;
 }
 
-
 /* Tokens per chunk of a call: at most CHUNK_TOKENS, as even as whole token
  * tiles allow (96 tokens: 48 + 48, not 64 + 32, whose short chunk pays a
  * whole pass's weight unpacking for half the products). */
@@ -90,15 +90,9 @@ static inline int64_t chunk_tokens(int64_t n_tok)
     return min_i64(CHUNK_TOKENS, (even + TILE_TOKENS - 1) / TILE_TOKENS * TILE_TOKENS);
 }
 
-/* Prefetches the weight line `ahead` bytes past p (an integer address: it may
- * lie past the buffer, and a prefetch never faults).  The tiles read the
- * weights once per pass, streamed from memory as the AVX-512 kernels do. */
-static inline __attribute__((always_inline)) void prefetch_weights(const void *p, size_t ahead)
-{
-    _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
-}
-
-#define PREFETCH_BYTES 4096
+/* The tiles stream the weights once per pass, prefetched as the AVX-512 kernels do. */
+#define prefetch_weights kt_packed_prefetch
+#define PREFETCH_BYTES KT_PACKED_PREFETCH_BYTES
 
 /* The first k lanes of 16 (k clamped to 0..16). */
 static inline __mmask16 first_lanes(int64_t k)
@@ -197,10 +191,10 @@ static inline void int8_token_tile(struct kt_amx_tiles *s, bool tail, bool two_g
  *       nibbles and rows 4 + kk the high, int8 in [-8, 7];
  *       d[r] fp16 at 512 + 32 (i%2).
  */
-#define Q8_0_PAIR_BYTES 1088
-#define Q8_0_QS_BYTES 512
-#define Q4_0_PAIR_BYTES 576
-#define Q4_0_QS_BYTES 256
+#define Q8_0_PAIR_BYTES KT_PACKED_Q8_0_PAIR_BYTES
+#define Q8_0_QS_BYTES (KT_PACKED_Q8_0_D / 2) /* a block's quants; the pair's scales follow both */
+#define Q4_0_PAIR_BYTES KT_PACKED_Q4_0_PAIR_BYTES
+#define Q4_0_QS_BYTES (KT_PACKED_Q4_0_D / 2)
 
 static size_t q8_0_group_bytes(int64_t n)
 {
@@ -344,11 +338,11 @@ static void q4_0_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, 
  *       sub-block j, u8;
  *   d[16], dmin[16] fp16 at 2304 and 2336.
  */
-#define Q4_K_SC 2048
-#define Q4_K_M 2176
-#define Q4_K_D 2304
-#define Q4_K_DMIN 2336
-#define Q4_K_SB_BYTES 2368 /* 37 * 64 */
+#define Q4_K_SC KT_PACKED_Q4_K_SC
+#define Q4_K_M KT_PACKED_Q4_K_M
+#define Q4_K_D KT_PACKED_Q4_K_D
+#define Q4_K_DMIN KT_PACKED_Q4_K_DMIN
+#define Q4_K_SB_BYTES KT_PACKED_Q4_K_SB_BYTES
 
 static size_t q4_K_group_bytes(int64_t n)
 {

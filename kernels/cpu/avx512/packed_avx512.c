@@ -40,17 +40,8 @@ static inline __mmask16 row_mask(int64_t rows_left)
     return rows_left >= ROWS ? (__mmask16)0xffff : (__mmask16)((1u << rows_left) - 1);
 }
 
-/* Prefetches the weight line `ahead` bytes past p (an integer address: it may
- * lie past the end of the buffer, and a prefetch never faults).  Always
- * inlined: GCC 12 deems a function holding only a prefetch const and drops
- * the calls it did not inline. */
-static inline __attribute__((always_inline)) void prefetch_weights(const void *p, size_t ahead)
-{
-    _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
-}
-
-/* Streaming distance for the decode shape (see KT_AVX2_PREFETCH_BYTES). */
-#define PREFETCH_BYTES 4096
+#define prefetch_weights kt_packed_prefetch
+#define PREFETCH_BYTES KT_PACKED_PREFETCH_BYTES /* streaming distance (see KT_AVX2_PREFETCH_BYTES) */
 
 /* ---- the inner products are asm ------------------------------------------------- */
 
@@ -98,11 +89,11 @@ static inline __attribute__((always_inline)) void prefetch_weights(const void *p
  * sum_j m_j * (bsums[2j] + bsums[2j+1]) is vpdpwssd of (m_j, m_j) against
  * the broadcast bsums pair, exact for any int16 bsums.
  */
-#define Q4K_SB_BYTES 2368
-#define Q4K_SC 2048
-#define Q4K_M 2176
-#define Q4K_D 2304
-#define Q4K_DMIN 2336
+#define Q4K_SB_BYTES KT_PACKED_Q4_K_SB_BYTES
+#define Q4K_SC KT_PACKED_Q4_K_SC
+#define Q4K_M KT_PACKED_Q4_K_M
+#define Q4K_D KT_PACKED_Q4_K_D
+#define Q4K_DMIN KT_PACKED_Q4_K_DMIN
 #define Q8K_QS 4      /* offsetof(struct kt_block_q8_K, qs) */
 #define Q8K_BSUMS 260 /* offsetof(struct kt_block_q8_K, bsums) */
 
@@ -411,10 +402,10 @@ const struct kt_packed_format kt_packed_q4_K_avx512 = {
  * rows past n_rows in the last group are zero bytes throughout (a Q4_0
  * padding row has d = +0: every term is a zero, and its sum stays +0).
  */
-#define Q8_0_PAIR_BYTES 1088
-#define Q8_0_D 1024
-#define Q4_0_PAIR_BYTES 576
-#define Q4_0_D 512
+#define Q8_0_PAIR_BYTES KT_PACKED_Q8_0_PAIR_BYTES
+#define Q8_0_D KT_PACKED_Q8_0_D
+#define Q4_0_PAIR_BYTES KT_PACKED_Q4_0_PAIR_BYTES
+#define Q4_0_D KT_PACKED_Q4_0_D
 
 static_assert(Q8_0_PAIR_BYTES % 64 == 0 && Q4_0_PAIR_BYTES % 64 == 0, "legacy pair slices stay 64-byte aligned");
 
