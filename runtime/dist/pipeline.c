@@ -13,6 +13,7 @@
 #include <time.h>
 
 #define MAX_MICRO 16
+#define FOLLOWER_SENDS 2 /* a follower alternates two send buffers (pass_on's turn) */
 #define DEFAULT_TIMEOUT_MS 120000
 
 /* ---- messages ---------------------------------------------------------------------------- */
@@ -132,7 +133,7 @@ static kt_status hook_seq(void *ctx, enum kt_engine_seq_op op, uint32_t seq, uin
 static void hook_progress(void *ctx)
 {
     struct kt_pipeline *p = ctx;
-    kt_transport_progress(p->t, p->out_req, p->rank == 0 ? (int)p->micro : 2);
+    kt_transport_progress(p->t, p->out_req, p->rank == 0 ? (int)p->micro : FOLLOWER_SENDS);
 }
 
 /* A batch every sequence of which has one token (decode), split when it has two or more. */
@@ -483,7 +484,7 @@ kt_status kt_pipeline_follow(struct kt_pipeline *p, kt_err *err)
             break;
     }
     kt_err ignored = {0};
-    for (int i = 0; i < 2 && st == KT_OK; i++)
+    for (int i = 0; i < FOLLOWER_SENDS && st == KT_OK; i++)
         wait_req(p, &p->out_req[i], p->timeout_ms, NULL, "sending a step to", last ? 0 : p->rank + 1, &ignored);
     return st;
 }
