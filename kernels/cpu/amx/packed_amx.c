@@ -1,8 +1,9 @@
 /*
  * packed_amx.c - expert weights packed for AMX tiles, and the products
  * y[t][r] = dot(W[r], A[t]) that read them: Q8_0, Q4_0 and Q4_K with AMX-INT8
- * (bit for bit the reference), BF16 with AMX-BF16 (not exact: activations
- * are rounded to bf16).  The amx level's packed rows (kernels/cpu/dispatch.c).
+ * (bit for bit the reference), BF16 with AMX-BF16 (a float GEMM's accuracy,
+ * not the reference's bits: activations as two bf16 terms).  The amx level's
+ * packed rows (kernels/cpu/dispatch.c).
  *
  * The integer formats share the avx512 level's layouts (packed_avx512.c: pack
  * and group_bytes are that level's), so one packed copy of an expert serves
@@ -542,18 +543,24 @@ static void q4_K_tiles(int64_t n, const void *w, int64_t n_rows, const void *a, 
     kt_amx_release(&tiles);
 }
 
-/* ---- BF16 x F32 (activations rounded to bf16) ---------------------------------- */
+/* ---- BF16 x F32 (activations as two bf16 terms) -------------------------------- */
 
 /*
  * A group of 16 rows, per step k of 32 elements (ceil(n/32) steps, so any
  * n): [kk][r][e] bf16 = row r's element 32k + 2kk + e (zero past n), one
  * 16 x 64-byte B tile.
  *
- * The result is not the reference's: each activation is rounded to bf16
- * (nearest even, denormals to zero: VCVTNE2PS2BF16) and the products, exact
- * in fp32, are summed in fp32 by the tile (nearest even at every step)
- * instead of in double.  |y - ref| <= (2^-8 + n * 2^-23) * sum|w_i * a_i|,
- * checked by tests/test_kernels_amx.c.
+ * The result is not the reference's: each activation a is split into two
+ * bf16 terms, hi = bf16(a) and lo = bf16(a - hi) (nearest even, denormals
+ * to zero: VCVTNE2PS2BF16; a - hi is exact in fp32), so hi + lo keeps 16 of
+ * a's 24 bits, |a - hi - lo| <= 2^-16 |a|.  Both terms' products with the
+ * weights, exact in fp32, are summed in fp32 by the tile (nearest even at
+ * every step) instead of in double:
+ *     |y - ref| <= (2^-16 + n * 2^-23) * sum|w_i * a_i|,
+ * a float GEMM's error, checked by tests/test_kernels_amx.c.  (One term,
+ * bf16(a) alone, was 2^-8: end to end that showed; see fill_amx in
+ * kernels/cpu/dispatch.c.)  The second term doubles the tile products, for
+ * 2.4-3.4 x the avx512 BF16 GEMM still (8 to 128 tokens, one core).
  */
 #define BF16_TILE_BYTES 1024
 
@@ -586,9 +593,10 @@ static void bf16_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows
     }
 }
 
-/* x[m / 16][m % 16][e] = bf16(token m's element 32k + e), zero past n; m < nt. */
+/* x[s][m / 16][m % 16][e] = term s of token m's element 32k + e, zero past n
+ * (m < nt): term 0 = bf16(a), term 1 = bf16(a - term 0). */
 static inline void bf16_activations(const uint8_t *act, size_t act_bytes, int64_t nt, int64_t n, int64_t k,
-                                    uint16_t x[2][TILE_TOKENS][32])
+                                    uint16_t x[2][2][TILE_TOKENS][32])
 {
     const int64_t left = n - 32 * k;
     const __mmask16 lo_lanes = first_lanes(left), hi_lanes = first_lanes(left - 16);
@@ -596,10 +604,16 @@ static inline void bf16_activations(const uint8_t *act, size_t act_bytes, int64_
         const float *row = (const float *)(const void *)(act + (size_t)m * act_bytes) + 32 * k;
         const __m512 lo = _mm512_maskz_loadu_ps(lo_lanes, row);
         const __m512 hi = hi_lanes ? _mm512_maskz_loadu_ps(hi_lanes, row + 16) : _mm512_setzero_ps();
-        _mm512_store_si512((void *)x[m / TILE_TOKENS][m % TILE_TOKENS], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        const __m512i t0 = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        /* the terms' floats: bf16 widened by a 16-bit shift, exactly */
+        const __m512 lo0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(t0)), 16));
+        const __m512 hi0 =
+            _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(t0, 1)), 16));
+        _mm512_store_si512((void *)x[0][m / TILE_TOKENS][m % TILE_TOKENS], t0);
+        _mm512_store_si512((void *)x[1][m / TILE_TOKENS][m % TILE_TOKENS],
+                           (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(hi, hi0), _mm512_sub_ps(lo, lo0)));
     }
 }
-
 /* y[t * y_stride + r] = c[t][r] for t < min(tokens, 16), r < min(rows, 16). */
 static void store_tile(const float c[TILE_TOKENS][GROUP_ROWS], int64_t tokens, int64_t rows, float *y,
                        int64_t y_stride)
@@ -610,8 +624,9 @@ static void store_tile(const float c[TILE_TOKENS][GROUP_ROWS], int64_t tokens, i
 
 /*
  * Blocks of 32 tokens x 32 rows: four C tiles stay in the tiles across all
- * of K.  The activations are converted to bf16 per step into a 2 KiB buffer
- * (again for every pair of groups: the price of not allocating).
+ * of K.  The activations are split into their two bf16 terms per step into
+ * a 4 KiB buffer (again for every pair of groups: the price of not
+ * allocating); the weight tiles of a step serve both terms.
  */
 static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
                       float *y, int64_t y_stride)
@@ -619,7 +634,7 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
     const int64_t nk = (n + 31) / 32;
     const size_t group_bytes = bf16_group_bytes(n);
     const uint8_t *act = a;
-    _Alignas(64) uint16_t x[2][TILE_TOKENS][32];
+    _Alignas(64) uint16_t x[2][2][TILE_TOKENS][32]; /* [term][token tile] */
     _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
     struct kt_amx_tilecfg cfg;
     struct kt_amx_tiles tiles;
@@ -643,18 +658,20 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
             kt_amx_zero(&tiles, TILE_Y11);
             for (int64_t k = 0; k < nk; k++) {
                 bf16_activations(tok, act_bytes, nt, n, k, x);
-                kt_amx_load(&tiles, TILE_X0, x[0], 64);
                 kt_amx_load(&tiles, TILE_W0, w0 + k * BF16_TILE_BYTES, 64);
-                kt_amx_dpbf16ps(&tiles, TILE_Y00, TILE_X0, TILE_W0);
-                if (two_groups) {
+                if (two_groups)
                     kt_amx_load(&tiles, TILE_W1, w1 + k * BF16_TILE_BYTES, 64);
-                    kt_amx_dpbf16ps(&tiles, TILE_Y01, TILE_X0, TILE_W1);
-                }
-                if (two_tiles) {
-                    kt_amx_load(&tiles, TILE_X1, x[1], 64);
-                    kt_amx_dpbf16ps(&tiles, TILE_Y10, TILE_X1, TILE_W0);
+                for (int s = 0; s < 2; s++) { /* the two terms, into the same sums */
+                    kt_amx_load(&tiles, TILE_X0, x[s][0], 64);
+                    kt_amx_dpbf16ps(&tiles, TILE_Y00, TILE_X0, TILE_W0);
                     if (two_groups)
-                        kt_amx_dpbf16ps(&tiles, TILE_Y11, TILE_X1, TILE_W1);
+                        kt_amx_dpbf16ps(&tiles, TILE_Y01, TILE_X0, TILE_W1);
+                    if (two_tiles) {
+                        kt_amx_load(&tiles, TILE_X1, x[s][1], 64);
+                        kt_amx_dpbf16ps(&tiles, TILE_Y10, TILE_X1, TILE_W0);
+                        if (two_groups)
+                            kt_amx_dpbf16ps(&tiles, TILE_Y11, TILE_X1, TILE_W1);
+                    }
                 }
             }
             float *y0 = y + t0 * y_stride + r0;
