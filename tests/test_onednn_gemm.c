@@ -16,6 +16,9 @@
 #include "onednn_gemm.h"
 #include "quant.h"
 #include "pool.h"
+#ifdef KT_HAVE_AMX_KERNELS
+#include "cpu/amx/packed_amx.h"
+#endif
 
 #include <dirent.h>
 #include <math.h>
@@ -157,7 +160,9 @@ static void calls_start_no_threads(void)
  * kt_matmul_q sends F32 and BF16 products of 64 tokens or more over 2048
  * rows or more to oneDNN (runtime/forward/matmul.c): within the bound, not vec_dot's
  * bits everywhere (so that path is the one taken; at the scalar level it is
- * never taken), and the same bits for 1 and 3 threads (fixed 128-row slices),
+ * never taken; BF16 at the amx level goes to the AMX tiles instead, within
+ * their bound and equal to kt_packed_bf16_amx's bits), and the same bits for
+ * 1 and 3 threads (fixed 128-row slices),
  * and no thread left behind once the pools are gone.
  */
 static void matmul_sends_large_float_products_to_onednn(void)
@@ -198,6 +203,9 @@ static void matmul_sends_large_float_products_to_onednn(void)
         const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(type);
         const size_t act_bytes = kt_act_row_bytes(type, n_in);
         int bad = 0, not_vec_dot = 0;
+        /* oneDNN: any float order; the amx level's BF16 tiles: two bf16 terms per activation, fp32 sums */
+        const bool amx_tiles = type == KT_TYPE_BF16 && kt_cpu_kernels()->isa == KT_ISA_AMX;
+        const double bound_per_mag = amx_tiles ? 0x1p-16 + (double)n_in * 0x1p-23 : (double)n_in * 0x1p-24;
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t o = 0; o < n_out; o++) {
                 double exact = 0.0, mag = 0.0;
@@ -207,7 +215,7 @@ static void matmul_sends_large_float_products_to_onednn(void)
                     mag += fabs(p);
                 }
                 const float got = y1[t * n_out + o];
-                bad += !(fabs((double)got - exact) <= (double)n_in * 0x1p-24 * mag + 0x1p-126);
+                bad += !(fabs((double)got - exact) <= bound_per_mag * mag + 0x1p-126);
                 float want;
                 k->vec_dot(n_in, &want, m.data + (size_t)o * m.row_bytes, xq + (size_t)t * act_bytes);
                 not_vec_dot += memcmp(&got, &want, sizeof got) != 0;
@@ -217,6 +225,23 @@ static void matmul_sends_large_float_products_to_onednn(void)
         KT_CHECK(scalar ? not_vec_dot == 0 : not_vec_dot > 0,
                  "%s: %d outputs differ from vec_dot at the %s level (oneDNN %s)", kt_type_name(type), not_vec_dot,
                  kt_isa_name(kt_cpu_kernels()->isa), scalar ? "ran at the reference level" : "was not used");
+#ifdef KT_HAVE_AMX_KERNELS
+        if (amx_tiles) {
+            /* the amx level's BF16 goes to the tiles: the packed format's bits exactly */
+            const struct kt_packed_format *f = &kt_packed_bf16_amx;
+            const size_t bytes = (kt_packed_bytes(f, n_in, n_out) + 63) / 64 * 64;
+            void *packed = aligned_alloc(64, bytes);
+            float *yt = kt_test_xmalloc((size_t)(n_tok * n_out) * sizeof *yt);
+            KT_CHECK(packed != NULL, "no memory for the packed matrix");
+            if (packed) {
+                f->pack(n_in, m.data, m.row_bytes, n_out, packed);
+                f->gemm(n_in, packed, n_out, xq, act_bytes, n_tok, yt, n_out);
+                KT_CHECK(memcmp(yt, y1, (size_t)(n_tok * n_out) * sizeof *yt) == 0,
+                         "bf16 at the amx level: not the AMX tiles' bits");
+            }
+            free(packed), free(yt);
+        }
+#endif
         free(wf), free(wb), free(x), free(xq), free(y1), free(y3);
     }
 done:

@@ -272,20 +272,20 @@ static void fill_avx512(struct kt_cpu_kernels *t)
 #ifdef KT_HAVE_AMX_KERNELS
 #include "cpu/amx/packed_amx.h"
 
-/* The avx512 rows, integer weights packed for AMX tiles.  Not BF16, though
- * its tiles are now a float GEMM's accuracy (each activation split into two
- * bf16 terms, hi = bf16(a) and lo = bf16(a - hi): 2^-16 + n * 2^-23 of
- * sum |w a| at worst, against 2^-8 with one term): every placement must
- * give the same bits (kt-bench check's file-reading reference, the sim
- * device, a token alone or in a batch), and only the packed rows would take
- * the tiles while GGUF rows and decode-sized calls elsewhere keep the AVX-512
- * float order.  Measured with the level packing BF16 (an AMX host,
- * 2026-12-03): test_hf_model's check of an INT4 directory at worst row 0.088
- * instead of 0 (0.169 with one term), test_hybrid_sim's INT4 checkpoint
- * unequal to CPU-only; 2.4-3.4 x the avx512 BF16 GEMM from 8 to 128 tokens
- * and the same GB/s at one.  To take them, the level's BF16 row kernels
- * (gemv and gemm) must run the same tile sequence on rows converted per
- * step, so every BF16 product at this level has one numerics. */
+/* The avx512 rows, integer weights packed for AMX tiles.  BF16 is not in
+ * the table, though its tiles are a float GEMM's accuracy (each activation
+ * split into two bf16 terms, hi = bf16(a) and lo = bf16(a - hi): 2^-16 +
+ * n * 2^-23 of sum |w a| at worst, against 2^-8 with one term): every
+ * placement must give the same bits (kt-bench check's file-reading
+ * reference, the sim device, a token alone or in a batch), and packed rows
+ * alone would take the tiles while GGUF rows and decode-sized calls keep
+ * the AVX-512 float order.  Measured with the level packing BF16 (an AMX
+ * host, 2026-12-03): test_hf_model's check of an INT4 directory at worst row
+ * 0.088 instead of 0 (0.169 with one term), test_hybrid_sim's INT4
+ * checkpoint unequal to CPU-only.  The tiles serve BF16 where the engine
+ * already leaves vec_dot's bits, whatever the placement: the large
+ * products that went to oneDNN (runtime/forward/matmul.c, amx_bf16_slice,
+ * which packs each slice per call). */
 static void fill_amx(struct kt_cpu_kernels *t)
 {
     fill_avx512(t);

@@ -595,14 +595,33 @@ static size_t bf16_group_bytes(int64_t n)
 static void bf16_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
 {
     const size_t group_bytes = bf16_group_bytes(n);
+    const int64_t full_steps = n / 32;
+    /* dword r of a tile row kk: row r's pair kk, gathered 16 rows at a time */
+    const __m512i rows = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32((int)(row_bytes / 4)));
     for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
         uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
-        memset(grp, 0, group_bytes);
-        for (int64_t r = 0; r < GROUP_ROWS && g * GROUP_ROWS + r < n_rows; r++) {
-            const kt_bf16 *x = (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
-            for (int64_t i = 0; i < n; i += 2) /* one pair (or the last element) at a time */
-                memcpy(grp + (i / 32) * BF16_TILE_BYTES + 64 * ((i % 32) / 2) + 4 * r, x + i,
-                       (size_t)min_i64(2, n - i) * sizeof(kt_bf16));
+        const uint8_t *src = (const uint8_t *)w + (size_t)(g * GROUP_ROWS) * row_bytes;
+        const int64_t nr = min_i64(GROUP_ROWS, n_rows - g * GROUP_ROWS);
+        if (nr == GROUP_ROWS && row_bytes % 4 == 0 && row_bytes / 4 <= INT32_MAX / GROUP_ROWS) {
+            for (int64_t k = 0; k < full_steps; k++)
+                for (int kk = 0; kk < 16; kk++)
+                    _mm512_store_si512((void *)(grp + k * BF16_TILE_BYTES + 64 * kk),
+                                       _mm512_i32gather_epi32(rows, (const void *)(src + 64 * k + 4 * kk), 4));
+        } else {
+            memset(grp, 0, (size_t)full_steps * BF16_TILE_BYTES);
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t i = 0; i < full_steps * 32; i += 2)
+                    memcpy(grp + (i / 32) * BF16_TILE_BYTES + 64 * ((i % 32) / 2) + 4 * r,
+                           src + (size_t)r * row_bytes + 2 * i, 2 * sizeof(kt_bf16));
+        }
+        if (full_steps * 32 < n) { /* the last step, zero past n: one pair (or the last element) at a time */
+            uint8_t *tile = grp + full_steps * BF16_TILE_BYTES;
+            memset(tile, 0, BF16_TILE_BYTES);
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t i = full_steps * 32; i < n; i += 2)
+                    memcpy(tile + 64 * ((i % 32) / 2) + 4 * r, src + (size_t)r * row_bytes + 2 * i,
+                           (size_t)min_i64(2, n - i) * sizeof(kt_bf16));
         }
     }
 }

@@ -3,10 +3,12 @@
  *
  * Q8_0, Q4_0 and Q4_K are multiplied with AMX-INT8 (decode-sized calls with
  * the AVX-512 kernels over the same layout) and equal the reference vec_dot
- * bit for bit; BF16 with AMX-BF16 on activations rounded to bf16, which the
- * f32 reference does not do (exact = false; tolerance in
- * tests/test_kernels_amx.c; not in the amx level's table, see
- * kernels/cpu/dispatch.c).  16 rows per group, any row count and token count;
+ * bit for bit; BF16 with AMX-BF16 on activations split into two bf16 terms,
+ * a float GEMM's accuracy, not the f32 reference's bits (exact = false;
+ * tolerance in tests/test_kernels_amx.c; not in the amx level's table, see
+ * kernels/cpu/dispatch.c: runtime/forward/matmul.c packs BF16 slices for it
+ * where large float products leave vec_dot's bits anyway).  16 rows per
+ * group, any row count and token count;
  * Q8_0 and Q4_0 need n a multiple of 32, Q4_K of 256, BF16 any n.  The gemm
  * functions execute tile instructions: call them only where the amx level's
  * CPUID check and permission hold (its table, its tests, kt-bench), never on
