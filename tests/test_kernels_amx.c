@@ -27,6 +27,7 @@
 #include "cpu/amx/amx_ops.h"
 #include "cpu/amx/packed_amx.h"
 #include "cpu/dispatch.h"
+#include "hf_formats.h"
 #include "quant.h"
 
 #include <math.h>
@@ -43,6 +44,7 @@ extern const struct kt_packed_format kt_packed_q8_0_amx_emulated;
 extern const struct kt_packed_format kt_packed_q4_0_amx_emulated;
 extern const struct kt_packed_format kt_packed_q4_K_amx_emulated;
 extern const struct kt_packed_format kt_packed_bf16_amx_emulated;
+extern const struct kt_packed_format kt_packed_fp8_b128_amx_emulated;
 #endif
 
 /* ---------------------------------------------------------------------------- */
@@ -306,7 +308,7 @@ static const float SENTINEL = -12345.678f;
 static void make_row(int type, int64_t n, int64_t r, uint8_t *w)
 {
     const struct kt_type_traits *tr = kt_type_traits(type);
-    const int kind = type == KT_TYPE_BF16 ? 0 : (int)(r % 3);
+    const int kind = type == KT_TYPE_BF16 || type == KT_TYPE_FP8_B128 ? 0 : (int)(r % 3);
     if (kind == 0) {
         float *x = kt_test_xmalloc((size_t)n * sizeof *x);
         const float scale = ldexpf(0.5f, (int)(r % 5) - 2);
@@ -442,6 +444,29 @@ static void bf16_bounds(const struct problem *p, int64_t r, int64_t t, double *r
     *abs_rounded = arr;
 }
 
+/* FP8_B128's version of bf16_bounds: the exact sum on the kernel's terms,
+ * sum_b d_b * sum e4m3(q_i) * (hi_i + lo_i), and sum |w_i a_i| with w_i the
+ * reference's fp32(e4m3(q_i) * d_b). */
+static void fp8_bounds(const struct problem *p, int64_t r, int64_t t, double *rounded_sum, double *abs_ref,
+                       double *abs_rounded)
+{
+    const struct kt_block_fp8_b128 *w = (const void *)(p->w + (size_t)r * p->row_bytes);
+    const float *a = (const void *)(p->a + (size_t)t * p->act_bytes);
+    double s = 0, ar = 0, arr = 0;
+    for (int64_t i = 0; i < p->n; i++) {
+        const struct kt_block_fp8_b128 *b = &w[i / KT_QK_FP8];
+        const double e = kt_fp8_e4m3_to_f32(b->q[i % KT_QK_FP8]), d = b->d;
+        const float hi = kt_bf16_to_fp32(kt_fp32_to_bf16(a[i]));
+        const float lo = kt_bf16_to_fp32(kt_fp32_to_bf16(a[i] - hi));
+        s += d * e * hi + d * e * lo;
+        ar += fabs((double)(float)(e * d) * a[i]);
+        arr += fabs(d * e * hi) + fabs(d * e * lo);
+    }
+    *rounded_sum = s;
+    *abs_ref = ar;
+    *abs_rounded = arr;
+}
+
 /* Runs the format on one shape and compares every pair with the reference. */
 static void check_shape(const struct kt_packed_format *f, int type, int64_t n, int64_t n_rows, int64_t n_tok,
                         struct tally *tl)
@@ -471,9 +496,13 @@ static void check_shape(const struct kt_packed_format *f, int type, int64_t n, i
                 bad = f32_bits(got) != f32_bits(want);
             } else {
                 double rounded, abs_ref, abs_rounded;
-                bf16_bounds(&p, r, t, &rounded, &abs_ref, &abs_rounded);
-                const double bound_ref = (ldexp(1, -16) + (double)n * ldexp(1, -23)) * abs_ref + 1e-30;
-                const double bound_rounded = (double)n * ldexp(1, -23) * abs_rounded + 1e-30;
+                /* FP8: each block's sum is scaled and added once more, and the
+                 * reference's own weights are rounded (2^-24 each) */
+                const bool fp8 = type == KT_TYPE_FP8_B128;
+                (fp8 ? fp8_bounds : bf16_bounds)(&p, r, t, &rounded, &abs_ref, &abs_rounded);
+                const double steps = (double)n + (fp8 ? 2.0 * (double)n / KT_QK_FP8 : 0.0);
+                const double bound_ref = (ldexp(1, -16) + (fp8 ? ldexp(1, -23) : 0) + steps * ldexp(1, -23)) * abs_ref + 1e-30;
+                const double bound_rounded = steps * ldexp(1, -23) * abs_rounded + 1e-30;
                 const double e_ref = fabs((double)got - want) / bound_ref;
                 const double e_rounded = fabs((double)got - rounded) / bound_rounded;
                 tl->worst_vs_ref = fmax(tl->worst_vs_ref, e_ref);
@@ -556,6 +585,7 @@ static const int64_t q8_0_ns[] = {32, 96, 2048};
 static const int64_t q4_0_ns[] = {32, 96, 2048, 7168}; /* 7168: Kimi-K2's hidden size */
 static const int64_t q4_K_ns[] = {256, 512, 7168};
 static const int64_t bf16_ns[] = {64, 96, 100, 120, 7168}; /* any n: K steps of 32, zero-padded */
+static const int64_t fp8_ns[] = {128, 384, 7168}; /* blocks of 128 */
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static void emulated_q8_0_equals_the_reference_bit_for_bit(void)
@@ -576,6 +606,11 @@ static void emulated_q4_K_equals_the_reference_bit_for_bit(void)
 static void emulated_bf16_stays_within_the_bf16_tolerance(void)
 {
     check_format(&kt_packed_bf16_amx_emulated, KT_TYPE_BF16, bf16_ns, COUNT(bf16_ns));
+}
+
+static void emulated_fp8_stays_within_its_tolerance(void)
+{
+    check_format(&kt_packed_fp8_b128_amx_emulated, KT_TYPE_FP8_B128, fp8_ns, COUNT(fp8_ns));
 }
 
 /* The same checks on the real tiles, where the CPU (and kernel) allow AMX. */
@@ -601,6 +636,7 @@ static void real_tiles_equal_the_reference(void)
     /* BF16: built, not in the level's table (kernels/cpu/dispatch.c, fill_amx) */
     KT_CHECK(amx->type[KT_TYPE_BF16].packed != &kt_packed_bf16_amx, "the amx level packs BF16 for its tiles");
     check_format(&kt_packed_bf16_amx, KT_TYPE_BF16, bf16_ns, COUNT(bf16_ns));
+    check_format(&kt_packed_fp8_b128_amx, KT_TYPE_FP8_B128, fp8_ns, COUNT(fp8_ns));
     /* the tiles at every token count (the formats above hand decode-sized calls to AVX-512) */
     check_format(&kt_packed_q8_0_amx_tiles, KT_TYPE_Q8_0, q8_0_ns, COUNT(q8_0_ns));
     check_format(&kt_packed_q4_0_amx_tiles, KT_TYPE_Q4_0, q4_0_ns, COUNT(q4_0_ns));
@@ -648,6 +684,7 @@ int main(void)
     KT_RUN(emulated_q8_0_equals_the_reference_bit_for_bit);
     KT_RUN(emulated_q4_0_equals_the_reference_bit_for_bit);
     KT_RUN(emulated_q4_K_equals_the_reference_bit_for_bit);
+    KT_RUN(emulated_fp8_stays_within_its_tolerance);
     KT_RUN(emulated_bf16_stays_within_the_bf16_tolerance);
     KT_RUN(real_tiles_equal_the_reference);
     KT_RUN(integer_formats_share_the_avx512_layouts);

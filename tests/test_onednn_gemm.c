@@ -251,11 +251,87 @@ done:
              threads_before, thread_count());
 }
 
+
+/*
+ * FP8_B128 products of that size go to the AMX tiles at the amx level (the
+ * packed format's bits, within its bound, the same for 1 and 3 threads) and
+ * to the table's gemm everywhere else (vec_dot's bits: oneDNN has no FP8).
+ */
+static void matmul_sends_large_fp8_products_to_the_amx_tiles(void)
+{
+    const int64_t n_in = 384, n_out = 2048 + 77, n_tok = 70;
+    const int type = KT_TYPE_FP8_B128;
+    const struct kt_type_traits *tr = kt_type_traits(type);
+    const bool amx = kt_cpu_kernels()->isa == KT_ISA_AMX;
+    struct kt_pool *one = NULL, *three = NULL;
+    kt_err err = {0};
+    KT_CHECK(kt_pool_create(1, &one, &err) == KT_OK && kt_pool_create(3, &three, &err) == KT_OK, "%s",
+             err.msg);
+    const size_t row_bytes = kt_type_row_bytes(type, n_in), act_bytes = kt_act_row_bytes(type, n_in);
+    uint8_t *w = kt_test_xmalloc(row_bytes * (size_t)n_out);
+    float *wf = kt_test_xmalloc((size_t)(n_out * n_in) * sizeof *wf); /* the reference's weights */
+    float *x = kt_test_xmalloc((size_t)(n_tok * n_in) * sizeof *x);
+    uint8_t *xq = kt_test_xmalloc((size_t)n_tok * act_bytes);
+    float *y1 = kt_test_xmalloc((size_t)(n_tok * n_out) * sizeof *y1);
+    float *y3 = kt_test_xmalloc((size_t)(n_tok * n_out) * sizeof *y3);
+    float *yt = kt_test_xmalloc((size_t)(n_tok * n_out) * sizeof *yt);
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++)
+            wf[o * n_in + i] = kt_test_rand_normal(&g_rng);
+        tr->from_float(wf + o * n_in, w + (size_t)o * row_bytes, n_in);
+        tr->to_float(w + (size_t)o * row_bytes, wf + o * n_in, n_in);
+    }
+    for (int64_t i = 0; i < n_tok * n_in; i++)
+        x[i] = kt_test_rand_normal(&g_rng);
+    if (!one || !three)
+        goto done;
+    const struct kt_mat m = {.data = w, .type = type, .n_in = n_in, .n_out = n_out, .row_bytes = row_bytes};
+    kt_quantize_rows(one, type, x, n_tok, n_in, xq);
+    kt_matmul_q(one, &m, xq, n_tok, y1, n_out);
+    kt_matmul_q(three, &m, xq, n_tok, y3, n_out);
+    KT_CHECK(memcmp(y1, y3, (size_t)(n_tok * n_out) * sizeof *y1) == 0, "fp8: 1 and 3 threads give other bits");
+    const struct kt_cpu_type_kernels *k = kt_mat_kernels_for(type);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t o = 0; o < n_out; o++)
+            k->vec_dot(n_in, &yt[t * n_out + o], w + (size_t)o * row_bytes, xq + (size_t)t * act_bytes);
+#ifdef KT_HAVE_AMX_KERNELS
+    if (amx) {
+        const struct kt_packed_format *f = &kt_packed_fp8_b128_amx;
+        void *packed = aligned_alloc(64, (kt_packed_bytes(f, n_in, n_out) + 63) / 64 * 64);
+        KT_CHECK(packed != NULL, "no memory for the packed matrix");
+        if (packed) {
+            f->pack(n_in, w, row_bytes, n_out, packed);
+            f->gemm(n_in, packed, n_out, xq, act_bytes, n_tok, yt, n_out);
+        }
+        free(packed);
+    }
+#endif
+    KT_CHECK(memcmp(yt, y1, (size_t)(n_tok * n_out) * sizeof *yt) == 0, "fp8 at the %s level: not %s bits",
+             kt_isa_name(kt_cpu_kernels()->isa), amx ? "the AMX tiles'" : "vec_dot's");
+    int bad = 0;
+    const double steps = (double)n_in + 2.0 * (double)n_in / KT_QK_FP8;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double exact = 0.0, mag = 0.0;
+            for (int64_t i = 0; i < n_in; i++) {
+                const double p = (double)wf[o * n_in + i] * x[t * n_in + i];
+                exact += p;
+                mag += fabs(p);
+            }
+            bad += !(fabs((double)y1[t * n_out + o] - exact) <= (0x1p-16 + 0x1p-23 + steps * 0x1p-23) * mag + 0x1p-126);
+        }
+    KT_CHECK(bad == 0, "fp8: %d of %lld outputs outside the bound", bad, (long long)(n_tok * n_out));
+done:
+    free(w), free(wf), free(x), free(xq), free(y1), free(y3), free(yt);
+    kt_pool_destroy(one);
+    kt_pool_destroy(three);
+}
 int main(void)
 {
     KT_RUN(calls_start_no_threads);
     KT_RUN(products_are_dot_products_within_the_stated_bound);
     KT_RUN(empty_products_are_zero_and_bad_shapes_are_refused);
     KT_RUN(matmul_sends_large_float_products_to_onednn);
+    KT_RUN(matmul_sends_large_fp8_products_to_the_amx_tiles);
     return kt_test_finish();
 }

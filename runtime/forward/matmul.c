@@ -173,33 +173,49 @@ static void matmul_task(void *ctx, int64_t begin, int64_t end, int thread)
 #define KT_MATMUL_ONEDNN_SLICE_ROWS 128
 #define KT_MATMUL_ONEDNN_MIN_OUT (16 * KT_MATMUL_ONEDNN_SLICE_ROWS)
 
+/*
+ * At the amx level BF16 and FP8_B128 slices run the AMX-BF16 tiles instead:
+ * the slice's rows packed for them (kt_packed_bf16_amx, gathered 16 rows at
+ * a time; kt_packed_fp8_b128_amx, e4m3 widened exactly to bf16 and the
+ * block scales apart) into a buffer of the call, then every token against
+ * it, each activation as two bf16 terms (kernels/cpu/amx/packed_amx.c).
+ * Within (2^-16 + n_in * 2^-23) * sum |w * a| of the exact dot (FP8: a
+ * little more, one step per block), each output a sum over its own row and
+ * token only, in an order fixed by n_in (so, like oneDNN's fixed slices,
+ * independent of the thread count and of the other tokens).  Measured on
+ * one core of an AMX VM (2026-12-03, 2048 x 7168 BF16): the tiles 2.4-3.4 x
+ * the avx512 gemm from 8 to 128 tokens, oneDNN 1.2-1.8 x it from 64.
+ */
+static const struct kt_packed_format *amx_float_format(const struct kt_mat *m)
+{
+#ifdef KT_HAVE_AMX_KERNELS
+    if (kt_cpu_kernels()->isa == KT_ISA_AMX) {
+        if (m->type == KT_TYPE_BF16)
+            return &kt_packed_bf16_amx;
+        if (m->type == KT_TYPE_FP8_B128)
+            return &kt_packed_fp8_b128_amx;
+    }
+#else
+    (void)m;
+#endif
+    return NULL;
+}
+
 static bool onednn_runs(const struct kt_mat *m, int64_t n_rows)
 {
-    return !m->packed && (m->type == KT_TYPE_F32 || m->type == KT_TYPE_BF16) &&
+    return !m->packed && (m->type == KT_TYPE_F32 || m->type == KT_TYPE_BF16 || amx_float_format(m)) &&
            n_rows >= KT_MATMUL_ONEDNN_MIN_ROWS && m->n_out >= KT_MATMUL_ONEDNN_MIN_OUT &&
            kt_cpu_kernels()->isa != KT_ISA_SCALAR;
 }
 
-/*
- * At the amx level a BF16 slice runs the AMX-BF16 tiles instead: the
- * slice's rows packed for them (kt_packed_bf16_amx, gathered 16 rows at a
- * time) into a buffer of the call, then every token against it, each
- * activation as two bf16 terms (kernels/cpu/amx/packed_amx.c).  Within
- * (2^-16 + n_in * 2^-23) * sum |w * a| of the exact dot, each output a sum
- * over its own row and token only, in an order fixed by n_in (so, like
- * oneDNN's fixed slices, independent of the thread count and of the other
- * tokens).  Measured on one core of an AMX VM (2026-12-03, 2048 x 7168
- * BF16): the tiles 2.4-3.4 x the avx512 gemm from 8 to 128 tokens, oneDNN
- * 1.2-1.8 x it from 64.  False when it did not run (not that level, or no
- * memory for the packed slice): oneDNN then takes the slice.
- */
-static bool amx_bf16_slice(const struct matmul_job *j, const uint8_t *w, int64_t r0, int64_t n)
+/* The slice through amx_float_format's tiles; false when it did not run
+ * (another level, or no memory for the packed slice). */
+static bool amx_float_slice(const struct matmul_job *j, const uint8_t *w, int64_t r0, int64_t n)
 {
-#ifdef KT_HAVE_AMX_KERNELS
     const struct kt_mat *m = j->m;
-    if (m->type != KT_TYPE_BF16 || kt_cpu_kernels()->isa != KT_ISA_AMX)
+    const struct kt_packed_format *f = amx_float_format(m);
+    if (!f)
         return false;
-    const struct kt_packed_format *f = &kt_packed_bf16_amx;
     const size_t bytes = (kt_packed_bytes(f, m->n_in, n) + 63) / 64 * 64;
     void *packed = aligned_alloc(64, bytes);
     if (!packed)
@@ -208,16 +224,12 @@ static bool amx_bf16_slice(const struct matmul_job *j, const uint8_t *w, int64_t
     f->gemm(m->n_in, packed, n, j->xq, j->act_bytes, j->n_rows, j->y + r0, j->y_stride);
     free(packed);
     return true;
-#else
-    (void)j, (void)w, (void)r0, (void)n;
-    return false;
-#endif
 }
 
 /* Slices [begin, end) of KT_MATMUL_ONEDNN_SLICE_ROWS weight rows through
- * oneDNN, for every activation row (F32, as quantize_act copied them); a
- * slice oneDNN cannot run (no memory for BF16's widened rows) runs the
- * table's gemm. */
+ * the AMX tiles or oneDNN, for every activation row (F32, as quantize_act
+ * copied them); a slice neither can run (no memory for a packed slice or
+ * BF16's widened rows) runs the table's gemm. */
 static void onednn_task(void *ctx, int64_t begin, int64_t end, int thread)
 {
     (void)thread;
@@ -229,14 +241,15 @@ static void onednn_task(void *ctx, int64_t begin, int64_t end, int thread)
         const int64_t r0 = s * KT_MATMUL_ONEDNN_SLICE_ROWS;
         const int64_t n = m->n_out - r0 < KT_MATMUL_ONEDNN_SLICE_ROWS ? m->n_out - r0 : KT_MATMUL_ONEDNN_SLICE_ROWS;
         const uint8_t *w = m->data + (size_t)r0 * m->row_bytes;
-        if (amx_bf16_slice(j, w, r0, n))
+        if (amx_float_slice(j, w, r0, n))
             continue;
-        const kt_status st =
-            m->type == KT_TYPE_F32
-                ? kt_onednn_gemm_f32(m->n_in, (const float *)w, (int64_t)(m->row_bytes / sizeof(float)), n, a,
-                                     a_stride, j->n_rows, j->y + r0, j->y_stride, NULL)
-                : kt_onednn_gemm_bf16(m->n_in, (const kt_bf16 *)w, (int64_t)(m->row_bytes / sizeof(kt_bf16)), n, a,
-                                      a_stride, j->n_rows, j->y + r0, j->y_stride, NULL);
+        kt_status st = KT_ERR_NOMEM;
+        if (m->type == KT_TYPE_F32)
+            st = kt_onednn_gemm_f32(m->n_in, (const float *)w, (int64_t)(m->row_bytes / sizeof(float)), n, a,
+                                    a_stride, j->n_rows, j->y + r0, j->y_stride, NULL);
+        else if (m->type == KT_TYPE_BF16)
+            st = kt_onednn_gemm_bf16(m->n_in, (const kt_bf16 *)w, (int64_t)(m->row_bytes / sizeof(kt_bf16)), n, a,
+                                     a_stride, j->n_rows, j->y + r0, j->y_stride, NULL);
         if (st != KT_OK)
             j->gemm(m->n_in, w, m->row_bytes, n, j->xq, j->act_bytes, j->n_rows, j->y + r0, j->y_stride);
     }

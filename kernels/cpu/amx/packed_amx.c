@@ -728,6 +728,156 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
     kt_amx_release(&tiles);
 }
 
+/* ---- FP8_B128 x F32 (the BF16 tiles, per 128-element block) ---------------------- */
+
+/*
+ * A group of 16 rows, per block b of 128 elements (n a multiple of 128):
+ * four B tiles as BF16's, of e4m3(q) (exact in bf16: 4 significant bits),
+ * at FP8_BLOCK_BYTES * b + 1024 kk, then the 16 rows' d (float) at + 4096.
+ * Each block's products sum in its own C tiles, scaled by d per (token, row)
+ * into float accumulators after the block:
+ *     y = sum_b d_b * (sum over the block of e4m3(q_i) * (hi_i + lo_i)),
+ * the activations as BF16's two terms.  Not the reference's bits (which
+ * rounds each weight e4m3(q) * d to fp32 and sums in 64 lanes): within
+ * (2^-16 + (n + 2 n/128) * 2^-23) * sum|w_i * a_i|, checked by
+ * tests/test_kernels_amx.c.
+ */
+#define FP8_BLOCK_BYTES (4 * BF16_TILE_BYTES + 64)
+
+static size_t fp8_group_bytes(int64_t n)
+{
+    return (size_t)(n / KT_QK_FP8) * FP8_BLOCK_BYTES;
+}
+
+/* e4m3(q) for 16 codes as bf16 pairs' halves: F32 e4m3(q) * 2^-120 exactly
+ * (the sign-extended code shifted by 20, as fp8_avx512.c), times 2^120. */
+static inline __m512 e4m3x16(const uint8_t *q)
+{
+    const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)q));
+    const __m512 x = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(s, 20), _mm512_set1_epi32((int)0x87f00000u)));
+    return _mm512_mul_ps(x, _mm512_set1_ps(0x1p120f));
+}
+
+static void fp8_pack(int64_t n, const void *w, size_t row_bytes, int64_t n_rows, void *dst)
+{
+    const size_t group_bytes = fp8_group_bytes(n);
+    const int64_t nb = n / KT_QK_FP8;
+    const __m512i lanes = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32(16)); /* dword r * 16 of pairs[r][.] */
+    _Alignas(64) uint32_t pairs[GROUP_ROWS][16]; /* a step's 16 pairs per row, then gathered down the rows */
+    for (int64_t g = 0; g * GROUP_ROWS < n_rows; g++) {
+        uint8_t *grp = (uint8_t *)dst + (size_t)g * group_bytes;
+        const int64_t nr = min_i64(GROUP_ROWS, n_rows - g * GROUP_ROWS);
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = grp + (size_t)b * FP8_BLOCK_BYTES;
+            float d[GROUP_ROWS] = {0};
+            for (int kk = 0; kk < 4; kk++) {
+                memset(pairs, 0, sizeof pairs);
+                for (int64_t r = 0; r < nr; r++) {
+                    const struct kt_block_fp8_b128 *x =
+                        (const void *)((const uint8_t *)w + (size_t)(g * GROUP_ROWS + r) * row_bytes);
+                    d[r] = x[b].d;
+                    const uint8_t *q = x[b].q + 32 * kk;
+                    _mm512_store_si512((void *)pairs[r], (__m512i)_mm512_cvtne2ps_pbh(e4m3x16(q + 16), e4m3x16(q)));
+                }
+                for (int p = 0; p < 16; p++) /* tile row p: pair p of the 16 rows */
+                    _mm512_store_si512((void *)(blk + BF16_TILE_BYTES * kk + 64 * p),
+                                       _mm512_i32gather_epi32(lanes, (const void *)&pairs[0][p], 4));
+            }
+            memcpy(blk + 4 * BF16_TILE_BYTES, d, sizeof d);
+        }
+    }
+}
+
+/* acc[t][r] += d[r] * c[t][r], t < 16 */
+static inline void fp8_scale_tile(const float c[TILE_TOKENS][GROUP_ROWS], __m512 d, float (*acc)[PASS_ROWS], int g)
+{
+    for (int t = 0; t < TILE_TOKENS; t++) {
+        float *s = &acc[t][GROUP_ROWS * g];
+        _mm512_store_ps(s, _mm512_fmadd_ps(d, _mm512_load_ps(c[t]), _mm512_load_ps(s)));
+    }
+}
+
+/* Blocks of 32 tokens x 32 rows, as bf16_gemm, the C tiles stored and
+ * scaled after every 128 elements. */
+static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                     float *y, int64_t y_stride)
+{
+    const int64_t nb = n / KT_QK_FP8;
+    const size_t group_bytes = fp8_group_bytes(n);
+    const uint8_t *act = a;
+    _Alignas(64) uint16_t x[2][2][TILE_TOKENS][32]; /* [term][token tile] */
+    _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
+    _Alignas(64) float acc[2][TILE_TOKENS][PASS_ROWS]; /* [token tile] */
+    struct kt_amx_tilecfg cfg;
+    struct kt_amx_tiles tiles;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < KT_AMX_TILES; t++)
+        set_tile(&cfg, t, 16, 64);
+    kt_amx_config(&tiles, &cfg);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * TILE_TOKENS) {
+        const int64_t nt = min_i64(2 * TILE_TOKENS, n_tok - t0);
+        const bool two_tiles = nt > TILE_TOKENS;
+        const uint8_t *tok = act + (size_t)t0 * act_bytes;
+        memset(x, 0, sizeof x); /* the rows past nt stay zero */
+        for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
+            const bool two_groups = n_rows - r0 > GROUP_ROWS;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
+            const uint8_t *w1 = w0 + group_bytes;
+            memset(acc, 0, sizeof acc);
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *b0 = w0 + (size_t)b * FP8_BLOCK_BYTES, *b1 = w1 + (size_t)b * FP8_BLOCK_BYTES;
+                kt_amx_zero(&tiles, TILE_Y00);
+                kt_amx_zero(&tiles, TILE_Y01);
+                kt_amx_zero(&tiles, TILE_Y10);
+                kt_amx_zero(&tiles, TILE_Y11);
+                for (int kk = 0; kk < 4; kk++) {
+                    bf16_activations(tok, act_bytes, nt, n, 4 * b + kk, x);
+                    kt_amx_load(&tiles, TILE_W0, b0 + kk * BF16_TILE_BYTES, 64);
+                    if (two_groups)
+                        kt_amx_load(&tiles, TILE_W1, b1 + kk * BF16_TILE_BYTES, 64);
+                    for (int s = 0; s < 2; s++) {
+                        kt_amx_load(&tiles, TILE_X0, x[s][0], 64);
+                        kt_amx_dpbf16ps(&tiles, TILE_Y00, TILE_X0, TILE_W0);
+                        if (two_groups)
+                            kt_amx_dpbf16ps(&tiles, TILE_Y01, TILE_X0, TILE_W1);
+                        if (two_tiles) {
+                            kt_amx_load(&tiles, TILE_X1, x[s][1], 64);
+                            kt_amx_dpbf16ps(&tiles, TILE_Y10, TILE_X1, TILE_W0);
+                            if (two_groups)
+                                kt_amx_dpbf16ps(&tiles, TILE_Y11, TILE_X1, TILE_W1);
+                        }
+                    }
+                }
+                const __m512 d0 = _mm512_loadu_ps((const float *)(const void *)(b0 + 4 * BF16_TILE_BYTES));
+                kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
+                fp8_scale_tile(c, d0, acc[0], 0);
+                if (two_tiles) {
+                    kt_amx_store(&tiles, TILE_Y10, c, sizeof c[0]);
+                    fp8_scale_tile(c, d0, acc[1], 0);
+                }
+                if (two_groups) {
+                    const __m512 d1 = _mm512_loadu_ps((const float *)(const void *)(b1 + 4 * BF16_TILE_BYTES));
+                    kt_amx_store(&tiles, TILE_Y01, c, sizeof c[0]);
+                    fp8_scale_tile(c, d1, acc[0], 1);
+                    if (two_tiles) {
+                        kt_amx_store(&tiles, TILE_Y11, c, sizeof c[0]);
+                        fp8_scale_tile(c, d1, acc[1], 1);
+                    }
+                }
+            }
+            for (int i = 0; i < (two_tiles ? 2 : 1); i++)
+                for (int64_t t = 0; t < min_i64(TILE_TOKENS, nt - TILE_TOKENS * i); t++)
+                    for (int g = 0; g < (two_groups ? 2 : 1); g++)
+                        _mm512_mask_storeu_ps(y + (t0 + TILE_TOKENS * i + t) * y_stride + r0 + GROUP_ROWS * g,
+                                              first_lanes(n_rows - r0 - GROUP_ROWS * g),
+                                              _mm512_load_ps(&acc[i][t][GROUP_ROWS * g]));
+        }
+    }
+    kt_amx_release(&tiles);
+}
+
 /* ---- the formats ------------------------------------------------------------------- */
 
 /*
@@ -793,4 +943,13 @@ const struct kt_packed_format KT_AMX_NAME(kt_packed_bf16_amx) = {
     .group_bytes = bf16_group_bytes,
     .pack = bf16_pack,
     .gemm = bf16_gemm,
+};
+
+const struct kt_packed_format KT_AMX_NAME(kt_packed_fp8_b128_amx) = {
+    .name = "fp8_b128.r16" KT_AMX_LABEL,
+    .rows = GROUP_ROWS,
+    .exact = false,
+    .group_bytes = fp8_group_bytes,
+    .pack = fp8_pack,
+    .gemm = fp8_gemm,
 };

@@ -23,6 +23,7 @@ extern const struct kt_packed_format kt_packed_q8_0_amx; /* vs Q8_0 activations 
 extern const struct kt_packed_format kt_packed_q4_0_amx; /* vs Q8_0 activations */
 extern const struct kt_packed_format kt_packed_q4_K_amx; /* vs Q8_K activations */
 extern const struct kt_packed_format kt_packed_bf16_amx; /* vs F32 activations */
+extern const struct kt_packed_format kt_packed_fp8_b128_amx; /* vs F32 activations; n a multiple of 128 */
 
 /* The integer formats above pack exactly as the avx512 level's
  * (packed_avx512.h) and run its kernels below a few tokens; these run the
