@@ -655,6 +655,50 @@ static void store_tile(const float c[TILE_TOKENS][GROUP_ROWS], int64_t tokens, i
         _mm512_mask_storeu_ps(y + t * y_stride, first_lanes(rows), _mm512_load_ps(c[t]));
 }
 
+/* The float products' tiles: all eight 16 x 64 bytes. */
+static void float_tiles_config(struct kt_amx_tiles *tiles)
+{
+    struct kt_amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int t = 0; t < KT_AMX_TILES; t++)
+        set_tile(&cfg, t, 16, 64);
+    kt_amx_config(tiles, &cfg);
+}
+
+static inline __attribute__((always_inline)) void float_zero_sums(struct kt_amx_tiles *tiles)
+{
+    kt_amx_zero(tiles, TILE_Y00);
+    kt_amx_zero(tiles, TILE_Y01);
+    kt_amx_zero(tiles, TILE_Y10);
+    kt_amx_zero(tiles, TILE_Y11);
+}
+
+/* One step of K into the C tiles: the weight tiles at w0 (and w1, two
+ * groups) against both terms of the token tiles in x (bf16_activations);
+ * the weight tiles serve both terms.  (Tile numbers are immediates: the
+ * second group's and token tile's products are spelled out.) */
+static inline __attribute__((always_inline)) void float_step(struct kt_amx_tiles *tiles,
+                                                             uint16_t x[2][2][TILE_TOKENS][32], const uint8_t *w0,
+                                                             const uint8_t *w1, bool two_groups, bool two_tiles)
+{
+    kt_amx_load(tiles, TILE_W0, w0, 64);
+    if (two_groups)
+        kt_amx_load(tiles, TILE_W1, w1, 64);
+    for (int s = 0; s < 2; s++) { /* the two terms, into the same sums */
+        kt_amx_load(tiles, TILE_X0, x[s][0], 64);
+        kt_amx_dpbf16ps(tiles, TILE_Y00, TILE_X0, TILE_W0);
+        if (two_groups)
+            kt_amx_dpbf16ps(tiles, TILE_Y01, TILE_X0, TILE_W1);
+        if (two_tiles) {
+            kt_amx_load(tiles, TILE_X1, x[s][1], 64);
+            kt_amx_dpbf16ps(tiles, TILE_Y10, TILE_X1, TILE_W0);
+            if (two_groups)
+                kt_amx_dpbf16ps(tiles, TILE_Y11, TILE_X1, TILE_W1);
+        }
+    }
+}
+
 /*
  * Blocks of 32 tokens x 32 rows: four C tiles stay in the tiles across all
  * of K.  The activations are split into their two bf16 terms per step into
@@ -669,13 +713,8 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
     const uint8_t *act = a;
     _Alignas(64) uint16_t x[2][2][TILE_TOKENS][32]; /* [term][token tile] */
     _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
-    struct kt_amx_tilecfg cfg;
     struct kt_amx_tiles tiles;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < KT_AMX_TILES; t++)
-        set_tile(&cfg, t, 16, 64);
-    kt_amx_config(&tiles, &cfg);
+    float_tiles_config(&tiles);
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * TILE_TOKENS) {
         const int64_t nt = min_i64(2 * TILE_TOKENS, n_tok - t0);
         const bool two_tiles = nt > TILE_TOKENS;
@@ -684,28 +723,11 @@ static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, s
         for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
             const bool two_groups = n_rows - r0 > GROUP_ROWS;
             const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
-            const uint8_t *w1 = w0 + group_bytes;
-            kt_amx_zero(&tiles, TILE_Y00);
-            kt_amx_zero(&tiles, TILE_Y01);
-            kt_amx_zero(&tiles, TILE_Y10);
-            kt_amx_zero(&tiles, TILE_Y11);
+            const uint8_t *w1 = two_groups ? w0 + group_bytes : w0;
+            float_zero_sums(&tiles);
             for (int64_t k = 0; k < nk; k++) {
                 bf16_activations(tok, act_bytes, nt, n, k, x);
-                kt_amx_load(&tiles, TILE_W0, w0 + k * BF16_TILE_BYTES, 64);
-                if (two_groups)
-                    kt_amx_load(&tiles, TILE_W1, w1 + k * BF16_TILE_BYTES, 64);
-                for (int s = 0; s < 2; s++) { /* the two terms, into the same sums */
-                    kt_amx_load(&tiles, TILE_X0, x[s][0], 64);
-                    kt_amx_dpbf16ps(&tiles, TILE_Y00, TILE_X0, TILE_W0);
-                    if (two_groups)
-                        kt_amx_dpbf16ps(&tiles, TILE_Y01, TILE_X0, TILE_W1);
-                    if (two_tiles) {
-                        kt_amx_load(&tiles, TILE_X1, x[s][1], 64);
-                        kt_amx_dpbf16ps(&tiles, TILE_Y10, TILE_X1, TILE_W0);
-                        if (two_groups)
-                            kt_amx_dpbf16ps(&tiles, TILE_Y11, TILE_X1, TILE_W1);
-                    }
-                }
+                float_step(&tiles, x, w0 + k * BF16_TILE_BYTES, w1 + k * BF16_TILE_BYTES, two_groups, two_tiles);
             }
             float *y0 = y + t0 * y_stride + r0;
             kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
@@ -809,13 +831,8 @@ static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, si
     _Alignas(64) uint16_t x[2][2][TILE_TOKENS][32]; /* [term][token tile] */
     _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
     _Alignas(64) float acc[2][TILE_TOKENS][PASS_ROWS]; /* [token tile] */
-    struct kt_amx_tilecfg cfg;
     struct kt_amx_tiles tiles;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < KT_AMX_TILES; t++)
-        set_tile(&cfg, t, 16, 64);
-    kt_amx_config(&tiles, &cfg);
+    float_tiles_config(&tiles);
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * TILE_TOKENS) {
         const int64_t nt = min_i64(2 * TILE_TOKENS, n_tok - t0);
         const bool two_tiles = nt > TILE_TOKENS;
@@ -824,31 +841,14 @@ static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, si
         for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
             const bool two_groups = n_rows - r0 > GROUP_ROWS;
             const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
-            const uint8_t *w1 = w0 + group_bytes;
+            const uint8_t *w1 = two_groups ? w0 + group_bytes : w0;
             memset(acc, 0, sizeof acc);
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *b0 = w0 + (size_t)b * FP8_BLOCK_BYTES, *b1 = w1 + (size_t)b * FP8_BLOCK_BYTES;
-                kt_amx_zero(&tiles, TILE_Y00);
-                kt_amx_zero(&tiles, TILE_Y01);
-                kt_amx_zero(&tiles, TILE_Y10);
-                kt_amx_zero(&tiles, TILE_Y11);
+                float_zero_sums(&tiles);
                 for (int kk = 0; kk < 4; kk++) {
                     bf16_activations(tok, act_bytes, nt, n, 4 * b + kk, x);
-                    kt_amx_load(&tiles, TILE_W0, b0 + kk * BF16_TILE_BYTES, 64);
-                    if (two_groups)
-                        kt_amx_load(&tiles, TILE_W1, b1 + kk * BF16_TILE_BYTES, 64);
-                    for (int s = 0; s < 2; s++) {
-                        kt_amx_load(&tiles, TILE_X0, x[s][0], 64);
-                        kt_amx_dpbf16ps(&tiles, TILE_Y00, TILE_X0, TILE_W0);
-                        if (two_groups)
-                            kt_amx_dpbf16ps(&tiles, TILE_Y01, TILE_X0, TILE_W1);
-                        if (two_tiles) {
-                            kt_amx_load(&tiles, TILE_X1, x[s][1], 64);
-                            kt_amx_dpbf16ps(&tiles, TILE_Y10, TILE_X1, TILE_W0);
-                            if (two_groups)
-                                kt_amx_dpbf16ps(&tiles, TILE_Y11, TILE_X1, TILE_W1);
-                        }
-                    }
+                    float_step(&tiles, x, b0 + kk * BF16_TILE_BYTES, b1 + kk * BF16_TILE_BYTES, two_groups, two_tiles);
                 }
                 const __m512 d0 = _mm512_loadu_ps((const float *)(const void *)(b0 + 4 * BF16_TILE_BYTES));
                 kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
