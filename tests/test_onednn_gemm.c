@@ -43,6 +43,21 @@ static int thread_count(void)
     return n;
 }
 
+/* sum_i w[o][i] * a[t][i] in double (rows w_stride and a_stride apart), and
+ * sum_i |w[o][i] * a[t][i]| in *mag. */
+static double exact_dot(const float *w, int64_t w_stride, const float *a, int64_t a_stride, int64_t n_in, int64_t o,
+                        int64_t t, double *mag)
+{
+    double exact = 0.0, m = 0.0;
+    for (int64_t i = 0; i < n_in; i++) {
+        const double p = (double)w[o * w_stride + i] * a[t * a_stride + i];
+        exact += p;
+        m += fabs(p);
+    }
+    *mag = m;
+    return exact;
+}
+
 /*
  * One shape: weights (n_out, w_stride) of F32 or BF16, activations (n_tok,
  * a_stride), outputs (n_tok, y_stride) with sentinels past n_out.  Returns
@@ -78,12 +93,8 @@ static int product_within_bound(bool bf16, int64_t n_in, int64_t n_out, int64_t 
                 bad += memcmp(&got, &SENTINEL, sizeof got) != 0;
                 continue;
             }
-            double exact = 0.0, mag = 0.0;
-            for (int64_t i = 0; i < n_in; i++) {
-                const double p = (double)wf[o * w_stride + i] * a[t * a_stride + i];
-                exact += p;
-                mag += fabs(p);
-            }
+            double mag;
+            const double exact = exact_dot(wf, w_stride, a, a_stride, n_in, o, t, &mag);
             const double bound = (double)n_in * 0x1p-24 * mag + 0x1p-126, error = fabs((double)got - exact);
             if (n_in >= 256) /* shorter sums: one rounding can be the whole bound */
                 *worst = error / bound > *worst ? error / bound : *worst;
@@ -208,12 +219,8 @@ static void matmul_sends_large_float_products_to_onednn(void)
         const double bound_per_mag = amx_tiles ? 0x1p-16 + (double)n_in * 0x1p-23 : (double)n_in * 0x1p-24;
         for (int64_t t = 0; t < n_tok; t++)
             for (int64_t o = 0; o < n_out; o++) {
-                double exact = 0.0, mag = 0.0;
-                for (int64_t i = 0; i < n_in; i++) {
-                    const double p = (double)wf[o * n_in + i] * x[t * n_in + i];
-                    exact += p;
-                    mag += fabs(p);
-                }
+                double mag;
+                const double exact = exact_dot(wf, n_in, x, n_in, n_in, o, t, &mag);
                 const float got = y1[t * n_out + o];
                 bad += !(fabs((double)got - exact) <= bound_per_mag * mag + 0x1p-126);
                 float want;
@@ -312,12 +319,8 @@ static void matmul_sends_large_fp8_products_to_the_amx_tiles(void)
     const double steps = (double)n_in + 2.0 * (double)n_in / KT_QK_FP8;
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t o = 0; o < n_out; o++) {
-            double exact = 0.0, mag = 0.0;
-            for (int64_t i = 0; i < n_in; i++) {
-                const double p = (double)wf[o * n_in + i] * x[t * n_in + i];
-                exact += p;
-                mag += fabs(p);
-            }
+            double mag;
+            const double exact = exact_dot(wf, n_in, x, n_in, n_in, o, t, &mag);
             bad += !(fabs((double)y1[t * n_out + o] - exact) <= (0x1p-16 + 0x1p-23 + steps * 0x1p-23) * mag + 0x1p-126);
         }
     KT_CHECK(bad == 0, "fp8: %d of %lld outputs outside the bound", bad, (long long)(n_tok * n_out));

@@ -699,57 +699,6 @@ static inline __attribute__((always_inline)) void float_step(struct kt_amx_tiles
     }
 }
 
-/*
- * Blocks of 32 tokens x 32 rows: four C tiles stay in the tiles across all
- * of K.  The activations are split into their two bf16 terms per step into
- * a 4 KiB buffer (again for every pair of groups: the price of not
- * allocating); the weight tiles of a step serve both terms.
- */
-static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
-                      float *y, int64_t y_stride)
-{
-    const int64_t nk = (n + 31) / 32;
-    const size_t group_bytes = bf16_group_bytes(n);
-    const uint8_t *act = a;
-    _Alignas(64) uint16_t x[2][2][TILE_TOKENS][32]; /* [term][token tile] */
-    _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
-    struct kt_amx_tiles tiles;
-    float_tiles_config(&tiles);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * TILE_TOKENS) {
-        const int64_t nt = min_i64(2 * TILE_TOKENS, n_tok - t0);
-        const bool two_tiles = nt > TILE_TOKENS;
-        const uint8_t *tok = act + (size_t)t0 * act_bytes;
-        memset(x, 0, sizeof x); /* the rows past nt stay zero */
-        for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
-            const bool two_groups = n_rows - r0 > GROUP_ROWS;
-            const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
-            const uint8_t *w1 = two_groups ? w0 + group_bytes : w0;
-            float_zero_sums(&tiles);
-            for (int64_t k = 0; k < nk; k++) {
-                bf16_activations(tok, act_bytes, nt, n, k, x);
-                float_step(&tiles, x, w0 + k * BF16_TILE_BYTES, w1 + k * BF16_TILE_BYTES, two_groups, two_tiles);
-            }
-            float *y0 = y + t0 * y_stride + r0;
-            kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
-            store_tile(c, nt, n_rows - r0, y0, y_stride);
-            if (two_groups) {
-                kt_amx_store(&tiles, TILE_Y01, c, sizeof c[0]);
-                store_tile(c, nt, n_rows - r0 - GROUP_ROWS, y0 + GROUP_ROWS, y_stride);
-            }
-            if (two_tiles) {
-                kt_amx_store(&tiles, TILE_Y10, c, sizeof c[0]);
-                store_tile(c, nt - TILE_TOKENS, n_rows - r0, y0 + TILE_TOKENS * y_stride, y_stride);
-                if (two_groups) {
-                    kt_amx_store(&tiles, TILE_Y11, c, sizeof c[0]);
-                    store_tile(c, nt - TILE_TOKENS, n_rows - r0 - GROUP_ROWS, y0 + TILE_TOKENS * y_stride + GROUP_ROWS,
-                               y_stride);
-                }
-            }
-        }
-    }
-    kt_amx_release(&tiles);
-}
-
 /* ---- FP8_B128 x F32 (the BF16 tiles, per 128-element block) ---------------------- */
 
 /*
@@ -820,17 +769,31 @@ static inline void fp8_scale_tile(const float c[TILE_TOKENS][GROUP_ROWS], __m512
     }
 }
 
-/* Blocks of 32 tokens x 32 rows, as bf16_gemm, the C tiles stored and
- * scaled after every 128 elements. */
-static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
-                     float *y, int64_t y_stride)
+
+/* How a float format's groups hold K: blocks of steps 32-element steps (a
+ * B tile each, BF16_TILE_BYTES apart), block_bytes apart; scaled blocks end
+ * in their 16 rows' float scales, applied to the block's sums. */
+struct float_layout {
+    size_t group_bytes, block_bytes;
+    int64_t blocks, steps;
+    bool scaled;
+};
+
+/*
+ * Blocks of 32 tokens x 32 rows: four C tiles sum a block of K (BF16: all
+ * of it, one block).  The activations are split into their two bf16 terms
+ * per step into a 4 KiB buffer (again for every pair of groups: the price
+ * of not allocating); the weight tiles of a step serve both terms.  An
+ * unscaled block's sums are the outputs; a scaled one's are multiplied by
+ * its scales and added into float accumulators, stored after the last.
+ */
+static void float_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                       float *y, int64_t y_stride, const struct float_layout *L)
 {
-    const int64_t nb = n / KT_QK_FP8;
-    const size_t group_bytes = fp8_group_bytes(n);
     const uint8_t *act = a;
     _Alignas(64) uint16_t x[2][2][TILE_TOKENS][32]; /* [term][token tile] */
     _Alignas(64) float c[TILE_TOKENS][GROUP_ROWS];
-    _Alignas(64) float acc[2][TILE_TOKENS][PASS_ROWS]; /* [token tile] */
+    _Alignas(64) float acc[2][TILE_TOKENS][PASS_ROWS]; /* [token tile]: scaled blocks' sums */
     struct kt_amx_tiles tiles;
     float_tiles_config(&tiles);
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * TILE_TOKENS) {
@@ -840,17 +803,38 @@ static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, si
         memset(x, 0, sizeof x); /* the rows past nt stay zero */
         for (int64_t r0 = 0; r0 < n_rows; r0 += PASS_ROWS) {
             const bool two_groups = n_rows - r0 > GROUP_ROWS;
-            const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * group_bytes;
-            const uint8_t *w1 = two_groups ? w0 + group_bytes : w0;
-            memset(acc, 0, sizeof acc);
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *b0 = w0 + (size_t)b * FP8_BLOCK_BYTES, *b1 = w1 + (size_t)b * FP8_BLOCK_BYTES;
+            const uint8_t *w0 = (const uint8_t *)w + (size_t)(r0 / GROUP_ROWS) * L->group_bytes;
+            const uint8_t *w1 = two_groups ? w0 + L->group_bytes : w0;
+            float *y0 = y + t0 * y_stride + r0;
+            if (L->scaled)
+                memset(acc, 0, sizeof acc);
+            for (int64_t b = 0; b < L->blocks; b++) {
+                const uint8_t *b0 = w0 + (size_t)b * L->block_bytes, *b1 = w1 + (size_t)b * L->block_bytes;
                 float_zero_sums(&tiles);
-                for (int kk = 0; kk < 4; kk++) {
-                    bf16_activations(tok, act_bytes, nt, n, 4 * b + kk, x);
+                for (int64_t kk = 0; kk < L->steps; kk++) {
+                    bf16_activations(tok, act_bytes, nt, n, b * L->steps + kk, x);
                     float_step(&tiles, x, b0 + kk * BF16_TILE_BYTES, b1 + kk * BF16_TILE_BYTES, two_groups, two_tiles);
                 }
-                const __m512 d0 = _mm512_loadu_ps((const float *)(const void *)(b0 + 4 * BF16_TILE_BYTES));
+                if (!L->scaled) {
+                    kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
+                    store_tile(c, nt, n_rows - r0, y0, y_stride);
+                    if (two_groups) {
+                        kt_amx_store(&tiles, TILE_Y01, c, sizeof c[0]);
+                        store_tile(c, nt, n_rows - r0 - GROUP_ROWS, y0 + GROUP_ROWS, y_stride);
+                    }
+                    if (two_tiles) {
+                        kt_amx_store(&tiles, TILE_Y10, c, sizeof c[0]);
+                        store_tile(c, nt - TILE_TOKENS, n_rows - r0, y0 + TILE_TOKENS * y_stride, y_stride);
+                        if (two_groups) {
+                            kt_amx_store(&tiles, TILE_Y11, c, sizeof c[0]);
+                            store_tile(c, nt - TILE_TOKENS, n_rows - r0 - GROUP_ROWS,
+                                       y0 + TILE_TOKENS * y_stride + GROUP_ROWS, y_stride);
+                        }
+                    }
+                    continue;
+                }
+                const size_t d_off = (size_t)L->steps * BF16_TILE_BYTES;
+                const __m512 d0 = _mm512_loadu_ps((const float *)(const void *)(b0 + d_off));
                 kt_amx_store(&tiles, TILE_Y00, c, sizeof c[0]);
                 fp8_scale_tile(c, d0, acc[0], 0);
                 if (two_tiles) {
@@ -858,7 +842,7 @@ static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, si
                     fp8_scale_tile(c, d0, acc[1], 0);
                 }
                 if (two_groups) {
-                    const __m512 d1 = _mm512_loadu_ps((const float *)(const void *)(b1 + 4 * BF16_TILE_BYTES));
+                    const __m512 d1 = _mm512_loadu_ps((const float *)(const void *)(b1 + d_off));
                     kt_amx_store(&tiles, TILE_Y01, c, sizeof c[0]);
                     fp8_scale_tile(c, d1, acc[0], 1);
                     if (two_tiles) {
@@ -867,15 +851,38 @@ static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, si
                     }
                 }
             }
+            if (!L->scaled)
+                continue;
             for (int i = 0; i < (two_tiles ? 2 : 1); i++)
                 for (int64_t t = 0; t < min_i64(TILE_TOKENS, nt - TILE_TOKENS * i); t++)
                     for (int g = 0; g < (two_groups ? 2 : 1); g++)
-                        _mm512_mask_storeu_ps(y + (t0 + TILE_TOKENS * i + t) * y_stride + r0 + GROUP_ROWS * g,
+                        _mm512_mask_storeu_ps(y0 + (TILE_TOKENS * i + t) * y_stride + GROUP_ROWS * g,
                                               first_lanes(n_rows - r0 - GROUP_ROWS * g),
                                               _mm512_load_ps(&acc[i][t][GROUP_ROWS * g]));
         }
     }
     kt_amx_release(&tiles);
+}
+
+/* BF16: one block of all ceil(n/32) steps, unscaled. */
+static void bf16_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                      float *y, int64_t y_stride)
+{
+    const struct float_layout L = {
+        .group_bytes = bf16_group_bytes(n), .block_bytes = 0, .blocks = 1, .steps = (n + 31) / 32, .scaled = false};
+    float_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, &L);
+}
+
+/* FP8_B128: blocks of 128 elements, four steps each, scaled. */
+static void fp8_gemm(int64_t n, const void *w, int64_t n_rows, const void *a, size_t act_bytes, int64_t n_tok,
+                     float *y, int64_t y_stride)
+{
+    const struct float_layout L = {.group_bytes = fp8_group_bytes(n),
+                                   .block_bytes = FP8_BLOCK_BYTES,
+                                   .blocks = n / KT_QK_FP8,
+                                   .steps = KT_QK_FP8 / 32,
+                                   .scaled = true};
+    float_gemm(n, w, n_rows, a, act_bytes, n_tok, y, y_stride, &L);
 }
 
 /* ---- the formats ------------------------------------------------------------------- */
