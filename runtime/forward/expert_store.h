@@ -92,7 +92,7 @@ struct kt_expert_store_params {
 /* Rows are sliced in whole blocks of this many (moe.c's rows per task, a
  * multiple of every packed group), so a node's share of a matrix runs the
  * same kernel calls on the same bytes as the whole matrix does. */
-#define KT_EXPERT_SLICE_ROWS 64
+#define KT_EXPERT_SLICE_ROWS 256
 
 /* Rows [*first, *first + *n) of n_rows that part `part` of n_parts holds:
  * whole blocks of KT_EXPERT_SLICE_ROWS (the last block may be short), split

@@ -54,8 +54,8 @@
 #define PREFILL_FEW 16           /* tokens per expert of a 128-token prefill, top-8 of 64 experts */
 #define PREFILL_MANY 48
 #define FILL_ROWS 16
-#define GATE_UP_ROWS_PER_TASK 64 /* runtime/forward/moe.c's task sizes */
-#define DOWN_ROWS_PER_TASK 64
+#define GATE_UP_ROWS_PER_TASK 256 /* runtime/forward/moe.c's task sizes */
+#define DOWN_ROWS_PER_TASK 256
 #define GATE_UP_TOKENS_PER_CALL 16
 #define MIN_CALLS 3
 #define MAX_SAMPLES 1024
