@@ -906,6 +906,102 @@ static void cache_row_ops_match_the_reference_on_odd_shapes(void)
     free(stored);
 }
 
+/* The forms for several heads over one key block (dot_rows_multi,
+ * axpy_rows) of every level give the reference's bits on odd query, output,
+ * row and element counts (every tile and remainder of the SIMD kernels),
+ * strided queries, scores and outputs, rows at odd offsets; nothing outside
+ * the outputs is written, and a row ending at a guard page is never read
+ * past. */
+static void heads_row_ops_match_the_reference_on_odd_shapes(void)
+{
+    enum { MAX_N = 583, MAX_ROWS = 19, MAX_Q = 11, X_STRIDE = MAX_N + 3, OUT_STRIDE = MAX_ROWS + 2 };
+    const int64_t lengths[] = {1, 7, 8, 9, 16, 17, 31, 32, 33, 48, 64, 127, 513, 576, 583};
+    const int64_t row_counts[] = {1, 2, 3, 7, 8, 9, 10, 16, 17, 19};
+    const int64_t query_counts[] = {1, 2, 3, 4, 5, 7, 8, 9, 11};
+    const size_t n_x = (size_t)MAX_Q * X_STRIDE, n_out = (size_t)MAX_Q * OUT_STRIDE;
+    float *x = kt_test_xmalloc(n_x * sizeof *x), *data = kt_test_xmalloc((size_t)MAX_ROWS * (MAX_N + 1) * sizeof *data);
+    float *y_ref = kt_test_xmalloc(n_x * sizeof *y_ref), *y_got = kt_test_xmalloc(n_x * sizeof *y_got);
+    float *ref = kt_test_xmalloc(n_out * sizeof *ref), *got = kt_test_xmalloc(n_out * sizeof *got);
+    uint8_t *stored = kt_test_xmalloc((size_t)MAX_ROWS * (MAX_N + 1) * sizeof(float));
+    const void *rows[MAX_ROWS];
+    uint64_t seed = 0x452821e638d01377ull;
+    for (int64_t i = 0; i < (int64_t)MAX_ROWS * (MAX_N + 1); i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        data[i] = ((float)(int32_t)(seed >> 32) * 0x1p-31f) * (i % 5 == 0 ? 20.0f : 1.0f);
+    }
+    for (size_t i = 0; i < n_x; i++)
+        x[i] = data[(i * 7 + 3) % ((size_t)MAX_ROWS * MAX_N)] + 0.125f;
+    int compared = 0, failed = 0, scores = 0, nonzero = 0, levels = 0;
+    for (int rt = 0; rt < KT_ROW_TYPE_COUNT; rt++) {
+        const enum kt_row_type t = (enum kt_row_type)rt;
+        kt_row_from_f32(t, stored, data, (int64_t)MAX_ROWS * (MAX_N + 1));
+        for (int isa = KT_ISA_SCALAR; isa <= KT_ISA_AMX; isa++) {
+            const struct kt_cpu_kernels *k = kt_cpu_kernels_for((enum kt_isa)isa);
+            if (!k)
+                continue;
+            levels += rt == 0;
+            const struct kt_cpu_row_kernels *r = &k->row[t];
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++)
+                for (size_t ri = 0; ri < sizeof row_counts / sizeof row_counts[0]; ri++)
+                    for (size_t qi = 0; qi < sizeof query_counts / sizeof query_counts[0]; qi++) {
+                        const int64_t n = lengths[li], n_rows = row_counts[ri], n_q = query_counts[qi];
+                        for (int64_t j = 0; j < n_rows; j++)
+                            rows[j] = kt_row_at(t, stored, j * (MAX_N + 1) + (j + qi) % 2);
+                        for (size_t i = 0; i < n_out; i++)
+                            ref[i] = got[i] = -1.0f;
+                        kt_dot_rows_multi_typed(t, x, X_STRIDE, n_q, rows, n_rows, n, 0.0883883f, ref, OUT_STRIDE);
+                        r->dot_rows_multi(x, X_STRIDE, n_q, rows, n_rows, n, 0.0883883f, got, OUT_STRIDE);
+                        for (size_t i = 0; i < n_out; i++) {
+                            if (f32_bits(ref[i]) != f32_bits(got[i]) && failed++ < 3)
+                                fprintf(stderr, "  %s %s dot_rows_multi n=%lld rows=%lld queries=%lld out %zu: ref %.9g, got %.9g\n",
+                                        kt_isa_name((enum kt_isa)isa), kt_row_type_name(t), (long long)n,
+                                        (long long)n_rows, (long long)n_q, i, ref[i], got[i]);
+                            const bool score = (int64_t)(i / OUT_STRIDE) < n_q && (int64_t)(i % OUT_STRIDE) < n_rows;
+                            scores += score;
+                            nonzero += score && ref[i] != 0.0f;
+                            compared++;
+                        }
+                        /* the scores as weights: y_g += ref[g][r] * rows[r], the outputs strided */
+                        for (size_t i = 0; i < n_x; i++)
+                            y_ref[i] = y_got[i] = data[(i * 3 + 1) % MAX_N];
+                        kt_axpy_rows_typed(t, y_ref, X_STRIDE, n_q, ref, OUT_STRIDE, rows, n_rows, n);
+                        r->axpy_rows(y_got, X_STRIDE, n_q, ref, OUT_STRIDE, rows, n_rows, n);
+                        for (size_t i = 0; i < n_x; i++) {
+                            if (f32_bits(y_ref[i]) != f32_bits(y_got[i]) && failed++ < 3)
+                                fprintf(stderr, "  %s %s axpy_rows n=%lld rows=%lld outputs=%lld element %zu: ref %.9g, got %.9g\n",
+                                        kt_isa_name((enum kt_isa)isa), kt_row_type_name(t), (long long)n,
+                                        (long long)n_rows, (long long)n_q, i, y_ref[i], y_got[i]);
+                            compared++;
+                        }
+                    }
+            for (size_t li = 0; li < sizeof lengths / sizeof lengths[0]; li++) {
+                /* every row's last element is the last byte before a guard page */
+                const int64_t n = lengths[li];
+                struct guarded g;
+                void *end_row = guarded_alloc(&g, (size_t)n * kt_row_type_size(t));
+                memcpy(end_row, stored, (size_t)n * kt_row_type_size(t));
+                const void *same[MAX_ROWS];
+                for (int j = 0; j < MAX_ROWS; j++)
+                    same[j] = end_row;
+                r->dot_rows_multi(x, X_STRIDE, MAX_Q, same, MAX_ROWS, n, 1.0f, got, OUT_STRIDE);
+                r->axpy_rows(y_got, X_STRIDE, MAX_Q, got, OUT_STRIDE, same, MAX_ROWS, n);
+                guarded_free(&g);
+            }
+        }
+    }
+    KT_CHECK(failed == 0, "%d of %d results for several heads differ from the reference (must be bit-exact)", failed,
+             compared);
+    KT_CHECK(levels >= 1 && nonzero > scores * 9 / 10, "%d levels, only %d nonzero scores of %d: vacuous", levels,
+             nonzero, scores);
+    free(x);
+    free(data);
+    free(y_ref);
+    free(y_got);
+    free(ref);
+    free(got);
+    free(stored);
+}
+
 /* A kernel that reads one element past n faults on the guard page. */
 static void kernels_stay_inside_their_rows(void)
 {
@@ -1199,6 +1295,7 @@ int main(int argc, char **argv)
     KT_RUN(simd_dots_match_scalar_twins);
     KT_RUN(f32_row_ops_match_scalar_twins_on_odd_shapes);
     KT_RUN(cache_row_ops_match_the_reference_on_odd_shapes);
+    KT_RUN(heads_row_ops_match_the_reference_on_odd_shapes);
     KT_RUN(kernels_stay_inside_their_rows);
     KT_RUN(gemv_equals_one_vec_dot_per_row);
     KT_RUN(gemv_odd_shapes_in_bounds);

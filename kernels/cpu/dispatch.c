@@ -120,6 +120,17 @@ static const struct dot_row scalar_dots[] = {KT_SCALAR_DOTS(KT_DOT_ROW)};
     static void axpy_##NAME##_ref(float *y, float a, const void *x, int64_t n)                                     \
     {                                                                                                              \
         kt_axpy_typed(TYPE, y, a, x, n);                                                                           \
+    }                                                                                                              \
+    static void dot_rows_multi_##NAME##_ref(const float *x, int64_t x_stride, int64_t n_x,                         \
+                                            const void *const *rows, int64_t n_rows, int64_t n, float scale,       \
+                                            float *out, int64_t out_stride)                                        \
+    {                                                                                                              \
+        kt_dot_rows_multi_typed(TYPE, x, x_stride, n_x, rows, n_rows, n, scale, out, out_stride);                  \
+    }                                                                                                              \
+    static void axpy_rows_##NAME##_ref(float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,  \
+                                       const void *const *rows, int64_t n_rows, int64_t n)                         \
+    {                                                                                                              \
+        kt_axpy_rows_typed(TYPE, y, y_stride, n_y, a, a_stride, rows, n_rows, n);                                  \
     }
 KT_REF_ROWS(f32, KT_ROW_F32)
 KT_REF_ROWS(bf16, KT_ROW_BF16)
@@ -130,9 +141,12 @@ static void fill_scalar(struct kt_cpu_kernels *t)
 {
     t->f32.dot_rows = kt_dot_rows_f32;
     t->f32.axpy = kt_axpy_f32;
-    t->row[KT_ROW_F32] = (struct kt_cpu_row_kernels){dot_rows_f32_ref, axpy_f32_ref};
-    t->row[KT_ROW_BF16] = (struct kt_cpu_row_kernels){dot_rows_bf16_ref, axpy_bf16_ref};
-    t->row[KT_ROW_F16] = (struct kt_cpu_row_kernels){dot_rows_f16_ref, axpy_f16_ref};
+    t->row[KT_ROW_F32] = (struct kt_cpu_row_kernels){dot_rows_f32_ref, axpy_f32_ref, dot_rows_multi_f32_ref,
+                                                        axpy_rows_f32_ref};
+    t->row[KT_ROW_BF16] = (struct kt_cpu_row_kernels){dot_rows_bf16_ref, axpy_bf16_ref, dot_rows_multi_bf16_ref,
+                                                        axpy_rows_bf16_ref};
+    t->row[KT_ROW_F16] = (struct kt_cpu_row_kernels){dot_rows_f16_ref, axpy_f16_ref, dot_rows_multi_f16_ref,
+                                                        axpy_rows_f16_ref};
     for (size_t k = 0; k < sizeof scalar_dots / sizeof scalar_dots[0]; k++) {
         const struct kt_type_traits *w = kt_type_traits(scalar_dots[k].type);
         struct kt_cpu_type_kernels *row = &t->type[scalar_dots[k].type];
@@ -189,9 +203,12 @@ static void fill_avx2(struct kt_cpu_kernels *t)
     fill_scalar(t);
     t->f32.dot_rows = kt_dot_rows_f32_avx2;
     t->f32.axpy = kt_axpy_f32_avx2;
-    t->row[KT_ROW_F32] = (struct kt_cpu_row_kernels){kt_dot_rows_f32_any_avx2, kt_axpy_f32_any_avx2};
-    t->row[KT_ROW_BF16] = (struct kt_cpu_row_kernels){kt_dot_rows_bf16_avx2, kt_axpy_bf16_avx2};
-    t->row[KT_ROW_F16] = (struct kt_cpu_row_kernels){kt_dot_rows_f16_avx2, kt_axpy_f16_avx2};
+    t->row[KT_ROW_F32] = (struct kt_cpu_row_kernels){kt_dot_rows_f32_any_avx2, kt_axpy_f32_any_avx2,
+                                                        kt_dot_rows_multi_f32_avx2, kt_axpy_rows_f32_avx2};
+    t->row[KT_ROW_BF16] = (struct kt_cpu_row_kernels){kt_dot_rows_bf16_avx2, kt_axpy_bf16_avx2,
+                                                        kt_dot_rows_multi_bf16_avx2, kt_axpy_rows_bf16_avx2};
+    t->row[KT_ROW_F16] = (struct kt_cpu_row_kernels){kt_dot_rows_f16_avx2, kt_axpy_f16_avx2,
+                                                        kt_dot_rows_multi_f16_avx2, kt_axpy_rows_f16_avx2};
     for (size_t k = 0; k < sizeof avx2_dots / sizeof avx2_dots[0]; k++) {
         t->type[avx2_dots[k].type].vec_dot = avx2_dots[k].vec_dot;
         t->type[avx2_dots[k].type].gemv = avx2_dots[k].gemv;
@@ -261,6 +278,12 @@ static void fill_avx512(struct kt_cpu_kernels *t)
     t->row[KT_ROW_F32].dot_rows = kt_dot_rows_f32_avx512; /* two rows per zmm, the same bits */
     t->row[KT_ROW_BF16].dot_rows = kt_dot_rows_bf16_avx512;
     t->row[KT_ROW_F16].dot_rows = kt_dot_rows_f16_avx512;
+    t->row[KT_ROW_F32].dot_rows_multi = kt_dot_rows_multi_f32_avx512; /* each row load shared by 4 queries */
+    t->row[KT_ROW_BF16].dot_rows_multi = kt_dot_rows_multi_bf16_avx512;
+    t->row[KT_ROW_F16].dot_rows_multi = kt_dot_rows_multi_f16_avx512;
+    t->row[KT_ROW_F32].axpy_rows = kt_axpy_rows_f32_avx512; /* 8 outputs x 32 elements in registers */
+    t->row[KT_ROW_BF16].axpy_rows = kt_axpy_rows_bf16_avx512;
+    t->row[KT_ROW_F16].axpy_rows = kt_axpy_rows_f16_avx512;
 }
 #else
 static void fill_avx512(struct kt_cpu_kernels *t)

@@ -73,6 +73,13 @@ struct kt_cpu_row_kernels {
     void (*dot_rows)(const float *x, const void *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
                      int64_t out_stride);
     void (*axpy)(float *y, float a, const void *x, int64_t n);
+    /* n_x queries against the same rows, n_y outputs over the same rows
+     * (kt_dot_rows_multi_typed, kt_axpy_rows_typed): each row is read once
+     * for all of them and each output stays in registers over the rows. */
+    void (*dot_rows_multi)(const float *x, int64_t x_stride, int64_t n_x, const void *const *rows, int64_t n_rows,
+                           int64_t n, float scale, float *out, int64_t out_stride);
+    void (*axpy_rows)(float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,
+                      const void *const *rows, int64_t n_rows, int64_t n);
 };
 
 struct kt_cpu_kernels {

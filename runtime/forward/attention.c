@@ -158,8 +158,10 @@ static void online_softmax_finish(float *acc, int64_t n, double sum)
 
 /* Item i = (token items[i / n_groups], heads of group i % n_groups): the
  * group's queries against the latent rows, streamed in key blocks of
- * KT_ATTN_EXPAND_ROWS rows (online softmax), each block read once for all
- * of the group's heads while it sits in L1/L2.  Rows are read in the cache's
+ * KT_ATTN_EXPAND_ROWS rows (online softmax): each block's scores for all of
+ * the group's heads in one pass over its rows (dot_rows_multi), then their
+ * outputs summed over the block in registers (axpy_rows), the rows widened
+ * once per tile of heads rather than once per head.  Rows are read in the cache's
  * own type (BF16/F16 widened exactly on the fly).  Each head's arithmetic is
  * the same whatever the group, so grouping changes no bit of the result. */
 static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
@@ -195,14 +197,10 @@ static void absorbed_task(void *ctx, int64_t begin, int64_t end, int thread)
         /* keys are whole rows [c | k_pe], values their first kvr elements: c */
         for (uint32_t t0 = 0; t0 < n_kv; t0 += B) {
             const uint32_t nt = n_kv - t0 < B ? n_kv - t0 : B;
-            for (uint32_t g = 0; g < G; g++) {
-                float *sc = s->scores + (size_t)g * B;
-                rk->dot_rows(s->query + (size_t)g * row, s->rows + t0, nt, row, e->kq_scale, sc, 1);
-                online_softmax_block(sc, nt, &m[g], &sum[g], s->o_lat + (size_t)g * kvr, kvr);
-            }
-            for (uint32_t t = 0; t < nt; t++)
-                for (uint32_t g = 0; g < G; g++)
-                    rk->axpy(s->o_lat + (size_t)g * kvr, s->scores[(size_t)g * B + t], s->rows[t0 + t], kvr);
+            rk->dot_rows_multi(s->query, row, G, s->rows + t0, nt, row, e->kq_scale, s->scores, B);
+            for (uint32_t g = 0; g < G; g++)
+                online_softmax_block(s->scores + (size_t)g * B, nt, &m[g], &sum[g], s->o_lat + (size_t)g * kvr, kvr);
+            rk->axpy_rows(s->o_lat, kvr, G, s->scores, B, s->rows + t0, nt, kvr);
         }
 
         for (uint32_t g = 0; g < G; g++) {
@@ -229,6 +227,7 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank;
     const enum kt_row_type rt = kt_kv_cache_row_type(e->kv);
     const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
+    const struct kt_cpu_row_kernels *vk = &kt_cpu_kernels()->row[KT_ROW_F32]; /* the expanded values are floats */
     const uint32_t B = KT_ATTN_EXPAND_ROWS;
 
     for (int64_t i = begin; i < end; i++) {
@@ -267,8 +266,7 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
                 float *out = e->o + ((size_t)b * H + h) * dv;
                 f->dot_rows(q_h, s->k_rows, nk, dk, e->kq_scale, s->scores, 1);
                 online_softmax_block(s->scores, nk, &s->q_max[q], &s->q_sum[q], out, dv);
-                for (uint32_t t = 0; t < nk; t++)
-                    f->axpy(out, s->scores[t], s->v_rows[t], dv);
+                vk->axpy_rows(out, 0, 1, s->scores, 0, (const void *const *)s->v_rows, nk, dv);
             }
         }
         for (uint32_t q = 0; q < ch->n; q++)

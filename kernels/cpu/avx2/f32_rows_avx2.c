@@ -164,3 +164,106 @@ void kt_axpy_f32_any_avx2(float *y, float a, const void *x, int64_t n)
 {
     kt_axpy_f32_avx2(y, a, x, n);
 }
+
+/* ---- several heads over the same rows ----------------------------------------------
+ *
+ * dot_rows_multi runs the level's dot_rows once per query: a query's rows
+ * are few and in L1 (the AVX-512 level shares each row's load between
+ * queries).  axpy_rows keeps a tile of up to four outputs by sixteen
+ * elements in ymm registers while the rows pass: each row's elements are
+ * widened once for the tile's outputs, and each element's adds come in row
+ * order, a product then a sum, as n_rows axpy calls make them. */
+
+static inline __m256 load8_f32(const void *r, int64_t i)
+{
+    return _mm256_loadu_ps((const float *)r + i);
+}
+
+static inline __m256 load8_bf16(const void *r, int64_t i)
+{
+    return load_bf16((const uint16_t *)r + i);
+}
+
+static inline __m256 load8_f16(const void *r, int64_t i)
+{
+    return load_f16((const uint16_t *)r + i);
+}
+
+static inline float elem8_f32(const void *r, int64_t i)
+{
+    return ((const float *)r)[i];
+}
+
+static inline float elem8_bf16(const void *r, int64_t i)
+{
+    return widen_bf16(((const uint16_t *)r)[i]);
+}
+
+static inline float elem8_f16(const void *r, int64_t i)
+{
+    return widen_f16(((const uint16_t *)r)[i]);
+}
+
+#define KT_HEADS_AVX2(NAME, LOAD8, ELEM, DOT_ROWS)                                                                 \
+    void kt_dot_rows_multi_##NAME##_avx2(const float *x, int64_t x_stride, int64_t n_x, const void *const *rows,   \
+                                         int64_t n_rows, int64_t n, float scale, float *out, int64_t out_stride)   \
+    {                                                                                                              \
+        for (int64_t q = 0; q < n_x; q++)                                                                          \
+            DOT_ROWS(x + q * x_stride, rows, n_rows, n, scale, out + q * out_stride, 1);                           \
+    }                                                                                                              \
+                                                                                                                   \
+    /* Outputs g < G (a compile-time count once inlined), elements [i, i + 8 W). */                                \
+    static inline __attribute__((always_inline)) void axpy_tile_##NAME(const int G, const int W, float *y,         \
+                                                                        int64_t ys, const float *a, int64_t as,    \
+                                                                        const void *const *rows, int64_t nr,       \
+                                                                        int64_t i)                                 \
+    {                                                                                                              \
+        __m256 acc[4][2];                                                                                          \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                                        \
+            _Pragma("GCC unroll 2") for (int w = 0; w < W; w++)                                                    \
+                acc[g][w] = _mm256_loadu_ps(y + g * ys + i + 8 * w);                                               \
+        for (int64_t r = 0; r < nr; r++) {                                                                         \
+            __m256 v[2];                                                                                           \
+            _Pragma("GCC unroll 2") for (int w = 0; w < W; w++) v[w] = LOAD8(rows[r], i + 8 * w);                  \
+            _Pragma("GCC unroll 4") for (int g = 0; g < G; g++) {                                                  \
+                const __m256 av = _mm256_set1_ps(a[g * as + r]);                                                   \
+                _Pragma("GCC unroll 2") for (int w = 0; w < W; w++)                                                \
+                    acc[g][w] = _mm256_add_ps(acc[g][w], _mm256_mul_ps(av, v[w]));                                 \
+            }                                                                                                      \
+        }                                                                                                          \
+        _Pragma("GCC unroll 4") for (int g = 0; g < G; g++)                                                        \
+            _Pragma("GCC unroll 2") for (int w = 0; w < W; w++)                                                    \
+                _mm256_storeu_ps(y + g * ys + i + 8 * w, acc[g][w]);                                               \
+    }                                                                                                              \
+                                                                                                                   \
+    static inline __attribute__((always_inline)) void axpy_heads_##NAME(const int G, float *y, int64_t ys,         \
+                                                                         const float *a, int64_t as,               \
+                                                                         const void *const *rows, int64_t nr,      \
+                                                                         int64_t n)                                \
+    {                                                                                                              \
+        int64_t i = 0;                                                                                             \
+        for (; i + 16 <= n; i += 16)                                                                               \
+            axpy_tile_##NAME(G, 2, y, ys, a, as, rows, nr, i);                                                     \
+        for (; i + 8 <= n; i += 8)                                                                                 \
+            axpy_tile_##NAME(G, 1, y, ys, a, as, rows, nr, i);                                                     \
+        for (; i < n; i++)                                                                                         \
+            for (int g = 0; g < G; g++)                                                                            \
+                for (int64_t r = 0; r < nr; r++)                                                                   \
+                    y[g * ys + i] += a[g * as + r] * ELEM(rows[r], i);                                             \
+    }                                                                                                              \
+                                                                                                                   \
+    void kt_axpy_rows_##NAME##_avx2(float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,     \
+                                    const void *const *rows, int64_t n_rows, int64_t n)                            \
+    {                                                                                                              \
+        int64_t g = 0;                                                                                             \
+        for (; g + 4 <= n_y; g += 4)                                                                               \
+            axpy_heads_##NAME(4, y + g * y_stride, y_stride, a + g * a_stride, a_stride, rows, n_rows, n);         \
+        for (; g + 2 <= n_y; g += 2)                                                                               \
+            axpy_heads_##NAME(2, y + g * y_stride, y_stride, a + g * a_stride, a_stride, rows, n_rows, n);         \
+        if (g < n_y)                                                                                               \
+            axpy_heads_##NAME(1, y + g * y_stride, y_stride, a + g * a_stride, a_stride, rows, n_rows, n);         \
+    }
+
+KT_HEADS_AVX2(f32, load8_f32, elem8_f32, kt_dot_rows_f32_any_avx2)
+KT_HEADS_AVX2(bf16, load8_bf16, elem8_bf16, kt_dot_rows_bf16_avx2)
+KT_HEADS_AVX2(f16, load8_f16, elem8_f16, kt_dot_rows_f16_avx2)

@@ -23,4 +23,18 @@ void kt_dot_rows_f16_avx2(const float *x, const void *const *rows, int64_t n_row
                           int64_t out_stride);
 void kt_axpy_f16_avx2(float *y, float a, const void *x, int64_t n);
 
+/* Several queries / outputs over the same rows (kt_dot_rows_multi_typed, kt_axpy_rows_typed). */
+void kt_dot_rows_multi_f32_avx2(const float *x, int64_t x_stride, int64_t n_x, const void *const *rows, int64_t n_rows,
+                              int64_t n, float scale, float *out, int64_t out_stride);
+void kt_axpy_rows_f32_avx2(float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,
+                         const void *const *rows, int64_t n_rows, int64_t n);
+void kt_dot_rows_multi_bf16_avx2(const float *x, int64_t x_stride, int64_t n_x, const void *const *rows, int64_t n_rows,
+                              int64_t n, float scale, float *out, int64_t out_stride);
+void kt_axpy_rows_bf16_avx2(float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,
+                         const void *const *rows, int64_t n_rows, int64_t n);
+void kt_dot_rows_multi_f16_avx2(const float *x, int64_t x_stride, int64_t n_x, const void *const *rows, int64_t n_rows,
+                              int64_t n, float scale, float *out, int64_t out_stride);
+void kt_axpy_rows_f16_avx2(float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,
+                         const void *const *rows, int64_t n_rows, int64_t n);
+
 #endif

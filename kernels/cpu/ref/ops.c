@@ -178,6 +178,22 @@ void kt_axpy_typed(enum kt_row_type t, float *y, float a, const void *x, int64_t
         y[i] += a * row_elem(t, x, i);
 }
 
+void kt_dot_rows_multi_typed(enum kt_row_type t, const float *x, int64_t x_stride, int64_t n_x,
+                             const void *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                             int64_t out_stride)
+{
+    for (int64_t q = 0; q < n_x; q++)
+        kt_dot_rows_typed(t, x + q * x_stride, rows, n_rows, n, scale, out + q * out_stride, 1);
+}
+
+void kt_axpy_rows_typed(enum kt_row_type t, float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,
+                        const void *const *rows, int64_t n_rows, int64_t n)
+{
+    for (int64_t g = 0; g < n_y; g++)
+        for (int64_t r = 0; r < n_rows; r++)
+            kt_axpy_typed(t, y + g * y_stride, a[g * a_stride + r], rows[r], n);
+}
+
 /* ---- RoPE with YaRN ---------------------------------------------------------------- */
 
 /* YaRN's correction dimension: the (fractional) pair index whose wavelength

@@ -67,6 +67,16 @@ const void *kt_row_at(enum kt_row_type t, const void *row, int64_t i);
 void kt_dot_rows_typed(enum kt_row_type t, const float *x, const void *const *rows, int64_t n_rows, int64_t n,
                        float scale, float *out, int64_t out_stride);
 void kt_axpy_typed(enum kt_row_type t, float *y, float a, const void *x, int64_t n);
+/* Several queries against the same rows, and several outputs over the same
+ * rows: attention's heads of one token over one key block.
+ *   out[q * out_stride + r] = scale * dot(x + q * x_stride, rows[r], n)   for q < n_x, r < n_rows
+ *   y_g += a[g * a_stride + r] * rows[r], r = 0, 1, .. in turn           for g < n_y, y_g = y + g * y_stride
+ * (kt_dot_rows_typed per query; kt_axpy_typed once per row, in row order). */
+void kt_dot_rows_multi_typed(enum kt_row_type t, const float *x, int64_t x_stride, int64_t n_x,
+                             const void *const *rows, int64_t n_rows, int64_t n, float scale, float *out,
+                             int64_t out_stride);
+void kt_axpy_rows_typed(enum kt_row_type t, float *y, int64_t y_stride, int64_t n_y, const float *a, int64_t a_stride,
+                        const void *const *rows, int64_t n_rows, int64_t n);
 
 /* ---- RoPE with YaRN ---------------------------------------------------------------- */
 
