@@ -208,7 +208,8 @@ struct kt_machine {
     struct kt_machine_accel accel[KT_MACHINE_MAX_ACCEL];
     /* "network": {"bandwidth_gbps": GB/s, "latency_us": us} - the link to the other ranks of an MPI
      * job, each message latency_us + bytes / bandwidth; both optional (KT_MACHINE_DEFAULT_NET_*);
-     * network_given: the file has the entry.  Not measured by kt-bench machine: the user writes it. */
+     * network_given: the file has the entry.  Measured by `mpirun kt-bench network --machine FILE` (each
+     * rank's hop to the next rank, through kt's transport), or written by hand. */
     double net_gbps, net_latency_us;
     bool network_given;
     /* Entries that were missing and got defaults ("nodes[0].decode.q6_K: 20 GB/s assumed"). */

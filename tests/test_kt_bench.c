@@ -510,10 +510,10 @@ static void bad_arguments_say_what_to_do(void)
         int want_rc;
         const char *want;
     } cases[] = {
-        {"kernel", 2, "kt-bench: the command 'kernel' is not one of kernels, model, machine, profile, check or "
-                      "grammar: did you mean 'kernels'?"},
+        {"kernel", 2, "kt-bench: the command 'kernel' is not one of kernels, model, machine, profile, check, "
+                      "grammar or network: did you mean 'kernels'?"},
         {"kernels -m x.gguf", 2, "kt-bench: --model does not apply to kernels: it is an option of model, profile, "
-                                 "check and grammar"},
+                                 "check, grammar and network"},
         {"kernels --seconds 0", 2, "kt-bench: --seconds '0' is out of range: give a number in [0.01, 600]"},
         {"model -m a.gguf --gen-token 4", 2, "kt-bench: unknown option '--gen-token': did you mean '--gen-tokens'?"},
         {"model -m a.gguf --machine m.json", 2, "kt-bench: --machine and --profile feed --predict's cost model"},

@@ -12,7 +12,8 @@
  * one) with the same text and logits, and a rank with a sim device of its own
  * (a hybrid stage) too, hand-written and as kt-place --device sim plans it
  * for a rank whose machine file has a sim; `mpirun kt-bench model` reports once,
- * with each phase's pipeline account.
+ * with each phase's pipeline account and the link model's figure beside it; `mpirun kt-bench
+ * network` measures every hop of the ring and writes each rank's into its machine file.
  *
  * Skipped (visibly) when kt was built without MPI or mpirun is absent.
  */
@@ -23,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "machine.h"
 #include "model.h"
 #include "mpi_harness.h"
 #include "ranks_plan.h"
@@ -302,6 +304,14 @@ static void kt_bench_model_over_ranks(void)
     const double bubble = json_real_value(json_object_get(pd, "bubble"));
     const double comm = json_real_value(json_object_get(pd, "communication_seconds_per_step"));
     KT_CHECK(bubble > 0 && bubble < 1 && comm >= 0 && comm < 1, "bubble %g, communication %g s a step", bubble, comm);
+    /* beside it kt-place's link model of the step, from the two hops measured before the run */
+    const double link = json_real_value(json_object_get(pd, "link_model_seconds_per_step"));
+    json_t *hops = json_object_get(j, "hops");
+    KT_CHECK(link > 0 && link < 1 && json_array_size(hops) == 2 &&
+                 json_integer_value(json_object_get(json_array_get(hops, 1), "from")) == 1 &&
+                 json_integer_value(json_object_get(json_array_get(hops, 1), "to")) == 0 &&
+                 json_real_value(json_object_get(json_array_get(hops, 0), "bandwidth_gbps")) > 0,
+             "the link model's step %g s, hops %s", link, body ? body : "");
     /* the bytes kt-place's link model prices (placement/ranks_plan.h): rank 0 sends each batch-1 decode step
      * as one STEP of one token and gets one RESULT back */
     struct kt_model *m = NULL;
@@ -319,6 +329,78 @@ static void kt_bench_model_over_ranks(void)
     kt_model_close(m);
     json_decref(j);
     free(body);
+}
+
+/* mpirun -np 3 kt-bench network: every hop of the ring (0 -> 1 -> 2 -> 0) measured through kt's transport,
+ * its figures positive and finite, the pipeline's messages priced by the fitted line within reason; each rank
+ * writes its own hop into its machine file ("%r"), which then loads with its network given; one process alone is refused with a message naming mpirun, a missing machine file fails the job. */
+static void kt_bench_network_measures_every_hop(void)
+{
+    char pattern[1024], path[1024], json[1024], out[1024], log[1024];
+    snprintf(pattern, sizeof pattern, "%s%%r.json", kt_test_path("net-m"));
+    snprintf(json, sizeof json, "%s", kt_test_path("net.json"));
+    snprintf(out, sizeof out, "%s", kt_test_path("net.txt"));
+    snprintf(log, sizeof log, "%s", kt_test_path("net.log"));
+    for (int r = 0; r < 3; r++) {
+        snprintf(path, sizeof path, "%s", kt_test_path("net-m"));
+        snprintf(path + strlen(path), sizeof path - strlen(path), "%d.json", r);
+        write_machine(path, 1, 20);
+    }
+    int rc = kt_test_system("timeout 120 %s %s network --machine %s --prefill-tokens 32 --json %s >%s 2>%s",
+                            mpirun_cmd(3), kt_test_tool("kt-bench"), pattern, json, out, log);
+    KT_CHECK(rc == 0, "mpirun -np 3 kt-bench network: exit %d (see %s)", rc, log);
+    size_t n = 0;
+    char *text = kt_test_read_file(out, &n);
+    KT_CHECK(text && strstr(text, "0 -> 1") && strstr(text, "1 -> 2") && strstr(text, "2 -> 0") &&
+                 strstr(text, "GB/s"),
+             "not every hop printed: %s", text ? text : "");
+    free(text);
+    char *body = kt_test_read_file(json, &n);
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    json_t *hops = json_object_get(j, "hops");
+    KT_CHECK(json_integer_value(json_object_get(j, "ranks")) == 3 && json_array_size(hops) == 3,
+             "hops: %s", body ? body : "(no JSON)");
+    for (size_t i = 0; i < json_array_size(hops); i++) {
+        json_t *h = json_array_get(hops, i);
+        const double lat = json_real_value(json_object_get(h, "latency_us"));
+        const double gbps = json_real_value(json_object_get(h, "bandwidth_gbps"));
+        const double d = json_real_value(json_object_get(h, "decode_message_us"));
+        const double p = json_real_value(json_object_get(h, "prefill_message_us"));
+        const double pf = json_real_value(json_object_get(h, "prefill_message_fit_us"));
+        KT_CHECK(json_integer_value(json_object_get(h, "from")) == (json_int_t)i &&
+                     json_integer_value(json_object_get(h, "to")) == (json_int_t)((i + 1) % 3),
+                 "hop %zu is not %zu -> %zu", i, i, (i + 1) % 3);
+        KT_CHECK(lat > 0 && lat < 1e6 && gbps > 0 && gbps < 1e4 && d > 0 && p > d && pf > 0,
+                 "hop %zu: latency %g us, %g GB/s, decode message %g us, prefill message %g us (fit %g)", i, lat,
+                 gbps, d, p, pf);
+        /* the prefill message (32 tokens, 0.9 MiB) is in the line's range: the fit within 10x of it even on a
+         * loaded machine */
+        KT_CHECK(pf < 10 * p && p < 10 * pf, "hop %zu: prefill message %g us, the line says %g", i, p, pf);
+    }
+    json_decref(j);
+    free(body);
+    for (int r = 0; r < 3; r++) {
+        snprintf(path, sizeof path, "%s", kt_test_path("net-m"));
+        snprintf(path + strlen(path), sizeof path - strlen(path), "%d.json", r);
+        struct kt_machine *m = NULL;
+        kt_err err = {0};
+        KT_CHECK(kt_machine_load(path, &m, &err) == KT_OK, "%s", err.msg);
+        KT_CHECK(m && m->network_given && m->net_gbps > 0 && m->net_latency_us > 0 && m->n_nodes == 1,
+                 "rank %d's machine file: network %s, %g GB/s, %g us", r, m && m->network_given ? "given" : "missing",
+                 m ? m->net_gbps : 0, m ? m->net_latency_us : 0);
+        free(m);
+    }
+    /* alone: refused, naming mpirun */
+    rc = kt_test_system("timeout 60 %s network >/dev/null 2>%s", kt_test_tool("kt-bench"), log);
+    text = kt_test_read_file(log, &n);
+    KT_CHECK(rc != 0 && text && strstr(text, "mpirun -np 2"), "one process: exit %d, %s", rc, text ? text : "");
+    free(text);
+    /* a rank without its machine file: the job fails, saying which */
+    rc = kt_test_system("timeout 120 %s %s network --machine %s >/dev/null 2>%s", mpirun_cmd(2),
+                        kt_test_tool("kt-bench"), kt_test_path("net-none-%r.json"), log);
+    text = kt_test_read_file(log, &n);
+    KT_CHECK(rc != 0 && text && strstr(text, "net-none-"), "no machine file: exit %d, %s", rc, text ? text : "");
+    free(text);
 }
 
 static void more_ranks_than_layers_is_refused(void)
@@ -351,6 +433,7 @@ int main(void)
     KT_RUN(a_rank_with_a_sim_device);
     KT_RUN(kt_place_plans_a_hybrid_rank);
     KT_RUN(kt_bench_model_over_ranks);
+    KT_RUN(kt_bench_network_measures_every_hop);
     KT_RUN(more_ranks_than_layers_is_refused);
     return kt_test_finish();
 }

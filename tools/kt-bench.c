@@ -27,8 +27,10 @@
 
 /* ---- arguments ------------------------------------------------------------------ */
 
-enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8, FOR_CHECK = 16, FOR_GRAMMAR = 32 };
-static const char *const command_names[] = {"kernels", "model", "machine", "profile", "check", "grammar"}; /* by bit */
+enum { FOR_KERNELS = 1, FOR_MODEL = 2, FOR_BOTH = 3, FOR_MACHINE = 4, FOR_PROFILE = 8, FOR_CHECK = 16, FOR_GRAMMAR = 32,
+       FOR_NETWORK = 64 };
+static const char *const command_names[] = {"kernels", "model", "machine", "profile", "check", "grammar",
+                                             "network"}; /* by bit */
 
 #define OPTS(o) ((struct kt_bench_options *)(o))
 
@@ -119,14 +121,16 @@ static bool opt_predict(void *opts, const char *arg, char *why, size_t why_size)
 static const struct kt_cli_option options_table[] = {
     {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE | FOR_CHECK,
      "threads (default: the CPUs this process may use)", opt_threads},
-    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK | FOR_GRAMMAR, "also write the results as JSON to FILE", opt_json},
+    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK | FOR_GRAMMAR | FOR_NETWORK, "also write the results as JSON to FILE", opt_json},
     {"--seconds", NULL, "S", FOR_KERNELS | FOR_MACHINE, "time per measurement (default 1; machine: per point, 0.3)",
      opt_seconds},
-    {"--prefill-tokens", NULL, "N", FOR_KERNELS, "tokens of the prefill shape (default 128)", opt_prefill_tokens},
+    {"--prefill-tokens", NULL, "N", FOR_KERNELS | FOR_NETWORK,
+     "tokens of the prefill shape, or of the prefill chunk's message (default 128)", opt_prefill_tokens},
     {"--isa", NULL, "LIST", FOR_KERNELS, "levels whose kernels to measure, e.g. avx2,avx512 (default: all)",
      opt_isa},
-    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR,
-     "GGUF model file or Hugging Face checkpoint directory (grammar: a GGUF file, for its tokenizer)", opt_model},
+    {"--model", "-m", "MODEL", FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR | FOR_NETWORK,
+     "GGUF model file or Hugging Face checkpoint directory (grammar: a GGUF file, for its tokenizer; network: "
+     "for its width, default 7168)", opt_model},
     {"--vocab", NULL, "N", FOR_GRAMMAR, "tokens of the synthetic vocabulary without -m (default 163840, Kimi-K2's)",
      opt_vocab},
     {"--prompt-tokens", NULL, "N", FOR_MODEL, "random prompt tokens to prefill (default 128)", opt_prompt_tokens},
@@ -157,7 +161,9 @@ static const struct kt_cli_option options_table[] = {
     {"--sim-transfer-gbps", NULL, "G", FOR_MACHINE, "the sim's modelled link bandwidth (default 25)", opt_sim_transfer},
     {"--sim-latency-us", NULL, "U", FOR_MACHINE, "the sim's modelled copy latency (default 10)", opt_sim_latency},
     {"--predict", NULL, NULL, FOR_MODEL, "also predict each layer's time (cost model) beside the measured", opt_predict},
-    {"--machine", NULL, "FILE", FOR_MODEL, "--predict: machine file (kt-bench machine; default: stated defaults)",
+    {"--machine", NULL, "FILE", FOR_MODEL | FOR_NETWORK,
+     "--predict: machine file (kt-bench machine; default: stated defaults); network: each rank's, its \"%r\" the "
+     "rank, into which it writes its link",
      opt_machine},
     {"--profile", NULL, "FILE", FOR_MODEL, "--predict: routing profile (default: uniform routing)", opt_profile},
 };
@@ -175,7 +181,8 @@ static void usage(FILE *f);
     "       kt-bench machine [-t N] [--topology SYNTH] [--seconds S] -o machine.json\n"                               \
     "       kt-bench check -m MODEL [--placement FILE] [--prompts FILE] [--max-tokens N] [-t N]\n"                    \
     "                      [--json FILE]\n" \
-    "       kt-bench grammar [-m MODEL | --vocab N] [--seed S] [--json FILE]\n"
+    "       kt-bench grammar [-m MODEL | --vocab N] [--seed S] [--json FILE]\n"                 \
+    "       mpirun -np N kt-bench network [-m MODEL] [--prefill-tokens N] [--machine FILE] [--json FILE]\n"
 
 static const struct kt_cli cli = {
     .prog = "kt-bench",
@@ -202,8 +209,10 @@ static const char *command_label(unsigned commands)
     case FOR_CHECK: return "check";
     case FOR_GRAMMAR: return "grammar";
     case FOR_MODEL | FOR_GRAMMAR: return "mod/gram";
-    case FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR: return "m/p/c/g";
-    case FOR_BOTH | FOR_CHECK | FOR_GRAMMAR: return "k/m/c/g";
+    case FOR_MODEL | FOR_PROFILE | FOR_CHECK | FOR_GRAMMAR | FOR_NETWORK: return "m/p/c/g/n";
+    case FOR_BOTH | FOR_CHECK | FOR_GRAMMAR | FOR_NETWORK: return "k/m/c/g/n";
+    case FOR_KERNELS | FOR_NETWORK: return "kern/net";
+    case FOR_MODEL | FOR_NETWORK: return "mod/net";
     default: return "";
     }
 }
@@ -225,7 +234,10 @@ static void usage(FILE *f)
                "           logits compared (a prompt passes with its median row <= 1e-2 and 9 in 10 <= 3e-2),\n"
                "           and the layer named where they start to part; exit 0 PASS, 2 FAIL, 1 error\n"
                "  grammar  what constrained decoding costs: the token mask of a JSON schema per generated token\n"
-               "           over a large vocabulary (the model's tokenizer, or a synthetic one)\n\noptions:\n");
+               "           over a large vocabulary (the model's tokenizer, or a synthetic one)\n"
+               "  network  under mpirun: the link between the ranks hop by hop round the ring (latency, bandwidth, the\n"
+               "           pipeline's decode and prefill messages), through kt's transport; writes each rank's into\n"
+               "           its machine file (kt-place's link model)\n\noptions:\n");
     kt_cli_print_options(f, &cli, command_label);
 }
 
@@ -242,7 +254,7 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
     }
     if (argc < 2)
         return kt_cli_usage_error(&cli, "%s",
-                                  "no command given: give one of kernels, model, profile, machine, check or grammar");
+                                  "no command given: give one of kernels, model, profile, machine, check, grammar or network");
     char why[512];
     int index = kt_cli_choice_arg("the command", argv[1], command_names, N_COMMANDS, why, sizeof why);
     if (index < 0)
@@ -289,6 +301,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kt-bench: %s\n", err.msg);
         return 1;
     }
+    if (!strcmp(o.command, "network")) /* no threads of its own */
+        return kt_bench_network(&o);
     if (!o.threads && kt_tool_default_threads("kt-bench", stderr, &o.threads, &err) != KT_OK) {
         fprintf(stderr, "kt-bench: %s\n", err.msg);
         return 1;

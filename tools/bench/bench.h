@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "cpu/ref/ops.h"
+#include "status.h"
 
 struct kt_bench_options {
     const char *command;        /* "kernels", "model", "profile", "machine", "check" or "grammar" */
@@ -68,6 +69,33 @@ int kt_bench_machine(const struct kt_bench_options *o);
 int kt_bench_check(const struct kt_bench_options *o);
 /* grammar: the token mask's cost per generated token (bench/grammar.c). */
 int kt_bench_grammar(const struct kt_bench_options *o);
+
+/* network: the link between the ranks of an MPI job, hop by hop round the ring (bench/network.c);
+ * prefill_tokens sizes the prefill chunk's message, machine (a "%r" in it: the rank) takes each
+ * rank's hop, model (optional) gives the width. */
+int kt_bench_network(const struct kt_bench_options *o);
+
+/* One hop of the ring, from -> to, as its sender measured it (one way: half the median round trip). */
+struct kt_bench_link {
+    int from, to;
+    char host[64];              /* from's host */
+    double latency_us, gbps;    /* the line through a 64-byte and a 4 MiB message */
+    double wake_us;             /* what a receiver that had waited 2 ms adds: its wait sees the message late */
+    uint64_t decode_bytes, prefill_bytes; /* the pipeline's messages: a decode step's STEP of one token, a chunk's */
+    double decode_us, prefill_us;         /* ... measured one way */
+    double decode_fit_us, prefill_fit_us; /* ... as the line prices them (a receiver in a tight poll) */
+};
+struct kt_transport;
+/* Every rank of the job calls it at the same point with the same arguments: rank 0 gets every hop
+ * (links[r]: r -> r + 1, the last to 0), the others their own in links[0].  reps: round trips of
+ * the small messages (a tenth, at least 3, of the large ones).  KT_ERR_IO: a rank did not answer. */
+kt_status kt_bench_ring_links(struct kt_transport *t, uint32_t n_embd, uint32_t prefill_tokens, int reps,
+                        struct kt_bench_link *links, kt_err *err);
+/* kt-place's link model (kt_rank_link_seconds) of one step of n_tokens round the ring, priced with the
+ * measured hops. */
+double kt_bench_link_step_seconds(const struct kt_bench_link *links, int n_ranks, uint32_t n_embd, uint32_t n_tokens);
+/* links[0 .. n) as a JSON array (a json_t *). */
+void *kt_bench_links_json(const struct kt_bench_link *links, int n);
 
 /* Shared helpers (bench/common.c). */
 double kt_bench_now_seconds(void);

@@ -25,6 +25,7 @@
 #include "preflight.h"
 #include "profile.h"
 #include "ranks.h"
+#include "ranks_plan.h"
 #include "svg.h"
 #include "transport.h"
 
@@ -512,8 +513,9 @@ static json_t *prediction_json(const struct phase *ph, const struct kt_cost_laye
 
 /* Under mpirun: rank 0's account of a phase's steps through the pipeline.  At one token a step (kt-bench
  * model's decode) and in prefill chunks the steps go whole, rank after rank: what a step took beyond the
- * ranks' work is the activations' transfer and the messages' latency. */
-static void print_pipeline(const char *phase, const struct kt_pipeline_stats *ps)
+ * ranks' work is the activations' transfer and the messages' latency, beside it what kt-place's link model
+ * makes of the step's messages with the hops measured before the run (link_s). */
+static void print_pipeline(const char *phase, const struct kt_pipeline_stats *ps, double link_s)
 {
     if (ps->steps == 0)
         return;
@@ -526,10 +528,11 @@ static void print_pipeline(const char *phase, const struct kt_pipeline_stats *ps
            (unsigned long long)ps->steps, per_step);
     for (int r = 0; r < ps->n_ranks; r++)
         printf(" %.3f", (double)ps->busy_ns[r] / (double)ps->steps * 1e-6);
-    printf(" ms a step; communication %.3f ms a step; bubble %.0f%%\n", comm, 100.0 * kt_pipeline_bubble(ps));
+    printf(" ms a step; communication %.3f ms a step (the link model: %.3f); bubble %.0f%%\n", comm, link_s * 1e3,
+           100.0 * kt_pipeline_bubble(ps));
 }
 
-static json_t *pipeline_json(const struct kt_pipeline_stats *ps)
+static json_t *pipeline_json(const struct kt_pipeline_stats *ps, double link_s)
 {
     json_t *j = json_object(), *busy = json_array();
     uint64_t sum = 0;
@@ -545,12 +548,35 @@ static json_t *pipeline_json(const struct kt_pipeline_stats *ps)
     json_object_set_new(j, "communication_seconds_per_step",
                         json_real(ps->steps && ps->step_ns > sum ? (double)(ps->step_ns - sum) * 1e-9 / ps->steps : 0));
     json_object_set_new(j, "bubble", json_real(kt_pipeline_bubble(ps)));
+    json_object_set_new(j, "link_model_seconds_per_step", json_real(link_s));
     json_object_set_new(j, "sent_bytes", json_integer((json_int_t)ps->sent_bytes));
     json_object_set_new(j, "received_bytes", json_integer((json_int_t)ps->received_bytes));
     return j;
 }
 
 /* Ranks > 0 of `mpirun kt-bench model`: this rank's layers, following rank 0's steps until it stops. */
+#define LINK_REPS 50 /* round trips of the small messages when the run measures the hops */
+
+/* The tokens of the run's first prefill step: the prefill chunk's message the hops are timed with. */
+static uint32_t prefill_message_tokens(const struct kt_bench_options *o, const struct kt_engine *e)
+{
+    const uint32_t chunk = kt_engine_max_batch_tokens(e);
+    return o->prompt_tokens < chunk ? o->prompt_tokens : chunk;
+}
+
+/* kt-place's link model of the run's prefill steps (chunks of the prompt), a step on average. */
+static double prefill_link_seconds(const struct kt_bench_link *links, int n_ranks, const struct kt_bench_options *o,
+                                   const struct kt_engine *e)
+{
+    const uint32_t chunk = kt_engine_max_batch_tokens(e), n_embd = kt_engine_n_embd(e);
+    double s = 0;
+    uint32_t steps = 0;
+    for (uint32_t done = 0; done < o->prompt_tokens; done += chunk, steps++)
+        s += kt_bench_link_step_seconds(links, n_ranks, n_embd,
+                                        o->prompt_tokens - done < chunk ? o->prompt_tokens - done : chunk);
+    return steps ? s / steps : 0;
+}
+
 static int follow(const struct kt_bench_options *o, struct kt_transport *t, struct kt_model *m,
                   struct kt_engine_params *ep)
 {
@@ -562,6 +588,9 @@ static int follow(const struct kt_bench_options *o, struct kt_transport *t, stru
     kt_status st = kt_engine_create(m, ep, &e, &err);
     if (st == KT_OK)
         st = kt_pipeline_create(t, e, &pp, &p, &err);
+    struct kt_bench_link links[KT_RANK_PLAN_MAX] = {{0}};
+    if (st == KT_OK)
+        st = kt_bench_ring_links(t, kt_engine_n_embd(e), prefill_message_tokens(o, e), LINK_REPS, links, &err);
     if (st == KT_OK)
         st = kt_pipeline_follow(p, &err);
     if (st != KT_OK) {
@@ -597,6 +626,8 @@ int kt_bench_model(const struct kt_bench_options *o)
     struct kt_transport *transport = NULL; /* the job: one process, or the ranks of mpirun */
     struct kt_pipeline *pipeline = NULL;
     struct kt_pipeline_stats pipe_stats[2] = {{0}}; /* prefill, decode */
+    struct kt_bench_link links[KT_RANK_PLAN_MAX] = {{0}}; /* under mpirun: the hops, measured before the run */
+    double link_s[2] = {0, 0};                              /* ... kt-place's link model of a step, prefill, decode */
 
     if (kt_transport_init(NULL, NULL, &transport, &err) != KT_OK)
         goto fail;
@@ -650,6 +681,9 @@ int kt_bench_model(const struct kt_bench_options *o)
         goto fail;
     const struct kt_pipeline_params pp = {.timeout_ms = 120000};
     if (kt_pipeline_create(transport, e, &pp, &pipeline, &err) != KT_OK)
+        goto fail;
+    if (n_ranks > 1 && kt_bench_ring_links(transport, kt_engine_n_embd(e), prefill_message_tokens(o, e), LINK_REPS,
+                                           links, &err) != KT_OK)
         goto fail;
     t_load = kt_bench_now_seconds() - t_load;
     const uint32_t threads = kt_engine_params(e)->n_threads;
@@ -779,8 +813,15 @@ int kt_bench_model(const struct kt_bench_options *o)
     printf("decode                   %10.2f tok/s (%u tokens in %.3f s)\n", dec.tokens / dec.seconds, dec.tokens,
            dec.seconds);
     if (n_ranks > 1) {
-        print_pipeline("prefill", &pipe_stats[0]);
-        print_pipeline("decode", &pipe_stats[1]);
+        link_s[0] = prefill_link_seconds(links, n_ranks, o, e);
+        link_s[1] = kt_bench_link_step_seconds(links, n_ranks, kt_engine_n_embd(e), 1);
+        print_pipeline("prefill", &pipe_stats[0], link_s[0]);
+        print_pipeline("decode", &pipe_stats[1], link_s[1]);
+        printf("pipeline, hops           one way, measured before the run through kt's transport:");
+        for (int r = 0; r < n_ranks; r++)
+            printf("%s %d -> %d %.1f us (+ %.1f us to a rank that waited) + bytes / %.3f GB/s", r ? "," : "",
+                   links[r].from, links[r].to, links[r].latency_us, links[r].wake_us, links[r].gbps);
+        printf("\n");
     }
     struct kt_kv_cache_stats kvs;
     kt_kv_cache_stats(kt_engine_kv_cache(e), &kvs);
@@ -846,8 +887,9 @@ int kt_bench_model(const struct kt_bench_options *o)
     json_object_set_new(json_object_get(root, "decode"), "ratio_to_adjacent_triads_median", json_real(median_ratio));
     json_object_set_new(root, "routing", routing_json(m, routes));
     if (n_ranks > 1) {
-        json_object_set_new(json_object_get(root, "prefill"), "pipeline", pipeline_json(&pipe_stats[0]));
-        json_object_set_new(json_object_get(root, "decode"), "pipeline", pipeline_json(&pipe_stats[1]));
+        json_object_set_new(json_object_get(root, "prefill"), "pipeline", pipeline_json(&pipe_stats[0], link_s[0]));
+        json_object_set_new(json_object_get(root, "decode"), "pipeline", pipeline_json(&pipe_stats[1], link_s[1]));
+        json_object_set_new(root, "hops", kt_bench_links_json(links, n_ranks));
     }
     if (o->predict) {
         json_t *jp = json_object();
