@@ -226,7 +226,6 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
     const uint32_t H = e->hp.n_head, dn = e->hp.qk_nope_dim, dr = e->hp.qk_rope_dim;
     const uint32_t dk = dn + dr, dv = e->hp.v_head_dim, kvr = e->hp.kv_lora_rank;
     const enum kt_row_type rt = kt_kv_cache_row_type(e->kv);
-    const struct kt_cpu_f32_kernels *f = &kt_cpu_kernels()->f32;
     const struct kt_cpu_row_kernels *vk = &kt_cpu_kernels()->row[KT_ROW_F32]; /* the expanded values are floats */
     const uint32_t B = KT_ATTN_EXPAND_ROWS;
 
@@ -258,15 +257,28 @@ static void expanded_task(void *ctx, int64_t begin, int64_t end, int thread)
                 s->k_rows[t] = k;
                 s->v_rows[t] = s->v_exp + (size_t)t * dv;
             }
-            /* queries whose causal window reaches into the block: positions >= t0 */
-            for (uint32_t q = t0 > ch->start ? t0 - ch->start : 0; q < ch->n; q++) {
+            /* queries whose causal window reaches into the block: positions
+             * >= t0.  Those that see the whole block go in groups of up to
+             * KT_ATTN_HEAD_GROUP with consecutive batch indices (their q_h
+             * and outputs a fixed stride apart): each key and value row is
+             * read once for the group (dot_rows_multi, axpy_rows), each
+             * query's arithmetic the same as alone.  The rest (the block
+             * holds their diagonal) one at a time, over their nk keys. */
+            for (uint32_t q = t0 > ch->start ? t0 - ch->start : 0; q < ch->n;) {
                 const uint32_t b = ch->tokens[q], limit = ch->start + q + 1; /* positions < limit */
                 const uint32_t nk = limit - t0 < nt ? limit - t0 : nt;
+                uint32_t G = 1;
+                while (nk == nt && G < KT_ATTN_HEAD_GROUP && q + G < ch->n && ch->tokens[q + G] == b + G)
+                    G++; /* later queries of the chunk see at least as far */
                 const float *q_h = e->q + ((size_t)b * H + h) * dk; /* [q_nope | q_pe] */
                 float *out = e->o + ((size_t)b * H + h) * dv;
-                f->dot_rows(q_h, s->k_rows, nk, dk, e->kq_scale, s->scores, 1);
-                online_softmax_block(s->scores, nk, &s->q_max[q], &s->q_sum[q], out, dv);
-                vk->axpy_rows(out, 0, 1, s->scores, 0, (const void *const *)s->v_rows, nk, dv);
+                vk->dot_rows_multi(q_h, (int64_t)H * dk, G, (const void *const *)s->k_rows, nk, dk, e->kq_scale,
+                                   s->scores, B);
+                for (uint32_t g = 0; g < G; g++)
+                    online_softmax_block(s->scores + (size_t)g * B, nk, &s->q_max[q + g], &s->q_sum[q + g],
+                                         out + (size_t)g * H * dv, dv);
+                vk->axpy_rows(out, (int64_t)H * dv, G, s->scores, B, (const void *const *)s->v_rows, nk, dv);
+                q += G;
             }
         }
         for (uint32_t q = 0; q < ch->n; q++)
