@@ -331,9 +331,16 @@ static void kt_bench_model_over_ranks(void)
     free(body);
 }
 
+/* Rank r's machine file of kt_bench_network_measures_every_hop: net-m%r.json with r in. */
+static void net_machine_path(int r, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%d.json", kt_test_path("net-m"), r);
+}
+
 /* mpirun -np 3 kt-bench network: every hop of the ring (0 -> 1 -> 2 -> 0) measured through kt's transport,
  * its figures positive and finite, the pipeline's messages priced by the fitted line within reason; each rank
- * writes its own hop into its machine file ("%r"), which then loads with its network given; one process alone is refused with a message naming mpirun, a missing machine file fails the job. */
+ * writes its own hop into its machine file ("%r"), which then loads with its network given; one process
+ * alone is refused with a message naming mpirun, a missing machine file fails the job. */
 static void kt_bench_network_measures_every_hop(void)
 {
     char pattern[1024], path[1024], json[1024], out[1024], log[1024];
@@ -342,8 +349,7 @@ static void kt_bench_network_measures_every_hop(void)
     snprintf(out, sizeof out, "%s", kt_test_path("net.txt"));
     snprintf(log, sizeof log, "%s", kt_test_path("net.log"));
     for (int r = 0; r < 3; r++) {
-        snprintf(path, sizeof path, "%s", kt_test_path("net-m"));
-        snprintf(path + strlen(path), sizeof path - strlen(path), "%d.json", r);
+        net_machine_path(r, path, sizeof path);
         write_machine(path, 1, 20);
     }
     int rc = kt_test_system("timeout 120 %s %s network --machine %s --prefill-tokens 32 --json %s >%s 2>%s",
@@ -380,8 +386,7 @@ static void kt_bench_network_measures_every_hop(void)
     json_decref(j);
     free(body);
     for (int r = 0; r < 3; r++) {
-        snprintf(path, sizeof path, "%s", kt_test_path("net-m"));
-        snprintf(path + strlen(path), sizeof path - strlen(path), "%d.json", r);
+        net_machine_path(r, path, sizeof path);
         struct kt_machine *m = NULL;
         kt_err err = {0};
         KT_CHECK(kt_machine_load(path, &m, &err) == KT_OK, "%s", err.msg);

@@ -209,6 +209,15 @@ static void print_us(char *buf, size_t size, double us)
         snprintf(buf, size, "%.1f us", us);
 }
 
+/* "measured (fit)" of one message. */
+static void measured_and_fit(char *buf, size_t size, double us, double fit_us)
+{
+    char m[32], f[32];
+    print_us(m, sizeof m, us);
+    print_us(f, sizeof f, fit_us);
+    snprintf(buf, size, "%s (%s)", m, f);
+}
+
 static void print_links(const struct kt_bench_link *links, int n, uint32_t n_embd, uint32_t prefill_tokens,
                         int reps)
 {
@@ -226,17 +235,13 @@ static void print_links(const struct kt_bench_link *links, int n, uint32_t n_emb
            "decode step (fit)", "prefill chunk (fit)");
     for (int r = 0; r < n; r++) {
         const struct kt_bench_link *l = &links[r];
-        char hop[32], hosts[160], lat[32], wake[32], d[32], df[32], p[32], pf[32], dcol[80], pcol[80];
+        char hop[32], hosts[160], lat[32], wake[32], dcol[80], pcol[80];
         snprintf(hop, sizeof hop, "%d -> %d", l->from, l->to);
         snprintf(hosts, sizeof hosts, "%s -> %s", l->host, links[(r + 1) % n].host);
         print_us(lat, sizeof lat, l->latency_us);
         print_us(wake, sizeof wake, l->wake_us);
-        print_us(d, sizeof d, l->decode_us);
-        print_us(df, sizeof df, l->decode_fit_us);
-        print_us(p, sizeof p, l->prefill_us);
-        print_us(pf, sizeof pf, l->prefill_fit_us);
-        snprintf(dcol, sizeof dcol, "%s (%s)", d, df);
-        snprintf(pcol, sizeof pcol, "%s (%s)", p, pf);
+        measured_and_fit(dcol, sizeof dcol, l->decode_us, l->decode_fit_us);
+        measured_and_fit(pcol, sizeof pcol, l->prefill_us, l->prefill_fit_us);
         printf("  %-8s %-20s %10s %14s %7.3f GB/s %24s %24s\n", hop, hosts, lat, wake, l->gbps, dcol, pcol);
     }
 }
