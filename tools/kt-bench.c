@@ -121,7 +121,8 @@ static bool opt_predict(void *opts, const char *arg, char *why, size_t why_size)
 static const struct kt_cli_option options_table[] = {
     {"--threads", "-t", "N", FOR_BOTH | FOR_PROFILE | FOR_MACHINE | FOR_CHECK,
      "threads (default: the CPUs this process may use)", opt_threads},
-    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK | FOR_GRAMMAR | FOR_NETWORK, "also write the results as JSON to FILE", opt_json},
+    {"--json", NULL, "FILE", FOR_BOTH | FOR_CHECK | FOR_GRAMMAR | FOR_NETWORK, "also write the results as JSON to FILE",
+     opt_json},
     {"--seconds", NULL, "S", FOR_KERNELS | FOR_MACHINE, "time per measurement (default 1; machine: per point, 0.3)",
      opt_seconds},
     {"--prefill-tokens", NULL, "N", FOR_KERNELS | FOR_NETWORK,
@@ -235,9 +236,9 @@ static void usage(FILE *f)
                "           and the layer named where they start to part; exit 0 PASS, 2 FAIL, 1 error\n"
                "  grammar  what constrained decoding costs: the token mask of a JSON schema per generated token\n"
                "           over a large vocabulary (the model's tokenizer, or a synthetic one)\n"
-               "  network  under mpirun: the link between the ranks hop by hop round the ring (latency, bandwidth, the\n"
-               "           pipeline's decode and prefill messages), through kt's transport; writes each rank's into\n"
-               "           its machine file (kt-place's link model)\n\noptions:\n");
+               "  network  under mpirun: the link between the ranks hop by hop round the ring (latency,\n"
+               "           bandwidth, the pipeline's decode and prefill messages), through kt's transport;\n"
+               "           writes each rank's into its machine file (kt-place's link model)\n\noptions:\n");
     kt_cli_print_options(f, &cli, command_label);
 }
 
@@ -254,7 +255,8 @@ static int parse_args(int argc, char **argv, struct kt_bench_options *o)
     }
     if (argc < 2)
         return kt_cli_usage_error(&cli, "%s",
-                                  "no command given: give one of kernels, model, profile, machine, check, grammar or network");
+                                  "no command given: give one of kernels, model, profile, machine, check, grammar or "
+                                  "network");
     char why[512];
     int index = kt_cli_choice_arg("the command", argv[1], command_names, N_COMMANDS, why, sizeof why);
     if (index < 0)

@@ -521,8 +521,8 @@ static int plan_ranks(const struct place_options *o, const struct kt_model *m, c
         in[r] = (struct kt_rank_input){.mach = mach[r], .cost = cost[r], .name = file ? file : "the stated defaults"};
         if (!mach[r]->network_given)
             fprintf(stderr, "kt-place: warning: rank %d (%s): no network figures: %g GB/s and %g us a message "
-                    "assumed for its link to the other ranks (mpirun kt-bench network --machine FILE measures them)\n", r,
-                    in[r].name, mach[r]->net_gbps,
+                    "assumed for its link to the other ranks (mpirun kt-bench network --machine FILE measures "
+                    "them)\n", r, in[r].name, mach[r]->net_gbps,
                     mach[r]->net_latency_us);
     }
     /* --device: every rank whose machine has an accelerator of that backend plans its stage with it */

@@ -554,7 +554,6 @@ static json_t *pipeline_json(const struct kt_pipeline_stats *ps, double link_s)
     return j;
 }
 
-/* Ranks > 0 of `mpirun kt-bench model`: this rank's layers, following rank 0's steps until it stops. */
 #define LINK_REPS 50 /* round trips of the small messages when the run measures the hops */
 
 /* The tokens of the run's first prefill step: the prefill chunk's message the hops are timed with. */
@@ -577,6 +576,7 @@ static double prefill_link_seconds(const struct kt_bench_link *links, int n_rank
     return steps ? s / steps : 0;
 }
 
+/* Ranks > 0 of `mpirun kt-bench model`: this rank's layers, following rank 0's steps until it stops. */
 static int follow(const struct kt_bench_options *o, struct kt_transport *t, struct kt_model *m,
                   struct kt_engine_params *ep)
 {
@@ -682,10 +682,10 @@ int kt_bench_model(const struct kt_bench_options *o)
     const struct kt_pipeline_params pp = {.timeout_ms = 120000};
     if (kt_pipeline_create(transport, e, &pp, &pipeline, &err) != KT_OK)
         goto fail;
+    t_load = kt_bench_now_seconds() - t_load;
     if (n_ranks > 1 && kt_bench_ring_links(transport, kt_engine_n_embd(e), prefill_message_tokens(o, e), LINK_REPS,
                                            links, &err) != KT_OK)
         goto fail;
-    t_load = kt_bench_now_seconds() - t_load;
     const uint32_t threads = kt_engine_params(e)->n_threads;
     const uint32_t n_vocab = kt_engine_n_vocab(e);
 

@@ -35,6 +35,12 @@
 #define PAUSE_NS 2000000L /* before each round trip to a waiting rank: 2 ms, past its tight polls */
 #define DEFAULT_WIDTH 7168u /* DeepSeek-V3's and Kimi-K2's hidden size */
 
+/* Round trips of the large messages (4 MiB, the prefill chunk): a tenth of the small ones', at least 3. */
+static int large_reps(int reps)
+{
+    return reps / 10 > 3 ? reps / 10 : 3;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     const double x = *(const double *)a, y = *(const double *)b;
@@ -97,7 +103,7 @@ static kt_status measure_hop(struct kt_transport *t, bool initiator, int peer, u
                              int reps, double *times, struct kt_bench_link *l, kt_err *err)
 {
     const size_t sizes[5] = {SMALL_BYTES, LARGE_BYTES, l->decode_bytes, l->prefill_bytes, SMALL_BYTES};
-    const int few = reps / 10 > 3 ? reps / 10 : 3;
+    const int few = large_reps(reps);
     const int n_reps[5] = {reps, few, reps, few, reps};
     const long pause_ns[5] = {0, 0, 0, 0, PAUSE_NS}; /* the last to a rank that had waited */
     double us[5] = {0};
@@ -165,9 +171,10 @@ kt_status kt_bench_ring_links(struct kt_transport *t, uint32_t n_embd, uint32_t 
             st = kt_transport_irecv(t, r, &links[r], sizeof links[r], &req, err);
             if (st == KT_OK)
                 st = kt_transport_wait(t, &req, TIMEOUT_MS, &got, NULL, err);
-            if (st == KT_OK && got != sizeof links[r])
+            if (st != KT_OK)
+                kt_transport_cancel(t, &req);
+            else if (got != sizeof links[r])
                 st = kt_err_set(err, KT_ERR_IO, "rank %d sent %zu bytes, not its link", r, got);
-            kt_transport_cancel(t, &req);
         }
     }
     if (st == KT_OK)
@@ -228,7 +235,7 @@ static void print_links(const struct kt_bench_link *links, int n, uint32_t n_emb
            "(%d for 4 MiB and the prefill chunk) through kt's transport, as the pipeline sends and waits; \"+ if "
            "waiting\": how late a rank that had waited 2 ms sees a message (a step's receiver: the machine file's "
            "latency is the sum)\n",
-           n, reps, reps / 10 > 3 ? reps / 10 : 3);
+           n, reps, large_reps(reps));
     printf("messages of width %u: a decode step's of one token %s, a prefill chunk's of %u tokens %s\n", n_embd, db,
            prefill_tokens, pb);
     printf("  %-8s %-20s %10s %14s %12s %24s %24s\n", "hop", "hosts", "latency", "+ if waiting", "bandwidth",
@@ -331,7 +338,7 @@ int kt_bench_network(const struct kt_bench_options *o)
         if (kt_machine_save(mach, path, &err) != KT_OK)
             goto fail;
         fprintf(stderr, "kt-bench network: rank %d (%s): wrote its link to rank %d into %s: %.1f us + bytes / %.3f "
-                "GB/s\n", rank, kt_transport_host(t), links[0].to, path, links[0].latency_us + links[0].wake_us, links[0].gbps);
+                "GB/s\n", rank, kt_transport_host(t), links[0].to, path, mach->net_latency_us, mach->net_gbps);
     }
     if (rank == 0) {
         print_links(links, size, n_embd, o->prefill_tokens, reps);
